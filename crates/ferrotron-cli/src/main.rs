@@ -1,0 +1,54 @@
+//! `recipe`: the one command-line entry point. Each subcommand lives in its own module under
+//! `commands/` and turns library errors into miette diagnostics or anyhow context at this edge.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod commands;
+
+/// Train GPT and Mixture-of-Experts models from declarative YAML recipes.
+#[derive(Debug, Parser)]
+#[command(name = "recipe", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check recipes against the schema and every semantic rule; all problems at once.
+    Validate(commands::validate::Args),
+    /// Print the fully resolved recipe (extends, overrides and defaults applied).
+    Show(commands::show::Args),
+    /// Print the JSON Schema of the recipe format.
+    Schema(commands::schema::Args),
+    /// Resolve the parallel layout: rank grid, groups, stages, memory, FLOPs, predicted time.
+    Plan(commands::plan::Args),
+    /// Tokenize JSONL text into Megatron-compatible `.bin/.idx` files.
+    Preprocess(commands::preprocess::Args),
+    /// Train a recipe.
+    Run(commands::run::Args),
+    /// Generate text from a checkpoint.
+    Sample(commands::sample::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Validate(args) => commands::validate::run(args),
+        Command::Show(args) => commands::show::run(args),
+        Command::Schema(args) => commands::schema::run(args),
+        Command::Plan(args) => commands::plan::run(args),
+        Command::Preprocess(args) => commands::preprocess::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Sample(args) => commands::sample::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:?}");
+            ExitCode::from(2)
+        }
+    }
+}

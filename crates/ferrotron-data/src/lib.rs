@@ -1,0 +1,1 @@
+//! Tokenizers, Megatron-compatible indexed datasets, GPT samples and weighted blends

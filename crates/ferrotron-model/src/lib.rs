@@ -1,0 +1,1 @@
+//! GPT, LLaMA-style and Mixture-of-Experts models in burn, built from a plan

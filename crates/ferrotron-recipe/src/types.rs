@@ -1,0 +1,856 @@
+//! The typed recipe. Section and key names follow Megatron-Core's vocabulary so its users can
+//! translate flags one to one (`--num-query-groups` is `model.num_query_groups`).
+//!
+//! Fields that Megatron derives from others (ffn size, kv channels, max positions, vocabulary)
+//! are `Option`s here: `None` means "derive it", and [`Recipe::with_derived_defaults`] fills them
+//! so `recipe show` prints the values that will actually be used.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::Degree;
+
+/// The recipe format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// A complete training recipe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    /// Recipe format version; this build reads version 1.
+    #[schemars(range(min = 1, max = 1))]
+    pub version: u32,
+    /// Run name, used in metrics labels and run directories.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// A base recipe to deep-merge under this one (a path relative to this file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extends: Option<String>,
+    pub model: Model,
+    #[serde(default)]
+    pub parallel: Parallel,
+    #[serde(default)]
+    pub precision: Precision,
+    pub training: Training,
+    #[serde(default)]
+    pub recompute: Recompute,
+    #[serde(default)]
+    pub data: Data,
+    #[serde(default)]
+    pub checkpoint: Checkpoint,
+    #[serde(default)]
+    pub logging: Logging,
+    /// The machines the run targets; needed by `recipe plan` and the layout rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<Cluster>,
+    #[serde(default)]
+    pub runtime: Runtime,
+}
+
+// ---------------------------------------------------------------------------------------------
+// model
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    #[schemars(range(min = 1))]
+    pub num_layers: u32,
+    #[schemars(range(min = 1))]
+    pub hidden_size: u32,
+    /// Default: 4 × hidden_size for GELU; for SwiGLU Megatron users usually set it explicitly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub ffn_hidden_size: Option<u32>,
+    #[schemars(range(min = 1))]
+    pub num_attention_heads: u32,
+    /// Grouped-query attention groups (key/value heads). Default: num_attention_heads (MHA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub num_query_groups: Option<u32>,
+    /// Per-head dimension. Default: hidden_size / num_attention_heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub kv_channels: Option<u32>,
+    /// Vocabulary size before padding. Default: the tokenizer's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub vocab_size: Option<u32>,
+    /// Pad the vocabulary to a multiple of this times the tensor-parallel degree (Megatron: 128).
+    #[serde(default = "defaults::make_vocab_size_divisible_by")]
+    #[schemars(range(min = 1))]
+    pub make_vocab_size_divisible_by: u32,
+    #[schemars(range(min = 1))]
+    pub seq_length: u32,
+    /// Default: seq_length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_position_embeddings: Option<u32>,
+    #[serde(default)]
+    pub position_embedding: PositionEmbedding,
+    /// RoPE theta.
+    #[serde(default = "defaults::rotary_base")]
+    #[schemars(range(min = 1.0))]
+    pub rotary_base: f64,
+    #[serde(default)]
+    pub normalization: Normalization,
+    #[serde(default = "defaults::norm_epsilon")]
+    #[schemars(range(min = 0.0))]
+    pub norm_epsilon: f64,
+    #[serde(default)]
+    pub activation: Activation,
+    /// Share the input embedding with the output layer.
+    #[serde(default = "defaults::yes")]
+    pub tie_embeddings: bool,
+    /// Biases in linear layers (GPT-2: true, LLaMA: false).
+    #[serde(default = "defaults::yes")]
+    pub add_bias_linear: bool,
+    #[serde(default = "defaults::dropout")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub hidden_dropout: f64,
+    #[serde(default = "defaults::dropout")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub attention_dropout: f64,
+    #[serde(default = "defaults::init_method_std")]
+    #[schemars(range(min = 0.0))]
+    pub init_method_std: f64,
+    /// Mixture-of-Experts layers; absent for a dense model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<Moe>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PositionEmbedding {
+    #[default]
+    Learned,
+    Rope,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Normalization {
+    #[default]
+    Layernorm,
+    Rmsnorm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    #[default]
+    Gelu,
+    Swiglu,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Moe {
+    #[schemars(range(min = 1))]
+    pub num_experts: u32,
+    #[serde(default = "defaults::router_topk")]
+    #[schemars(range(min = 1))]
+    pub router_topk: u32,
+    #[serde(default)]
+    pub load_balancing: LoadBalancing,
+    #[serde(default = "defaults::aux_loss_coeff")]
+    #[schemars(range(min = 0.0))]
+    pub aux_loss_coeff: f64,
+    /// Router z-loss coefficient (ST-MoE); absent disables it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub z_loss_coeff: Option<f64>,
+    #[serde(default)]
+    pub score_function: ScoreFunction,
+    /// Softmax before top-k (Mixtral computes it after).
+    #[serde(default)]
+    pub pre_softmax: bool,
+    /// Auxiliary-loss-free balancing with a per-expert bias (DeepSeek-V3); needs sigmoid scores.
+    #[serde(default)]
+    pub expert_bias: bool,
+    #[serde(default = "defaults::expert_bias_update_rate")]
+    #[schemars(range(min = 0.0))]
+    pub expert_bias_update_rate: f64,
+    /// Group-limited routing: number of expert groups (DeepSeek).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub num_groups: Option<u32>,
+    /// Group-limited routing: groups selected per token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub group_topk: Option<u32>,
+    /// Expert capacity factor; absent means dropless.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub capacity_factor: Option<f64>,
+    #[serde(default)]
+    pub token_drop_policy: TokenDropPolicy,
+    /// Pad every expert's tokens up to its capacity (needs capacity_factor).
+    #[serde(default)]
+    pub pad_to_capacity: bool,
+    #[serde(default)]
+    pub token_dispatcher: TokenDispatcher,
+    /// Every `layer_freq`-th layer is an MoE layer (1: all layers).
+    #[serde(default = "defaults::one")]
+    #[schemars(range(min = 1))]
+    pub layer_freq: u32,
+    /// Per-expert FFN size. Default: model.ffn_hidden_size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub ffn_hidden_size: Option<u32>,
+    /// FFN size of the shared expert(s); absent for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub shared_expert_ffn_hidden_size: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadBalancing {
+    #[default]
+    AuxLoss,
+    SeqAuxLoss,
+    Sinkhorn,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ScoreFunction {
+    #[default]
+    Softmax,
+    Sigmoid,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenDropPolicy {
+    /// Drop the tokens with the lowest router probability.
+    #[default]
+    Probs,
+    /// Drop the tokens that arrive last.
+    Position,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenDispatcher {
+    Allgather,
+    #[default]
+    Alltoall,
+    Flex,
+}
+
+// ---------------------------------------------------------------------------------------------
+// parallel
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Parallel {
+    #[serde(default)]
+    pub tensor: Degree,
+    #[serde(default)]
+    pub pipeline: Degree,
+    /// Virtual pipeline stages (model chunks) per pipeline rank; 1 disables interleaving.
+    #[serde(default)]
+    pub virtual_pipeline: Degree,
+    #[serde(default)]
+    pub context: Degree,
+    #[serde(default)]
+    pub expert: Degree,
+    /// Expert tensor parallelism. Default: the tensor degree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_tensor: Option<Degree>,
+    /// Data-parallel degree. Default `auto`: world / (tensor × pipeline × context).
+    #[serde(default = "defaults::auto")]
+    pub data: Degree,
+    #[serde(default)]
+    pub sequence_parallel: bool,
+    /// ZeRO-1: shard optimizer states over data-parallel ranks.
+    #[serde(default)]
+    pub distributed_optimizer: bool,
+    /// Count the input embedding as a layer when splitting layers over pipeline stages.
+    #[serde(default)]
+    pub account_for_embedding_in_pipeline_split: bool,
+    /// Count the loss/output layer as a layer when splitting layers over pipeline stages.
+    #[serde(default)]
+    pub account_for_loss_in_pipeline_split: bool,
+    /// Layers on the first pipeline stage when it should differ (uneven split).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub num_layers_in_first_pipeline_stage: Option<u32>,
+    /// Layers on the last pipeline stage when it should differ (uneven split).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub num_layers_in_last_pipeline_stage: Option<u32>,
+    /// Overlap the data-parallel gradient reduce with the backward pass.
+    #[serde(default = "defaults::yes")]
+    pub overlap_grad_reduce: bool,
+    /// Overlap the distributed optimizer's parameter all-gather with the forward pass.
+    #[serde(default = "defaults::yes")]
+    pub overlap_param_gather: bool,
+}
+
+impl Default for Parallel {
+    fn default() -> Self {
+        Parallel {
+            tensor: Degree::ONE,
+            pipeline: Degree::ONE,
+            virtual_pipeline: Degree::ONE,
+            context: Degree::ONE,
+            expert: Degree::ONE,
+            expert_tensor: None,
+            data: Degree::AUTO,
+            sequence_parallel: false,
+            distributed_optimizer: false,
+            account_for_embedding_in_pipeline_split: false,
+            account_for_loss_in_pipeline_split: false,
+            num_layers_in_first_pipeline_stage: None,
+            num_layers_in_last_pipeline_stage: None,
+            overlap_grad_reduce: true,
+            overlap_param_gather: true,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// precision
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Precision {
+    #[serde(default)]
+    pub dtype: Dtype,
+    #[serde(default)]
+    pub fp8: Fp8,
+    #[serde(default)]
+    pub fp8_recipe: Fp8Recipe,
+    /// Static loss scale for fp16; absent means dynamic loss scaling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub loss_scale: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    #[default]
+    Bf16,
+    Fp16,
+    Fp32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Fp8 {
+    #[default]
+    None,
+    Hybrid,
+    E4m3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Fp8Recipe {
+    #[default]
+    Delayed,
+    Tensorwise,
+    Mxfp8,
+    Blockwise,
+}
+
+// ---------------------------------------------------------------------------------------------
+// training
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Training {
+    /// Sequences per microbatch per data-parallel rank; `auto` lets the planner choose.
+    pub micro_batch_size: Degree,
+    /// Sequences per optimizer step across all data-parallel ranks.
+    #[schemars(range(min = 1))]
+    pub global_batch_size: u32,
+    /// Optimizer steps. Exactly one of train_iters and train_tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub train_iters: Option<u64>,
+    /// Token budget; iterations = train_tokens / (global_batch_size × seq_length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub train_tokens: Option<u64>,
+    #[serde(default = "defaults::seed")]
+    pub seed: u64,
+    /// Global gradient-norm clip; 0 disables clipping.
+    #[serde(default = "defaults::clip_grad")]
+    #[schemars(range(min = 0.0))]
+    pub clip_grad: f64,
+    /// Evaluate every this many iterations; 0 disables evaluation.
+    #[serde(default = "defaults::eval_interval")]
+    pub eval_interval: u64,
+    #[serde(default = "defaults::eval_iters")]
+    pub eval_iters: u64,
+    #[serde(default = "defaults::log_interval")]
+    #[schemars(range(min = 1))]
+    pub log_interval: u64,
+    #[serde(default)]
+    pub optimizer: Optimizer,
+    #[serde(default)]
+    pub schedule: Schedule,
+}
+
+/// AdamW with decoupled weight decay (no decay on norms and biases).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Optimizer {
+    #[serde(default = "defaults::lr")]
+    #[schemars(range(min = 0.0))]
+    pub lr: f64,
+    #[serde(default)]
+    #[schemars(range(min = 0.0))]
+    pub min_lr: f64,
+    #[serde(default = "defaults::beta1")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub beta1: f64,
+    #[serde(default = "defaults::beta2")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub beta2: f64,
+    #[serde(default = "defaults::eps")]
+    #[schemars(range(min = 0.0))]
+    pub eps: f64,
+    #[serde(default = "defaults::weight_decay")]
+    #[schemars(range(min = 0.0))]
+    pub weight_decay: f64,
+}
+
+impl Default for Optimizer {
+    fn default() -> Self {
+        Optimizer {
+            lr: defaults::lr(),
+            min_lr: 0.0,
+            beta1: defaults::beta1(),
+            beta2: defaults::beta2(),
+            eps: defaults::eps(),
+            weight_decay: defaults::weight_decay(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Schedule {
+    #[serde(default)]
+    pub decay: Decay,
+    #[serde(default)]
+    pub warmup_iters: u64,
+    /// Iterations over which the rate decays. Default: the training iterations minus warmup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub decay_iters: Option<u64>,
+    /// WSD: length of the final decay phase (the rest after warmup is stable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub wsd_decay_iters: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Decay {
+    Constant,
+    Linear,
+    #[default]
+    Cosine,
+    Wsd,
+}
+
+// ---------------------------------------------------------------------------------------------
+// recompute
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Recompute {
+    #[serde(default)]
+    pub granularity: RecomputeGranularity,
+    /// Only with `full`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<RecomputeMethod>,
+    /// With `full`: layers per chunk (uniform) or per stage (block) to recompute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub num_layers: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RecomputeGranularity {
+    #[default]
+    None,
+    Selective,
+    Full,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RecomputeMethod {
+    Uniform,
+    Block,
+}
+
+// ---------------------------------------------------------------------------------------------
+// data
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Data {
+    #[serde(default)]
+    pub tokenizer: Tokenizer,
+    /// Datasets and their sampling weights: Megatron `.bin/.idx` prefixes or raw `.jsonl` files.
+    #[serde(default)]
+    pub blend: Vec<BlendEntry>,
+    /// Train/validation/test proportions, Megatron style ("969,30,1").
+    #[serde(default = "defaults::split")]
+    pub split: String,
+    /// Where index caches and preprocessed JSONL go. Default: `.ferrotron/cache` beside the recipe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_dir: Option<String>,
+    /// JSON key holding the text when a blend entry is raw JSONL.
+    #[serde(default = "defaults::json_key")]
+    pub json_key: String,
+}
+
+impl Default for Data {
+    fn default() -> Self {
+        Data {
+            tokenizer: Tokenizer::default(),
+            blend: Vec::new(),
+            split: defaults::split(),
+            cache_dir: None,
+            json_key: defaults::json_key(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tokenizer {
+    #[serde(rename = "type", default)]
+    pub kind: TokenizerKind,
+    /// GPT-2 BPE `vocab.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_file: Option<String>,
+    /// GPT-2 BPE `merges.txt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_file: Option<String>,
+    /// Hugging Face `tokenizer.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum TokenizerKind {
+    #[default]
+    #[serde(rename = "gpt2-bpe")]
+    Gpt2Bpe,
+    #[serde(rename = "hf")]
+    Hf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BlendEntry {
+    pub path: String,
+    #[serde(default = "defaults::weight")]
+    #[schemars(range(min = 0.0))]
+    pub weight: f64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// checkpoint, logging, cluster, runtime
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    /// Directory for checkpoints; absent disables saving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+    /// Save every this many iterations (and always at the end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub interval: Option<u64>,
+    /// Keep only the newest K checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub keep_last: Option<u32>,
+    /// `auto` (newest committed checkpoint in dir), `never`, or a checkpoint path.
+    #[serde(default = "defaults::resume")]
+    pub resume: String,
+}
+
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Checkpoint {
+            dir: None,
+            interval: None,
+            keep_last: None,
+            resume: defaults::resume(),
+        }
+    }
+}
+
+/// How `checkpoint.resume` is interpreted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumePolicy {
+    Auto,
+    Never,
+    Path(String),
+}
+
+impl Checkpoint {
+    pub fn resume_policy(&self) -> ResumePolicy {
+        match self.resume.as_str() {
+            "auto" => ResumePolicy::Auto,
+            "never" => ResumePolicy::Never,
+            path => ResumePolicy::Path(path.to_owned()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Logging {
+    /// Append one JSON object per logged step to this file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jsonl: Option<String>,
+    /// Serve Prometheus `/metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<Prometheus>,
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Prometheus {
+    /// 0 picks a free port and prints it.
+    pub port: u16,
+    #[serde(default = "defaults::address")]
+    pub address: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    #[serde(default = "defaults::one")]
+    #[schemars(range(min = 1))]
+    pub nodes: u32,
+    #[serde(default = "defaults::gpus_per_node")]
+    #[schemars(range(min = 1))]
+    pub gpus_per_node: u32,
+    #[serde(default)]
+    pub gpu: GpuKind,
+}
+
+impl Cluster {
+    pub fn world_size(&self) -> u32 {
+        self.nodes * self.gpus_per_node
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuKind {
+    A100,
+    #[default]
+    H100,
+    H200,
+    B200,
+    /// CPU thread ranks (tests and small runs).
+    Cpu,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Runtime {
+    #[serde(default)]
+    pub backend: Backend,
+    /// CPU worker threads per rank; absent uses all cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub threads: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum Backend {
+    #[default]
+    #[serde(rename = "cpu")]
+    Cpu,
+    #[serde(rename = "cuda")]
+    Cuda,
+    #[serde(rename = "burn-cuda")]
+    BurnCuda,
+}
+
+// ---------------------------------------------------------------------------------------------
+// derived values
+
+impl Model {
+    /// The FFN size that will be used (4h when unset).
+    pub fn ffn_hidden_size(&self) -> u32 {
+        self.ffn_hidden_size.unwrap_or(4 * self.hidden_size)
+    }
+
+    pub fn num_query_groups(&self) -> u32 {
+        self.num_query_groups.unwrap_or(self.num_attention_heads)
+    }
+
+    pub fn kv_channels(&self) -> u32 {
+        self.kv_channels
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    pub fn max_position_embeddings(&self) -> u32 {
+        self.max_position_embeddings.unwrap_or(self.seq_length)
+    }
+
+    /// Vocabulary padded as Megatron does: up to a multiple of divisible_by × tp.
+    pub fn padded_vocab_size(&self, vocab: u32, tensor_parallel: u32) -> u32 {
+        let multiple = self.make_vocab_size_divisible_by * tensor_parallel.max(1);
+        vocab.div_ceil(multiple) * multiple
+    }
+
+    /// Whether layer `index` (0-based) is an MoE layer.
+    pub fn is_moe_layer(&self, index: u32) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|moe| index % moe.layer_freq.max(1) == 0)
+    }
+}
+
+impl Moe {
+    pub fn expert_ffn_hidden_size(&self, model: &Model) -> u32 {
+        self.ffn_hidden_size.unwrap_or_else(|| model.ffn_hidden_size())
+    }
+}
+
+impl Training {
+    /// Training iterations, from train_iters or derived from the token budget.
+    pub fn iterations(&self, seq_length: u32) -> Option<u64> {
+        self.train_iters.or_else(|| {
+            self.train_tokens
+                .map(|t| t / (u64::from(self.global_batch_size) * u64::from(seq_length)).max(1))
+        })
+    }
+}
+
+impl Recipe {
+    /// A copy with every derivable `None` filled (what `recipe show` prints).
+    /// `vocab_size` stays as written when it depends on a tokenizer file.
+    pub fn with_derived_defaults(&self) -> Recipe {
+        let mut r = self.clone();
+        let m = &mut r.model;
+        m.ffn_hidden_size = Some(self.model.ffn_hidden_size());
+        m.num_query_groups = Some(self.model.num_query_groups());
+        m.kv_channels = Some(self.model.kv_channels());
+        m.max_position_embeddings = Some(self.model.max_position_embeddings());
+        if let Some(moe) = m.moe.as_mut() {
+            moe.ffn_hidden_size = Some(moe.expert_ffn_hidden_size(&self.model));
+        }
+        if r.parallel.expert_tensor.is_none() {
+            r.parallel.expert_tensor = Some(r.parallel.tensor);
+        }
+        r
+    }
+}
+
+mod defaults {
+    use crate::Degree;
+
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn one() -> u32 {
+        1
+    }
+    pub fn auto() -> Degree {
+        Degree::AUTO
+    }
+    pub fn make_vocab_size_divisible_by() -> u32 {
+        128
+    }
+    pub fn rotary_base() -> f64 {
+        10000.0
+    }
+    pub fn norm_epsilon() -> f64 {
+        1e-5
+    }
+    pub fn dropout() -> f64 {
+        0.1
+    }
+    pub fn init_method_std() -> f64 {
+        0.02
+    }
+    pub fn router_topk() -> u32 {
+        2
+    }
+    pub fn aux_loss_coeff() -> f64 {
+        1e-2
+    }
+    pub fn expert_bias_update_rate() -> f64 {
+        1e-3
+    }
+    pub fn seed() -> u64 {
+        1234
+    }
+    pub fn clip_grad() -> f64 {
+        1.0
+    }
+    pub fn eval_interval() -> u64 {
+        1000
+    }
+    pub fn eval_iters() -> u64 {
+        10
+    }
+    pub fn log_interval() -> u64 {
+        10
+    }
+    pub fn lr() -> f64 {
+        3e-4
+    }
+    pub fn beta1() -> f64 {
+        0.9
+    }
+    pub fn beta2() -> f64 {
+        0.95
+    }
+    pub fn eps() -> f64 {
+        1e-8
+    }
+    pub fn weight_decay() -> f64 {
+        0.1
+    }
+    pub fn split() -> String {
+        "969,30,1".to_owned()
+    }
+    pub fn json_key() -> String {
+        "text".to_owned()
+    }
+    pub fn weight() -> f64 {
+        1.0
+    }
+    pub fn resume() -> String {
+        "auto".to_owned()
+    }
+    pub fn address() -> String {
+        "127.0.0.1".to_owned()
+    }
+    pub fn gpus_per_node() -> u32 {
+        8
+    }
+}

@@ -1,0 +1,1 @@
+//! Prometheus exporter, JSONL metrics and tracing set-up

@@ -1,0 +1,1 @@
+//! End-to-end tests of `recipe plan` (the real binary, real files).

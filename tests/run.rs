@@ -1,0 +1,1 @@
+//! End-to-end tests of `recipe run` (the real binary, real files).

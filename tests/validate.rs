@@ -1,0 +1,1 @@
+//! End-to-end tests of `recipe validate` (the real binary, real files).
