@@ -1,1 +1,462 @@
-//! End-to-end tests of `recipe run` (the real binary, real files).
+//! End-to-end tests of `recipe run` and `recipe sample` (the real binary, real files, a tiny
+//! model on a slice of the shipped Shakespeare corpus).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A run folder with a small corpus (the first plays of the shipped one) and a tiny recipe.
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new(extra_yaml: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let corpus = std::fs::read_to_string(repo_root().join("recipes/data/shakespeare.jsonl"))
+            .expect("the shipped corpus exists");
+        let slice: String = corpus.lines().take(12).map(|l| format!("{l}\n")).collect();
+        std::fs::write(dir.path().join("corpus.jsonl"), slice).expect("write corpus");
+        let gpt2 = repo_root().join("recipes/data/gpt2");
+        let recipe = format!(
+            r#"version: 1
+name: run-test
+model:
+  num_layers: 1
+  hidden_size: 16
+  num_attention_heads: 2
+  seq_length: 16
+  hidden_dropout: 0.1
+  attention_dropout: 0.1
+precision:
+  dtype: fp32
+training:
+  micro_batch_size: 2
+  global_batch_size: 4
+  train_iters: 6
+  log_interval: 1
+  eval_interval: 3
+  eval_iters: 1
+  optimizer:
+    lr: 0.003
+  schedule:
+    decay: cosine
+    warmup_iters: 1
+data:
+  tokenizer:
+    type: gpt2-bpe
+    vocab_file: {vocab}
+    merge_file: {merges}
+  blend:
+    - path: corpus.jsonl
+  split: "90,10,0"
+  cache_dir: cache
+checkpoint:
+  dir: ckpt
+  interval: 3
+  keep_last: 2
+logging:
+  jsonl: metrics.jsonl
+runtime:
+  backend: cpu
+{extra_yaml}"#,
+            vocab = gpt2.join("vocab.json").display(),
+            merges = gpt2.join("merges.txt").display(),
+        );
+        std::fs::write(dir.path().join("recipe.yaml"), recipe).expect("write recipe");
+        Fixture { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn command(&self, subcommand: &str) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_recipe"));
+        command.current_dir(self.dir.path()).arg(subcommand);
+        for (key, _) in std::env::vars() {
+            if key.starts_with("FERROTRON_") || key == "RUST_LOG" {
+                command.env_remove(key);
+            }
+        }
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command("run")
+            .arg("recipe.yaml")
+            .args(args)
+            .output()
+            .expect("the recipe binary runs")
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.command("run")
+            .arg("recipe.yaml")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the recipe binary starts")
+    }
+
+    fn records(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.path("metrics.jsonl")).unwrap_or_default();
+        text.lines()
+            .map(|line| serde_json::from_str(line).expect("every JSONL line is JSON"))
+            .collect()
+    }
+
+    /// (step, loss bits) of the training records.
+    fn train_losses(&self) -> Vec<(u64, u64)> {
+        self.records()
+            .iter()
+            .filter(|r| r["kind"] == "train")
+            .map(|r| {
+                let loss = r["loss"].as_f64().expect("loss is a number");
+                (r["step"].as_u64().expect("step"), loss.to_bits())
+            })
+            .collect()
+    }
+
+    fn manifest(&self, folder: &str) -> Value {
+        let text = std::fs::read_to_string(self.path("ckpt").join(folder).join("manifest.json"))
+            .expect("manifest exists");
+        serde_json::from_str(&text).expect("manifest is JSON")
+    }
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn assert_success(output: &Output) {
+    assert!(
+        output.status.success(),
+        "recipe run failed:\n{}",
+        stderr(output)
+    );
+}
+
+fn committed(fixture: &Fixture) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(fixture.path("ckpt"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.path().join("COMMITTED").is_file())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Wait for `child` to exit, killing it after `limit`.
+fn wait_with_limit(mut child: Child, limit: Duration) -> (std::process::ExitStatus, String) {
+    let mut err = child.stderr.take().expect("stderr is piped");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = err.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait works") {
+            return (status, reader.join().expect("reader thread"));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("recipe run did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_for(limit: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ready() {
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn send_sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -TERM failed");
+}
+
+#[test]
+fn run_writes_metrics_run_dir_and_checkpoints() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--run-dir", "run"]);
+    assert_success(&output);
+    let records = fixture.records();
+    let train: Vec<&Value> = records.iter().filter(|r| r["kind"] == "train").collect();
+    assert_eq!(train.len(), 6, "one record per logged step");
+    for (i, record) in train.iter().enumerate() {
+        assert_eq!(record["step"], i as u64 + 1);
+        for field in [
+            "loss",
+            "lr",
+            "grad_norm",
+            "tokens_per_second",
+            "mfu",
+            "step_seconds",
+        ] {
+            let value = record[field].as_f64().unwrap_or(f64::NAN);
+            assert!(value.is_finite(), "{field} in {record}");
+        }
+    }
+    let evals: Vec<u64> = records
+        .iter()
+        .filter(|r| r["kind"] == "eval")
+        .map(|r| {
+            assert!(r["eval_loss"].as_f64().is_some_and(f64::is_finite), "{r}");
+            r["step"].as_u64().expect("step")
+        })
+        .collect();
+    assert_eq!(evals, [3, 6]);
+    assert!(fixture.path("run/plan.json").is_file());
+    assert!(fixture.path("run/recipe.yaml").is_file());
+    // interval 3 and the end: iterations 3 and 6, both kept (keep_last 2)
+    assert_eq!(committed(&fixture), ["iter_0000003", "iter_0000006"]);
+    let manifest = fixture.manifest("iter_0000006");
+    assert_eq!(manifest["iteration"], 6);
+    assert_eq!(manifest["consumed_samples"], 24);
+    for file in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "plan.json",
+        "recipe.yaml",
+    ] {
+        assert!(
+            fixture.path("ckpt/iter_0000006").join(file).is_file(),
+            "{file}"
+        );
+    }
+
+    // `recipe sample` from the checkpoint directory: deterministic for a seed.
+    let sample = |seed: &str| {
+        let output = fixture
+            .command("sample")
+            .args([
+                "ckpt",
+                "--prompt",
+                "ROMEO:",
+                "--max-tokens",
+                "8",
+                "--seed",
+                seed,
+            ])
+            .output()
+            .expect("sample runs");
+        assert!(
+            output.status.success(),
+            "sample failed: {}",
+            stderr(&output)
+        );
+        String::from_utf8(output.stdout).expect("utf-8")
+    };
+    let first = sample("3");
+    assert!(first.starts_with("ROMEO:"), "{first}");
+    assert_eq!(first, sample("3"));
+}
+
+#[test]
+fn resumed_run_is_bit_identical() {
+    let straight = Fixture::new("");
+    assert_success(&straight.run(&[]));
+
+    let split = Fixture::new("");
+    let first = split.run(&["--exit-interval", "3"]);
+    assert_success(&first);
+    assert!(
+        stderr(&first).contains("stopped at the exit interval at iteration 3"),
+        "{}",
+        stderr(&first)
+    );
+    assert_eq!(committed(&split), ["iter_0000003"]);
+    let second = split.run(&[]);
+    assert_success(&second);
+    assert!(
+        stderr(&second).contains("resumed from"),
+        "{}",
+        stderr(&second)
+    );
+
+    let expected = straight.train_losses();
+    assert_eq!(expected.len(), 6);
+    assert_eq!(split.train_losses(), expected, "losses differ after resume");
+}
+
+#[test]
+fn sigterm_finishes_the_step_saves_and_exits_zero() {
+    let fixture = Fixture::new("");
+    let child = fixture.spawn(&[
+        "--set",
+        "training.train_iters=100000",
+        "--set",
+        "training.eval_interval=0",
+    ]);
+    wait_for(Duration::from_secs(120), || {
+        !fixture.train_losses().is_empty()
+    });
+    send_sigterm(&child);
+    let (status, err) = wait_with_limit(child, Duration::from_secs(120));
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(err.contains("stop requested (signal)"), "{err}");
+    let saved = committed(&fixture);
+    let last = saved.last().expect("a checkpoint was committed");
+    let iteration = fixture.manifest(last)["iteration"]
+        .as_u64()
+        .expect("iteration");
+    let logged = fixture.train_losses().last().map(|(step, _)| *step);
+    assert_eq!(
+        Some(iteration),
+        logged,
+        "the checkpoint is the last finished step"
+    );
+}
+
+#[test]
+fn non_finite_loss_stops_with_a_clear_error_and_saves_nothing() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&[
+        "--set",
+        "training.optimizer.lr=1e30",
+        "--set",
+        "training.schedule.warmup_iters=0",
+        "--set",
+        "training.clip_grad=0",
+        "--set",
+        "checkpoint.interval=1000",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(err.contains("iteration 2: the loss is NaN"), "{err}");
+    assert!(err.contains("before the optimizer step"), "{err}");
+    assert!(committed(&fixture).is_empty(), "nothing may be saved");
+}
+
+#[test]
+fn checkpoint_of_another_model_is_refused_with_the_fields() {
+    let fixture = Fixture::new("");
+    assert_success(&fixture.run(&[
+        "--set",
+        "training.train_iters=2",
+        "--set",
+        "model.hidden_size=32",
+    ]));
+    let output = fixture.run(&["--set", "training.train_iters=4"]);
+    assert_eq!(output.status.code(), Some(1));
+    let err = stderr(&output);
+    assert!(err.contains("was written for a different model"), "{err}");
+    assert!(
+        err.contains("hidden_size: checkpoint 32, recipe 16"),
+        "{err}"
+    );
+    assert!(
+        err.contains("kv_channels: checkpoint 16, recipe 8"),
+        "{err}"
+    );
+}
+
+#[test]
+fn prometheus_metrics_are_served_during_the_run() {
+    let fixture = Fixture::new("");
+    let mut child = fixture.spawn(&[
+        "--set",
+        "logging.prometheus={port: 0}",
+        "--set",
+        "training.train_iters=100000",
+        "--set",
+        "training.eval_interval=0",
+    ]);
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(address) = line.split("prometheus metrics at http://").nth(1) {
+                let _ = sender.send(address.trim_end_matches("/metrics").to_owned());
+            }
+        }
+    });
+    let address = receiver
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the exporter address is printed");
+    assert!(address.starts_with("127.0.0.1:"), "{address}");
+    wait_for(Duration::from_secs(120), || {
+        !fixture.train_losses().is_empty()
+    });
+    let body = scrape(&address);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    for metric in [
+        "ferrotron_iteration",
+        "ferrotron_train_loss",
+        "ferrotron_learning_rate",
+        "ferrotron_grad_norm",
+        "ferrotron_tokens_per_second",
+        "ferrotron_mfu",
+        "ferrotron_step_seconds",
+        "ferrotron_memory_bytes",
+    ] {
+        assert!(body.contains(metric), "{metric} missing from\n{body}");
+    }
+    let loss_line = body
+        .lines()
+        .find(|l| l.starts_with("ferrotron_train_loss{"))
+        .expect("a train loss sample");
+    assert!(
+        loss_line.contains(r#"run="run-test""#) && loss_line.contains(r#"rank="0""#),
+        "{loss_line}"
+    );
+}
+
+fn scrape(address: &str) -> String {
+    let mut stream = TcpStream::connect(address).expect("the exporter accepts");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout sets");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request sends");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("response reads");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+#[test]
+fn cuda_backends_are_not_built_in_yet() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--backend", "cuda"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("not built into this binary yet"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -31,6 +31,10 @@ enum Command {
     Run(commands::run::Args),
     /// Generate text from a checkpoint.
     Sample(commands::sample::Args),
+    /// Expand a sweep file into member recipes and run them (or list their plans).
+    Sweep(commands::sweep::Args),
+    /// Draw charts and a markdown summary of runs from their metrics files.
+    Report(commands::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +47,8 @@ fn main() -> ExitCode {
         Command::Preprocess(args) => commands::preprocess::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Sample(args) => commands::sample::run(args),
+        Command::Sweep(args) => commands::sweep::run(args),
+        Command::Report(args) => commands::report::run(args),
     };
     match result {
         Ok(code) => code,

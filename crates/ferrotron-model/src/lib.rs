@@ -1,1 +1,30 @@
-//! GPT, LLaMA-style and Mixture-of-Experts models in burn, built from a plan
+//! GPT, LLaMA-style and Mixture-of-Experts language models in burn 0.21, built from a recipe's
+//! model section (through a plan). One generic model covers every combination the recipe allows
+//! (learned/rotary/no positions, LayerNorm/RMSNorm, GELU/SwiGLU, grouped-query attention, tied or
+//! untied output, biases or none, dense or MoE layers), because Megatron treats these as
+//! independent switches and recipes mix them freely.
+//!
+//! Everything is generic over `burn::tensor::backend::Backend`, so the same code runs on the CPU
+//! backend in tests and on a custom CUDA backend later.
+
+mod attention;
+mod block;
+mod config;
+mod error;
+mod expert_loads;
+mod generate;
+mod init;
+mod mlp;
+mod model;
+pub mod moe;
+mod norm;
+mod rope;
+
+pub use config::{Capacity, GroupLimit, ModelConfig, MoeConfig};
+pub use error::ModelError;
+pub use expert_loads::ExpertLoads;
+pub use generate::generate;
+pub use model::{GptModel, LossOutput, ModelOutput};
+
+#[cfg(test)]
+mod tests;

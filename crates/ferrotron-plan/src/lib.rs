@@ -1,9 +1,46 @@
 //! Parallelism planner: layout rules, rank grid and process groups, memory, FLOPs and step-time
 //! models, auto degrees.
+//!
+//! Pure arithmetic over the typed recipe: no tensors, no I/O except [`Plan::write_to`]. The
+//! runtime consumes a [`Plan`]; users read it (`recipe plan`) before they ask for GPUs.
+
+mod flops;
+mod hardware;
+mod layout;
+mod memory;
+mod params;
+mod plan;
+mod ranks;
+mod report;
+mod rules;
+mod search;
+mod setup;
+mod stages;
+mod term;
+#[cfg(test)]
+mod testing;
+mod time;
 
 use ferrotron_recipe::{Cluster, Finding, Recipe};
 
+pub use flops::{TokenFlops, flops_per_iteration, token_flops};
+pub use hardware::{GpuSpec, gpu_name, peak_flops};
+pub use layout::{Degrees, divisors};
+pub use memory::{Memory, MemoryBytes};
+pub use params::{ParameterCount, parameter_count};
+pub use plan::{Hardware, Plan, PlanOptions, PlanWriteError, effective_cluster, plan};
+pub use ranks::{Coordinates, GroupIndices, ProcessGroups, RankGroups, RankInfo, rank_grid};
+pub use report::{render_explain, render_human};
+pub use search::{AutoReport, Candidate};
+pub use stages::{Chunk, StageInfo};
+pub use term::Term;
+pub use time::{Breakdown, Predicted};
+
 /// Megatron-Core's parallel-layout rules for `recipe` on `cluster`, as findings at key paths.
-pub fn check_layout(_recipe: &Recipe, _cluster: Option<&Cluster>) -> Vec<Finding> {
-    Vec::new()
+///
+/// Rules that need the world size run only when a cluster is known; rules whose degrees are
+/// `auto` are left to the planner's search.
+pub fn check_layout(recipe: &Recipe, cluster: Option<&Cluster>) -> Vec<Finding> {
+    let open = layout::OpenLayout::from_recipe(recipe, cluster);
+    rules::check(recipe, open, cluster.map(|c| c.gpu))
 }

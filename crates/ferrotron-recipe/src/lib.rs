@@ -1,12 +1,28 @@
-//! The recipe language: the typed recipe every other crate consumes, and (in later modules) the
-//! loader that keeps source positions so every diagnostic can point at a line and column.
+//! The recipe language: the typed recipe every other crate consumes, and the loader that keeps
+//! source positions so every diagnostic can point at a line and column.
 //!
 //! Data flows one way: YAML → [`Recipe`] → plan → runtime. Nothing downstream re-reads YAML.
+//! Rules anywhere in the workspace report a [`Finding`] by key path; a [`LoadedRecipe`] turns it
+//! into a located diagnostic, which is how the planner's rules plug into `recipe validate`.
 
 mod degree;
+mod diagnostic;
 mod finding;
+mod layers;
+mod loader;
+mod node;
+mod render;
+mod rules;
+mod schema;
+mod source;
 mod types;
+mod yaml;
 
 pub use degree::Degree;
+pub use diagnostic::{Problem, RecipeErrors};
 pub use finding::{Finding, Severity};
+pub use layers::ENV_PREFIX;
+pub use loader::{LoadOptions, LoadedRecipe, load, load_str};
+pub use rules::check_rules;
+pub use schema::{json_schema, json_schema_pretty};
 pub use types::*;

@@ -729,13 +729,14 @@ impl Model {
     pub fn is_moe_layer(&self, index: u32) -> bool {
         self.moe
             .as_ref()
-            .is_some_and(|moe| index % moe.layer_freq.max(1) == 0)
+            .is_some_and(|moe| index.is_multiple_of(moe.layer_freq.max(1)))
     }
 }
 
 impl Moe {
     pub fn expert_ffn_hidden_size(&self, model: &Model) -> u32 {
-        self.ffn_hidden_size.unwrap_or_else(|| model.ffn_hidden_size())
+        self.ffn_hidden_size
+            .unwrap_or_else(|| model.ffn_hidden_size())
     }
 }
 

@@ -1,1 +1,26 @@
-//! Prometheus exporter, JSONL metrics and tracing set-up
+//! Everything a training run tells the outside world, kept out of the training loop.
+//!
+//! The loop is synchronous and must never block on observers, so each channel here is cheap to
+//! feed: Prometheus gauges are atomics read by a server on its own thread, JSONL lines are one
+//! `write` each, and the progress display degrades to log lines when nobody watches a terminal.
+
+mod error;
+mod jsonl;
+mod manifest;
+mod memory;
+mod metrics;
+mod progress;
+mod server;
+mod tracing_setup;
+
+pub use error::TelemetryError;
+pub use jsonl::JsonlWriter;
+pub use manifest::{
+    MANIFEST_FILE, MANIFEST_VERSION, ProgramInfo, RunDetails, RunManifest, RunStatus, WorldLayout,
+    canonical_hash, canonical_json,
+};
+pub use memory::process_memory_bytes;
+pub use metrics::{Metrics, StepMetrics};
+pub use progress::Progress;
+pub use server::MetricsServer;
+pub use tracing_setup::init_tracing;

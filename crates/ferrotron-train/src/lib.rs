@@ -1,1 +1,33 @@
-//! Training loop, optimizer, LR schedules and checkpoints
+//! The training runtime: the step (microbatches, global-norm clipping, AdamW), LR schedules,
+//! atomic checkpoints and the loop that ties them to data, evaluation and telemetry.
+//!
+//! The step is a function of rank-local state (model, optimizer, the rank's microbatches) and
+//! the model is built from a `Plan`, so the parallel layouts can add communication around the
+//! same pieces without reshaping them. Randomness is re-seeded from `seed ^ iteration` before
+//! every step: resuming needs nothing beyond the iteration, and CPU runs are bit-reproducible.
+
+mod adamw;
+pub mod checkpoint;
+mod clip;
+mod error;
+mod params;
+mod resume;
+mod schedule;
+mod signal;
+mod step;
+mod trainer;
+
+pub use adamw::{AdamW, AdamWConfig, EXP_AVG, EXP_AVG_SQ};
+pub use clip::{clip_coefficient, global_grad_norm};
+pub use error::TrainError;
+pub use params::{NamedTensor, ParamEntry, load_named_tensors, named_tensors, param_entries};
+pub use resume::{ResumeState, load_for_inference, recipe_hash, resume_from, save_checkpoint};
+pub use schedule::{LrSchedule, ScheduleUnit};
+pub use signal::StopFlag;
+pub use step::{Microbatch, StepContext, StepStats, evaluate, train_step};
+pub use trainer::{RunOptions, RunSummary, StopReason, train};
+
+/// The CPU backend (burn-flex) used for inference and evaluation.
+pub type CpuBackend = burn::backend::Flex;
+/// The CPU backend with autodiff, for training.
+pub type CpuTrainBackend = burn::backend::Autodiff<burn::backend::Flex>;

@@ -2,8 +2,10 @@
 
 pub mod plan;
 pub mod preprocess;
+pub mod report;
 pub mod run;
 pub mod sample;
 pub mod schema;
 pub mod show;
+pub mod sweep;
 pub mod validate;

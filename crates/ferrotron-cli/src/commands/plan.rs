@@ -1,10 +1,140 @@
-//! `recipe plan` (being built; see the open issue that owns it).
+//! `recipe plan`: resolve the parallel layout of a recipe on a cluster and print it.
+//!
+//! The planner does the work; this edge loads the recipe (with spans, so layout errors point at
+//! a line), resolves the vocabulary, applies the cluster flags, and chooses the output format.
+//! JSON is the stable interface for scripts; human text is for reading.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use anyhow::Context;
+use ferrotron_plan::{PlanOptions, plan, render_explain, render_human};
+use ferrotron_recipe::{Cluster, GpuKind, LoadOptions, Recipe};
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`recipe plan` is not built yet")
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Human,
+    Json,
+    Yaml,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Gpu {
+    A100,
+    H100,
+    H200,
+    B200,
+    Cpu,
+}
+
+impl From<Gpu> for GpuKind {
+    fn from(gpu: Gpu) -> GpuKind {
+        match gpu {
+            Gpu::A100 => GpuKind::A100,
+            Gpu::H100 => GpuKind::H100,
+            Gpu::H200 => GpuKind::H200,
+            Gpu::B200 => GpuKind::B200,
+            Gpu::Cpu => GpuKind::Cpu,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The recipe file.
+    pub recipe: PathBuf,
+    /// Override a recipe value: `--set parallel.tensor=4` (the value is YAML).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Nodes in the cluster (overrides `cluster.nodes`).
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// GPUs (ranks) per node (overrides `cluster.gpus_per_node`).
+    #[arg(long)]
+    pub gpus_per_node: Option<u32>,
+    /// GPU kind (overrides `cluster.gpu`).
+    #[arg(long, value_enum)]
+    pub gpu: Option<Gpu>,
+    #[arg(long, value_enum, default_value = "human")]
+    pub format: Format,
+    /// Print every memory and time term with its formula (human format).
+    #[arg(long)]
+    pub explain: bool,
+}
+
+/// The recipe's cluster with the command-line flags applied; `None` when neither says anything.
+fn cluster(recipe: &Recipe, args: &Args) -> Option<Cluster> {
+    if args.nodes.is_none() && args.gpus_per_node.is_none() && args.gpu.is_none() {
+        return recipe.cluster.clone();
+    }
+    let base = recipe.cluster.clone().unwrap_or(Cluster {
+        nodes: 1,
+        gpus_per_node: 8,
+        gpu: GpuKind::H100,
+    });
+    Some(Cluster {
+        nodes: args.nodes.unwrap_or(base.nodes),
+        gpus_per_node: args.gpus_per_node.unwrap_or(base.gpus_per_node),
+        gpu: args.gpu.map_or(base.gpu, GpuKind::from),
+    })
+}
+
+fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
+    if let Some(vocab) = recipe.model.vocab_size {
+        return Ok(vocab);
+    }
+    ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).context(
+        "model.vocab_size is not set and the tokenizer could not be loaded to find it; \
+         set model.vocab_size or fix data.tokenizer",
+    )
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.nodes == Some(0) || args.gpus_per_node == Some(0) {
+        anyhow::bail!("--nodes and --gpus-per-node must be at least 1");
+    }
+    let loaded = match ferrotron_recipe::load(
+        &args.recipe,
+        &LoadOptions {
+            overrides: &args.overrides,
+            use_env: true,
+        },
+    ) {
+        Ok(loaded) => loaded,
+        Err(errors) => {
+            eprintln!("{:?}", miette::Report::new(errors));
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let recipe = &loaded.recipe;
+    let options = PlanOptions {
+        cluster: cluster(recipe, &args),
+        vocab_size: vocab_size(recipe)?,
+    };
+    let plan = match plan(recipe, &options) {
+        Ok(plan) => plan,
+        Err(findings) => {
+            match loaded.check(findings) {
+                Err(errors) => eprintln!("{:?}", miette::Report::new(errors)),
+                Ok(warnings) => {
+                    // Only warnings came back, yet the planner refused: show them as they are.
+                    for finding in warnings {
+                        eprintln!("{}: {}", finding.path, finding.message);
+                    }
+                }
+            }
+            return Ok(ExitCode::from(1));
+        }
+    };
+    match args.format {
+        Format::Human => {
+            print!("{}", render_human(&plan));
+            if args.explain {
+                print!("{}", render_explain(&plan));
+            }
+        }
+        Format::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
+        Format::Yaml => print!("{}", serde_saphyr::to_string(&plan)?),
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,10 +1,216 @@
-//! `recipe run` (being built; see the open issue that owns it).
+//! `recipe run`: load a recipe, plan it, train it. The training crate does the work; this edge
+//! picks the backend, the run directory and the signal handling, and turns the outcome into an
+//! exit code (0 finished or stopped cleanly, 1 training failed, 2 bad usage).
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use anyhow::Context;
+use ferrotron_plan::{Plan, PlanOptions, plan};
+use ferrotron_recipe::{Backend, Cluster, GpuKind, LoadOptions, Recipe};
+use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary, StopFlag, StopReason};
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`recipe run` is not built yet")
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    Cpu,
+    Cuda,
+    BurnCuda,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The recipe file.
+    pub recipe: PathBuf,
+    /// Override a recipe value: `--set training.train_iters=100` (the value is YAML).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Compute backend (default: the recipe's `runtime.backend`).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
+    /// Where plan.json and the resolved recipe go (default: the checkpoint directory's parent,
+    /// else `runs/<name>`).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Save a checkpoint and stop when the iteration is a multiple of N (Megatron's
+    /// `--exit-interval`); `resume: auto` continues from there on the next run.
+    #[arg(long, value_name = "N")]
+    pub exit_interval: Option<u64>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let loaded = match ferrotron_recipe::load(
+        &args.recipe,
+        &LoadOptions {
+            overrides: &args.overrides,
+            use_env: true,
+        },
+    ) {
+        Ok(loaded) => loaded,
+        Err(errors) => {
+            eprintln!("{:?}", miette::Report::new(errors));
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let recipe = &loaded.recipe;
+    let backend = match args.backend {
+        Some(BackendArg::Cpu) => Backend::Cpu,
+        Some(BackendArg::Cuda) => Backend::Cuda,
+        Some(BackendArg::BurnCuda) => Backend::BurnCuda,
+        None => recipe.runtime.backend,
+    };
+    match backend {
+        Backend::Cpu => {}
+        Backend::Cuda | Backend::BurnCuda => {
+            let name = if backend == Backend::Cuda {
+                "cuda"
+            } else {
+                "burn-cuda"
+            };
+            anyhow::bail!(
+                "the `{name}` backend is not built into this binary yet (the CUDA issue adds it); use --backend cpu"
+            );
+        }
+    }
+    ferrotron_telemetry::init_tracing(recipe.logging.format);
+
+    // The CPU backend is one rank in this process, whatever cluster the recipe targets.
+    let options = PlanOptions {
+        cluster: Some(Cluster {
+            nodes: 1,
+            gpus_per_node: 1,
+            gpu: GpuKind::Cpu,
+        }),
+        vocab_size: vocab_size(recipe)?,
+    };
+    let plan = match plan(recipe, &options) {
+        Ok(plan) => plan,
+        Err(findings) => {
+            match loaded.check(findings) {
+                Err(errors) => eprintln!("{:?}", miette::Report::new(errors)),
+                Ok(warnings) => {
+                    for finding in warnings {
+                        eprintln!("{}: {}", finding.path, finding.message);
+                    }
+                }
+            }
+            return Ok(ExitCode::from(1));
+        }
+    };
+    eprint!("{}", brief(&plan));
+
+    let run_dir = run_dir(&args, recipe);
+    let options = RunOptions {
+        run_dir,
+        stop: StopFlag::on_signals().context("installing the SIGTERM/SIGINT handlers")?,
+        exit_interval: args.exit_interval,
+        announce: announce_metrics,
+    };
+    let device = Default::default();
+    match ferrotron_train::train::<CpuTrainBackend>(&plan, &options, &device) {
+        Ok(summary) => {
+            eprint!("{}", closing(&summary, &args.recipe));
+            Ok(ExitCode::SUCCESS)
+        }
+        // A non-finite loss, a refused checkpoint, missing data: the run failed, not the usage.
+        Err(err) => {
+            eprintln!("error: {err}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn announce_metrics(address: &str) {
+    eprintln!("prometheus metrics at {address}");
+}
+
+fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
+    if let Some(vocab) = recipe.model.vocab_size {
+        return Ok(vocab);
+    }
+    ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).context(
+        "model.vocab_size is not set and the tokenizer could not be loaded to find it; \
+         set model.vocab_size or fix data.tokenizer",
+    )
+}
+
+/// `--run-dir`, else the checkpoint directory's parent, else `runs/<name>`.
+fn run_dir(args: &Args, recipe: &Recipe) -> PathBuf {
+    if let Some(dir) = &args.run_dir {
+        return dir.clone();
+    }
+    recipe
+        .checkpoint
+        .dir
+        .as_deref()
+        .map(Path::new)
+        .and_then(Path::parent)
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| Path::new("runs").join(&recipe.name))
+}
+
+/// A few lines of the plan: what will run, how big, how long per step in theory.
+fn brief(plan: &Plan) -> String {
+    let d = &plan.degrees;
+    let params = plan.parameters.total as f64;
+    let precision = match plan.recipe.precision.dtype {
+        ferrotron_recipe::Dtype::Fp32 => "fp32",
+        _ => "fp32 (the CPU backend computes in fp32; precision.dtype applies on GPU backends)",
+    };
+    format!(
+        "run {}: {:.2}M parameters, {} layers, hidden {}, seq {}, vocab {} (padded {})\n\
+         layout: world {} (tp {} pp {} cp {} ep {} dp {}), global batch {} = {} microbatch(es) of {}\n\
+         {} iterations, {:.3} GFLOP per iteration, precision {}\n",
+        plan.recipe.name,
+        params / 1e6,
+        plan.recipe.model.num_layers,
+        plan.recipe.model.hidden_size,
+        plan.recipe.model.seq_length,
+        plan.vocab_size,
+        plan.padded_vocab_size,
+        plan.world_size,
+        d.tp,
+        d.pp,
+        d.cp,
+        d.ep,
+        d.dp,
+        plan.global_batch_size,
+        plan.num_microbatches,
+        plan.micro_batch_size,
+        plan.train_iters,
+        plan.flops_per_iteration / 1e9,
+        precision,
+    )
+}
+
+fn closing(summary: &RunSummary, recipe: &Path) -> String {
+    let mut out = String::new();
+    let what = match summary.stopped {
+        Some(StopReason::Signal) => "stopped on request",
+        Some(StopReason::ExitInterval) => "stopped at the exit interval",
+        None if summary.start_iteration >= summary.train_iters => "already complete",
+        None => "finished",
+    };
+    out.push_str(&format!(
+        "{what} at iteration {} of {}",
+        summary.iteration, summary.train_iters
+    ));
+    if let Some(loss) = summary.last_loss {
+        out.push_str(&format!(", loss {loss:.4}"));
+    }
+    if let Some(eval) = summary.last_eval_loss {
+        out.push_str(&format!(", validation loss {eval:.4}"));
+    }
+    out.push('\n');
+    if let Some(checkpoint) = &summary.checkpoint {
+        out.push_str(&format!("checkpoint: {}\n", checkpoint.display()));
+        if summary.stopped.is_some() {
+            out.push_str(&format!("continue with: recipe run {}\n", recipe.display()));
+        }
+        out.push_str(&format!(
+            "sample from it: recipe sample {} --prompt \"ROMEO:\" --max-tokens 200\n",
+            checkpoint.display()
+        ));
+    }
+    out
 }

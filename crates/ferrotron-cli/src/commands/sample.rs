@@ -1,10 +1,76 @@
-//! `recipe sample` (being built; see the open issue that owns it).
+//! `recipe sample`: generate text from a checkpoint. The checkpoint folder carries everything
+//! needed (manifest with the model shape and tokenizer, the tensors), so no recipe is read.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use anyhow::Context;
+use ferrotron_data::Tokenizer;
+use ferrotron_train::checkpoint::{CheckpointStore, is_committed};
+use ferrotron_train::{CpuBackend, load_for_inference};
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`recipe sample` is not built yet")
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A checkpoint folder (`.../iter_0000300`) or a checkpoint directory (its newest one).
+    pub checkpoint: PathBuf,
+    /// The text to continue.
+    #[arg(long)]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 100)]
+    pub max_tokens: usize,
+    /// Softmax temperature; 0 decodes greedily.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Sample only among the K most likely tokens.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Random seed (same seed, same text).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let folder = checkpoint_folder(&args.checkpoint)?;
+    let device = Default::default();
+    let (model, manifest) = load_for_inference::<CpuBackend>(&folder, &device)
+        .with_context(|| format!("loading {}", folder.display()))?;
+    let tokenizer = Tokenizer::from_recipe(&manifest.tokenizer)
+        .context("loading the tokenizer the checkpoint names")?;
+    let prompt = tokenizer.encode(&args.prompt)?;
+    if prompt.is_empty() {
+        anyhow::bail!("the prompt encodes to no tokens; give some text with --prompt");
+    }
+    let generated = ferrotron_model::generate(
+        &model,
+        &prompt,
+        args.max_tokens,
+        args.temperature,
+        args.top_k,
+        args.seed,
+        manifest.model.seq_length as usize,
+    );
+    let text = tokenizer.decode(&generated)?;
+    eprintln!(
+        "checkpoint {} (iteration {}), {} new tokens",
+        folder.display(),
+        manifest.iteration,
+        generated.len()
+    );
+    println!("{}{}", args.prompt, text);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The folder itself when committed, else the newest committed checkpoint inside it.
+fn checkpoint_folder(path: &Path) -> anyhow::Result<PathBuf> {
+    if is_committed(path) {
+        return Ok(path.to_path_buf());
+    }
+    let latest = CheckpointStore::new(path, None).latest()?;
+    latest.map(|c| c.path).with_context(|| {
+        format!(
+            "{} is neither a committed checkpoint nor a directory holding one",
+            path.display()
+        )
+    })
 }

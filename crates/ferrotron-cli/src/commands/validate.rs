@@ -1,10 +1,154 @@
-//! `recipe validate` (being built; see the open issue that owns it).
+//! `recipe validate FILE...`: every problem of every file at once, for people (rustc-style
+//! snippets) and for CI (JSON). Exit 0: all valid; 1: some invalid; 2: usage or unreadable file.
+//!
+//! The recipe crate checks the schema and its own semantic rules while loading; the planner's
+//! layout rules run here on the loaded recipe and come back located through the same source map.
 
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use ferrotron_recipe::{LoadOptions, Problem, Severity, load};
+use miette::{GraphicalReportHandler, GraphicalTheme};
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`recipe validate` is not built yet")
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Recipe files to check.
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+    /// Override a key before checking, e.g. `--set model.hidden_size=2048` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Output: rustc-style diagnostics, or one JSON object per diagnostic.
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    format: Format,
+    /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
+    #[arg(long)]
+    no_env: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Human,
+    Json,
+}
+
+/// What checking one file gave.
+struct Outcome {
+    file: String,
+    problems: Vec<Problem>,
+    unreadable: bool,
+}
+
+impl Outcome {
+    fn errors(&self) -> usize {
+        self.problems
+            .iter()
+            .filter(|p| p.severity() == Severity::Error)
+            .count()
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let opts = LoadOptions {
+        overrides: &args.set,
+        use_env: !args.no_env,
+    };
+    let outcomes: Vec<Outcome> = args.files.iter().map(|f| check_file(f, &opts)).collect();
+    match args.format {
+        Format::Human => print_human(&outcomes),
+        Format::Json => print_json(&outcomes)?,
+    }
+    Ok(if outcomes.iter().any(|o| o.unreadable) {
+        ExitCode::from(2)
+    } else if outcomes.iter().any(|o| o.errors() > 0) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn check_file(path: &std::path::Path, opts: &LoadOptions) -> Outcome {
+    let file = path.display().to_string();
+    match load(path, opts) {
+        Ok(loaded) => {
+            let findings =
+                ferrotron_plan::check_layout(&loaded.recipe, loaded.recipe.cluster.as_ref());
+            let mut problems = loaded.warnings().to_vec();
+            problems.extend(loaded.problems_for(&findings));
+            problems.sort_by_key(|p| p.severity());
+            Outcome {
+                file,
+                problems,
+                unreadable: false,
+            }
+        }
+        Err(errors) => Outcome {
+            file,
+            unreadable: errors.is_unreadable(),
+            problems: errors.problems().to_vec(),
+        },
+    }
+}
+
+/// The graphical handler used for every human-readable diagnostic of the CLI: colour only on a
+/// terminal (and not under `NO_COLOR`), a fixed width so output does not depend on the terminal.
+pub fn handler() -> GraphicalReportHandler {
+    let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let theme = if colour {
+        GraphicalTheme::unicode()
+    } else {
+        GraphicalTheme::unicode_nocolor()
+    };
+    GraphicalReportHandler::new_themed(theme).with_width(100)
+}
+
+pub fn render(handler: &GraphicalReportHandler, problem: &Problem) -> String {
+    let mut out = String::new();
+    if handler.render_report(&mut out, problem).is_err() {
+        out = format!("{problem}\n");
+    }
+    out
+}
+
+fn print_human(outcomes: &[Outcome]) {
+    let handler = handler();
+    for outcome in outcomes {
+        for problem in &outcome.problems {
+            print!("{}", render(&handler, problem));
+            println!();
+        }
+        let errors = outcome.errors();
+        let warnings = outcome.problems.len() - errors;
+        let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+        match (errors, warnings) {
+            (0, 0) => println!("ok: {}", outcome.file),
+            (0, w) => println!("ok: {} ({})", outcome.file, plural(w, "warning")),
+            (e, 0) => println!("invalid: {} ({})", outcome.file, plural(e, "error")),
+            (e, w) => println!(
+                "invalid: {} ({}, {})",
+                outcome.file,
+                plural(e, "error"),
+                plural(w, "warning")
+            ),
+        }
+    }
+}
+
+fn print_json(outcomes: &[Outcome]) -> anyhow::Result<()> {
+    let mut all = Vec::new();
+    for outcome in outcomes {
+        for problem in &outcome.problems {
+            let mut value = problem.to_json();
+            if let Some(object) = value.as_object_mut() {
+                object.insert("recipe".to_owned(), outcome.file.clone().into());
+                if object.get("file").is_some_and(serde_json::Value::is_null) {
+                    object.insert("file".to_owned(), outcome.file.clone().into());
+                }
+            }
+            all.push(value);
+        }
+    }
+    println!("{}", serde_json::to_string_pretty(&all)?);
+    Ok(())
 }

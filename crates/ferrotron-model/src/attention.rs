@@ -1,0 +1,198 @@
+//! Causal self-attention with grouped queries. The fused QKV projection keeps Megatron's layout
+//! (per key/value group: its query heads, then its key, then its value), so a tensor-parallel
+//! split along groups and a Megatron checkpoint import stay straightforward.
+//!
+//! The score computation goes through burn's `attention` module op, which a backend may replace
+//! with flash attention. That op has no dropout, so only when attention dropout is live (an
+//! autodiff backend and p > 0) the decomposed matmul-softmax-dropout-matmul path runs instead.
+
+use burn::module::Module;
+use burn::nn::{Dropout, DropoutConfig, Linear};
+use burn::tensor::activation::softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Tensor};
+use ferrotron_recipe::PositionEmbedding;
+
+use crate::ModelConfig;
+use crate::init::{normal_linear, scaled_std};
+use crate::rope::RotaryEmbedding;
+
+#[derive(Module, Debug)]
+pub struct SelfAttention<B: Backend> {
+    /// `[hidden, (heads + 2·groups)·head_dim]`
+    qkv: Linear<B>,
+    /// `[heads·head_dim, hidden]`
+    proj: Linear<B>,
+    rope: Option<RotaryEmbedding<B>>,
+    dropout: Dropout,
+    num_heads: usize,
+    num_groups: usize,
+    head_dim: usize,
+}
+
+impl<B: Backend> SelfAttention<B> {
+    pub fn new(config: &ModelConfig, device: &B::Device) -> Self {
+        let heads = config.num_attention_heads;
+        let groups = config.num_query_groups;
+        let head_dim = config.kv_channels;
+        let std = config.init_method_std;
+        let bias = config.add_bias_linear;
+        let rope = (config.position_embedding == PositionEmbedding::Rope).then(|| {
+            let positions = config.max_position_embeddings.max(config.seq_length);
+            RotaryEmbedding::new(head_dim, positions, config.rotary_base, device)
+        });
+        SelfAttention {
+            qkv: normal_linear(
+                config.hidden_size,
+                (heads + 2 * groups) * head_dim,
+                std,
+                bias,
+                device,
+            ),
+            proj: normal_linear(
+                heads * head_dim,
+                config.hidden_size,
+                scaled_std(std, config.num_layers),
+                bias,
+                device,
+            ),
+            rope,
+            dropout: DropoutConfig::new(config.attention_dropout).init(),
+            num_heads: heads,
+            num_groups: groups,
+            head_dim,
+        }
+    }
+
+    /// `[batch, seq, hidden]` → `[batch, seq, hidden]`; position t sees positions ≤ t only.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [batch, seq, _] = x.dims();
+        let (heads, groups, head_dim) = (self.num_heads, self.num_groups, self.head_dim);
+        let per_group = heads / groups;
+
+        let qkv = self
+            .qkv
+            .forward(x)
+            .reshape([batch, seq, groups, per_group + 2, head_dim]);
+        let query = qkv
+            .clone()
+            .slice_dim(3, 0..per_group)
+            .reshape([batch, seq, heads, head_dim])
+            .swap_dims(1, 2);
+        let key = qkv
+            .clone()
+            .slice_dim(3, per_group..per_group + 1)
+            .reshape([batch, seq, groups, head_dim])
+            .swap_dims(1, 2);
+        let value = qkv
+            .slice_dim(3, per_group + 1..per_group + 2)
+            .reshape([batch, seq, groups, head_dim])
+            .swap_dims(1, 2);
+
+        let (query, key) = match &self.rope {
+            Some(rope) => (rope.apply(query), rope.apply(key)),
+            None => (query, key),
+        };
+        let key = repeat_groups(key, per_group);
+        let value = repeat_groups(value, per_group);
+
+        let context = if self.dropout.prob > 0.0 && B::ad_enabled(&query.device()) {
+            self.attention_with_dropout(query, key, value)
+        } else {
+            let options = AttentionModuleOptions {
+                is_causal: true,
+                ..Default::default()
+            };
+            attention(query, key, value, None, None, options)
+        };
+        let context = context
+            .swap_dims(1, 2)
+            .reshape([batch, seq, heads * head_dim]);
+        self.proj.forward(context)
+    }
+
+    fn attention_with_dropout(
+        &self,
+        query: Tensor<B, 4>,
+        key: Tensor<B, 4>,
+        value: Tensor<B, 4>,
+    ) -> Tensor<B, 4> {
+        let [batch, heads, seq, _] = query.dims();
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scores = query.matmul(key.swap_dims(2, 3)) * scale;
+        // burn's `tril_mask` is true outside the lower triangle: exactly the future keys.
+        let future = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, &scores.device())
+            .unsqueeze::<4>()
+            .expand([batch, heads, seq, seq]);
+        let probabilities = softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
+        self.dropout.forward(probabilities).matmul(value)
+    }
+}
+
+/// `[batch, groups, seq, d]` → `[batch, groups·per_group, seq, d]`, each group's key/value
+/// shared by its `per_group` consecutive query heads.
+fn repeat_groups<B: Backend>(x: Tensor<B, 4>, per_group: usize) -> Tensor<B, 4> {
+    if per_group == 1 {
+        return x;
+    }
+    let [batch, groups, seq, dim] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .expand([batch, groups, per_group, seq, dim])
+        .reshape([batch, groups * per_group, seq, dim])
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::module::Param;
+    use burn::tensor::Distribution;
+
+    use super::*;
+    use crate::tests::{Cpu, config, llama_model, values};
+
+    /// Grouped-query attention must equal multi-head attention whose heads in a group share
+    /// identical key/value projections.
+    #[test]
+    fn grouped_query_attention_equals_mha_with_shared_kv_heads() {
+        let device = Default::default();
+        let gqa_config = config(&llama_model()); // 4 heads, 2 groups, head_dim 4
+        let mut mha_model = llama_model();
+        mha_model.num_query_groups = None;
+        let mha_config = config(&mha_model);
+        let gqa = SelfAttention::<Cpu>::new(&gqa_config, &device);
+        let mut mha = SelfAttention::<Cpu>::new(&mha_config, &device);
+
+        let d = 4;
+        let weight = gqa.qkv.weight.val(); // [16, 2 groups · (2 q + k + v) · 4]
+        let column = |group: usize, slot: usize| {
+            let start = (group * 4 + slot) * d;
+            weight.clone().slice_dim(1, start..start + d)
+        };
+        let mut pieces = Vec::new();
+        for head in 0..4 {
+            let group = head / 2;
+            pieces.push(column(group, head % 2)); // its query
+            pieces.push(column(group, 2)); // the group's key
+            pieces.push(column(group, 3)); // the group's value
+        }
+        mha.qkv.weight = Param::from_tensor(Tensor::cat(pieces, 1));
+        mha.proj.weight = Param::from_tensor(gqa.proj.weight.val());
+
+        let x = Tensor::<Cpu, 3>::random([2, 6, 16], Distribution::Normal(0.0, 1.0), &device);
+        let a = values(gqa.forward(x.clone()));
+        let b = values(mha.forward(x));
+        for (u, v) in a.iter().zip(&b) {
+            assert!((u - v).abs() < 1e-5, "{u} vs {v}");
+        }
+    }
+
+    #[test]
+    fn multi_query_attention_works() {
+        let mut model = llama_model();
+        model.num_query_groups = Some(1);
+        let attention = SelfAttention::<Cpu>::new(&config(&model), &Default::default());
+        let x = Tensor::<Cpu, 3>::ones([1, 5, 16], &Default::default());
+        assert_eq!(attention.forward(x).dims(), [1, 5, 16]);
+    }
+}

@@ -1,0 +1,370 @@
+//! The model's resolved configuration. The recipe leaves derivable fields as `Option`s and
+//! Megatron derives them from others; resolving them once here means every layer reads a plain
+//! number and every inconsistent combination is refused in one place, before any allocation.
+
+use burn::tensor::backend::Backend;
+use ferrotron_recipe::{
+    Activation, LoadBalancing, Model, Moe, Normalization, PositionEmbedding, ScoreFunction,
+    TokenDropPolicy,
+};
+
+use crate::{GptModel, ModelError};
+
+/// Every number and switch the model needs, with Megatron's derived defaults filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    pub ffn_hidden_size: usize,
+    pub num_attention_heads: usize,
+    pub num_query_groups: usize,
+    pub kv_channels: usize,
+    /// Embedding and output-layer rows (Megatron pads the vocabulary).
+    pub padded_vocab_size: usize,
+    /// The tokenizer's real vocabulary; sampling never emits an id at or above it.
+    pub vocab_size: usize,
+    pub seq_length: usize,
+    pub max_position_embeddings: usize,
+    pub position_embedding: PositionEmbedding,
+    pub rotary_base: f64,
+    pub normalization: Normalization,
+    pub norm_epsilon: f64,
+    pub activation: Activation,
+    pub tie_embeddings: bool,
+    pub add_bias_linear: bool,
+    pub hidden_dropout: f64,
+    pub attention_dropout: f64,
+    pub init_method_std: f64,
+    pub moe: Option<MoeConfig>,
+}
+
+/// Mixture-of-Experts settings, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub router_topk: usize,
+    pub load_balancing: LoadBalancing,
+    pub aux_loss_coeff: f64,
+    /// 0 disables the router z-loss.
+    pub z_loss_coeff: f64,
+    pub score_function: ScoreFunction,
+    pub pre_softmax: bool,
+    pub expert_bias: bool,
+    pub expert_bias_update_rate: f64,
+    pub group_limit: Option<GroupLimit>,
+    /// `None` is dropless.
+    pub capacity: Option<Capacity>,
+    pub layer_freq: usize,
+    pub expert_ffn_hidden_size: usize,
+    pub shared_expert_ffn_hidden_size: Option<usize>,
+}
+
+/// DeepSeek's group-limited routing: experts split into groups, each token first picks groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLimit {
+    pub num_groups: usize,
+    pub group_topk: usize,
+}
+
+/// A per-expert token limit and which tokens lose when it is exceeded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    pub factor: f64,
+    pub drop_policy: TokenDropPolicy,
+    /// Megatron pads each expert's buffer to capacity; the padding carries zero weight, so it
+    /// changes buffer shapes but not results.
+    pub pad_to_capacity: bool,
+}
+
+impl ModelConfig {
+    /// The model a plan describes: its resolved recipe's model section, with the plan's real
+    /// and padded vocabulary sizes.
+    pub fn from_plan(plan: &ferrotron_plan::Plan) -> Result<Self, ModelError> {
+        Self::resolve(&plan.recipe.model, plan.vocab_size, plan.padded_vocab_size)
+    }
+
+    /// Resolve a recipe's model section for an embedding of `padded_vocab_size` rows.
+    pub fn from_model(model: &Model, padded_vocab_size: u32) -> Result<Self, ModelError> {
+        let vocab_size = model.vocab_size.unwrap_or(padded_vocab_size);
+        Self::resolve(model, vocab_size, padded_vocab_size)
+    }
+
+    /// Whether layer `index` (0-based) is an MoE layer.
+    pub fn is_moe_layer(&self, index: usize) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|moe| index.is_multiple_of(moe.layer_freq))
+    }
+
+    /// Build the model with Megatron's initialisation; deterministic given `B::seed`.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> GptModel<B> {
+        GptModel::new(self, device)
+    }
+
+    pub(crate) fn resolve(
+        model: &Model,
+        vocab_size: u32,
+        padded_vocab_size: u32,
+    ) -> Result<Self, ModelError> {
+        positive("num_layers", model.num_layers)?;
+        positive("hidden_size", model.hidden_size)?;
+        positive("num_attention_heads", model.num_attention_heads)?;
+        positive("seq_length", model.seq_length)?;
+        positive("ffn_hidden_size", model.ffn_hidden_size())?;
+        positive("num_query_groups", model.num_query_groups())?;
+        positive("kv_channels", model.kv_channels())?;
+        positive("vocab_size", vocab_size)?;
+        divisible(
+            "num_attention_heads",
+            model.num_attention_heads,
+            "num_query_groups",
+            model.num_query_groups(),
+        )?;
+        if padded_vocab_size < vocab_size {
+            return Err(ModelError::VocabularyTooLarge {
+                vocab: vocab_size,
+                padded: padded_vocab_size,
+            });
+        }
+        let max_positions = model.max_position_embeddings();
+        if model.position_embedding == PositionEmbedding::Learned
+            && model.seq_length > max_positions
+        {
+            return Err(ModelError::SequenceTooLong {
+                seq_length: model.seq_length,
+                max_positions,
+            });
+        }
+        probability("hidden_dropout", model.hidden_dropout)?;
+        probability("attention_dropout", model.attention_dropout)?;
+        if !(model.init_method_std.is_finite() && model.init_method_std >= 0.0) {
+            return Err(ModelError::OutOfRange {
+                field: "init_method_std",
+                value: model.init_method_std,
+                expected: "a finite value >= 0",
+            });
+        }
+        if !(model.norm_epsilon.is_finite() && model.norm_epsilon > 0.0) {
+            return Err(ModelError::OutOfRange {
+                field: "norm_epsilon",
+                value: model.norm_epsilon,
+                expected: "a finite value > 0",
+            });
+        }
+        if model.position_embedding == PositionEmbedding::Rope {
+            if !model.kv_channels().is_multiple_of(2) {
+                return Err(ModelError::Incompatible(format!(
+                    "rotary position embeddings rotate pairs of channels, so model.kv_channels must be even (got {})",
+                    model.kv_channels()
+                )));
+            }
+            if !(model.rotary_base.is_finite() && model.rotary_base > 0.0) {
+                return Err(ModelError::OutOfRange {
+                    field: "rotary_base",
+                    value: model.rotary_base,
+                    expected: "a finite value > 0",
+                });
+            }
+        }
+        let moe = model
+            .moe
+            .as_ref()
+            .map(|moe| MoeConfig::resolve(moe, model))
+            .transpose()?;
+        Ok(ModelConfig {
+            num_layers: to_usize(model.num_layers),
+            hidden_size: to_usize(model.hidden_size),
+            ffn_hidden_size: to_usize(model.ffn_hidden_size()),
+            num_attention_heads: to_usize(model.num_attention_heads),
+            num_query_groups: to_usize(model.num_query_groups()),
+            kv_channels: to_usize(model.kv_channels()),
+            padded_vocab_size: to_usize(padded_vocab_size),
+            vocab_size: to_usize(vocab_size),
+            seq_length: to_usize(model.seq_length),
+            max_position_embeddings: to_usize(max_positions),
+            position_embedding: model.position_embedding,
+            rotary_base: model.rotary_base,
+            normalization: model.normalization,
+            norm_epsilon: model.norm_epsilon,
+            activation: model.activation,
+            tie_embeddings: model.tie_embeddings,
+            add_bias_linear: model.add_bias_linear,
+            hidden_dropout: model.hidden_dropout,
+            attention_dropout: model.attention_dropout,
+            init_method_std: model.init_method_std,
+            moe,
+        })
+    }
+}
+
+impl MoeConfig {
+    fn resolve(moe: &Moe, model: &Model) -> Result<Self, ModelError> {
+        positive("moe.num_experts", moe.num_experts)?;
+        positive("moe.router_topk", moe.router_topk)?;
+        positive("moe.layer_freq", moe.layer_freq)?;
+        positive("moe.ffn_hidden_size", moe.expert_ffn_hidden_size(model))?;
+        if moe.router_topk > moe.num_experts {
+            return Err(ModelError::Incompatible(format!(
+                "model.moe.router_topk ({}) cannot exceed model.moe.num_experts ({})",
+                moe.router_topk, moe.num_experts
+            )));
+        }
+        if moe.load_balancing == LoadBalancing::Sinkhorn {
+            return Err(ModelError::Unsupported {
+                feature: "model.moe.load_balancing: sinkhorn",
+                hint: "use aux_loss, seq_aux_loss, or none (with expert_bias for auxiliary-loss-free balancing)",
+            });
+        }
+        if moe.expert_bias && moe.score_function != ScoreFunction::Sigmoid {
+            return Err(ModelError::Incompatible(
+                "model.moe.expert_bias needs model.moe.score_function: sigmoid (DeepSeek-V3 routing)"
+                    .to_owned(),
+            ));
+        }
+        non_negative("moe.aux_loss_coeff", moe.aux_loss_coeff)?;
+        let z_loss_coeff = moe.z_loss_coeff.unwrap_or(0.0);
+        non_negative("moe.z_loss_coeff", z_loss_coeff)?;
+        non_negative("moe.expert_bias_update_rate", moe.expert_bias_update_rate)?;
+        let group_limit = match (moe.num_groups, moe.group_topk) {
+            (None, None) => None,
+            (Some(num_groups), Some(group_topk)) => {
+                Some(GroupLimit::resolve(moe, num_groups, group_topk)?)
+            }
+            _ => {
+                return Err(ModelError::Incompatible(
+                    "group-limited routing needs both model.moe.num_groups and model.moe.group_topk"
+                        .to_owned(),
+                ));
+            }
+        };
+        let capacity = match moe.capacity_factor {
+            Some(factor) => {
+                if !(factor.is_finite() && factor > 0.0) {
+                    return Err(ModelError::OutOfRange {
+                        field: "moe.capacity_factor",
+                        value: factor,
+                        expected: "a finite value > 0 (leave it out for dropless routing)",
+                    });
+                }
+                Some(Capacity {
+                    factor,
+                    drop_policy: moe.token_drop_policy,
+                    pad_to_capacity: moe.pad_to_capacity,
+                })
+            }
+            None if moe.pad_to_capacity => {
+                return Err(ModelError::Incompatible(
+                    "model.moe.pad_to_capacity needs model.moe.capacity_factor".to_owned(),
+                ));
+            }
+            None => None,
+        };
+        Ok(MoeConfig {
+            num_experts: to_usize(moe.num_experts),
+            router_topk: to_usize(moe.router_topk),
+            load_balancing: moe.load_balancing,
+            aux_loss_coeff: moe.aux_loss_coeff,
+            z_loss_coeff,
+            score_function: moe.score_function,
+            pre_softmax: moe.pre_softmax,
+            expert_bias: moe.expert_bias,
+            expert_bias_update_rate: moe.expert_bias_update_rate,
+            group_limit,
+            capacity,
+            layer_freq: to_usize(moe.layer_freq),
+            expert_ffn_hidden_size: to_usize(moe.expert_ffn_hidden_size(model)),
+            shared_expert_ffn_hidden_size: moe.shared_expert_ffn_hidden_size.map(to_usize),
+        })
+    }
+}
+
+impl GroupLimit {
+    fn resolve(moe: &Moe, num_groups: u32, group_topk: u32) -> Result<Self, ModelError> {
+        positive("moe.num_groups", num_groups)?;
+        positive("moe.group_topk", group_topk)?;
+        divisible(
+            "moe.num_experts",
+            moe.num_experts,
+            "moe.num_groups",
+            num_groups,
+        )?;
+        divisible(
+            "moe.router_topk",
+            moe.router_topk,
+            "moe.group_topk",
+            group_topk,
+        )?;
+        if group_topk > num_groups {
+            return Err(ModelError::Incompatible(format!(
+                "model.moe.group_topk ({group_topk}) cannot exceed model.moe.num_groups ({num_groups})"
+            )));
+        }
+        let experts_in_selected_groups = group_topk * (moe.num_experts / num_groups);
+        if experts_in_selected_groups < moe.router_topk {
+            return Err(ModelError::Incompatible(format!(
+                "model.moe.group_topk ({group_topk}) groups of {} experts hold fewer than router_topk ({}) experts",
+                moe.num_experts / num_groups,
+                moe.router_topk
+            )));
+        }
+        Ok(GroupLimit {
+            num_groups: to_usize(num_groups),
+            group_topk: to_usize(group_topk),
+        })
+    }
+}
+
+fn to_usize(value: u32) -> usize {
+    // u32 always fits in usize on the 32- and 64-bit targets burn supports.
+    value as usize
+}
+
+fn positive(field: &'static str, value: u32) -> Result<(), ModelError> {
+    if value == 0 {
+        Err(ModelError::ZeroSize { field })
+    } else {
+        Ok(())
+    }
+}
+
+fn divisible(
+    numerator_field: &'static str,
+    numerator: u32,
+    denominator_field: &'static str,
+    denominator: u32,
+) -> Result<(), ModelError> {
+    if numerator.is_multiple_of(denominator) {
+        Ok(())
+    } else {
+        Err(ModelError::NotDivisible {
+            numerator_field,
+            numerator,
+            denominator_field,
+            denominator,
+        })
+    }
+}
+
+fn probability(field: &'static str, value: f64) -> Result<(), ModelError> {
+    if (0.0..1.0).contains(&value) {
+        Ok(())
+    } else {
+        Err(ModelError::OutOfRange {
+            field,
+            value,
+            expected: "0 <= p < 1",
+        })
+    }
+}
+
+fn non_negative(field: &'static str, value: f64) -> Result<(), ModelError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(ModelError::OutOfRange {
+            field,
+            value,
+            expected: "a finite value >= 0",
+        })
+    }
+}

@@ -1,0 +1,412 @@
+//! One MoE feed-forward layer: router, routed experts, optional shared expert, balancing losses.
+//! Tokens are gathered per expert, run through that expert's MLP, weighted and scatter-added
+//! back, so compute is proportional to the tokens each expert really receives.
+
+use burn::module::{Module, Param, ParamId};
+use burn::nn::Linear;
+use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
+use ferrotron_recipe::{LoadBalancing, ScoreFunction};
+
+use super::loss::{balancing_probabilities, sequence_aux_loss, switch_aux_loss, z_loss};
+use super::routing::{Routing, aux_loss_counts, route};
+use crate::config::{ModelConfig, MoeConfig};
+use crate::init::{normal_linear, scaled_std};
+use crate::mlp::{Mlp, MlpShape};
+
+#[derive(Module, Debug)]
+pub struct MoeLayer<B: Backend> {
+    /// `[hidden, experts]`, no bias.
+    router: Linear<B>,
+    /// DeepSeek-V3's selection bias `[experts]`: not trained by gradients (updated by
+    /// [`crate::GptModel::update_expert_bias`]) but saved with the model.
+    expert_bias: Option<Param<Tensor<B, 1>>>,
+    experts: Vec<Mlp<B>>,
+    shared_expert: Option<Mlp<B>>,
+    #[module(skip)]
+    config: MoeConfig,
+}
+
+/// What one MoE layer reports besides its output.
+#[derive(Debug, Clone)]
+pub struct MoeStats<B: Backend> {
+    /// Balancing and z-losses of this layer, `[1]`.
+    pub aux_loss: Tensor<B, 1>,
+    /// Tokens kept per expert.
+    pub loads: Vec<u64>,
+}
+
+impl<B: Backend> MoeLayer<B> {
+    pub fn new(model: &ModelConfig, moe: &MoeConfig, device: &B::Device) -> Self {
+        let std = model.init_method_std;
+        let output_std = scaled_std(std, model.num_layers);
+        let mlp = |ffn| MlpShape {
+            hidden: model.hidden_size,
+            ffn,
+            activation: model.activation,
+            bias: model.add_bias_linear,
+            std,
+            output_std,
+        };
+        let router = normal_linear(model.hidden_size, moe.num_experts, std, false, device);
+        let expert_bias = moe.expert_bias.then(|| {
+            Param::initialized(ParamId::new(), Tensor::zeros([moe.num_experts], device))
+                .set_require_grad(false)
+        });
+        let expert_shape = mlp(moe.expert_ffn_hidden_size);
+        let experts = (0..moe.num_experts)
+            .map(|_| Mlp::new(&expert_shape, device))
+            .collect();
+        let shared_expert = moe
+            .shared_expert_ffn_hidden_size
+            .map(|ffn| Mlp::new(&mlp(ffn), device));
+        MoeLayer {
+            router,
+            expert_bias,
+            experts,
+            shared_expert,
+            config: moe.clone(),
+        }
+    }
+
+    /// `[batch, seq, hidden]` → same shape, with this layer's losses and loads.
+    pub fn forward(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, MoeStats<B>) {
+        let [batch, seq, hidden] = x.dims();
+        let tokens = x.reshape([batch * seq, hidden]);
+        let logits = self.router.forward(tokens.clone());
+        let host_logits: Vec<f32> = logits.clone().into_data().iter::<f32>().collect();
+        let routing = self.route(&host_logits);
+        let weights = self.combine_weights(logits.clone(), &routing);
+
+        let mut output = Tensor::<B, 2>::zeros([batch * seq, hidden], &tokens.device());
+        for (index, expert) in self.experts.iter().enumerate() {
+            let (token_ids, slot_ids) = routing.assignments(index);
+            if token_ids.is_empty() {
+                continue;
+            }
+            let device = tokens.device();
+            let token_ids = index_tensor::<B>(&token_ids, &device);
+            let slot_ids = index_tensor::<B>(&slot_ids, &device);
+            let gate = weights.clone().select(0, slot_ids).unsqueeze_dim::<2>(1);
+            let expert_out = expert.forward(tokens.clone().select(0, token_ids.clone())) * gate;
+            output = output.select_assign(0, token_ids, expert_out, IndexingUpdateOp::Add);
+        }
+        if let Some(shared) = &self.shared_expert {
+            output = output + shared.forward(tokens);
+        }
+
+        let aux_loss = self.balancing_loss(logits, &host_logits, batch, seq);
+        let stats = MoeStats {
+            aux_loss,
+            loads: routing.loads(self.config.num_experts),
+        };
+        (output.reshape([batch, seq, hidden]), stats)
+    }
+
+    /// The current selection bias, if this layer uses one.
+    pub fn expert_bias(&self) -> Option<Tensor<B, 1>> {
+        self.expert_bias.as_ref().map(Param::val)
+    }
+
+    /// DeepSeek-V3's update: `bias_i += rate · sign(mean_load − load_i)`.
+    pub(crate) fn update_expert_bias(self, loads: &[u64]) -> Self {
+        let Some(bias) = self.expert_bias else {
+            return self;
+        };
+        let mean = loads.iter().sum::<u64>() as f64 / loads.len() as f64;
+        let rate = self.config.expert_bias_update_rate;
+        let delta: Vec<f32> = loads
+            .iter()
+            .map(|&load| {
+                let gap = mean - load as f64;
+                if gap == 0.0 {
+                    0.0
+                } else {
+                    (rate * gap.signum()) as f32
+                }
+            })
+            .collect();
+        let bias = bias.map(|value| {
+            let device = value.device();
+            let delta = Tensor::<B, 1>::from_data(TensorData::new(delta, [loads.len()]), &device);
+            (value + delta).detach()
+        });
+        MoeLayer {
+            expert_bias: Some(bias),
+            ..self
+        }
+    }
+
+    pub(crate) fn num_experts(&self) -> usize {
+        self.config.num_experts
+    }
+
+    fn route(&self, logits: &[f32]) -> Routing {
+        let bias: Option<Vec<f32>> = self
+            .expert_bias
+            .as_ref()
+            .map(|bias| bias.val().into_data().iter::<f32>().collect());
+        route(&self.config, logits, bias.as_deref())
+    }
+
+    /// Differentiable `[tokens · topk]` combine weights for the routed slots; dropped slots
+    /// simply never reach an expert.
+    fn combine_weights(&self, logits: Tensor<B, 2>, routing: &Routing) -> Tensor<B, 1> {
+        let [tokens, _] = logits.dims();
+        let topk = routing.topk;
+        let device = logits.device();
+        let chosen = index_tensor::<B>(&routing.experts, &device).reshape([tokens, topk]);
+        let weights = match self.config.score_function {
+            ScoreFunction::Softmax if self.config.pre_softmax => {
+                softmax(logits, 1).gather(1, chosen)
+            }
+            ScoreFunction::Softmax => softmax(logits.gather(1, chosen), 1),
+            ScoreFunction::Sigmoid => {
+                let picked = sigmoid(logits).gather(1, chosen);
+                if topk > 1 {
+                    let total = picked.clone().sum_dim(1) + 1e-20;
+                    picked / total
+                } else {
+                    picked
+                }
+            }
+        };
+        weights.reshape([tokens * topk])
+    }
+
+    fn balancing_loss(
+        &self,
+        logits: Tensor<B, 2>,
+        host_logits: &[f32],
+        batch: usize,
+        seq: usize,
+    ) -> Tensor<B, 1> {
+        let config = &self.config;
+        let device = logits.device();
+        let mut loss = Tensor::<B, 1>::zeros([1], &device);
+        let needs_counts = config.aux_loss_coeff > 0.0
+            && matches!(
+                config.load_balancing,
+                LoadBalancing::AuxLoss | LoadBalancing::SeqAuxLoss
+            );
+        if needs_counts {
+            let probabilities = balancing_probabilities(logits.clone(), config.score_function);
+            let experts = config.num_experts;
+            loss = loss
+                + if config.load_balancing == LoadBalancing::SeqAuxLoss {
+                    let counts = aux_loss_counts(host_logits, experts, config.router_topk, seq);
+                    let counts = Tensor::<B, 2>::from_data(
+                        TensorData::new(counts, [batch, experts]),
+                        &device,
+                    );
+                    sequence_aux_loss(
+                        probabilities,
+                        counts,
+                        config.router_topk,
+                        config.aux_loss_coeff,
+                    )
+                } else {
+                    let counts =
+                        aux_loss_counts(host_logits, experts, config.router_topk, batch * seq);
+                    let counts =
+                        Tensor::<B, 1>::from_data(TensorData::new(counts, [experts]), &device);
+                    switch_aux_loss(
+                        probabilities,
+                        counts,
+                        config.router_topk,
+                        config.aux_loss_coeff,
+                    )
+                };
+        }
+        if config.z_loss_coeff > 0.0 {
+            loss = loss + z_loss(logits, config.z_loss_coeff);
+        }
+        loss
+    }
+}
+
+fn index_tensor<B: Backend>(indices: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
+    let values: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
+    Tensor::from_data(TensorData::new(values, [indices.len()]), device)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::Distribution;
+    use ferrotron_recipe::{Model, Moe, TokenDropPolicy};
+
+    use super::*;
+    use crate::tests::{Cpu, config, moe_model, moe_section, scalar, values};
+
+    /// A layer whose router is the identity (hidden 4 = experts 4), so the logits are the input.
+    fn identity_router_layer(moe: Moe) -> MoeLayer<Cpu> {
+        let model = Model {
+            hidden_size: 4,
+            num_attention_heads: 2,
+            moe: Some(moe),
+            ..moe_model()
+        };
+        let model_config = config(&model);
+        let moe_config = model_config.moe.clone().expect("an MoE model");
+        let device = Default::default();
+        let mut layer = MoeLayer::<Cpu>::new(&model_config, &moe_config, &device);
+        layer.router.weight = Param::from_tensor(Tensor::eye(4, &device));
+        layer
+    }
+
+    fn input(rows: &[[f32; 4]]) -> Tensor<Cpu, 3> {
+        let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+        Tensor::from_data(
+            TensorData::new(flat, [1, rows.len(), 4]),
+            &Default::default(),
+        )
+    }
+
+    fn expert_output(layer: &MoeLayer<Cpu>, expert: usize, row: [f32; 4]) -> Vec<f32> {
+        values(layer.experts[expert].forward(input(&[row]).reshape([1, 4])))
+    }
+
+    fn assert_close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-6, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn aux_loss_matches_the_hand_computed_value() {
+        // Logits [ln3, 0, 0, 0] and [0, ln3, 0, 0]: softmax rows [1/2, 1/6, 1/6, 1/6] and
+        // [1/6, 1/2, 1/6, 1/6]; top-1 picks experts 0 and 1.
+        // P = [1/3, 1/3, 1/6, 1/6], f = [1/2, 1/2, 0, 0]; E·Σ f·P = 4 · (1/6 + 1/6) = 4/3.
+        let layer = identity_router_layer(Moe {
+            router_topk: 1,
+            aux_loss_coeff: 0.01,
+            shared_expert_ffn_hidden_size: None,
+            ..moe_section()
+        });
+        let ln3 = 3.0f32.ln();
+        let (_, stats) = layer.forward(input(&[[ln3, 0.0, 0.0, 0.0], [0.0, ln3, 0.0, 0.0]]));
+        let aux = scalar(stats.aux_loss);
+        assert!((aux - 0.04 / 3.0).abs() < 1e-7, "{aux}");
+        assert_eq!(stats.loads, vec![1, 1, 0, 0]);
+    }
+
+    #[test]
+    fn output_is_the_weighted_sum_of_the_chosen_experts_plus_the_shared_one() {
+        let layer = identity_router_layer(moe_section()); // top-2, softmax after top-k, shared
+        let device = Default::default();
+        let x = Tensor::<Cpu, 3>::random([1, 3, 4], Distribution::Normal(0.0, 1.0), &device);
+        let rows: Vec<[f32; 4]> = values(x.clone())
+            .chunks_exact(4)
+            .map(|c| [c[0], c[1], c[2], c[3]])
+            .collect();
+        let (output, _) = layer.forward(x.clone());
+        let output = values(output);
+        let routing = layer.route(&values(x.clone()));
+        let shared = values(
+            layer
+                .shared_expert
+                .as_ref()
+                .expect("shared expert")
+                .forward(x.reshape([3, 4])),
+        );
+        for (token, row) in rows.iter().enumerate() {
+            let mut expected = shared[token * 4..(token + 1) * 4].to_vec();
+            for slot in 0..2 {
+                let expert = routing.experts[token * 2 + slot];
+                let weight = routing.weights[token * 2 + slot];
+                for (e, o) in expected.iter_mut().zip(expert_output(&layer, expert, *row)) {
+                    *e += weight * o;
+                }
+            }
+            assert_close(&output[token * 4..(token + 1) * 4], &expected);
+        }
+    }
+
+    #[test]
+    fn dropped_tokens_get_no_routed_output() {
+        // All four tokens prefer expert 0; top-1 with capacity ceil(4·1/4 · 1) = 1 keeps only
+        // the most probable one (token 1).
+        let layer = identity_router_layer(Moe {
+            router_topk: 1,
+            pre_softmax: true,
+            capacity_factor: Some(1.0),
+            token_drop_policy: TokenDropPolicy::Probs,
+            shared_expert_ffn_hidden_size: None,
+            ..moe_section()
+        });
+        let (output, stats) = layer.forward(input(&[
+            [1.0, 0.0, 0.0, 0.0],
+            [3.0, 0.0, 0.0, 0.0],
+            [2.0, 0.0, 0.0, 0.0],
+            [1.5, 0.0, 0.0, 0.0],
+        ]));
+        assert_eq!(stats.loads, vec![1, 0, 0, 0]);
+        let output = values(output);
+        for dropped in [0, 2, 3] {
+            assert!(
+                output[dropped * 4..(dropped + 1) * 4]
+                    .iter()
+                    .all(|&v| v == 0.0)
+            );
+        }
+        assert!(output[4..8].iter().any(|&v| v != 0.0));
+    }
+
+    #[test]
+    fn expert_bias_changes_selection_but_not_the_combine_weight() {
+        let mut layer = identity_router_layer(Moe {
+            router_topk: 1,
+            score_function: ScoreFunction::Sigmoid,
+            expert_bias: true,
+            load_balancing: LoadBalancing::None,
+            shared_expert_ffn_hidden_size: None,
+            ..moe_section()
+        });
+        let row = [2.0, 0.0, 0.0, 0.0];
+        let (unbiased, stats) = layer.forward(input(&[row]));
+        assert_eq!(stats.loads, vec![1, 0, 0, 0]);
+        let sigmoid_2 = 1.0 / (1.0 + (-2.0f32).exp());
+        let expected: Vec<f32> = expert_output(&layer, 0, row)
+            .iter()
+            .map(|v| v * sigmoid_2)
+            .collect();
+        assert_close(&values(unbiased), &expected);
+
+        let device = Default::default();
+        layer.expert_bias = Some(
+            Param::initialized(
+                ParamId::new(),
+                Tensor::from_floats([0.0, 0.0, 5.0, 0.0], &device),
+            )
+            .set_require_grad(false),
+        );
+        let (biased, stats) = layer.forward(input(&[row]));
+        assert_eq!(stats.loads, vec![0, 0, 1, 0]);
+        // Expert 2's logit is 0: the weight is sigmoid(0) = 0.5, the bias does not enter it.
+        let expected: Vec<f32> = expert_output(&layer, 2, row)
+            .iter()
+            .map(|v| v * 0.5)
+            .collect();
+        assert_close(&values(biased), &expected);
+    }
+
+    #[test]
+    fn z_loss_adds_to_the_balancing_loss() {
+        let row = [[0.0, 0.0, 0.0, 0.0]];
+        let plain = identity_router_layer(Moe {
+            load_balancing: LoadBalancing::None,
+            ..moe_section()
+        });
+        let with_z = identity_router_layer(Moe {
+            load_balancing: LoadBalancing::None,
+            z_loss_coeff: Some(0.5),
+            ..moe_section()
+        });
+        assert_eq!(scalar(plain.forward(input(&row)).1.aux_loss), 0.0);
+        // logsumexp of four zeros = ln 4; squared, times 0.5.
+        let z = scalar(with_z.forward(input(&row)).1.aux_loss);
+        assert!((z - 0.5 * 4.0f32.ln().powi(2)).abs() < 1e-6, "{z}");
+    }
+}

@@ -1,0 +1,134 @@
+//! Router balancing losses, as Megatron-Core computes them. They are differentiable in the
+//! router probabilities only; the token counts `f_i` come from the (discrete) routing.
+
+use burn::tensor::Tensor;
+use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::backend::Backend;
+use ferrotron_recipe::ScoreFunction;
+
+/// Router probabilities over all experts used by the balancing losses: softmax, or sigmoid
+/// scores normalised per token. `[tokens, experts]`.
+pub fn balancing_probabilities<B: Backend>(
+    logits: Tensor<B, 2>,
+    score_function: ScoreFunction,
+) -> Tensor<B, 2> {
+    match score_function {
+        ScoreFunction::Softmax => softmax(logits, 1),
+        ScoreFunction::Sigmoid => {
+            let scores = sigmoid(logits);
+            let total = scores.clone().sum_dim(1) + 1e-20;
+            scores / total
+        }
+    }
+}
+
+/// Switch/GShard balancing: `coeff · E · Σ_i f_i · P_i` with `f_i = count_i / (k·T)` the share
+/// of routed slots and `P_i = Σ_t p_ti / T` the mean probability of expert i.
+/// `probabilities`: `[T, E]`; `counts`: `[E]`.
+pub fn switch_aux_loss<B: Backend>(
+    probabilities: Tensor<B, 2>,
+    counts: Tensor<B, 1>,
+    topk: usize,
+    coeff: f64,
+) -> Tensor<B, 1> {
+    let [tokens, experts] = probabilities.dims();
+    let probability_mass = probabilities.sum_dim(0).reshape([experts]);
+    let scale = coeff * experts as f64 / (topk as f64 * tokens as f64 * tokens as f64);
+    (probability_mass * counts).sum() * scale
+}
+
+/// Sequence-level balancing (DeepSeek-V2/V3): the Switch loss computed within each sequence,
+/// averaged over sequences. `probabilities`: `[S·L, E]` in sequence-major order; `counts`:
+/// `[S, E]` per-sequence slot counts.
+pub fn sequence_aux_loss<B: Backend>(
+    probabilities: Tensor<B, 2>,
+    counts: Tensor<B, 2>,
+    topk: usize,
+    coeff: f64,
+) -> Tensor<B, 1> {
+    let [sequences, experts] = counts.dims();
+    let [rows, _] = probabilities.dims();
+    let length = rows / sequences;
+    let mean_probability = probabilities
+        .reshape([sequences, length, experts])
+        .mean_dim(1)
+        .reshape([sequences, experts]);
+    let load = counts / (length as f64 * topk as f64 / experts as f64);
+    (load * mean_probability).sum_dim(1).mean() * coeff
+}
+
+/// ST-MoE router z-loss: `coeff · mean_t (logsumexp_i logits_ti)²`. `logits`: `[T, E]`.
+pub fn z_loss<B: Backend>(logits: Tensor<B, 2>, coeff: f64) -> Tensor<B, 1> {
+    let max = logits.clone().detach().max_dim(1);
+    let log_sum_exp = (logits - max.clone()).exp().sum_dim(1).log() + max;
+    log_sum_exp.square().mean() * coeff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::TensorData;
+
+    type B = Flex;
+
+    fn tensor2(values: &[f32], shape: [usize; 2]) -> Tensor<B, 2> {
+        Tensor::from_data(TensorData::new(values.to_vec(), shape), &Default::default())
+    }
+
+    fn scalar(t: Tensor<B, 1>) -> f32 {
+        t.into_data().iter::<f32>().next().unwrap_or(f32::NAN)
+    }
+
+    #[test]
+    fn switch_loss_matches_the_hand_computed_value() {
+        // 2 tokens, 2 experts, top-1. P = mean probs = [(0.75+0.25)/2, (0.25+0.75)/2] = [0.5, 0.5];
+        // counts = [2, 0] (both tokens picked expert 0 in this made-up routing), f = [1, 0].
+        // loss = coeff · E · Σ f_i P_i = 0.1 · 2 · (1·0.5) = 0.1.
+        let probs = tensor2(&[0.75, 0.25, 0.25, 0.75], [2, 2]);
+        let counts = Tensor::<B, 1>::from_data([2.0f32, 0.0], &Default::default());
+        let loss = scalar(switch_aux_loss(probs, counts, 1, 0.1));
+        assert!((loss - 0.1).abs() < 1e-6, "{loss}");
+    }
+
+    #[test]
+    fn switch_loss_is_one_times_coeff_when_perfectly_balanced() {
+        // Uniform probabilities and uniform counts give E · Σ (1/E)(1/E) = 1.
+        let probs = tensor2(&[0.25; 16], [4, 4]);
+        let counts = Tensor::<B, 1>::from_data([2.0f32, 2.0, 2.0, 2.0], &Default::default());
+        let loss = scalar(switch_aux_loss(probs, counts, 2, 0.01));
+        assert!((loss - 0.01).abs() < 1e-7, "{loss}");
+    }
+
+    #[test]
+    fn sequence_loss_averages_per_sequence_losses() {
+        // Sequence 0: both tokens prob [1, 0], counts [2, 0] → E · f·P = 2 · (1·1) = 2.
+        // Sequence 1: uniform probs [0.5, 0.5], counts [1, 1] → 2 · (0.5·0.5 + 0.5·0.5) = 1.
+        // Mean = 1.5, times coeff 0.1 = 0.15.
+        let probs = tensor2(&[1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5], [4, 2]);
+        let counts = tensor2(&[2.0, 0.0, 1.0, 1.0], [2, 2]);
+        let loss = scalar(sequence_aux_loss(probs, counts, 1, 0.1));
+        assert!((loss - 0.15).abs() < 1e-6, "{loss}");
+    }
+
+    #[test]
+    fn z_loss_is_the_mean_squared_log_sum_exp() {
+        // Row [0, 0]: lse = ln 2. Row [ln 3, 0]: lse = ln 4. Mean of squares times coeff.
+        let logits = tensor2(&[0.0, 0.0, 3.0f32.ln(), 0.0], [2, 2]);
+        let expected = 0.5 * (2.0f32.ln().powi(2) + 4.0f32.ln().powi(2)) * 0.001;
+        let loss = scalar(z_loss(logits, 0.001));
+        assert!((loss - expected).abs() < 1e-8, "{loss} vs {expected}");
+    }
+
+    #[test]
+    fn sigmoid_balancing_probabilities_sum_to_one_per_token() {
+        let probs = balancing_probabilities(
+            tensor2(&[0.0, 1.0, -1.0, 2.0], [2, 2]),
+            ScoreFunction::Sigmoid,
+        );
+        let sums: Vec<f32> = probs.sum_dim(1).into_data().iter::<f32>().collect();
+        for s in sums {
+            assert!((s - 1.0).abs() < 1e-6);
+        }
+    }
+}

@@ -1,0 +1,136 @@
+use burn::module::Module;
+
+use super::*;
+
+#[test]
+fn logits_cover_the_padded_vocabulary() {
+    for model in [gpt2_model(), llama_model(), moe_model()] {
+        let gpt = build::<Cpu>(&model, 1);
+        let output = gpt.forward(tokens(&[&[1, 2, 3, 4, 5], &[6, 7, 8, 9, 10]]));
+        assert_eq!(output.logits.dims(), [2, 5, 128]);
+        assert_eq!(output.aux_loss.dims(), [1]);
+    }
+}
+
+#[test]
+fn dense_models_report_no_aux_loss_and_no_loads() {
+    let gpt = build::<Cpu>(&gpt2_model(), 1);
+    let output = gpt.forward(tokens(&[&[1, 2, 3]]));
+    assert_eq!(scalar(output.aux_loss), 0.0);
+    assert!(output.expert_loads.layers.is_empty());
+}
+
+#[test]
+fn gpt2_parameter_count_matches_megatron_by_hand() {
+    // h=16, ffn=64, 4 heads (kv 4), 2 layers, padded vocab 128, 8 learned positions, tied.
+    // embedding 128·16 = 2048; positions 8·16 = 128;
+    // per layer: qkv 16·48 + 48 = 816, proj 16·16 + 16 = 272, two LayerNorms 2·(16+16) = 64,
+    //            fc1 16·64 + 64 = 1088, fc2 64·16 + 16 = 1040 → 3280; two layers 6560;
+    // final LayerNorm 32; tied output adds nothing. Total 2048 + 128 + 6560 + 32 = 8768.
+    let gpt = build::<Cpu>(&gpt2_model(), 1);
+    assert_eq!(gpt.num_params(), 8768);
+}
+
+#[test]
+fn llama_parameter_count_matches_megatron_by_hand() {
+    // h=16, 4 heads, 2 groups, kv 4, SwiGLU ffn 32, RMSNorm, untied, no biases.
+    // embedding 2048; per layer: qkv 16·(4 + 2·2)·4 = 512, proj 16·16 = 256, two RMSNorms 32,
+    //            fc1 16·64 = 1024, fc2 32·16 = 512 → 2336; two layers 4672;
+    // final RMSNorm 16; output layer 16·128 = 2048. Total 2048 + 4672 + 16 + 2048 = 8784.
+    let gpt = build::<Cpu>(&llama_model(), 1);
+    assert_eq!(gpt.num_params(), 8784);
+}
+
+#[test]
+fn moe_parameter_count_matches_megatron_by_hand() {
+    // As LLaMA, layer 0 is MoE (layer_freq 2): attention 512 + 256, norms 32, router 16·4 = 64,
+    // 4 experts of SwiGLU ffn 8: 4·(16·16 + 8·16) = 1536, shared expert ffn 16: 16·32 + 16·16
+    // = 768 → 3168. Layer 1 dense: 2336. Total 2048 + 3168 + 2336 + 16 + 2048 = 9616.
+    let gpt = build::<Cpu>(&moe_model(), 1);
+    assert_eq!(gpt.num_params(), 9616);
+    assert_eq!(gpt.num_trainable_params(), 9616);
+}
+
+#[test]
+fn expert_bias_is_a_buffer_not_a_trainable_parameter() {
+    let mut model = moe_model();
+    if let Some(moe) = model.moe.as_mut() {
+        moe.score_function = ScoreFunction::Sigmoid;
+        moe.expert_bias = true;
+    }
+    let gpt = build::<Cpu>(&model, 1);
+    assert_eq!(gpt.num_params(), 9616 + 4);
+    assert_eq!(gpt.num_trainable_params(), 9616);
+    // One-dimensional: 2·2 RMSNorm weights + final norm + the bias buffer.
+    assert_eq!(gpt.no_weight_decay_params().len(), 6);
+}
+
+#[test]
+fn no_weight_decay_covers_norms_and_biases_only() {
+    // GPT-2 tiny: per layer qkv, proj, fc1, fc2 biases + 2 LayerNorms × (weight, bias) = 8;
+    // two layers 16, final LayerNorm 2 → 18. Embeddings and weight matrices decay.
+    let gpt = build::<Cpu>(&gpt2_model(), 1);
+    assert_eq!(gpt.no_weight_decay_params().len(), 18);
+    // LLaMA tiny: no biases; 2 RMSNorms per layer + final = 5.
+    let llama = build::<Cpu>(&llama_model(), 1);
+    assert_eq!(llama.no_weight_decay_params().len(), 5);
+}
+
+#[test]
+fn invalid_combinations_are_refused_with_a_reason() {
+    let mut sinkhorn = moe_model();
+    if let Some(moe) = sinkhorn.moe.as_mut() {
+        moe.load_balancing = LoadBalancing::Sinkhorn;
+    }
+    let error = ModelConfig::from_model(&sinkhorn, PADDED_VOCAB).unwrap_err();
+    assert!(error.to_string().contains("sinkhorn"), "{error}");
+
+    let mut groups = llama_model();
+    groups.num_query_groups = Some(3);
+    let error = ModelConfig::from_model(&groups, PADDED_VOCAB).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "model.num_attention_heads (4) must be divisible by model.num_query_groups (3)"
+    );
+
+    let mut bias = moe_model();
+    if let Some(moe) = bias.moe.as_mut() {
+        moe.expert_bias = true;
+    }
+    let error = ModelConfig::from_model(&bias, PADDED_VOCAB).unwrap_err();
+    assert!(error.to_string().contains("sigmoid"), "{error}");
+
+    let error = ModelConfig::from_model(&gpt2_model(), 64).unwrap_err();
+    assert!(
+        error.to_string().contains("smaller than the vocabulary"),
+        "{error}"
+    );
+
+    let mut long = gpt2_model();
+    long.max_position_embeddings = Some(4);
+    assert!(ModelConfig::from_model(&long, PADDED_VOCAB).is_err());
+}
+
+#[test]
+fn burn_models_have_exactly_the_planners_parameter_count() {
+    let mut gqa_moe = moe_model();
+    if let Some(moe) = gqa_moe.moe.as_mut() {
+        moe.layer_freq = 1;
+        moe.num_experts = 8;
+        moe.shared_expert_ffn_hidden_size = None;
+    }
+    let mut untied_gpt2 = gpt2_model();
+    untied_gpt2.tie_embeddings = false;
+    untied_gpt2.max_position_embeddings = Some(32);
+    for model in [
+        gpt2_model(),
+        untied_gpt2,
+        llama_model(),
+        moe_model(),
+        gqa_moe,
+    ] {
+        let planned = ferrotron_plan::parameter_count(&model, PADDED_VOCAB).total;
+        let built = build::<Cpu>(&model, 1).num_trainable_params() as u64;
+        assert_eq!(built, planned, "{model:?}");
+    }
+}

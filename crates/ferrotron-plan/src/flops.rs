@@ -1,0 +1,172 @@
+//! Model FLOPs per iteration, the numerator of MFU.
+//!
+//! This is Megatron-LM's `num_floating_point_operations` (megatron/training/training.py,
+//! `transformer_flops`, as of commit 001b00c2): model FLOPs, not hardware FLOPs, so activation
+//! recomputation is not counted, and core attention is halved for the causal mask (newer
+//! Megatron; older releases counted the full s² term). Keeping the exact formula lets users
+//! compare our MFU with Megatron's logs number for number.
+
+use ferrotron_recipe::{Activation, Model, Recipe};
+
+/// Per-token FLOPs of one forward+backward pass (× 3 for fwd, wgrad, dgrad; × 2 per FMA),
+/// split the way the time model needs them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenFlops {
+    /// Attention projections (QKV and output) of all layers.
+    pub attention_projections: f64,
+    /// Core attention (QKᵀ and PV), causal-halved, of all layers.
+    pub core_attention: f64,
+    /// Dense MLPs, routed experts (top-k) and shared experts of all layers.
+    pub mlp: f64,
+    /// The output layer (logits).
+    pub logits: f64,
+}
+
+impl TokenFlops {
+    pub fn total(&self) -> f64 {
+        self.attention_projections + self.core_attention + self.mlp + self.logits
+    }
+}
+
+/// Multiplier for forward, backward-wgrad and backward-dgrad GEMMs.
+const FORWARD_BACKWARD: f64 = 3.0;
+/// A multiply-add is two floating-point operations.
+const FMA: f64 = 2.0;
+
+/// GEMM stack factor of an MLP: h→ffn and ffn→h (GELU), h→2·ffn and ffn→h (SwiGLU).
+fn ffn_expansion(model: &Model) -> f64 {
+    match model.activation {
+        Activation::Gelu => 2.0,
+        Activation::Swiglu => 3.0,
+    }
+}
+
+/// Core attention per layer per token at sequence length `seq`: q_size · s/2 (causal) · 2
+/// (QKᵀ and PV), times the fwd/bwd and FMA factors.
+pub fn core_attention_per_layer_token(model: &Model, seq: f64) -> f64 {
+    let q = f64::from(model.kv_channels()) * f64::from(model.num_attention_heads);
+    FORWARD_BACKWARD * FMA * q * seq / 2.0 * 2.0
+}
+
+/// Attention projections per layer per token: h·(q + k + v) + q·h.
+pub fn attention_projections_per_layer_token(model: &Model) -> f64 {
+    let h = f64::from(model.hidden_size);
+    let kv = f64::from(model.kv_channels());
+    let q = kv * f64::from(model.num_attention_heads);
+    let k = kv * f64::from(model.num_query_groups());
+    FORWARD_BACKWARD * FMA * (h * (q + 2.0 * k) + q * h)
+}
+
+/// Dense MLP per layer per token.
+pub fn dense_mlp_per_layer_token(model: &Model) -> f64 {
+    FORWARD_BACKWARD
+        * FMA
+        * f64::from(model.hidden_size)
+        * f64::from(model.ffn_hidden_size())
+        * ffn_expansion(model)
+}
+
+/// MoE MLP per MoE layer per token: top-k routed experts plus the shared expert.
+pub fn moe_mlp_per_layer_token(model: &Model) -> f64 {
+    let Some(moe) = &model.moe else { return 0.0 };
+    let routed = f64::from(moe.expert_ffn_hidden_size(model)) * f64::from(moe.router_topk);
+    let shared = f64::from(moe.shared_expert_ffn_hidden_size.unwrap_or(0));
+    FORWARD_BACKWARD * FMA * f64::from(model.hidden_size) * (routed + shared) * ffn_expansion(model)
+}
+
+/// Logits per token: h × padded vocab.
+pub fn logits_per_token(model: &Model, padded_vocab_size: u32) -> f64 {
+    FORWARD_BACKWARD * FMA * f64::from(model.hidden_size) * f64::from(padded_vocab_size)
+}
+
+/// Per-token model FLOPs of the whole model, by kind.
+pub fn token_flops(model: &Model, padded_vocab_size: u32) -> TokenFlops {
+    let layers = f64::from(model.num_layers);
+    let moe_layers = (0..model.num_layers)
+        .filter(|&i| model.is_moe_layer(i))
+        .count() as f64;
+    let dense_layers = layers - moe_layers;
+    TokenFlops {
+        attention_projections: layers * attention_projections_per_layer_token(model),
+        core_attention: layers * core_attention_per_layer_token(model, f64::from(model.seq_length)),
+        mlp: dense_layers * dense_mlp_per_layer_token(model)
+            + moe_layers * moe_mlp_per_layer_token(model),
+        logits: logits_per_token(model, padded_vocab_size),
+    }
+}
+
+/// Megatron's `num_floating_point_operations(args, global_batch_size)`.
+pub fn flops_per_iteration(recipe: &Recipe, padded_vocab_size: u32, global_batch_size: u32) -> f64 {
+    let model = &recipe.model;
+    let tokens = f64::from(global_batch_size) * f64::from(model.seq_length);
+    tokens * token_flops(model, padded_vocab_size).total()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{gpt3_175b, llama3_8b, mixtral_8x7b};
+
+    fn close(actual: f64, expected: f64) {
+        assert!(
+            ((actual - expected) / expected).abs() < 1e-12,
+            "actual {actual:e}, expected {expected:e}"
+        );
+    }
+
+    #[test]
+    fn gpt3_175b_matches_megatron() {
+        // Megatron, per token: 6·[h(q+k+v) + q·s + q·h] per layer attention
+        //   = 6·(12288·36864 + 12288·2048 + 12288·12288) = 6·(452,984,832 + 25,165,824 + 150,994,944)
+        //   = 6·629,145,600 = 3,774,873,600
+        // MLP (GELU, ffn 49152): 6·12288·49152·2 = 7,247,757,312
+        // per layer 11,022,630,912 × 96 = 1,058,172,567,552
+        // logits: 6·12288·51200 = 3,774,873,600 (vocab 50257 padded to 51200)
+        // per token 1,061,947,441,152; × 1536·2048 tokens = 3,340,828,938,345,086,976 (3.34e18).
+        let recipe = gpt3_175b();
+        let per_token = token_flops(&recipe.model, 51200).total();
+        close(per_token, 1_061_947_441_152.0);
+        close(
+            flops_per_iteration(&recipe, 51200, 1536),
+            1_061_947_441_152.0 * 1536.0 * 2048.0,
+        );
+    }
+
+    #[test]
+    fn llama3_8b_matches_megatron_with_gqa_and_swiglu() {
+        // q = 4096, k = v = 1024, s = 8192:
+        // attention 6·(4096·6144 + 4096·8192 + 4096·4096) = 6·75,497,472 = 452,984,832
+        // MLP (SwiGLU ×3): 6·4096·14336·3 = 1,056,964,608
+        // per layer 1,509,949,440 × 32 = 48,318,382,080
+        // logits 6·4096·128256 = 3,152,019,456 => per token 51,470,401,536
+        let recipe = llama3_8b();
+        close(token_flops(&recipe.model, 128256).total(), 51_470_401_536.0);
+        close(
+            flops_per_iteration(&recipe, 128256, 128),
+            51_470_401_536.0 * 128.0 * 8192.0,
+        );
+    }
+
+    #[test]
+    fn mixtral_counts_top_k_experts() {
+        // attention (q 4096, k=v 1024, s 4096): 6·(4096·6144 + 4096·4096 + 4096·4096)
+        //   = 6·58,720,256 = 352,321,536
+        // MoE MLP, top-2 SwiGLU experts: 6·4096·(14336·2)·3 = 2,113,929,216
+        // per layer 2,466,250,752 × 32 = 78,920,024,064; logits 6·4096·32000 = 786,432,000
+        // per token 79,706,456,064
+        let recipe = mixtral_8x7b();
+        close(token_flops(&recipe.model, 32000).total(), 79_706_456_064.0);
+    }
+
+    #[test]
+    fn shared_experts_and_layer_frequency_are_counted() {
+        let mut recipe = mixtral_8x7b();
+        let moe = recipe.model.moe.as_mut().expect("moe");
+        moe.layer_freq = 2;
+        moe.shared_expert_ffn_hidden_size = Some(1024);
+        // 16 MoE layers: 6·4096·(14336·2 + 1024)·3 = 2,189,426,688 each;
+        // 16 dense layers: 6·4096·14336·3 = 1,056,964,608 each.
+        let flops = token_flops(&recipe.model, 32000);
+        close(flops.mlp, 16.0 * 2_189_426_688.0 + 16.0 * 1_056_964_608.0);
+    }
+}

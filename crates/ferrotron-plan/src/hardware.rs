@@ -1,0 +1,196 @@
+//! What the planner assumes about each GPU kind and its links.
+//!
+//! Every figure carries its provenance: the datasheet, a measurement on this project's machines
+//! (see `/work/shared/design.md`), or an assumption. The planner's predictions are only as good
+//! as this table, so it is kept in one place and printed by `recipe plan --explain`.
+
+use ferrotron_recipe::{Dtype, Fp8, GpuKind};
+use serde::{Deserialize, Serialize};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Performance figures of one accelerator kind.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GpuSpec {
+    pub kind: GpuKind,
+    /// Dense bf16/fp16 tensor-core peak, FLOP/s.
+    pub peak_bf16: f64,
+    /// Dense fp8 tensor-core peak, FLOP/s (0 where the chip has no fp8).
+    pub peak_fp8: f64,
+    /// Dense fp32 (non-tensor-core) peak, FLOP/s.
+    pub peak_fp32: f64,
+    /// Usable device memory, bytes.
+    pub memory_bytes: f64,
+    /// HBM bandwidth, bytes/s.
+    pub memory_bandwidth: f64,
+    /// Fraction of peak reached by large GEMMs.
+    pub gemm_efficiency: f64,
+    /// Fraction of peak reached by fused (flash) attention, forward and backward together.
+    pub attention_efficiency: f64,
+    /// All-reduce bus bandwidth inside a node, bytes/s.
+    pub intra_node_bus_bandwidth: f64,
+    /// Per-GPU network bandwidth across nodes, bytes/s (after protocol efficiency).
+    pub inter_node_bandwidth: f64,
+    /// Fixed cost of one collective call, seconds.
+    pub collective_latency: f64,
+    /// Memory the framework takes before the model: CUDA context, NCCL buffers, workspaces.
+    pub framework_overhead_bytes: f64,
+    /// Where these numbers come from.
+    pub source: &'static str,
+}
+
+impl GpuSpec {
+    pub fn of(kind: GpuKind) -> GpuSpec {
+        match kind {
+            GpuKind::A100 => GpuSpec {
+                kind,
+                peak_bf16: 312e12,
+                peak_fp8: 0.0,
+                peak_fp32: 19.5e12,
+                memory_bytes: 80.0 * GIB,
+                memory_bandwidth: 2.0e12,
+                gemm_efficiency: 0.80,
+                attention_efficiency: 0.55,
+                intra_node_bus_bandwidth: 230e9,
+                inter_node_bandwidth: 0.8 * 25e9,
+                collective_latency: 20e-6,
+                framework_overhead_bytes: 3.0 * GIB,
+                source: "A100 SXM 80GB datasheet; efficiencies and NVLink3 bus bandwidth assumed; \
+                         200 Gb/s InfiniBand per GPU at 80%",
+            },
+            GpuKind::H100 => GpuSpec {
+                kind,
+                peak_bf16: 989e12,
+                peak_fp8: 1979e12,
+                peak_fp32: 67e12,
+                memory_bytes: 80.0 * GIB,
+                memory_bandwidth: 3.35e12,
+                gemm_efficiency: 0.75,
+                attention_efficiency: 0.50,
+                intra_node_bus_bandwidth: 356e9,
+                inter_node_bandwidth: 0.8 * 50e9,
+                collective_latency: 20e-6,
+                framework_overhead_bytes: 3.0 * GIB,
+                source: "H100 SXM datasheet; NVLink all-reduce bus bandwidth as measured on H200 \
+                         (356 GB/s); GEMM efficiency assumed; 400 Gb/s InfiniBand per GPU at 80%",
+            },
+            GpuKind::H200 => GpuSpec {
+                kind,
+                peak_bf16: 989e12,
+                peak_fp8: 1979e12,
+                peak_fp32: 67e12,
+                memory_bytes: 140.0 * GIB,
+                memory_bandwidth: 4.8e12,
+                gemm_efficiency: 0.80,
+                attention_efficiency: 0.50,
+                intra_node_bus_bandwidth: 356e9,
+                inter_node_bandwidth: 0.8 * 50e9,
+                collective_latency: 20e-6,
+                framework_overhead_bytes: 3.0 * GIB,
+                source: "H200 SXM datasheet; measured here: cuBLASLt bf16 760-830 TFLOP/s (0.80 of \
+                         peak), NCCL all-reduce bus bandwidth 356 GB/s on 4 GPUs; 400 Gb/s \
+                         InfiniBand per GPU at 80%",
+            },
+            GpuKind::B200 => GpuSpec {
+                kind,
+                peak_bf16: 2250e12,
+                peak_fp8: 4500e12,
+                peak_fp32: 80e12,
+                memory_bytes: 180.0 * GIB,
+                memory_bandwidth: 8.0e12,
+                gemm_efficiency: 0.75,
+                attention_efficiency: 0.50,
+                intra_node_bus_bandwidth: 700e9,
+                inter_node_bandwidth: 0.8 * 100e9,
+                collective_latency: 20e-6,
+                framework_overhead_bytes: 3.0 * GIB,
+                source: "B200 datasheet; efficiencies and NVLink5 bus bandwidth assumed; \
+                         800 Gb/s InfiniBand per GPU at 80%",
+            },
+            GpuKind::Cpu => GpuSpec {
+                kind,
+                peak_bf16: 100e9,
+                peak_fp8: 0.0,
+                peak_fp32: 100e9,
+                memory_bytes: 16.0 * GIB,
+                memory_bandwidth: 20e9,
+                gemm_efficiency: 0.5,
+                attention_efficiency: 0.3,
+                intra_node_bus_bandwidth: 5e9,
+                inter_node_bandwidth: 1e9,
+                collective_latency: 50e-6,
+                framework_overhead_bytes: 0.25 * GIB,
+                source: "NOMINAL cpu rank (one thread group): 100 GFLOP/s, 16 GiB, in-process \
+                         collectives; a placeholder so CPU plans have numbers, not a measurement",
+            },
+        }
+    }
+
+    /// The tensor-core peak for the precision the GEMMs run in.
+    pub fn peak(&self, dtype: Dtype, fp8: Fp8) -> f64 {
+        if fp8 != Fp8::None && self.peak_fp8 > 0.0 {
+            return self.peak_fp8;
+        }
+        match dtype {
+            Dtype::Bf16 | Dtype::Fp16 => self.peak_bf16,
+            Dtype::Fp32 => self.peak_fp32,
+        }
+    }
+
+    /// Whether the chip has fp8 tensor cores.
+    pub fn supports_fp8(&self) -> bool {
+        self.peak_fp8 > 0.0
+    }
+}
+
+/// The name users write and read (`h100`, `cpu`), upper-cased for GPUs as datasheets do.
+pub fn gpu_name(gpu: GpuKind) -> &'static str {
+    match gpu {
+        GpuKind::A100 => "A100",
+        GpuKind::H100 => "H100",
+        GpuKind::H200 => "H200",
+        GpuKind::B200 => "B200",
+        GpuKind::Cpu => "cpu",
+    }
+}
+
+/// The recipe spelling of a dtype.
+pub fn dtype_name(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::Bf16 => "bf16",
+        Dtype::Fp16 => "fp16",
+        Dtype::Fp32 => "fp32",
+    }
+}
+
+/// Peak dense FLOP/s of one `gpu` for GEMMs in `dtype` (or fp8 when enabled and supported).
+/// The denominator of MFU.
+pub fn peak_flops(gpu: GpuKind, dtype: Dtype, fp8: Fp8) -> f64 {
+    GpuSpec::of(gpu).peak(dtype, fp8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datasheet_peaks() {
+        assert_eq!(peak_flops(GpuKind::H100, Dtype::Bf16, Fp8::None), 989e12);
+        assert_eq!(peak_flops(GpuKind::H200, Dtype::Bf16, Fp8::Hybrid), 1979e12);
+        assert_eq!(peak_flops(GpuKind::A100, Dtype::Fp16, Fp8::None), 312e12);
+        assert_eq!(peak_flops(GpuKind::B200, Dtype::Bf16, Fp8::None), 2250e12);
+    }
+
+    #[test]
+    fn fp8_on_a_chip_without_it_falls_back_to_bf16() {
+        assert_eq!(peak_flops(GpuKind::A100, Dtype::Bf16, Fp8::E4m3), 312e12);
+        assert!(!GpuSpec::of(GpuKind::A100).supports_fp8());
+    }
+
+    #[test]
+    fn measured_h200_gemm_rate_is_inside_the_measured_band() {
+        let spec = GpuSpec::of(GpuKind::H200);
+        let rate = spec.peak_bf16 * spec.gemm_efficiency;
+        assert!((760e12..=830e12).contains(&rate), "{rate}");
+    }
+}

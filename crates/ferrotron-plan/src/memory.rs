@@ -1,0 +1,583 @@
+//! Memory per GPU: weights, gradients, optimizer states, activations and framework overhead.
+//!
+//! Weights, gradients and optimizer states follow Megatron's `theoretical_memory_usage.py`:
+//! 18 bytes per parameter in bf16/fp16 (2 weight + 4 fp32 gradient + 4 fp32 master + 4 + 4
+//! Adam moments), or 6 + 12/d with the distributed optimizer, where d is the group the states
+//! are sharded over (data × context for dense parameters, expert-data for experts).
+//! Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation"), Table 2,
+//! generalised to GQA, SwiGLU, MoE and flash attention, term by term; every term is returned
+//! so `--explain` shows the arithmetic. Every stage is evaluated and the most loaded one wins.
+
+use ferrotron_recipe::{Activation, Dtype, Model, RecomputeGranularity, RecomputeMethod};
+use serde::{Deserialize, Serialize};
+
+use crate::setup::Setup;
+use crate::stages::StageInfo;
+use crate::term::Term;
+
+/// Bytes on one GPU, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MemoryBytes {
+    pub weights: u64,
+    pub gradients: u64,
+    pub optimizer: u64,
+    pub activations: u64,
+    /// CUDA context, NCCL buffers, workspaces: a fixed allowance per GPU kind.
+    pub framework_overhead: u64,
+    pub total: u64,
+}
+
+/// The memory report of a plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    /// The most loaded GPU.
+    pub per_gpu_bytes: MemoryBytes,
+    pub limit_bytes: u64,
+    pub fits: bool,
+    /// Pipeline stage of the most loaded GPU, and its first rank.
+    pub most_loaded_stage: u32,
+    pub most_loaded_rank: u32,
+    /// One entry per pipeline stage.
+    pub per_stage: Vec<MemoryBytes>,
+    /// Parameters held by one GPU of the most loaded stage (after tensor/expert sharding).
+    pub parameters_per_gpu: u64,
+    /// The formulas behind the most loaded stage's numbers.
+    pub terms: Vec<Term>,
+}
+
+/// Parameters of one GPU of `stage`, split into dense and expert parameters.
+struct LocalParameters {
+    dense: f64,
+    expert: f64,
+}
+
+fn local_parameters(setup: &Setup<'_>, stage: &StageInfo) -> LocalParameters {
+    let model = &setup.recipe.model;
+    let d = setup.layout.degrees;
+    let (tp, ep, etp) = (f64::from(d.tp), f64::from(d.ep), f64::from(d.etp));
+    let p = &setup.params;
+    let h = f64::from(model.hidden_size);
+    // Row-parallel output biases and norms are replicated over tensor ranks.
+    let bias = if model.add_bias_linear { h } else { 0.0 };
+    let replicated_attention = bias;
+    let attention =
+        (p.attention_per_layer as f64 - replicated_attention) / tp + replicated_attention;
+    let norms = p.norms_per_layer as f64;
+    let mlp = (p.mlp_per_layer as f64 - bias) / tp + bias;
+    let dense_layers = f64::from(stage.num_layers - stage.moe_layers);
+    let moe_layers = f64::from(stage.moe_layers);
+    let mut dense = f64::from(stage.num_layers) * (attention + norms) + dense_layers * mlp;
+    let mut expert = 0.0;
+    if let Some(moe) = &model.moe {
+        let experts = f64::from(moe.num_experts);
+        let one_expert = p.experts_per_moe_layer as f64 / experts;
+        let local_experts = experts / ep;
+        expert = moe_layers * local_experts * ((one_expert - bias) / etp + bias);
+        let shared = p.shared_expert_per_moe_layer as f64;
+        let shared_local = if shared > 0.0 {
+            (shared - bias) / tp + bias
+        } else {
+            0.0
+        };
+        dense += moe_layers * (p.router_per_moe_layer as f64 + shared_local);
+    }
+    let last = setup.stages.len() - 1;
+    if stage.has_embedding {
+        dense += p.embedding as f64 / tp + p.position_embedding as f64;
+    }
+    if stage.pipeline_rank as usize == last {
+        dense += p.final_norm as f64;
+        let output = if model.tie_embeddings {
+            if setup.stages.len() > 1 {
+                p.embedding as f64
+            } else {
+                0.0
+            }
+        } else {
+            p.output_layer as f64
+        };
+        dense += output / tp;
+    }
+    LocalParameters { dense, expert }
+}
+
+/// Bytes per parameter: (weight, gradient, optimizer states).
+fn bytes_per_parameter(dtype: Dtype) -> (f64, f64, f64) {
+    match dtype {
+        // bf16/fp16 weight, fp32 main gradient, fp32 master copy + Adam m and v.
+        Dtype::Bf16 | Dtype::Fp16 => (2.0, 4.0, 12.0),
+        // fp32 weight doubles as master; fp32 gradient; Adam m and v.
+        Dtype::Fp32 => (4.0, 4.0, 8.0),
+    }
+}
+
+/// Activation bytes of one transformer layer for one microbatch on one GPU, with the terms.
+pub(crate) fn layer_activation_terms(setup: &Setup<'_>, moe_layer: bool) -> Vec<Term> {
+    let model: &Model = &setup.recipe.model;
+    let d = setup.layout.degrees;
+    let tp = f64::from(d.tp);
+    let etp = f64::from(d.etp);
+    let sp = setup.sequence_shards();
+    let sb = setup.local_tokens();
+    let h = f64::from(model.hidden_size);
+    let kv = f64::from(model.kv_channels());
+    let q = f64::from(model.num_attention_heads) * kv;
+    let k = f64::from(model.num_query_groups()) * kv;
+    let a = f64::from(model.num_attention_heads);
+    let s = f64::from(model.seq_length) / f64::from(d.cp);
+    let b = f64::from(setup.layout.micro_batch_size);
+    let masks = if model.hidden_dropout > 0.0 { 2.0 } else { 0.0 };
+    let mut terms = vec![
+        setup.term(
+            "norm inputs, residual inputs, dropout masks",
+            (8.0 + masks) * sb * h / sp,
+            || format!("(8 + {masks}) · s·b·h / sp = (8 + {masks}) · {sb}·{h} / {sp}"),
+        ),
+        setup.term(
+            "Q, K, V and attention output",
+            2.0 * sb * (2.0 * q + 2.0 * k) / tp,
+            || format!("2 · s·b·(2q + 2k) / tp = 2·{sb}·(2·{q} + 2·{k}) / {tp}"),
+        ),
+    ];
+    let softmax_recomputed = setup.recipe.recompute.granularity == RecomputeGranularity::Selective;
+    if setup.flash_attention() {
+        terms.push(setup.term(
+            "flash-attention softmax statistics (fp32)",
+            4.0 * a * s * b / tp,
+            || format!("4 · a·s·b / tp = 4·{a}·{s}·{b} / {tp}"),
+        ));
+    } else if !softmax_recomputed {
+        let dropout = if model.attention_dropout > 0.0 {
+            3.0
+        } else {
+            0.0
+        };
+        terms.push(setup.term(
+            "attention scores, softmax and dropout (no flash attention)",
+            (2.0 + dropout) * a * s * s * b / tp,
+            || format!("(2 + {dropout}) · a·s²·b / tp = (2 + {dropout})·{a}·{s}²·{b} / {tp}"),
+        ));
+    }
+    let per_ffn = match model.activation {
+        Activation::Gelu => 4.0,
+        Activation::Swiglu => 6.0,
+    };
+    match (&model.moe, moe_layer) {
+        (Some(moe), true) => {
+            let experts = f64::from(moe.num_experts);
+            let topk = f64::from(moe.router_topk);
+            let f = f64::from(moe.expert_ffn_hidden_size(model));
+            let capacity = moe.capacity_factor.unwrap_or(1.0).max(1.0);
+            let routed = sb / sp * topk * capacity;
+            terms.push(setup.term(
+                "router logits and probabilities (fp32)",
+                8.0 * sb * experts / sp,
+                || format!("8 · s·b·E / sp = 8·{sb}·{experts} / {sp}"),
+            ));
+            terms.push(setup.term(
+                "routed tokens: permuted inputs and outputs (balanced routing)",
+                routed * (2.0 * h * etp + 2.0 * h),
+                || format!(
+                    "k·cf·s·b/sp · (2h·etp + 2h) = {topk}·{capacity}·{sb}/{sp} · (2·{h}·{etp} + 2·{h})"
+                ),));
+            terms.push(setup.term(
+                "expert MLP activations",
+                routed * etp * per_ffn * f / etp,
+                || format!("k·cf·s·b/sp · {per_ffn}·f_expert = {topk}·{capacity}·{sb}/{sp} · {per_ffn}·{f}"),));
+            if let Some(shared) = moe.shared_expert_ffn_hidden_size {
+                let shared = f64::from(shared);
+                terms.push(setup.term(
+                    "shared expert MLP activations",
+                    per_ffn * sb * shared / tp,
+                    || format!("{per_ffn} · s·b·f_shared / tp = {per_ffn}·{sb}·{shared} / {tp}"),
+                ));
+            }
+        }
+        _ => {
+            let f = f64::from(model.ffn_hidden_size());
+            terms.push(setup.term("MLP activations", per_ffn * sb * f / tp, || {
+                format!("{per_ffn} · s·b·f / tp = {per_ffn}·{sb}·{f} / {tp}")
+            }));
+        }
+    }
+    terms
+}
+
+fn sum(terms: &[Term]) -> f64 {
+    terms.iter().map(|t| t.value).sum()
+}
+
+/// Microbatches whose activations a stage holds at its peak (1F1B or interleaved warm-up).
+pub(crate) fn in_flight_microbatches(setup: &Setup<'_>, pipeline_rank: u32) -> f64 {
+    let d = setup.layout.degrees;
+    let (pp, vpp, m) = (d.pp, d.vpp, setup.num_microbatches);
+    if pp == 1 {
+        return 1.0;
+    }
+    if vpp == 1 {
+        return f64::from((pp - pipeline_rank).min(m));
+    }
+    // Megatron's interleaved warm-up: (pp - rank - 1)·2 + (vpp - 1)·pp chunk-microbatches, plus
+    // the one in progress; each chunk holds 1/vpp of the stage.
+    let chunks = (pp - pipeline_rank - 1) * 2 + (vpp - 1) * pp + 1;
+    f64::from(chunks.min(m * vpp)) / f64::from(vpp)
+}
+
+/// Activation terms of a whole stage (the layers × microbatches in flight, recomputation and
+/// the output layer).
+fn stage_activation_terms(setup: &Setup<'_>, stage: &StageInfo) -> Vec<Term> {
+    let model = &setup.recipe.model;
+    let sp = setup.sequence_shards();
+    let sb = setup.local_tokens();
+    let h = f64::from(model.hidden_size);
+    let tp = f64::from(setup.layout.degrees.tp);
+    let dense_layer = sum(&layer_activation_terms(setup, false));
+    let moe_layer = sum(&layer_activation_terms(setup, true));
+    let dense_layers = f64::from(stage.num_layers - stage.moe_layers);
+    let moe_layers = f64::from(stage.moe_layers);
+    let full_layers = dense_layers * dense_layer + moe_layers * moe_layer;
+    let layers = f64::from(stage.num_layers);
+    let widest = if stage.moe_layers > 0 {
+        moe_layer.max(dense_layer)
+    } else {
+        dense_layer
+    };
+    let in_flight = in_flight_microbatches(setup, stage.pipeline_rank);
+    let checkpoint = 2.0 * sb * h / sp;
+    let recompute = &setup.recipe.recompute;
+    let mut terms = Vec::new();
+    match (
+        recompute.granularity,
+        recompute.method,
+        recompute.num_layers,
+    ) {
+        (RecomputeGranularity::Full, Some(RecomputeMethod::Uniform), Some(n)) => {
+            let n = f64::from(n);
+            let stored = (layers / n).ceil() * checkpoint;
+            terms.push(setup.term(
+                "checkpointed layer inputs × microbatches in flight",
+                stored * in_flight,
+                || format!(
+                    "ceil(L/n) · 2·s·b·h/sp · in_flight = ceil({layers}/{n}) · {checkpoint} · {in_flight}"
+                ),));
+            terms.push(setup.term(
+                "recomputation working set (one chunk of layers)",
+                n.min(layers) * widest,
+                || format!("min(n, L) · layer = {} · {widest}", n.min(layers)),
+            ));
+        }
+        (RecomputeGranularity::Full, Some(RecomputeMethod::Block), Some(n)) => {
+            let per_chunk = layers / f64::from(setup.layout.degrees.vpp);
+            let recomputed = f64::from(n).min(per_chunk) * f64::from(setup.layout.degrees.vpp);
+            let kept = (layers - recomputed).max(0.0);
+            let stored = recomputed * checkpoint + kept * full_layers / layers.max(1.0);
+            terms.push(setup.term(
+                "block: checkpointed inputs + kept layers × microbatches in flight",
+                stored * in_flight,
+                || format!(
+                    "(n_rec · 2·s·b·h/sp + n_kept · layer) · in_flight = ({recomputed} · {checkpoint} + {kept} · {}) · {in_flight}",
+                    full_layers / layers.max(1.0)
+                ),));
+            terms.push(
+                setup.term("recomputation working set (one layer)", widest, || {
+                    format!("one layer = {widest}")
+                }),
+            );
+        }
+        _ => {
+            terms.push(setup.term(
+                "layers × microbatches in flight",
+                full_layers * in_flight,
+                || format!(
+                    "(L_dense · {dense_layer} + L_moe · {moe_layer}) · in_flight = ({dense_layers}·{dense_layer} + {moe_layers}·{moe_layer}) · {in_flight}"
+                ),));
+        }
+    }
+    if stage.has_output_layer {
+        let v = f64::from(setup.padded_vocab);
+        terms.push(setup.term(
+            "final norm and output-layer input, fp32 logits (one microbatch)",
+            4.0 * sb * h / sp + 4.0 * sb * v / tp,
+            || format!("4·s·b·h/sp + 4·s·b·V/tp = 4·{sb}·{h}/{sp} + 4·{sb}·{v}/{tp}"),
+        ));
+    }
+    terms
+}
+
+/// Memory of one GPU of `stage`, with terms.
+fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<Term>) {
+    let d = setup.layout.degrees;
+    let local = local_parameters(setup, stage);
+    let (weight, gradient, optimizer) = bytes_per_parameter(setup.recipe.precision.dtype);
+    let distributed = setup.recipe.parallel.distributed_optimizer;
+    let dense_shards = if distributed {
+        f64::from(d.dp * d.cp)
+    } else {
+        1.0
+    };
+    let expert_shards = if distributed { f64::from(d.edp) } else { 1.0 };
+    let params = local.dense + local.expert;
+    let optimizer_bytes = optimizer * (local.dense / dense_shards + local.expert / expert_shards);
+    let activation_terms = stage_activation_terms(setup, stage);
+    let activations = sum(&activation_terms);
+    let overhead = setup.spec.framework_overhead_bytes;
+    let bytes = MemoryBytes {
+        weights: (weight * params) as u64,
+        gradients: (gradient * params) as u64,
+        optimizer: optimizer_bytes as u64,
+        activations: activations as u64,
+        framework_overhead: overhead as u64,
+        total: 0,
+    };
+    let total = bytes.weights
+        + bytes.gradients
+        + bytes.optimizer
+        + bytes.activations
+        + bytes.framework_overhead;
+    let bytes = MemoryBytes { total, ..bytes };
+    let mut terms = vec![
+        setup.term(
+            "parameters on this GPU",
+            params,
+            || format!(
+                "dense (sharded over tp) {:.0} + expert (sharded over ep·etp) {:.0}",
+                local.dense, local.expert
+            ),),
+        setup.term("weights", weight * params, || format!("{weight} B × {params:.0} parameters")),
+        setup.term(
+            "gradients",
+            gradient * params,
+            || format!("{gradient} B (fp32 main gradients) × {params:.0} parameters"),),
+        setup.term(
+            "optimizer states",
+            optimizer_bytes,
+            || if distributed {
+                format!(
+                    "{optimizer} B × (dense {:.0} / (dp·cp = {dense_shards}) + expert {:.0} / (edp = {expert_shards}))  [distributed optimizer]",
+                    local.dense, local.expert
+                )
+            } else {
+                format!("{optimizer} B (fp32 master, Adam m and v) × {params:.0} parameters")
+            },),
+    ];
+    terms.extend(activation_terms.into_iter().map(|t| Term {
+        name: format!("activations: {}", t.name),
+        ..t
+    }));
+    terms.push(setup.term("framework overhead", overhead, || {
+        format!(
+            "fixed allowance for {}: CUDA context, NCCL buffers, workspaces",
+            crate::hardware::gpu_name(setup.cluster.gpu)
+        )
+    }));
+    (bytes, params, terms)
+}
+
+/// Memory of every stage; the report names the most loaded one.
+pub(crate) fn memory(setup: &Setup<'_>) -> Memory {
+    let mut per_stage = Vec::with_capacity(setup.stages.len());
+    let mut worst: Option<(usize, f64, Vec<Term>)> = None;
+    for (index, stage) in setup.stages.iter().enumerate() {
+        let (bytes, params, terms) = stage_memory(setup, stage);
+        let heavier = worst
+            .as_ref()
+            .is_none_or(|(w, _, _)| bytes.total > per_stage_total(&per_stage, *w));
+        per_stage.push(bytes);
+        if heavier {
+            worst = Some((index, params, terms));
+        }
+    }
+    let (stage, params, terms) = worst.unwrap_or((0, 0.0, Vec::new()));
+    let per_gpu = per_stage.get(stage).copied().unwrap_or_default();
+    let limit = setup.spec.memory_bytes as u64;
+    let d = setup.layout.degrees;
+    Memory {
+        per_gpu_bytes: per_gpu,
+        limit_bytes: limit,
+        fits: per_gpu.total <= limit,
+        most_loaded_stage: stage as u32,
+        most_loaded_rank: stage as u32 * (d.world_size() / d.pp),
+        per_stage,
+        parameters_per_gpu: params as u64,
+        terms,
+    }
+}
+
+fn per_stage_total(per_stage: &[MemoryBytes], index: usize) -> u64 {
+    per_stage[index].total
+}
+
+/// Parameters on one GPU of every stage (dense plus expert, after sharding).
+pub(crate) fn stage_local_parameters(setup: &Setup<'_>) -> Vec<f64> {
+    setup
+        .stages
+        .iter()
+        .map(|stage| {
+            let local = local_parameters(setup, stage);
+            local.dense + local.expert
+        })
+        .collect()
+}
+
+/// Peak bytes of the most loaded stage, without building the report (for the `auto` search).
+pub(crate) fn peak_bytes(setup: &Setup<'_>) -> u64 {
+    setup
+        .stages
+        .iter()
+        .map(|stage| stage_memory(setup, stage).0.total)
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrotron_recipe::{Cluster, GpuKind, RecomputeGranularity};
+
+    use super::*;
+    use crate::layout::{Degrees, Layout};
+    use crate::params::parameter_count;
+    use crate::search::setup;
+    use crate::testing::{gpt3_175b, llama3_8b};
+
+    fn layout(tp: u32, pp: u32, dp: u32, mbs: u32) -> Layout {
+        Layout {
+            degrees: Degrees {
+                tp,
+                pp,
+                vpp: 1,
+                cp: 1,
+                ep: 1,
+                etp: tp,
+                dp,
+                edp: dp,
+            },
+            micro_batch_size: mbs,
+        }
+    }
+
+    fn cluster(world: u32, gpu: GpuKind) -> Cluster {
+        Cluster {
+            nodes: 1,
+            gpus_per_node: world,
+            gpu,
+        }
+    }
+
+    #[test]
+    fn megatron_18_bytes_per_parameter_without_the_distributed_optimizer() {
+        let recipe = llama3_8b();
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        let s = setup(&recipe, &c, layout(1, 1, 8, 1), params, 128256, false);
+        let m = memory(&s);
+        let b = m.per_gpu_bytes;
+        assert_eq!(m.parameters_per_gpu, params.total);
+        let state = (b.weights + b.gradients + b.optimizer) as f64;
+        assert!((state / params.total as f64 - 18.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn megatron_6_plus_12_over_dp_with_the_distributed_optimizer() {
+        let mut recipe = llama3_8b();
+        recipe.parallel.distributed_optimizer = true;
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        let s = setup(&recipe, &c, layout(1, 1, 8, 1), params, 128256, false);
+        let b = memory(&s).per_gpu_bytes;
+        let state = (b.weights + b.gradients + b.optimizer) as f64;
+        // 6 + 12/8 = 7.5 bytes per parameter.
+        assert!(
+            (state / params.total as f64 - 7.5).abs() < 1e-6,
+            "{}",
+            state / params.total as f64
+        );
+    }
+
+    #[test]
+    fn korthikanti_34_sbh_over_t_with_selective_recompute_and_sequence_parallel() {
+        // Table 2 of Korthikanti et al.: sequence parallel + selective recompute stores
+        // 34·s·b·h/t bytes per layer (GELU, ffn 4h, MHA, dropout on, no flash attention).
+        let mut recipe = gpt3_175b();
+        recipe.parallel.sequence_parallel = true;
+        recipe.recompute.granularity = RecomputeGranularity::Selective;
+        let params = parameter_count(&recipe.model, 51200);
+        let c = cluster(8, GpuKind::Cpu);
+        let s = setup(&recipe, &c, layout(8, 1, 1, 1), params, 51200, false);
+        let per_layer = sum(&layer_activation_terms(&s, false));
+        let (sq, b, h, t) = (2048.0, 1.0, 12288.0, 8.0);
+        assert!(
+            (per_layer - 34.0 * sq * b * h / t).abs() < 1.0,
+            "{per_layer}"
+        );
+    }
+
+    #[test]
+    fn korthikanti_tensor_parallel_without_sequence_parallel() {
+        // Table 2: tensor parallel only: s·b·h·(10 + 24/t + 5·a·s/(h·t)).
+        let recipe = gpt3_175b();
+        let params = parameter_count(&recipe.model, 51200);
+        let c = cluster(8, GpuKind::Cpu);
+        let s = setup(&recipe, &c, layout(8, 1, 1, 1), params, 51200, false);
+        let per_layer = sum(&layer_activation_terms(&s, false));
+        let (sq, b, h, t, a) = (2048.0, 1.0, 12288.0, 8.0, 96.0);
+        let expected = sq * b * h * (10.0 + 24.0 / t + 5.0 * a * sq / (h * t));
+        assert!(
+            (per_layer - expected).abs() < 1.0,
+            "{per_layer} vs {expected}"
+        );
+    }
+
+    #[test]
+    fn first_stage_holds_pp_microbatches_under_1f1b() {
+        let recipe = llama3_8b();
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        let s = setup(&recipe, &c, layout(1, 4, 2, 1), params, 128256, false);
+        // 128 / (1·2) = 64 microbatches, 4 stages.
+        let in_flight: Vec<f64> = (0..4).map(|r| in_flight_microbatches(&s, r)).collect();
+        assert_eq!(in_flight, vec![4.0, 3.0, 2.0, 1.0]);
+        let m = memory(&s);
+        assert_eq!(m.most_loaded_stage, 0);
+        assert_eq!(m.most_loaded_rank, 0);
+    }
+
+    #[test]
+    fn interleaving_costs_megatrons_penalty() {
+        // Megatron: first stage holds pp·(1 + (pp−1)/(pp·vpp)) microbatches of its layers.
+        let recipe = llama3_8b();
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        let mut l = layout(1, 4, 2, 1);
+        l.degrees.vpp = 2;
+        let s = setup(&recipe, &c, l, params, 128256, false);
+        assert_eq!(in_flight_microbatches(&s, 0), 4.0 * (1.0 + 3.0 / 8.0));
+    }
+
+    #[test]
+    fn full_recompute_keeps_only_layer_inputs() {
+        let mut recipe = llama3_8b();
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        let plain = memory(&setup(
+            &recipe,
+            &c,
+            layout(1, 1, 8, 1),
+            params,
+            128256,
+            false,
+        ));
+        recipe.recompute.granularity = RecomputeGranularity::Full;
+        recipe.recompute.method = Some(ferrotron_recipe::RecomputeMethod::Uniform);
+        recipe.recompute.num_layers = Some(1);
+        let full = memory(&setup(
+            &recipe,
+            &c,
+            layout(1, 1, 8, 1),
+            params,
+            128256,
+            false,
+        ));
+        assert!(full.per_gpu_bytes.activations * 5 < plain.per_gpu_bytes.activations);
+        assert_eq!(full.per_gpu_bytes.weights, plain.per_gpu_bytes.weights);
+    }
+}

@@ -1,0 +1,527 @@
+//! The [`Plan`]: everything the runtime needs to start a run and everything a user should read
+//! before asking for GPUs, in one serializable value with a stable hash.
+
+use std::path::{Path, PathBuf};
+
+use ferrotron_recipe::{Cluster, Degree, Finding, GpuKind, Recipe};
+use serde::{Deserialize, Serialize};
+
+use crate::flops::flops_per_iteration;
+use crate::hardware::{GpuSpec, gpu_name};
+use crate::layout::{Degrees, Layout};
+use crate::memory::{Memory, memory, stage_local_parameters};
+use crate::params::{ParameterCount, parameter_count};
+use crate::ranks::{ProcessGroups, RankGroups, RankInfo, rank_grid};
+use crate::search::{AutoReport, SearchFailure, search, setup};
+use crate::stages::StageInfo;
+use crate::time::{Predicted, predict};
+
+/// What the planner needs besides the recipe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanOptions {
+    /// Overrides `recipe.cluster`; when both are absent the plan is for one `cpu` rank.
+    pub cluster: Option<Cluster>,
+    /// Vocabulary size before padding (the caller resolves it from the recipe or tokenizer).
+    pub vocab_size: u32,
+}
+
+/// The GPU the plan assumes, and the numbers taken from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hardware {
+    pub gpu: GpuKind,
+    /// Dense peak FLOP/s per GPU in the recipe's precision (the MFU denominator).
+    pub peak_flops: f64,
+    pub memory_bytes: u64,
+    /// Where the hardware figures come from (datasheet, measurement, or nominal).
+    pub source: String,
+}
+
+/// A resolved parallel layout with its cost model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The recipe with derived defaults filled, every `auto` fixed, the vocabulary and cluster set.
+    pub recipe: Recipe,
+    pub world_size: u32,
+    pub cluster: Cluster,
+    pub hardware: Hardware,
+    pub degrees: Degrees,
+    pub micro_batch_size: u32,
+    pub global_batch_size: u32,
+    /// Microbatches per data-parallel rank and iteration.
+    pub num_microbatches: u32,
+    pub padded_vocab_size: u32,
+    pub vocab_size: u32,
+    pub train_iters: u64,
+    pub parameters: ParameterCount,
+    /// Megatron's model FLOPs per iteration (global batch).
+    pub flops_per_iteration: f64,
+    pub memory: Memory,
+    pub predicted: Predicted,
+    /// Layers and chunks of every pipeline stage.
+    pub stages: Vec<StageInfo>,
+    /// Every rank: coordinates and indices into `groups`.
+    pub ranks: Vec<RankInfo>,
+    pub groups: ProcessGroups,
+    /// Present when some degree was `auto`: what was searched and why the winner won.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<AutoReport>,
+    /// Notes a user should read (e.g. the layout does not fit in memory).
+    pub warnings: Vec<String>,
+    /// blake3 of this plan serialized without the hash.
+    pub plan_hash: String,
+}
+
+/// Failure to write `plan.json`.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanWriteError {
+    #[error("cannot create {dir}")]
+    CreateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot serialize the plan")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl Plan {
+    /// The process groups of `rank`, resolved to rank lists.
+    pub fn groups_of(&self, rank: u32) -> Option<RankGroups<'_>> {
+        self.ranks
+            .get(rank as usize)
+            .map(|info| self.groups.of(info))
+    }
+
+    /// Writes `plan.json` into `dir` (atomically: a temporary file renamed into place).
+    pub fn write_to(&self, dir: &Path) -> Result<PathBuf, PlanWriteError> {
+        std::fs::create_dir_all(dir).map_err(|source| PlanWriteError::CreateDir {
+            dir: dir.to_owned(),
+            source,
+        })?;
+        let path = dir.join("plan.json");
+        let temporary = dir.join(".plan.json.tmp");
+        let mut json = serde_json::to_vec_pretty(self)?;
+        json.push(b'\n');
+        let io = |source| PlanWriteError::Write {
+            path: path.clone(),
+            source,
+        };
+        std::fs::write(&temporary, json).map_err(io)?;
+        std::fs::rename(&temporary, &path).map_err(io)?;
+        Ok(path)
+    }
+
+    /// Reads a `plan.json` written by [`Plan::write_to`].
+    pub fn read_from(path: &Path) -> Result<Plan, PlanWriteError> {
+        let text = std::fs::read(path).map_err(|source| PlanWriteError::Write {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(serde_json::from_slice(&text)?)
+    }
+
+    fn compute_hash(&self) -> String {
+        let mut unhashed = self.clone();
+        unhashed.plan_hash = String::new();
+        let bytes = serde_json::to_vec(&unhashed).expect("a plan always serializes");
+        blake3::hash(&bytes).to_hex().to_string()
+    }
+}
+
+/// The cluster a plan is for: the option's, the recipe's, or one `cpu` rank.
+pub fn effective_cluster(recipe: &Recipe, opts: &PlanOptions) -> Cluster {
+    opts.cluster
+        .clone()
+        .or_else(|| recipe.cluster.clone())
+        .unwrap_or(Cluster {
+            nodes: 1,
+            gpus_per_node: 1,
+            gpu: GpuKind::Cpu,
+        })
+}
+
+/// The degrees the search chooses (`data` is not one: it follows from the others).
+fn auto_keys(recipe: &Recipe) -> Vec<String> {
+    let p = &recipe.parallel;
+    let mut keys: Vec<String> = [
+        ("parallel.tensor", p.tensor),
+        ("parallel.pipeline", p.pipeline),
+        ("parallel.virtual_pipeline", p.virtual_pipeline),
+        ("parallel.context", p.context),
+        ("parallel.expert", p.expert),
+        (
+            "training.micro_batch_size",
+            recipe.training.micro_batch_size,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, degree)| degree.is_auto())
+    .map(|(key, _)| key.to_owned())
+    .collect();
+    if p.expert_tensor.is_some_and(Degree::is_auto) {
+        keys.push("parallel.expert_tensor".to_owned());
+    }
+    keys
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+/// Resolves `recipe` on the cluster into a [`Plan`], or the layout findings that prevent it.
+pub fn plan(recipe: &Recipe, opts: &PlanOptions) -> Result<Plan, Vec<Finding>> {
+    let cluster = effective_cluster(recipe, opts);
+    let findings = crate::check_layout(recipe, Some(&cluster));
+    if findings.iter().any(Finding::is_error) {
+        return Err(findings);
+    }
+    let mut warnings: Vec<String> = findings
+        .iter()
+        .map(|f| format!("{}: {}", f.path, f.message))
+        .collect();
+    if opts.vocab_size == 0 {
+        return Err(vec![Finding::error(
+            "plan::vocab-size",
+            "model.vocab_size",
+            "the vocabulary size is 0",
+        )]);
+    }
+    let resolved = recipe.with_derived_defaults();
+    let seq = resolved.model.seq_length;
+    let Some(train_iters) = resolved.training.iterations(seq) else {
+        return Err(vec![
+            Finding::error(
+                "plan::training-length",
+                "training",
+                "set training.train_iters or training.train_tokens",
+            )
+            .with_help("e.g. train_iters: 1000"),
+        ]);
+    };
+    let model = resolved.model.clone();
+    let vocab = opts.vocab_size;
+    let gbs = resolved.training.global_batch_size;
+    let keys = auto_keys(recipe);
+    let (ranked, searched, valid, fitting) = match search(
+        &resolved,
+        recipe.parallel.expert_tensor,
+        &cluster,
+        |tp| model.padded_vocab_size(vocab, tp),
+        |padded| flops_per_iteration(&resolved, padded, gbs),
+    ) {
+        Ok(found) => found,
+        Err(SearchFailure::NoValidLayout { searched }) => {
+            return Err(vec![
+                Finding::error(
+                    "plan::no-valid-layout",
+                    keys.first().map_or("parallel", String::as_str),
+                    format!(
+                        "none of the {searched} layouts for {} GPUs satisfies every layout rule",
+                        cluster.world_size()
+                    ),
+                )
+                .with_help("fix some degrees, or change the cluster size"),
+            ]);
+        }
+        Err(SearchFailure::NothingFits { smallest, limit }) => {
+            let (layout, bytes) = *smallest;
+            let d = layout.degrees;
+            if keys.is_empty() {
+                warnings.push(format!(
+                    "does not fit: {:.1} GiB needed on the most loaded GPU, {:.1} GiB available",
+                    gib(bytes),
+                    gib(limit)
+                ));
+                return finish(
+                    resolved,
+                    cluster,
+                    layout,
+                    vocab,
+                    train_iters,
+                    None,
+                    warnings,
+                );
+            }
+            return Err(vec![Finding::error(
+                "plan::out-of-memory",
+                keys.first().map_or("parallel", String::as_str),
+                format!(
+                    "no valid layout fits in {:.0} GiB per GPU; the smallest (tp {} pp {} vpp {} cp {} ep {} dp {}, micro batch {}) needs {:.1} GiB",
+                    gib(limit), d.tp, d.pp, d.vpp, d.cp, d.ep, d.dp, layout.micro_batch_size, gib(bytes)
+                ),
+            )
+            .with_help("enable recompute (granularity: full), the distributed optimizer, or plan for more GPUs")]);
+        }
+    };
+    let best = &ranked[0];
+    let layout = Layout {
+        degrees: best.degrees,
+        micro_batch_size: best.micro_batch_size,
+    };
+    let auto = (!keys.is_empty()).then(|| AutoReport {
+        resolved: keys,
+        searched,
+        valid,
+        fitting,
+        top: ranked.iter().take(5).cloned().collect(),
+    });
+    finish(
+        resolved,
+        cluster,
+        layout,
+        vocab,
+        train_iters,
+        auto,
+        warnings,
+    )
+}
+
+/// Builds the plan for the chosen layout.
+fn finish(
+    mut resolved: Recipe,
+    cluster: Cluster,
+    layout: Layout,
+    vocab: u32,
+    train_iters: u64,
+    auto: Option<AutoReport>,
+    warnings: Vec<String>,
+) -> Result<Plan, Vec<Finding>> {
+    let d = layout.degrees;
+    let p = &mut resolved.parallel;
+    p.tensor = Degree::Fixed(d.tp);
+    p.pipeline = Degree::Fixed(d.pp);
+    p.virtual_pipeline = Degree::Fixed(d.vpp);
+    p.context = Degree::Fixed(d.cp);
+    p.expert = Degree::Fixed(d.ep);
+    p.expert_tensor = Some(Degree::Fixed(d.etp));
+    p.data = Degree::Fixed(d.dp);
+    // Megatron switches sequence parallelism off without tensor parallelism.
+    p.sequence_parallel &= d.tp > 1;
+    resolved.training.micro_batch_size = Degree::Fixed(layout.micro_batch_size);
+    resolved.model.vocab_size = Some(vocab);
+    resolved.cluster = Some(cluster.clone());
+    let padded = resolved.model.padded_vocab_size(vocab, d.tp);
+    let params = parameter_count(&resolved.model, padded);
+    let gbs = resolved.training.global_batch_size;
+    let flops = flops_per_iteration(&resolved, padded, gbs);
+    let spec = GpuSpec::of(cluster.gpu);
+    let (memory, predicted, stages) = {
+        let s = setup(&resolved, &cluster, layout, params, padded, true);
+        let memory = memory(&s);
+        let predicted = predict(&s, flops, &stage_local_parameters(&s));
+        (memory, predicted, s.stages)
+    };
+    let (ranks, groups) = rank_grid(&d, cluster.gpus_per_node);
+    let mut plan = Plan {
+        world_size: cluster.world_size(),
+        hardware: Hardware {
+            gpu: cluster.gpu,
+            peak_flops: spec.peak(resolved.precision.dtype, resolved.precision.fp8),
+            memory_bytes: spec.memory_bytes as u64,
+            source: format!("{}: {}", gpu_name(cluster.gpu), spec.source),
+        },
+        cluster,
+        degrees: d,
+        micro_batch_size: layout.micro_batch_size,
+        global_batch_size: gbs,
+        num_microbatches: layout.num_microbatches(gbs),
+        padded_vocab_size: padded,
+        vocab_size: vocab,
+        train_iters,
+        parameters: params,
+        flops_per_iteration: flops,
+        memory,
+        predicted,
+        stages,
+        ranks,
+        groups,
+        auto,
+        warnings,
+        recipe: resolved,
+        plan_hash: String::new(),
+    };
+    plan.plan_hash = plan.compute_hash();
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrotron_recipe::Degree;
+
+    use super::*;
+    use crate::testing::{gpt2_small, llama3_8b};
+
+    fn h100(nodes: u32) -> Option<Cluster> {
+        Some(Cluster {
+            nodes,
+            gpus_per_node: 8,
+            gpu: GpuKind::H100,
+        })
+    }
+
+    #[test]
+    fn a_fixed_layout_plans_with_ranks_stages_and_a_hash() {
+        let mut recipe = llama3_8b();
+        recipe.parallel.tensor = Degree::Fixed(2);
+        recipe.parallel.pipeline = Degree::Fixed(2);
+        recipe.parallel.sequence_parallel = true;
+        let opts = PlanOptions {
+            cluster: h100(2),
+            vocab_size: 128256,
+        };
+        let plan = plan(&recipe, &opts).expect("plans");
+        assert_eq!(plan.world_size, 16);
+        assert_eq!(plan.degrees.dp, 4);
+        assert_eq!(plan.num_microbatches, 128 / 4);
+        assert_eq!(plan.ranks.len(), 16);
+        assert_eq!(plan.stages.len(), 2);
+        assert_eq!(plan.recipe.parallel.data, Degree::Fixed(4));
+        assert_eq!(plan.recipe.model.vocab_size, Some(128256));
+        assert_eq!(plan.padded_vocab_size, 128256);
+        assert!(plan.auto.is_none());
+        assert_eq!(plan.groups_of(13).expect("rank 13").tp, &[12, 13]);
+        assert_eq!(plan.plan_hash.len(), 64);
+        let again = super::plan(&recipe, &opts).expect("plans");
+        assert_eq!(again.plan_hash, plan.plan_hash, "deterministic");
+        recipe.training.global_batch_size = 256;
+        let other = super::plan(&recipe, &opts).expect("plans");
+        assert_ne!(other.plan_hash, plan.plan_hash);
+    }
+
+    #[test]
+    fn layout_errors_come_back_as_findings() {
+        let mut recipe = llama3_8b();
+        recipe.parallel.tensor = Degree::Fixed(3);
+        let err = plan(
+            &recipe,
+            &PlanOptions {
+                cluster: h100(1),
+                vocab_size: 128256,
+            },
+        )
+        .expect_err("tp 3 on 8 GPUs");
+        assert!(
+            err.iter()
+                .any(|f| f.code == "layout::heads-divisible-by-tp")
+        );
+        assert!(
+            err.iter()
+                .any(|f| f.code == "layout::world-divisible-by-model-parallel")
+        );
+    }
+
+    #[test]
+    fn without_a_cluster_the_plan_is_one_cpu_rank() {
+        let recipe = gpt2_small();
+        let plan = plan(
+            &recipe,
+            &PlanOptions {
+                cluster: None,
+                vocab_size: 50257,
+            },
+        )
+        .expect("plans");
+        assert_eq!(plan.world_size, 1);
+        assert_eq!(plan.cluster.gpu, GpuKind::Cpu);
+        assert!(plan.hardware.source.contains("NOMINAL"));
+    }
+
+    #[test]
+    fn auto_picks_the_fastest_layout_that_fits() {
+        let mut recipe = llama3_8b();
+        recipe.parallel.tensor = Degree::AUTO;
+        recipe.parallel.pipeline = Degree::AUTO;
+        recipe.training.micro_batch_size = Degree::AUTO;
+        recipe.parallel.sequence_parallel = true;
+        let plan = plan(
+            &recipe,
+            &PlanOptions {
+                cluster: h100(2),
+                vocab_size: 128256,
+            },
+        )
+        .expect("plans");
+        let auto = plan.auto.as_ref().expect("auto report");
+        assert_eq!(
+            auto.resolved,
+            vec![
+                "parallel.tensor",
+                "parallel.pipeline",
+                "training.micro_batch_size"
+            ]
+        );
+        assert!(auto.fitting >= 1 && auto.fitting <= auto.valid && auto.valid <= auto.searched);
+        let best = &auto.top[0];
+        assert_eq!(best.degrees, plan.degrees);
+        assert!(plan.memory.fits);
+        for pair in auto.top.windows(2) {
+            assert!(pair[0].tokens_per_second_per_gpu >= pair[1].tokens_per_second_per_gpu);
+        }
+        for candidate in &auto.top {
+            assert!(candidate.peak_memory_bytes <= plan.memory.limit_bytes);
+        }
+        assert!(plan.recipe.parallel.tensor.fixed().is_some());
+        assert!(plan.recipe.training.micro_batch_size.fixed().is_some());
+    }
+
+    #[test]
+    fn auto_reports_when_nothing_fits() {
+        let mut recipe = llama3_8b();
+        recipe.model.num_layers = 400;
+        recipe.parallel.tensor = Degree::AUTO;
+        let err = plan(
+            &recipe,
+            &PlanOptions {
+                cluster: h100(1),
+                vocab_size: 128256,
+            },
+        )
+        .expect_err("a 100B model does not fit on 8 GPUs");
+        assert_eq!(err[0].code, "plan::out-of-memory");
+        assert_eq!(err[0].path, "parallel.tensor");
+    }
+
+    #[test]
+    fn a_fixed_layout_that_does_not_fit_still_plans_with_a_warning() {
+        let mut recipe = llama3_8b();
+        recipe.model.num_layers = 400;
+        let plan = plan(
+            &recipe,
+            &PlanOptions {
+                cluster: h100(1),
+                vocab_size: 128256,
+            },
+        )
+        .expect("plans");
+        assert!(!plan.memory.fits);
+        assert!(plan.warnings[0].starts_with("does not fit"));
+    }
+
+    #[test]
+    fn plan_json_round_trips_through_write_to() {
+        let recipe = gpt2_small();
+        let plan = plan(
+            &recipe,
+            &PlanOptions {
+                cluster: h100(1),
+                vocab_size: 50257,
+            },
+        )
+        .expect("plans");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = plan.write_to(&dir.path().join("run")).expect("writes");
+        assert_eq!(path.file_name().and_then(|n| n.to_str()), Some("plan.json"));
+        let read = Plan::read_from(&path).expect("reads");
+        assert_eq!(read.plan_hash, plan.plan_hash);
+        assert_eq!(read.degrees, plan.degrees);
+        assert_eq!(read.ranks, plan.ranks);
+        assert_eq!(read.groups, plan.groups);
+        assert_eq!(read.stages, plan.stages);
+        assert_eq!(read.memory.per_gpu_bytes, plan.memory.per_gpu_bytes);
+        assert_eq!(read.parameters, plan.parameters);
+    }
+}

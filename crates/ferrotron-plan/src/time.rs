@@ -1,0 +1,452 @@
+//! Predicted step time: compute from FLOPs at a measured GEMM efficiency, memory-bound work
+//! from bytes over HBM bandwidth, collectives from bytes over link bandwidth, the pipeline
+//! bubble, and the data-parallel gradient traffic that overlap cannot hide.
+//!
+//! It is a roofline-style model meant to rank layouts and to set expectations, not a
+//! simulator; every term is returned so a user can see which assumption dominates.
+
+use ferrotron_recipe::{Fp8, RecomputeGranularity};
+use serde::{Deserialize, Serialize};
+
+use crate::flops::{
+    attention_projections_per_layer_token, core_attention_per_layer_token,
+    dense_mlp_per_layer_token, logits_per_token, moe_mlp_per_layer_token,
+};
+use crate::setup::Setup;
+use crate::stages::StageInfo;
+use crate::term::Term;
+
+/// What the model predicts for one iteration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Predicted {
+    pub step_seconds: f64,
+    pub tokens_per_second_per_gpu: f64,
+    /// Model FLOPs utilisation: Megatron FLOPs / (step time · world · peak).
+    pub mfu: f64,
+    /// Pipeline bubble as a fraction of the step: (pp − 1) / (vpp · m) of the pipelined part.
+    pub bubble_fraction: f64,
+    /// The pipeline stage whose microbatch time sets the pace.
+    pub slowest_stage: u32,
+    /// Shares of the step, for "why this layout": compute, communication, bubble, optimizer.
+    pub breakdown: Breakdown,
+    pub terms: Vec<Term>,
+}
+
+/// Seconds per iteration by cause.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Breakdown {
+    pub compute: f64,
+    pub memory_bound: f64,
+    pub tensor_parallel_comm: f64,
+    pub context_parallel_comm: f64,
+    pub expert_parallel_comm: f64,
+    pub pipeline_p2p: f64,
+    pub pipeline_bubble: f64,
+    pub data_parallel_comm: f64,
+    pub optimizer: f64,
+}
+
+/// Ring all-reduce time of `bytes` over `n` ranks: 2(n−1)/n · bytes / bus bandwidth.
+fn all_reduce(bytes: f64, n: f64, bandwidth: f64, latency: f64) -> f64 {
+    if n <= 1.0 {
+        0.0
+    } else {
+        2.0 * (n - 1.0) / n * bytes / bandwidth + latency
+    }
+}
+
+/// Reduce-scatter or all-gather time of `bytes` (the full buffer) over `n` ranks.
+fn gather(bytes: f64, n: f64, bandwidth: f64, latency: f64) -> f64 {
+    if n <= 1.0 {
+        0.0
+    } else {
+        (n - 1.0) / n * bytes / bandwidth + latency
+    }
+}
+
+/// Per-microbatch seconds of one stage on one GPU, by cause, with terms.
+struct StageTime {
+    compute: f64,
+    memory_bound: f64,
+    tp: f64,
+    cp: f64,
+    ep: f64,
+    p2p: f64,
+    terms: Vec<Term>,
+}
+
+impl StageTime {
+    fn total(&self) -> f64 {
+        self.compute + self.memory_bound + self.tp + self.cp + self.ep + self.p2p
+    }
+}
+
+fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
+    let model = &setup.recipe.model;
+    let d = setup.layout.degrees;
+    let spec = &setup.spec;
+    let precision = &setup.recipe.precision;
+    let (tp, cp, ep, etp) = (
+        f64::from(d.tp),
+        f64::from(d.cp),
+        f64::from(d.ep),
+        f64::from(d.etp),
+    );
+    let tokens = setup.local_tokens();
+    let sp = setup.sequence_shards();
+    let h = f64::from(model.hidden_size);
+    let f = f64::from(model.ffn_hidden_size());
+    let layers = f64::from(stage.num_layers);
+    let moe_layers = f64::from(stage.moe_layers);
+    let dense_layers = layers - moe_layers;
+    let recompute = setup.recipe.recompute.granularity;
+
+    // GEMMs: the FLOPs of this stage's layers for this GPU's tokens, sharded over tensor ranks.
+    let mut gemm = tokens
+        * (layers * attention_projections_per_layer_token(model)
+            + dense_layers * dense_mlp_per_layer_token(model)
+            + moe_layers * moe_mlp_per_layer_token(model))
+        / tp;
+    if recompute == RecomputeGranularity::Full {
+        gemm *= 4.0 / 3.0;
+    }
+    if stage.has_output_layer {
+        gemm += tokens * logits_per_token(model, setup.padded_vocab) / tp;
+    }
+    // Core attention over the full (causal) sequence for this rank's queries.
+    let mut attention =
+        tokens * layers * core_attention_per_layer_token(model, f64::from(model.seq_length)) / tp;
+    if recompute != RecomputeGranularity::None {
+        attention *= 4.0 / 3.0;
+    }
+    let gemm_rate = spec.peak(precision.dtype, precision.fp8) * spec.gemm_efficiency;
+    let attention_rate = spec.peak(precision.dtype, Fp8::None) * spec.attention_efficiency;
+    let compute = gemm / gemm_rate + attention / attention_rate;
+
+    // Memory-bound work: ~36 passes over the hidden state (norms, residuals, dropout, RoPE,
+    // forward and backward) and 6 over the FFN activations, 2 bytes each.
+    let elementwise_bytes = layers * tokens * (36.0 * 2.0 * h / sp + 6.0 * 2.0 * f / tp);
+    let memory_bound = elementwise_bytes / spec.memory_bandwidth;
+
+    let activation_bytes = 2.0 * tokens * h;
+    let latency = spec.collective_latency;
+    // TP: 2 all-reduces forward and 2 backward per layer (with sequence parallelism, the same
+    // volume as all-gathers plus reduce-scatters).
+    let tp_bandwidth = setup.bandwidth(d.tp);
+    let tp_time = layers * 4.0 * all_reduce(activation_bytes, tp, tp_bandwidth, latency);
+    // CP: ring exchange of K and V (forward) and of K, V, dK, dV (backward), cp − 1 steps,
+    // hidden behind core attention when it is long enough.
+    let kv_heads = (f64::from(model.num_query_groups()) / tp).max(1.0);
+    let kv_bytes = 2.0 * tokens * 2.0 * kv_heads * f64::from(model.kv_channels());
+    let cp_bandwidth = setup.bandwidth(d.tp * d.cp);
+    let cp_comm = if d.cp > 1 {
+        layers * 3.0 * (cp - 1.0) * (kv_bytes / cp_bandwidth + latency)
+    } else {
+        0.0
+    };
+    let cp_exposed = (cp_comm - attention / attention_rate).max(0.0);
+    // EP: dispatch and combine all-to-alls, forward and backward, of the routed tokens.
+    let ep_time = match &model.moe {
+        Some(moe) if d.ep > 1 => {
+            let routed = tokens / sp * f64::from(moe.router_topk) * 2.0 * h * etp;
+            let bandwidth = setup.bandwidth(d.etp * d.ep);
+            moe_layers * 4.0 * ((ep - 1.0) / ep * routed / bandwidth + latency)
+        }
+        _ => 0.0,
+    };
+    // PP: send activations forward and gradients backward at every chunk boundary.
+    let p2p = if d.pp > 1 {
+        // Neighbouring stages are world/pp ranks apart.
+        let bandwidth = setup.bandwidth(d.world_size() / d.pp + 1);
+        f64::from(d.vpp) * 2.0 * (activation_bytes / sp / bandwidth + latency)
+    } else {
+        0.0
+    };
+    let terms = vec![
+        setup.term(
+            "GEMM compute",
+            gemm / gemm_rate,
+            || format!(
+                "stage GEMM FLOPs / (peak × efficiency) = {gemm:.4e} / ({:.4e} × {})",
+                spec.peak(precision.dtype, precision.fp8),
+                spec.gemm_efficiency
+            ),),
+        setup.term(
+            "core attention compute",
+            attention / attention_rate,
+            || format!(
+                "causal attention FLOPs / (peak × attention efficiency) = {attention:.4e} / ({:.4e} × {})",
+                spec.peak(precision.dtype, Fp8::None),
+                spec.attention_efficiency
+            ),),
+        setup.term(
+            "memory-bound element-wise work",
+            memory_bound,
+            || format!(
+                "L·s·b·(72·h/sp + 12·f/tp) bytes / HBM = {elementwise_bytes:.4e} / {:.3e}",
+                spec.memory_bandwidth
+            ),),
+        setup.term(
+            "tensor-parallel collectives",
+            tp_time,
+            || format!(
+                "L · 4 · 2(tp−1)/tp · 2·s·b·h / bus_bw = {layers} · 4 · all_reduce({activation_bytes:.4e} B, {tp}, {tp_bandwidth:.3e} B/s)"
+            ),),
+        setup.term(
+            "context-parallel ring exchange (exposed)",
+            cp_exposed,
+            || format!(
+                "max(0, L · 3(cp−1) · kv_bytes / bw − attention) = max(0, {cp_comm:.4e} − {:.4e})",
+                attention / attention_rate
+            ),),
+        setup.term(
+            "expert-parallel all-to-all",
+            ep_time,
+            || "L_moe · 4 · (ep−1)/ep · k·s·b/sp·2h·etp / bw".to_owned(),),
+        setup.term(
+            "pipeline send/receive",
+            p2p,
+            || format!("vpp · 2 · (2·s·b·h/sp / bw + latency) = {} · 2 · …", d.vpp),),
+    ];
+    StageTime {
+        compute,
+        memory_bound,
+        tp: tp_time,
+        cp: cp_exposed,
+        ep: ep_time,
+        p2p,
+        terms,
+    }
+}
+
+/// Local parameters that take part in the dense and the expert gradient reduction.
+fn gradient_parameters(setup: &Setup<'_>, memory_params: f64, stage: &StageInfo) -> (f64, f64) {
+    let model = &setup.recipe.model;
+    let d = setup.layout.degrees;
+    let expert = match &model.moe {
+        Some(moe) => {
+            f64::from(stage.moe_layers) * setup.params.experts_per_moe_layer as f64
+                / f64::from(moe.num_experts)
+                * (f64::from(moe.num_experts) / f64::from(d.ep))
+                / f64::from(d.etp)
+        }
+        None => 0.0,
+    };
+    ((memory_params - expert).max(0.0), expert)
+}
+
+/// The time model for the whole iteration.
+pub(crate) fn predict(
+    setup: &Setup<'_>,
+    flops_per_iteration: f64,
+    stage_params: &[f64],
+) -> Predicted {
+    let d = setup.layout.degrees;
+    let spec = &setup.spec;
+    let m = f64::from(setup.num_microbatches);
+    let stage_times: Vec<StageTime> = setup.stages.iter().map(|s| stage_time(setup, s)).collect();
+    let (slowest, slow) = stage_times
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total().total_cmp(&b.1.total()))
+        .expect("a plan has at least one stage");
+    let per_microbatch = slow.total();
+    let bubble_microbatches = f64::from(d.pp - 1) / f64::from(d.vpp);
+    let pipelined = (m + bubble_microbatches) * per_microbatch;
+    let bubble = bubble_microbatches * per_microbatch;
+
+    // Data parallel: gradients (4 B) reduced, parameters (2 B) gathered with the distributed
+    // optimizer, over dp·cp for dense and edp for expert parameters; overlap hides them behind
+    // the last microbatch's backward (grads) and the first one's forward (params).
+    let stage = &setup.stages[slowest];
+    let (dense_params, expert_params) = gradient_parameters(setup, stage_params[slowest], stage);
+    let distributed = setup.recipe.parallel.distributed_optimizer;
+    let dense_group = f64::from(d.dp * d.cp);
+    let dense_bw = setup.bandwidth(d.tp * d.cp * d.dp);
+    let expert_group = f64::from(d.edp);
+    let expert_bw = setup.bandwidth(d.etp * d.ep * d.edp);
+    let latency = spec.collective_latency;
+    let (grad_time, param_time) = if distributed {
+        (
+            gather(4.0 * dense_params, dense_group, dense_bw, latency)
+                + gather(4.0 * expert_params, expert_group, expert_bw, latency),
+            gather(2.0 * dense_params, dense_group, dense_bw, latency)
+                + gather(2.0 * expert_params, expert_group, expert_bw, latency),
+        )
+    } else {
+        (
+            all_reduce(4.0 * dense_params, dense_group, dense_bw, latency)
+                + all_reduce(4.0 * expert_params, expert_group, expert_bw, latency),
+            0.0,
+        )
+    };
+    let compute_per_microbatch = slow.compute;
+    let grad_exposed = if setup.recipe.parallel.overlap_grad_reduce {
+        (grad_time - 2.0 / 3.0 * compute_per_microbatch).max(0.0)
+    } else {
+        grad_time
+    };
+    let param_exposed = if distributed && setup.recipe.parallel.overlap_param_gather {
+        (param_time - compute_per_microbatch / 3.0).max(0.0)
+    } else {
+        param_time
+    };
+    let dp_exposed = grad_exposed + param_exposed;
+
+    // Optimizer: Adam over the parameters this GPU owns, ~34 bytes of HBM traffic each.
+    let owned = if distributed {
+        dense_params / dense_group + expert_params / expert_group
+    } else {
+        dense_params + expert_params
+    };
+    let optimizer = 34.0 * owned / spec.memory_bandwidth;
+
+    let step = pipelined + dp_exposed + optimizer;
+    let world = f64::from(d.world_size());
+    let tokens = f64::from(setup.recipe.training.global_batch_size)
+        * f64::from(setup.recipe.model.seq_length);
+    let peak = spec.peak(setup.recipe.precision.dtype, setup.recipe.precision.fp8);
+    let scale = m;
+    let breakdown = Breakdown {
+        compute: slow.compute * scale,
+        memory_bound: slow.memory_bound * scale,
+        tensor_parallel_comm: slow.tp * scale,
+        context_parallel_comm: slow.cp * scale,
+        expert_parallel_comm: slow.ep * scale,
+        pipeline_p2p: slow.p2p * scale,
+        pipeline_bubble: bubble,
+        data_parallel_comm: dp_exposed,
+        optimizer,
+    };
+    let mut terms: Vec<Term> = slow
+        .terms
+        .iter()
+        .map(|t| Term {
+            name: format!("per microbatch, stage {slowest}: {}", t.name),
+            ..t.clone()
+        })
+        .collect();
+    terms.extend([
+        setup.term(
+            "pipelined microbatches incl. bubble",
+            pipelined,
+            || format!(
+                "(m + (pp−1)/vpp) · t_microbatch = ({m} + {bubble_microbatches}) · {per_microbatch:.6}"
+            ),),
+        setup.term(
+            "data-parallel gradient reduce (exposed)",
+            grad_exposed,
+            || format!(
+                "{} of 4 B × {:.0} dense params over {dense_group} ranks + {:.0} expert params over {expert_group}, minus overlap with the last backward",
+                if distributed { "reduce-scatter" } else { "all-reduce" },
+                dense_params,
+                expert_params
+            ),),
+        setup.term(
+            "distributed-optimizer parameter all-gather (exposed)",
+            param_exposed,
+            || "all-gather of 2 B × params over the same groups, minus overlap with the first forward".to_owned(),),
+        setup.term(
+            "optimizer step",
+            optimizer,
+            || format!("34 B × {owned:.0} owned params / HBM {:.3e} B/s", spec.memory_bandwidth),),
+        setup.term(
+            "step",
+            step,
+            || "pipelined + data-parallel exposed + optimizer".to_owned(),),
+    ]);
+    Predicted {
+        step_seconds: step,
+        tokens_per_second_per_gpu: tokens / (step * world),
+        mfu: flops_per_iteration / (step * world * peak),
+        bubble_fraction: bubble / step,
+        slowest_stage: slowest as u32,
+        breakdown,
+        terms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrotron_recipe::{Cluster, GpuKind};
+
+    use super::*;
+    use crate::layout::{Degrees, Layout};
+    use crate::memory::stage_local_parameters;
+    use crate::params::parameter_count;
+    use crate::search::setup;
+    use crate::testing::llama3_8b;
+
+    fn predicted(tp: u32, pp: u32, vpp: u32, dp: u32, nodes: u32, gpus_per_node: u32) -> Predicted {
+        let recipe = llama3_8b();
+        let params = parameter_count(&recipe.model, 128256);
+        let cluster = Cluster {
+            nodes,
+            gpus_per_node,
+            gpu: GpuKind::H200,
+        };
+        let layout = Layout {
+            degrees: Degrees {
+                tp,
+                pp,
+                vpp,
+                cp: 1,
+                ep: 1,
+                etp: tp,
+                dp,
+                edp: dp,
+            },
+            micro_batch_size: 1,
+        };
+        let s = setup(&recipe, &cluster, layout, params, 128256, true);
+        let flops = crate::flops::flops_per_iteration(&recipe, 128256, 128);
+        predict(&s, flops, &stage_local_parameters(&s))
+    }
+
+    #[test]
+    fn collective_formulas() {
+        // Ring all-reduce: 2(n−1)/n · bytes / bandwidth.
+        assert!((all_reduce(1e9, 4.0, 100e9, 0.0) - 0.015).abs() < 1e-12);
+        assert!((gather(1e9, 4.0, 100e9, 0.0) - 0.0075).abs() < 1e-12);
+        assert_eq!(all_reduce(1e9, 1.0, 100e9, 1.0), 0.0);
+    }
+
+    #[test]
+    fn bubble_is_pp_minus_one_over_vpp_microbatches() {
+        // 1 node of 8: tp 1, pp 4, dp 2 -> m = 128 / 2 = 64.
+        let p = predicted(1, 4, 1, 2, 1, 8);
+        let b = p.breakdown;
+        let per_microbatch_total = b.compute
+            + b.memory_bound
+            + b.tensor_parallel_comm
+            + b.context_parallel_comm
+            + b.expert_parallel_comm
+            + b.pipeline_p2p;
+        assert!((b.pipeline_bubble * 64.0 / per_microbatch_total - 3.0).abs() < 1e-9);
+        let interleaved = predicted(1, 4, 2, 2, 1, 8).breakdown;
+        let total = interleaved.compute
+            + interleaved.memory_bound
+            + interleaved.tensor_parallel_comm
+            + interleaved.pipeline_p2p;
+        assert!((interleaved.pipeline_bubble * 64.0 / total - 1.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn mfu_is_below_the_gemm_efficiency() {
+        let p = predicted(1, 1, 1, 8, 1, 8);
+        assert!(p.mfu > 0.3 && p.mfu < 0.80, "{}", p.mfu);
+        assert_eq!(p.breakdown.tensor_parallel_comm, 0.0);
+        let expected_tokens = 128.0 * 8192.0 / (p.step_seconds * 8.0);
+        assert!((p.tokens_per_second_per_gpu - expected_tokens).abs() < 1e-6);
+    }
+
+    #[test]
+    fn tensor_parallel_across_nodes_is_slower_than_within_one() {
+        let within = predicted(8, 1, 1, 2, 2, 8);
+        let across = predicted(8, 1, 1, 2, 4, 4);
+        assert!(
+            across.breakdown.tensor_parallel_comm > 5.0 * within.breakdown.tensor_parallel_comm
+        );
+        assert!(across.step_seconds > within.step_seconds);
+    }
+}

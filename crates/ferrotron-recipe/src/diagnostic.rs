@@ -1,0 +1,291 @@
+//! Diagnostics: every problem of a load, each with its file, line, column, key path, the YAML
+//! snippet (through miette) and a fix. One type serves both outputs of `recipe validate`: the
+//! graphical report (miette `related()` carries every problem) and the JSON list for CI tools.
+
+use std::fmt;
+use std::sync::Arc;
+
+use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
+use serde::Serialize;
+
+use crate::Severity;
+use crate::source::{Origin, SourceFile};
+
+/// Where a problem points, resolved from an [`Origin`].
+#[derive(Debug, Clone)]
+struct Anchor {
+    /// Index of the file in load order (the top recipe is 0, its base 1, ...).
+    file_index: usize,
+    file: String,
+    line: usize,
+    column: usize,
+    source: NamedSource<Arc<String>>,
+    offset: usize,
+    len: usize,
+}
+
+/// One problem in a recipe.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    severity: Severity,
+    code: String,
+    message: String,
+    help: Option<String>,
+    path: Option<String>,
+    label: String,
+    anchor: Option<Anchor>,
+    /// The layer that set the offending value when it is not a file (`--set ..`, `env ..`).
+    layer: Option<String>,
+}
+
+impl Problem {
+    pub(crate) fn new(severity: Severity, code: &str, message: impl Into<String>) -> Self {
+        Problem {
+            severity,
+            code: code.to_owned(),
+            message: message.into(),
+            help: None,
+            path: None,
+            label: String::from("here"),
+            anchor: None,
+            layer: None,
+        }
+    }
+
+    pub(crate) fn error(code: &str, message: impl Into<String>) -> Self {
+        Problem::new(Severity::Error, code, message)
+    }
+
+    pub(crate) fn with_help(mut self, help: Option<String>) -> Self {
+        self.help = help;
+        self
+    }
+
+    pub(crate) fn with_path(mut self, path: impl Into<String>) -> Self {
+        let path = path.into();
+        self.path = (!path.is_empty()).then_some(path);
+        self
+    }
+
+    pub(crate) fn with_label(mut self, label: impl Into<String>) -> Self {
+        self.label = label.into();
+        self
+    }
+
+    /// Point the problem at a value's origin.
+    pub(crate) fn at(mut self, origin: &Origin, files: &[SourceFile]) -> Self {
+        match origin {
+            Origin::File(p) => {
+                let file = &files[p.file];
+                self.anchor = Some(Anchor {
+                    file_index: p.file,
+                    file: file.name.clone(),
+                    line: p.line,
+                    column: p.column,
+                    source: file.named_source(),
+                    offset: p.offset,
+                    len: p.len,
+                });
+            }
+            Origin::Set(_) | Origin::Env(_) => self.layer = Some(origin.describe(files)),
+            Origin::Default => {}
+        }
+        self
+    }
+
+    pub fn severity(&self) -> Severity {
+        self.severity
+    }
+
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn help_text(&self) -> Option<&str> {
+        self.help.as_deref()
+    }
+
+    /// Dot path of the offending key, when the problem concerns one.
+    pub fn path(&self) -> Option<&str> {
+        self.path.as_deref()
+    }
+
+    /// `(file, line, column)` when the problem points into a file.
+    pub fn file_position(&self) -> Option<(&str, usize, usize)> {
+        self.anchor
+            .as_ref()
+            .map(|a| (a.file.as_str(), a.line, a.column))
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        #[derive(Serialize)]
+        struct Json<'a> {
+            severity: Severity,
+            code: &'a str,
+            file: Option<&'a str>,
+            line: Option<usize>,
+            column: Option<usize>,
+            path: Option<&'a str>,
+            origin: Option<&'a str>,
+            message: &'a str,
+            help: Option<&'a str>,
+        }
+        let position = self.file_position();
+        serde_json::to_value(Json {
+            severity: self.severity,
+            code: &self.code,
+            file: position.map(|p| p.0),
+            line: position.map(|p| p.1),
+            column: position.map(|p| p.2),
+            path: self.path.as_deref(),
+            origin: self.layer.as_deref(),
+            message: &self.message,
+            help: self.help.as_deref(),
+        })
+        .unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        if let Some(layer) = &self.layer {
+            write!(f, " (set by {layer})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Problem {}
+
+impl Diagnostic for Problem {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new(&self.code))
+    }
+
+    fn severity(&self) -> Option<miette::Severity> {
+        Some(match self.severity {
+            Severity::Error => miette::Severity::Error,
+            Severity::Warning => miette::Severity::Warning,
+        })
+    }
+
+    fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        self.help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn fmt::Display>)
+    }
+
+    fn source_code(&self) -> Option<&dyn SourceCode> {
+        self.anchor.as_ref().map(|a| &a.source as &dyn SourceCode)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        let anchor = self.anchor.as_ref()?;
+        Some(Box::new(std::iter::once(LabeledSpan::new(
+            Some(self.label.clone()),
+            anchor.offset,
+            anchor.len,
+        ))))
+    }
+}
+
+/// Every problem of a failed load or validation (errors, plus the warnings found alongside).
+#[derive(Debug, Clone)]
+pub struct RecipeErrors {
+    subject: String,
+    problems: Vec<Problem>,
+}
+
+impl RecipeErrors {
+    pub(crate) fn new(subject: impl Into<String>, mut problems: Vec<Problem>) -> Self {
+        // Errors first; then the top recipe before its bases, each top to bottom.
+        problems.sort_by_key(|p| {
+            (
+                p.severity,
+                p.anchor.as_ref().map(|a| (a.file_index, a.line, a.column)),
+            )
+        });
+        RecipeErrors {
+            subject: subject.into(),
+            problems,
+        }
+    }
+
+    /// The recipe file (or name) the problems belong to.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    pub fn problems(&self) -> &[Problem] {
+        &self.problems
+    }
+
+    pub fn error_count(&self) -> usize {
+        self.problems
+            .iter()
+            .filter(|p| p.severity == Severity::Error)
+            .count()
+    }
+
+    /// True when the top-level file could not be read at all (a usage problem, not a recipe one).
+    pub fn is_unreadable(&self) -> bool {
+        self.problems.iter().any(|p| p.code == codes::UNREADABLE)
+    }
+
+    /// One JSON object per problem.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::Value::Array(self.problems.iter().map(Problem::to_json).collect())
+    }
+}
+
+impl fmt::Display for RecipeErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let errors = self.error_count();
+        let warnings = self.problems.len() - errors;
+        write!(
+            f,
+            "{}: {errors} error{}",
+            self.subject,
+            if errors == 1 { "" } else { "s" }
+        )?;
+        if warnings > 0 {
+            write!(
+                f,
+                ", {warnings} warning{}",
+                if warnings == 1 { "" } else { "s" }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RecipeErrors {}
+
+impl Diagnostic for RecipeErrors {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new("recipe::invalid"))
+    }
+
+    fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn Diagnostic> + 'a>> {
+        Some(Box::new(self.problems.iter().map(|p| p as &dyn Diagnostic)))
+    }
+}
+
+/// Stable codes of the problems the loader itself reports (rules carry their own).
+pub(crate) mod codes {
+    pub const UNREADABLE: &str = "recipe::unreadable";
+    pub const SYNTAX: &str = "yaml::syntax";
+    pub const DUPLICATE_KEY: &str = "yaml::duplicate-key";
+    pub const UNSUPPORTED: &str = "yaml::unsupported";
+    pub const EXTENDS: &str = "recipe::extends";
+    pub const OVERRIDE: &str = "recipe::override";
+    pub const UNKNOWN_KEY: &str = "schema::unknown-key";
+    pub const MISSING_KEY: &str = "schema::missing-key";
+    pub const TYPE: &str = "schema::type";
+    pub const VALUE: &str = "schema::value";
+}

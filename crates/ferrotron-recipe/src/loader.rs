@@ -1,0 +1,492 @@
+//! Loading a recipe: files (with their `extends:` chain) → environment → `--set` → path
+//! resolution → schema → typed [`Recipe`] → semantic rules. Every step adds to one list of
+//! problems; the load fails with all of them, or returns a recipe that is valid.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use crate::diagnostic::{Problem, RecipeErrors, codes};
+use crate::layers;
+use crate::node::{Node, NodeValue};
+use crate::source::{Origin, SourceFile};
+use crate::{Finding, Recipe, Severity};
+
+/// How to load: the override layers above the files.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions<'a> {
+    /// `dot.path=value` overrides (the value is parsed as YAML), applied last.
+    pub overrides: &'a [String],
+    /// Read `FERROTRON_SECTION__KEY=value` environment overrides (applied before `overrides`).
+    pub use_env: bool,
+}
+
+/// A valid recipe plus what it was made from: the source files and the merged tree that knows
+/// the origin of every value (for diagnostics from other crates and `recipe show --origin`).
+#[derive(Debug, Clone)]
+pub struct LoadedRecipe {
+    pub recipe: Recipe,
+    files: Vec<SourceFile>,
+    tree: Node,
+    warnings: Vec<Problem>,
+}
+
+/// Load a recipe file. Relative paths inside a file are resolved against that file's directory.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedRecipe, RecipeErrors> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        RecipeErrors::new(
+            &name,
+            vec![
+                Problem::error(codes::UNREADABLE, format!("cannot read `{name}`: {e}"))
+                    .with_help(Some("check the path and its permissions".to_owned())),
+            ],
+        )
+    })?;
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let identity = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    Loader::default().run(name, dir, identity, text, opts)
+}
+
+/// Load a recipe from text; `extends:` and relative paths resolve against the current directory.
+pub fn load_str(name: &str, text: &str, opts: &LoadOptions) -> Result<LoadedRecipe, RecipeErrors> {
+    let identity = PathBuf::from(format!("<{name}>"));
+    Loader::default().run(
+        name.to_owned(),
+        PathBuf::new(),
+        identity,
+        text.to_owned(),
+        opts,
+    )
+}
+
+#[derive(Default)]
+struct Loader {
+    files: Vec<SourceFile>,
+    problems: Vec<Problem>,
+}
+
+impl Loader {
+    fn run(
+        mut self,
+        name: String,
+        dir: PathBuf,
+        identity: PathBuf,
+        text: String,
+        opts: &LoadOptions,
+    ) -> Result<LoadedRecipe, RecipeErrors> {
+        let top = self.add_file(name.clone(), dir, text);
+        let tree = self.read_chain(top, &mut vec![identity]);
+        let (overrides, problems) = layers::from_args(opts.overrides);
+        self.problems.extend(problems);
+        let Some(mut tree) = tree else {
+            return Err(RecipeErrors::new(name, self.problems));
+        };
+        let mut all = if opts.use_env {
+            layers::from_env(&crate::schema::allowed_keys(""))
+        } else {
+            Vec::new()
+        };
+        all.extend(overrides);
+        let problems = layers::apply(&mut tree, all, &self.files);
+        self.problems.extend(problems);
+        resolve_paths(&mut tree, &self.files);
+        self.fill_cache_dir(&mut tree, top);
+
+        let json = tree.to_json();
+        let schema_problems = crate::schema::check(&tree, &json, &self.files);
+        let schema_ok = schema_problems.is_empty();
+        self.problems.extend(schema_problems);
+        if !schema_ok || self.has_errors() {
+            return Err(RecipeErrors::new(name, self.problems));
+        }
+        let recipe: Recipe = match serde_json::from_value(json) {
+            Ok(recipe) => recipe,
+            Err(e) => {
+                self.problems.push(
+                    Problem::error(
+                        codes::VALUE,
+                        format!("the recipe does not fit its types: {e}"),
+                    )
+                    .at(&tree.origin, &self.files),
+                );
+                return Err(RecipeErrors::new(name, self.problems));
+            }
+        };
+        let mut loaded = LoadedRecipe {
+            recipe,
+            files: self.files,
+            tree,
+            warnings: Vec::new(),
+        };
+        let findings = crate::rules::check_rules(&loaded.recipe);
+        let mut problems = self.problems;
+        problems.extend(loaded.problems_for(&findings));
+        if problems.iter().any(|p| p.severity() == Severity::Error) {
+            return Err(RecipeErrors::new(name, problems));
+        }
+        loaded.warnings = problems;
+        Ok(loaded)
+    }
+
+    fn has_errors(&self) -> bool {
+        self.problems
+            .iter()
+            .any(|p| p.severity() == Severity::Error)
+    }
+
+    fn add_file(&mut self, name: String, dir: PathBuf, text: String) -> usize {
+        self.files.push(SourceFile {
+            name,
+            dir,
+            text: Arc::new(text),
+        });
+        self.files.len() - 1
+    }
+
+    /// Parse `file` and everything it extends; `None` when the chain is broken (the problems
+    /// say why). `stack` holds the identities of the files being read, to catch cycles.
+    fn read_chain(&mut self, file: usize, stack: &mut Vec<PathBuf>) -> Option<Node> {
+        let (root, problems) = crate::yaml::parse(&self.files, file);
+        self.problems.extend(problems);
+        let mut root = root?;
+        match root.value {
+            NodeValue::Map(_) => {}
+            NodeValue::Null => {
+                self.problems.push(
+                    Problem::error(codes::MISSING_KEY, "the recipe is empty")
+                        .with_help(Some(
+                            "start from a preset under recipes/ (version, name, model, training, data)"
+                                .to_owned(),
+                        ))
+                        .at(&root.origin, &self.files),
+                );
+                return None;
+            }
+            _ => {
+                self.problems.push(
+                    Problem::error(codes::TYPE, "a recipe must be a mapping of sections")
+                        .with_label("not a mapping")
+                        .with_help(Some(
+                            "write `key: value` sections (version, name, model, ...)".to_owned(),
+                        ))
+                        .at(&root.origin, &self.files),
+                );
+                return None;
+            }
+        }
+        let Some(extends) = root.remove("extends") else {
+            return Some(root);
+        };
+        let relative = match &extends.value.value {
+            NodeValue::Str(relative) => relative.clone(),
+            NodeValue::Null => return Some(root),
+            _ => {
+                self.problems.push(
+                    Problem::error(codes::EXTENDS, "`extends` must be a path to a base recipe")
+                        .with_path("extends")
+                        .with_label("not a path")
+                        .at(&extends.value.origin, &self.files),
+                );
+                return None;
+            }
+        };
+        let dir = self.files[file].dir.clone();
+        let path = normalize(&dir.join(&relative));
+        let fail = |message: String, help: String, this: &mut Self| {
+            this.problems.push(
+                Problem::error(codes::EXTENDS, message)
+                    .with_path("extends")
+                    .with_label("this base recipe")
+                    .with_help(Some(help))
+                    .at(&extends.value.origin, &this.files),
+            );
+            None
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) => {
+                return fail(
+                    format!("cannot read base recipe `{}`: {e}", path.display()),
+                    format!(
+                        "`extends` is relative to the directory of `{}`",
+                        self.files[file].name
+                    ),
+                    self,
+                );
+            }
+        };
+        let identity = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if let Some(start) = stack.iter().position(|p| *p == identity) {
+            let mut chain: Vec<String> = stack[start..]
+                .iter()
+                .map(|p| {
+                    p.file_name().map_or_else(
+                        || p.display().to_string(),
+                        |n| n.to_string_lossy().into_owned(),
+                    )
+                })
+                .collect();
+            chain.push(chain[0].clone());
+            return fail(
+                format!("`extends` cycle: {}", chain.join(" → ")),
+                "remove one `extends:` of the cycle".to_owned(),
+                self,
+            );
+        }
+        let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let base = self.add_file(path.display().to_string(), base_dir, text);
+        stack.push(identity);
+        let base_tree = self.read_chain(base, stack);
+        stack.pop();
+        Some(crate::node::merge(base_tree?, root))
+    }
+
+    /// `data.cache_dir` defaults to `.ferrotron/cache` beside the top recipe; fill it here so
+    /// the runtime, which never sees the recipe's location, gets a usable path.
+    fn fill_cache_dir(&self, tree: &mut Node, top: usize) {
+        if tree.at("data.cache_dir").is_some() {
+            return;
+        }
+        let dir = normalize(&self.files[top].dir.join(".ferrotron/cache"));
+        let NodeValue::Map(entries) = &mut tree.value else {
+            return;
+        };
+        let data = match entries.iter().position(|e| e.key == "data") {
+            Some(i) => &mut entries[i].value,
+            None => return,
+        };
+        if let NodeValue::Map(entries) = &mut data.value {
+            entries.push(crate::node::Entry {
+                key: "cache_dir".to_owned(),
+                key_origin: data.origin.clone(),
+                value: Node {
+                    value: NodeValue::Str(dir.display().to_string()),
+                    origin: Origin::Default,
+                },
+            });
+        }
+    }
+}
+
+impl LoadedRecipe {
+    /// Attach spans to findings produced by other crates' rules (e.g. the planner's layout
+    /// rules). `Ok` holds the warnings when there is no error.
+    pub fn check(&self, findings: Vec<Finding>) -> Result<Vec<Finding>, RecipeErrors> {
+        if findings.iter().any(Finding::is_error) {
+            return Err(RecipeErrors::new(self.name(), self.problems_for(&findings)));
+        }
+        Ok(findings)
+    }
+
+    /// Findings as located diagnostics (file, line, column, snippet).
+    pub fn problems_for(&self, findings: &[Finding]) -> Vec<Problem> {
+        findings
+            .iter()
+            .map(|f| {
+                let located = self.tree.locate(&f.path, false);
+                Problem::new(f.severity, &f.code, f.message.clone())
+                    .with_path(&f.path)
+                    .with_help(f.help.clone())
+                    .with_label(if located.exact {
+                        "here".to_owned()
+                    } else {
+                        format!("`{}` is not set; it defaults here", f.path)
+                    })
+                    .at(located.origin, &self.files)
+            })
+            .collect()
+    }
+
+    /// Warnings found while loading (the load succeeded).
+    pub fn warnings(&self) -> &[Problem] {
+        &self.warnings
+    }
+
+    /// The top recipe's name as given (its path, or the name passed to [`load_str`]).
+    pub fn name(&self) -> &str {
+        &self.files[0].name
+    }
+
+    /// Where the value at a dot path came from: `file:line:col`, `--set ...`, `env NAME`, or
+    /// `default` when no layer set it.
+    pub fn origin_of(&self, path: &str) -> String {
+        self.tree
+            .at(path)
+            .map_or_else(|| "default".to_owned(), |n| n.origin.describe(&self.files))
+    }
+
+    /// Every file that took part, top first (for `recipe show` and change detection).
+    pub fn source_names(&self) -> Vec<&str> {
+        self.files.iter().map(|f| f.name.as_str()).collect()
+    }
+}
+
+/// The recipe keys that hold file-system paths.
+fn is_path_field(path: &str) -> bool {
+    matches!(
+        path,
+        "data.tokenizer.vocab_file"
+            | "data.tokenizer.merge_file"
+            | "data.tokenizer.file"
+            | "data.cache_dir"
+            | "checkpoint.dir"
+            | "checkpoint.resume"
+            | "logging.jsonl"
+    ) || (path.starts_with("data.blend.") && path.ends_with(".path"))
+}
+
+/// Make relative paths relative to the current directory, from the directory of the file that
+/// set them. `--set` and environment values already are relative to the current directory.
+fn resolve_paths(tree: &mut Node, files: &[SourceFile]) {
+    fn walk(node: &mut Node, path: &str, files: &[SourceFile]) {
+        match &mut node.value {
+            NodeValue::Map(entries) => {
+                for e in entries.iter_mut() {
+                    let child = if path.is_empty() {
+                        e.key.clone()
+                    } else {
+                        format!("{path}.{}", e.key)
+                    };
+                    walk(&mut e.value, &child, files);
+                }
+            }
+            NodeValue::Seq(items) => {
+                for (i, item) in items.iter_mut().enumerate() {
+                    walk(item, &format!("{path}.{i}"), files);
+                }
+            }
+            NodeValue::Str(value) if is_path_field(path) => {
+                let keyword =
+                    path == "checkpoint.resume" && matches!(value.as_str(), "auto" | "never");
+                if keyword || value.is_empty() || Path::new(value.as_str()).is_absolute() {
+                    return;
+                }
+                if let Some(dir) = node.origin.base_dir(files) {
+                    *value = normalize(&dir.join(value.as_str())).display().to_string();
+                }
+            }
+            _ => {}
+        }
+    }
+    walk(tree, "", files);
+}
+
+/// Lexically remove `.` and `name/..` (so `recipes/base/../data/x` reads `recipes/data/x`).
+pub(crate) fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) {
+                    out.pop();
+                } else if !matches!(out.components().next_back(), Some(Component::RootDir)) {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_is_lexical() {
+        assert_eq!(
+            normalize(Path::new("recipes/base/../data/x")),
+            PathBuf::from("recipes/data/x")
+        );
+        assert_eq!(
+            normalize(Path::new("../runs/a")),
+            PathBuf::from("../runs/a")
+        );
+        assert_eq!(normalize(Path::new("./a/./b")), PathBuf::from("a/b"));
+        assert_eq!(normalize(Path::new("a/..")), PathBuf::from("."));
+    }
+
+    const MINIMAL: &str = "version: 1\nname: t\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
+
+    #[test]
+    fn a_minimal_recipe_loads_with_origins() {
+        let loaded = load_str("mini.yaml", MINIMAL, &LoadOptions::default()).expect("valid");
+        assert_eq!(loaded.recipe.model.hidden_size, 64);
+        assert_eq!(loaded.origin_of("model.hidden_size"), "mini.yaml:3:37");
+        assert_eq!(loaded.origin_of("model.rotary_base"), "default");
+        assert_eq!(
+            loaded.recipe.data.cache_dir.as_deref(),
+            Some(".ferrotron/cache")
+        );
+    }
+
+    #[test]
+    fn overrides_win_and_say_so() {
+        let sets = ["model.hidden_size=128".to_owned()];
+        let opts = LoadOptions {
+            overrides: &sets,
+            use_env: false,
+        };
+        let loaded = load_str("mini.yaml", MINIMAL, &opts).expect("valid");
+        assert_eq!(loaded.recipe.model.hidden_size, 128);
+        assert_eq!(
+            loaded.origin_of("model.hidden_size"),
+            "--set model.hidden_size=128"
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = MINIMAL
+            .replace("hidden_size: 64", "hidden_size: 'big', hiden: 3")
+            .replace("train_iters: 10", "train_iters: 10, train_tokens: 5");
+        let errors = load_str("bad.yaml", &text, &LoadOptions::default()).expect_err("invalid");
+        let codes: Vec<&str> = errors.problems().iter().map(|p| p.code()).collect();
+        assert_eq!(codes, ["schema::type", "schema::unknown-key"]);
+    }
+
+    #[test]
+    fn out_of_range_integers_are_schema_errors_not_serde_failures() {
+        let sets = [
+            "model.num_layers=5000000000".to_owned(),
+            "extends=base.yaml".to_owned(),
+        ];
+        let opts = LoadOptions {
+            overrides: &sets,
+            use_env: false,
+        };
+        let errors = load_str("mini.yaml", MINIMAL, &opts).expect_err("invalid");
+        let codes: Vec<&str> = errors.problems().iter().map(|p| p.code()).collect();
+        assert_eq!(codes, ["recipe::override", "schema::value"]);
+        assert!(errors.problems()[1].message().contains("≤ 4294967295"));
+    }
+
+    #[test]
+    fn findings_from_other_crates_get_positions() {
+        let loaded = load_str("mini.yaml", MINIMAL, &LoadOptions::default()).expect("valid");
+        let err = loaded
+            .check(vec![Finding::error(
+                "layout::x",
+                "parallel.tensor",
+                "bad tensor",
+            )])
+            .expect_err("error finding");
+        let problem = &err.problems()[0];
+        assert_eq!(problem.path(), Some("parallel.tensor"));
+        assert_eq!(problem.file_position(), Some(("mini.yaml", 1, 1)));
+        let warnings = loaded
+            .check(vec![Finding::warning(
+                "layout::y",
+                "model.num_layers",
+                "hmm",
+            )])
+            .expect("warnings only");
+        assert_eq!(warnings.len(), 1);
+    }
+}

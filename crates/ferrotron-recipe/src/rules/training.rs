@@ -1,0 +1,295 @@
+//! Training rules: batch arithmetic, the length of the run, the learning-rate schedule,
+//! recomputation and precision combinations.
+
+use crate::{Decay, Dtype, Finding, Fp8, Recipe, RecomputeGranularity};
+
+pub(super) fn check(recipe: &Recipe, out: &mut Vec<Finding>) {
+    let t = &recipe.training;
+    if let Some(micro) = t.micro_batch_size.fixed()
+        && !t.global_batch_size.is_multiple_of(micro)
+    {
+        out.push(
+            Finding::error(
+                "training::global-batch-divisible-by-micro",
+                "training.global_batch_size",
+                format!(
+                    "global_batch_size {} is not a multiple of micro_batch_size {micro}",
+                    t.global_batch_size
+                ),
+            )
+            .with_help(format!(
+                "use a multiple of {micro} (e.g. {}), or micro_batch_size: auto",
+                nearest_multiple(t.global_batch_size, micro)
+            )),
+        );
+    }
+    match (t.train_iters, t.train_tokens) {
+        (Some(_), Some(_)) => out.push(
+            Finding::error(
+                "training::one-length",
+                "training.train_tokens",
+                "both train_iters and train_tokens are set",
+            )
+            .with_help("keep exactly one of training.train_iters and training.train_tokens"),
+        ),
+        (None, None) => out.push(
+            Finding::error(
+                "training::one-length",
+                "training.train_iters",
+                "the run has no length: neither train_iters nor train_tokens is set",
+            )
+            .with_help("set training.train_iters (optimizer steps) or training.train_tokens"),
+        ),
+        _ => {}
+    }
+    if t.train_iters.is_none()
+        && let Some(tokens) = t.train_tokens
+    {
+        let per_step = u64::from(t.global_batch_size) * u64::from(recipe.model.seq_length);
+        if tokens < per_step {
+            out.push(
+                Finding::error(
+                    "training::tokens-below-one-step",
+                    "training.train_tokens",
+                    format!("train_tokens {tokens} is less than one step ({per_step} tokens)"),
+                )
+                .with_help(format!("use at least {per_step} tokens")),
+            );
+        }
+    }
+    let opt = &t.optimizer;
+    if opt.min_lr > opt.lr {
+        out.push(
+            Finding::error(
+                "training::min-lr-above-lr",
+                "training.optimizer.min_lr",
+                format!("min_lr {} is larger than lr {}", opt.min_lr, opt.lr),
+            )
+            .with_help(format!("use min_lr ≤ {} (often lr / 10)", opt.lr)),
+        );
+    }
+    check_schedule(recipe, out);
+    check_recompute(recipe, out);
+    check_precision(recipe, out);
+}
+
+fn check_schedule(recipe: &Recipe, out: &mut Vec<Finding>) {
+    let t = &recipe.training;
+    let s = &t.schedule;
+    // A run shorter than one step is already reported; its schedule has nothing to check.
+    let Some(iterations) = t.iterations(recipe.model.seq_length).filter(|&i| i > 0) else {
+        return;
+    };
+    if s.warmup_iters >= iterations {
+        out.push(
+            Finding::error(
+                "schedule::warmup-too-long",
+                "training.schedule.warmup_iters",
+                format!(
+                    "warmup_iters {} is not less than the {iterations} training iterations",
+                    s.warmup_iters
+                ),
+            )
+            .with_help(format!(
+                "use warmup_iters < {iterations} (a few percent of the run)"
+            )),
+        );
+    }
+    if let Some(decay) = s.decay_iters
+        && decay <= s.warmup_iters
+    {
+        out.push(
+            Finding::error(
+                "schedule::decay-within-warmup",
+                "training.schedule.decay_iters",
+                format!(
+                    "decay_iters {decay} ends before warmup ({} iterations) does",
+                    s.warmup_iters
+                ),
+            )
+            .with_help(format!("use decay_iters > {}", s.warmup_iters)),
+        );
+    }
+    match (s.decay, s.wsd_decay_iters) {
+        (Decay::Wsd, None) => out.push(
+            Finding::error(
+                "schedule::wsd-needs-decay-iters",
+                "training.schedule.decay",
+                "the WSD schedule needs the length of its final decay phase",
+            )
+            .with_help("set training.schedule.wsd_decay_iters"),
+        ),
+        (Decay::Wsd, Some(wsd)) if wsd + s.warmup_iters > iterations => out.push(
+            Finding::error(
+                "schedule::wsd-too-long",
+                "training.schedule.wsd_decay_iters",
+                format!(
+                    "warmup ({}) plus wsd_decay_iters ({wsd}) exceed the {iterations} training iterations",
+                    s.warmup_iters
+                ),
+            )
+            .with_help(format!("use wsd_decay_iters ≤ {}", iterations.saturating_sub(s.warmup_iters))),
+        ),
+        (decay, Some(_)) if decay != Decay::Wsd => out.push(
+            Finding::error(
+                "schedule::wsd-iters-without-wsd",
+                "training.schedule.wsd_decay_iters",
+                "wsd_decay_iters only applies to the WSD schedule",
+            )
+            .with_help("remove wsd_decay_iters or set training.schedule.decay: wsd"),
+        ),
+        _ => {}
+    }
+}
+
+fn check_recompute(recipe: &Recipe, out: &mut Vec<Finding>) {
+    let r = &recipe.recompute;
+    let full = r.granularity == RecomputeGranularity::Full;
+    if !full {
+        for (set, key) in [
+            (r.method.is_some(), "method"),
+            (r.num_layers.is_some(), "num_layers"),
+        ] {
+            if set {
+                out.push(
+                    Finding::error(
+                        "recompute::only-with-full",
+                        format!("recompute.{key}"),
+                        format!("recompute.{key} only applies to granularity `full`"),
+                    )
+                    .with_help(format!(
+                        "remove recompute.{key} or set recompute.granularity: full"
+                    )),
+                );
+            }
+        }
+        return;
+    }
+    if r.method.is_none() {
+        out.push(
+            Finding::error(
+                "recompute::full-needs-method",
+                "recompute.granularity",
+                "full recomputation needs a method",
+            )
+            .with_help("set recompute.method: uniform (or block) and recompute.num_layers"),
+        );
+    }
+    if let Some(layers) = r.num_layers
+        && layers > recipe.model.num_layers
+    {
+        out.push(
+            Finding::error(
+                "recompute::too-many-layers",
+                "recompute.num_layers",
+                format!(
+                    "recompute.num_layers {layers} exceeds the model's {} layers",
+                    recipe.model.num_layers
+                ),
+            )
+            .with_help(format!("use at most {}", recipe.model.num_layers)),
+        );
+    }
+}
+
+fn check_precision(recipe: &Recipe, out: &mut Vec<Finding>) {
+    let p = &recipe.precision;
+    if p.fp8 != Fp8::None && p.dtype == Dtype::Fp32 {
+        out.push(
+            Finding::error(
+                "precision::fp8-needs-half",
+                "precision.fp8",
+                "fp8 runs its GEMMs on top of bf16 or fp16 training, not fp32",
+            )
+            .with_help("set precision.dtype: bf16 or precision.fp8: none"),
+        );
+    }
+    if p.loss_scale.is_some() && p.dtype != Dtype::Fp16 {
+        out.push(
+            Finding::warning(
+                "precision::loss-scale-unused",
+                "precision.loss_scale",
+                "loss_scale only applies to fp16 training and is ignored",
+            )
+            .with_help("remove precision.loss_scale or set precision.dtype: fp16"),
+        );
+    }
+}
+
+fn nearest_multiple(value: u32, of: u32) -> u32 {
+    (value.div_ceil(of) * of).max(of)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::fixture::{codes, recipe};
+    use crate::{Degree, RecomputeMethod};
+
+    fn run(recipe: &Recipe) -> Vec<Finding> {
+        let mut out = Vec::new();
+        check(recipe, &mut out);
+        out
+    }
+
+    #[test]
+    fn valid_fixture_has_no_findings() {
+        assert!(run(&recipe()).is_empty());
+    }
+
+    #[test]
+    fn batch_and_length() {
+        let mut r = recipe();
+        r.training.micro_batch_size = Degree::Fixed(3);
+        r.training.train_tokens = Some(10);
+        assert_eq!(
+            codes(&run(&r)),
+            [
+                "training::global-batch-divisible-by-micro",
+                "training::one-length"
+            ]
+        );
+        assert_eq!(
+            run(&r)[0].help.as_deref(),
+            Some("use a multiple of 3 (e.g. 9), or micro_batch_size: auto")
+        );
+        r.training.micro_batch_size = Degree::AUTO;
+        r.training.train_iters = None;
+        assert_eq!(codes(&run(&r)), ["training::tokens-below-one-step"]);
+    }
+
+    #[test]
+    fn schedule_rules_use_iterations_derived_from_tokens() {
+        let mut r = recipe();
+        r.training.train_iters = None;
+        r.training.train_tokens = Some(8 * 32 * 50);
+        r.training.schedule.warmup_iters = 50;
+        r.training.optimizer.min_lr = 1.0;
+        assert_eq!(
+            codes(&run(&r)),
+            ["training::min-lr-above-lr", "schedule::warmup-too-long"]
+        );
+    }
+
+    #[test]
+    fn recompute_method_only_with_full() {
+        let mut r = recipe();
+        r.recompute.method = Some(RecomputeMethod::Uniform);
+        assert_eq!(codes(&run(&r)), ["recompute::only-with-full"]);
+        r.recompute.granularity = RecomputeGranularity::Full;
+        r.recompute.num_layers = Some(3);
+        assert_eq!(codes(&run(&r)), ["recompute::too-many-layers"]);
+        r.recompute.method = None;
+        r.recompute.num_layers = None;
+        assert_eq!(codes(&run(&r)), ["recompute::full-needs-method"]);
+    }
+
+    #[test]
+    fn wsd_needs_its_decay_length() {
+        let mut r = recipe();
+        r.training.schedule.decay = Decay::Wsd;
+        assert_eq!(codes(&run(&r)), ["schedule::wsd-needs-decay-iters"]);
+        r.training.schedule.wsd_decay_iters = Some(200);
+        assert_eq!(codes(&run(&r)), ["schedule::wsd-too-long"]);
+    }
+}

@@ -1,0 +1,294 @@
+//! The `/metrics` endpoint: a deliberately tiny HTTP/1.1 responder.
+//!
+//! Prometheus only ever sends `GET /metrics`, so a full HTTP stack would be weight without use.
+//! The server lives on its own thread with a current-thread tokio runtime: the training loop stays
+//! synchronous, and a slow or stuck scraper only costs that thread a bounded wait. The listener is
+//! bound before the thread starts so that a busy port is an error the caller sees, and port 0
+//! resolves to a real address the caller can print.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use prometheus::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+use crate::error::TelemetryError;
+use crate::metrics::encode;
+
+/// A request head larger than this is refused; Prometheus sends a few hundred bytes.
+const MAX_REQUEST_HEAD_BYTES: usize = 8 * 1024;
+/// How long one connection may take to send its request or receive the answer.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed `accept` (e.g. out of file descriptors) so the loop cannot spin.
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// A running `/metrics` server; dropping it (or calling [`MetricsServer::stop`]) shuts it down.
+#[derive(Debug)]
+pub struct MetricsServer {
+    local_addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    pub(crate) fn start(
+        registry: Registry,
+        address: &str,
+        port: u16,
+    ) -> Result<Self, TelemetryError> {
+        let bind_error = |source| TelemetryError::Bind {
+            address: address.to_owned(),
+            port,
+            source,
+        };
+        let listener = StdTcpListener::bind((address, port)).map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        if !local_addr.ip().is_loopback() {
+            tracing::warn!(%local_addr, "/metrics is reachable from other hosts");
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(TelemetryError::ServerStart)?;
+        let (shutdown, shutdown_received) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("ferrotron-metrics".to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => accept_until(listener, registry, shutdown_received).await,
+                        Err(error) => tracing::error!(%error, "cannot serve /metrics"),
+                    }
+                });
+            })
+            .map_err(TelemetryError::ServerStart)?;
+        tracing::debug!(%local_addr, "serving Prometheus /metrics");
+        Ok(Self {
+            local_addr,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    /// The address actually bound (the real port when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops serving and waits for the server thread to end.
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            // The receiver is gone only if the server already ended; nothing left to stop then.
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the /metrics server thread panicked");
+        }
+    }
+}
+
+async fn accept_until(
+    listener: TcpListener,
+    registry: Registry,
+    mut shutdown: oneshot::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let registry = registry.clone();
+                    tokio::spawn(async move {
+                        let answered =
+                            tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, &registry)).await;
+                        match answered {
+                            Ok(Ok(())) => {}
+                            Ok(Err(error)) => tracing::debug!(%peer, %error, "/metrics connection failed"),
+                            Err(_) => tracing::debug!(%peer, "/metrics connection timed out"),
+                        }
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot accept a /metrics connection");
+                    tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
+                }
+            },
+        }
+    }
+}
+
+/// Reads one request head, writes one response, closes the connection.
+async fn answer(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
+    let head = read_request_head(&mut stream).await?;
+    let response = match head {
+        Some(head) => respond(&head, registry),
+        None => Response::text(400, "Bad Request", "request head too large or incomplete\n"),
+    };
+    stream.write_all(&response.to_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// The bytes up to the blank line ending the head; `None` if it never comes within the limit.
+async fn read_request_head(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
+    let mut head = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    loop {
+        if head.windows(4).any(|window| window == b"\r\n\r\n") {
+            return Ok(Some(head));
+        }
+        if head.len() > MAX_REQUEST_HEAD_BYTES {
+            return Ok(None);
+        }
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            return Ok(None);
+        }
+        head.extend_from_slice(&chunk[..read]);
+    }
+}
+
+fn respond(head: &[u8], registry: &Registry) -> Response {
+    let Some((method, path)) = request_line(head) else {
+        return Response::text(400, "Bad Request", "malformed request line\n");
+    };
+    let path = path.split('?').next().unwrap_or(path);
+    if path != "/metrics" {
+        return Response::text(404, "Not Found", "not found; metrics are at /metrics\n");
+    }
+    let include_body = match method {
+        "GET" => true,
+        "HEAD" => false,
+        _ => {
+            return Response::text(405, "Method Not Allowed", "use GET\n")
+                .with_header("Allow: GET, HEAD");
+        }
+    };
+    match encode(registry) {
+        Ok(text) => Response {
+            status: 200,
+            reason: "OK",
+            content_type: prometheus::TEXT_FORMAT,
+            body: text.into_bytes(),
+            include_body,
+            extra_header: None,
+        },
+        Err(error) => Response::text(
+            500,
+            "Internal Server Error",
+            &format!("cannot encode metrics: {error}\n"),
+        ),
+    }
+}
+
+/// `(method, target)` from `METHOD TARGET HTTP/1.x`.
+fn request_line(head: &[u8]) -> Option<(&str, &str)> {
+    let line_end = head.windows(2).position(|window| window == b"\r\n")?;
+    let line = std::str::from_utf8(&head[..line_end]).ok()?;
+    let mut parts = line.split(' ');
+    let method = parts.next()?;
+    let target = parts.next()?;
+    let version = parts.next()?;
+    (parts.next().is_none() && version.starts_with("HTTP/1.")).then_some((method, target))
+}
+
+struct Response {
+    status: u16,
+    reason: &'static str,
+    content_type: &'static str,
+    body: Vec<u8>,
+    include_body: bool,
+    extra_header: Option<&'static str>,
+}
+
+impl Response {
+    fn text(status: u16, reason: &'static str, body: &str) -> Self {
+        Self {
+            status,
+            reason,
+            content_type: "text/plain; charset=utf-8",
+            body: body.as_bytes().to_vec(),
+            include_body: true,
+            extra_header: None,
+        }
+    }
+
+    fn with_header(mut self, header: &'static str) -> Self {
+        self.extra_header = Some(header);
+        self
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = format!(
+            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            self.status,
+            self.reason,
+            self.content_type,
+            self.body.len()
+        )
+        .into_bytes();
+        if let Some(header) = self.extra_header {
+            bytes.extend_from_slice(header.as_bytes());
+            bytes.extend_from_slice(b"\r\n");
+        }
+        bytes.extend_from_slice(b"\r\n");
+        if self.include_body {
+            bytes.extend_from_slice(&self.body);
+        }
+        bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_line_is_parsed() {
+        assert_eq!(
+            request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Some(("GET", "/metrics"))
+        );
+        assert_eq!(request_line(b"GET /metrics\r\n\r\n"), None);
+        assert_eq!(request_line(b"GET /metrics SPDY/3\r\n\r\n"), None);
+        assert_eq!(request_line(b"no line end"), None);
+    }
+
+    #[test]
+    fn head_requests_get_headers_without_body() {
+        let registry = Registry::new();
+        let response = respond(b"HEAD /metrics HTTP/1.1\r\n\r\n", &registry);
+        assert_eq!(response.status, 200);
+        let bytes = String::from_utf8(response.to_bytes()).expect("utf-8");
+        assert!(bytes.ends_with("\r\n\r\n"), "{bytes}");
+    }
+
+    #[test]
+    fn other_methods_are_refused() {
+        let registry = Registry::new();
+        let response = respond(b"POST /metrics HTTP/1.1\r\n\r\n", &registry);
+        assert_eq!(response.status, 405);
+        let bytes = String::from_utf8(response.to_bytes()).expect("utf-8");
+        assert!(bytes.contains("Allow: GET, HEAD\r\n"), "{bytes}");
+    }
+
+    #[test]
+    fn query_strings_are_ignored() {
+        let registry = Registry::new();
+        let response = respond(b"GET /metrics?x=1 HTTP/1.1\r\n\r\n", &registry);
+        assert_eq!(response.status, 200);
+    }
+}

@@ -1,0 +1,342 @@
+//! AdamW with decoupled weight decay and a no-decay set, written here rather than taken from
+//! burn-optim because burn 0.21's AdamW decays every parameter (Megatron exempts norms and
+//! biases), and because its state is keyed by `ParamId`s that change between processes. Here the
+//! moments live flat per parameter and are exported under the parameter's stable name.
+
+use std::collections::{HashMap, HashSet};
+
+use burn::module::{AutodiffModule, ModuleMapper, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+
+use crate::params::{NamedTensor, ParamEntry};
+
+/// AdamW hyper-parameters (the rate comes from the schedule, per step).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl AdamWConfig {
+    pub fn from_recipe(optimizer: &ferrotron_recipe::Optimizer) -> Self {
+        AdamWConfig {
+            beta1: optimizer.beta1,
+            beta2: optimizer.beta2,
+            eps: optimizer.eps,
+            weight_decay: optimizer.weight_decay,
+        }
+    }
+}
+
+/// First and second moments of one parameter, flattened.
+#[derive(Debug, Clone)]
+struct Moments<I: Backend> {
+    exp_avg: Tensor<I, 1>,
+    exp_avg_sq: Tensor<I, 1>,
+}
+
+/// The optimizer state: moments on the inner (non-autodiff) backend, the step count for bias
+/// correction, and the parameters exempt from weight decay.
+#[derive(Debug)]
+pub struct AdamW<I: Backend> {
+    config: AdamWConfig,
+    step: u64,
+    moments: HashMap<ParamId, Moments<I>>,
+    no_decay: HashSet<ParamId>,
+}
+
+/// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
+pub const EXP_AVG: &str = "exp_avg";
+pub const EXP_AVG_SQ: &str = "exp_avg_sq";
+
+impl<I: Backend> AdamW<I> {
+    pub fn new(config: AdamWConfig, no_decay: HashSet<ParamId>) -> Self {
+        AdamW {
+            config,
+            step: 0,
+            moments: HashMap::new(),
+            no_decay,
+        }
+    }
+
+    /// Optimizer steps taken (the `t` of the bias correction).
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// Apply one update to every parameter of `model` that has a gradient: gradients are first
+    /// multiplied by `grad_scale` (the clipping coefficient), then
+    /// `p ← p·(1 − lr·wd) − lr·m̂/(√v̂ + ε)` with `wd` 0 for the no-decay set.
+    pub fn step<B, M>(&mut self, model: M, grads: GradientsParams, lr: f64, grad_scale: f64) -> M
+    where
+        B: AutodiffBackend<InnerBackend = I>,
+        M: AutodiffModule<B>,
+    {
+        self.step += 1;
+        let step = i32::try_from(self.step).unwrap_or(i32::MAX);
+        let bias_correction1 = 1.0 - self.config.beta1.powi(step);
+        let bias_correction2 = 1.0 - self.config.beta2.powi(step);
+        let mut mapper = UpdateMapper {
+            optimizer: self,
+            grads,
+            lr,
+            grad_scale,
+            bias_correction1,
+            bias_correction2,
+        };
+        model.map(&mut mapper)
+    }
+
+    /// The moments named `<param>.exp_avg` / `<param>.exp_avg_sq`, shaped like their parameter.
+    pub fn state_tensors(&self, params: &[ParamEntry]) -> Vec<NamedTensor> {
+        let mut out = Vec::with_capacity(params.len() * 2);
+        for entry in params {
+            let Some(moments) = self.moments.get(&entry.id) else {
+                continue;
+            };
+            for (suffix, tensor) in [
+                (EXP_AVG, &moments.exp_avg),
+                (EXP_AVG_SQ, &moments.exp_avg_sq),
+            ] {
+                let mut named =
+                    NamedTensor::from_tensor(format!("{}.{suffix}", entry.name), tensor);
+                named.shape.clone_from(&entry.shape);
+                out.push(named);
+            }
+        }
+        out
+    }
+
+    /// Restore moments saved by [`AdamW::state_tensors`] for the parameters `params` of the
+    /// current model, and the step count. Fails with every problem found.
+    pub fn load_state(
+        &mut self,
+        params: &[ParamEntry],
+        tensors: &HashMap<String, NamedTensor>,
+        step: u64,
+        device: &I::Device,
+    ) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        let mut moments = HashMap::new();
+        for entry in params {
+            let avg = tensors.get(&format!("{}.{EXP_AVG}", entry.name));
+            let avg_sq = tensors.get(&format!("{}.{EXP_AVG_SQ}", entry.name));
+            match (avg, avg_sq) {
+                // a parameter that never received a gradient (frozen, or unused so far)
+                (None, None) => {}
+                (Some(avg), Some(avg_sq)) => {
+                    let expected: usize = entry.shape.iter().product();
+                    if avg.values.len() != expected || avg_sq.values.len() != expected {
+                        problems.push(format!(
+                            "{}: optimizer moments hold {} values, the parameter {expected}",
+                            entry.name,
+                            avg.values.len()
+                        ));
+                        continue;
+                    }
+                    moments.insert(
+                        entry.id,
+                        Moments {
+                            exp_avg: Tensor::from_floats(avg.values.as_slice(), device),
+                            exp_avg_sq: Tensor::from_floats(avg_sq.values.as_slice(), device),
+                        },
+                    );
+                }
+                _ => problems.push(format!(
+                    "{}: only one of the two optimizer moments is in the checkpoint",
+                    entry.name
+                )),
+            }
+        }
+        if problems.is_empty() {
+            self.moments = moments;
+            self.step = step;
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+struct UpdateMapper<'a, I: Backend> {
+    optimizer: &'a mut AdamW<I>,
+    grads: GradientsParams,
+    lr: f64,
+    grad_scale: f64,
+    bias_correction1: f64,
+    bias_correction2: f64,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for UpdateMapper<'_, B::InnerBackend> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
+            return param;
+        };
+        let (id, tensor, mapper) = param.consume();
+        let dims = tensor.dims();
+        let numel: usize = dims.iter().product();
+        let config = self.optimizer.config;
+        let mut value = tensor.inner().reshape([numel]);
+        let mut grad = grad.reshape([numel]);
+        if self.grad_scale != 1.0 {
+            grad = grad.mul_scalar(self.grad_scale);
+        }
+        let moments = match self.optimizer.moments.remove(&id) {
+            Some(m) => Moments {
+                exp_avg: m.exp_avg.mul_scalar(config.beta1)
+                    + grad.clone().mul_scalar(1.0 - config.beta1),
+                exp_avg_sq: m.exp_avg_sq.mul_scalar(config.beta2)
+                    + grad.square().mul_scalar(1.0 - config.beta2),
+            },
+            None => Moments {
+                exp_avg: grad.clone().mul_scalar(1.0 - config.beta1),
+                exp_avg_sq: grad.square().mul_scalar(1.0 - config.beta2),
+            },
+        };
+        if config.weight_decay > 0.0 && !self.optimizer.no_decay.contains(&id) {
+            value = value.mul_scalar(1.0 - self.lr * config.weight_decay);
+        }
+        let m_hat = moments.exp_avg.clone().div_scalar(self.bias_correction1);
+        let v_hat = moments.exp_avg_sq.clone().div_scalar(self.bias_correction2);
+        let update = m_hat.div(v_hat.sqrt().add_scalar(config.eps));
+        value = value - update.mul_scalar(self.lr);
+        self.optimizer.moments.insert(id, moments);
+        let updated = Tensor::<B, D>::from_inner(value.reshape(dims)).require_grad();
+        Param::from_mapped_value(id, updated, mapper)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::tests::{Cpu, CpuAutodiff, Tiny, tiny};
+    use crate::params::{named_tensors, param_entries};
+
+    fn values(model: &Tiny<CpuAutodiff>, name: &str) -> Vec<f32> {
+        named_tensors::<CpuAutodiff, _>(model)
+            .into_iter()
+            .find(|t| t.name == name)
+            .expect("parameter exists")
+            .values
+    }
+
+    /// loss = Σ (c ⊙ scale) with c = [1, −2]: the gradient of `scale` is c at every step.
+    fn grads_of(model: &Tiny<CpuAutodiff>) -> GradientsParams {
+        let device = Default::default();
+        let c = Tensor::<CpuAutodiff, 1>::from_floats([1.0, -2.0], &device);
+        let loss = (model.scale.val() * c).sum();
+        GradientsParams::from_grads(loss.backward(), model)
+    }
+
+    fn config() -> AdamWConfig {
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
+    }
+
+    #[test]
+    fn two_steps_match_hand_computation() {
+        let device = Default::default();
+        let mut model = tiny::<CpuAutodiff>(&device);
+        let mut optimizer = AdamW::<Cpu>::new(config(), HashSet::new());
+        let lr = 0.01;
+        for _ in 0..2 {
+            let grads = grads_of(&model);
+            model = optimizer.step(model, grads, lr, 1.0);
+        }
+        // By hand, for one element with constant gradient g and start p0:
+        //   t=1: m = 0.1g, v = 0.05g², m̂ = g, v̂ = g², p1 = p0(1 − lr·wd) − lr·g/(|g| + ε)
+        //   t=2: m = 0.19g, v = 0.0975g², m̂ = g, v̂ = g², p2 = p1(1 − lr·wd) − lr·g/(|g| + ε)
+        // so with sign(g) = s: p2 = (p0·0.999 − 0.01·s)·0.999 − 0.01·s.
+        let expected = |p0: f64, s: f64| ((p0 * 0.999 - 0.01 * s) * 0.999 - 0.01 * s) as f32;
+        let got = values(&model, "scale");
+        let want = [expected(1.0, 1.0), expected(2.0, -1.0)];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+        }
+        assert_eq!(optimizer.step_count(), 2);
+    }
+
+    #[test]
+    fn no_decay_set_is_exempt() {
+        let device = Default::default();
+        let model = tiny::<CpuAutodiff>(&device);
+        let scale_id = model.scale.id;
+        let mut optimizer = AdamW::<Cpu>::new(config(), HashSet::from([scale_id]));
+        let grads = grads_of(&model);
+        let model = optimizer.step(model, grads, 0.01, 1.0);
+        // p1 = p0 − lr·sign(g): no decay factor
+        let got = values(&model, "scale");
+        assert!(
+            (got[0] - 0.99).abs() < 1e-6 && (got[1] - 2.01).abs() < 1e-6,
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn parameters_without_gradients_are_untouched() {
+        let device = Default::default();
+        let model = tiny::<CpuAutodiff>(&device);
+        let before = values(&model, "layers.0.weight");
+        let mut optimizer = AdamW::<Cpu>::new(config(), HashSet::new());
+        let grads = grads_of(&model);
+        let model = optimizer.step(model, grads, 0.01, 1.0);
+        assert_eq!(values(&model, "layers.0.weight"), before);
+    }
+
+    #[test]
+    fn grad_scale_equals_prescaled_gradients() {
+        // Adam is scale-invariant in g except through ε, so compare the moments instead.
+        let device = Default::default();
+        let model = tiny::<CpuAutodiff>(&device);
+        let entries = param_entries::<CpuAutodiff, _>(&model);
+        let mut optimizer = AdamW::<Cpu>::new(config(), HashSet::new());
+        let grads = grads_of(&model);
+        let _ = optimizer.step(model, grads, 0.01, 0.5);
+        let state = optimizer.state_tensors(&entries);
+        let avg = state
+            .iter()
+            .find(|t| t.name == "scale.exp_avg")
+            .expect("scale has moments");
+        // m = (1 − β1)·0.5·g = 0.05·[1, −2]
+        assert!((avg.values[0] - 0.05).abs() < 1e-7 && (avg.values[1] + 0.1).abs() < 1e-7);
+    }
+
+    #[test]
+    fn state_round_trips_by_name() {
+        let device = Default::default();
+        let model = tiny::<CpuAutodiff>(&device);
+        let mut optimizer = AdamW::<Cpu>::new(config(), HashSet::new());
+        let grads = grads_of(&model);
+        let model = optimizer.step(model, grads, 0.01, 1.0);
+        let entries = param_entries::<CpuAutodiff, _>(&model);
+        let saved: HashMap<String, NamedTensor> = optimizer
+            .state_tensors(&entries)
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        assert_eq!(saved["scale.exp_avg_sq"].shape, vec![2]);
+
+        // a fresh model (new ParamIds) takes the same state through the names
+        let other = tiny::<CpuAutodiff>(&device);
+        let other_entries = param_entries::<CpuAutodiff, _>(&other);
+        let mut restored = AdamW::<Cpu>::new(config(), HashSet::new());
+        restored
+            .load_state(&other_entries, &saved, 1, &device)
+            .expect("state loads");
+        assert_eq!(restored.step_count(), 1);
+        let again: HashMap<String, NamedTensor> = restored
+            .state_tensors(&other_entries)
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        assert_eq!(again, saved);
+    }
+}

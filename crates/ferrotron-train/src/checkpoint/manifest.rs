@@ -1,0 +1,248 @@
+//! The checkpoint manifest: what a checkpoint is (iteration, data position, seed), what wrote it
+//! (recipe and plan hashes) and what model shape its tensors have, so resuming into another
+//! model is refused field by field instead of failing deep inside a tensor copy.
+
+use std::path::Path;
+
+use ferrotron_recipe::{Activation, Model, Normalization, PositionEmbedding, Tokenizer};
+use serde::{Deserialize, Serialize};
+
+use crate::TrainError;
+
+/// Bumped when the checkpoint layout changes incompatibly.
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const MODEL_FILE: &str = "model.safetensors";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const PLAN_FILE: &str = "plan.json";
+pub const RECIPE_FILE: &str = "recipe.yaml";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    /// Optimizer steps completed.
+    pub iteration: u64,
+    /// Global training samples consumed (the data loader's whole state).
+    pub consumed_samples: u64,
+    pub consumed_tokens: u64,
+    pub rng: RngInfo,
+    pub recipe_name: String,
+    /// blake3 of the resolved recipe's JSON.
+    pub recipe_hash: String,
+    pub plan_hash: String,
+    pub shape: ModelShape,
+    /// The resolved model section and tokenizer, so `recipe sample` needs only this folder.
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub files: ManifestFiles,
+}
+
+/// How randomness is derived: nothing is saved but the seed, because the backend is re-seeded
+/// with `seed ^ iteration` before every step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RngInfo {
+    pub seed: u64,
+    pub scheme: String,
+}
+
+impl RngInfo {
+    pub fn per_iteration(seed: u64) -> Self {
+        RngInfo {
+            seed,
+            scheme: "backend seeded with seed ^ iteration before each step".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestFiles {
+    pub model: String,
+    pub optimizer: String,
+    pub plan: String,
+    pub recipe: String,
+}
+
+impl Default for ManifestFiles {
+    fn default() -> Self {
+        ManifestFiles {
+            model: MODEL_FILE.into(),
+            optimizer: OPTIMIZER_FILE.into(),
+            plan: PLAN_FILE.into(),
+            recipe: RECIPE_FILE.into(),
+        }
+    }
+}
+
+/// Every model field that decides a tensor's shape or meaning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelShape {
+    pub num_layers: u32,
+    pub hidden_size: u32,
+    pub ffn_hidden_size: u32,
+    pub num_attention_heads: u32,
+    pub num_query_groups: u32,
+    pub kv_channels: u32,
+    pub padded_vocab_size: u32,
+    pub max_position_embeddings: u32,
+    pub position_embedding: PositionEmbedding,
+    pub normalization: Normalization,
+    pub activation: Activation,
+    pub tie_embeddings: bool,
+    pub add_bias_linear: bool,
+    pub num_experts: Option<u32>,
+    pub moe_layer_freq: Option<u32>,
+    pub expert_ffn_hidden_size: Option<u32>,
+    pub shared_expert_ffn_hidden_size: Option<u32>,
+}
+
+impl ModelShape {
+    pub fn of(model: &Model, padded_vocab_size: u32) -> Self {
+        let moe = model.moe.as_ref();
+        ModelShape {
+            num_layers: model.num_layers,
+            hidden_size: model.hidden_size,
+            ffn_hidden_size: model.ffn_hidden_size(),
+            num_attention_heads: model.num_attention_heads,
+            num_query_groups: model.num_query_groups(),
+            kv_channels: model.kv_channels(),
+            padded_vocab_size,
+            max_position_embeddings: model.max_position_embeddings(),
+            position_embedding: model.position_embedding,
+            normalization: model.normalization,
+            activation: model.activation,
+            tie_embeddings: model.tie_embeddings,
+            add_bias_linear: model.add_bias_linear,
+            num_experts: moe.map(|m| m.num_experts),
+            moe_layer_freq: moe.map(|m| m.layer_freq),
+            expert_ffn_hidden_size: moe.map(|m| m.expert_ffn_hidden_size(model)),
+            shared_expert_ffn_hidden_size: moe.and_then(|m| m.shared_expert_ffn_hidden_size),
+        }
+    }
+
+    /// "field: checkpoint X, recipe Y" for every field where `self` (the checkpoint) and
+    /// `recipe` differ; empty when they describe the same model.
+    pub fn differences(&self, recipe: &ModelShape) -> Vec<String> {
+        let ours = field_values(self);
+        let theirs = field_values(recipe);
+        ours.into_iter()
+            .zip(theirs)
+            .filter(|((_, a), (_, b))| a != b)
+            .map(|((field, a), (_, b))| format!("{field}: checkpoint {a}, recipe {b}"))
+            .collect()
+    }
+}
+
+/// The shape's fields as (name, printed value), in declaration order, via serde so a field
+/// added to the struct is compared without touching this function.
+fn field_values(shape: &ModelShape) -> Vec<(String, String)> {
+    let serde_json::Value::Object(map) =
+        serde_json::to_value(shape).expect("a plain struct serializes")
+    else {
+        unreachable!("a struct serializes to an object")
+    };
+    map.into_iter()
+        .map(|(k, v)| {
+            let printed = match v {
+                serde_json::Value::Null => "none".to_owned(),
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (k, printed)
+        })
+        .collect()
+}
+
+impl Manifest {
+    pub fn read(dir: &Path) -> Result<Self, TrainError> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| TrainError::io("read", &path, e))?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .map_err(|e| TrainError::checkpoint(&path, format!("invalid manifest: {e}")))?;
+        if manifest.format_version != CHECKPOINT_FORMAT_VERSION {
+            return Err(TrainError::checkpoint(
+                &path,
+                format!(
+                    "format version {} is not the one this build reads ({CHECKPOINT_FORMAT_VERSION})",
+                    manifest.format_version
+                ),
+            ));
+        }
+        Ok(manifest)
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<(), TrainError> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = serde_json::to_string_pretty(self).expect("the manifest serializes");
+        std::fs::write(&path, text).map_err(|e| TrainError::io("write", &path, e))
+    }
+
+    /// Refuse to continue `recipe`'s model from this checkpoint unless the shapes agree.
+    pub fn check_model(&self, dir: &Path, recipe: &ModelShape) -> Result<(), TrainError> {
+        let fields = self.shape.differences(recipe);
+        if fields.is_empty() {
+            Ok(())
+        } else {
+            Err(TrainError::ModelMismatch {
+                path: dir.to_path_buf(),
+                fields,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(hidden: u32, layers: u32) -> Model {
+        serde_json::from_value(serde_json::json!({
+            "num_layers": layers, "hidden_size": hidden, "num_attention_heads": 4, "seq_length": 32
+        }))
+        .expect("a minimal model section parses")
+    }
+
+    #[test]
+    fn differences_list_every_field() {
+        let checkpoint = ModelShape::of(&model(256, 2), 50304);
+        let recipe = ModelShape::of(&model(128, 2), 50304);
+        assert_eq!(
+            checkpoint.differences(&recipe),
+            [
+                "hidden_size: checkpoint 256, recipe 128",
+                "ffn_hidden_size: checkpoint 1024, recipe 512",
+                "kv_channels: checkpoint 64, recipe 32",
+            ]
+        );
+        assert!(checkpoint.differences(&checkpoint.clone()).is_empty());
+    }
+
+    #[test]
+    fn mismatch_error_names_the_fields() {
+        let manifest_shape = ModelShape::of(&model(64, 3), 128);
+        let recipe_shape = ModelShape::of(&model(64, 2), 256);
+        let manifest = Manifest {
+            format_version: CHECKPOINT_FORMAT_VERSION,
+            iteration: 1,
+            consumed_samples: 8,
+            consumed_tokens: 256,
+            rng: RngInfo::per_iteration(1),
+            recipe_name: "t".into(),
+            recipe_hash: "r".into(),
+            plan_hash: "p".into(),
+            shape: manifest_shape,
+            model: model(64, 3),
+            tokenizer: Tokenizer::default(),
+            files: ManifestFiles::default(),
+        };
+        let err = manifest
+            .check_model(Path::new("ckpt"), &recipe_shape)
+            .expect_err("different model");
+        assert_eq!(
+            err.to_string(),
+            "checkpoint ckpt was written for a different model:\n  num_layers: checkpoint 3, recipe 2\n  padded_vocab_size: checkpoint 128, recipe 256"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        manifest.write(dir.path()).expect("write");
+        assert_eq!(Manifest::read(dir.path()).expect("read"), manifest);
+    }
+}

@@ -1,0 +1,1 @@
+//! placeholder while the sweep tests are written
