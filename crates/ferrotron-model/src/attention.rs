@@ -40,6 +40,7 @@ impl<B: Backend> SelfAttention<B> {
         let std = config.init_method_std;
         let bias = config.add_bias_linear;
         let rope = (config.position_embedding == PositionEmbedding::Rope).then(|| {
+            // Keep in step with `GptModel::max_sequence_length`.
             let positions = config.max_position_embeddings.max(config.seq_length);
             RotaryEmbedding::new(head_dim, positions, config.rotary_base, device)
         });

@@ -83,9 +83,21 @@ impl ModelConfig {
         Self::resolve(&plan.recipe.model, plan.vocab_size, plan.padded_vocab_size)
     }
 
-    /// Resolve a recipe's model section for an embedding of `padded_vocab_size` rows.
+    /// Resolve a recipe's model section for an embedding of `padded_vocab_size` rows. The real
+    /// vocabulary is `model.vocab_size`, or every row when the recipe leaves it to the tokenizer;
+    /// use [`Self::from_model_with_vocab`] when the tokenizer's size is known.
     pub fn from_model(model: &Model, padded_vocab_size: u32) -> Result<Self, ModelError> {
         let vocab_size = model.vocab_size.unwrap_or(padded_vocab_size);
+        Self::resolve(model, vocab_size, padded_vocab_size)
+    }
+
+    /// As [`Self::from_model`] with the real (tokenizer) vocabulary given, so sampling never
+    /// emits a padding id.
+    pub fn from_model_with_vocab(
+        model: &Model,
+        vocab_size: u32,
+        padded_vocab_size: u32,
+    ) -> Result<Self, ModelError> {
         Self::resolve(model, vocab_size, padded_vocab_size)
     }
 
@@ -101,11 +113,7 @@ impl ModelConfig {
         GptModel::new(self, device)
     }
 
-    pub(crate) fn resolve(
-        model: &Model,
-        vocab_size: u32,
-        padded_vocab_size: u32,
-    ) -> Result<Self, ModelError> {
+    fn resolve(model: &Model, vocab_size: u32, padded_vocab_size: u32) -> Result<Self, ModelError> {
         positive("num_layers", model.num_layers)?;
         positive("hidden_size", model.hidden_size)?;
         positive("num_attention_heads", model.num_attention_heads)?;
@@ -210,10 +218,7 @@ impl MoeConfig {
             )));
         }
         if moe.load_balancing == LoadBalancing::Sinkhorn {
-            return Err(ModelError::Unsupported {
-                feature: "model.moe.load_balancing: sinkhorn",
-                hint: "use aux_loss, seq_aux_loss, or none (with expert_bias for auxiliary-loss-free balancing)",
-            });
+            sinkhorn_compatible(moe)?;
         }
         if moe.expert_bias && moe.score_function != ScoreFunction::Sigmoid {
             return Err(ModelError::Incompatible(
@@ -311,6 +316,33 @@ impl GroupLimit {
             num_groups: to_usize(num_groups),
             group_topk: to_usize(group_topk),
         })
+    }
+}
+
+/// Megatron's Sinkhorn router balances by routing alone: it refuses an auxiliary loss and
+/// ignores capacity, expert bias and groups, which here are refused rather than ignored.
+fn sinkhorn_compatible(moe: &Moe) -> Result<(), ModelError> {
+    let conflicts = [
+        (moe.aux_loss_coeff > 0.0, "aux_loss_coeff: 0"),
+        (moe.capacity_factor.is_some(), "no capacity_factor"),
+        (moe.expert_bias, "expert_bias: false"),
+        (
+            moe.num_groups.is_some() || moe.group_topk.is_some(),
+            "no num_groups/group_topk",
+        ),
+    ];
+    let needed: Vec<&str> = conflicts
+        .iter()
+        .filter(|(conflict, _)| *conflict)
+        .map(|(_, fix)| *fix)
+        .collect();
+    if needed.is_empty() {
+        Ok(())
+    } else {
+        Err(ModelError::Incompatible(format!(
+            "model.moe.load_balancing: sinkhorn balances by routing alone; it needs {}",
+            needed.join(", ")
+        )))
     }
 }
 

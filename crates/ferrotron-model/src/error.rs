@@ -43,13 +43,6 @@ pub enum ModelError {
     #[error("{0}")]
     Incompatible(String),
 
-    /// A recipe feature this build of the model does not implement.
-    #[error("{feature} is not supported by ferrotron-model yet: {hint}")]
-    Unsupported {
-        feature: &'static str,
-        hint: &'static str,
-    },
-
     /// The expert loads handed to `update_expert_bias` do not match the model's MoE layers.
     #[error(
         "expert loads describe {given} MoE layers of {given_experts} experts; the model has {expected} of {expected_experts}"

@@ -14,8 +14,8 @@ use crate::GptModel;
 /// Extend `prompt` by up to `max_new_tokens` tokens and return only the new ones.
 ///
 /// `temperature <= 0` decodes greedily. `top_k` keeps only the k most likely tokens. The context
-/// fed to the model is the last `max_seq` tokens (at least 1, at most the positions the model
-/// covers). Ids at or above the real vocabulary (Megatron's padding) are never emitted. An empty
+/// fed to the model is the last `max_seq` tokens (at least 1, at most
+/// [`GptModel::max_sequence_length`]). Ids at or above the real vocabulary (Megatron's padding) are never emitted. An empty
 /// prompt yields no tokens.
 pub fn generate<B: Backend>(
     model: &GptModel<B>,
@@ -30,7 +30,7 @@ pub fn generate<B: Backend>(
         return Vec::new();
     }
     let config = model.config();
-    let window = max_seq.clamp(1, config.max_position_embeddings.max(config.seq_length));
+    let window = max_seq.clamp(1, model.max_sequence_length());
     let device = model.devices().into_iter().next().unwrap_or_default();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut sequence: Vec<u32> = prompt.to_vec();

@@ -101,10 +101,30 @@ impl<B: Backend> GptModel<B> {
         &self.config
     }
 
-    /// `tokens`: `[batch, seq]` ids below the padded vocabulary, seq ≤ the positions the
-    /// model covers.
+    /// The longest sequence the position tables cover (unbounded without position embeddings).
+    pub fn max_sequence_length(&self) -> usize {
+        match self.config.position_embedding {
+            PositionEmbedding::Learned => self.config.max_position_embeddings,
+            PositionEmbedding::Rope => self
+                .config
+                .max_position_embeddings
+                .max(self.config.seq_length),
+            PositionEmbedding::None => usize::MAX,
+        }
+    }
+
+    /// `tokens`: `[batch, seq]` ids below the padded vocabulary.
+    ///
+    /// # Panics
+    /// When `seq` exceeds [`Self::max_sequence_length`]: a caller bug, since the data pipeline
+    /// and `generate` both cut sequences to the recipe's length.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> ModelOutput<B> {
         let [_, seq] = tokens.dims();
+        assert!(
+            seq <= self.max_sequence_length(),
+            "a sequence of {seq} tokens is longer than the {} positions this model covers",
+            self.max_sequence_length()
+        );
         let device = tokens.device();
         let mut hidden = self.embedding.forward(tokens);
         if let Some(positions) = &self.position_embedding {

@@ -180,7 +180,9 @@ mod tests {
 
     #[test]
     fn no_axes_gives_the_base_alone() {
-        let members = expand(&spec("sweep:\n  name: one\n  base: b.yaml\n  set: { a.b: x }\n"));
+        let members = expand(&spec(
+            "sweep:\n  name: one\n  base: b.yaml\n  set: { a.b: x }\n",
+        ));
         assert_eq!(members.len(), 1);
         assert_eq!(members[0].name, "one-000");
         assert_eq!(members[0].overrides, vec![r#"a.b="x""#]);

@@ -78,14 +78,23 @@ mod tests {
     #[test]
     fn relative_paths_climb_and_descend() {
         assert_eq!(
-            relative_to(Path::new("/r/recipes/data/x"), Path::new("/r/recipes/sweeps")),
+            relative_to(
+                Path::new("/r/recipes/data/x"),
+                Path::new("/r/recipes/sweeps")
+            ),
             Path::new("../data/x")
         );
-        assert_eq!(relative_to(Path::new("/r/a"), Path::new("/r/a")), Path::new("."));
+        assert_eq!(
+            relative_to(Path::new("/r/a"), Path::new("/r/a")),
+            Path::new(".")
+        );
         assert_eq!(
             absolute(Path::new("/w"), Path::new("recipes/sweeps/../data/x")),
             Path::new("/w/recipes/data/x")
         );
-        assert_eq!(absolute(Path::new("/w"), Path::new("/abs/y")), Path::new("/abs/y"));
+        assert_eq!(
+            absolute(Path::new("/w"), Path::new("/abs/y")),
+            Path::new("/abs/y")
+        );
     }
 }

@@ -19,6 +19,11 @@ use crate::resolve::METRICS_FILE;
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 const FONT_FAMILY: &str = "sans-serif";
 const SIZE: (u32, u32) = (1000, 560);
+/// Curves with at most this many points get a marker on each.
+const SPARSE_POINTS: usize = 40;
+
+/// One `(step, value)` curve per run.
+type Curves = Vec<Vec<(f64, f64)>>;
 
 /// A run to report on: a label and its metrics.
 #[derive(Debug, Clone)]
@@ -33,32 +38,39 @@ struct Series {
     file: &'static str,
     title: &'static str,
     y_label: &'static str,
+    /// Curves that fall keep the upper right free for the legend; others the lower right.
+    falling: bool,
 }
 
 const LOSS: Series = Series {
     file: "loss.png",
     title: "training loss",
     y_label: "loss",
+    falling: true,
 };
 const EVAL: Series = Series {
     file: "eval_loss.png",
     title: "validation loss",
     y_label: "loss",
+    falling: true,
 };
 const LR: Series = Series {
     file: "lr.png",
     title: "learning rate",
     y_label: "lr",
+    falling: false,
 };
 const TOKENS: Series = Series {
     file: "tokens_per_second.png",
     title: "throughput",
     y_label: "tokens/s",
+    falling: false,
 };
 const MFU: Series = Series {
     file: "mfu.png",
     title: "model FLOPs utilisation",
     y_label: "MFU %",
+    falling: false,
 };
 
 /// The runs under `dirs`: a directory with a metrics file is one run; a directory without one
@@ -106,7 +118,10 @@ fn label_of(dir: &Path) -> String {
         .as_deref()
         .unwrap_or(dir)
         .file_name()
-        .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+        .map_or_else(
+            || dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
 }
 
 /// Draws the charts into `out_dir` and writes `report.md`; returns the files written.
@@ -115,7 +130,7 @@ pub fn write_report(runs: &[RunMetrics], out_dir: &Path) -> Result<Vec<PathBuf>,
         path: out_dir.to_path_buf(),
         source,
     })?;
-    let step_series = |f: fn(&StepPoint) -> Option<f64>| -> Vec<Vec<(f64, f64)>> {
+    let step_series = |f: fn(&StepPoint) -> Option<f64>| -> Curves {
         runs.iter()
             .map(|r| {
                 r.log
@@ -126,7 +141,7 @@ pub fn write_report(runs: &[RunMetrics], out_dir: &Path) -> Result<Vec<PathBuf>,
             })
             .collect()
     };
-    let charts: Vec<(Series, Vec<Vec<(f64, f64)>>)> = vec![
+    let charts: Vec<(Series, Curves)> = vec![
         (LOSS, step_series(|s| Some(s.loss))),
         (
             EVAL,
@@ -161,7 +176,9 @@ pub fn write_report(runs: &[RunMetrics], out_dir: &Path) -> Result<Vec<PathBuf>,
 
 /// The markdown summary: one row per run, then the charts.
 fn summary(runs: &[RunMetrics], drawn: &[Series]) -> String {
-    let num = |v: Option<f64>, digits: usize| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"));
+    let num = |v: Option<f64>, digits: usize| {
+        v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
+    };
     let mut out = String::from("# Training report\n\n");
     let _ = writeln!(
         out,
@@ -169,7 +186,9 @@ fn summary(runs: &[RunMetrics], drawn: &[Series]) -> String {
         runs.len(),
         if runs.len() == 1 { "" } else { "s" }
     );
-    out.push_str("| run | logged steps | last step | final loss | best eval loss | tokens/s | MFU % |\n");
+    out.push_str(
+        "| run | logged steps | last step | final loss | best eval loss | tokens/s | MFU % |\n",
+    );
     out.push_str("|---|---|---|---|---|---|---|\n");
     for run in runs {
         let log = &run.log;
@@ -178,7 +197,9 @@ fn summary(runs: &[RunMetrics], drawn: &[Series]) -> String {
             "| {} | {} | {} | {} | {} | {} | {} |",
             run.label,
             log.steps.len(),
-            log.steps.last().map_or_else(|| "-".to_owned(), |s| s.step.to_string()),
+            log.steps
+                .last()
+                .map_or_else(|| "-".to_owned(), |s| s.step.to_string()),
             num(log.final_loss(), 4),
             num(log.best_eval_loss(), 4),
             num(log.mean_tokens_per_second(), 0),
@@ -204,7 +225,9 @@ fn summary(runs: &[RunMetrics], drawn: &[Series]) -> String {
 }
 
 fn finite(points: &[(f64, f64)]) -> impl Iterator<Item = &(f64, f64)> {
-    points.iter().filter(|(x, y)| x.is_finite() && y.is_finite())
+    points
+        .iter()
+        .filter(|(x, y)| x.is_finite() && y.is_finite())
 }
 
 fn register_font() {
@@ -242,7 +265,9 @@ fn draw_chart(
     let fold = |f: fn(&(f64, f64)) -> f64| {
         all.iter()
             .map(f)
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
     };
     let (x_lo, x_hi) = padded_x(fold(|p| p.0));
     let (y_lo, y_hi) = {
@@ -254,6 +279,7 @@ fn draw_chart(
     let mut chart = ChartBuilder::on(&root)
         .caption(series.title, (FONT_FAMILY, 26))
         .margin(16)
+        .margin_right(32)
         .x_label_area_size(44)
         .y_label_area_size(80)
         .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)
@@ -264,6 +290,7 @@ fn draw_chart(
         .y_desc(series.y_label)
         .label_style((FONT_FAMILY, 15))
         .axis_desc_style((FONT_FAMILY, 17))
+        .x_label_formatter(&|v| format!("{v:.0}"))
         .y_label_formatter(&|v| compact(*v))
         .draw()
         .map_err(|e| err(&e))?;
@@ -280,9 +307,10 @@ fn draw_chart(
         drawn
             .label(label.to_string())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
-        if points.len() == 1 {
+        // Sparse curves (evaluations, short runs) show where the measurements are.
+        if points.len() <= SPARSE_POINTS {
             chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 4, style.filled())))
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, style.filled())))
                 .map_err(|e| err(&e))?;
         }
     }
@@ -291,14 +319,22 @@ fn draw_chart(
         .label_font((FONT_FAMILY, 14))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
+        .position(if series.falling {
+            SeriesLabelPosition::UpperRight
+        } else {
+            SeriesLabelPosition::LowerRight
+        })
         .draw()
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))
 }
 
 fn padded_x((lo, hi): (f64, f64)) -> (f64, f64) {
-    if hi > lo { (lo, hi) } else { (lo - 1.0, hi + 1.0) }
+    if hi > lo {
+        (lo, hi)
+    } else {
+        (lo - 1.0, hi + 1.0)
+    }
 }
 
 /// Axis numbers that stay short: `3e-4`, `1200`, `4.25`.

@@ -43,7 +43,11 @@ pub fn changed_values(member: &Member) -> String {
 }
 
 /// Rows for `members` (with their `statuses`), reading each member's metrics under `out_dir`.
-pub fn result_rows(members: &[Member], statuses: &[MemberStatus], out_dir: &Path) -> Vec<ResultRow> {
+pub fn result_rows(
+    members: &[Member],
+    statuses: &[MemberStatus],
+    out_dir: &Path,
+) -> Vec<ResultRow> {
     members
         .iter()
         .zip(statuses)
@@ -76,7 +80,9 @@ const HEADERS: [&str; 8] = [
 ];
 
 fn cells(row: &ResultRow) -> [String; 8] {
-    let num = |v: Option<f64>, digits: usize| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"));
+    let num = |v: Option<f64>, digits: usize| {
+        v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
+    };
     [
         row.member.clone(),
         row.hash.clone(),
@@ -157,7 +163,11 @@ pub fn plan_line(plan: &Plan) -> String {
         d.dp,
         plan.parameters.total as f64 / 1e6,
         gib,
-        if plan.memory.fits { "" } else { " (does not fit)" },
+        if plan.memory.fits {
+            ""
+        } else {
+            " (does not fit)"
+        },
         seconds(plan.predicted.step_seconds),
         plan.predicted.mfu * 100.0
     )
@@ -193,7 +203,9 @@ mod tests {
         let md = render_markdown(&[row("finished")]);
         assert_eq!(md.lines().count(), 3);
         assert!(
-            md.contains("| s-000-lr1e-3 | abcdef012345 | lr=1e-3 | 3.2500 | - | 1234 | 12.50 | finished |"),
+            md.contains(
+                "| s-000-lr1e-3 | abcdef012345 | lr=1e-3 | 3.2500 | - | 1234 | 12.50 | finished |"
+            ),
             "{md}"
         );
         let csv = render_csv(&[row("failed (exit 1), twice")]);

@@ -19,7 +19,7 @@ use crate::SweepError;
 use crate::resolve::{Member, ValidMember, member_recipe};
 
 /// File names inside a member directory.
-pub const RECIPE_FILE: &str = "recipe.yaml";
+pub const RECIPE_FILE: &str = "member.yaml";
 pub const LOG_FILE: &str = "run.log";
 
 /// How to run a sweep's members.
@@ -111,7 +111,13 @@ fn run_member(
     let Ok(valid) = &member.resolution else {
         return Ok(MemberStatus::Invalid);
     };
-    let dir = member_dir(&options.out_dir, member);
+    // Absolute, because the member recipe is loaded from inside this directory and relative
+    // paths in it would resolve against it a second time.
+    let relative_dir = member_dir(&options.out_dir, member);
+    let dir = std::path::absolute(&relative_dir).map_err(|source| SweepError::Write {
+        path: relative_dir,
+        source,
+    })?;
     let recipe_path = dir.join(RECIPE_FILE);
     let recipe_text = recipe_yaml(member, valid, &dir)?;
     if already_finished(&dir, &recipe_path, &recipe_text) {

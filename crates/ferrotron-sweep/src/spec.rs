@@ -69,11 +69,10 @@ impl SweepSpec {
 
     /// Parses sweep text; `path` names it in errors and anchors the relative `base`.
     pub fn parse(path: &Path, text: &str) -> Result<SweepSpec, SweepError> {
-        let file: SweepFile =
-            serde_saphyr::from_str(text).map_err(|e| SweepError::ParseSpec {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })?;
+        let file: SweepFile = serde_saphyr::from_str(text).map_err(|e| SweepError::ParseSpec {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
         let body = file.sweep;
         let invalid = |message: String| SweepError::InvalidSpec {
             path: path.to_path_buf(),

@@ -3,7 +3,7 @@
 //! Logs go to stderr (stdout is kept for command output such as `recipe show`). They are written
 //! through the active progress bar, if any, so a log line never tears the bar apart on a terminal.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 
 use ferrotron_recipe::LogFormat;
 use tracing_subscriber::EnvFilter;
@@ -26,7 +26,10 @@ pub fn init_tracing(format: LogFormat) {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(ProgressAwareStderr);
+        .with_writer(ProgressAwareStderr)
+        // Colour codes only for a terminal: logs redirected to a file (a sweep member's run.log)
+        // stay plain text.
+        .with_ansi(io::stderr().is_terminal());
     let installed = match format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

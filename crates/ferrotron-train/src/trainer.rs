@@ -86,6 +86,9 @@ pub fn train<B: AutodiffBackend>(
         )));
     }
     let recipe = runtime_recipe(plan);
+    if let Some(threads) = recipe.runtime.threads {
+        use_cpu_threads(threads);
+    }
     let global_batch = u64::from(plan.global_batch_size);
     let train_iters = plan.train_iters;
     let seed = recipe.training.seed;
@@ -249,7 +252,7 @@ fn run_loop<B: AutodiffBackend>(
         interval.lm_loss += stats.lm_loss;
 
         let last = iteration == train_iters;
-        if iteration % training.log_interval == 0 || last {
+        if iteration.is_multiple_of(training.log_interval) || last {
             let elapsed = interval_start.elapsed().as_secs_f64().max(1e-9);
             let steps = interval.steps as f64;
             let step_seconds = elapsed / steps;
@@ -281,7 +284,7 @@ fn run_loop<B: AutodiffBackend>(
         }
 
         let eval_due = training.eval_interval > 0
-            && (iteration % training.eval_interval == 0 || last)
+            && (iteration.is_multiple_of(training.eval_interval) || last)
             && !eval_batches.is_empty();
         if eval_due {
             let eval_loss = evaluate(&model.valid(), &eval_batches, device);
@@ -307,7 +310,7 @@ fn run_loop<B: AutodiffBackend>(
         } else if context
             .options
             .exit_interval
-            .is_some_and(|n| n > 0 && iteration % n == 0 && !last)
+            .is_some_and(|n| n > 0 && iteration.is_multiple_of(n) && !last)
         {
             Some(StopReason::ExitInterval)
         } else {
@@ -316,7 +319,7 @@ fn run_loop<B: AutodiffBackend>(
         let interval_due = recipe
             .checkpoint
             .interval
-            .is_some_and(|n| iteration % n == 0);
+            .is_some_and(|n| n > 0 && iteration.is_multiple_of(n));
         if let Some(store) = context.store
             && (interval_due || last || stop.is_some())
         {
@@ -341,8 +344,8 @@ fn run_loop<B: AutodiffBackend>(
                 StopReason::ExitInterval => "exit interval reached",
             };
             let saved = match &summary.checkpoint {
-                Some(path) if context.store.is_some() => format!("checkpoint {}", path.display()),
-                _ => "no checkpoint (checkpoint.dir is not set)".to_owned(),
+                Some(path) => format!("checkpoint {}", path.display()),
+                None => "no checkpoint (checkpoint.dir is not set)".to_owned(),
             };
             progress.message(&format!("iteration {iteration}: {why}; {saved}"));
             summary.stopped = Some(reason);
@@ -360,6 +363,17 @@ fn runtime_recipe(plan: &Plan) -> Recipe {
     recipe.model.vocab_size = Some(plan.vocab_size);
     recipe.extends = None;
     recipe
+}
+
+/// Size the CPU backend's worker pool (`runtime.threads`). The pool is process-wide and can be
+/// sized only before its first use; a later request is reported and ignored.
+fn use_cpu_threads(threads: u32) {
+    if let Err(e) = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads as usize)
+        .build_global()
+    {
+        tracing::warn!("runtime.threads = {threads} not applied: {e}");
+    }
 }
 
 /// Which checkpoint to continue from, by `checkpoint.resume`.

@@ -183,3 +183,40 @@ fn non_finite_loss_stops_before_the_update() {
         "the failed step must not reach the optimizer"
     );
 }
+
+#[test]
+fn moe_expert_bias_is_updated_after_each_step() {
+    let model: Model = serde_json::from_value(serde_json::json!({
+        "num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "seq_length": SEQ,
+        "vocab_size": 64, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+        "moe": {"num_experts": 4, "router_topk": 2, "score_function": "sigmoid",
+                "expert_bias": true, "load_balancing": "none", "expert_bias_update_rate": 0.01}
+    }))
+    .expect("model section parses");
+    let config = ModelConfig::from_model(&model, 128).expect("valid MoE model");
+    let device = Default::default();
+    let model: GptModel<B> = config.init(&device);
+    let before: Vec<f32> = model.expert_biases()[0]
+        .to_data()
+        .to_vec()
+        .expect("f32 bias");
+    let mut optimizer = AdamW::new(adamw(), model.no_weight_decay_params());
+    let (model, _) =
+        train_step(model, &mut optimizer, &batches(1), context(1), &device).expect("finite step");
+    let after: Vec<f32> = model.expert_biases()[0]
+        .to_data()
+        .to_vec()
+        .expect("f32 bias");
+    assert_ne!(
+        before, after,
+        "the aux-loss-free bias must move with the loads"
+    );
+    // every change is ±rate or 0 (sign of mean load − load)
+    for (b, a) in before.iter().zip(&after) {
+        let delta = (a - b).abs();
+        assert!(
+            delta < 1e-6 || (delta - 0.01).abs() < 1e-6,
+            "{before:?} → {after:?}"
+        );
+    }
+}

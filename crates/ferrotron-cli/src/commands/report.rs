@@ -18,9 +18,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let runs = collect_runs(&args.run_dirs)?;
-    let out = args
-        .out
-        .unwrap_or_else(|| args.run_dirs[0].join("report"));
+    let out = args.out.unwrap_or_else(|| args.run_dirs[0].join("report"));
     let written = write_report(&runs, &out)?;
     for path in &written {
         println!("wrote {}", path.display());

@@ -108,7 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device = Default::default();
     match ferrotron_train::train::<CpuTrainBackend>(&plan, &options, &device) {
         Ok(summary) => {
-            eprint!("{}", closing(&summary, &args.recipe));
+            eprint!("{}", closing(&summary, &args));
             Ok(ExitCode::SUCCESS)
         }
         // A non-finite loss, a refused checkpoint, missing data: the run failed, not the usage.
@@ -183,7 +183,7 @@ fn brief(plan: &Plan) -> String {
     )
 }
 
-fn closing(summary: &RunSummary, recipe: &Path) -> String {
+fn closing(summary: &RunSummary, args: &Args) -> String {
     let mut out = String::new();
     let what = match summary.stopped {
         Some(StopReason::Signal) => "stopped on request",
@@ -205,7 +205,15 @@ fn closing(summary: &RunSummary, recipe: &Path) -> String {
     if let Some(checkpoint) = &summary.checkpoint {
         out.push_str(&format!("checkpoint: {}\n", checkpoint.display()));
         if summary.stopped.is_some() {
-            out.push_str(&format!("continue with: recipe run {}\n", recipe.display()));
+            let overrides: String = args
+                .overrides
+                .iter()
+                .map(|o| format!(" --set '{o}'"))
+                .collect();
+            out.push_str(&format!(
+                "continue with: recipe run {}{overrides}\n",
+                args.recipe.display()
+            ));
         }
         out.push_str(&format!(
             "sample from it: recipe sample {} --prompt \"ROMEO:\" --max-tokens 200\n",

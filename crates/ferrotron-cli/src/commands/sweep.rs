@@ -78,8 +78,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     std::fs::create_dir_all(&out_dir)
         .with_context(|| format!("creating the sweep directory {}", out_dir.display()))?;
-    std::fs::copy(&args.sweep, out_dir.join("sweep.yaml"))
-        .with_context(|| format!("copying the sweep file into {}", out_dir.display()))?;
+    // A copy of the sweep file beside its results (unless it already is that file).
+    let copy = out_dir.join("sweep.yaml");
+    if std::fs::canonicalize(&copy).ok() != std::fs::canonicalize(&args.sweep).ok() {
+        std::fs::copy(&args.sweep, &copy)
+            .with_context(|| format!("copying the sweep file into {}", out_dir.display()))?;
+    }
     let options = RunnerOptions {
         program: std::env::current_exe().context("finding this executable to run members")?,
         out_dir: out_dir.clone(),

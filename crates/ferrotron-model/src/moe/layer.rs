@@ -76,7 +76,8 @@ impl<B: Backend> MoeLayer<B> {
         let tokens = x.reshape([batch * seq, hidden]);
         let logits = self.router.forward(tokens.clone());
         let host_logits: Vec<f32> = logits.clone().into_data().iter::<f32>().collect();
-        let routing = self.route(&host_logits);
+        let training = B::ad_enabled(&tokens.device());
+        let routing = self.route(&host_logits, training);
         let weights = self.combine_weights(logits.clone(), &routing);
 
         let mut output = Tensor::<B, 2>::zeros([batch * seq, hidden], &tokens.device());
@@ -142,12 +143,12 @@ impl<B: Backend> MoeLayer<B> {
         self.config.num_experts
     }
 
-    fn route(&self, logits: &[f32]) -> Routing {
+    fn route(&self, logits: &[f32], training: bool) -> Routing {
         let bias: Option<Vec<f32>> = self
             .expert_bias
             .as_ref()
             .map(|bias| bias.val().into_data().iter::<f32>().collect());
-        route(&self.config, logits, bias.as_deref())
+        route(&self.config, logits, bias.as_deref(), training)
     }
 
     /// Differentiable `[tokens · topk]` combine weights for the routed slots; dropped slots
@@ -157,7 +158,11 @@ impl<B: Backend> MoeLayer<B> {
         let topk = routing.topk;
         let device = logits.device();
         let chosen = index_tensor::<B>(&routing.experts, &device).reshape([tokens, topk]);
+        let sinkhorn = self.config.load_balancing == LoadBalancing::Sinkhorn;
         let weights = match self.config.score_function {
+            // Megatron's Sinkhorn activation: sigmoid for top-1, else softmax over all experts.
+            _ if sinkhorn && topk == 1 => sigmoid(logits).gather(1, chosen),
+            _ if sinkhorn => softmax(logits, 1).gather(1, chosen),
             ScoreFunction::Softmax if self.config.pre_softmax => {
                 softmax(logits, 1).gather(1, chosen)
             }
@@ -303,7 +308,7 @@ mod tests {
             .collect();
         let (output, _) = layer.forward(x.clone());
         let output = values(output);
-        let routing = layer.route(&values(x.clone()));
+        let routing = layer.route(&values(x.clone()), false);
         let shared = values(
             layer
                 .shared_expert

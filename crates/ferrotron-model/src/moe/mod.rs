@@ -5,6 +5,7 @@
 mod layer;
 pub(crate) mod loss;
 pub(crate) mod routing;
+mod sinkhorn;
 
 pub use layer::{MoeLayer, MoeStats};
 pub use routing::{Routing, expert_capacity, route};

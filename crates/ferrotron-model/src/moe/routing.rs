@@ -4,8 +4,9 @@
 //! breaks ties deterministically (the lower expert index, then the earlier token, wins). The
 //! differentiable combine weights are recomputed on the device from these indices.
 
-use ferrotron_recipe::{ScoreFunction, TokenDropPolicy};
+use ferrotron_recipe::{LoadBalancing, ScoreFunction, TokenDropPolicy};
 
+use super::sinkhorn::sinkhorn;
 use crate::config::{GroupLimit, MoeConfig};
 
 /// Routing of `num_tokens` tokens to `topk` experts each.
@@ -50,16 +51,35 @@ impl Routing {
 }
 
 /// Route `logits` (`[num_tokens, num_experts]`, row-major). `expert_bias` shifts the scores
-/// used for selection only.
-pub fn route(config: &MoeConfig, logits: &[f32], expert_bias: Option<&[f32]>) -> Routing {
+/// used for selection only. `training` matters only to Sinkhorn balancing, which balances while
+/// training and routes by plain top-k otherwise (as Megatron does).
+pub fn route(
+    config: &MoeConfig,
+    logits: &[f32],
+    expert_bias: Option<&[f32]>,
+    training: bool,
+) -> Routing {
     let num_experts = config.num_experts;
     let topk = config.router_topk;
     let num_tokens = logits.len() / num_experts;
+    let sinkhorn_scores = (config.load_balancing == LoadBalancing::Sinkhorn && training)
+        .then(|| sinkhorn(logits, num_experts));
     let mut experts = Vec::with_capacity(num_tokens * topk);
     let mut weights = Vec::with_capacity(num_tokens * topk);
-    for row in logits.chunks_exact(num_experts) {
-        let scores = selection_scores(config, row, expert_bias);
-        let chosen = select_topk(&scores, topk, config.group_limit);
+    for (token, row) in logits.chunks_exact(num_experts).enumerate() {
+        let chosen = match &sinkhorn_scores {
+            Some(balanced) => {
+                let balanced: Vec<f32> = balanced[token * num_experts..(token + 1) * num_experts]
+                    .iter()
+                    .map(|&v| v as f32)
+                    .collect();
+                select_topk(&balanced, topk, None)
+            }
+            None => {
+                let scores = selection_scores(config, row, expert_bias);
+                select_topk(&scores, topk, config.group_limit)
+            }
+        };
         weights.extend(combine_weights(config, row, &chosen));
         experts.extend(chosen);
     }
@@ -122,6 +142,15 @@ fn selection_scores(config: &MoeConfig, row: &[f32], expert_bias: Option<&[f32]>
 }
 
 fn combine_weights(config: &MoeConfig, row: &[f32], chosen: &[usize]) -> Vec<f32> {
+    if config.load_balancing == LoadBalancing::Sinkhorn {
+        // Megatron's Sinkhorn activation: sigmoid for top-1, else softmax over all experts.
+        return if config.router_topk == 1 {
+            chosen.iter().map(|&e| sigmoid(row[e])).collect()
+        } else {
+            let probs = softmax(row);
+            chosen.iter().map(|&e| probs[e]).collect()
+        };
+    }
     match config.score_function {
         ScoreFunction::Softmax if config.pre_softmax => {
             let probs = softmax(row);
@@ -217,7 +246,6 @@ fn sigmoid(x: f32) -> f32 {
 mod tests {
     use super::*;
     use crate::config::Capacity;
-    use ferrotron_recipe::LoadBalancing;
 
     fn config(topk: usize) -> MoeConfig {
         MoeConfig {
@@ -247,7 +275,7 @@ mod tests {
 
     #[test]
     fn softmax_after_topk_normalises_over_the_chosen_experts() {
-        let routing = route(&config(2), &[0.0, 2.0, 1.0, 2.0f32.ln() + 1.0], None);
+        let routing = route(&config(2), &[0.0, 2.0, 1.0, 2.0f32.ln() + 1.0], None, true);
         assert_eq!(routing.experts, vec![1, 3]);
         // softmax([2, ln2 + 1]) over the two chosen: e^2 and e^(ln2+1) = 2e → e² / (e² + 2e).
         let e = std::f32::consts::E;
@@ -260,7 +288,7 @@ mod tests {
     fn pre_softmax_weights_are_probabilities_over_all_experts() {
         let mut cfg = config(1);
         cfg.pre_softmax = true;
-        let routing = route(&cfg, &[0.0, 0.0, 0.0, 0.0], None);
+        let routing = route(&cfg, &[0.0, 0.0, 0.0, 0.0], None, true);
         assert_eq!(routing.experts, vec![0]);
         assert!((routing.weights[0] - 0.25).abs() < 1e-6);
     }
@@ -271,9 +299,9 @@ mod tests {
         cfg.score_function = ScoreFunction::Sigmoid;
         cfg.expert_bias = true;
         let logits = [2.0, 0.0, 0.0, 0.0];
-        let plain = route(&cfg, &logits, None);
+        let plain = route(&cfg, &logits, None, true);
         assert_eq!(plain.experts, vec![0]);
-        let biased = route(&cfg, &logits, Some(&[0.0, 0.0, 1.0, 0.0]));
+        let biased = route(&cfg, &logits, Some(&[0.0, 0.0, 1.0, 0.0]), true);
         assert_eq!(biased.experts, vec![2]);
         // The weight is sigmoid of the chosen expert's logit, without the bias.
         assert!((biased.weights[0] - 0.5).abs() < 1e-6);
@@ -309,7 +337,7 @@ mod tests {
             2.0, 0.0, 0.0, 0.0, //
             1.5, 0.0, 0.0, 0.0,
         ];
-        let routing = route(&cfg, &logits, None);
+        let routing = route(&cfg, &logits, None, true);
         assert_eq!(routing.capacity, Some(1));
         assert_eq!(routing.kept, vec![false, true, false, false]);
         assert_eq!(routing.loads(4), vec![1, 0, 0, 0]);
@@ -329,7 +357,7 @@ mod tests {
             2.0, 0.0, 0.0, 0.0, //
             0.0, 1.0, 0.0, 0.0,
         ];
-        let routing = route(&cfg, &logits, None);
+        let routing = route(&cfg, &logits, None, true);
         // capacity = ceil(4/4 · 2) = 2: tokens 0 and 1 stay, token 2 is dropped.
         assert_eq!(routing.capacity, Some(2));
         assert_eq!(routing.kept, vec![true, true, false, true]);
@@ -350,5 +378,27 @@ mod tests {
             aux_loss_counts(&logits, 4, 1, 2),
             vec![1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0]
         );
+    }
+
+    #[test]
+    fn sinkhorn_spreads_tokens_that_all_prefer_one_expert() {
+        let mut cfg = config(1);
+        cfg.load_balancing = LoadBalancing::Sinkhorn;
+        cfg.aux_loss_coeff = 0.0;
+        let logits = [
+            3.0, 2.0, 1.0, 0.0, //
+            3.0, 0.0, 2.0, 1.0, //
+            3.0, 1.0, 0.0, 2.0, //
+            3.0, 0.5, 1.0, 0.0,
+        ];
+        let training = route(&cfg, &logits, None, true);
+        let inference = route(&cfg, &logits, None, false);
+        assert_eq!(inference.loads(4), vec![4, 0, 0, 0]);
+        let loads = training.loads(4);
+        assert!(loads.iter().all(|&l| l <= 2), "{loads:?}");
+        // Top-1 Sinkhorn weights are sigmoid of the chosen logit.
+        let expert = training.experts[0];
+        let expected = 1.0 / (1.0 + (-logits[expert]).exp());
+        assert!((training.weights[0] - expected).abs() < 1e-6);
     }
 }

@@ -83,7 +83,10 @@ fn invalid_combinations_are_refused_with_a_reason() {
         moe.load_balancing = LoadBalancing::Sinkhorn;
     }
     let error = ModelConfig::from_model(&sinkhorn, PADDED_VOCAB).unwrap_err();
-    assert!(error.to_string().contains("sinkhorn"), "{error}");
+    assert_eq!(
+        error.to_string(),
+        "model.moe.load_balancing: sinkhorn balances by routing alone; it needs aux_loss_coeff: 0"
+    );
 
     let mut groups = llama_model();
     groups.num_query_groups = Some(3);
@@ -133,4 +136,58 @@ fn burn_models_have_exactly_the_planners_parameter_count() {
         let built = build::<Cpu>(&model, 1).num_trainable_params() as u64;
         assert_eq!(built, planned, "{model:?}");
     }
+}
+
+#[test]
+fn every_dense_switch_combination_builds_runs_and_matches_the_planner() {
+    let positions = [
+        PositionEmbedding::Learned,
+        PositionEmbedding::Rope,
+        PositionEmbedding::None,
+    ];
+    let norms = [Normalization::Layernorm, Normalization::Rmsnorm];
+    let activations = [Activation::Gelu, Activation::Swiglu];
+    for position_embedding in positions {
+        for normalization in norms {
+            for activation in activations {
+                for (tie_embeddings, add_bias_linear) in
+                    [(true, true), (true, false), (false, true), (false, false)]
+                {
+                    let model = Model {
+                        position_embedding,
+                        normalization,
+                        activation,
+                        tie_embeddings,
+                        add_bias_linear,
+                        num_query_groups: Some(2),
+                        num_layers: 1,
+                        ..gpt2_model()
+                    };
+                    let gpt = build::<Cpu>(&model, 1);
+                    let logits = gpt.forward(tokens(&[&[1, 2, 3]])).logits;
+                    assert_eq!(logits.dims(), [1, 3, 128]);
+                    assert!(values(logits).iter().all(|v| v.is_finite()), "{model:?}");
+                    let planned = ferrotron_plan::parameter_count(&model, PADDED_VOCAB).total;
+                    assert_eq!(gpt.num_trainable_params() as u64, planned, "{model:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "longer than the 8 positions")]
+fn sequences_longer_than_the_learned_table_are_refused() {
+    let gpt = build::<Cpu>(&gpt2_model(), 1);
+    gpt.forward(tokens(&[&[1; 9]]));
+}
+
+#[test]
+fn the_real_vocabulary_comes_from_the_recipe_or_the_caller() {
+    let mut model = gpt2_model();
+    assert_eq!(config(&model).vocab_size, 100);
+    model.vocab_size = None;
+    assert_eq!(config(&model).vocab_size, 128);
+    let given = ModelConfig::from_model_with_vocab(&model, 50, PADDED_VOCAB).expect("valid");
+    assert_eq!((given.vocab_size, given.padded_vocab_size), (50, 128));
 }

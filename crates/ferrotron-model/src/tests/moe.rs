@@ -71,6 +71,11 @@ fn every_balancing_option_builds_and_runs() {
             layer_freq: 1,
             ..moe_section()
         },
+        Moe {
+            load_balancing: LoadBalancing::Sinkhorn,
+            aux_loss_coeff: 0.0,
+            ..moe_section()
+        },
     ];
     for moe in variants {
         let model = Model {
@@ -151,4 +156,29 @@ fn loads_accumulate_over_microbatches() {
         layers: vec![vec![3, 0]],
     });
     assert_eq!(total.layers, vec![vec![4, 2]]);
+}
+
+#[test]
+fn sinkhorn_balances_only_while_training() {
+    let mut model = moe_model();
+    model.moe = Some(Moe {
+        load_balancing: LoadBalancing::Sinkhorn,
+        aux_loss_coeff: 0.0,
+        router_topk: 1,
+        ..moe_section()
+    });
+    let input: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8];
+    let training = build::<CpuAutodiff>(&model, 1);
+    let inference = build::<Cpu>(&model, 1);
+    let balanced = training.forward(tokens(&[input])).expert_loads.layers[0].clone();
+    let plain = inference.forward(tokens(&[input])).expert_loads.layers[0].clone();
+    let spread = |loads: &[u64]| loads.iter().max().copied().unwrap_or(0);
+    assert!(
+        spread(&balanced) <= spread(&plain),
+        "{balanced:?} vs {plain:?}"
+    );
+    // Sinkhorn needs no auxiliary loss, and training still works through it.
+    let output = training.loss(tokens(&[input]), tokens(&[input]));
+    assert_eq!(scalar(output.aux_loss), 0.0);
+    assert!(scalar(output.loss).is_finite());
 }

@@ -76,13 +76,14 @@ fn positive_degrees(c: &mut Check<'_>) -> bool {
         (o.vpp, "parallel.virtual_pipeline"),
         (o.cp, "parallel.context"),
         (o.ep, "parallel.expert"),
-        (o.etp, "parallel.expert_tensor"),
+        (o.etp, c.etp_path()),
         (o.dp, "parallel.data"),
         (o.micro_batch_size, "training.micro_batch_size"),
     ];
     let mut positive = true;
     for (value, path) in degrees {
-        if value == Some(0) {
+        let reported = c.findings.iter().any(|f| f.path == path);
+        if value == Some(0) && !reported {
             c.error(
                 "layout::zero-degree",
                 path,
@@ -117,13 +118,6 @@ pub(crate) mod test_support {
         )
     }
 
-    #[test]
-    fn zero_degrees_are_reported_not_divided_by() {
-        let mut recipe = crate::testing::gpt2_small();
-        recipe.parallel.tensor = ferrotron_recipe::Degree::Fixed(0);
-        assert_eq!(codes(&recipe, Some(&cluster(1, 8))), vec!["layout::zero-degree"]);
-    }
-
     pub fn codes(recipe: &Recipe, cluster: Option<&Cluster>) -> Vec<String> {
         findings(recipe, cluster)
             .into_iter()
@@ -137,5 +131,21 @@ pub(crate) mod test_support {
         let mut hits: Vec<&Finding> = all.iter().filter(|f| f.code == code).collect();
         assert_eq!(hits.len(), 1, "expected one {code}, got {all:#?}");
         hits.remove(0).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::{cluster, codes};
+    use crate::testing::gpt2_small;
+
+    #[test]
+    fn zero_degrees_are_reported_not_divided_by() {
+        let mut recipe = gpt2_small();
+        recipe.parallel.tensor = ferrotron_recipe::Degree::Fixed(0);
+        assert_eq!(
+            codes(&recipe, Some(&cluster(1, 8))),
+            vec!["layout::zero-degree"]
+        );
     }
 }

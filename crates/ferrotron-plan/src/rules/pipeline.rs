@@ -226,6 +226,20 @@ mod tests {
     }
 
     #[test]
+    fn uneven_stages_must_account_for_every_layer() {
+        let mut recipe = llama3_8b();
+        recipe.parallel.pipeline = Degree::Fixed(2);
+        recipe.parallel.num_layers_in_first_pipeline_stage = Some(20);
+        recipe.parallel.num_layers_in_last_pipeline_stage = Some(20);
+        only(&recipe, None, "layout::uneven-split-too-large");
+        recipe.parallel.num_layers_in_last_pipeline_stage = Some(10);
+        // 2 stages, both explicit: 2 layers left for no middle stage.
+        only(&recipe, None, "layout::uneven-split-leaves-layers");
+        recipe.parallel.num_layers_in_last_pipeline_stage = Some(12);
+        assert!(codes(&recipe, None).is_empty());
+    }
+
+    #[test]
     fn interleaving_needs_more_than_two_stages_and_divisible_chunks() {
         let mut recipe = llama3_8b();
         recipe.parallel.pipeline = Degree::Fixed(2);

@@ -1,0 +1,34 @@
+//! The communicator every parallel layout runs on.
+//!
+//! Layouts (tensor, pipeline, data, context, expert parallelism, ZeRO-1) are written once
+//! against [`Communicator`], a trait over flat rank-local buffers with the collectives they
+//! need. Two implementations sit behind it: [`ThreadComm`] here, one OS thread per rank in one
+//! process (tests, CPU runs, the equivalence tests of every layout), and later a NCCL one, one
+//! process per GPU. [`ProcessGroups::from_plan`] gives a rank its tp/pp/dp/cp/ep/edp/embedding
+//! communicators from the planner's rank grid.
+//!
+//! Two promises matter more than speed: reductions are deterministic (summed in rank order, so
+//! a parallel run can be compared bit for bit with a sequential reference), and nothing hangs
+//! (every wait has a timeout naming the group, the collective and the missing ranks; a failing
+//! rank releases the others with an error).
+
+mod communicator;
+mod element;
+mod error;
+mod fabric;
+mod groups;
+mod recycle;
+mod rendezvous;
+mod thread_comm;
+mod world;
+
+#[cfg(test)]
+mod tests;
+
+pub use communicator::Communicator;
+pub use element::{DType, Element, ReduceOp};
+pub use error::{CommError, GroupLabel, WorldError};
+pub use groups::ProcessGroups;
+pub use half::bf16;
+pub use thread_comm::ThreadComm;
+pub use world::{DEFAULT_TIMEOUT, RankContext, World};
