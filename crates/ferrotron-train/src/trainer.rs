@@ -107,7 +107,8 @@ pub fn train<B: AutodiffBackend>(
         &tokenizer,
     )?;
 
-    let model_config = ModelConfig::from_model(&recipe.model, plan.padded_vocab_size)?;
+    let model_config =
+        ModelConfig::from_model_with_vocab(&recipe.model, plan.vocab_size, plan.padded_vocab_size)?;
     B::seed(device, seed);
     let mut model: GptModel<B> = model_config.init(device);
     let mut optimizer = AdamW::<B::InnerBackend>::new(

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use ferrotron_plan::{Plan, PlanOptions, plan};
 use ferrotron_recipe::{Backend, Cluster, GpuKind, LoadOptions, Recipe};
+use ferrotron_telemetry::{RunDetails, RunManifest, RunStatus};
 use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary, StopFlag, StopReason};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -99,6 +100,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     eprint!("{}", brief(&plan));
 
     let run_dir = run_dir(&args, recipe);
+    let mut manifest = RunManifest::start(
+        &run_dir,
+        &serde_json::to_value(&plan.recipe)?,
+        &serde_json::to_value(&plan)?,
+        RunDetails {
+            seed: plan.recipe.training.seed,
+            data_cache_keys: None,
+        },
+    )
+    .context("writing the run manifest")?;
     let options = RunOptions {
         run_dir,
         stop: StopFlag::on_signals().context("installing the SIGTERM/SIGINT handlers")?,
@@ -108,12 +119,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device = Default::default();
     match ferrotron_train::train::<CpuTrainBackend>(&plan, &options, &device) {
         Ok(summary) => {
+            let status = match summary.stopped {
+                Some(_) => RunStatus::Stopped,
+                None => RunStatus::Finished,
+            };
+            manifest.finish(status, 0)?;
             eprint!("{}", closing(&summary, &args));
             Ok(ExitCode::SUCCESS)
         }
         // A non-finite loss, a refused checkpoint, missing data: the run failed, not the usage.
         Err(err) => {
             eprintln!("error: {err}");
+            manifest.finish(RunStatus::Failed, 1)?;
             Ok(ExitCode::from(1))
         }
     }
