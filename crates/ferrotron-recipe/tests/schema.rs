@@ -127,7 +127,7 @@ fn presets_carry_the_published_shapes() {
             tiny.model.num_attention_heads,
             tiny.model.seq_length
         ),
-        (4, 128, 4, 128)
+        (4, 64, 4, 64)
     );
     assert!(
         tiny.data.blend[0]

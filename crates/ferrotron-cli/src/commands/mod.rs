@@ -3,6 +3,7 @@
 pub mod plan;
 pub mod preprocess;
 pub mod report;
+pub mod resolve;
 pub mod run;
 pub mod sample;
 pub mod schema;

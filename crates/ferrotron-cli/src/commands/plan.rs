@@ -7,9 +7,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
-use ferrotron_plan::{PlanOptions, plan, render_explain, render_human};
-use ferrotron_recipe::{Cluster, GpuKind, LoadOptions, Recipe};
+use ferrotron_plan::{render_explain, render_human};
+use ferrotron_recipe::{Cluster, GpuKind, Recipe};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -79,52 +78,18 @@ fn cluster(recipe: &Recipe, args: &Args) -> Option<Cluster> {
     })
 }
 
-fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
-    if let Some(vocab) = recipe.model.vocab_size {
-        return Ok(vocab);
-    }
-    ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).context(
-        "model.vocab_size is not set and the tokenizer could not be loaded to find it; \
-         set model.vocab_size or fix data.tokenizer",
-    )
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.nodes == Some(0) || args.gpus_per_node == Some(0) {
         anyhow::bail!("--nodes and --gpus-per-node must be at least 1");
     }
-    let loaded = match ferrotron_recipe::load(
-        &args.recipe,
-        &LoadOptions {
-            overrides: &args.overrides,
-            use_env: true,
-        },
-    ) {
+    let loaded = match super::resolve::load(&args.recipe, &args.overrides) {
         Ok(loaded) => loaded,
-        Err(errors) => {
-            eprintln!("{:?}", miette::Report::new(errors));
-            return Ok(ExitCode::from(1));
-        }
+        Err(code) => return Ok(code),
     };
     let recipe = &loaded.recipe;
-    let options = PlanOptions {
-        cluster: cluster(recipe, &args),
-        vocab_size: vocab_size(recipe)?,
-    };
-    let plan = match plan(recipe, &options) {
+    let plan = match super::resolve::plan_or_report(&loaded, cluster(recipe, &args))? {
         Ok(plan) => plan,
-        Err(findings) => {
-            match loaded.check(findings) {
-                Err(errors) => eprintln!("{:?}", miette::Report::new(errors)),
-                Ok(warnings) => {
-                    // Only warnings came back, yet the planner refused: show them as they are.
-                    for finding in warnings {
-                        eprintln!("{}: {}", finding.path, finding.message);
-                    }
-                }
-            }
-            return Ok(ExitCode::from(1));
-        }
+        Err(code) => return Ok(code),
     };
     match args.format {
         Format::Human => {

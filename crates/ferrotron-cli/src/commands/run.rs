@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use ferrotron_plan::{Plan, PlanOptions, plan};
-use ferrotron_recipe::{Backend, Cluster, GpuKind, LoadOptions, Recipe};
+use ferrotron_plan::Plan;
+use ferrotron_recipe::{Backend, Cluster, GpuKind, Recipe};
 use ferrotron_telemetry::{RunDetails, RunManifest, RunStatus};
 use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary, StopFlag, StopReason};
 
@@ -39,18 +39,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let loaded = match ferrotron_recipe::load(
-        &args.recipe,
-        &LoadOptions {
-            overrides: &args.overrides,
-            use_env: true,
-        },
-    ) {
+    let loaded = match super::resolve::load(&args.recipe, &args.overrides) {
         Ok(loaded) => loaded,
-        Err(errors) => {
-            eprintln!("{:?}", miette::Report::new(errors));
-            return Ok(ExitCode::from(1));
-        }
+        Err(code) => return Ok(code),
     };
     let recipe = &loaded.recipe;
     let backend = match args.backend {
@@ -75,27 +66,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     ferrotron_telemetry::init_tracing(recipe.logging.format);
 
     // The CPU backend is one rank in this process, whatever cluster the recipe targets.
-    let options = PlanOptions {
-        cluster: Some(Cluster {
+    let plan = match super::resolve::plan_or_report(
+        &loaded,
+        Some(Cluster {
             nodes: 1,
             gpus_per_node: 1,
             gpu: GpuKind::Cpu,
         }),
-        vocab_size: vocab_size(recipe)?,
-    };
-    let plan = match plan(recipe, &options) {
+    )? {
         Ok(plan) => plan,
-        Err(findings) => {
-            match loaded.check(findings) {
-                Err(errors) => eprintln!("{:?}", miette::Report::new(errors)),
-                Ok(warnings) => {
-                    for finding in warnings {
-                        eprintln!("{}: {}", finding.path, finding.message);
-                    }
-                }
-            }
-            return Ok(ExitCode::from(1));
-        }
+        Err(code) => return Ok(code),
     };
     eprint!("{}", brief(&plan));
 
@@ -138,16 +118,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 fn announce_metrics(address: &str) {
     eprintln!("prometheus metrics at {address}");
-}
-
-fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
-    if let Some(vocab) = recipe.model.vocab_size {
-        return Ok(vocab);
-    }
-    ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).context(
-        "model.vocab_size is not set and the tokenizer could not be loaded to find it; \
-         set model.vocab_size or fix data.tokenizer",
-    )
 }
 
 /// `--run-dir`, else the checkpoint directory's parent, else `runs/<name>`.

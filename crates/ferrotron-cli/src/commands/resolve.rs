@@ -1,0 +1,64 @@
+//! Recipe → plan for the commands that need both (`recipe plan`, `recipe run`).
+//!
+//! Both must print the loader's located diagnostics, fill in the vocabulary from the tokenizer
+//! when the recipe leaves it out, and render the planner's layout findings at their YAML lines.
+//! Keeping that here means the two commands cannot drift apart in what they accept.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use ferrotron_plan::{Plan, PlanOptions, plan};
+use ferrotron_recipe::{Cluster, LoadOptions, LoadedRecipe, Recipe};
+
+/// Loads a recipe with `--set` and environment overrides; on failure the diagnostics are printed
+/// and the exit code for an invalid recipe is returned.
+pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedRecipe, ExitCode> {
+    ferrotron_recipe::load(
+        path,
+        &LoadOptions {
+            overrides,
+            use_env: true,
+        },
+    )
+    .map_err(|errors| {
+        eprintln!("{:?}", miette::Report::new(errors));
+        ExitCode::from(1)
+    })
+}
+
+/// The unpadded vocabulary: the recipe's, else the tokenizer's.
+pub fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
+    if let Some(vocab) = recipe.model.vocab_size {
+        return Ok(vocab);
+    }
+    ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).context(
+        "model.vocab_size is not set and the tokenizer could not be loaded to find it; \
+         set model.vocab_size or fix data.tokenizer",
+    )
+}
+
+/// Plans the loaded recipe on `cluster` (None: the recipe's own). Layout errors are printed at
+/// their lines and turned into the invalid-recipe exit code.
+pub fn plan_or_report(
+    loaded: &LoadedRecipe,
+    cluster: Option<Cluster>,
+) -> anyhow::Result<Result<Plan, ExitCode>> {
+    let recipe = &loaded.recipe;
+    let options = PlanOptions {
+        cluster,
+        vocab_size: vocab_size(recipe)?,
+    };
+    Ok(plan(recipe, &options).map_err(|findings| {
+        match loaded.check(findings) {
+            Err(errors) => eprintln!("{:?}", miette::Report::new(errors)),
+            // Only warnings came back, yet the planner refused: show them as they are.
+            Ok(warnings) => {
+                for finding in warnings {
+                    eprintln!("{}: {}", finding.path, finding.message);
+                }
+            }
+        }
+        ExitCode::from(1)
+    }))
+}
