@@ -59,7 +59,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:?}");
+            eprintln!("error: {err:#}");
             ExitCode::from(2)
         }
     }

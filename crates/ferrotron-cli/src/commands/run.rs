@@ -183,7 +183,7 @@ fn closing(summary: &RunSummary, args: &Args) -> String {
         summary.iteration, summary.train_iters
     ));
     if let Some(loss) = summary.last_loss {
-        out.push_str(&format!(", loss {loss:.4}"));
+        out.push_str(&format!(", last step loss {loss:.4}"));
     }
     if let Some(eval) = summary.last_eval_loss {
         out.push_str(&format!(", validation loss {eval:.4}"));

@@ -11,7 +11,8 @@ use ferrotron_train::{CpuBackend, load_for_inference};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A checkpoint folder (`.../iter_0000300`) or a checkpoint directory (its newest one).
+    /// A checkpoint folder (`.../iter_0000300`), a checkpoint directory or a run directory (its
+    /// newest checkpoint).
     pub checkpoint: PathBuf,
     /// The text to continue.
     #[arg(long)]
@@ -61,16 +62,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The folder itself when committed, else the newest committed checkpoint inside it.
+/// The folder itself when committed, else the newest committed checkpoint inside it, else inside
+/// its `checkpoints/` (a run directory, as `recipe run` lays them out).
 fn checkpoint_folder(path: &Path) -> anyhow::Result<PathBuf> {
     if is_committed(path) {
         return Ok(path.to_path_buf());
     }
-    let latest = CheckpointStore::new(path, None).latest()?;
-    latest.map(|c| c.path).with_context(|| {
-        format!(
-            "{} is neither a committed checkpoint nor a directory holding one",
-            path.display()
-        )
-    })
+    for dir in [path.to_path_buf(), path.join("checkpoints")] {
+        if let Some(latest) = CheckpointStore::new(&dir, None).latest()? {
+            return Ok(latest.path);
+        }
+    }
+    anyhow::bail!(
+        "{} is neither a committed checkpoint nor a directory (or run directory) holding one",
+        path.display()
+    )
 }
