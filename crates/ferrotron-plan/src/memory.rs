@@ -311,7 +311,8 @@ fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<
     let (weight, gradient, optimizer) = bytes_per_parameter(setup.recipe.precision.dtype);
     let distributed = setup.recipe.parallel.distributed_optimizer;
     let dense_shards = if distributed {
-        f64::from(d.dp * d.cp)
+        // Each distributed-optimizer instance holds a full copy, sharded over its share of dp·cp.
+        f64::from(d.dp * d.cp) / f64::from(setup.recipe.parallel.distributed_optimizer_instances)
     } else {
         1.0
     };

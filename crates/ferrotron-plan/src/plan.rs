@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrotron_recipe::{Cluster, Degree, Finding, GpuKind, Recipe};
+use ferrotron_recipe::{Cluster, Degree, Finding, GpuKind, Recipe, RecomputeGranularity};
 use serde::{Deserialize, Serialize};
 
 use crate::flops::flops_per_iteration;
@@ -12,7 +12,7 @@ use crate::layout::{Degrees, Layout};
 use crate::memory::{Memory, memory, stage_local_parameters};
 use crate::params::{ParameterCount, parameter_count};
 use crate::ranks::{ProcessGroups, RankGroups, RankInfo, rank_grid};
-use crate::search::{AutoReport, SearchFailure, search, setup};
+use crate::search::{AutoReport, SearchFailure, recompute_settings, search, setup};
 use crate::stages::StageInfo;
 use crate::time::{Predicted, predict};
 
@@ -165,6 +165,9 @@ fn auto_keys(recipe: &Recipe) -> Vec<String> {
     if p.expert_tensor.is_some_and(Degree::is_auto) {
         keys.push("parallel.expert_tensor".to_owned());
     }
+    if recipe.recompute.granularity == RecomputeGranularity::Auto {
+        keys.push("recompute.granularity".to_owned());
+    }
     keys
 }
 
@@ -258,6 +261,8 @@ pub fn plan(recipe: &Recipe, opts: &PlanOptions) -> Result<Plan, Vec<Finding>> {
         }
     };
     let best = &ranked[0];
+    let mut resolved = resolved;
+    resolved.recompute = recompute_settings(&resolved.recompute, best.recompute);
     let layout = Layout {
         degrees: best.degrees,
         micro_batch_size: best.micro_batch_size,
@@ -428,6 +433,50 @@ mod tests {
         assert_eq!(plan.world_size, 1);
         assert_eq!(plan.cluster.gpu, GpuKind::Cpu);
         assert!(plan.hardware.source.contains("NOMINAL"));
+    }
+
+    #[test]
+    fn recompute_auto_takes_the_cheapest_setting_that_fits() {
+        let plan_with = |granularity, micro_batch_size| {
+            let mut recipe = llama3_8b();
+            recipe.recompute.granularity = granularity;
+            recipe.training.micro_batch_size = Degree::Fixed(micro_batch_size);
+            recipe.parallel.tensor = Degree::Fixed(2);
+            recipe.parallel.sequence_parallel = true;
+            recipe.parallel.distributed_optimizer = true;
+            plan(
+                &recipe,
+                &PlanOptions {
+                    cluster: h100(1),
+                    vocab_size: 128256,
+                },
+            )
+            .expect("plans")
+        };
+        // Small microbatches fit without recomputation, which costs only time: auto keeps none.
+        assert!(plan_with(RecomputeGranularity::None, 1).memory.fits);
+        let small = plan_with(RecomputeGranularity::Auto, 1);
+        assert_eq!(
+            small.recipe.recompute.granularity,
+            RecomputeGranularity::None
+        );
+        let auto = small.auto.as_ref().expect("auto report");
+        assert_eq!(auto.resolved, vec!["recompute.granularity"]);
+        assert_eq!(auto.searched, 3);
+        // Large ones do not fit without it: auto recomputes, and the result fits.
+        assert!(!plan_with(RecomputeGranularity::None, 8).memory.fits);
+        let large = plan_with(RecomputeGranularity::Auto, 8);
+        assert_ne!(
+            large.recipe.recompute.granularity,
+            RecomputeGranularity::None
+        );
+        assert_ne!(
+            large.recipe.recompute.granularity,
+            RecomputeGranularity::Auto
+        );
+        assert!(large.memory.fits);
+        let top = &large.auto.as_ref().expect("auto report").top;
+        assert_eq!(top[0].recompute, large.recipe.recompute.granularity);
     }
 
     #[test]

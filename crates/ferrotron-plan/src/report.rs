@@ -236,7 +236,7 @@ pub fn render_human(plan: &Plan) -> String {
             let d = cand.degrees;
             let _ = writeln!(
                 out,
-                "  {}. tp {} cp {} dp {} pp {}/{} ep {} etp {} mbs {}: {:.0} tokens/s/GPU, MFU {:.1}%; {}",
+                "  {}. tp {} cp {} dp {} pp {}/{} ep {} etp {} mbs {} recompute {}: {:.0} tokens/s/GPU, MFU {:.1}%; {}",
                 rank + 1,
                 d.tp,
                 d.cp,
@@ -246,6 +246,7 @@ pub fn render_human(plan: &Plan) -> String {
                 d.ep,
                 d.etp,
                 cand.micro_batch_size,
+                recompute_name(cand.recompute),
                 cand.tokens_per_second_per_gpu,
                 100.0 * cand.mfu,
                 cand.why
@@ -289,4 +290,14 @@ pub fn render_explain(plan: &Plan) -> String {
         );
     }
     out
+}
+
+fn recompute_name(granularity: ferrotron_recipe::RecomputeGranularity) -> &'static str {
+    use ferrotron_recipe::RecomputeGranularity::*;
+    match granularity {
+        None => "none",
+        Selective => "selective",
+        Full => "full",
+        Auto => "auto",
+    }
 }

@@ -5,7 +5,7 @@
 //! to the layer count, a handful of virtual-stage, context and micro-batch choices), and each
 //! candidate costs only arithmetic, so even a 16,384-GPU cluster plans in milliseconds.
 
-use ferrotron_recipe::{Cluster, Degree, Recipe};
+use ferrotron_recipe::{Cluster, Degree, Recipe, Recompute, RecomputeGranularity, RecomputeMethod};
 use serde::{Deserialize, Serialize};
 
 use crate::hardware::GpuSpec;
@@ -21,6 +21,8 @@ use crate::{memory, rules, time};
 pub struct Candidate {
     pub degrees: Degrees,
     pub micro_batch_size: u32,
+    /// Activation recomputation of this candidate (differs only when the recipe says `auto`).
+    pub recompute: RecomputeGranularity,
     pub step_seconds: f64,
     pub tokens_per_second_per_gpu: f64,
     pub mfu: f64,
@@ -53,6 +55,44 @@ pub(crate) enum SearchFailure {
         smallest: Box<(Layout, u64)>,
         limit: u64,
     },
+}
+
+/// The recomputation settings `granularity` stands for: full recomputation checkpoints every
+/// layer (uniform, one layer per chunk), Megatron's usual choice when memory forces it.
+pub(crate) fn recompute_settings(base: &Recompute, granularity: RecomputeGranularity) -> Recompute {
+    match granularity {
+        RecomputeGranularity::Full if base.granularity == RecomputeGranularity::Auto => Recompute {
+            granularity,
+            method: Some(RecomputeMethod::Uniform),
+            num_layers: Some(1),
+        },
+        _ if base.granularity == RecomputeGranularity::Auto => Recompute {
+            granularity,
+            method: None,
+            num_layers: None,
+        },
+        _ => base.clone(),
+    }
+}
+
+/// The recipes the search tries: one per recomputation choice when it is `auto`.
+fn recompute_variants(recipe: &Recipe) -> Vec<Recipe> {
+    let choices = match recipe.recompute.granularity {
+        RecomputeGranularity::Auto => vec![
+            RecomputeGranularity::None,
+            RecomputeGranularity::Selective,
+            RecomputeGranularity::Full,
+        ],
+        fixed => vec![fixed],
+    };
+    choices
+        .into_iter()
+        .map(|granularity| {
+            let mut variant = recipe.clone();
+            variant.recompute = recompute_settings(&recipe.recompute, granularity);
+            variant
+        })
+        .collect()
 }
 
 fn options(degree: Degree, open: impl FnOnce() -> Vec<u32>) -> Vec<u32> {
@@ -213,12 +253,16 @@ pub(crate) fn search(
     flops_of: impl Fn(u32) -> f64,
 ) -> Result<(Vec<Candidate>, u32, u32, u32), SearchFailure> {
     let layouts = enumerate(recipe, original_expert_tensor, cluster);
-    let searched = layouts.len() as u32;
+    let variants = recompute_variants(recipe);
+    let searched = (layouts.len() * variants.len()) as u32;
     let limit = GpuSpec::of(cluster.gpu).memory_bytes as u64;
     let mut valid = 0;
     let mut smallest: Option<(Layout, u64)> = None;
     let mut ranked = Vec::new();
-    for layout in layouts {
+    for (layout, recipe) in layouts
+        .iter()
+        .flat_map(|layout| variants.iter().map(move |recipe| (*layout, recipe)))
+    {
         let findings = rules::check(recipe, OpenLayout::from_layout(&layout), Some(cluster.gpu));
         if findings.iter().any(|f| f.is_error()) {
             continue;
@@ -239,6 +283,7 @@ pub(crate) fn search(
         let mut candidate = Candidate {
             degrees: layout.degrees,
             micro_batch_size: layout.micro_batch_size,
+            recompute: recipe.recompute.granularity,
             step_seconds: predicted.step_seconds,
             tokens_per_second_per_gpu: predicted.tokens_per_second_per_gpu,
             mfu: predicted.mfu,

@@ -269,6 +269,11 @@ pub struct Parallel {
     /// ZeRO-1: shard optimizer states over data-parallel ranks.
     #[serde(default)]
     pub distributed_optimizer: bool,
+    /// Megatron's `--num-distributed-optimizer-instances`: shard the optimizer within this many
+    /// groups of data × context ranks (each holds a full copy), not across all of them.
+    #[serde(default = "defaults::one")]
+    #[schemars(range(min = 1))]
+    pub distributed_optimizer_instances: u32,
     /// Count the input embedding as a layer when splitting layers over pipeline stages.
     #[serde(default)]
     pub account_for_embedding_in_pipeline_split: bool,
@@ -303,6 +308,7 @@ impl Default for Parallel {
             data: Degree::AUTO,
             sequence_parallel: false,
             distributed_optimizer: false,
+            distributed_optimizer_instances: 1,
             account_for_embedding_in_pipeline_split: false,
             account_for_loss_in_pipeline_split: false,
             num_layers_in_first_pipeline_stage: None,
@@ -486,6 +492,9 @@ pub enum RecomputeGranularity {
     None,
     Selective,
     Full,
+    /// The planner picks none, selective or full (uniform, one layer per checkpoint): the
+    /// fastest that fits in memory.
+    Auto,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -10,6 +10,41 @@ pub(super) fn check(c: &mut Check<'_>) {
     expert_grid(c);
     batch(c);
     sequence(c);
+    optimizer_instances(c);
+}
+
+/// `--num-distributed-optimizer-instances` (parallel_state: the intra-instance data-parallel
+/// group is dp·cp / instances ranks) only means something with the distributed optimizer.
+fn optimizer_instances(c: &mut Check<'_>) {
+    let p = &c.recipe.parallel;
+    let instances = p.distributed_optimizer_instances;
+    if instances <= 1 {
+        return;
+    }
+    if !p.distributed_optimizer {
+        c.error(
+            "layout::optimizer-instances-need-distributed-optimizer",
+            "parallel.distributed_optimizer_instances",
+            format!("distributed_optimizer_instances: {instances} needs the distributed optimizer"),
+            "set parallel.distributed_optimizer: true, or distributed_optimizer_instances: 1"
+                .to_owned(),
+        );
+        return;
+    }
+    let (Some(dp), Some(cp)) = (c.open.dp, c.open.cp) else {
+        return;
+    };
+    let replicas = dp * cp;
+    if replicas % instances != 0 {
+        c.error(
+            "layout::optimizer-instances-divide-dp-cp",
+            "parallel.distributed_optimizer_instances",
+            format!(
+                "distributed_optimizer_instances: {instances} does not divide data × context = {dp}×{cp} = {replicas}"
+            ),
+            format!("valid: {}", list(&divisors(replicas))),
+        );
+    }
 }
 
 fn dense_grid(c: &mut Check<'_>) {
@@ -182,6 +217,27 @@ mod tests {
 
     use crate::rules::test_support::{cluster, codes, only};
     use crate::testing::gpt2_small;
+
+    #[test]
+    fn optimizer_instances_need_the_distributed_optimizer_and_divide_dp_cp() {
+        let mut recipe = gpt2_small();
+        recipe.parallel.distributed_optimizer_instances = 2;
+        only(
+            &recipe,
+            Some(&cluster(1, 8)),
+            "layout::optimizer-instances-need-distributed-optimizer",
+        );
+        recipe.parallel.distributed_optimizer = true;
+        assert!(codes(&recipe, Some(&cluster(1, 8))).is_empty());
+        recipe.parallel.distributed_optimizer_instances = 3;
+        let finding = only(
+            &recipe,
+            Some(&cluster(1, 8)),
+            "layout::optimizer-instances-divide-dp-cp",
+        );
+        assert_eq!(finding.path, "parallel.distributed_optimizer_instances");
+        assert_eq!(finding.help.as_deref(), Some("valid: 1, 2, 4, 8"));
+    }
 
     #[test]
     fn world_must_be_divisible_by_model_parallel() {
