@@ -170,10 +170,7 @@ impl Group {
                     missing,
                     verb: "arrive",
                 };
-                state.poisoned = Some(err.to_string());
-                drop(state);
-                self.changed.notify_all();
-                return Err(err);
+                return Err(self.fail(state, err));
             }
             state = self
                 .changed
@@ -194,6 +191,14 @@ impl Group {
             state.last = None;
         }
         outcome
+    }
+
+    /// Poisons the group with `err` so every rank still waiting in it returns an error too.
+    fn fail(&self, mut state: MutexGuard<'_, State>, err: CommError) -> CommError {
+        state.poisoned = Some(err.to_string());
+        drop(state);
+        self.changed.notify_all();
+        err
     }
 
     fn missing(&self, open: &[Option<Deposit>]) -> Vec<u32> {
@@ -259,10 +264,7 @@ impl Group {
                     missing: vec![self.label.ranks[from]],
                     verb: "send",
                 };
-                state.poisoned = Some(err.to_string());
-                drop(state);
-                self.changed.notify_all();
-                return Err(err);
+                return Err(self.fail(state, err));
             }
             state = self
                 .changed

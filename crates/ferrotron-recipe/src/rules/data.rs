@@ -152,9 +152,7 @@ mod tests {
     use crate::rules::fixture::{codes, recipe};
 
     fn run(recipe: &Recipe) -> Vec<Finding> {
-        let mut out = Vec::new();
-        check(recipe, &mut out);
-        out
+        crate::rules::fixture::run(check, recipe)
     }
 
     #[test]

@@ -38,6 +38,16 @@ pub(crate) mod fixture {
         serde_json::from_value(json).expect("fixture recipe is valid")
     }
 
+    /// The findings of one rule module's `check` on `recipe`.
+    pub fn run(
+        check: fn(&Recipe, &mut Vec<crate::Finding>),
+        recipe: &Recipe,
+    ) -> Vec<crate::Finding> {
+        let mut out = Vec::new();
+        check(recipe, &mut out);
+        out
+    }
+
     pub fn codes(findings: &[crate::Finding]) -> Vec<&str> {
         findings.iter().map(|f| f.code.as_str()).collect()
     }

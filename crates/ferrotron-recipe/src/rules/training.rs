@@ -227,9 +227,7 @@ mod tests {
     use crate::{Degree, RecomputeMethod};
 
     fn run(recipe: &Recipe) -> Vec<Finding> {
-        let mut out = Vec::new();
-        check(recipe, &mut out);
-        out
+        crate::rules::fixture::run(check, recipe)
     }
 
     #[test]
