@@ -25,6 +25,8 @@ pub struct BlendedDataset {
     datasets: Vec<GptDataset>,
     /// `None` for a single dataset, whose samples are used as they are.
     indices: Option<IndexArrays>,
+    /// The blending index's cache key; `None` for a single dataset.
+    cache_key: Option<String>,
     len: u64,
     seq_length: u32,
 }
@@ -37,6 +39,7 @@ impl BlendedDataset {
             seq_length: dataset.seq_length(),
             datasets: vec![dataset],
             indices: None,
+            cache_key: None,
         }
     }
 
@@ -94,6 +97,7 @@ impl BlendedDataset {
         Ok(BlendedDataset {
             datasets,
             indices: Some(indices),
+            cache_key: Some(entry.key),
             len: size,
             seq_length,
         })
@@ -115,6 +119,15 @@ impl BlendedDataset {
     }
 
     /// The blended datasets, in blend order.
+    /// The cache keys of every index this split reads (its datasets', then the blend's).
+    pub fn cache_keys(&self) -> Vec<String> {
+        self.datasets
+            .iter()
+            .map(|dataset| dataset.cache_key().to_owned())
+            .chain(self.cache_key.clone())
+            .collect()
+    }
+
     pub fn datasets(&self) -> &[GptDataset] {
         &self.datasets
     }

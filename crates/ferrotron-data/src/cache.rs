@@ -36,6 +36,8 @@ struct ArrayView {
 #[derive(Debug, Clone)]
 pub(crate) struct CacheEntry {
     pub(crate) data: PathBuf,
+    /// The `KEY-KIND` stem: what a run manifest records to name the indices it trained on.
+    pub(crate) key: String,
     description_file: PathBuf,
     description: String,
 }
@@ -48,6 +50,7 @@ impl CacheEntry {
         let key = blake3::hash(description.as_bytes()).to_hex();
         let stem = format!("{}-{kind}", &key[..32]);
         CacheEntry {
+            key: stem.clone(),
             data: dir.join(format!("{stem}.idxcache")),
             description_file: dir.join(format!("{stem}.json")),
             description,

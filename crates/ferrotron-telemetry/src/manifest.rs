@@ -170,6 +170,13 @@ impl RunManifest {
         Ok(manifest)
     }
 
+    /// Records the data indices the run reads once the data layer has built them (after the
+    /// manifest was started, so a run that fails on its data still leaves a manifest).
+    pub fn record_data_cache_keys(&mut self, keys: Vec<String>) -> Result<(), TelemetryError> {
+        self.data_cache_keys = Some(keys);
+        self.write()
+    }
+
     /// Records the end of the run: its status, the exit code and the end time.
     pub fn finish(&mut self, status: RunStatus, exit_code: i32) -> Result<(), TelemetryError> {
         self.status = status;
@@ -320,6 +327,13 @@ mod tests {
         assert_eq!(on_disk.seed, 7);
         assert_eq!(on_disk.data_cache_keys, Some(vec!["k1".to_owned()]));
         assert!(on_disk.started_at.ends_with('Z'), "{}", on_disk.started_at);
+        manifest
+            .record_data_cache_keys(vec!["k2-GPTDataset".into()])
+            .unwrap();
+        assert_eq!(
+            RunManifest::read(&run_dir).unwrap().data_cache_keys,
+            Some(vec!["k2-GPTDataset".to_owned()])
+        );
         assert!(!on_disk.hosts[0].is_empty());
 
         manifest.finish(RunStatus::Finished, 0).unwrap();

@@ -22,6 +22,18 @@ pub struct GptData {
     pub test: Option<BlendedDataset>,
 }
 
+impl GptData {
+    /// The cache keys of every index the run reads, train then valid then test: the
+    /// provenance a run manifest records (same keys, same samples in the same order).
+    pub fn cache_keys(&self) -> Vec<String> {
+        [Some(&self.train), self.valid.as_ref(), self.test.as_ref()]
+            .into_iter()
+            .flatten()
+            .flat_map(BlendedDataset::cache_keys)
+            .collect()
+    }
+}
+
 /// Builds (or loads from the cache) the train/valid/test datasets of `data`.
 ///
 /// `samples` are the samples needed per split (Megatron's `train_valid_test_num_samples`); a

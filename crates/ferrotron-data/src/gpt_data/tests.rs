@@ -108,9 +108,15 @@ fn raw_jsonl_in_the_blend_is_preprocessed_and_deterministic() {
             again.train.sample(i).unwrap()
         );
     }
+    // The manifest's provenance: one key per index read, stable across rebuilds.
+    let keys = first.cache_keys();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys.iter().all(|key| key.ends_with("-GPTDataset")), "{keys:?}");
+    assert_eq!(keys, again.cache_keys());
     // Another seed, another order.
     data.split = "969,30,1".into();
     let reseeded = build_gpt_data(&data, 64, 99, [200, 20, 0], &tok).unwrap();
+    assert_ne!(keys, reseeded.cache_keys());
     assert_ne!(
         first.train.batch(0..8).unwrap(),
         reseeded.train.batch(0..8).unwrap()

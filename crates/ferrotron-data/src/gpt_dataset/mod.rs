@@ -51,6 +51,7 @@ pub struct GptDatasetConfig {
 pub struct GptDataset {
     indexed: Arc<IndexedDataset>,
     indices: IndexArrays,
+    cache_key: String,
     seq_length: u32,
     len: u64,
 }
@@ -102,9 +103,15 @@ impl GptDataset {
         Ok(GptDataset {
             indexed,
             indices,
+            cache_key: entry.key,
             seq_length: config.seq_length,
             len,
         })
+    }
+
+    /// The `KEY-KIND` name of this dataset's cached indices.
+    pub fn cache_key(&self) -> &str {
+        &self.cache_key
     }
 
     /// Number of samples (at least the number requested).
