@@ -111,7 +111,10 @@ fn raw_jsonl_in_the_blend_is_preprocessed_and_deterministic() {
     // The manifest's provenance: one key per index read, stable across rebuilds.
     let keys = first.cache_keys();
     assert_eq!(keys.len(), 2, "{keys:?}");
-    assert!(keys.iter().all(|key| key.ends_with("-GPTDataset")), "{keys:?}");
+    assert!(
+        keys.iter().all(|key| key.ends_with("-GPTDataset")),
+        "{keys:?}"
+    );
     assert_eq!(keys, again.cache_keys());
     // Another seed, another order.
     data.split = "969,30,1".into();
