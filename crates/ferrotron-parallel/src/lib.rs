@@ -1,0 +1,36 @@
+//! Parallelism written once, on burn tensors, against communicators.
+//!
+//! Every layout (tensor, sequence, context, expert, pipeline and data parallelism) is the
+//! single-rank arithmetic split over ranks. This crate holds the pieces every layer of that
+//! split shares, so the model and the runtime never see a concrete communicator or a backend's
+//! internals:
+//!
+//! - [`DynComm`]/[`Comm`]: an object-safe communicator, so one `ParallelContext` type serves
+//!   thread ranks, TCP processes and NCCL alike without generics leaking into every model type;
+//! - [`ParallelContext`]: a rank's groups (tp, cp, ep, etp, dp, dp_cp, edp, pp, embedding);
+//! - [`ShardSpec`]/[`ParamRole`]: where a local tensor sits in the global one-rank tensor and how
+//!   its gradient is reduced, the contract between model, optimizer and checkpoints;
+//! - [`ParallelOps`] and [`collectives`]: Megatron's conjugate region operators as autodiff
+//!   ops with their own backward.
+
+mod autodiff;
+#[cfg(feature = "burn-cuda")]
+mod burn_cuda;
+mod comm;
+mod context;
+mod host;
+mod ops;
+mod shard;
+mod solo;
+
+pub mod collectives;
+
+#[cfg(test)]
+mod tests;
+
+pub use comm::{Comm, DynComm};
+pub use context::ParallelContext;
+pub use ferrotron_dist::{CommError, GroupLabel, ReduceOp};
+pub use ops::ParallelOps;
+pub use shard::{ParamRole, ShardError, ShardSpec, Split};
+pub use solo::solo;

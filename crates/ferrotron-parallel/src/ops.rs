@@ -1,0 +1,98 @@
+//! [`ParallelOps`]: the region operators as a backend extension, burn's custom-op mechanism.
+//!
+//! The defaults are the forward computation through a host round trip and serve every plain
+//! backend (they have no graph to record); `Autodiff<B>` overrides each with a tracked op whose
+//! backward is the conjugate collective (see `autodiff.rs`). A GPU backend can later override the
+//! defaults with device-side NCCL calls without the model changing.
+//!
+//! Every op is the identity on a group of one, without touching the data, so the single-rank
+//! model pays nothing for being written against groups.
+
+use burn::tensor::TensorMetadata;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+
+use crate::comm::Comm;
+use crate::host;
+use ferrotron_dist::ReduceOp;
+
+pub trait ParallelOps: Backend {
+    /// Forward identity; backward all-reduces the gradient (Megatron's `f`).
+    fn copy_to_region(x: FloatTensor<Self>, comm: &Comm) -> FloatTensor<Self> {
+        let _ = comm;
+        x
+    }
+
+    /// Forward all-reduce (sum); backward identity (Megatron's `g`).
+    fn reduce_from_region(x: FloatTensor<Self>, comm: &Comm) -> FloatTensor<Self> {
+        if comm.size() == 1 {
+            return x;
+        }
+        host::all_reduce::<Self>(x, ReduceOp::Sum, comm)
+    }
+
+    /// Forward all-gather along `dim`; backward keeps this rank's chunk.
+    fn gather_from_region(x: FloatTensor<Self>, dim: usize, comm: &Comm) -> FloatTensor<Self> {
+        if comm.size() == 1 {
+            return x;
+        }
+        host::all_gather::<Self>(x, dim, comm)
+    }
+
+    /// Forward keeps this rank's chunk along `dim`; backward all-gathers.
+    fn scatter_to_region(x: FloatTensor<Self>, dim: usize, comm: &Comm) -> FloatTensor<Self> {
+        if comm.size() == 1 {
+            return x;
+        }
+        host::own_chunk::<Self>(x, dim, comm)
+    }
+
+    /// Forward all-gather along `dim`; backward reduce-scatters (sequence parallel, CP K/V).
+    fn gather_from_sequence_region(
+        x: FloatTensor<Self>,
+        dim: usize,
+        comm: &Comm,
+    ) -> FloatTensor<Self> {
+        if comm.size() == 1 {
+            return x;
+        }
+        host::all_gather::<Self>(x, dim, comm)
+    }
+
+    /// Forward reduce-scatter (sum) along `dim`; backward all-gathers.
+    fn reduce_scatter_to_sequence_region(
+        x: FloatTensor<Self>,
+        dim: usize,
+        comm: &Comm,
+    ) -> FloatTensor<Self> {
+        if comm.size() == 1 {
+            return x;
+        }
+        host::reduce_scatter::<Self>(x, dim, comm)
+    }
+
+    /// Rows of a 2-D tensor: the first `send_counts[0]` to rank 0, …; receives `recv_counts[j]`
+    /// rows from rank `j`, in rank order. Backward is the reverse exchange.
+    fn all_to_all_rows(
+        x: FloatTensor<Self>,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        comm: &Comm,
+    ) -> FloatTensor<Self> {
+        let rows = x.shape().first().copied();
+        if comm.size() == 1 && send_counts == recv_counts && send_counts.first() == rows.as_ref() {
+            return x;
+        }
+        host::all_to_all_rows::<Self>(x, send_counts, recv_counts, comm)
+    }
+
+    /// All-reduce with no gradient (vocab-parallel max, statistics).
+    fn all_reduce_detached(x: FloatTensor<Self>, op: ReduceOp, comm: &Comm) -> FloatTensor<Self> {
+        if comm.size() == 1 {
+            return x;
+        }
+        host::all_reduce::<Self>(x, op, comm)
+    }
+}
+
+impl ParallelOps for burn::backend::Flex {}
