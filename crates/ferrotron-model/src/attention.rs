@@ -1,6 +1,11 @@
 //! Causal self-attention with grouped queries. The fused QKV projection keeps Megatron's layout
-//! (per key/value group: its query heads, then its key, then its value), so a tensor-parallel
-//! split along groups and a Megatron checkpoint import stay straightforward.
+//! (per key/value group: its query heads, then its key, then its value), so tensor parallelism
+//! is a contiguous split of the QKV columns over groups (each rank gets whole groups with their
+//! query heads) and a row split of the output projection.
+//!
+//! With context parallelism a rank holds two chunks of the sequence: keys and values are
+//! all-gathered over cp (the backward reduce-scatters their gradients) and the causal mask
+//! compares global positions.
 //!
 //! The score computation goes through burn's `attention` module op, which a backend may replace
 //! with flash attention. That op has no dropout, so only when attention dropout is live (an
@@ -10,26 +15,34 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::module::attention;
+use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Tensor};
+use ferrotron_parallel::collectives::gather_from_sequence_region;
+use ferrotron_parallel::{Comm, ParallelOps, solo};
 use ferrotron_recipe::PositionEmbedding;
 
-use crate::ModelConfig;
 use crate::init::{normal_linear, scaled_std};
+use crate::parallel::{Placement, SequencePositions, TensorParallel, cut_module};
 use crate::rope::RotaryEmbedding;
+use crate::{ModelConfig, ModelError};
 
 #[derive(Module, Debug)]
 pub struct SelfAttention<B: Backend> {
-    /// `[hidden, (heads + 2·groups)·head_dim]`
+    /// `[hidden, (heads + 2·groups)·head_dim]` (columns divided by tp on a tp rank).
     qkv: Linear<B>,
-    /// `[heads·head_dim, hidden]`
+    /// `[heads·head_dim, hidden]` (rows divided by tp).
     proj: Linear<B>,
     rope: Option<RotaryEmbedding<B>>,
     dropout: Dropout,
+    /// Heads and groups on this rank.
     num_heads: usize,
     num_groups: usize,
     head_dim: usize,
+    #[module(skip)]
+    tp: TensorParallel,
+    #[module(skip)]
+    cp: Comm,
 }
 
 impl<B: Backend> SelfAttention<B> {
@@ -64,11 +77,46 @@ impl<B: Backend> SelfAttention<B> {
             num_heads: heads,
             num_groups: groups,
             head_dim,
+            tp: TensorParallel::single(),
+            cp: solo(),
         }
     }
 
-    /// `[batch, seq, hidden]` → `[batch, seq, hidden]`; position t sees positions ≤ t only.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// This rank's part of a full one-rank attention layer: `groups / tp` query groups with
+    /// their heads, computing over `tp` and `cp`.
+    pub fn shard(&self, tp: &TensorParallel, cp: &Comm) -> Result<Self, ModelError> {
+        let size = tp.size();
+        if !self.num_groups.is_multiple_of(size) {
+            return Err(ModelError::Layout(format!(
+                "{} query groups cannot be split over {size} tensor-parallel ranks (Megatron splits attention by query group)",
+                self.num_groups
+            )));
+        }
+        let placed = cut_module(self, |name| Self::placement(name, tp))?;
+        Ok(SelfAttention {
+            num_heads: self.num_heads / size,
+            num_groups: self.num_groups / size,
+            tp: tp.clone(),
+            cp: cp.clone(),
+            ..placed
+        })
+    }
+
+    /// How parameter `name` (`qkv.weight`, `proj.bias`, ...) is split over `tp`.
+    pub fn placement(name: &str, tp: &TensorParallel) -> Placement {
+        match name {
+            "qkv.weight" => Placement::split(tp, 1, 1),
+            "qkv.bias" | "proj.weight" => Placement::split(tp, 0, 1),
+            _ => Placement::replicated(tp),
+        }
+    }
+}
+
+impl<B: ParallelOps> SelfAttention<B> {
+    /// `[batch, seq, hidden]` → `[batch, seq, hidden]` (`seq` is this rank's part with sequence
+    /// parallelism); a token sees the tokens at or before its global position only.
+    pub fn forward(&self, x: Tensor<B, 3>, positions: &SequencePositions<B>) -> Tensor<B, 3> {
+        let x = self.tp.enter(x);
         let [batch, seq, _] = x.dims();
         let (heads, groups, head_dim) = (self.num_heads, self.num_groups, self.head_dim);
         let per_group = heads / groups;
@@ -93,25 +141,49 @@ impl<B: Backend> SelfAttention<B> {
             .swap_dims(1, 2);
 
         let (query, key) = match &self.rope {
-            Some(rope) => (rope.apply(query), rope.apply(key)),
+            Some(rope) => (rope.apply(query, positions), rope.apply(key, positions)),
             None => (query, key),
+        };
+        let (key, value) = if self.cp.size() > 1 {
+            (
+                gather_from_sequence_region(key, 2, &self.cp),
+                gather_from_sequence_region(value, 2, &self.cp),
+            )
+        } else {
+            (key, value)
         };
         let key = repeat_groups(key, per_group);
         let value = repeat_groups(value, per_group);
 
         let context = if self.dropout.prob > 0.0 && B::ad_enabled(&query.device()) {
-            self.attention_with_dropout(query, key, value)
+            self.attention_with_dropout(query, key, value, positions)
         } else {
-            let options = AttentionModuleOptions {
-                is_causal: true,
-                ..Default::default()
-            };
-            attention(query, key, value, None, None, options)
+            match positions.future() {
+                Some(future) => {
+                    let [_, _, keys, _] = key.dims();
+                    let mask = future
+                        .clone()
+                        .unsqueeze::<4>()
+                        .expand([batch, heads, seq, keys]);
+                    attention(query, key, value, Some(mask), None, Default::default())
+                }
+                None => {
+                    let options = AttentionModuleOptions {
+                        is_causal: true,
+                        ..Default::default()
+                    };
+                    attention(query, key, value, None, None, options)
+                }
+            }
         };
         let context = context
             .swap_dims(1, 2)
             .reshape([batch, seq, heads * head_dim]);
-        self.proj.forward(context)
+        let output = self.tp.exit(linear(context, self.proj.weight.val(), None));
+        match &self.proj.bias {
+            Some(bias) => output + bias.val().unsqueeze(),
+            None => output,
+        }
     }
 
     fn attention_with_dropout(
@@ -119,14 +191,18 @@ impl<B: Backend> SelfAttention<B> {
         query: Tensor<B, 4>,
         key: Tensor<B, 4>,
         value: Tensor<B, 4>,
+        positions: &SequencePositions<B>,
     ) -> Tensor<B, 4> {
         let [batch, heads, seq, _] = query.dims();
+        let [_, _, keys, _] = key.dims();
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let scores = query.matmul(key.swap_dims(2, 3)) * scale;
-        // burn's `tril_mask` is true outside the lower triangle: exactly the future keys.
-        let future = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, &scores.device())
-            .unsqueeze::<4>()
-            .expand([batch, heads, seq, seq]);
+        let future = match positions.future() {
+            Some(future) => future.clone(),
+            // burn's `tril_mask` is true outside the lower triangle: exactly the future keys.
+            None => Tensor::<B, 2, Bool>::tril_mask([seq, keys], 0, &scores.device()),
+        };
+        let future = future.unsqueeze::<4>().expand([batch, heads, seq, keys]);
         let probabilities = softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
         self.dropout.forward(probabilities).matmul(value)
     }
@@ -181,8 +257,9 @@ mod tests {
         mha.proj.weight = Param::from_tensor(gqa.proj.weight.val());
 
         let x = Tensor::<Cpu, 3>::random([2, 6, 16], Distribution::Normal(0.0, 1.0), &device);
-        let a = values(gqa.forward(x.clone()));
-        let b = values(mha.forward(x));
+        let positions = SequencePositions::new(6, 0, 1, &device).expect("one cp rank");
+        let a = values(gqa.forward(x.clone(), &positions));
+        let b = values(mha.forward(x, &positions));
         for (u, v) in a.iter().zip(&b) {
             assert!((u - v).abs() < 1e-5, "{u} vs {v}");
         }
@@ -194,6 +271,7 @@ mod tests {
         model.num_query_groups = Some(1);
         let attention = SelfAttention::<Cpu>::new(&config(&model), &Default::default());
         let x = Tensor::<Cpu, 3>::ones([1, 5, 16], &Default::default());
-        assert_eq!(attention.forward(x).dims(), [1, 5, 16]);
+        let positions = SequencePositions::new(5, 0, 1, &Default::default()).expect("one cp rank");
+        assert_eq!(attention.forward(x, &positions).dims(), [1, 5, 16]);
     }
 }

@@ -6,13 +6,15 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole};
 
-use crate::ModelConfig;
 use crate::attention::SelfAttention;
 use crate::init::scaled_std;
 use crate::mlp::{Mlp, MlpShape};
 use crate::moe::{MoeLayer, MoeStats};
 use crate::norm::Norm;
+use crate::parallel::{Placement, SequencePositions, TensorParallel, cut_module, roles_of};
+use crate::{ModelConfig, ModelError};
 
 /// Both variants live once per layer for the model's lifetime, so their size difference costs
 /// nothing worth boxing for (and burn's `Module` derive does not see through a `Box`).
@@ -70,19 +72,56 @@ impl<B: Backend> TransformerBlock<B> {
         }
     }
 
-    /// `[batch, seq, hidden]` → same shape, plus routing statistics for an MoE layer.
-    pub fn forward(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, Option<MoeStats<B>>) {
-        let attended = self.attention.forward(self.input_norm.forward(x.clone()));
-        let x = x + self.hidden_dropout.forward(attended);
-        let normed = self.pre_mlp_norm.forward(x.clone());
-        let (transformed, stats) = match &self.feed_forward {
-            FeedForward::Dense(mlp) => (mlp.forward(normed), None),
-            FeedForward::Moe(moe) => {
-                let (out, stats) = moe.forward(normed);
-                (out, Some(stats))
-            }
+    /// This rank's part of a full one-rank layer.
+    pub fn shard(&self, ctx: &ParallelContext, tp: &TensorParallel) -> Result<Self, ModelError> {
+        let replicated = |_: &str| Placement::replicated(tp);
+        let feed_forward = match &self.feed_forward {
+            FeedForward::Dense(mlp) => FeedForward::Dense(mlp.shard(tp)?),
+            FeedForward::Moe(moe) => FeedForward::Moe(moe.shard(ctx)?),
         };
-        (x + self.hidden_dropout.forward(transformed), stats)
+        Ok(TransformerBlock {
+            input_norm: cut_module(&self.input_norm, replicated)?,
+            attention: self.attention.shard(tp, &ctx.cp)?,
+            pre_mlp_norm: cut_module(&self.pre_mlp_norm, replicated)?,
+            feed_forward,
+            hidden_dropout: self.hidden_dropout.clone(),
+        })
+    }
+
+    /// Roles of this layer's parameters, named under `prefix` (`layers.<global index>`).
+    pub fn param_roles(
+        &self,
+        prefix: &str,
+        ctx: &ParallelContext,
+        tp: &TensorParallel,
+    ) -> Vec<ParamRole> {
+        let replicated = |_: &str| Placement::replicated(tp);
+        let mut roles = roles_of(
+            &self.input_norm,
+            &format!("{prefix}.input_norm"),
+            replicated,
+        );
+        roles.extend(roles_of(
+            &self.attention,
+            &format!("{prefix}.attention"),
+            |name| SelfAttention::<B>::placement(name, tp),
+        ));
+        roles.extend(roles_of(
+            &self.pre_mlp_norm,
+            &format!("{prefix}.pre_mlp_norm"),
+            replicated,
+        ));
+        match &self.feed_forward {
+            FeedForward::Dense(mlp) => roles.extend(roles_of(
+                mlp,
+                &format!("{prefix}.feed_forward.Dense"),
+                |name| mlp.placement(name, tp),
+            )),
+            FeedForward::Moe(moe) => {
+                roles.extend(moe.param_roles(&format!("{prefix}.feed_forward.Moe"), ctx));
+            }
+        }
+        roles
     }
 
     pub(crate) fn moe(&self) -> Option<&MoeLayer<B>> {
@@ -101,5 +140,29 @@ impl<B: Backend> TransformerBlock<B> {
             feed_forward,
             ..self
         }
+    }
+}
+
+impl<B: ParallelOps> TransformerBlock<B> {
+    /// `[batch, seq, hidden]` → same shape, plus routing statistics for an MoE layer. `seq` is
+    /// this rank's part of the sequence with sequence parallelism.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        positions: &SequencePositions<B>,
+    ) -> (Tensor<B, 3>, Option<MoeStats<B>>) {
+        let attended = self
+            .attention
+            .forward(self.input_norm.forward(x.clone()), positions);
+        let x = x + self.hidden_dropout.forward(attended);
+        let normed = self.pre_mlp_norm.forward(x.clone());
+        let (transformed, stats) = match &self.feed_forward {
+            FeedForward::Dense(mlp) => (mlp.forward(normed), None),
+            FeedForward::Moe(moe) => {
+                let (out, stats) = moe.forward(normed);
+                (out, Some(stats))
+            }
+        };
+        (x + self.hidden_dropout.forward(transformed), stats)
     }
 }

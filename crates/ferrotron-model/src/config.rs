@@ -5,7 +5,7 @@
 use burn::tensor::backend::Backend;
 use ferrotron_recipe::{
     Activation, LoadBalancing, Model, Moe, Normalization, PositionEmbedding, ScoreFunction,
-    TokenDropPolicy,
+    TokenDispatcher, TokenDropPolicy,
 };
 
 use crate::{GptModel, ModelError};
@@ -57,6 +57,8 @@ pub struct MoeConfig {
     pub layer_freq: usize,
     pub expert_ffn_hidden_size: usize,
     pub shared_expert_ffn_hidden_size: Option<usize>,
+    /// How tokens reach experts on other expert-parallel ranks (one rank: no difference).
+    pub token_dispatcher: TokenDispatcher,
 }
 
 /// DeepSeek's group-limited routing: experts split into groups, each token first picks groups.
@@ -279,6 +281,7 @@ impl MoeConfig {
             layer_freq: to_usize(moe.layer_freq),
             expert_ffn_hidden_size: to_usize(moe.expert_ffn_hidden_size(model)),
             shared_expert_ffn_hidden_size: moe.shared_expert_ffn_hidden_size.map(to_usize),
+            token_dispatcher: moe.token_dispatcher,
         })
     }
 }

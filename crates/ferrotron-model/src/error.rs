@@ -53,4 +53,16 @@ pub enum ModelError {
         expected: usize,
         expected_experts: usize,
     },
+
+    /// The parallel layout cannot split this model, or a shard source is incomplete.
+    #[error("{0}")]
+    Layout(String),
+
+    /// A pipeline chunk was run with the wrong input.
+    #[error("{0}")]
+    Chunk(String),
+
+    /// A shard could not be cut.
+    #[error(transparent)]
+    Shard(#[from] ferrotron_parallel::ShardError),
 }

@@ -4,8 +4,8 @@
 //! same seed gives the same text on any backend whose logits agree.
 
 use burn::module::Module;
-use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use ferrotron_parallel::ParallelOps;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -17,7 +17,7 @@ use crate::GptModel;
 /// fed to the model is the last `max_seq` tokens (at least 1, at most
 /// [`GptModel::max_sequence_length`]). Ids at or above the real vocabulary (Megatron's padding) are never emitted. An empty
 /// prompt yields no tokens.
-pub fn generate<B: Backend>(
+pub fn generate<B: ParallelOps>(
     model: &GptModel<B>,
     prompt: &[u32],
     max_new_tokens: usize,

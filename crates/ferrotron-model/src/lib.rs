@@ -4,8 +4,10 @@
 //! untied output, biases or none, dense or MoE layers), because Megatron treats these as
 //! independent switches and recipes mix them freely.
 //!
-//! Everything is generic over `burn::tensor::backend::Backend`, so the same code runs on the CPU
-//! backend in tests and on a custom CUDA backend later.
+//! Everything is generic over `burn::tensor::backend::Backend` (forward passes over
+//! `ferrotron_parallel::ParallelOps`, the backends that can run collectives), so the same code
+//! runs on the CPU backend in tests and on a custom CUDA backend later, on one rank or as one
+//! rank's part of a tensor/sequence/context/pipeline-parallel model.
 
 mod attention;
 mod block;
@@ -18,6 +20,7 @@ mod mlp;
 mod model;
 pub mod moe;
 mod norm;
+mod parallel;
 mod rope;
 
 pub use config::{Capacity, GroupLimit, ModelConfig, MoeConfig};
@@ -25,6 +28,10 @@ pub use error::ModelError;
 pub use expert_loads::ExpertLoads;
 pub use generate::generate;
 pub use model::{GptModel, LossOutput, ModelOutput};
+pub use parallel::{
+    ChunkData, ChunkInput, ChunkOutput, ChunkSpec, TensorParallel, TokensAndLabels,
+    context_parallel_positions, context_parallel_slice, split_for_context_parallel,
+};
 
 #[cfg(test)]
 mod tests;

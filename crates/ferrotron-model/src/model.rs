@@ -1,34 +1,54 @@
 //! The decoder-only language model, GPT-2 or LLaMA flavoured by configuration. The loss lives
 //! here rather than in the trainer so MoE auxiliary losses and the language-model loss are
 //! always combined the same way.
+//!
+//! One type serves the one-rank model and every rank's piece of a parallel one: a pipeline
+//! chunk holds a run of layers (plus the embedding on the first stage and the head on the
+//! last), each layer holds its tensor-parallel shard, and the forward pass runs the same code
+//! with every collective an identity on one rank. A rank's model is cut from the full one-rank
+//! model ([`GptModel::shard`]), so one rank and N ranks start from the same numbers.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Int, Tensor, TensorData};
+use ferrotron_parallel::collectives::gather_from_region;
+use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ShardSpec};
 use ferrotron_recipe::PositionEmbedding;
 
 use crate::block::TransformerBlock;
 use crate::init::{normal_embedding, normal_linear};
 use crate::norm::Norm;
+use crate::parallel::{
+    ChunkData, ChunkInput, ChunkOutput, ChunkSpec, Placement, SequencePositions, TensorParallel,
+    VocabShard, cut_module, roles_of, vocab_parallel_cross_entropy, vocab_parallel_lookup,
+};
 use crate::{ExpertLoads, ModelConfig, ModelError};
 
 #[derive(Module, Debug)]
 pub struct GptModel<B: Backend> {
-    /// `[padded_vocab, hidden]`
-    embedding: Embedding<B>,
-    /// `[max_positions, hidden]` when positions are learned.
+    /// `[padded_vocab, hidden]` (rows divided by tp): on the first chunk, and on the last one
+    /// when the output layer reuses it.
+    embedding: Option<Embedding<B>>,
+    /// `[max_positions, hidden]` when positions are learned (first chunk).
     position_embedding: Option<Embedding<B>>,
     embedding_dropout: Dropout,
+    /// This chunk's layers.
     layers: Vec<TransformerBlock<B>>,
-    final_norm: Norm<B>,
-    /// `[hidden, padded_vocab]`; absent when the output layer reuses the embedding.
+    /// On the last chunk.
+    final_norm: Option<Norm<B>>,
+    /// `[hidden, padded_vocab]` (columns divided by tp) on the last chunk; absent when the
+    /// output layer reuses the embedding.
     output_layer: Option<Linear<B>>,
     #[module(skip)]
     config: ModelConfig,
+    #[module(skip)]
+    chunk: ChunkSpec,
+    #[module(skip)]
+    parallel: ParallelContext,
 }
 
 /// The forward pass's results.
@@ -86,19 +106,162 @@ impl<B: Backend> GptModel<B> {
             )
         });
         GptModel {
-            embedding,
+            embedding: Some(embedding),
             position_embedding,
             embedding_dropout: DropoutConfig::new(config.hidden_dropout).init(),
+            layers,
+            final_norm: Some(final_norm),
+            output_layer,
+            config: config.clone(),
+            chunk: ChunkSpec::whole(config),
+            parallel: ParallelContext::single(),
+        }
+    }
+
+    /// This rank's chunk of the model: the full one-rank model built with the same seed as on
+    /// every other rank (`B::seed`, then [`ModelConfig::init`]), then cut by [`Self::shard`].
+    pub fn new_parallel(
+        config: &ModelConfig,
+        ctx: &ParallelContext,
+        chunk: &ChunkSpec,
+        device: &B::Device,
+    ) -> Result<Self, ModelError> {
+        Self::shard(&config.init(device), ctx, chunk)
+    }
+
+    /// The part of `full` (a one-rank model) that this rank holds for `chunk` under `ctx`:
+    /// its layers, each cut to its tensor-parallel shard, the vocabulary-parallel embedding on
+    /// the first chunk (and, for a tied output layer, a copy on the last), the head on the last.
+    pub fn shard(
+        full: &GptModel<B>,
+        ctx: &ParallelContext,
+        chunk: &ChunkSpec,
+    ) -> Result<Self, ModelError> {
+        let config = &full.config;
+        if full.chunk != ChunkSpec::whole(config) || full.parallel.tp_size() != 1 {
+            return Err(ModelError::Layout(
+                "a shard is cut from the full one-rank model (ModelConfig::init)".to_owned(),
+            ));
+        }
+        check_layout(config, ctx, chunk)?;
+        let tp = TensorParallel::of(ctx);
+        let replicated = |_: &str| Placement::replicated(&tp);
+        let needs_embedding = chunk.pre_process || (chunk.post_process && config.tie_embeddings);
+        let embedding = match (&full.embedding, needs_embedding) {
+            (Some(embedding), true) => {
+                Some(cut_module(embedding, |_| vocab_rows(&tp, config, chunk))?)
+            }
+            _ => None,
+        };
+        let position_embedding = match (&full.position_embedding, chunk.pre_process) {
+            (Some(table), true) => Some(cut_module(table, replicated)?),
+            _ => None,
+        };
+        let layers = full.layers[chunk.layers.clone()]
+            .iter()
+            .map(|layer| layer.shard(ctx, &tp))
+            .collect::<Result<Vec<_>, _>>()?;
+        let final_norm = match (&full.final_norm, chunk.post_process) {
+            (Some(norm), true) => Some(cut_module(norm, replicated)?),
+            _ => None,
+        };
+        let output_layer = match (&full.output_layer, chunk.post_process) {
+            (Some(output), true) => Some(cut_module(output, |_| Placement::split(&tp, 1, 1))?),
+            _ => None,
+        };
+        Ok(GptModel {
+            embedding,
+            position_embedding,
+            embedding_dropout: full.embedding_dropout.clone(),
             layers,
             final_norm,
             output_layer,
             config: config.clone(),
+            chunk: chunk.clone(),
+            parallel: ctx.clone(),
+        })
+    }
+
+    /// Every local parameter with where it sits in the one-rank model (global name = the
+    /// one-rank module path, e.g. `layers.5.attention.qkv.weight`) and how its gradient is
+    /// reduced.
+    pub fn param_roles(&self) -> Vec<ParamRole> {
+        let ctx = &self.parallel;
+        let tp = TensorParallel::of(ctx);
+        let replicated = |_: &str| Placement::replicated(&tp);
+        let mut roles = Vec::new();
+        if let Some(embedding) = &self.embedding {
+            roles.extend(roles_of(embedding, "embedding", |_| {
+                vocab_rows(&tp, &self.config, &self.chunk)
+            }));
+        }
+        if let Some(table) = &self.position_embedding {
+            roles.extend(roles_of(table, "position_embedding", replicated));
+        }
+        for (offset, layer) in self.layers.iter().enumerate() {
+            let index = self.chunk.layers.start + offset;
+            roles.extend(layer.param_roles(&format!("layers.{index}"), ctx, &tp));
+        }
+        if let Some(norm) = &self.final_norm {
+            roles.extend(roles_of(norm, "final_norm", replicated));
+        }
+        if let Some(output) = &self.output_layer {
+            roles.extend(roles_of(output, "output_layer", |_| {
+                Placement::split(&tp, 1, 1)
+            }));
+        }
+        roles
+    }
+
+    /// Replace every local parameter by `source(its shard spec)` (a checkpoint loader cutting
+    /// this layout's shards from global tensors). Ids and `require_grad` are kept; fails on a
+    /// missing tensor or a wrong shape.
+    pub fn load_shards(
+        self,
+        source: impl FnMut(&ShardSpec) -> Option<TensorData>,
+    ) -> Result<Self, ModelError> {
+        let specs: HashMap<ParamId, ShardSpec> = self
+            .param_roles()
+            .into_iter()
+            .map(|role| (role.id, role.shard))
+            .collect();
+        let mut loader = ShardLoader {
+            specs,
+            source,
+            problems: Vec::new(),
+        };
+        let model = self.map(&mut loader);
+        if loader.problems.is_empty() {
+            Ok(model)
+        } else {
+            Err(ModelError::Layout(loader.problems.join("; ")))
         }
     }
 
     /// The configuration the model was built from.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The pipeline chunk this model is.
+    pub fn chunk(&self) -> &ChunkSpec {
+        &self.chunk
+    }
+
+    /// The groups this model computes over.
+    pub fn parallel_context(&self) -> &ParallelContext {
+        &self.parallel
+    }
+
+    /// `[batch, seq, hidden]` of the hidden states between chunks on this rank: the sequence
+    /// divided by cp, and by tp with sequence parallelism.
+    pub fn boundary_shape(&self, batch: usize) -> [usize; 3] {
+        let tp = TensorParallel::of(&self.parallel);
+        let mut seq = self.config.seq_length / self.parallel.cp_size();
+        if tp.sequence_parallel {
+            seq /= tp.size();
+        }
+        [batch, seq, self.config.hidden_size]
     }
 
     /// The longest sequence the position tables cover (unbounded without position embeddings).
@@ -112,74 +275,6 @@ impl<B: Backend> GptModel<B> {
             PositionEmbedding::None => usize::MAX,
         }
     }
-
-    /// `tokens`: `[batch, seq]` ids below the padded vocabulary.
-    ///
-    /// # Panics
-    /// When `seq` exceeds [`Self::max_sequence_length`]: a caller bug, since the data pipeline
-    /// and `generate` both cut sequences to the recipe's length.
-    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> ModelOutput<B> {
-        let [_, seq] = tokens.dims();
-        assert!(
-            seq <= self.max_sequence_length(),
-            "a sequence of {seq} tokens is longer than the {} positions this model covers",
-            self.max_sequence_length()
-        );
-        let device = tokens.device();
-        let mut hidden = self.embedding.forward(tokens);
-        if let Some(positions) = &self.position_embedding {
-            let table = positions.weight.val().slice_dim(0, 0..seq);
-            hidden = hidden + table.unsqueeze::<3>();
-        }
-        let mut hidden = self.embedding_dropout.forward(hidden);
-        let mut aux_loss = Tensor::<B, 1>::zeros([1], &device);
-        let mut loads = Vec::new();
-        for layer in &self.layers {
-            let (next, stats) = layer.forward(hidden);
-            hidden = next;
-            if let Some(stats) = stats {
-                aux_loss = aux_loss + stats.aux_loss;
-                loads.push(stats.loads);
-            }
-        }
-        let hidden = self.final_norm.forward(hidden);
-        let logits = match &self.output_layer {
-            Some(output) => output.forward(hidden),
-            None => linear(hidden, self.embedding.weight.val().transpose(), None),
-        };
-        ModelOutput {
-            logits,
-            aux_loss,
-            expert_loads: ExpertLoads { layers: loads },
-        }
-    }
-
-    /// Mean next-token cross-entropy of `labels` (`[batch, seq]`, each below the padded
-    /// vocabulary) plus the MoE auxiliary losses. Like Megatron, the padded logits take part in
-    /// the softmax; no real label ever points at them.
-    pub fn loss(&self, tokens: Tensor<B, 2, Int>, labels: Tensor<B, 2, Int>) -> LossOutput<B> {
-        let output = self.forward(tokens);
-        let token_losses = token_cross_entropy(output.logits, labels);
-        let lm_loss = token_losses.mean();
-        combine(lm_loss, output.aux_loss, output.expert_loads)
-    }
-
-    /// As [`Self::loss`], averaging only over tokens where `loss_mask` (`[batch, seq]`, 0 or 1)
-    /// is 1, as Megatron's GPT dataset masks end-of-document tokens.
-    pub fn loss_masked(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        labels: Tensor<B, 2, Int>,
-        loss_mask: Tensor<B, 2>,
-    ) -> LossOutput<B> {
-        let output = self.forward(tokens);
-        let [batch, seq] = loss_mask.dims();
-        let mask = loss_mask.reshape([batch * seq]);
-        let token_losses = token_cross_entropy(output.logits, labels);
-        let lm_loss = (token_losses * mask.clone()).sum() / mask.sum().clamp_min(1.0);
-        combine(lm_loss, output.aux_loss, output.expert_loads)
-    }
-
     /// Parameters exempt from weight decay: every one-dimensional parameter, i.e. norm weights,
     /// LayerNorm biases, linear biases and the MoE expert-bias buffer (Megatron's rule).
     pub fn no_weight_decay_params(&self) -> HashSet<ParamId> {
@@ -249,22 +344,262 @@ impl<B: Backend> GptModel<B> {
             .collect();
         Ok(GptModel { layers, ..self })
     }
+
+    fn vocab_shard(&self) -> VocabShard {
+        let tp = &self.parallel.tp;
+        VocabShard::new(self.config.padded_vocab_size, tp.rank(), tp.size())
+    }
 }
 
-/// Per-token negative log-likelihood, `[batch·seq]`, as `logsumexp(logits) − logits[label]`:
-/// one full-vocabulary pass fewer than gathering from `log_softmax`, forward and backward (about
-/// 15-20% of the loss head on the CPU backend, where the vocabulary dominates small models).
-fn token_cross_entropy<B: Backend>(
-    logits: Tensor<B, 3>,
-    labels: Tensor<B, 2, Int>,
-) -> Tensor<B, 1> {
-    let [batch, seq, vocab] = logits.dims();
-    let rows = batch * seq;
-    let logits = logits.reshape([rows, vocab]);
-    let max = logits.clone().detach().max_dim(1);
-    let log_sum_exp = (logits.clone() - max.clone()).exp().sum_dim(1).log() + max;
-    let target = logits.gather(1, labels.reshape([rows, 1]));
-    (log_sum_exp - target).reshape([rows])
+impl<B: ParallelOps> GptModel<B> {
+    /// `tokens`: `[batch, seq]` ids below the padded vocabulary; the whole model (one chunk).
+    /// Under tensor parallelism the logits are gathered over tp, which training never does.
+    ///
+    /// # Panics
+    /// When `seq` exceeds [`Self::max_sequence_length`] or the model is a pipeline chunk: caller
+    /// bugs, since the data pipeline and `generate` both cut sequences to the recipe's length.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> ModelOutput<B> {
+        let device = tokens.device();
+        let [_, seq] = tokens.dims();
+        self.assert_whole();
+        let positions = self.positions_or_panic(seq, &device);
+        let hidden = self.embed(tokens, &positions);
+        let (hidden, aux_loss, expert_loads) = self.run_layers(hidden, &positions, &device);
+        let tp = TensorParallel::of(&self.parallel);
+        let logits = gather_from_region(self.local_logits(hidden), 2, &tp.comm);
+        ModelOutput {
+            logits,
+            aux_loss,
+            expert_loads,
+        }
+    }
+
+    /// Mean next-token cross-entropy of `labels` (`[batch, seq]`, each below the padded
+    /// vocabulary) plus the MoE auxiliary losses. Like Megatron, the padded logits take part in
+    /// the softmax; no real label ever points at them.
+    ///
+    /// # Panics
+    /// As [`Self::forward`].
+    pub fn loss(&self, tokens: Tensor<B, 2, Int>, labels: Tensor<B, 2, Int>) -> LossOutput<B> {
+        self.whole_loss(ChunkInput::tokens(tokens).with_labels(labels, None))
+    }
+
+    /// As [`Self::loss`], averaging only over tokens where `loss_mask` (`[batch, seq]`, 0 or 1)
+    /// is 1, as Megatron's GPT dataset masks end-of-document tokens.
+    pub fn loss_masked(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        labels: Tensor<B, 2, Int>,
+        loss_mask: Tensor<B, 2>,
+    ) -> LossOutput<B> {
+        self.whole_loss(ChunkInput::tokens(tokens).with_labels(labels, Some(loss_mask)))
+    }
+
+    /// Run this chunk: tokens (first chunk) or the previous chunk's hidden states in; hidden
+    /// states, or on the last chunk the loss over this rank's tokens (labels required), out.
+    /// With context parallelism the inputs are this cp rank's part of the sequence
+    /// ([`crate::split_for_context_parallel`]) and the loss is the mean over its tokens.
+    pub fn forward_chunk(&self, input: ChunkInput<B>) -> Result<ChunkOutput<B>, ModelError> {
+        let tp = TensorParallel::of(&self.parallel);
+        let (hidden, positions, device) = match input.data {
+            ChunkData::Tokens(tokens) => {
+                if !self.chunk.pre_process {
+                    return Err(ModelError::Chunk(format!(
+                        "chunk with layers {:?} takes hidden states, not tokens",
+                        self.chunk.layers
+                    )));
+                }
+                let device = tokens.device();
+                let positions = self.positions(tokens.dims()[1], &device)?;
+                (self.embed(tokens, &positions), positions, device)
+            }
+            ChunkData::Hidden(hidden) => {
+                if self.chunk.pre_process {
+                    return Err(ModelError::Chunk(
+                        "the first chunk takes tokens, not hidden states".to_owned(),
+                    ));
+                }
+                let device = hidden.device();
+                let [_, rows, _] = hidden.dims();
+                let seq = if tp.sequence_parallel {
+                    rows * tp.size()
+                } else {
+                    rows
+                };
+                let positions = self.positions(seq, &device)?;
+                (hidden, positions, device)
+            }
+        };
+        let (hidden, aux_loss, expert_loads) = self.run_layers(hidden, &positions, &device);
+        if !self.chunk.post_process {
+            return Ok(ChunkOutput::Hidden {
+                hidden,
+                aux_loss,
+                expert_loads,
+            });
+        }
+        let Some(labels) = input.labels else {
+            return Err(ModelError::Chunk(
+                "the last chunk computes the loss and needs labels".to_owned(),
+            ));
+        };
+        let logits = self.local_logits(hidden);
+        let token_losses =
+            vocab_parallel_cross_entropy(logits, labels, self.vocab_shard(), &tp.comm);
+        let lm_loss = match input.loss_mask {
+            Some(loss_mask) => {
+                let [batch, seq] = loss_mask.dims();
+                let mask = loss_mask.reshape([batch * seq]);
+                (token_losses * mask.clone()).sum() / mask.sum().clamp_min(1.0)
+            }
+            None => token_losses.mean(),
+        };
+        Ok(ChunkOutput::Loss(combine(lm_loss, aux_loss, expert_loads)))
+    }
+
+    fn whole_loss(&self, input: ChunkInput<B>) -> LossOutput<B> {
+        self.assert_whole();
+        match self.forward_chunk(input) {
+            Ok(ChunkOutput::Loss(loss)) => loss,
+            Ok(ChunkOutput::Hidden { .. }) => unreachable!("the whole model ends in the loss"),
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    fn assert_whole(&self) {
+        assert!(
+            self.chunk.pre_process && self.chunk.post_process,
+            "forward/loss run the whole model; pipeline chunk {:?} runs through forward_chunk",
+            self.chunk
+        );
+    }
+
+    fn positions_or_panic(&self, seq: usize, device: &B::Device) -> SequencePositions<B> {
+        match self.positions(seq, device) {
+            Ok(positions) => positions,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// Positions of this rank's `seq` tokens, refusing sequences beyond the position tables.
+    fn positions(
+        &self,
+        seq: usize,
+        device: &B::Device,
+    ) -> Result<SequencePositions<B>, ModelError> {
+        let cp = &self.parallel.cp;
+        let positions = SequencePositions::new(seq, cp.rank(), cp.size(), device)?;
+        if positions.extent() > self.max_sequence_length() {
+            return Err(ModelError::Chunk(format!(
+                "a sequence of {} tokens is longer than the {} positions this model covers",
+                positions.extent(),
+                self.max_sequence_length()
+            )));
+        }
+        Ok(positions)
+    }
+
+    /// Word (vocabulary-parallel) plus position embeddings: `[batch, seq, hidden]`, or this
+    /// rank's part of the sequence with sequence parallelism.
+    fn embed(&self, tokens: Tensor<B, 2, Int>, positions: &SequencePositions<B>) -> Tensor<B, 3> {
+        let tp = TensorParallel::of(&self.parallel);
+        let embedding = self
+            .embedding
+            .as_ref()
+            .expect("a pre_process chunk holds the embedding");
+        let partial = vocab_parallel_lookup(embedding.weight.val(), tokens, self.vocab_shard());
+        let mut hidden = tp.exit(partial);
+        if let Some(table) = &self.position_embedding {
+            let [_, rows, _] = hidden.dims();
+            let start = if tp.sequence_parallel {
+                tp.rank() * rows
+            } else {
+                0
+            };
+            let rows = positions.rows(table.weight.val(), start..start + rows);
+            hidden = hidden + rows.unsqueeze::<3>();
+        }
+        self.embedding_dropout.forward(hidden)
+    }
+
+    fn run_layers(
+        &self,
+        mut hidden: Tensor<B, 3>,
+        positions: &SequencePositions<B>,
+        device: &B::Device,
+    ) -> (Tensor<B, 3>, Tensor<B, 1>, ExpertLoads) {
+        let mut aux_loss = Tensor::<B, 1>::zeros([1], device);
+        let mut loads = Vec::new();
+        for layer in &self.layers {
+            let (next, stats) = layer.forward(hidden, positions);
+            hidden = next;
+            if let Some(stats) = stats {
+                aux_loss = aux_loss + stats.aux_loss;
+                loads.push(stats.loads);
+            }
+        }
+        (hidden, aux_loss, ExpertLoads { layers: loads })
+    }
+
+    /// Final norm and this rank's vocabulary columns of the logits, `[batch, seq, vocab/tp]`
+    /// (the whole local sequence: gathered over tp with sequence parallelism).
+    fn local_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        let tp = TensorParallel::of(&self.parallel);
+        let norm = self
+            .final_norm
+            .as_ref()
+            .expect("a post_process chunk holds the final norm");
+        let hidden = tp.enter(norm.forward(hidden));
+        match (&self.output_layer, &self.embedding) {
+            (Some(output), _) => output.forward(hidden),
+            (None, Some(embedding)) => linear(hidden, embedding.weight.val().transpose(), None),
+            (None, None) => unreachable!("a tied post_process chunk holds the embedding"),
+        }
+    }
+}
+
+/// The word embedding's rows over tp; a tied embedding outside a one-chunk model is kept in
+/// step between the first and last stage.
+fn vocab_rows(tp: &TensorParallel, config: &ModelConfig, chunk: &ChunkSpec) -> Placement {
+    Placement {
+        tied_embedding: config.tie_embeddings && !(chunk.pre_process && chunk.post_process),
+        ..Placement::split(tp, 0, 1)
+    }
+}
+
+/// Refuses layouts that cannot split this model evenly.
+fn check_layout(
+    config: &ModelConfig,
+    ctx: &ParallelContext,
+    chunk: &ChunkSpec,
+) -> Result<(), ModelError> {
+    if chunk.layers.start > chunk.layers.end || chunk.layers.end > config.num_layers {
+        return Err(ModelError::Layout(format!(
+            "chunk layers {:?} are not a range within the model's {} layers",
+            chunk.layers, config.num_layers
+        )));
+    }
+    let (tp, cp) = (ctx.tp_size(), ctx.cp_size());
+    if !config.padded_vocab_size.is_multiple_of(tp) {
+        return Err(ModelError::Layout(format!(
+            "the padded vocabulary ({}) cannot be split over {tp} tensor-parallel ranks",
+            config.padded_vocab_size
+        )));
+    }
+    if !config.seq_length.is_multiple_of(2 * cp) && cp > 1 {
+        return Err(ModelError::Layout(format!(
+            "seq_length {} cannot be cut into {} chunks for {cp} context-parallel ranks",
+            config.seq_length,
+            2 * cp
+        )));
+    }
+    if ctx.sequence_split() && !(config.seq_length / cp).is_multiple_of(tp) {
+        return Err(ModelError::Layout(format!(
+            "sequence parallelism splits each rank's {} tokens over {tp} tensor-parallel ranks, which does not divide",
+            config.seq_length / cp
+        )));
+    }
+    Ok(())
 }
 
 fn combine<B: Backend>(
@@ -290,5 +625,44 @@ impl<B: Backend> ModuleVisitor<B> for OneDimensionalParams {
         if D == 1 {
             self.ids.insert(param.id);
         }
+    }
+}
+
+struct ShardLoader<F> {
+    specs: HashMap<ParamId, ShardSpec>,
+    source: F,
+    problems: Vec<String>,
+}
+
+impl<B: Backend, F: FnMut(&ShardSpec) -> Option<TensorData>> ModuleMapper<B> for ShardLoader<F> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(spec) = self.specs.get(&id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let expected = tensor.dims().to_vec();
+        let loaded = match (self.source)(spec) {
+            Some(data) if data.shape.to_vec() == expected => {
+                let loaded = Tensor::<B, D>::from_data(data, &tensor.device());
+                if tensor.is_require_grad() {
+                    loaded.require_grad()
+                } else {
+                    loaded
+                }
+            }
+            Some(data) => {
+                self.problems.push(format!(
+                    "{}: the source gave shape {:?}, this rank holds {expected:?}",
+                    spec.global_name, data.shape
+                ));
+                tensor
+            }
+            None => {
+                self.problems
+                    .push(format!("{}: no tensor in the source", spec.global_name));
+                tensor
+            }
+        };
+        Param::from_mapped_value(id, loaded, mapper)
     }
 }

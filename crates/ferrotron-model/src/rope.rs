@@ -7,6 +7,8 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
+use crate::parallel::SequencePositions;
+
 #[derive(Module, Debug)]
 pub struct RotaryEmbedding<B: Backend> {
     /// `[positions, head_dim]`
@@ -38,12 +40,13 @@ impl<B: Backend> RotaryEmbedding<B> {
         }
     }
 
-    /// Rotate `x` of shape `[batch, heads, seq, head_dim]`, position p at row p.
-    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    /// Rotate `x` of shape `[batch, heads, seq, head_dim]`, row i by the global position of
+    /// this rank's token i.
+    pub fn apply(&self, x: Tensor<B, 4>, positions: &SequencePositions<B>) -> Tensor<B, 4> {
         let [_, _, seq, head_dim] = x.dims();
         let half = head_dim / 2;
-        let cos = self.cos.clone().slice_dim(0, 0..seq).unsqueeze::<4>();
-        let sin = self.sin.clone().slice_dim(0, 0..seq).unsqueeze::<4>();
+        let cos = positions.rows(self.cos.clone(), 0..seq).unsqueeze::<4>();
+        let sin = positions.rows(self.sin.clone(), 0..seq).unsqueeze::<4>();
         let first = x.clone().slice_dim(3, 0..half);
         let second = x.clone().slice_dim(3, half..head_dim);
         let rotated = Tensor::cat(vec![second.neg(), first], 3);
@@ -71,7 +74,8 @@ mod tests {
             .clone()
             .reshape([1, 1, 1, dim])
             .expand([1, 1, positions, dim]);
-        values(rope.apply(x))
+        let at = SequencePositions::new(positions, 0, 1, &v.device()).expect("one cp rank");
+        values(rope.apply(x, &at))
     }
 
     fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -1,15 +1,21 @@
 //! One MoE feed-forward layer: router, routed experts, optional shared expert, balancing losses.
 //! Tokens are gathered per expert, run through that expert's MLP, weighted and scatter-added
-//! back, so compute is proportional to the tokens each expert really receives.
+//! back, so compute is proportional to the tokens each expert really receives. A layer cut for
+//! a parallel layout (see `parallel.rs`) routes the same way and lets a token dispatcher carry
+//! the tokens to the ranks holding their experts.
 
 use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
+use burn::tensor::{IndexingUpdateOp, Tensor, TensorData};
+use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
+use super::dispatch::index_tensor;
+use super::expert::Expert;
 use super::loss::{balancing_probabilities, sequence_aux_loss, switch_aux_loss, z_loss};
+use super::parallel::MoeParallel;
 use super::routing::{Routing, aux_loss_counts, route};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::init::{normal_linear, scaled_std};
@@ -18,14 +24,18 @@ use crate::mlp::{Mlp, MlpShape};
 #[derive(Module, Debug)]
 pub struct MoeLayer<B: Backend> {
     /// `[hidden, experts]`, no bias.
-    router: Linear<B>,
+    pub(crate) router: Linear<B>,
     /// DeepSeek-V3's selection bias `[experts]`: not trained by gradients (updated by
     /// [`crate::GptModel::update_expert_bias`]) but saved with the model.
-    expert_bias: Option<Param<Tensor<B, 1>>>,
-    experts: Vec<Mlp<B>>,
-    shared_expert: Option<Mlp<B>>,
+    pub(crate) expert_bias: Option<Param<Tensor<B, 1>>>,
+    /// Every expert on one rank; this rank's (cut) experts in a parallel layout.
+    pub(super) experts: Vec<Expert<B>>,
+    pub(super) shared_expert: Option<Mlp<B>>,
     #[module(skip)]
-    config: MoeConfig,
+    pub(super) config: MoeConfig,
+    /// `None` on one rank.
+    #[module(skip)]
+    pub(super) parallel: Option<MoeParallel>,
 }
 
 /// What one MoE layer reports besides its output.
@@ -33,45 +43,22 @@ pub struct MoeLayer<B: Backend> {
 pub struct MoeStats<B: Backend> {
     /// Balancing and z-losses of this layer, `[1]`.
     pub aux_loss: Tensor<B, 1>,
-    /// Tokens kept per expert.
+    /// Tokens kept per expert (all experts, the whole microbatch).
     pub loads: Vec<u64>,
 }
 
-impl<B: Backend> MoeLayer<B> {
-    pub fn new(model: &ModelConfig, moe: &MoeConfig, device: &B::Device) -> Self {
-        let std = model.init_method_std;
-        let output_std = scaled_std(std, model.num_layers);
-        let mlp = |ffn| MlpShape {
-            hidden: model.hidden_size,
-            ffn,
-            activation: model.activation,
-            bias: model.add_bias_linear,
-            std,
-            output_std,
-        };
-        let router = normal_linear(model.hidden_size, moe.num_experts, std, false, device);
-        let expert_bias = moe.expert_bias.then(|| {
-            Param::initialized(ParamId::new(), Tensor::zeros([moe.num_experts], device))
-                .set_require_grad(false)
-        });
-        let expert_shape = mlp(moe.expert_ffn_hidden_size);
-        let experts = (0..moe.num_experts)
-            .map(|_| Mlp::new(&expert_shape, device))
-            .collect();
-        let shared_expert = moe
-            .shared_expert_ffn_hidden_size
-            .map(|ffn| Mlp::new(&mlp(ffn), device));
-        MoeLayer {
-            router,
-            expert_bias,
-            experts,
-            shared_expert,
-            config: moe.clone(),
+impl<B: ParallelOps> MoeLayer<B> {
+    /// `[batch, seq, hidden]` → same shape, with this layer's losses and loads. In a parallel
+    /// layout `x` is this rank's activations (`[batch, seq/tp, hidden]` with sequence
+    /// parallelism) and the output is complete.
+    pub fn forward(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, MoeStats<B>) {
+        match &self.parallel {
+            Some(parallel) => self.forward_parallel(x, parallel),
+            None => self.forward_one_rank(x),
         }
     }
 
-    /// `[batch, seq, hidden]` → same shape, with this layer's losses and loads.
-    pub fn forward(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, MoeStats<B>) {
+    fn forward_one_rank(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, MoeStats<B>) {
         let [batch, seq, hidden] = x.dims();
         let tokens = x.reshape([batch * seq, hidden]);
         let logits = self.router.forward(tokens.clone());
@@ -104,7 +91,41 @@ impl<B: Backend> MoeLayer<B> {
         };
         (output.reshape([batch, seq, hidden]), stats)
     }
+}
 
+impl<B: Backend> MoeLayer<B> {
+    pub fn new(model: &ModelConfig, moe: &MoeConfig, device: &B::Device) -> Self {
+        let std = model.init_method_std;
+        let output_std = scaled_std(std, model.num_layers);
+        let mlp = |ffn| MlpShape {
+            hidden: model.hidden_size,
+            ffn,
+            activation: model.activation,
+            bias: model.add_bias_linear,
+            std,
+            output_std,
+        };
+        let router = normal_linear(model.hidden_size, moe.num_experts, std, false, device);
+        let expert_bias = moe.expert_bias.then(|| {
+            Param::initialized(ParamId::new(), Tensor::zeros([moe.num_experts], device))
+                .set_require_grad(false)
+        });
+        let expert_shape = mlp(moe.expert_ffn_hidden_size);
+        let experts = (0..moe.num_experts)
+            .map(|_| Expert::new(&expert_shape, device))
+            .collect();
+        let shared_expert = moe
+            .shared_expert_ffn_hidden_size
+            .map(|ffn| Mlp::new(&mlp(ffn), device));
+        MoeLayer {
+            router,
+            expert_bias,
+            experts,
+            shared_expert,
+            config: moe.clone(),
+            parallel: None,
+        }
+    }
     /// The current selection bias, if this layer uses one.
     pub fn expert_bias(&self) -> Option<Tensor<B, 1>> {
         self.expert_bias.as_ref().map(Param::val)
@@ -143,7 +164,7 @@ impl<B: Backend> MoeLayer<B> {
         self.config.num_experts
     }
 
-    fn route(&self, logits: &[f32], training: bool) -> Routing {
+    pub(super) fn route(&self, logits: &[f32], training: bool) -> Routing {
         let bias: Option<Vec<f32>> = self
             .expert_bias
             .as_ref()
@@ -153,7 +174,7 @@ impl<B: Backend> MoeLayer<B> {
 
     /// Differentiable `[tokens · topk]` combine weights for the routed slots; dropped slots
     /// simply never reach an expert.
-    fn combine_weights(&self, logits: Tensor<B, 2>, routing: &Routing) -> Tensor<B, 1> {
+    pub(super) fn combine_weights(&self, logits: Tensor<B, 2>, routing: &Routing) -> Tensor<B, 1> {
         let [tokens, _] = logits.dims();
         let topk = routing.topk;
         let device = logits.device();
@@ -229,11 +250,6 @@ impl<B: Backend> MoeLayer<B> {
         }
         loss
     }
-}
-
-fn index_tensor<B: Backend>(indices: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
-    let values: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
-    Tensor::from_data(TensorData::new(values, [indices.len()]), device)
 }
 
 #[cfg(test)]

@@ -33,7 +33,22 @@ pub fn switch_aux_loss<B: Backend>(
 ) -> Tensor<B, 1> {
     let [tokens, experts] = probabilities.dims();
     let probability_mass = probabilities.sum_dim(0).reshape([experts]);
-    let scale = coeff * experts as f64 / (topk as f64 * tokens as f64 * tokens as f64);
+    switch_aux_loss_share(probability_mass, counts, topk, coeff, tokens)
+}
+
+/// The part of the Switch loss owed to some of a microbatch's tokens (the loss is linear in the
+/// probabilities): `probability_mass` is `Σ p_ti` over those tokens, `counts` and `total_tokens`
+/// describe the whole microbatch. The shares of all its tokens add up to [`switch_aux_loss`].
+pub fn switch_aux_loss_share<B: Backend>(
+    probability_mass: Tensor<B, 1>,
+    counts: Tensor<B, 1>,
+    topk: usize,
+    coeff: f64,
+    total_tokens: usize,
+) -> Tensor<B, 1> {
+    let [experts] = counts.dims();
+    let tokens = total_tokens as f64;
+    let scale = coeff * experts as f64 / (topk as f64 * tokens * tokens);
     (probability_mass * counts).sum() * scale
 }
 
@@ -49,12 +64,27 @@ pub fn sequence_aux_loss<B: Backend>(
     let [sequences, experts] = counts.dims();
     let [rows, _] = probabilities.dims();
     let length = rows / sequences;
-    let mean_probability = probabilities
+    let probability_mass = probabilities
         .reshape([sequences, length, experts])
-        .mean_dim(1)
+        .sum_dim(1)
         .reshape([sequences, experts]);
-    let load = counts / (length as f64 * topk as f64 / experts as f64);
-    (load * mean_probability).sum_dim(1).mean() * coeff
+    sequence_aux_loss_share(probability_mass, counts, topk, coeff, length)
+}
+
+/// The part of the sequence-level loss owed to some tokens: `probability_mass` `[S, E]` is
+/// `Σ p_ti` over those tokens of each sequence; `counts` `[S, E]` and `seq_len` describe whole
+/// sequences.
+pub fn sequence_aux_loss_share<B: Backend>(
+    probability_mass: Tensor<B, 2>,
+    counts: Tensor<B, 2>,
+    topk: usize,
+    coeff: f64,
+    seq_len: usize,
+) -> Tensor<B, 1> {
+    let [_, experts] = counts.dims();
+    let length = seq_len as f64;
+    let load = counts / (length * topk as f64 / experts as f64);
+    (load * (probability_mass / length)).sum_dim(1).mean() * coeff
 }
 
 /// ST-MoE router z-loss: `coeff · mean_t (logsumexp_i logits_ti)²`. `logits`: `[T, E]`.
@@ -62,6 +92,17 @@ pub fn z_loss<B: Backend>(logits: Tensor<B, 2>, coeff: f64) -> Tensor<B, 1> {
     let max = logits.clone().detach().max_dim(1);
     let log_sum_exp = (logits - max.clone()).exp().sum_dim(1).log() + max;
     log_sum_exp.square().mean() * coeff
+}
+
+/// The part of [`z_loss`] over `total_tokens` tokens owed to the rows of `logits`.
+pub fn z_loss_share<B: Backend>(
+    logits: Tensor<B, 2>,
+    coeff: f64,
+    total_tokens: usize,
+) -> Tensor<B, 1> {
+    let max = logits.clone().detach().max_dim(1);
+    let log_sum_exp = (logits - max.clone()).exp().sum_dim(1).log() + max;
+    log_sum_exp.square().sum() * (coeff / total_tokens as f64)
 }
 
 #[cfg(test)]

@@ -1,9 +1,14 @@
 //! Mixture-of-Experts layers in the style of Mixtral and DeepSeek, as Megatron-Core routes them.
-//! On one rank every token dispatcher (allgather, alltoall, flex) computes the same function, so
-//! the dispatcher choice only matters once expert parallelism arrives.
+//! On one rank every token dispatcher (allgather, alltoall, flex) computes the same function; in
+//! a parallel layout the experts are spread over expert-parallel ranks and the dispatcher
+//! carries tokens to them, with the routing and losses still those of the one-rank layer.
 
+mod dispatch;
+mod expert;
 mod layer;
 pub(crate) mod loss;
+mod microbatch;
+mod parallel;
 pub(crate) mod routing;
 mod sinkhorn;
 

@@ -263,6 +263,7 @@ mod tests {
             layer_freq: 1,
             expert_ffn_hidden_size: 8,
             shared_expert_ffn_hidden_size: None,
+            token_dispatcher: ferrotron_recipe::TokenDispatcher::Alltoall,
         }
     }
 

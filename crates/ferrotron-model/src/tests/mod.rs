@@ -4,6 +4,8 @@ mod causal;
 mod counts;
 mod init;
 mod moe;
+mod moe_parallel;
+mod parallel;
 mod presets;
 mod sampling;
 mod training;
