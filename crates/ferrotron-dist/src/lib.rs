@@ -2,10 +2,11 @@
 //!
 //! Layouts (tensor, pipeline, data, context, expert parallelism, ZeRO-1) are written once
 //! against [`Communicator`], a trait over flat rank-local buffers with the collectives they
-//! need. Two implementations sit behind it: [`ThreadComm`] here, one OS thread per rank in one
-//! process (tests, CPU runs, the equivalence tests of every layout), and later a NCCL one, one
-//! process per GPU. [`ProcessGroups::from_plan`] gives a rank its tp/pp/dp/cp/ep/edp/embedding
-//! communicators from the planner's rank grid.
+//! need. Implementations sit behind it: [`ThreadComm`], one OS thread per rank in one process
+//! (tests, CPU runs, the equivalence tests of every layout); [`TcpComm`], one process per rank
+//! over TCP (Slurm and torchrun-style launches on CPU, keeping the same bit-identical reductions);
+//! and later a NCCL one, one process per GPU. [`ProcessGroups::from_plan`] gives a rank its
+//! tp/pp/dp/cp/ep/edp/embedding communicators from the planner's rank grid.
 //!
 //! Two promises matter more than speed: reductions are deterministic (summed in rank order, so
 //! a parallel run can be compared bit for bit with a sequential reference), and nothing hangs
@@ -19,6 +20,9 @@ mod fabric;
 mod groups;
 mod recycle;
 mod rendezvous;
+mod tcp_comm;
+mod tcp_comm_mesh;
+mod tcp_comm_wire;
 mod thread_comm;
 mod world;
 
@@ -30,5 +34,7 @@ pub use element::{DType, Element, ReduceOp};
 pub use error::{CommError, GroupLabel, WorldError};
 pub use groups::ProcessGroups;
 pub use half::bf16;
+pub use tcp_comm::{DEFAULT_CONNECT_TIMEOUT, TcpComm, TcpConfig};
+pub use tcp_comm_mesh::TcpError;
 pub use thread_comm::ThreadComm;
 pub use world::{DEFAULT_TIMEOUT, RankContext, World};

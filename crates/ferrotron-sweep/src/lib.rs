@@ -16,6 +16,7 @@ mod resolve;
 mod results;
 mod runner;
 mod spec;
+mod submit;
 
 pub use error::SweepError;
 pub use expand::{MemberSpec, expand, override_string, short_key, short_value};
@@ -32,3 +33,4 @@ pub use runner::{
     LOG_FILE, MemberStatus, RECIPE_FILE, RunnerOptions, member_dir, recipe_yaml, run_members,
 };
 pub use spec::{Axis, SEED_KEY, SweepSpec};
+pub use submit::{ArraySubmission, prepare_array};

@@ -203,7 +203,7 @@ pub fn recipe_yaml(member: &Member, valid: &ValidMember, dir: &Path) -> Result<S
     ))
 }
 
-fn already_finished(dir: &Path, recipe_path: &Path, recipe_text: &str) -> bool {
+pub(crate) fn already_finished(dir: &Path, recipe_path: &Path, recipe_text: &str) -> bool {
     let same_recipe = fs::read_to_string(recipe_path).is_ok_and(|text| text == recipe_text);
     same_recipe && RunManifest::read(dir).is_ok_and(|m| m.succeeded())
 }

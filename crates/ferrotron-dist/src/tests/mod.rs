@@ -4,6 +4,8 @@ mod collectives;
 mod determinism;
 mod failures;
 mod plan_groups;
+mod tcp;
+mod tcp_process;
 
 use std::time::Duration;
 
