@@ -11,6 +11,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use crate::params::{NamedTensor, ParamEntry};
+use crate::precision::{MasterWeights, to_fp32};
 
 /// AdamW hyper-parameters (the rate comes from the schedule, per step).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,6 +48,8 @@ pub struct AdamW<I: Backend> {
     step: u64,
     moments: HashMap<ParamId, Moments<I>>,
     no_decay: HashSet<ParamId>,
+    /// fp32 copies of 16-bit parameters (mixed precision); empty in an fp32 run.
+    master: MasterWeights<I>,
 }
 
 /// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
@@ -60,7 +63,13 @@ impl<I: Backend> AdamW<I> {
             step: 0,
             moments: HashMap::new(),
             no_decay,
+            master: MasterWeights::default(),
         }
+    }
+
+    /// The fp32 master copies of the model's 16-bit parameters (see `precision`).
+    pub fn master_weights(&self) -> &MasterWeights<I> {
+        &self.master
     }
 
     /// Optimizer steps taken (the `t` of the bias correction).
@@ -141,8 +150,8 @@ impl<I: Backend> AdamW<I> {
                     moments.insert(
                         entry.id,
                         Moments {
-                            exp_avg: Tensor::from_floats(avg.values.as_slice(), device),
-                            exp_avg_sq: Tensor::from_floats(avg_sq.values.as_slice(), device),
+                            exp_avg: fp32_tensor(&avg.values, device),
+                            exp_avg_sq: fp32_tensor(&avg_sq.values, device),
                         },
                     );
                 }
@@ -160,6 +169,12 @@ impl<I: Backend> AdamW<I> {
             Err(problems)
         }
     }
+}
+
+/// Moments are fp32 whatever the device's default float dtype (mixed precision computes in bf16).
+fn fp32_tensor<I: Backend>(values: &[f32], device: &I::Device) -> Tensor<I, 1> {
+    let data = burn::tensor::TensorData::new(values.to_vec(), [values.len()]);
+    Tensor::from_data(data, (device, burn::tensor::DType::F32))
 }
 
 struct UpdateMapper<'a, I: Backend> {
@@ -180,8 +195,12 @@ impl<B: AutodiffBackend> ModuleMapper<B> for UpdateMapper<'_, B::InnerBackend> {
         let dims = tensor.dims();
         let numel: usize = dims.iter().product();
         let config = self.optimizer.config;
-        let mut value = tensor.inner().reshape([numel]);
-        let mut grad = grad.reshape([numel]);
+        let param_dtype = tensor.dtype();
+        let mut value = self
+            .optimizer
+            .master
+            .take(id, tensor.inner().reshape([numel]));
+        let mut grad = to_fp32(grad.reshape([numel]));
         if self.grad_scale != 1.0 {
             grad = grad.mul_scalar(self.grad_scale);
         }
@@ -205,6 +224,7 @@ impl<B: AutodiffBackend> ModuleMapper<B> for UpdateMapper<'_, B::InnerBackend> {
         let update = m_hat.div(v_hat.sqrt().add_scalar(config.eps));
         value = value - update.mul_scalar(self.lr);
         self.optimizer.moments.insert(id, moments);
+        let value = self.optimizer.master.keep(id, value, param_dtype);
         let updated = Tensor::<B, D>::from_inner(value.reshape(dims)).require_grad();
         Param::from_mapped_value(id, updated, mapper)
     }

@@ -30,6 +30,13 @@ pub enum TrainError {
         what: &'static str,
         value: f64,
     },
+    /// A collective failed (a peer failed or did not arrive): what the runtime was doing.
+    #[error("{what}: {source}")]
+    Collective {
+        what: &'static str,
+        #[source]
+        source: Box<ferrotron_parallel::CommError>,
+    },
     #[error(transparent)]
     Data(#[from] ferrotron_data::DataError),
     #[error(transparent)]

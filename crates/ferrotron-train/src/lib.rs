@@ -10,9 +10,15 @@ mod adamw;
 pub mod checkpoint;
 mod clip;
 mod error;
+mod init;
+mod parallel;
 mod params;
+pub mod precision;
 mod resume;
+mod rng;
+mod run_loop;
 mod schedule;
+mod setup;
 mod signal;
 mod step;
 mod trainer;
@@ -20,6 +26,10 @@ mod trainer;
 pub use adamw::{AdamW, AdamWConfig, EXP_AVG, EXP_AVG_SQ};
 pub use clip::{clip_coefficient, global_grad_norm};
 pub use error::TrainError;
+pub use parallel::{
+    GRAD_BUCKET_ELEMENTS, RankOutcome, schedule as pipeline_schedule, train_rank, train_threads,
+    train_threads_detailed,
+};
 pub use params::{NamedTensor, ParamEntry, load_named_tensors, named_tensors, param_entries};
 pub use resume::{ResumeState, load_for_inference, recipe_hash, resume_from, save_checkpoint};
 pub use schedule::{LrSchedule, ScheduleUnit};

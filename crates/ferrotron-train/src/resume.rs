@@ -2,17 +2,20 @@
 //! optimizer and the loop position come back from one. The loop position is just
 //! (iteration, consumed samples): data order and randomness are functions of those.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use ferrotron_model::{GptModel, ModelConfig};
+use ferrotron_parallel::{ParallelContext, ShardSpec};
 use ferrotron_plan::Plan;
 use ferrotron_recipe::Recipe;
 
 use crate::checkpoint::{
-    CHECKPOINT_FORMAT_VERSION, CheckpointStore, MODEL_FILE, Manifest, ManifestFiles, ModelShape,
-    OPTIMIZER_FILE, RECIPE_FILE, RngInfo, read_safetensors, write_safetensors,
+    CheckpointInfo, CheckpointStore, ModelShape, RECIPE_FILE, ShardKind, ShardTensor,
+    ShardedCheckpoint, save_sharded,
 };
+use crate::params::{NamedTensor, ParamEntry};
 use crate::{AdamW, TrainError, load_named_tensors, named_tensors, param_entries};
 
 /// Where the loop stands.
@@ -33,7 +36,9 @@ impl ResumeState {
     }
 }
 
-/// Write the checkpoint of `model` and `optimizer` at `state` into `store` (atomically).
+/// Write the checkpoint of a one-rank `model` and `optimizer` at `state` into `store`
+/// (atomically). It is the sharded format with one rank holding whole tensors, so it loads
+/// into any layout.
 pub fn save_checkpoint<B: AutodiffBackend>(
     store: &CheckpointStore,
     model: &GptModel<B>,
@@ -43,36 +48,28 @@ pub fn save_checkpoint<B: AutodiffBackend>(
     recipe: &Recipe,
     shape: &ModelShape,
 ) -> Result<PathBuf, TrainError> {
-    let manifest = Manifest {
-        format_version: CHECKPOINT_FORMAT_VERSION,
-        iteration: state.iteration,
-        consumed_samples: state.consumed_samples,
-        consumed_tokens: state.consumed_tokens,
-        rng: RngInfo::per_iteration(recipe.training.seed),
-        recipe_name: recipe.name.clone(),
-        recipe_hash: recipe_hash(recipe),
-        plan_hash: plan.plan_hash.clone(),
-        shape: shape.clone(),
-        model: recipe.model.clone(),
-        tokenizer: absolute_tokenizer(&recipe.data.tokenizer),
-        files: ManifestFiles::default(),
+    let whole = |tensors: Vec<NamedTensor>| -> Vec<ShardTensor> {
+        tensors
+            .into_iter()
+            .map(|t| ShardTensor {
+                spec: ShardSpec::full(t.name, t.shape),
+                values: t.values,
+            })
+            .collect()
     };
-    store.save(state.iteration, |dir| {
-        write_safetensors(&dir.join(MODEL_FILE), &named_tensors::<B, _>(model))?;
-        let entries = param_entries::<B, _>(model);
-        write_safetensors(
-            &dir.join(OPTIMIZER_FILE),
-            &optimizer.state_tensors(&entries),
-        )?;
-        plan.write_to(dir)
-            .map_err(|e| TrainError::checkpoint(dir, format!("cannot write plan.json: {e}")))?;
-        write_recipe(dir, recipe)?;
-        manifest.write(dir)
-    })
+    let params = whole(named_tensors::<B, _>(model));
+    let moments = whole(optimizer.state_tensors(&param_entries::<B, _>(model)));
+    let info = CheckpointInfo {
+        state: *state,
+        plan,
+        recipe,
+        shape,
+    };
+    save_sharded(store, &ParallelContext::single(), &info, &params, &moments)
 }
 
-/// Load the checkpoint in `dir` into `model` and `optimizer`, after checking it was written
-/// for the same model shape.
+/// Load the checkpoint in `dir` (written by any layout) into a one-rank `model` and
+/// `optimizer`, after checking it was written for the same model shape and seed.
 pub fn resume_from<B: AutodiffBackend>(
     dir: &Path,
     model: GptModel<B>,
@@ -81,53 +78,68 @@ pub fn resume_from<B: AutodiffBackend>(
     recipe: &Recipe,
     device: &B::Device,
 ) -> Result<(GptModel<B>, ResumeState), TrainError> {
-    let manifest = Manifest::read(dir)?;
-    manifest.check_model(dir, shape)?;
-    if manifest.rng.seed != recipe.training.seed {
-        return Err(TrainError::checkpoint(
-            dir,
-            format!(
-                "written with training.seed {}, the recipe has {}; a resumed run must keep its seed",
-                manifest.rng.seed, recipe.training.seed
-            ),
-        ));
-    }
-    let tensors = read_safetensors(&dir.join(&manifest.files.model))?;
+    let checkpoint = ShardedCheckpoint::open(dir)?;
+    checkpoint.check_compatible(shape, recipe.training.seed)?;
+    let entries = param_entries::<B, _>(&model);
+    let tensors = whole_tensors(&checkpoint, ShardKind::Model, &entries)?;
     let model = load_named_tensors::<B, _>(model, &tensors)
         .map_err(|problems| TrainError::checkpoint(dir, problems.join("; ")))?;
-    let moments = read_safetensors(&dir.join(&manifest.files.optimizer))?;
-    let entries = param_entries::<B, _>(&model);
+    let moments = whole_tensors(&checkpoint, ShardKind::Optimizer, &entries)?;
     optimizer
-        .load_state(&entries, &moments, manifest.iteration, device)
+        .load_state(&entries, &moments, checkpoint.manifest().iteration, device)
         .map_err(|problems| TrainError::checkpoint(dir, problems.join("; ")))?;
-    Ok((
-        model,
-        ResumeState {
-            iteration: manifest.iteration,
-            consumed_samples: manifest.consumed_samples,
-            consumed_tokens: manifest.consumed_tokens,
-        },
-    ))
+    Ok((model, checkpoint.resume_state()))
 }
 
-/// A model for inference from a checkpoint folder alone (manifest + tensors).
+/// A one-rank model for inference from a checkpoint folder alone (manifest + tensors), whatever
+/// layout wrote it.
 pub fn load_for_inference<B: Backend>(
     dir: &Path,
     device: &B::Device,
-) -> Result<(GptModel<B>, Manifest), TrainError> {
-    if !crate::checkpoint::is_committed(dir) {
-        return Err(TrainError::checkpoint(
-            dir,
-            "not a committed checkpoint folder (no COMMITTED marker; pass an iter_NNNNNNN folder)",
-        ));
-    }
-    let manifest = Manifest::read(dir)?;
+) -> Result<(GptModel<B>, crate::checkpoint::Manifest), TrainError> {
+    let checkpoint = ShardedCheckpoint::open(dir)?;
+    let manifest = checkpoint.manifest().clone();
     let config = ModelConfig::from_model(&manifest.model, manifest.shape.padded_vocab_size)?;
     let model: GptModel<B> = config.init(device);
-    let tensors = read_safetensors(&dir.join(&manifest.files.model))?;
+    let tensors = whole_tensors(
+        &checkpoint,
+        ShardKind::Model,
+        &param_entries::<B, _>(&model),
+    )?;
     let model = load_named_tensors::<B, _>(model, &tensors)
         .map_err(|problems| TrainError::checkpoint(dir, problems.join("; ")))?;
     Ok((model, manifest))
+}
+
+/// The checkpoint's tensors of `kind` as whole one-rank tensors, shaped like the parameters
+/// `entries` (moments like their parameter), so a vocabulary padded differently is re-padded.
+/// Names the model lacks are passed through for the loader to report.
+fn whole_tensors(
+    checkpoint: &ShardedCheckpoint,
+    kind: ShardKind,
+    entries: &[ParamEntry],
+) -> Result<HashMap<String, NamedTensor>, TrainError> {
+    let shapes: HashMap<&str, &[usize]> = entries
+        .iter()
+        .map(|e| (e.name.as_str(), e.shape.as_slice()))
+        .collect();
+    let mut out = HashMap::new();
+    for name in checkpoint.names(kind) {
+        let param = match kind {
+            ShardKind::Model => name.as_str(),
+            ShardKind::Optimizer => name.rsplit_once('.').map_or(name.as_str(), |(p, _)| p),
+        };
+        let tensor = match shapes.get(param) {
+            Some(shape) => NamedTensor {
+                name: name.clone(),
+                shape: shape.to_vec(),
+                values: checkpoint.shard(&ShardSpec::full(name.clone(), shape.to_vec()))?,
+            },
+            None => checkpoint.global(&name)?.as_ref().clone(),
+        };
+        out.insert(name, tensor);
+    }
+    Ok(out)
 }
 
 /// The resolved recipe as YAML (`recipe validate` reads it back).
@@ -146,7 +158,9 @@ pub fn recipe_hash(recipe: &Recipe) -> String {
 }
 
 /// The tokenizer with absolute paths, so a checkpoint samples from any working directory.
-fn absolute_tokenizer(tokenizer: &ferrotron_recipe::Tokenizer) -> ferrotron_recipe::Tokenizer {
+pub(crate) fn absolute_tokenizer(
+    tokenizer: &ferrotron_recipe::Tokenizer,
+) -> ferrotron_recipe::Tokenizer {
     let absolute = |path: &Option<String>| {
         path.as_ref().map(|p| {
             std::fs::canonicalize(p)

@@ -11,6 +11,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
 use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_model::{ExpertLoads, GptModel};
+use ferrotron_parallel::ParallelOps;
 
 use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
 
@@ -94,7 +95,7 @@ pub struct StepContext {
 
 /// Run one optimizer step. On a non-finite loss or gradient norm nothing is applied: the error
 /// names the iteration and the value, and the caller stops without saving.
-pub fn train_step<B: AutodiffBackend>(
+pub fn train_step<B: AutodiffBackend + ParallelOps>(
     model: GptModel<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
     microbatches: &[Microbatch],
@@ -107,7 +108,7 @@ pub fn train_step<B: AutodiffBackend>(
         ));
     }
     // Dropout (the only randomness in a step) depends on nothing but seed and iteration.
-    B::seed(device, context.seed ^ context.iteration);
+    crate::rng::with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
     let scale = 1.0 / microbatches.len() as f64;
     let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
     let mut loads = ExpertLoads::default();
@@ -120,7 +121,10 @@ pub fn train_step<B: AutodiffBackend>(
         lm_loss_sum += output.lm_loss.into_scalar().to_f64();
         loads.accumulate(&output.expert_loads);
         let gradients = output.loss.mul_scalar(scale).backward();
-        accumulator.accumulate(&model, GradientsParams::from_grads(gradients, &model));
+        // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed precision).
+        let gradients =
+            crate::precision::grads_to_fp32(&model, GradientsParams::from_grads(gradients, &model));
+        accumulator.accumulate(&model, gradients);
     }
     let loss = loss_sum * scale;
     let lm_loss = lm_loss_sum * scale;
@@ -158,7 +162,7 @@ pub fn train_step<B: AutodiffBackend>(
 }
 
 /// Mean language-model loss of `model` (without autodiff: no dropout, no graph) over batches.
-pub fn evaluate<B: Backend>(
+pub fn evaluate<B: Backend + ParallelOps>(
     model: &GptModel<B>,
     microbatches: &[Microbatch],
     device: &B::Device,

@@ -1,16 +1,21 @@
 //! The checkpoint manifest: what a checkpoint is (iteration, data position, seed), what wrote it
-//! (recipe and plan hashes) and what model shape its tensors have, so resuming into another
-//! model is refused field by field instead of failing deep inside a tensor copy.
+//! (recipe and plan hashes, the world layout), what model shape its tensors have, so resuming
+//! into another model is refused field by field instead of failing deep inside a tensor copy,
+//! and which shard files hold its tensors, so a lost or cut-short file is named, not guessed at.
 
 use std::path::Path;
 
+use ferrotron_parallel::ShardSpec;
+use ferrotron_plan::Plan;
 use ferrotron_recipe::{Activation, Model, Normalization, PositionEmbedding, Tokenizer};
 use serde::{Deserialize, Serialize};
 
 use crate::TrainError;
 
-/// Bumped when the checkpoint layout changes incompatibly.
-pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+/// Bumped when the checkpoint layout changes incompatibly. Version 2 added the world layout and
+/// the shard files; version 1 checkpoints (one `model.safetensors` of whole tensors) still load.
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 2;
+const READABLE_VERSIONS: [u32; 2] = [1, 2];
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -35,6 +40,88 @@ pub struct Manifest {
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub files: ManifestFiles,
+    /// The layout that wrote the checkpoint (one rank for version 1).
+    #[serde(default)]
+    pub layout: CheckpointLayout,
+    /// Every tensor file with the rank that wrote it, its size and its shards (version 2).
+    #[serde(default)]
+    pub shards: Vec<ShardFile>,
+}
+
+/// The parallel layout of the run that wrote a checkpoint: for people reading the manifest
+/// (a checkpoint loads into any layout, so nothing depends on it matching).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointLayout {
+    pub world_size: u32,
+    pub tp: u32,
+    pub pp: u32,
+    pub vpp: u32,
+    pub cp: u32,
+    pub ep: u32,
+    pub etp: u32,
+    pub dp: u32,
+    pub edp: u32,
+    pub sequence_parallel: bool,
+    pub distributed_optimizer: bool,
+}
+
+impl Default for CheckpointLayout {
+    fn default() -> Self {
+        CheckpointLayout {
+            world_size: 1,
+            tp: 1,
+            pp: 1,
+            vpp: 1,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            dp: 1,
+            edp: 1,
+            sequence_parallel: false,
+            distributed_optimizer: false,
+        }
+    }
+}
+
+impl CheckpointLayout {
+    pub fn of(plan: &Plan) -> Self {
+        let d = &plan.degrees;
+        CheckpointLayout {
+            world_size: plan.world_size,
+            tp: d.tp,
+            pp: d.pp,
+            vpp: d.vpp,
+            cp: d.cp,
+            ep: d.ep,
+            etp: d.etp,
+            dp: d.dp,
+            edp: d.edp,
+            sequence_parallel: plan.recipe.parallel.sequence_parallel,
+            distributed_optimizer: plan.recipe.parallel.distributed_optimizer,
+        }
+    }
+}
+
+/// What a shard file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShardKind {
+    /// Parameters.
+    Model,
+    /// Optimizer moments (`<global name>.exp_avg`, `.exp_avg_sq`).
+    Optimizer,
+}
+
+/// One tensor file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardFile {
+    pub file: String,
+    pub kind: ShardKind,
+    /// The global rank that wrote it.
+    pub rank: u32,
+    /// Its size when committed: a different size on disk means a damaged checkpoint.
+    pub bytes: u64,
+    pub tensors: Vec<ShardSpec>,
 }
 
 /// How randomness is derived: nothing is saved but the seed, because the backend is re-seeded
@@ -54,10 +141,14 @@ impl RngInfo {
     }
 }
 
+/// The non-tensor files, and for version 1 the two tensor files (version 2 lists its tensor
+/// files in [`Manifest::shards`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ManifestFiles {
-    pub model: String,
-    pub optimizer: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<String>,
     pub plan: String,
     pub recipe: String,
 }
@@ -65,8 +156,8 @@ pub struct ManifestFiles {
 impl Default for ManifestFiles {
     fn default() -> Self {
         ManifestFiles {
-            model: MODEL_FILE.into(),
-            optimizer: OPTIMIZER_FILE.into(),
+            model: None,
+            optimizer: None,
             plan: PLAN_FILE.into(),
             recipe: RECIPE_FILE.into(),
         }
@@ -158,11 +249,11 @@ impl Manifest {
         let text = std::fs::read_to_string(&path).map_err(|e| TrainError::io("read", &path, e))?;
         let manifest: Manifest = serde_json::from_str(&text)
             .map_err(|e| TrainError::checkpoint(&path, format!("invalid manifest: {e}")))?;
-        if manifest.format_version != CHECKPOINT_FORMAT_VERSION {
+        if !READABLE_VERSIONS.contains(&manifest.format_version) {
             return Err(TrainError::checkpoint(
                 &path,
                 format!(
-                    "format version {} is not the one this build reads ({CHECKPOINT_FORMAT_VERSION})",
+                    "format version {} is not one this build reads ({READABLE_VERSIONS:?})",
                     manifest.format_version
                 ),
             ));
@@ -233,6 +324,14 @@ mod tests {
             model: model(64, 3),
             tokenizer: Tokenizer::default(),
             files: ManifestFiles::default(),
+            layout: CheckpointLayout::default(),
+            shards: vec![ShardFile {
+                file: MODEL_FILE.into(),
+                kind: ShardKind::Model,
+                rank: 0,
+                bytes: 10,
+                tensors: vec![ShardSpec::full("w", vec![2, 5])],
+            }],
         };
         let err = manifest
             .check_model(Path::new("ckpt"), &recipe_shape)
@@ -244,5 +343,57 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         manifest.write(dir.path()).expect("write");
         assert_eq!(Manifest::read(dir.path()).expect("read"), manifest);
+    }
+}
+
+#[cfg(test)]
+mod version_one {
+    use super::*;
+
+    /// A manifest as version 1 wrote it (no layout, no shard list, tensor files named in `files`).
+    fn version_one_json() -> serde_json::Value {
+        let model = serde_json::json!({
+            "num_layers": 1, "hidden_size": 8, "num_attention_heads": 2, "seq_length": 8
+        });
+        let shape = ModelShape::of(
+            &serde_json::from_value(model.clone()).expect("model parses"),
+            64,
+        );
+        serde_json::json!({
+            "format_version": 1, "iteration": 3, "consumed_samples": 12, "consumed_tokens": 96,
+            "rng": {"seed": 1, "scheme": "s"}, "recipe_name": "t", "recipe_hash": "r",
+            "plan_hash": "p", "shape": shape, "model": model,
+            "tokenizer": Tokenizer::default(),
+            "files": {"model": "model.safetensors", "optimizer": "optimizer.safetensors",
+                      "plan": "plan.json", "recipe": "recipe.yaml"}
+        })
+    }
+
+    #[test]
+    fn version_one_manifests_still_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join(MANIFEST_FILE),
+            version_one_json().to_string(),
+        )
+        .expect("write");
+        let manifest = Manifest::read(dir.path()).expect("version 1 reads");
+        assert_eq!(manifest.files.model.as_deref(), Some(MODEL_FILE));
+        assert_eq!(manifest.layout, CheckpointLayout::default());
+        assert!(manifest.shards.is_empty());
+    }
+
+    #[test]
+    fn unknown_versions_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut json = version_one_json();
+        json["format_version"] = 9.into();
+        std::fs::write(dir.path().join(MANIFEST_FILE), json.to_string()).expect("write");
+        let err = Manifest::read(dir.path()).expect_err("version 9");
+        assert!(
+            err.to_string()
+                .contains("format version 9 is not one this build reads ([1, 2])"),
+            "{err}"
+        );
     }
 }

@@ -1,14 +1,35 @@
-//! Checkpoints: an atomic store of `iter_NNNNNNN/` folders, each holding the model parameters and
-//! AdamW moments as safetensors keyed by stable parameter names, the manifest, the resolved plan
-//! and recipe. See `store` for the commit protocol and `manifest` for what is recorded.
+//! Checkpoints: an atomic store of `iter_NNNNNNN/` folders holding the model parameters and
+//! AdamW moments under GLOBAL names (the one-rank model's parameter paths) with the
+//! [`ShardSpec`](ferrotron_parallel::ShardSpec) of every piece, the manifest, the resolved plan
+//! and recipe.
+//!
+//! Global names and shard specs are what make a checkpoint independent of the layout that
+//! wrote it: `load` assembles global tensors from whatever shards exist and cuts the shards the
+//! loading layout wants, so a tp2·pp2 run resumes as tp1·dp4, and a one-rank checkpoint loads
+//! into eight ranks and back. See `store` for the commit protocol, `save` for how a world of
+//! ranks writes one folder, `manifest` for what is recorded.
 
+mod load;
 mod manifest;
+mod modules;
+mod save;
 mod store;
 mod tensors;
+mod vocab;
 
+pub use load::ShardedCheckpoint;
 pub use manifest::{
-    CHECKPOINT_FORMAT_VERSION, MANIFEST_FILE, MODEL_FILE, Manifest, ManifestFiles, ModelShape,
-    OPTIMIZER_FILE, PLAN_FILE, RECIPE_FILE, RngInfo,
+    CHECKPOINT_FORMAT_VERSION, CheckpointLayout, MANIFEST_FILE, MODEL_FILE, Manifest,
+    ManifestFiles, ModelShape, OPTIMIZER_FILE, PLAN_FILE, RECIPE_FILE, RngInfo, ShardFile,
+    ShardKind,
 };
+pub use modules::{adamw_shards, is_primary_replica, model_shards, moment_spec};
+pub use save::{CheckpointInfo, save_sharded, shard_file_name, world_size};
 pub use store::{COMMIT_MARKER, CheckpointStore, CommittedCheckpoint, is_committed};
-pub use tensors::{read_safetensors, write_safetensors};
+pub use tensors::{
+    SHARDS_METADATA_KEY, ShardTensor, read_safetensors, read_shard_specs, write_safetensors,
+    write_shard_file,
+};
+
+#[cfg(test)]
+mod tests;

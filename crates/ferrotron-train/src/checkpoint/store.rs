@@ -52,22 +52,41 @@ impl CheckpointStore {
         iteration: u64,
         write: impl FnOnce(&Path) -> Result<(), TrainError>,
     ) -> Result<PathBuf, TrainError> {
-        fs::create_dir_all(&self.dir).map_err(|e| TrainError::io("create", &self.dir, e))?;
-        let name = Self::folder_name(iteration);
-        let temp = self
-            .dir
-            .join(format!("{TEMP_PREFIX}{name}-{}", std::process::id()));
-        if temp.exists() {
-            fs::remove_dir_all(&temp).map_err(|e| TrainError::io("remove", &temp, e))?;
-        }
-        fs::create_dir(&temp).map_err(|e| TrainError::io("create", &temp, e))?;
+        let temp = self.temp_folder(iteration, &std::process::id().to_string());
+        self.begin(&temp)?;
         write(&temp)?;
-        sync_files_in(&temp)?;
+        self.commit(iteration, &temp)
+    }
+
+    /// The temporary folder of the checkpoint at `iteration`. Writers that share one folder
+    /// (the ranks of a world, possibly in several processes) pass the same `tag`.
+    pub fn temp_folder(&self, iteration: u64, tag: &str) -> PathBuf {
+        self.dir.join(format!(
+            "{TEMP_PREFIX}{}-{tag}",
+            Self::folder_name(iteration)
+        ))
+    }
+
+    /// Create `temp` empty (a leftover of a crashed attempt is removed first).
+    pub fn begin(&self, temp: &Path) -> Result<(), TrainError> {
+        fs::create_dir_all(&self.dir).map_err(|e| TrainError::io("create", &self.dir, e))?;
+        if temp.exists() {
+            fs::remove_dir_all(temp).map_err(|e| TrainError::io("remove", temp, e))?;
+        }
+        fs::create_dir(temp).map_err(|e| TrainError::io("create", temp, e))
+    }
+
+    /// Commit a filled temporary folder: fsync every file, write the marker, rename it to
+    /// `iter_NNNNNNN` (replacing an older one of the same iteration), fsync the directory,
+    /// prune beyond `keep_last`.
+    pub fn commit(&self, iteration: u64, temp: &Path) -> Result<PathBuf, TrainError> {
+        let name = Self::folder_name(iteration);
+        sync_files_in(temp)?;
         let marker = temp.join(COMMIT_MARKER);
         fs::write(&marker, format!("{iteration}\n"))
             .map_err(|e| TrainError::io("write", &marker, e))?;
         sync_path(&marker)?;
-        sync_path(&temp)?;
+        sync_path(temp)?;
 
         let target = self.dir.join(&name);
         if target.exists() {
@@ -77,10 +96,10 @@ impl CheckpointStore {
                 .dir
                 .join(format!("{TEMP_PREFIX}old-{name}-{}", std::process::id()));
             fs::rename(&target, &old).map_err(|e| TrainError::io("move aside", &target, e))?;
-            fs::rename(&temp, &target).map_err(|e| TrainError::io("commit", &target, e))?;
+            fs::rename(temp, &target).map_err(|e| TrainError::io("commit", &target, e))?;
             fs::remove_dir_all(&old).map_err(|e| TrainError::io("remove", &old, e))?;
         } else {
-            fs::rename(&temp, &target).map_err(|e| TrainError::io("commit", &target, e))?;
+            fs::rename(temp, &target).map_err(|e| TrainError::io("commit", &target, e))?;
         }
         sync_path(&self.dir)?;
         self.prune()?;
@@ -138,7 +157,7 @@ pub fn is_committed(path: &Path) -> bool {
     path.join(COMMIT_MARKER).is_file()
 }
 
-fn sync_files_in(dir: &Path) -> Result<(), TrainError> {
+pub(crate) fn sync_files_in(dir: &Path) -> Result<(), TrainError> {
     for entry in fs::read_dir(dir).map_err(|e| TrainError::io("read", dir, e))? {
         let path = entry.map_err(|e| TrainError::io("read", dir, e))?.path();
         if path.is_file() {
@@ -149,7 +168,7 @@ fn sync_files_in(dir: &Path) -> Result<(), TrainError> {
 }
 
 /// fsync a file or a directory (a directory's fsync makes renames and new entries durable).
-fn sync_path(path: &Path) -> Result<(), TrainError> {
+pub(crate) fn sync_path(path: &Path) -> Result<(), TrainError> {
     File::open(path)
         .and_then(|f| f.sync_all())
         .map_err(|e| TrainError::io("fsync", path, e))

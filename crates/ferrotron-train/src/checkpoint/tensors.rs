@@ -1,14 +1,30 @@
 //! Tensors on disk as safetensors (f32, little-endian), named by parameter path, so the files
-//! open in any safetensors reader (Python included) without our code.
+//! open in any safetensors reader (Python included) without our code. A shard file also carries
+//! the [`ShardSpec`] of every tensor in the header's `__metadata__`, so it explains itself: which
+//! global tensor each piece belongs to and where it sits.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
+use std::io::Read;
+
+use ferrotron_parallel::ShardSpec;
 use safetensors::tensor::{Dtype, SafeTensors, View};
 
 use crate::TrainError;
 use crate::params::NamedTensor;
+
+/// The `__metadata__` key holding the JSON list of the file's shard specs.
+pub const SHARDS_METADATA_KEY: &str = "ferrotron.shards";
+
+/// A rank-local piece of a global tensor: where it sits ([`ShardSpec`]) and its values
+/// (f32, row-major in the local shape).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardTensor {
+    pub spec: ShardSpec,
+    pub values: Vec<f32>,
+}
 
 struct F32View<'a> {
     shape: &'a [usize],
@@ -32,6 +48,77 @@ impl View for F32View<'_> {
 
 /// Write `tensors` to `path` as one safetensors file.
 pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), TrainError> {
+    write_with_metadata(path, tensors, None)
+}
+
+/// Write shards to `path`, each under its global name, with their specs in the header. A rank
+/// holds at most one piece of a global tensor, so a repeated name is a caller's bug, refused.
+pub fn write_shard_file(path: &Path, shards: &[ShardTensor]) -> Result<(), TrainError> {
+    let mut tensors = Vec::with_capacity(shards.len());
+    let mut seen = std::collections::HashSet::new();
+    for shard in shards {
+        let name = &shard.spec.global_name;
+        if !seen.insert(name.as_str()) {
+            return Err(TrainError::checkpoint(
+                path,
+                format!("two shards of {name} from one rank"),
+            ));
+        }
+        let shape = shard
+            .spec
+            .local_shape()
+            .map_err(|e| TrainError::checkpoint(path, e.to_string()))?;
+        if shape.iter().product::<usize>() != shard.values.len() {
+            return Err(TrainError::checkpoint(
+                path,
+                format!(
+                    "{name}: {} values for a shard of shape {shape:?}",
+                    shard.values.len()
+                ),
+            ));
+        }
+        tensors.push(NamedTensor {
+            name: name.clone(),
+            shape,
+            values: shard.values.clone(),
+        });
+    }
+    let specs: Vec<&ShardSpec> = shards.iter().map(|s| &s.spec).collect();
+    let json = serde_json::to_string(&specs).expect("shard specs serialize");
+    let metadata = HashMap::from([(SHARDS_METADATA_KEY.to_owned(), json)]);
+    write_with_metadata(path, &tensors, Some(metadata))
+}
+
+/// The shard specs recorded in a shard file's header, reading only the header.
+pub fn read_shard_specs(path: &Path) -> Result<Vec<ShardSpec>, TrainError> {
+    let mut file = std::fs::File::open(path).map_err(|e| TrainError::io("open", path, e))?;
+    let mut length = [0u8; 8];
+    file.read_exact(&mut length)
+        .map_err(|e| TrainError::io("read the header of", path, e))?;
+    let length = usize::try_from(u64::from_le_bytes(length))
+        .ok()
+        .filter(|&n| n <= 100_000_000)
+        .ok_or_else(|| TrainError::checkpoint(path, "not a safetensors file (header length)"))?;
+    let mut header = vec![0u8; length];
+    file.read_exact(&mut header)
+        .map_err(|e| TrainError::io("read the header of", path, e))?;
+    let header: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|e| TrainError::checkpoint(path, format!("invalid safetensors header: {e}")))?;
+    let specs = header
+        .pointer(&format!("/__metadata__/{SHARDS_METADATA_KEY}"))
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| {
+            TrainError::checkpoint(path, format!("no {SHARDS_METADATA_KEY} in the header"))
+        })?;
+    serde_json::from_str(specs)
+        .map_err(|e| TrainError::checkpoint(path, format!("invalid shard specs: {e}")))
+}
+
+fn write_with_metadata(
+    path: &Path,
+    tensors: &[NamedTensor],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(), TrainError> {
     let views = tensors.iter().map(|t| {
         let bytes = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
         (
@@ -42,7 +129,7 @@ pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), Tra
             },
         )
     });
-    let buffer = safetensors::serialize(views, None)
+    let buffer = safetensors::serialize(views, metadata)
         .map_err(|e| TrainError::checkpoint(path, format!("cannot encode tensors: {e}")))?;
     std::fs::write(path, buffer).map_err(|e| TrainError::io("write", path, e))
 }

@@ -1,0 +1,239 @@
+//! Between burn modules and shards: which of a rank's parameters it writes, under which global
+//! name, and putting a checkpoint's values back into a rank's (sharded) module. Parameters are
+//! matched by [`ParamRole::id`], since a rank's module paths (`layers.0` of the second pipeline
+//! stage) are not the global names (`layers.4`).
+
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use ferrotron_parallel::{ParallelContext, ParamRole, ShardSpec};
+
+use super::load::ShardedCheckpoint;
+use super::tensors::ShardTensor;
+use crate::params::{NamedTensor, ParamEntry};
+use crate::{AdamW, EXP_AVG, EXP_AVG_SQ, TrainError};
+
+/// Whether this rank writes the parameter's shard: one copy per unique shard. Dense shards are
+/// identical across data × context parallel ranks (and, when `tp_duplicate`, across tp ranks);
+/// expert shards across expert-data-parallel ranks. Rank 0 of those groups writes. A tied
+/// embedding's copy on the last pipeline stage is the first stage's (same gradients, same
+/// update), so only the first stage writes it.
+pub fn is_primary_replica(role: &ParamRole, ctx: &ParallelContext) -> bool {
+    if role.tied_embedding && ctx.pp.rank() != 0 {
+        return false;
+    }
+    if role.expert {
+        ctx.edp.rank() == 0
+    } else {
+        ctx.dp_cp.rank() == 0 && (!role.tp_duplicate || ctx.tp.rank() == 0)
+    }
+}
+
+/// The spec of an optimizer moment: its parameter's, named `<global name>.<suffix>`.
+pub fn moment_spec(param: &ShardSpec, suffix: &str) -> ShardSpec {
+    ShardSpec {
+        global_name: format!("{}.{suffix}", param.global_name),
+        ..param.clone()
+    }
+}
+
+/// This rank's parameters of `module` that it writes (see [`is_primary_replica`]), under their
+/// global names. Call once per model chunk and concatenate. Every float parameter must have a
+/// role: one without would silently be missing from the checkpoint.
+pub fn model_shards<B: Backend, M: Module<B>>(
+    module: &M,
+    roles: &[ParamRole],
+    ctx: &ParallelContext,
+) -> Result<Vec<ShardTensor>, TrainError> {
+    let roles = roles_by_id(roles);
+    let mut collector = ValueCollector { values: Vec::new() };
+    module.visit(&mut collector);
+    let mut shards = Vec::new();
+    for (id, values) in collector.values {
+        let role = roles.get(&id).ok_or_else(|| {
+            TrainError::Config(format!(
+                "a parameter ({id}) has no ParamRole, so it has no global name to be saved under"
+            ))
+        })?;
+        if is_primary_replica(role, ctx) {
+            shards.push(ShardTensor {
+                spec: role.shard.clone(),
+                values,
+            });
+        }
+    }
+    Ok(shards)
+}
+
+/// The AdamW moments of the parameters this rank writes, as `<global>.exp_avg` and
+/// `<global>.exp_avg_sq` shards. Parameters that never had a gradient have none.
+pub fn adamw_shards<I: Backend>(
+    optimizer: &AdamW<I>,
+    roles: &[ParamRole],
+    ctx: &ParallelContext,
+) -> Result<Vec<ShardTensor>, TrainError> {
+    let primary: Vec<&ParamRole> = roles
+        .iter()
+        .filter(|r| is_primary_replica(r, ctx))
+        .collect();
+    let entries = entries_of(primary.iter().copied())?;
+    let specs: HashMap<String, &ShardSpec> = primary
+        .iter()
+        .flat_map(|role| {
+            [EXP_AVG, EXP_AVG_SQ]
+                .map(|suffix| (format!("{}.{suffix}", role.shard.global_name), &role.shard))
+        })
+        .collect();
+    optimizer
+        .state_tensors(&entries)
+        .into_iter()
+        .map(|moment| {
+            let param = specs.get(&moment.name).ok_or_else(|| {
+                TrainError::Config(format!("optimizer moment {} has no parameter", moment.name))
+            })?;
+            let suffix = moment.name.rsplit('.').next().unwrap_or(EXP_AVG).to_owned();
+            Ok(ShardTensor {
+                spec: moment_spec(param, &suffix),
+                values: moment.values,
+            })
+        })
+        .collect()
+}
+
+impl ShardedCheckpoint {
+    /// Replace every parameter of `module` (a rank's chunk) by its shard of the checkpoint's
+    /// global tensor. Fails listing every parameter that could not be loaded.
+    pub fn load_module<B: Backend, M: Module<B>>(
+        &self,
+        module: M,
+        roles: &[ParamRole],
+    ) -> Result<M, TrainError> {
+        let mut loader = ShardLoader {
+            checkpoint: self,
+            roles: roles_by_id(roles),
+            problems: Vec::new(),
+        };
+        let module = module.map(&mut loader);
+        if loader.problems.is_empty() {
+            Ok(module)
+        } else {
+            Err(TrainError::checkpoint(
+                self.dir(),
+                loader.problems.join("\n  "),
+            ))
+        }
+    }
+
+    /// Restore the AdamW moments of `roles`' parameters (this rank's shards of them) and the
+    /// step count (the checkpoint's iteration).
+    pub fn load_adamw<I: Backend>(
+        &self,
+        optimizer: &mut AdamW<I>,
+        roles: &[ParamRole],
+        device: &I::Device,
+    ) -> Result<(), TrainError> {
+        let entries = entries_of(roles.iter())?;
+        let mut moments = HashMap::new();
+        for role in roles {
+            for suffix in [EXP_AVG, EXP_AVG_SQ] {
+                let spec = moment_spec(&role.shard, suffix);
+                if !self.contains(&spec.global_name) {
+                    continue;
+                }
+                let values = self.shard(&spec)?;
+                moments.insert(
+                    spec.global_name.clone(),
+                    NamedTensor {
+                        name: spec.global_name,
+                        shape: vec![values.len()],
+                        values,
+                    },
+                );
+            }
+        }
+        optimizer
+            .load_state(&entries, &moments, self.manifest().iteration, device)
+            .map_err(|problems| TrainError::checkpoint(self.dir(), problems.join("; ")))
+    }
+}
+
+/// AdamW's view of the parameters: named by global name, shaped like the local shard.
+fn entries_of<'a>(
+    roles: impl Iterator<Item = &'a ParamRole>,
+) -> Result<Vec<ParamEntry>, TrainError> {
+    roles
+        .map(|role| {
+            let shape = role
+                .shard
+                .local_shape()
+                .map_err(|e| TrainError::Config(e.to_string()))?;
+            Ok(ParamEntry {
+                name: role.shard.global_name.clone(),
+                id: role.id,
+                shape,
+            })
+        })
+        .collect()
+}
+
+fn roles_by_id(roles: &[ParamRole]) -> HashMap<ParamId, &ParamRole> {
+    roles.iter().map(|role| (role.id, role)).collect()
+}
+
+struct ValueCollector {
+    values: Vec<(ParamId, Vec<f32>)>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for ValueCollector {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let tensor = NamedTensor::from_tensor(String::new(), &param.val());
+        self.values.push((param.id, tensor.values));
+    }
+}
+
+struct ShardLoader<'a> {
+    checkpoint: &'a ShardedCheckpoint,
+    roles: HashMap<ParamId, &'a ParamRole>,
+    problems: Vec<String>,
+}
+
+impl<B: Backend> ModuleMapper<B> for ShardLoader<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(role) = self.roles.get(&param.id) else {
+            self.problems.push(format!(
+                "a parameter ({}) has no ParamRole, so its global name is unknown",
+                param.id
+            ));
+            return param;
+        };
+        let values = match self.checkpoint.shard(&role.shard) {
+            Ok(values) => values,
+            Err(err) => {
+                self.problems.push(match err {
+                    TrainError::Checkpoint { message, .. } => message,
+                    other => other.to_string(),
+                });
+                return param;
+            }
+        };
+        let (id, tensor, mapper) = param.consume();
+        let dims = tensor.dims();
+        if dims.iter().product::<usize>() != values.len() {
+            self.problems.push(format!(
+                "{}: the shard holds {} values, the rank's parameter has shape {dims:?}",
+                role.shard.global_name,
+                values.len()
+            ));
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
+        let require_grad = tensor.is_require_grad();
+        let mut loaded: Tensor<B, D> =
+            Tensor::from_data(TensorData::new(values, dims), &tensor.device());
+        if require_grad {
+            loaded = loaded.require_grad();
+        }
+        Param::from_mapped_value(id, loaded, mapper)
+    }
+}

@@ -1,0 +1,194 @@
+//! Saving one checkpoint from every rank of a world into one folder, atomically.
+//!
+//! Each rank writes only its own files (`model-00003-of-00008.safetensors`), so no tensor
+//! crosses the network to be saved and the write is as parallel as the file system; rank 0 then
+//! reads the files' headers (not their data) to list every shard in the manifest and commits the
+//! folder as the one-rank store does. The steps are separated by an agreement — an all-reduce
+//! of a failure flag over tp, dp×cp and pp, which together span the world — so a rank that fails
+//! to write makes every rank return an error instead of leaving the others waiting, and no rank
+//! returns before the folder is committed.
+
+use std::path::{Path, PathBuf};
+
+use ferrotron_parallel::{ParallelContext, ReduceOp};
+use ferrotron_plan::Plan;
+use ferrotron_recipe::Recipe;
+
+use super::manifest::{
+    CHECKPOINT_FORMAT_VERSION, CheckpointLayout, MODEL_FILE, Manifest, ManifestFiles, ModelShape,
+    OPTIMIZER_FILE, RngInfo, ShardFile, ShardKind,
+};
+use super::store::CheckpointStore;
+use super::tensors::{ShardTensor, read_shard_specs, write_shard_file};
+use crate::TrainError;
+use crate::resume::{ResumeState, absolute_tokenizer, recipe_hash, write_recipe};
+
+/// What a checkpoint records besides the tensors.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckpointInfo<'a> {
+    pub state: ResumeState,
+    pub plan: &'a Plan,
+    /// The recipe as the runtime uses it (vocabulary filled in, `extends` dropped).
+    pub recipe: &'a Recipe,
+    pub shape: &'a ModelShape,
+}
+
+/// The number of ranks `ctx` spans: the dense grid tp × (dp × cp) × pp is the whole world.
+pub fn world_size(ctx: &ParallelContext) -> u32 {
+    let ranks = ctx.tp.size() * ctx.dp_cp.size() * ctx.pp.size();
+    u32::try_from(ranks).unwrap_or(u32::MAX)
+}
+
+/// The file of `kind` that `rank` of `world` writes: Hugging Face's sharded naming, 1-based;
+/// a one-rank world keeps the unsharded names.
+pub fn shard_file_name(kind: ShardKind, rank: u32, world: u32) -> String {
+    let stem = match kind {
+        ShardKind::Model => "model",
+        ShardKind::Optimizer => "optimizer",
+    };
+    if world == 1 {
+        match kind {
+            ShardKind::Model => MODEL_FILE.to_owned(),
+            ShardKind::Optimizer => OPTIMIZER_FILE.to_owned(),
+        }
+    } else {
+        format!("{stem}-{:05}-of-{world:05}.safetensors", rank + 1)
+    }
+}
+
+/// Save a checkpoint at `info.state.iteration`. Collective: every rank of the world calls it
+/// with the same iteration, passing the model and optimizer shards it should write (see
+/// [`super::is_primary_replica`]; a shard written twice is harmless, only larger). Returns the
+/// committed folder on every rank.
+pub fn save_sharded(
+    store: &CheckpointStore,
+    ctx: &ParallelContext,
+    info: &CheckpointInfo<'_>,
+    model: &[ShardTensor],
+    optimizer: &[ShardTensor],
+) -> Result<PathBuf, TrainError> {
+    let rank = ctx.tp.global_rank();
+    let world = world_size(ctx);
+    let iteration = info.state.iteration;
+    // One name for all ranks, even across processes; a leftover of a crash is cleared by begin.
+    let temp = store.temp_folder(iteration, &format!("w{world}"));
+    let target = store.dir().join(CheckpointStore::folder_name(iteration));
+
+    let begun = if rank == 0 {
+        store.begin(&temp)
+    } else {
+        Ok(())
+    };
+    agree(ctx, &temp, begun, "prepare the checkpoint folder")?;
+
+    let written = write_rank_files(&temp, rank, world, model, optimizer);
+    agree(ctx, &temp, written, "write its shards")?;
+
+    let committed = if rank == 0 {
+        finish(store, &temp, world, info).map(|_| ())
+    } else {
+        Ok(())
+    };
+    agree(ctx, &temp, committed, "commit the checkpoint")?;
+    Ok(target)
+}
+
+/// This rank's model and optimizer files (none when it has nothing to write), fsynced.
+fn write_rank_files(
+    temp: &Path,
+    rank: u32,
+    world: u32,
+    model: &[ShardTensor],
+    optimizer: &[ShardTensor],
+) -> Result<(), TrainError> {
+    for (kind, shards) in [(ShardKind::Model, model), (ShardKind::Optimizer, optimizer)] {
+        if shards.is_empty() {
+            continue;
+        }
+        let path = temp.join(shard_file_name(kind, rank, world));
+        write_shard_file(&path, shards)?;
+        super::store::sync_path(&path)?;
+    }
+    Ok(())
+}
+
+/// Rank 0, once every rank has written: list the shard files, write the manifest, plan and
+/// recipe, commit.
+fn finish(
+    store: &CheckpointStore,
+    temp: &Path,
+    world: u32,
+    info: &CheckpointInfo<'_>,
+) -> Result<PathBuf, TrainError> {
+    let mut shards = Vec::new();
+    for rank in 0..world {
+        for kind in [ShardKind::Model, ShardKind::Optimizer] {
+            let file = shard_file_name(kind, rank, world);
+            let path = temp.join(&file);
+            if !path.is_file() {
+                continue;
+            }
+            let bytes = std::fs::metadata(&path)
+                .map_err(|e| TrainError::io("stat", &path, e))?
+                .len();
+            shards.push(ShardFile {
+                file,
+                kind,
+                rank,
+                bytes,
+                tensors: read_shard_specs(&path)?,
+            });
+        }
+    }
+    let recipe = info.recipe;
+    let manifest = Manifest {
+        format_version: CHECKPOINT_FORMAT_VERSION,
+        iteration: info.state.iteration,
+        consumed_samples: info.state.consumed_samples,
+        consumed_tokens: info.state.consumed_tokens,
+        rng: RngInfo::per_iteration(recipe.training.seed),
+        recipe_name: recipe.name.clone(),
+        recipe_hash: recipe_hash(recipe),
+        plan_hash: info.plan.plan_hash.clone(),
+        shape: info.shape.clone(),
+        model: recipe.model.clone(),
+        tokenizer: absolute_tokenizer(&recipe.data.tokenizer),
+        files: ManifestFiles::default(),
+        layout: CheckpointLayout::of(info.plan),
+        shards,
+    };
+    info.plan
+        .write_to(temp)
+        .map_err(|e| TrainError::checkpoint(temp, format!("cannot write plan.json: {e}")))?;
+    write_recipe(temp, recipe)?;
+    manifest.write(temp)?;
+    store.commit(info.state.iteration, temp)
+}
+
+/// Every rank learns whether every rank succeeded at `step`. This rank's own error comes back
+/// as is; a rank that succeeded while another failed gets an error saying so.
+fn agree(
+    ctx: &ParallelContext,
+    temp: &Path,
+    outcome: Result<(), TrainError>,
+    step: &str,
+) -> Result<(), TrainError> {
+    let mut failed = [if outcome.is_err() { 1.0f32 } else { 0.0 }];
+    for group in [&ctx.tp, &ctx.dp_cp, &ctx.pp] {
+        group
+            .all_reduce_f32(&mut failed, ReduceOp::Max)
+            .map_err(|e| {
+                TrainError::checkpoint(temp, format!("ranks could not agree to {step}: {e}"))
+            })?;
+    }
+    outcome?;
+    if failed[0] > 0.0 {
+        return Err(TrainError::checkpoint(
+            temp,
+            format!(
+                "another rank failed to {step} (its error is in its log); nothing was committed"
+            ),
+        ));
+    }
+    Ok(())
+}

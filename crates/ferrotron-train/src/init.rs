@@ -1,0 +1,80 @@
+//! The initial model is a function of the seed alone, whatever the backend: weights are drawn
+//! on the CPU backend (burn-flex) and copied to the training device. Each backend has its own
+//! random generator (Flex's, Philox on ferrotron-cuda, cubecl's on burn-cuda), so
+//! drawing on the device would start every backend from different weights, and comparing a GPU
+//! run's loss curve with the CPU's would measure the draw, not the arithmetic. On the CPU
+//! backend itself the model is drawn in place, exactly as before.
+
+use std::any::TypeId;
+use std::collections::HashMap;
+
+use burn::backend::Flex;
+use burn::tensor::backend::Backend;
+use ferrotron_model::{GptModel, ModelConfig};
+
+use crate::rng::with_process_rng;
+use crate::{TrainError, load_named_tensors, named_tensors};
+
+/// The model `config` describes, initialised from `seed`, on `device`.
+pub(crate) fn seeded_model<B: Backend>(
+    config: &ModelConfig,
+    seed: u64,
+    device: &B::Device,
+) -> Result<GptModel<B>, TrainError> {
+    let draw_in_place = TypeId::of::<B>() == TypeId::of::<Flex>()
+        || TypeId::of::<B>() == TypeId::of::<burn::backend::Autodiff<Flex>>();
+    if draw_in_place {
+        return Ok(with_process_rng(|| {
+            B::seed(device, seed);
+            config.init(device)
+        }));
+    }
+    let host = Default::default();
+    let drawn: GptModel<Flex> = with_process_rng(|| {
+        Flex::seed(&host, seed);
+        config.init(&host)
+    });
+    let values: HashMap<_, _> = named_tensors::<Flex, _>(&drawn)
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect();
+    drop(drawn);
+    let shell: GptModel<B> = config.init(device);
+    load_named_tensors(shell, &values).map_err(|problems| {
+        TrainError::Config(format!(
+            "copying the CPU-drawn initial model to the device: {}",
+            problems.join("; ")
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+
+    use super::*;
+
+    /// Not the CPU training backend's type, so it takes the draw-on-the-CPU-and-copy path.
+    type Other = Autodiff<Flex, BalancedCheckpointing>;
+
+    fn config() -> ModelConfig {
+        let recipe: ferrotron_recipe::Model = serde_saphyr::from_str(
+            "num_layers: 1\nhidden_size: 8\nnum_attention_heads: 2\nseq_length: 4\n\
+             max_position_embeddings: 4\n",
+        )
+        .expect("model section parses");
+        ModelConfig::from_model_with_vocab(&recipe, 32, 32).expect("valid model")
+    }
+
+    #[test]
+    fn another_backend_starts_from_the_cpu_draw() {
+        let device = Default::default();
+        let cpu = seeded_model::<Autodiff<Flex>>(&config(), 7, &device).expect("cpu");
+        let other = seeded_model::<Other>(&config(), 7, &device).expect("copied");
+        let values = named_tensors::<Other, _>(&other);
+        assert_eq!(named_tensors::<Autodiff<Flex>, _>(&cpu), values);
+        let reseeded = seeded_model::<Other>(&config(), 8, &device).expect("seed 8");
+        assert_ne!(values, named_tensors::<Other, _>(&reseeded));
+    }
+}

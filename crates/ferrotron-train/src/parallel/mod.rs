@@ -1,0 +1,25 @@
+//! The distributed runtime: one rank's share of a parallel training step (pipeline schedule,
+//! gradient synchronisation, global-norm clipping, the ZeRO-1 optimizer) and the loop around it.
+//!
+//! Every piece is written against communicators, never against "how many ranks there are", so a
+//! one-rank context (every group of size 1) runs the same code: that is what makes the N-rank
+//! computation comparable, step by step, with the one-rank one.
+
+mod dist_optimizer;
+mod flat;
+mod grad_sync;
+mod host;
+mod norm;
+mod pipeline;
+mod rank_checkpoint;
+mod rank_loop;
+mod rank_model;
+pub mod schedule;
+mod threads;
+
+#[cfg(test)]
+mod tests;
+
+pub use flat::GRAD_BUCKET_ELEMENTS;
+pub use rank_loop::{RankOutcome, train_rank};
+pub use threads::{train_threads, train_threads_detailed};

@@ -1,0 +1,296 @@
+//! Runs a stage's schedule for one step on burn tensors: forwards through the local chunks,
+//! activations and gradients over the pipeline group, and each chunk's backward through the
+//! surrogate `(output · grad_output.detach()).sum() + aux_loss / microbatches`, whose gradient
+//! with respect to the chunk's parameters and input is exactly the gradient the one-rank graph
+//! would propagate through that chunk. The received activation is a fresh leaf that requires a
+//! gradient, so each chunk's graph stops at its input and the input's gradient is what goes
+//! upstream. The last chunk differentiates `loss / microbatches`, as the one-rank step does.
+
+use std::collections::HashMap;
+
+use burn::module::{AutodiffModule, ParamId};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::cast::ToElement;
+use burn::tensor::{Int, Tensor, TensorData};
+use ferrotron_model::{
+    ChunkData, ChunkInput, ChunkOutput, ExpertLoads, GptModel, split_for_context_parallel,
+};
+use ferrotron_parallel::{ParallelContext, ParallelOps};
+
+use super::grad_sync::comm_error;
+use super::host::{grad_values, to_vec};
+use super::schedule::{self, Op, StagePosition};
+use crate::{Microbatch, TrainError};
+
+/// What a stage's step produced.
+#[derive(Debug)]
+pub struct PipelineOutcome {
+    /// Per local chunk: the accumulated gradients (already divided by the microbatch count).
+    pub grads: Vec<HashMap<ParamId, Vec<f32>>>,
+    /// Sum over microbatches of the objective and of the LM loss (last stage only; 0 elsewhere).
+    pub loss_sum: f64,
+    pub lm_loss_sum: f64,
+    /// Per local chunk: tokens per expert, summed over microbatches.
+    pub loads: Vec<ExpertLoads>,
+}
+
+enum Forwarded<B: AutodiffBackend> {
+    Hidden {
+        hidden: Tensor<B, 3>,
+        aux_loss: Tensor<B, 1>,
+    },
+    Loss(Tensor<B, 1>),
+}
+
+struct InFlight<B: AutodiffBackend> {
+    input: Option<Tensor<B, 3>>,
+    output: Forwarded<B>,
+}
+
+/// `[batch, seq]` token ids and their next-token labels.
+type TokensAndLabels<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
+
+/// A microbatch's tokens and labels as this rank sees them (its context-parallel part).
+pub fn rank_tensors<B: burn::tensor::backend::Backend>(
+    microbatch: &Microbatch,
+    ctx: &ParallelContext,
+    device: &B::Device,
+) -> Result<TokensAndLabels<B>, TrainError> {
+    let (tokens, labels) = microbatch.tensors::<B>(device);
+    Ok(split_for_context_parallel(
+        tokens,
+        labels,
+        ctx.cp_rank(),
+        ctx.cp_size(),
+    )?)
+}
+
+fn tensor3<B: burn::tensor::backend::Backend>(
+    values: Vec<f32>,
+    shape: [usize; 3],
+    device: &B::Device,
+) -> Tensor<B, 3> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+fn recv<B: burn::tensor::backend::Backend>(
+    ctx: &ParallelContext,
+    shape: [usize; 3],
+    peer: usize,
+    device: &B::Device,
+) -> Result<Tensor<B, 3>, TrainError> {
+    let mut buffer = vec![0.0; shape.iter().product()];
+    ctx.pp
+        .recv_f32(&mut buffer, peer)
+        .map_err(|e| comm_error("pipeline receive", e))?;
+    Ok(tensor3(buffer, shape, device))
+}
+
+fn send(ctx: &ParallelContext, values: &[f32], peer: usize) -> Result<(), TrainError> {
+    ctx.pp
+        .send_f32(values, peer)
+        .map_err(|e| comm_error("pipeline send", e))
+}
+
+/// Forward and backward of `microbatches` through `chunks` by the stage's schedule.
+pub fn run_step<B>(
+    chunks: &[GptModel<B>],
+    position: StagePosition,
+    ctx: &ParallelContext,
+    microbatches: &[Microbatch],
+    device: &B::Device,
+) -> Result<PipelineOutcome, TrainError>
+where
+    B: AutodiffBackend + ParallelOps,
+{
+    let ops = schedule::build(position, microbatches.len())?;
+    let scale = 1.0 / microbatches.len() as f64;
+    let mut accumulators: Vec<GradientsAccumulator<GptModel<B>>> =
+        chunks.iter().map(|_| GradientsAccumulator::new()).collect();
+    let mut loads = vec![ExpertLoads::default(); chunks.len()];
+    let mut received: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
+    let mut grads_in: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
+    let mut grads_out: HashMap<(usize, usize), Vec<f32>> = HashMap::new();
+    let mut in_flight: HashMap<(usize, usize), InFlight<B>> = HashMap::new();
+    let (mut loss_sum, mut lm_loss_sum) = (0.0, 0.0);
+    for op in ops {
+        match op {
+            Op::RecvActivation { chunk, microbatch } => {
+                let shape = chunks[chunk].boundary_shape(microbatches[microbatch].batch);
+                let input = recv::<B>(ctx, shape, position.previous_stage(), device)?;
+                received.insert((chunk, microbatch), input.require_grad());
+            }
+            Op::RecvGrad { chunk, microbatch } => {
+                let shape = chunks[chunk].boundary_shape(microbatches[microbatch].batch);
+                let grad = recv::<B>(ctx, shape, position.next_stage(), device)?;
+                grads_in.insert((chunk, microbatch), grad);
+            }
+            Op::SendActivation { chunk, microbatch } => {
+                let Some(InFlight {
+                    output: Forwarded::Hidden { hidden, .. },
+                    ..
+                }) = in_flight.get(&(chunk, microbatch))
+                else {
+                    return Err(schedule_bug("send an activation", chunk, microbatch));
+                };
+                send(ctx, &to_vec(hidden.clone()), position.next_stage())?;
+            }
+            Op::SendGrad { chunk, microbatch } => {
+                let grad = grads_out
+                    .remove(&(chunk, microbatch))
+                    .ok_or_else(|| schedule_bug("send a gradient", chunk, microbatch))?;
+                send(ctx, &grad, position.previous_stage())?;
+            }
+            Op::Compute(compute) if compute.forward => {
+                let key = (compute.chunk, compute.microbatch);
+                let microbatch = &microbatches[compute.microbatch];
+                let (tokens, labels) = rank_tensors::<B>(microbatch, ctx, device)?;
+                let (data, input) = if position.is_first_piece(compute.chunk) {
+                    (ChunkData::Tokens(tokens), None)
+                } else {
+                    let hidden = received
+                        .remove(&key)
+                        .ok_or_else(|| schedule_bug("forward", key.0, key.1))?;
+                    (ChunkData::Hidden(hidden.clone()), Some(hidden))
+                };
+                let mut chunk_input = ChunkInput {
+                    data,
+                    labels: None,
+                    loss_mask: None,
+                };
+                if position.is_last_piece(compute.chunk) {
+                    chunk_input = chunk_input.with_labels(labels, None);
+                }
+                let output = match chunks[compute.chunk].forward_chunk(chunk_input)? {
+                    ChunkOutput::Hidden {
+                        hidden,
+                        aux_loss,
+                        expert_loads,
+                    } => {
+                        loads[compute.chunk].accumulate(&expert_loads);
+                        Forwarded::Hidden { hidden, aux_loss }
+                    }
+                    ChunkOutput::Loss(loss) => {
+                        loss_sum += loss.loss.clone().into_scalar().to_f64();
+                        lm_loss_sum += loss.lm_loss.into_scalar().to_f64();
+                        loads[compute.chunk].accumulate(&loss.expert_loads);
+                        Forwarded::Loss(loss.loss)
+                    }
+                };
+                in_flight.insert(key, InFlight { input, output });
+            }
+            Op::Compute(compute) => {
+                let key = (compute.chunk, compute.microbatch);
+                let InFlight { input, output } = in_flight
+                    .remove(&key)
+                    .ok_or_else(|| schedule_bug("backward", key.0, key.1))?;
+                let surrogate = match output {
+                    Forwarded::Loss(loss) => loss.mul_scalar(scale),
+                    Forwarded::Hidden { hidden, aux_loss } => {
+                        let grad = grads_in
+                            .remove(&key)
+                            .ok_or_else(|| schedule_bug("backward", key.0, key.1))?;
+                        (hidden * grad).sum() + aux_loss.mul_scalar(scale)
+                    }
+                };
+                backward_fence(ctx)?;
+                let gradients = surrogate.backward();
+                if let Some(input) = input {
+                    let shape = input.dims();
+                    let grad = match input.grad(&gradients) {
+                        Some(grad) => to_vec(grad),
+                        None => vec![0.0; shape.iter().product()],
+                    };
+                    grads_out.insert(key, grad);
+                }
+                let chunk = &chunks[compute.chunk];
+                accumulators[compute.chunk]
+                    .accumulate(chunk, GradientsParams::from_grads(gradients, chunk));
+            }
+        }
+    }
+    let grads = chunks
+        .iter()
+        .zip(accumulators.iter_mut())
+        .map(|(chunk, accumulator)| grad_values::<B, _>(chunk, &accumulator.grads()))
+        .collect();
+    Ok(PipelineOutcome {
+        grads,
+        loss_sum,
+        lm_loss_sum,
+        loads,
+    })
+}
+
+/// Wait until every peer this chunk's backward communicates with (tp, cp, ep, etp) has finished
+/// its previous backward. burn-autodiff ends each backward by locking every graph of the process
+/// in turn to prune orphans; a thread rank that is still in that cleanup would wait for the
+/// graph lock of a peer that already started its next backward and sits in a collective waiting
+/// for it — a deadlock of thread ranks that no schedule order avoids. Starting each backward
+/// together removes the cycle (process ranks do not share graphs; the fence is then only a
+/// cheap barrier).
+fn backward_fence(ctx: &ParallelContext) -> Result<(), TrainError> {
+    for comm in [&ctx.tp, &ctx.cp, &ctx.ep, &ctx.etp] {
+        if comm.size() > 1 {
+            comm.barrier()
+                .map_err(|e| comm_error("barrier before a backward pass", e))?;
+        }
+    }
+    Ok(())
+}
+
+fn schedule_bug(what: &str, chunk: usize, microbatch: usize) -> TrainError {
+    TrainError::Config(format!(
+        "pipeline schedule out of order: nothing to {what} for chunk {chunk}, microbatch {microbatch}"
+    ))
+}
+
+/// Forward-only pass for evaluation: microbatch by microbatch through every chunk in pipeline
+/// order (a chain, so blocking sends cannot deadlock). Returns the sum of the LM losses on the
+/// last stage (0 elsewhere).
+pub fn evaluate_stage<B>(
+    chunks: &[GptModel<B>],
+    position: StagePosition,
+    ctx: &ParallelContext,
+    microbatches: &[Microbatch],
+    device: &B::Device,
+) -> Result<f64, TrainError>
+where
+    B: burn::tensor::backend::Backend + ParallelOps,
+{
+    let mut lm_loss_sum = 0.0;
+    for microbatch in microbatches {
+        for (index, chunk) in chunks.iter().enumerate() {
+            let (tokens, labels) = rank_tensors::<B>(microbatch, ctx, device)?;
+            let data = if position.is_first_piece(index) {
+                ChunkData::Tokens(tokens)
+            } else {
+                let shape = chunk.boundary_shape(microbatch.batch);
+                ChunkData::Hidden(recv::<B>(ctx, shape, position.previous_stage(), device)?)
+            };
+            let mut input = ChunkInput {
+                data,
+                labels: None,
+                loss_mask: None,
+            };
+            if position.is_last_piece(index) {
+                input = input.with_labels(labels, None);
+            }
+            match chunk.forward_chunk(input)? {
+                ChunkOutput::Hidden { hidden, .. } => {
+                    send(ctx, &to_vec(hidden), position.next_stage())?;
+                }
+                ChunkOutput::Loss(loss) => {
+                    lm_loss_sum += loss.lm_loss.into_scalar().to_f64();
+                }
+            }
+        }
+    }
+    Ok(lm_loss_sum)
+}
+
+/// Evaluation models: the chunks without autodiff.
+pub fn valid_chunks<B: AutodiffBackend>(chunks: &[GptModel<B>]) -> Vec<GptModel<B::InnerBackend>> {
+    chunks.iter().map(AutodiffModule::valid).collect()
+}

@@ -1,0 +1,192 @@
+//! `train_rank`: the loop of one rank of a parallel world, the same loop as the one-rank
+//! `train` with a [`RankModel`] step. Thread ranks and process ranks (TCP, later NCCL) both call
+//! it; only global rank 0 writes metrics, JSONL, the progress display and the run folder.
+
+use std::path::PathBuf;
+
+use burn::tensor::backend::AutodiffBackend;
+use ferrotron_model::ModelConfig;
+use ferrotron_parallel::{ParallelContext, ParallelOps, ReduceOp, ShardSpec};
+use ferrotron_plan::Plan;
+
+use super::grad_sync::comm_error;
+use super::host::param_values;
+use super::rank_model::RankModel;
+use crate::checkpoint::{CheckpointInfo, CheckpointStore, ShardedCheckpoint};
+use crate::resume::ResumeState;
+use crate::run_loop::{LoopContext, RankStep, Reporter, run_loop};
+use crate::setup::{RunSetup, use_cpu_threads};
+use crate::{AdamWConfig, Microbatch, RunOptions, RunSummary, StepContext, StepStats, TrainError};
+
+/// Train `plan` as the rank `ctx` describes (its groups from the plan's rank grid).
+pub fn train_rank<B>(
+    plan: &Plan,
+    ctx: ParallelContext,
+    options: &RunOptions,
+    device: &B::Device,
+) -> Result<RunSummary, TrainError>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    use_cpu_threads(plan);
+    let setup = RunSetup::new(plan)?;
+    run_rank::<B>(plan, ctx, options, &setup, device).map(|outcome| outcome.summary)
+}
+
+/// What a rank ends with: its summary and its final parameters under their global names.
+#[derive(Debug, Clone)]
+pub struct RankOutcome {
+    pub rank: u32,
+    pub summary: RunSummary,
+    /// Every local parameter with where it sits in the one-rank model.
+    pub params: Vec<(ShardSpec, Vec<f32>)>,
+}
+
+/// The rank loop on an already prepared setup (shared by thread ranks of one process).
+pub(crate) fn run_rank<B>(
+    plan: &Plan,
+    ctx: ParallelContext,
+    options: &RunOptions,
+    setup: &RunSetup,
+    device: &B::Device,
+) -> Result<RankOutcome, TrainError>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    check_context(plan, &ctx)?;
+    let recipe = &setup.recipe;
+    let parallel = &recipe.parallel;
+    if parallel.distributed_optimizer && parallel.distributed_optimizer_instances > 1 {
+        return Err(TrainError::Config(format!(
+            "parallel.distributed_optimizer_instances = {} is not supported by this runtime yet; \
+             use 1 (shard the optimizer over all data × context ranks)",
+            parallel.distributed_optimizer_instances
+        )));
+    }
+    let model_config =
+        ModelConfig::from_model_with_vocab(&recipe.model, plan.vocab_size, plan.padded_vocab_size)?;
+    let mut model = RankModel::<B>::new(
+        plan,
+        ctx.clone(),
+        &model_config,
+        AdamWConfig::from_recipe(&recipe.training.optimizer),
+        parallel.distributed_optimizer,
+        device,
+    )?;
+    let mut state = ResumeState::fresh();
+    let resumed_from = setup.resume_source()?;
+    if let Some(found) = &resumed_from {
+        let checkpoint = ShardedCheckpoint::open(found)?;
+        checkpoint.check_compatible(&setup.shape, recipe.training.seed)?;
+        model.load(&checkpoint)?;
+        state = checkpoint.resume_state();
+    }
+    let rank = ctx.global_rank();
+    let mut reporter = if rank == 0 {
+        Some(Reporter::start(
+            plan,
+            recipe,
+            options,
+            &state,
+            resumed_from.as_deref(),
+        )?)
+    } else {
+        None
+    };
+    let context = LoopContext {
+        plan,
+        setup,
+        options,
+        dp_rank: ctx.dp_rank() as u32,
+        dp_size: ctx.dp_size() as u32,
+    };
+    let mut step = ParallelRank { model: &mut model };
+    let outcome = run_loop(&context, &mut step, state, reporter.as_mut());
+    if let Some(reporter) = &reporter {
+        reporter.finish();
+    }
+    let summary = outcome?;
+    let mut params = Vec::new();
+    for (chunk, roles) in model.chunks.iter().zip(&model.roles) {
+        let mut values = param_values::<B, _>(chunk);
+        for role in roles {
+            if let Some(values) = values.remove(&role.id) {
+                params.push((role.shard.clone(), values));
+            }
+        }
+    }
+    Ok(RankOutcome {
+        rank,
+        summary,
+        params,
+    })
+}
+
+/// The groups must tile the plan's world: tp × dp·cp × pp ranks.
+fn check_context(plan: &Plan, ctx: &ParallelContext) -> Result<(), TrainError> {
+    let degrees = &plan.degrees;
+    let expected = [
+        ("tp", degrees.tp as usize, ctx.tp_size()),
+        ("pp", degrees.pp as usize, ctx.pp_size()),
+        ("cp", degrees.cp as usize, ctx.cp_size()),
+        ("dp", degrees.dp as usize, ctx.dp_size()),
+    ];
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter(|(_, plan, ctx)| plan != ctx)
+        .map(|(name, plan, ctx)| format!("{name}: plan {plan}, groups {ctx}"))
+        .collect();
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(TrainError::Config(format!(
+            "this rank's process groups do not match the plan ({})",
+            wrong.join(", ")
+        )))
+    }
+}
+
+/// The loop's view of a parallel rank.
+struct ParallelRank<'a, B: AutodiffBackend> {
+    model: &'a mut RankModel<B>,
+}
+
+impl<B> RankStep for ParallelRank<'_, B>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    fn step(
+        &mut self,
+        microbatches: &[Microbatch],
+        context: StepContext,
+    ) -> Result<StepStats, TrainError> {
+        self.model.step(microbatches, context)
+    }
+
+    fn evaluate(&mut self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
+        self.model.evaluate(microbatches)
+    }
+
+    fn save(
+        &mut self,
+        store: &CheckpointStore,
+        info: &CheckpointInfo<'_>,
+    ) -> Result<PathBuf, TrainError> {
+        self.model.save(store, info)
+    }
+
+    fn any_rank(&self, local: bool) -> Result<bool, TrainError> {
+        let ctx = &self.model.ctx;
+        let mut flag = [u64::from(local)];
+        for comm in [&ctx.tp, &ctx.dp_cp, &ctx.pp] {
+            if comm.size() > 1 {
+                comm.all_reduce_u64(&mut flag, ReduceOp::Max)
+                    .map_err(|e| comm_error("agreeing on a stop", e))?;
+            }
+        }
+        Ok(flag[0] != 0)
+    }
+}

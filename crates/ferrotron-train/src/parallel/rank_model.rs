@@ -1,0 +1,432 @@
+//! One rank's share of the model and optimizer, and one optimizer step over it: the pipeline
+//! schedule, gradient synchronisation, the global norm, the finiteness guard, clipping and the
+//! (plain or distributed) AdamW, then the MoE expert-bias update. Every decision that ends a step
+//! early (a non-finite loss or norm) is taken from values all ranks share after their
+//! reductions, so all ranks stop together instead of leaving peers waiting in a collective.
+
+use std::collections::{HashMap, HashSet};
+
+use burn::module::ParamId;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig};
+use ferrotron_parallel::{Comm, ParallelContext, ParallelOps, ParamRole, ReduceOp};
+use ferrotron_plan::Plan;
+
+use super::dist_optimizer::{self, ShardState, ShardedAdamW, Update};
+use super::flat::{FlatLayout, GRAD_BUCKET_ELEMENTS};
+use super::grad_sync::{self, GradBuffer, comm_error};
+use super::host::{grads_from_values, param_shapes, param_values, set_param_values};
+use super::norm;
+use super::pipeline::{self, evaluate_stage, valid_chunks};
+use super::schedule::StagePosition;
+use crate::rng::with_process_rng;
+use crate::{AdamW, AdamWConfig, Microbatch, StepContext, StepStats, TrainError, clip_coefficient};
+
+/// This rank's chunks (virtual stages) from the plan's stage table.
+pub fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>, TrainError> {
+    let stage = plan
+        .stages
+        .get(pp_rank)
+        .ok_or_else(|| TrainError::Config(format!("the plan has no pipeline stage {pp_rank}")))?;
+    let pp = plan.degrees.pp as usize;
+    let vpp = stage.chunks.len();
+    let mut chunks = stage.chunks.clone();
+    chunks.sort_by_key(|c| c.virtual_stage);
+    Ok(chunks
+        .iter()
+        .enumerate()
+        .map(|(v, chunk)| {
+            let first = chunk.first_layer as usize;
+            ChunkSpec {
+                layers: first..first + chunk.num_layers as usize,
+                pre_process: v == 0 && pp_rank == 0,
+                post_process: v + 1 == vpp && pp_rank + 1 == pp,
+            }
+        })
+        .collect())
+}
+
+/// The optimizer state a rank keeps.
+pub(super) enum RankOptimizer<I: Backend> {
+    /// One AdamW per chunk over full local parameters (gradients all-reduced).
+    Plain(Vec<AdamW<I>>),
+    /// ZeRO-1: shards of the dense and expert buffers.
+    Sharded(Box<ShardedState>),
+}
+
+/// The distributed optimizer's state: the update rule and this rank's two shards.
+pub(super) struct ShardedState {
+    pub adam: ShardedAdamW,
+    pub dense: ShardState,
+    pub expert: ShardState,
+}
+
+/// A rank's model chunks, their parameter layout and optimizer.
+pub struct RankModel<B: AutodiffBackend> {
+    pub ctx: ParallelContext,
+    pub position: StagePosition,
+    pub chunks: Vec<GptModel<B>>,
+    pub roles: Vec<Vec<ParamRole>>,
+    pub(super) dense: FlatLayout,
+    pub(super) expert: FlatLayout,
+    pub(super) optimizer: RankOptimizer<B::InnerBackend>,
+    pub(super) device: B::Device,
+}
+
+impl<B> RankModel<B>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    /// Build this rank's chunks as cuts of the seeded one-rank model, and its optimizer.
+    pub fn new(
+        plan: &Plan,
+        ctx: ParallelContext,
+        config: &ModelConfig,
+        adamw: AdamWConfig,
+        distributed_optimizer: bool,
+        device: &B::Device,
+    ) -> Result<Self, TrainError> {
+        let specs = chunk_specs(plan, ctx.pp_rank())?;
+        let seed = plan.recipe.training.seed;
+        // every rank draws the same full model from the seed (one at a time: the RNG is per
+        // process), then keeps its cut
+        let full: GptModel<B> = with_process_rng(|| {
+            B::seed(device, seed);
+            config.init(device)
+        });
+        let chunks = specs
+            .iter()
+            .map(|spec| GptModel::shard(&full, &ctx, spec))
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(full);
+        let position = StagePosition {
+            stage: ctx.pp_rank(),
+            stages: ctx.pp_size(),
+            chunks: chunks.len(),
+        };
+        let roles: Vec<Vec<ParamRole>> = chunks.iter().map(GptModel::param_roles).collect();
+        let (dense, expert) = layouts(&chunks, &roles, &ctx, distributed_optimizer);
+        let optimizer = if distributed_optimizer {
+            let params = local_params(&chunks);
+            RankOptimizer::Sharded(Box::new(ShardedState {
+                adam: ShardedAdamW::new(adamw),
+                dense: ShardState::new(&dense, &fill_values(&dense, &params)),
+                expert: ShardState::new(&expert, &fill_values(&expert, &params)),
+            }))
+        } else {
+            RankOptimizer::Plain(
+                roles
+                    .iter()
+                    .map(|roles| {
+                        let no_decay: HashSet<ParamId> = roles
+                            .iter()
+                            .filter(|r| r.no_weight_decay)
+                            .map(|r| r.id)
+                            .collect();
+                        AdamW::new(adamw, no_decay)
+                    })
+                    .collect(),
+            )
+        };
+        Ok(RankModel {
+            ctx,
+            position,
+            chunks,
+            roles,
+            dense,
+            expert,
+            optimizer,
+            device: device.clone(),
+        })
+    }
+
+    /// One optimizer step over this rank's `microbatches` (its data-parallel share).
+    pub fn step(
+        &mut self,
+        microbatches: &[Microbatch],
+        context: StepContext,
+    ) -> Result<StepStats, TrainError> {
+        if microbatches.is_empty() {
+            return Err(TrainError::Config(
+                "a step needs at least one microbatch".into(),
+            ));
+        }
+        // dropout's stream, seeded as the one-rank step seeds it
+        with_process_rng(|| B::seed(&self.device, context.seed ^ context.iteration));
+        let outcome = pipeline::run_step(
+            &self.chunks,
+            self.position,
+            &self.ctx,
+            microbatches,
+            &self.device,
+        )?;
+        let scale = 1.0 / microbatches.len() as f64;
+        let [loss, lm_loss] =
+            self.reported_mean([outcome.loss_sum * scale, outcome.lm_loss_sum * scale])?;
+        if !loss.is_finite() {
+            return Err(TrainError::NonFinite {
+                iteration: context.iteration,
+                what: "the loss",
+                value: loss,
+            });
+        }
+        let sharded = matches!(self.optimizer, RankOptimizer::Sharded(_));
+        let mut dense = grad_sync::fill(&self.dense, &outcome.grads);
+        let mut expert = grad_sync::fill(&self.expert, &outcome.grads);
+        for (layout, buffer) in [(&self.dense, &mut dense), (&self.expert, &mut expert)] {
+            grad_sync::reduce_tp_partial(&self.ctx.tp, layout, buffer)?;
+            grad_sync::reduce_tied_embedding(self.ctx.embedding.as_ref(), layout, buffer)?;
+        }
+        let data_ranks = self.ctx.dp_cp_size();
+        let dense_shard = grad_sync::average(
+            &self.ctx.dp_cp,
+            &self.dense,
+            &mut dense,
+            sharded,
+            data_ranks,
+        )?;
+        let expert_shard = grad_sync::average(
+            &self.ctx.edp,
+            &self.expert,
+            &mut expert,
+            sharded,
+            data_ranks,
+        )?;
+        let local = norm::local_sum_of_squares(
+            &self.dense,
+            dense_shard.as_deref().unwrap_or(&dense.values),
+            &self.ctx,
+            sharded,
+        ) + norm::local_sum_of_squares(
+            &self.expert,
+            expert_shard.as_deref().unwrap_or(&expert.values),
+            &self.ctx,
+            sharded,
+        );
+        let grad_norm = norm::global_norm(&self.ctx, local)?;
+        if !grad_norm.is_finite() {
+            return Err(TrainError::NonFinite {
+                iteration: context.iteration,
+                what: "the gradient norm",
+                value: grad_norm,
+            });
+        }
+        let clip = clip_coefficient(grad_norm, context.clip_grad);
+        let update = Update {
+            lr: context.lr,
+            grad_scale: clip,
+        };
+        self.apply(&dense, &expert, dense_shard, expert_shard, update)?;
+        self.update_expert_bias(outcome.loads)?;
+        Ok(StepStats {
+            loss,
+            lm_loss,
+            grad_norm,
+            clip_coefficient: clip,
+            lr: context.lr,
+        })
+    }
+
+    fn apply(
+        &mut self,
+        dense: &GradBuffer,
+        expert: &GradBuffer,
+        dense_shard: Option<Vec<f32>>,
+        expert_shard: Option<Vec<f32>>,
+        update: Update,
+    ) -> Result<(), TrainError> {
+        let chunks = std::mem::take(&mut self.chunks);
+        match &mut self.optimizer {
+            RankOptimizer::Plain(optimizers) => {
+                let mut updated = Vec::with_capacity(chunks.len());
+                for (index, (chunk, optimizer)) in chunks.into_iter().zip(optimizers).enumerate() {
+                    let mut values: HashMap<ParamId, &[f32]> = HashMap::new();
+                    for (layout, buffer) in [(&self.dense, dense), (&self.expert, expert)] {
+                        for (slot, has) in layout.slots.iter().zip(&buffer.has_grad) {
+                            if slot.chunk == index && *has != 0.0 {
+                                values.insert(slot.id, &buffer.values[slot.range()]);
+                            }
+                        }
+                    }
+                    let grads = grads_from_values::<B, _>(&chunk, &values);
+                    updated.push(optimizer.step(chunk, grads, update.lr, update.grad_scale));
+                }
+                self.chunks = updated;
+            }
+            RankOptimizer::Sharded(state) => {
+                let ShardedState {
+                    adam,
+                    dense: dense_state,
+                    expert: expert_state,
+                } = &mut **state;
+                adam.begin_step();
+                let shards = [
+                    (
+                        &self.dense,
+                        dense_state,
+                        dense_shard,
+                        dense,
+                        &self.ctx.dp_cp,
+                    ),
+                    (
+                        &self.expert,
+                        expert_state,
+                        expert_shard,
+                        expert,
+                        &self.ctx.edp,
+                    ),
+                ];
+                let mut full = Vec::with_capacity(2);
+                for (layout, state, shard, buffer, comm) in shards {
+                    let grad = shard.unwrap_or_default();
+                    adam.update(state, &grad, &buffer.has_grad, update);
+                    let params = dist_optimizer::gather(comm, layout, &state.master)?;
+                    full.push((layout, params, &buffer.has_grad));
+                }
+                // only what the optimizer updated: a parameter without gradients (the MoE expert
+                // bias, moved by its own rule) keeps the value the model holds
+                self.chunks = chunks
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, chunk)| {
+                        let mut values: HashMap<ParamId, &[f32]> = HashMap::new();
+                        for (layout, params, has_grad) in &full {
+                            for (slot, has) in layout.slots.iter().zip(has_grad.iter()) {
+                                if slot.chunk == index && *has != 0.0 {
+                                    values.insert(slot.id, &params[slot.range()]);
+                                }
+                            }
+                        }
+                        set_param_values(chunk, &values)
+                    })
+                    .collect();
+            }
+        }
+        Ok(())
+    }
+
+    /// DeepSeek-V3's bias update from the loads of every data-parallel rank's tokens.
+    fn update_expert_bias(&mut self, loads: Vec<ExpertLoads>) -> Result<(), TrainError> {
+        if self.chunks.iter().all(|c| c.expert_biases().is_empty()) {
+            return Ok(());
+        }
+        let chunks = std::mem::take(&mut self.chunks);
+        let mut updated = Vec::with_capacity(chunks.len());
+        for (chunk, mut loads) in chunks.into_iter().zip(loads) {
+            if !chunk.expert_biases().is_empty() {
+                sum_loads(&self.ctx.dp_cp, &mut loads)?;
+                updated.push(chunk.update_expert_bias(&loads)?);
+            } else {
+                updated.push(chunk);
+            }
+        }
+        self.chunks = updated;
+        Ok(())
+    }
+
+    /// `values` (this rank's per-microbatch means) as every rank reports them: the last
+    /// stage's, averaged over the data- and context-parallel ranks.
+    fn reported_mean<const N: usize>(&self, mut values: [f64; N]) -> Result<[f64; N], TrainError> {
+        if !self.ctx.is_last_stage() {
+            values = [0.0; N];
+        }
+        if self.ctx.pp.size() > 1 {
+            self.ctx
+                .pp
+                .all_reduce_f64(&mut values, ReduceOp::Sum)
+                .map_err(|e| comm_error("loss broadcast over the pipeline", e))?;
+        }
+        let dp_cp = self.ctx.dp_cp.size();
+        if dp_cp > 1 {
+            self.ctx
+                .dp_cp
+                .all_reduce_f64(&mut values, ReduceOp::Sum)
+                .map_err(|e| comm_error("loss average over data-parallel ranks", e))?;
+            values.iter_mut().for_each(|v| *v /= dp_cp as f64);
+        }
+        Ok(values)
+    }
+
+    /// Mean LM loss over this rank's share of the validation batches, averaged like the
+    /// training loss; every rank returns the same value.
+    pub fn evaluate(&self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
+        if microbatches.is_empty() {
+            return Ok(f64::NAN);
+        }
+        let chunks = valid_chunks(&self.chunks);
+        let sum = evaluate_stage::<B::InnerBackend>(
+            &chunks,
+            self.position,
+            &self.ctx,
+            microbatches,
+            &self.device,
+        )?;
+        let [mean] = self.reported_mean([sum / microbatches.len() as f64])?;
+        Ok(mean)
+    }
+}
+
+/// The dense and expert buffers of a rank's chunks, in parameter-visiting order.
+fn layouts<B: Backend>(
+    chunks: &[GptModel<B>],
+    roles: &[Vec<ParamRole>],
+    ctx: &ParallelContext,
+    sharded: bool,
+) -> (FlatLayout, FlatLayout) {
+    let mut dense = Vec::new();
+    let mut expert = Vec::new();
+    for (index, (chunk, roles)) in chunks.iter().zip(roles).enumerate() {
+        let shapes = param_shapes::<B, _>(chunk);
+        for role in roles {
+            let numel = shapes.get(&role.id).map_or(0, |s| s.iter().product());
+            let entry = (index, role.clone(), numel);
+            if role.expert {
+                expert.push(entry);
+            } else {
+                dense.push(entry);
+            }
+        }
+    }
+    let (dense_parts, dense_part, expert_parts, expert_part) = if sharded {
+        (
+            ctx.dp_cp_size(),
+            ctx.dp_cp_rank(),
+            ctx.edp_size(),
+            ctx.edp_rank(),
+        )
+    } else {
+        (1, 0, 1, 0)
+    };
+    (
+        FlatLayout::new(dense, GRAD_BUCKET_ELEMENTS, dense_parts, dense_part),
+        FlatLayout::new(expert, GRAD_BUCKET_ELEMENTS, expert_parts, expert_part),
+    )
+}
+
+/// Every chunk's parameter values by id.
+pub(super) fn local_params<B: Backend>(chunks: &[GptModel<B>]) -> Vec<HashMap<ParamId, Vec<f32>>> {
+    chunks.iter().map(param_values::<B, _>).collect()
+}
+
+/// The full local buffer of `layout` from per-chunk values.
+pub(super) fn fill_values(layout: &FlatLayout, values: &[HashMap<ParamId, Vec<f32>>]) -> Vec<f32> {
+    grad_sync::fill(layout, values).values
+}
+
+/// Sum expert loads over `comm` (u64, exact).
+fn sum_loads(comm: &Comm, loads: &mut ExpertLoads) -> Result<(), TrainError> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let mut flat: Vec<u64> = loads.layers.iter().flatten().copied().collect();
+    comm.all_reduce_u64(&mut flat, ReduceOp::Sum)
+        .map_err(|e| comm_error("expert-load all-reduce", e))?;
+    let mut at = 0;
+    for layer in &mut loads.layers {
+        let len = layer.len();
+        layer.copy_from_slice(&flat[at..at + len]);
+        at += len;
+    }
+    Ok(())
+}

@@ -1,0 +1,340 @@
+//! The iteration loop every rank runs, one rank or many: fetch the rank's share of the global
+//! batch, step, and keep the cadence — logging, evaluation, checkpoints, the signal and exit
+//! conditions. What a step *is* (one model, or pipeline chunks with collectives) sits behind
+//! [`RankStep`]; what gets printed and written (metrics, JSONL, progress) is the [`Reporter`]'s,
+//! which only global rank 0 has.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ferrotron_data::rank_batch_indices;
+use ferrotron_plan::Plan;
+use ferrotron_recipe::Recipe;
+use ferrotron_telemetry::{JsonlWriter, Metrics, MetricsServer, Progress, StepMetrics};
+use serde::Serialize;
+
+use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::resume::ResumeState;
+use crate::setup::{RunSetup, write_run_dir};
+use crate::trainer::{RunOptions, RunSummary, StopReason};
+use crate::{Microbatch, StepContext, StepStats, TrainError};
+
+/// The model side of a rank, as the loop drives it.
+pub(crate) trait RankStep {
+    fn step(
+        &mut self,
+        microbatches: &[Microbatch],
+        context: StepContext,
+    ) -> Result<StepStats, TrainError>;
+    /// Mean validation loss (the same value on every rank).
+    fn evaluate(&mut self, microbatches: &[Microbatch]) -> Result<f64, TrainError>;
+    /// Save a checkpoint (collective: every rank calls it at the same iteration).
+    fn save(
+        &mut self,
+        store: &CheckpointStore,
+        info: &CheckpointInfo<'_>,
+    ) -> Result<PathBuf, TrainError>;
+    /// Whether `local` holds on any rank. A stop must be agreed, or the ranks that go on would
+    /// wait forever for those that stopped.
+    fn any_rank(&self, local: bool) -> Result<bool, TrainError>;
+}
+
+/// What the loop reads, shared by every rank of the process.
+pub(crate) struct LoopContext<'a> {
+    pub plan: &'a Plan,
+    pub setup: &'a RunSetup,
+    pub options: &'a RunOptions,
+    /// This rank's data-parallel index and the data-parallel size (cp excluded: context-parallel
+    /// peers read the same samples and split each sequence).
+    pub dp_rank: u32,
+    pub dp_size: u32,
+}
+
+/// One line of the metrics JSONL: a logged training step or an evaluation.
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum Record<'a> {
+    Train {
+        #[serde(flatten)]
+        metrics: &'a StepMetrics,
+        lm_loss: f64,
+        consumed_samples: u64,
+        consumed_tokens: u64,
+    },
+    Eval {
+        step: u64,
+        eval_loss: f64,
+        eval_perplexity: f64,
+    },
+}
+
+/// Rank 0's outputs: Prometheus metrics, the JSONL file, the progress display, the run folder.
+pub(crate) struct Reporter {
+    metrics: Metrics,
+    _server: Option<MetricsServer>,
+    jsonl: Option<JsonlWriter>,
+    progress: Progress,
+}
+
+impl Reporter {
+    pub fn start(
+        plan: &Plan,
+        recipe: &Recipe,
+        options: &RunOptions,
+        state: &ResumeState,
+        resumed_from: Option<&Path>,
+    ) -> Result<Self, TrainError> {
+        let progress = Progress::new(plan.train_iters, state.iteration);
+        if let Some(found) = resumed_from {
+            progress.message(&format!(
+                "resumed from {} at iteration {} ({} samples consumed)",
+                found.display(),
+                state.iteration,
+                state.consumed_samples
+            ));
+        }
+        write_run_dir(&options.run_dir, plan, recipe)?;
+        let metrics = Metrics::new(&recipe.name, 0)?;
+        let server = match &recipe.logging.prometheus {
+            Some(prometheus) => {
+                let server = metrics.serve(&prometheus.address, prometheus.port)?;
+                (options.announce)(&format!("http://{}/metrics", server.local_addr()));
+                Some(server)
+            }
+            None => None,
+        };
+        let jsonl = match &recipe.logging.jsonl {
+            Some(path) => Some(JsonlWriter::open(Path::new(path))?),
+            None => None,
+        };
+        Ok(Reporter {
+            metrics,
+            _server: server,
+            jsonl,
+            progress,
+        })
+    }
+
+    pub fn finish(&self) {
+        self.progress.finish();
+    }
+
+    fn message(&self, text: &str) {
+        self.progress.message(text);
+    }
+}
+
+/// Sums since the last log line, for interval averages as Megatron prints them.
+#[derive(Default)]
+struct Interval {
+    steps: u64,
+    loss: f64,
+    lm_loss: f64,
+}
+
+pub(crate) fn run_loop(
+    context: &LoopContext<'_>,
+    stepper: &mut dyn RankStep,
+    mut state: ResumeState,
+    mut reporter: Option<&mut Reporter>,
+) -> Result<RunSummary, TrainError> {
+    let plan = context.plan;
+    let recipe = &context.setup.recipe;
+    let training = &recipe.training;
+    let seq_length = recipe.model.seq_length as usize;
+    let global_batch = plan.global_batch_size;
+    let tokens_per_iteration = u64::from(global_batch) * seq_length as u64;
+    let train_iters = plan.train_iters;
+    let mut summary = RunSummary {
+        start_iteration: state.iteration,
+        iteration: state.iteration,
+        train_iters,
+        last_loss: None,
+        last_eval_loss: None,
+        checkpoint: None,
+        stopped: None,
+        losses: Vec::new(),
+        data_cache_keys: context.setup.data.cache_keys(),
+    };
+    let eval_batches = eval_batches(context)?;
+    let mut interval = Interval::default();
+    let mut interval_start = Instant::now();
+
+    while state.iteration < train_iters {
+        let iteration = state.iteration + 1;
+        let microbatches = rank_microbatches(context, state.consumed_samples)?;
+        let lr = context
+            .setup
+            .schedule
+            .lr(iteration, state.consumed_tokens + tokens_per_iteration);
+        let step_context = StepContext {
+            iteration,
+            seed: training.seed,
+            lr,
+            clip_grad: training.clip_grad,
+        };
+        let stats = stepper.step(&microbatches, step_context)?;
+        state.iteration = iteration;
+        state.consumed_samples += u64::from(global_batch);
+        state.consumed_tokens += tokens_per_iteration;
+        summary.iteration = iteration;
+        summary.last_loss = Some(stats.loss);
+        summary.losses.push(stats.loss);
+        interval.steps += 1;
+        interval.loss += stats.loss;
+        interval.lm_loss += stats.lm_loss;
+
+        let last = iteration == train_iters;
+        if iteration.is_multiple_of(training.log_interval) || last {
+            if let Some(reporter) = reporter.as_deref_mut() {
+                let elapsed = interval_start.elapsed().as_secs_f64().max(1e-9);
+                let steps = interval.steps as f64;
+                let step_seconds = elapsed / steps;
+                let flops_per_second = plan.flops_per_iteration / step_seconds;
+                let per_gpu = flops_per_second / f64::from(plan.world_size);
+                let step_metrics = StepMetrics {
+                    step: iteration,
+                    loss: interval.loss / steps,
+                    lr,
+                    grad_norm: stats.grad_norm,
+                    tokens_per_second: tokens_per_iteration as f64 / step_seconds,
+                    tflops_per_gpu: per_gpu / 1e12,
+                    mfu: per_gpu / plan.hardware.peak_flops,
+                    step_seconds,
+                    memory_bytes: ferrotron_telemetry::process_memory_bytes(),
+                };
+                reporter.metrics.record_step(&step_metrics);
+                reporter.progress.update(&step_metrics);
+                if let Some(writer) = reporter.jsonl.as_mut() {
+                    writer.write(&Record::Train {
+                        metrics: &step_metrics,
+                        lm_loss: interval.lm_loss / steps,
+                        consumed_samples: state.consumed_samples,
+                        consumed_tokens: state.consumed_tokens,
+                    })?;
+                }
+            }
+            interval = Interval::default();
+            interval_start = Instant::now();
+        }
+
+        let eval_due = training.eval_interval > 0
+            && (iteration.is_multiple_of(training.eval_interval) || last)
+            && !eval_batches.is_empty();
+        if eval_due {
+            let eval_loss = stepper.evaluate(&eval_batches)?;
+            summary.last_eval_loss = Some(eval_loss);
+            if let Some(reporter) = reporter.as_deref_mut() {
+                reporter.metrics.record_eval(iteration, eval_loss);
+                reporter.message(&format!(
+                    "iteration {iteration}: validation loss {eval_loss:.4}, perplexity {:.2}",
+                    eval_loss.exp()
+                ));
+                if let Some(writer) = reporter.jsonl.as_mut() {
+                    writer.write(&Record::Eval {
+                        step: iteration,
+                        eval_loss,
+                        eval_perplexity: eval_loss.exp(),
+                    })?;
+                }
+            }
+            // evaluation time is not training throughput
+            interval_start = Instant::now();
+        }
+
+        let stop = if stepper.any_rank(context.options.stop.requested())? {
+            Some(StopReason::Signal)
+        } else if context
+            .options
+            .exit_interval
+            .is_some_and(|n| n > 0 && iteration.is_multiple_of(n) && !last)
+        {
+            Some(StopReason::ExitInterval)
+        } else {
+            None
+        };
+        let interval_due = recipe
+            .checkpoint
+            .interval
+            .is_some_and(|n| n > 0 && iteration.is_multiple_of(n));
+        if let Some(store) = context.setup.store.as_ref()
+            && (interval_due || last || stop.is_some())
+        {
+            let info = CheckpointInfo {
+                state,
+                plan,
+                recipe,
+                shape: &context.setup.shape,
+            };
+            let path = stepper.save(store, &info)?;
+            if let Some(reporter) = reporter.as_deref() {
+                reporter.message(&format!(
+                    "iteration {iteration}: saved checkpoint {}",
+                    path.display()
+                ));
+            }
+            summary.checkpoint = Some(path);
+        }
+        if let Some(reason) = stop {
+            if let Some(reporter) = reporter.as_deref() {
+                let why = match reason {
+                    StopReason::Signal => "stop requested (signal)",
+                    StopReason::ExitInterval => "exit interval reached",
+                };
+                let saved = match &summary.checkpoint {
+                    Some(path) => format!("checkpoint {}", path.display()),
+                    None => "no checkpoint (checkpoint.dir is not set)".to_owned(),
+                };
+                reporter.message(&format!("iteration {iteration}: {why}; {saved}"));
+            }
+            summary.stopped = Some(reason);
+            break;
+        }
+    }
+    Ok(summary)
+}
+
+/// The microbatches of this rank's share of the global batch that starts at `consumed`.
+fn rank_microbatches(
+    context: &LoopContext<'_>,
+    consumed: u64,
+) -> Result<Vec<Microbatch>, TrainError> {
+    let plan = context.plan;
+    let seq_length = context.setup.recipe.model.seq_length as usize;
+    let indices = rank_batch_indices(
+        consumed,
+        plan.global_batch_size,
+        context.dp_rank,
+        context.dp_size,
+    );
+    let samples = indices
+        .map(|i| context.setup.data.train.sample(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    samples
+        .chunks(plan.micro_batch_size as usize)
+        .map(|chunk| Microbatch::from_samples(chunk, seq_length))
+        .collect()
+}
+
+/// The fixed validation batches every evaluation uses: `eval_iters` global batches from the
+/// start of the validation split (this rank's data-parallel share of them), so successive
+/// evaluations are comparable.
+fn eval_batches(context: &LoopContext<'_>) -> Result<Vec<Microbatch>, TrainError> {
+    let training = &context.setup.recipe.training;
+    let Some(valid) = context.setup.data.valid.as_ref() else {
+        return Ok(Vec::new());
+    };
+    if training.eval_interval == 0 {
+        return Ok(Vec::new());
+    }
+    let seq_length = context.setup.recipe.model.seq_length as usize;
+    let count = (training.eval_iters * u64::from(context.plan.global_batch_size)).min(valid.len());
+    let count = u32::try_from(count).unwrap_or(u32::MAX);
+    let samples = rank_batch_indices(0, count, context.dp_rank, context.dp_size)
+        .map(|i| valid.sample(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    samples
+        .chunks(context.plan.micro_batch_size as usize)
+        .map(|chunk| Microbatch::from_samples(chunk, seq_length))
+        .collect()
+}

@@ -1,0 +1,120 @@
+//! What every rank prepares before its first step, whatever the layout: the runtime recipe, the
+//! data splits, the LR schedule, the checkpoint store and which checkpoint to continue from.
+//! One rank and N ranks share it so they read the same samples in the same order.
+
+use std::path::{Path, PathBuf};
+
+use ferrotron_data::{GptData, Tokenizer, build_gpt_data};
+use ferrotron_plan::Plan;
+use ferrotron_recipe::{Recipe, ResumePolicy};
+
+use crate::checkpoint::{CheckpointStore, ModelShape};
+use crate::{LrSchedule, TrainError};
+
+/// A rank's run inputs derived from the plan.
+pub(crate) struct RunSetup {
+    pub recipe: Recipe,
+    pub data: GptData,
+    pub schedule: LrSchedule,
+    pub shape: ModelShape,
+    pub store: Option<CheckpointStore>,
+}
+
+impl RunSetup {
+    pub fn new(plan: &Plan) -> Result<Self, TrainError> {
+        let recipe = runtime_recipe(plan);
+        let global_batch = u64::from(plan.global_batch_size);
+        let train_iters = plan.train_iters;
+        let seed = recipe.training.seed;
+        let tokenizer = Tokenizer::from_recipe(&recipe.data.tokenizer)?;
+        let eval_samples = if recipe.training.eval_interval > 0 {
+            recipe.training.eval_iters * global_batch
+        } else {
+            0
+        };
+        let data = build_gpt_data(
+            &recipe.data,
+            recipe.model.seq_length,
+            seed,
+            [train_iters * global_batch, eval_samples, 0],
+            &tokenizer,
+        )?;
+        let schedule = LrSchedule::from_recipe(&recipe, train_iters)?;
+        let shape = ModelShape::of(&recipe.model, plan.padded_vocab_size);
+        let store = recipe
+            .checkpoint
+            .dir
+            .as_ref()
+            .map(|dir| CheckpointStore::new(dir, recipe.checkpoint.keep_last));
+        Ok(RunSetup {
+            recipe,
+            data,
+            schedule,
+            shape,
+            store,
+        })
+    }
+
+    /// Which checkpoint to continue from, by `checkpoint.resume`.
+    pub fn resume_source(&self) -> Result<Option<PathBuf>, TrainError> {
+        match self.recipe.checkpoint.resume_policy() {
+            ResumePolicy::Never => Ok(None),
+            ResumePolicy::Auto => match &self.store {
+                Some(store) => Ok(store.latest()?.map(|c| c.path)),
+                None => Ok(None),
+            },
+            ResumePolicy::Path(path) => {
+                let path = PathBuf::from(path);
+                if crate::checkpoint::is_committed(&path) {
+                    Ok(Some(path))
+                } else {
+                    Err(TrainError::checkpoint(
+                        &path,
+                        "checkpoint.resume names a folder that is not a committed checkpoint",
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// The recipe as the runtime uses it: the plan's resolved copy with the real vocabulary
+/// recorded (so the loss and sampling ignore Megatron's padding rows) and `extends` dropped
+/// (it is already merged).
+fn runtime_recipe(plan: &Plan) -> Recipe {
+    let mut recipe = plan.recipe.clone();
+    recipe.model.vocab_size = Some(plan.vocab_size);
+    recipe.extends = None;
+    recipe
+}
+
+/// Size the CPU backend's worker pool (`runtime.threads`), once per process. The pool is
+/// process-wide and can be sized only before its first use; a later request is reported and
+/// ignored.
+pub(crate) fn use_cpu_threads(plan: &Plan) {
+    let Some(threads) = plan.recipe.runtime.threads else {
+        return;
+    };
+    if let Err(e) = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads as usize)
+        .build_global()
+    {
+        tracing::warn!("runtime.threads = {threads} not applied: {e}");
+    }
+}
+
+/// `plan.json` and the resolved recipe beside the checkpoints, so a run directory explains
+/// itself without the recipe file that started it.
+pub(crate) fn write_run_dir(
+    run_dir: &Path,
+    plan: &Plan,
+    recipe: &Recipe,
+) -> Result<(), TrainError> {
+    plan.write_to(run_dir).map_err(|e| {
+        TrainError::Config(format!(
+            "cannot write plan.json into {}: {e}",
+            run_dir.display()
+        ))
+    })?;
+    crate::resume::write_recipe(run_dir, recipe)
+}
