@@ -1,0 +1,502 @@
+//! Matmul through cuBLASLt: batched, strided, broadcast batch dims, transposes read through
+//! the layout instead of copied; f32 (TF32 only when the device flag allows), bf16 and f16
+//! with f32 accumulation.
+//!
+//! cuBLASLt is column-major; a row-major `C = A·B` is computed as the column-major
+//! `Cᵀ = Bᵀ·Aᵀ`, where a row-major operand *is* its column-major transpose and a transposed
+//! view (unit row stride) is an `OP_T` operand. Only views that are neither (or whose batch
+//! dims do not flatten to one stride) are copied first. The heuristic's algorithm choice is
+//! cached per problem, so steady-state calls do no search.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::cublaslt::{result, sys};
+
+use crate::alloc::DeviceBuffer;
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{CudaError, OpContext, Result};
+use crate::layout::broadcast_shapes;
+use crate::tensor::CudaTensor;
+
+/// cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// How a matrix operand lies in memory, seen by cuBLASLt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatrixOrder {
+    /// Row-major in our terms (unit column stride).
+    pub row_major: bool,
+    /// Leading dimension in elements.
+    pub ld: i64,
+}
+
+/// Whether a `rows × cols` matrix with these strides can be handed to cuBLASLt as is.
+pub fn matrix_order(
+    rows: usize,
+    cols: usize,
+    row_stride: isize,
+    col_stride: isize,
+) -> Option<MatrixOrder> {
+    let (r, c) = (rows as isize, cols as isize);
+    let row_ok = (col_stride == 1 || cols == 1) && (rows == 1 || row_stride >= c.max(1));
+    if row_ok {
+        let ld = if rows == 1 { c.max(1) } else { row_stride };
+        return Some(MatrixOrder {
+            row_major: true,
+            ld: ld as i64,
+        });
+    }
+    let col_ok = (row_stride == 1 || rows == 1) && (cols == 1 || col_stride >= r.max(1));
+    if col_ok {
+        let ld = if cols == 1 { r.max(1) } else { col_stride };
+        return Some(MatrixOrder {
+            row_major: false,
+            ld: ld as i64,
+        });
+    }
+    None
+}
+
+/// One stride that walks all batch dims in order, if there is one (0 for a pure broadcast).
+pub fn batch_stride(shape: &[usize], strides: &[isize]) -> Option<i64> {
+    let dims: Vec<(usize, isize)> = shape
+        .iter()
+        .copied()
+        .zip(strides.iter().copied())
+        .filter(|(s, _)| *s != 1)
+        .collect();
+    let Some(&(_, last)) = dims.last() else {
+        return Some(0);
+    };
+    if dims.iter().all(|(_, st)| *st == 0) {
+        return Some(0);
+    }
+    let mut expected = last;
+    for &(size, stride) in dims.iter().rev() {
+        if stride != expected || stride < 0 {
+            return None;
+        }
+        expected = stride * size as isize;
+    }
+    Some(last as i64)
+}
+
+/// Largest power of two (≤ 256) dividing the address: what the heuristic may assume.
+pub fn pointer_alignment(ptr: u64) -> u32 {
+    if ptr == 0 {
+        return 256;
+    }
+    (1u64 << ptr.trailing_zeros().min(8)) as u32
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ProblemKey {
+    dtype: DType,
+    tf32: bool,
+    m: u64,
+    n: u64,
+    k: u64,
+    batch: i32,
+    a: (MatrixOrder, i64, u32),
+    b: (MatrixOrder, i64, u32),
+    d_align: u32,
+}
+
+/// A cuBLASLt handle with its workspace and algorithm cache (one per device).
+pub(crate) struct BlasHandle {
+    handle: sys::cublasLtHandle_t,
+    workspace: Arc<DeviceBuffer>,
+    algos: HashMap<ProblemKey, sys::cublasLtMatmulAlgo_t>,
+}
+
+// SAFETY: the handle is used only under the device's mutex, by one thread at a time.
+unsafe impl Send for BlasHandle {}
+
+impl Drop for BlasHandle {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_handle`, destroyed once.
+        if let Err(err) = unsafe { result::destroy_handle(self.handle) } {
+            tracing::warn!(?err, "cublasLtDestroy failed");
+        }
+    }
+}
+
+fn cuda_type(dtype: DType) -> Option<sys::cudaDataType> {
+    match dtype {
+        DType::F32 => Some(sys::cudaDataType::CUDA_R_32F),
+        DType::F16 => Some(sys::cudaDataType::CUDA_R_16F),
+        DType::BF16 => Some(sys::cudaDataType::CUDA_R_16BF),
+        _ => None,
+    }
+}
+
+/// RAII for the per-call descriptors.
+struct Layout(sys::cublasLtMatrixLayout_t);
+impl Drop for Layout {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matrix_layout`, destroyed once.
+        let _ = unsafe { result::destroy_matrix_layout(self.0) };
+    }
+}
+struct Desc(sys::cublasLtMatmulDesc_t);
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_desc`, destroyed once.
+        let _ = unsafe { result::destroy_matmul_desc(self.0) };
+    }
+}
+struct Pref(sys::cublasLtMatmulPreference_t);
+impl Drop for Pref {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_pref`, destroyed once.
+        let _ = unsafe { result::destroy_matmul_pref(self.0) };
+    }
+}
+
+/// An operand ready for cuBLASLt: a view with a usable matrix order and one batch stride.
+struct Operand {
+    tensor: CudaTensor,
+    order: MatrixOrder,
+    batch_stride: i64,
+}
+
+fn prepare(t: &CudaTensor, batch: &[usize], rows: usize, cols: usize) -> Result<Operand> {
+    let mut full = batch.to_vec();
+    full.extend([rows, cols]);
+    let view = t.expand(&full)?;
+    let r = full.len();
+    let try_view = |v: &CudaTensor| -> Option<Operand> {
+        let order = matrix_order(rows, cols, v.strides()[r - 2], v.strides()[r - 1])?;
+        let bs = batch_stride(&v.shape()[..r - 2], &v.strides()[..r - 2])?;
+        Some(Operand {
+            tensor: v.clone(),
+            order,
+            batch_stride: bs,
+        })
+    };
+    if let Some(op) = try_view(&view) {
+        return Ok(op);
+    }
+    let copy = view.contiguous()?;
+    try_view(&copy)
+        .ok_or_else(|| CudaError::invalid(t.op("matmul"), "cannot lay out operand for cuBLASLt"))
+}
+
+/// `a · b` over the last two dims, batch dims broadcast: `[.., m, k] · [.., k, n] → [.., m, n]`.
+pub fn matmul(a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+    let ctx = || {
+        OpContext::new("matmul")
+            .shape(a.shape())
+            .shape(b.shape())
+            .dtype(a.dtype())
+    };
+    if a.dtype() != b.dtype() {
+        return Err(CudaError::invalid(ctx(), "dtypes differ"));
+    }
+    let Some(data_type) = cuda_type(a.dtype()) else {
+        return Err(CudaError::unsupported(
+            ctx(),
+            "cuBLASLt matmul takes f32, f16 or bf16",
+        ));
+    };
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(CudaError::invalid(ctx(), "operands need rank >= 2"));
+    }
+    let (m, k) = (a.shape()[a.rank() - 2], a.shape()[a.rank() - 1]);
+    let (k2, n) = (b.shape()[b.rank() - 2], b.shape()[b.rank() - 1]);
+    if k != k2 {
+        return Err(CudaError::invalid(
+            ctx(),
+            format!("inner dims differ: {k} vs {k2}"),
+        ));
+    }
+    let batch = broadcast_shapes(&a.shape()[..a.rank() - 2], &b.shape()[..b.rank() - 2])
+        .ok_or_else(|| CudaError::invalid(ctx(), "batch dims do not broadcast"))?;
+    let mut out_shape = batch.clone();
+    out_shape.extend([m, n]);
+    let device = a.device().clone();
+    let out = CudaTensor::empty(&device, &out_shape, a.dtype())?;
+    let batch_count: usize = batch.iter().product();
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    if k == 0 {
+        return crate::kernels::elementwise::zeros(&device, &out_shape, a.dtype());
+    }
+    let a_op = prepare(a, &batch, m, k)?;
+    let b_op = prepare(b, &batch, k, n)?;
+    let batch_count = i32::try_from(batch_count)
+        .map_err(|_| CudaError::unsupported(ctx(), "more than 2^31 batches"))?;
+    // SAFETY: only tries to dlopen cuBLASLt by its usual names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::LibraryMissing {
+            library: "cuBLASLt (libcublasLt)",
+            hint: "add the CUDA toolkit's lib64 to LD_LIBRARY_PATH",
+        });
+    }
+    let key = ProblemKey {
+        dtype: a.dtype(),
+        tf32: device.tf32(),
+        m: m as u64,
+        n: n as u64,
+        k: k as u64,
+        batch: batch_count,
+        a: (
+            a_op.order,
+            a_op.batch_stride,
+            pointer_alignment(a_op.tensor.data_ptr()),
+        ),
+        b: (
+            b_op.order,
+            b_op.batch_stride,
+            pointer_alignment(b_op.tensor.data_ptr()),
+        ),
+        d_align: pointer_alignment(out.data_ptr()),
+    };
+    device.bind()?;
+    let mut guard = device
+        .blas()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if guard.is_none() {
+        let handle = result::create_handle().map_err(|e| CudaError::blas(ctx(), e))?;
+        let workspace = DeviceBuffer::alloc(&device, WORKSPACE_BYTES)?;
+        *guard = Some(BlasHandle {
+            handle,
+            workspace,
+            algos: HashMap::new(),
+        });
+    }
+    let blas = guard
+        .as_mut()
+        .ok_or_else(|| CudaError::invalid(ctx(), "cuBLASLt handle missing"))?;
+    run_gemm(blas, &device, &key, data_type, &a_op, &b_op, &out)
+        .map_err(|e| CudaError::blas(ctx(), e))?;
+    Ok(out)
+}
+
+fn set_desc<T>(
+    desc: &Desc,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    value: &T,
+) -> Result<(), result::CublasError> {
+    // SAFETY: `value` is the attribute's documented type and lives across the call.
+    unsafe {
+        result::set_matmul_desc_attribute(
+            desc.0,
+            attr,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>(),
+        )
+    }
+}
+
+fn matrix_layout(
+    data_type: sys::cudaDataType,
+    rows: u64,
+    cols: u64,
+    ld: i64,
+    batch: i32,
+    stride: i64,
+) -> Result<Layout, result::CublasError> {
+    let layout = Layout(result::create_matrix_layout(data_type, rows, cols, ld)?);
+    // SAFETY: BATCH_COUNT takes an int32, STRIDED_BATCH_OFFSET an int64.
+    unsafe {
+        result::set_matrix_layout_attribute(
+            layout.0,
+            sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+            (&batch as *const i32).cast(),
+            4,
+        )?;
+        result::set_matrix_layout_attribute(
+            layout.0,
+            sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+            (&stride as *const i64).cast(),
+            8,
+        )?;
+    }
+    Ok(layout)
+}
+
+fn run_gemm(
+    blas: &mut BlasHandle,
+    device: &CudaDevice,
+    key: &ProblemKey,
+    data_type: sys::cudaDataType,
+    a: &Operand,
+    b: &Operand,
+    out: &CudaTensor,
+) -> Result<(), result::CublasError> {
+    let (m, n, k) = (key.m, key.n, key.k);
+    let compute = if key.dtype == DType::F32 && key.tf32 {
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+    } else {
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+    };
+    let desc = Desc(result::create_matmul_desc(
+        compute,
+        sys::cudaDataType::CUDA_R_32F,
+    )?);
+    // cuBLASLt's A is our B (n × k column-major), its B is our A (k × m column-major).
+    let trans_first: i32 = i32::from(!b.order.row_major);
+    let trans_second: i32 = i32::from(!a.order.row_major);
+    set_desc(
+        &desc,
+        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+        &trans_first,
+    )?;
+    set_desc(
+        &desc,
+        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+        &trans_second,
+    )?;
+    let first = if b.order.row_major {
+        matrix_layout(data_type, n, k, b.order.ld, key.batch, b.batch_stride)?
+    } else {
+        matrix_layout(data_type, k, n, b.order.ld, key.batch, b.batch_stride)?
+    };
+    let second = if a.order.row_major {
+        matrix_layout(data_type, k, m, a.order.ld, key.batch, a.batch_stride)?
+    } else {
+        matrix_layout(data_type, m, k, a.order.ld, key.batch, a.batch_stride)?
+    };
+    let d = matrix_layout(data_type, n, m, n as i64, key.batch, (m * n) as i64)?;
+    let algo = match blas.algos.get(key) {
+        Some(algo) => *algo,
+        None => {
+            let pref = Pref(result::create_matmul_pref()?);
+            let ws = blas.workspace.len();
+            let set_pref = |attr, v: &[u8]| {
+                // SAFETY: each attribute gets its documented type (u64 / u32) by size.
+                unsafe {
+                    result::set_matmul_pref_attribute(pref.0, attr, v.as_ptr().cast(), v.len())
+                }
+            };
+            use sys::cublasLtMatmulPreferenceAttributes_t as P;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &(ws as u64).to_ne_bytes(),
+            )?;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                &key.b.2.to_ne_bytes(),
+            )?;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                &key.a.2.to_ne_bytes(),
+            )?;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                &key.d_align.to_ne_bytes(),
+            )?;
+            set_pref(
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                &key.d_align.to_ne_bytes(),
+            )?;
+            // SAFETY: all descriptors are live for the call.
+            let heuristic = unsafe {
+                result::get_matmul_algo_heuristic(
+                    blas.handle,
+                    desc.0,
+                    first.0,
+                    second.0,
+                    d.0,
+                    d.0,
+                    pref.0,
+                )
+            }?;
+            blas.algos.insert(key.clone(), heuristic.algo);
+            heuristic.algo
+        }
+    };
+    let alpha: f32 = 1.0;
+    let beta: f32 = 0.0;
+    // SAFETY: pointers address live device buffers of the sizes the layouts describe (checked
+    // by `prepare`), alpha/beta are host f32 (the default pointer mode and the f32 scale type),
+    // and the workspace is exclusively ours while the device's blas mutex is held; the call is
+    // queued on the device's stream like every kernel.
+    unsafe {
+        result::matmul(
+            blas.handle,
+            desc.0,
+            (&alpha as *const f32).cast::<c_void>(),
+            (&beta as *const f32).cast::<c_void>(),
+            b.tensor.data_ptr() as *const c_void,
+            first.0,
+            a.tensor.data_ptr() as *const c_void,
+            second.0,
+            out.data_ptr() as *const c_void,
+            d.0,
+            out.data_ptr() as *mut c_void,
+            d.0,
+            &algo,
+            blas.workspace.ptr() as *mut c_void,
+            blas.workspace.len(),
+            device.cu_stream() as sys::cudaStream_t,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_major_and_transposed_views_need_no_copy() {
+        // [m=4, k=3] row-major.
+        assert_eq!(
+            matrix_order(4, 3, 3, 1),
+            Some(MatrixOrder {
+                row_major: true,
+                ld: 3
+            })
+        );
+        // Transpose of a [3, 4] row-major matrix: strides (1, 4).
+        assert_eq!(
+            matrix_order(4, 3, 1, 4),
+            Some(MatrixOrder {
+                row_major: false,
+                ld: 4
+            })
+        );
+        // A column slice of a wider matrix keeps its leading dimension.
+        assert_eq!(
+            matrix_order(4, 3, 10, 1),
+            Some(MatrixOrder {
+                row_major: true,
+                ld: 10
+            })
+        );
+        // Stepped columns are not expressible.
+        assert_eq!(matrix_order(4, 3, 6, 2), None);
+        // A single row may have any row stride.
+        assert_eq!(
+            matrix_order(1, 5, 0, 1),
+            Some(MatrixOrder {
+                row_major: true,
+                ld: 5
+            })
+        );
+    }
+
+    #[test]
+    fn batch_dims_flatten_to_one_stride_or_broadcast() {
+        assert_eq!(batch_stride(&[2, 3], &[36, 12]), Some(12));
+        assert_eq!(batch_stride(&[2, 3], &[0, 0]), Some(0));
+        assert_eq!(batch_stride(&[], &[]), Some(0));
+        assert_eq!(batch_stride(&[2, 1, 3], &[36, 99, 12]), Some(12));
+        // A broadcast dim mixed with a real one cannot be one stride.
+        assert_eq!(batch_stride(&[2, 3], &[0, 12]), None);
+    }
+
+    #[test]
+    fn alignment_is_capped_at_256() {
+        assert_eq!(pointer_alignment(0x7f00_0000_0000), 256);
+        assert_eq!(pointer_alignment(0x1002), 2);
+        assert_eq!(pointer_alignment(0x1010), 16);
+    }
+}

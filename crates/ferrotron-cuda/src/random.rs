@@ -1,0 +1,155 @@
+//! Random tensors from a counter-based generator (Philox4x32-10), keyed by the device seed.
+//!
+//! Element `i` of a call draws from counter `offset + i`, where each call reserves a fresh
+//! counter range from the device: no generator state lives on the GPU, any element can be
+//! computed independently (so the kernel is a plain map), and a given seed replays the same
+//! sequence of tensors.
+
+use std::sync::Arc;
+
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{CudaError, OpContext, Result};
+use crate::kernels::elementwise::{MapScalars, run_map};
+use crate::layout::numel;
+use crate::tensor::CudaTensor;
+
+/// Philox4x32-10 and the derived uniform/normal draws, as CUDA device functions.
+pub const PHILOX_HELPERS: &str = r#"__device__ __forceinline__ uint4 philox4x32_10(unsigned long long seed, unsigned long long counter) {
+  unsigned int c0 = (unsigned int)counter, c1 = (unsigned int)(counter >> 32), c2 = 0u, c3 = 0u;
+  unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+__device__ __forceinline__ double philox_uniform(long long seed, long long counter) {
+  const uint4 r = philox4x32_10((unsigned long long)seed, (unsigned long long)counter);
+  const unsigned long long bits = ((unsigned long long)(r.x >> 5) << 26) | (r.y >> 6);
+  return (double)bits * (1.0 / 9007199254740992.0);
+}
+__device__ __forceinline__ double philox_normal(long long seed, long long counter) {
+  const uint4 r = philox4x32_10((unsigned long long)seed, (unsigned long long)counter);
+  const double u1 = ((double)r.x + 1.0) * (1.0 / 4294967296.0);
+  const double u2 = (double)r.y * (1.0 / 4294967296.0);
+  return sqrt(-2.0 * log(u1)) * cospi(2.0 * u2);
+}
+"#;
+
+/// Distributions of the random fills.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Distribution {
+    /// Uniform in `[low, high)`; integer dtypes take the floor.
+    Uniform { low: f64, high: f64 },
+    /// Normal with this mean and standard deviation.
+    Normal { mean: f64, std: f64 },
+    /// 1 with probability `p`, else 0.
+    Bernoulli { p: f64 },
+}
+
+impl Distribution {
+    /// C expression of one draw (double) for flat index `i`; `si0` seed, `si1` counter base.
+    pub fn expr(self, dtype: DType) -> String {
+        let floor_if_int = |e: String| {
+            if dtype.is_int() {
+                format!("floor({e})")
+            } else {
+                e
+            }
+        };
+        match self {
+            Distribution::Uniform { .. } => {
+                floor_if_int("(sf0 + (sf1 - sf0) * philox_uniform(si0, si1 + i))".into())
+            }
+            Distribution::Normal { .. } => {
+                floor_if_int("(sf0 + sf1 * philox_normal(si0, si1 + i))".into())
+            }
+            Distribution::Bernoulli { .. } => "(philox_uniform(si0, si1 + i) < sf0)".into(),
+        }
+    }
+
+    fn params(self) -> (f64, f64) {
+        match self {
+            Distribution::Uniform { low, high } => (low, high),
+            Distribution::Normal { mean, std } => (mean, std),
+            Distribution::Bernoulli { p } => (p, 0.0),
+        }
+    }
+}
+
+/// A fresh tensor of draws from `distribution` (advances the device's counter).
+pub fn random(
+    device: &Arc<CudaDevice>,
+    shape: &[usize],
+    distribution: Distribution,
+    dtype: DType,
+) -> Result<CudaTensor> {
+    let (x, y) = distribution.params();
+    if let Distribution::Normal { std, .. } = distribution
+        && std < 0.0
+    {
+        return Err(CudaError::invalid(
+            OpContext::new("random normal").shape(shape),
+            format!("negative standard deviation {std}"),
+        ));
+    }
+    let out = CudaTensor::empty(device, shape, dtype)?;
+    let (seed, offset) = device.next_rng_offset(numel(shape) as u64);
+    let scalars = MapScalars {
+        f: [x, y],
+        i: [seed as i64, offset as i64],
+    };
+    run_map(
+        "random",
+        &out,
+        &[],
+        distribution.expr(dtype),
+        scalars,
+        PHILOX_HELPERS,
+    )?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_draws_take_the_floor_and_bernoulli_compares() {
+        let u = Distribution::Uniform {
+            low: -3.0,
+            high: 3.0,
+        };
+        assert_eq!(
+            u.expr(DType::I64),
+            "floor((sf0 + (sf1 - sf0) * philox_uniform(si0, si1 + i)))"
+        );
+        assert_eq!(
+            u.expr(DType::BF16),
+            "(sf0 + (sf1 - sf0) * philox_uniform(si0, si1 + i))"
+        );
+        assert_eq!(
+            Distribution::Bernoulli { p: 0.5 }.expr(DType::Bool),
+            "(philox_uniform(si0, si1 + i) < sf0)"
+        );
+        assert_eq!(
+            Distribution::Normal {
+                mean: 1.0,
+                std: 2.0
+            }
+            .params(),
+            (1.0, 2.0)
+        );
+    }
+
+    #[test]
+    fn philox_uses_the_published_round_constants() {
+        for constant in ["0xD2511F53u", "0xCD9E8D57u", "0x9E3779B9u", "0xBB67AE85u"] {
+            assert!(PHILOX_HELPERS.contains(constant), "{constant}");
+        }
+    }
+}
