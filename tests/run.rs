@@ -449,12 +449,30 @@ fn scrape(address: &str) -> String {
 }
 
 #[test]
-fn cuda_backends_are_not_built_in_yet() {
+fn burn_cuda_without_its_cargo_feature_is_refused() {
+    if cfg!(feature = "burn-cuda") {
+        return;
+    }
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--backend", "burn-cuda"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("--features burn-cuda"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn cuda_without_a_gpu_fails_naming_the_device() {
+    if ferrotron_cuda::device_count().unwrap_or(0) > 0 {
+        return; // a GPU is here: the GPU scripts under tools/ cover training on it
+    }
     let fixture = Fixture::new("");
     let output = fixture.run(&["--backend", "cuda"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(
-        stderr(&output).contains("not built into this binary yet"),
+        stderr(&output).contains("opening CUDA device 0"),
         "{}",
         stderr(&output)
     );

@@ -275,6 +275,16 @@ fn members_run_are_skipped_when_finished_and_reproduce_bit_for_bit() {
     assert_eq!(record["seed"], 7);
     assert_eq!(record["recipe"]["name"], "tiny-000-lr3e-3-s7");
     assert!(record["program"]["git_commit"].is_string());
+    let keys = record["data_cache_keys"]
+        .as_array()
+        .expect("data cache keys");
+    assert!(
+        !keys.is_empty()
+            && keys
+                .iter()
+                .all(|key| key.as_str().is_some_and(|k| k.contains('-'))),
+        "{keys:?}"
+    );
     assert!(member.join("member.yaml").is_file());
     assert!(member.join("run.log").is_file());
     let (train, eval) = losses(&member);

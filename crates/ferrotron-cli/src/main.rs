@@ -37,6 +37,8 @@ enum Command {
     Run(commands::run::Args),
     /// Generate text from a checkpoint.
     Sample(commands::sample::Args),
+    /// Write the sbatch script for a recipe's plan and submit it to Slurm (or print it).
+    Submit(commands::submit::Args),
     /// Expand a sweep file into member recipes and run them (or list their plans).
     Sweep(commands::sweep::Args),
     /// Draw charts and a markdown summary of runs from their metrics files.
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Command::Preprocess(args) => commands::preprocess::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Sample(args) => commands::sample::run(args),
+        Command::Submit(args) => commands::submit::run(args),
         Command::Sweep(args) => commands::sweep::run(args),
         Command::Report(args) => commands::report::run(args),
     };

@@ -14,7 +14,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ferrotron_parallel::collectives::gather_from_region;
 use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ShardSpec};
 use ferrotron_recipe::PositionEmbedding;
@@ -443,18 +443,24 @@ impl<B: ParallelOps> GptModel<B> {
                 "the last chunk computes the loss and needs labels".to_owned(),
             ));
         };
-        let logits = self.local_logits(hidden);
+        // The loss in fp32 whatever the compute dtype (Megatron's fp32 cross-entropy): a bf16
+        // log-sum-exp over the vocabulary rounds the loss to 3 significant digits. A no-op in fp32.
+        let logits = self.local_logits(hidden).cast(FloatDType::F32);
         let token_losses =
             vocab_parallel_cross_entropy(logits, labels, self.vocab_shard(), &tp.comm);
         let lm_loss = match input.loss_mask {
             Some(loss_mask) => {
                 let [batch, seq] = loss_mask.dims();
-                let mask = loss_mask.reshape([batch * seq]);
+                let mask = loss_mask.reshape([batch * seq]).cast(FloatDType::F32);
                 (token_losses * mask.clone()).sum() / mask.sum().clamp_min(1.0)
             }
             None => token_losses.mean(),
         };
-        Ok(ChunkOutput::Loss(combine(lm_loss, aux_loss, expert_loads)))
+        Ok(ChunkOutput::Loss(combine(
+            lm_loss,
+            aux_loss.cast(FloatDType::F32),
+            expert_loads,
+        )))
     }
 
     fn whole_loss(&self, input: ChunkInput<B>) -> LossOutput<B> {

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod backend;
 pub mod plan;
 pub mod preprocess;
 pub mod report;
@@ -8,5 +9,7 @@ pub mod run;
 pub mod sample;
 pub mod schema;
 pub mod show;
+pub mod submit;
 pub mod sweep;
 pub mod validate;
+pub mod world;

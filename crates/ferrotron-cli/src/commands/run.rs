@@ -1,15 +1,20 @@
 //! `recipe run`: load a recipe, plan it, train it. The training crate does the work; this edge
-//! picks the backend, the run directory and the signal handling, and turns the outcome into an
-//! exit code (0 finished or stopped cleanly, 1 training failed, 2 bad usage).
+//! picks the backend, the world (one rank, thread ranks in this process, or one rank of a
+//! process world started by srun/torchrun — see `world`), the run directory and the signal
+//! handling, and turns the outcome into an exit code (0 finished or stopped cleanly, 1 training
+//! failed, 2 bad usage).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use ferrotron_plan::Plan;
-use ferrotron_recipe::{Backend, Cluster, GpuKind, Recipe};
+use ferrotron_recipe::{Backend, Recipe};
 use ferrotron_telemetry::{RunDetails, RunManifest, RunStatus};
-use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary, StopFlag, StopReason};
+use ferrotron_train::{RunOptions, RunSummary, StopFlag, StopReason};
+
+use super::backend::ComputeBackend;
+use super::world::RunWorld;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
@@ -36,6 +41,11 @@ pub struct Args {
     /// `--exit-interval`); `resume: auto` continues from there on the next run.
     #[arg(long, value_name = "N")]
     pub exit_interval: Option<u64>,
+    /// Ranks to run, as threads of this process on the CPU backend (default: the recipe's
+    /// `cluster` nodes × gpus_per_node when it has that section, else 1). Under srun or
+    /// torchrun each process runs one rank of the launcher's world instead.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub world_size: Option<u32>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -50,67 +60,67 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(BackendArg::BurnCuda) => Backend::BurnCuda,
         None => recipe.runtime.backend,
     };
-    match backend {
-        Backend::Cpu => {}
-        Backend::Cuda | Backend::BurnCuda => {
-            let name = if backend == Backend::Cuda {
-                "cuda"
-            } else {
-                "burn-cuda"
-            };
-            anyhow::bail!(
-                "the `{name}` backend is not built into this binary yet (the CUDA issue adds it); use --backend cpu"
-            );
-        }
-    }
     ferrotron_telemetry::init_tracing(recipe.logging.format);
 
-    // The CPU backend is one rank in this process, whatever cluster the recipe targets.
-    let plan = match super::resolve::plan_or_report(
-        &loaded,
-        Some(Cluster {
-            nodes: 1,
-            gpus_per_node: 1,
-            gpu: GpuKind::Cpu,
-        }),
-    )? {
+    let world = RunWorld::detect(args.world_size, recipe)?;
+    let compute = ComputeBackend::select(backend, &world)?;
+    let cluster = compute.cluster(&world, recipe)?;
+    let plan = match super::resolve::plan_or_report(&loaded, Some(cluster))? {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };
-    eprint!("{}", brief(&plan));
+    world.check_plan(&plan)?;
+    let lead = world.rank() == 0;
+    if lead {
+        eprint!("{}", brief(&plan, &compute));
+    }
 
     let run_dir = run_dir(&args, recipe);
-    let mut manifest = RunManifest::start(
-        &run_dir,
-        &serde_json::to_value(&plan.recipe)?,
-        &serde_json::to_value(&plan)?,
-        RunDetails {
-            seed: plan.recipe.training.seed,
-            data_cache_keys: None,
-        },
-    )
-    .context("writing the run manifest")?;
+    // One provenance record per run: the lead rank's (the only process of a thread world).
+    let mut manifest = if lead {
+        Some(
+            RunManifest::start(
+                &run_dir,
+                &serde_json::to_value(&plan.recipe)?,
+                &serde_json::to_value(&plan)?,
+                RunDetails {
+                    seed: plan.recipe.training.seed,
+                    data_cache_keys: None,
+                },
+            )
+            .context("writing the run manifest")?,
+        )
+    } else {
+        None
+    };
     let options = RunOptions {
         run_dir,
         stop: StopFlag::on_signals().context("installing the SIGTERM/SIGINT handlers")?,
         exit_interval: args.exit_interval,
         announce: announce_metrics,
     };
-    let device = Default::default();
-    match ferrotron_train::train::<CpuTrainBackend>(&plan, &options, &device) {
+    match compute.train(&world, &plan, &options) {
         Ok(summary) => {
             let status = match summary.stopped {
                 Some(_) => RunStatus::Stopped,
                 None => RunStatus::Finished,
             };
-            manifest.finish(status, 0)?;
-            eprint!("{}", closing(&summary, &args));
+            if let Some(manifest) = manifest.as_mut() {
+                manifest.record_data_cache_keys(summary.data_cache_keys.clone())?;
+                manifest.finish(status, 0)?;
+            }
+            if lead {
+                eprint!("{}", closing(&summary, &args));
+            }
             Ok(ExitCode::SUCCESS)
         }
-        // A non-finite loss, a refused checkpoint, missing data: the run failed, not the usage.
+        // A non-finite loss, a refused checkpoint, missing data, a lost peer: the run failed,
+        // not the usage.
         Err(err) => {
-            eprintln!("error: {err}");
-            manifest.finish(RunStatus::Failed, 1)?;
+            eprintln!("{}error: {err:#}", world.log_prefix());
+            if let Some(manifest) = manifest.as_mut() {
+                manifest.finish(RunStatus::Failed, 1)?;
+            }
             Ok(ExitCode::from(1))
         }
     }
@@ -137,12 +147,16 @@ fn run_dir(args: &Args, recipe: &Recipe) -> PathBuf {
 }
 
 /// A few lines of the plan: what will run, how big, how long per step in theory.
-fn brief(plan: &Plan) -> String {
+fn brief(plan: &Plan, compute: &ComputeBackend) -> String {
     let d = &plan.degrees;
     let params = plan.parameters.total as f64;
-    let precision = match plan.recipe.precision.dtype {
-        ferrotron_recipe::Dtype::Fp32 => "fp32",
-        _ => "fp32 (the CPU backend computes in fp32; precision.dtype applies on GPU backends)",
+    let precision = match (compute, plan.recipe.precision.dtype) {
+        (_, ferrotron_recipe::Dtype::Fp32) => "fp32",
+        (ComputeBackend::Cpu, _) => {
+            "fp32 (the CPU backend computes in fp32; precision.dtype applies on GPU backends)"
+        }
+        (_, ferrotron_recipe::Dtype::Bf16) => "bf16 compute, fp32 master weights and gradients",
+        (_, ferrotron_recipe::Dtype::Fp16) => "fp16",
     };
     format!(
         "run {}: {:.2}M parameters, {} layers, hidden {}, seq {}, vocab {} (padded {})\n\

@@ -27,6 +27,11 @@ pub struct Args {
     /// The sweep directory (default: `runs/<sweep name>/`).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Submit the members as one Slurm job array instead of running them here.
+    #[arg(long)]
+    pub submit: bool,
+    #[command(flatten)]
+    pub slurm: super::submit::SlurmArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -83,6 +88,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if std::fs::canonicalize(&copy).ok() != std::fs::canonicalize(&args.sweep).ok() {
         std::fs::copy(&args.sweep, &copy)
             .with_context(|| format!("copying the sweep file into {}", out_dir.display()))?;
+    }
+    if args.submit {
+        return super::submit::sweep(&spec, &members, &out_dir, &args.slurm);
     }
     let options = RunnerOptions {
         program: std::env::current_exe().context("finding this executable to run members")?,
