@@ -13,6 +13,7 @@
 //! (every wait has a timeout naming the group, the collective and the missing ranks; a failing
 //! rank releases the others with an error).
 
+pub mod arguments;
 mod communicator;
 mod element;
 mod error;

@@ -19,6 +19,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::arguments;
 use crate::communicator::Communicator;
 use crate::element::{Element, ReduceOp};
 use crate::error::{CommError, GroupLabel};
@@ -130,13 +131,7 @@ impl TcpComm {
     }
 
     fn check_peer(&self, op: &'static str, peer: usize) -> Result<(), CommError> {
-        if peer >= self.size() {
-            return Err(self.invalid(
-                op,
-                format!("rank {peer} is outside a group of {}", self.size()),
-            ));
-        }
-        Ok(())
+        arguments::peer(peer, self.size()).map_err(|detail| self.invalid(op, detail))
     }
 
     fn signature<T: Element>(op: &'static str) -> Signature {
@@ -420,15 +415,8 @@ impl Communicator for TcpComm {
 
     fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
         let (n, len) = (self.size(), input.len());
-        if output.len() != n * len {
-            return Err(self.invalid(
-                "all_gather",
-                format!(
-                    "output holds {} elements, {n} ranks × {len} needed",
-                    output.len()
-                ),
-            ));
-        }
+        arguments::gathered(n, len, output.len())
+            .map_err(|detail| self.invalid("all_gather", detail))?;
         self.refuse_if_aborted("all_gather")?;
         let signature = Signature {
             len: Some(len),
@@ -455,15 +443,8 @@ impl Communicator for TcpComm {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let (n, len) = (self.size(), output.len());
-        if input.len() != n * len {
-            return Err(self.invalid(
-                "reduce_scatter",
-                format!(
-                    "input holds {} elements, {n} ranks × {len} needed",
-                    input.len()
-                ),
-            ));
-        }
+        arguments::scattered(n, input.len(), len)
+            .map_err(|detail| self.invalid("reduce_scatter", detail))?;
         self.refuse_if_aborted("reduce_scatter")?;
         let signature = Signature {
             len: Some(input.len()),
@@ -539,24 +520,8 @@ impl Communicator for TcpComm {
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
         let n = self.size();
-        for (what, counts, buffer) in [
-            ("send", send_counts, input.len()),
-            ("recv", recv_counts, output.len()),
-        ] {
-            if counts.len() != n {
-                return Err(self.invalid(
-                    "all_to_all",
-                    format!("{} {what} counts for a group of {n}", counts.len()),
-                ));
-            }
-            let total: usize = counts.iter().sum();
-            if total != buffer {
-                return Err(self.invalid(
-                    "all_to_all",
-                    format!("{what} counts add up to {total} but the buffer holds {buffer}"),
-                ));
-            }
-        }
+        arguments::all_to_all(n, send_counts, input.len(), recv_counts, output.len())
+            .map_err(|detail| self.invalid("all_to_all", detail))?;
         self.refuse_if_aborted("all_to_all")?;
         let starts: Vec<usize> = send_counts
             .iter()

@@ -9,6 +9,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::arguments;
 use crate::communicator::Communicator;
 use crate::element::{Element, ReduceOp};
 use crate::error::{CommError, GroupLabel};
@@ -90,13 +91,7 @@ impl ThreadComm {
     }
 
     fn check_peer(&self, op: &'static str, peer: usize) -> Result<(), CommError> {
-        if peer >= self.size() {
-            return Err(self.invalid(
-                op,
-                format!("rank {peer} is outside a group of {}", self.size()),
-            ));
-        }
-        Ok(())
+        arguments::peer(peer, self.size()).map_err(|detail| self.invalid(op, detail))
     }
 
     fn exchange<P: Send + Sync + 'static>(
@@ -179,15 +174,8 @@ impl Communicator for ThreadComm {
 
     fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
         let (n, len) = (self.size(), input.len());
-        if output.len() != n * len {
-            return Err(self.invalid(
-                "all_gather",
-                format!(
-                    "output holds {} elements, {n} ranks × {len} needed",
-                    output.len()
-                ),
-            ));
-        }
+        arguments::gathered(n, len, output.len())
+            .map_err(|detail| self.invalid("all_gather", detail))?;
         let signature = Signature {
             len: Some(len),
             ..self.signature::<T>("all_gather")
@@ -206,15 +194,8 @@ impl Communicator for ThreadComm {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let (n, len) = (self.size(), output.len());
-        if input.len() != n * len {
-            return Err(self.invalid(
-                "reduce_scatter",
-                format!(
-                    "input holds {} elements, {n} ranks × {len} needed",
-                    input.len()
-                ),
-            ));
-        }
+        arguments::scattered(n, input.len(), len)
+            .map_err(|detail| self.invalid("reduce_scatter", detail))?;
         let signature = Signature {
             len: Some(input.len()),
             reduce: Some(op),
@@ -290,24 +271,8 @@ impl Communicator for ThreadComm {
         recv_counts: &[usize],
     ) -> Result<(), CommError> {
         let n = self.size();
-        for (what, counts, buffer) in [
-            ("send", send_counts, input.len()),
-            ("recv", recv_counts, output.len()),
-        ] {
-            if counts.len() != n {
-                return Err(self.invalid(
-                    "all_to_all",
-                    format!("{} {what} counts for a group of {n}", counts.len()),
-                ));
-            }
-            let total: usize = counts.iter().sum();
-            if total != buffer {
-                return Err(self.invalid(
-                    "all_to_all",
-                    format!("{what} counts add up to {total} but the buffer holds {buffer}"),
-                ));
-            }
-        }
+        arguments::all_to_all(n, send_counts, input.len(), recv_counts, output.len())
+            .map_err(|detail| self.invalid("all_to_all", detail))?;
         let scatter = Scatter {
             send_counts: send_counts.to_vec(),
             data: input.to_vec(),
