@@ -137,6 +137,7 @@ fn run_member(
     let details = RunDetails {
         seed: valid.recipe.training.seed,
         data_cache_keys: None,
+        hosts: Vec::new(),
     };
     let manifest = RunManifest::start(&dir, &recipe_json, &plan_json, details)?;
 

@@ -158,6 +158,7 @@ mod tests {
         let details = ferrotron_telemetry::RunDetails {
             seed: 1,
             data_cache_keys: None,
+            hosts: Vec::new(),
         };
         let empty = serde_json::json!({});
         ferrotron_telemetry::RunManifest::start(&first, &empty, &empty, details)

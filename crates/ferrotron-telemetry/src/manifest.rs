@@ -75,6 +75,8 @@ pub struct RunDetails {
     pub seed: u64,
     /// Cache keys of the data indices the run reads, when the data layer reports them.
     pub data_cache_keys: Option<Vec<String>>,
+    /// The hosts of a multi-node run (a launcher's node list); empty means this host alone.
+    pub hosts: Vec<String>,
 }
 
 /// The provenance record of one run directory.
@@ -138,7 +140,11 @@ impl RunManifest {
                 degrees: plan.get("degrees").cloned().unwrap_or(Value::Null),
                 cluster: plan.get("cluster").cloned().unwrap_or(Value::Null),
             },
-            hosts: vec![host_name()],
+            hosts: if details.hosts.is_empty() {
+                vec![host_name()]
+            } else {
+                details.hosts
+            },
             gpu_kinds,
             started_at: now_rfc3339(),
             finished_at: None,
@@ -307,6 +313,22 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_node_run_records_every_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let details = RunDetails {
+            seed: 1,
+            data_cache_keys: None,
+            hosts: vec!["node01".into(), "node02".into()],
+        };
+        RunManifest::start(dir.path(), &json!({"name": "t"}), &plan(), details).unwrap();
+        let on_disk = RunManifest::read(dir.path()).unwrap();
+        assert_eq!(
+            on_disk.hosts,
+            vec!["node01".to_owned(), "node02".to_owned()]
+        );
+    }
+
+    #[test]
     fn start_writes_running_and_finish_records_the_exit() {
         let dir = tempfile::tempdir().unwrap();
         let run_dir = dir.path().join("run");
@@ -314,6 +336,7 @@ mod tests {
         let details = RunDetails {
             seed: 7,
             data_cache_keys: Some(vec!["k1".into()]),
+            hosts: Vec::new(),
         };
         let mut manifest = RunManifest::start(&run_dir, &recipe, &plan(), details).unwrap();
         let on_disk = RunManifest::read(&run_dir).unwrap();

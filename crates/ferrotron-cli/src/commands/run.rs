@@ -86,6 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 RunDetails {
                     seed: plan.recipe.training.seed,
                     data_cache_keys: None,
+                    hosts: world.hosts(),
                 },
             )
             .context("writing the run manifest")?,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{Cluster, GpuKind, Recipe};
-use ferrotron_slurm::LaunchEnv;
+use ferrotron_slurm::{LaunchEnv, Launcher};
 use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary};
 
 /// How long a collective may wait for a peer before the run fails naming the missing ranks.
@@ -67,6 +67,15 @@ impl RunWorld {
     }
 
     /// This process's global rank (0 in a thread world: the process is rank 0's).
+    /// The nodes of a Slurm step, for the run manifest; empty elsewhere (this host alone, or a
+    /// torchrun world whose other hosts the environment does not name).
+    pub fn hosts(&self) -> Vec<String> {
+        match self {
+            RunWorld::Process(env) if env.launcher == Launcher::Slurm => env.hosts.clone(),
+            _ => Vec::new(),
+        }
+    }
+
     pub fn rank(&self) -> u32 {
         match self {
             RunWorld::Threads { .. } => 0,
