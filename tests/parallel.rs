@@ -101,8 +101,9 @@ impl RunDir {
         self.dir.path()
     }
 
-    /// `recipe run` with `layout`; extra arguments after it. Panics with the output on failure.
-    fn run(&self, layout: Layout, extra: &[&str]) -> Output {
+    /// The `recipe run` command for `layout`, extra arguments after it, with the caller's
+    /// launcher and Ferrotron variables removed (they would change the world or the recipe).
+    fn command(&self, layout: Layout, extra: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_recipe"));
         command
             .current_dir(self.path())
@@ -128,7 +129,20 @@ impl RunDir {
                 command.env_remove(key);
             }
         }
-        let output = command.output().expect("the recipe binary runs");
+        command
+    }
+
+    /// `recipe run` with `layout`; extra arguments after it. Panics with the output on failure.
+    fn run(&self, layout: Layout, extra: &[&str]) -> Output {
+        let output = self
+            .command(layout, extra)
+            .output()
+            .expect("the recipe binary runs");
+        self.check(layout, &output);
+        output
+    }
+
+    fn check(&self, layout: Layout, output: &Output) {
         assert!(
             output.status.success(),
             "recipe run {} --world-size {} {:?} failed:\n{}",
@@ -137,7 +151,6 @@ impl RunDir {
             layout.set,
             String::from_utf8_lossy(&output.stderr)
         );
-        output
     }
 
     /// The metrics file's lines (none before the first run).
@@ -160,6 +173,26 @@ impl RunDir {
         checkpoint
             .global_tensors(ShardKind::Model)
             .unwrap_or_else(|e| panic!("assemble {}: {e}", folder.display()))
+    }
+
+    /// blake3 of every safetensors file of the checkpoint at `iteration` (model and optimizer
+    /// shards), by file name.
+    fn checkpoint_hashes(&self, iteration: u64) -> BTreeMap<String, String> {
+        let folder = self.path().join(format!("ckpt/iter_{iteration:07}"));
+        let entries =
+            std::fs::read_dir(&folder).unwrap_or_else(|e| panic!("list {}: {e}", folder.display()));
+        let hashes: BTreeMap<String, String> = entries
+            .map(|entry| entry.expect("a directory entry").path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "safetensors"))
+            .map(|path| {
+                let bytes =
+                    std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+                let name = path.file_name().expect("a file name").to_string_lossy();
+                (name.into_owned(), blake3::hash(&bytes).to_hex().to_string())
+            })
+            .collect();
+        assert!(!hashes.is_empty(), "{} holds no tensors", folder.display());
+        hashes
     }
 
     fn manifest(&self, iteration: u64) -> Value {
@@ -265,10 +298,54 @@ fn assert_same_weights(
     }
 }
 
-/// Train `model` on one rank and on `layout`; losses, norms and final weights must agree.
+/// Train `layout` twice, both runs at the same time (thread ranks of two processes competing
+/// for the cores, so every run sees other timings): the two must agree bit for bit — every
+/// step's loss, LM loss and gradient norm, and every byte of the final checkpoint's tensors
+/// (model and optimizer). Returns the first run.
+fn train_twice(what: &str, model: Model, layout: Layout) -> (RunDir, Trained) {
+    let runs = [RunDir::new(model), RunDir::new(model)];
+    let children: Vec<_> = runs
+        .iter()
+        .map(|run| {
+            run.command(layout, &[])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("the recipe binary starts")
+        })
+        .collect();
+    for (run, child) in runs.iter().zip(children) {
+        let output = child.wait_with_output().expect("the recipe binary runs");
+        run.check(layout, &output);
+    }
+    let [first, second] = runs;
+    let (steps, again) = (first.steps(), second.steps());
+    assert_eq!(steps.len(), STEPS as usize, "{what}: every step is logged");
+    for (step, a) in &steps {
+        assert_eq!(
+            Some(a),
+            again.get(step),
+            "{what}: step {step} differs between two runs of the same layout and seed"
+        );
+    }
+    assert_eq!(
+        first.checkpoint_hashes(STEPS),
+        second.checkpoint_hashes(STEPS),
+        "{what}: the final checkpoints of two runs of the same layout and seed differ"
+    );
+    let trained = Trained {
+        steps,
+        weights: first.weights(STEPS),
+    };
+    (first, trained)
+}
+
+/// Train `model` on one rank and twice on `layout`: the two runs of the layout must be
+/// bit-identical ([`train_twice`]), and their losses, norms and final weights must agree with
+/// the one rank's within the tolerances.
 fn check_equivalent(what: &str, model: Model, layout: Layout) {
     let (_reference_dir, reference) = train(model, ONE_RANK);
-    let (run, parallel) = train(model, layout);
+    let (run, parallel) = train_twice(what, model, layout);
     assert_same_curve(what, &reference.steps, &parallel.steps);
     assert_same_weights(what, &reference.weights, &parallel.weights);
     // Rank 0 records the world it ran in.

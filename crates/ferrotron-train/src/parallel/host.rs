@@ -126,3 +126,20 @@ pub fn grads_from_values<B: AutodiffBackend, M: AutodiffModule<B>>(
     module.visit(&mut writer);
     writer.grads
 }
+
+/// `module` with every trainable parameter replaced by a fresh leaf over the same values.
+pub fn private_leaves<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> M {
+    struct Fresh;
+    impl<B: AutodiffBackend> ModuleMapper<B> for Fresh {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, tensor, mapper) = param.consume();
+            let fresh = if tensor.is_require_grad() {
+                tensor.detach().require_grad()
+            } else {
+                tensor
+            };
+            Param::from_mapped_value(id, fresh, mapper)
+        }
+    }
+    module.clone().map(&mut Fresh)
+}

@@ -5,6 +5,14 @@
 //! would propagate through that chunk. The received activation is a fresh leaf that requires a
 //! gradient, so each chunk's graph stops at its input and the input's gradient is what goes
 //! upstream. The last chunk differentiates `loss / microbatches`, as the one-rank step does.
+//!
+//! Each forward runs on the chunk with *private* parameter leaves (same values, fresh autodiff
+//! nodes), so every microbatch in flight has a graph of its own. With the shared leaves, burn
+//! 0.21 merges all in-flight forwards of a chunk into one graph through them, and its pruning of
+//! that merged graph at the end of each backward walks hash sets keyed by node ids. Those ids
+//! come from one process-wide counter, so under thread ranks their values — and so the walk —
+//! depend on thread timing; about one pp4 × vpp2 run in 30 lost the pending forward of some
+//! microbatch and its backward then yielded no gradient at all (no error, a wrong norm).
 
 use std::collections::HashMap;
 
@@ -19,7 +27,7 @@ use ferrotron_model::{
 use ferrotron_parallel::{ParallelContext, ParallelOps};
 
 use super::grad_sync::comm_error;
-use super::host::{grad_values, to_vec};
+use super::host::{grad_values, private_leaves, to_vec};
 use super::schedule::{self, Op, StagePosition};
 use crate::{Microbatch, TrainError};
 
@@ -44,6 +52,8 @@ enum Forwarded<B: AutodiffBackend> {
 }
 
 struct InFlight<B: AutodiffBackend> {
+    /// The chunk this forward ran on, with its private parameter leaves.
+    chunk: GptModel<B>,
     input: Option<Tensor<B, 3>>,
     output: Forwarded<B>,
 }
@@ -162,7 +172,8 @@ where
                 if position.is_last_piece(compute.chunk) {
                     chunk_input = chunk_input.with_labels(labels, None);
                 }
-                let output = match chunks[compute.chunk].forward_chunk(chunk_input)? {
+                let chunk = private_leaves(&chunks[compute.chunk]);
+                let output = match chunk.forward_chunk(chunk_input)? {
                     ChunkOutput::Hidden {
                         hidden,
                         aux_loss,
@@ -178,11 +189,22 @@ where
                         Forwarded::Loss(loss.loss)
                     }
                 };
-                in_flight.insert(key, InFlight { input, output });
+                in_flight.insert(
+                    key,
+                    InFlight {
+                        chunk,
+                        input,
+                        output,
+                    },
+                );
             }
             Op::Compute(compute) => {
                 let key = (compute.chunk, compute.microbatch);
-                let InFlight { input, output } = in_flight
+                let InFlight {
+                    chunk,
+                    input,
+                    output,
+                } = in_flight
                     .remove(&key)
                     .ok_or_else(|| schedule_bug("backward", key.0, key.1))?;
                 let surrogate = match output {
@@ -204,9 +226,8 @@ where
                     };
                     grads_out.insert(key, grad);
                 }
-                let chunk = &chunks[compute.chunk];
                 accumulators[compute.chunk]
-                    .accumulate(chunk, GradientsParams::from_grads(gradients, chunk));
+                    .accumulate(&chunk, GradientsParams::from_grads(gradients, &chunk));
             }
         }
     }
