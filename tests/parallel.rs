@@ -804,6 +804,32 @@ fn damaged_shards_are_named() {
     );
 }
 
+/// A diverging layout stops every rank before the update and exits with the diverged code.
+#[test]
+fn diverging_thread_world_exits_three() {
+    let run = RunDir::new(Model::Gpt);
+    let output = run
+        .command(
+            TP2_DP2,
+            &[
+                "--set",
+                "training.optimizer.lr=1e30",
+                "--set",
+                "training.schedule.warmup_iters=0",
+                "--set",
+                "training.clip_grad=0",
+            ],
+        )
+        .output()
+        .expect("the recipe binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("is NaN") || stderr.contains("is inf"),
+        "{stderr}"
+    );
+}
+
 /// Resuming another model's checkpoint is refused field by field.
 #[test]
 fn another_models_checkpoint_is_refused() {

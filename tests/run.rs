@@ -347,11 +347,37 @@ fn non_finite_loss_stops_with_a_clear_error_and_saves_nothing() {
         "--set",
         "checkpoint.interval=1000",
     ]);
-    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "diverged has its own exit code: {}",
+        stderr(&output)
+    );
     let err = stderr(&output);
     assert!(err.contains("iteration 2: the loss is NaN"), "{err}");
     assert!(err.contains("before the optimizer step"), "{err}");
     assert!(committed(&fixture).is_empty(), "nothing may be saved");
+}
+
+/// The exit-code table (README, `recipe` command): 1 an invalid recipe, 2 unreadable input or
+/// bad usage; 0 and 3 are checked by the runs above.
+#[test]
+fn run_exit_codes_follow_the_table() {
+    let fixture = Fixture::new("");
+    let missing = fixture
+        .command("run")
+        .arg("no-such-recipe.yaml")
+        .output()
+        .expect("the recipe binary runs");
+    assert_eq!(missing.status.code(), Some(2), "{}", stderr(&missing));
+    let invalid = fixture.run(&["--set", "training.train_iters=-4"]);
+    assert_eq!(invalid.status.code(), Some(1), "{}", stderr(&invalid));
+    let usage = fixture
+        .command("run")
+        .args(["recipe.yaml", "--no-such-flag"])
+        .output()
+        .expect("the recipe binary runs");
+    assert_eq!(usage.status.code(), Some(2), "{}", stderr(&usage));
 }
 
 #[test]
@@ -470,7 +496,7 @@ fn cuda_without_a_gpu_fails_naming_the_device() {
     }
     let fixture = Fixture::new("");
     let output = fixture.run(&["--backend", "cuda"]);
-    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(output.status.code(), Some(1), "a missing GPU fails the run");
     assert!(
         stderr(&output).contains("opening CUDA device 0"),
         "{}",

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod commands;
+mod exit;
 
 // Training on CPU allocates and frees logits-sized buffers every microbatch; glibc's allocator
 // returns them to the kernel and page-faults them back in (a third of a step in `perf`).
@@ -61,9 +62,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // Errors that reach here come before any work: arguments, unreadable files.
         Err(err) => {
             eprintln!("error: {err:#}");
-            ExitCode::from(2)
+            exit::code(exit::USAGE)
         }
     }
 }

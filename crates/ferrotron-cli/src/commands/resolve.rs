@@ -8,11 +8,13 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
+
+use crate::exit;
 use ferrotron_plan::{Plan, PlanOptions, plan};
 use ferrotron_recipe::{Cluster, LoadOptions, LoadedRecipe, Recipe};
 
 /// Loads a recipe with `--set` and environment overrides; on failure the diagnostics are printed
-/// and the exit code for an invalid recipe is returned.
+/// and the exit code returned: unreadable input or an invalid recipe (as `recipe validate`).
 pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedRecipe, ExitCode> {
     ferrotron_recipe::load(
         path,
@@ -22,8 +24,13 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedRecipe, ExitCode>
         },
     )
     .map_err(|errors| {
+        let code = if errors.is_unreadable() {
+            exit::USAGE
+        } else {
+            exit::FAILED
+        };
         eprintln!("{:?}", miette::Report::new(errors));
-        ExitCode::from(1)
+        exit::code(code)
     })
 }
 
@@ -59,6 +66,6 @@ pub fn plan_or_report(
                 }
             }
         }
-        ExitCode::from(1)
+        exit::code(exit::FAILED)
     }))
 }

@@ -1,20 +1,21 @@
 //! `recipe run`: load a recipe, plan it, train it. The training crate does the work; this edge
 //! picks the backend, the world (one rank, thread ranks in this process, or one rank of a
 //! process world started by srun/torchrun — see `world`), the run directory and the signal
-//! handling, and turns the outcome into an exit code (0 finished or stopped cleanly, 1 training
-//! failed, 2 bad usage).
+//! handling, and turns the outcome into an exit code (`crate::exit`: 0 finished or stopped
+//! cleanly, 1 invalid recipe or failed run, 2 bad usage or unreadable recipe, 3 diverged).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use ferrotron_plan::Plan;
-use ferrotron_recipe::{Backend, Recipe};
+use ferrotron_recipe::{Backend, LoadedRecipe, Recipe};
 use ferrotron_telemetry::{RunDetails, RunManifest, RunStatus};
-use ferrotron_train::{RunOptions, RunSummary, StopFlag, StopReason};
+use ferrotron_train::{RunOptions, RunSummary, StopFlag, StopReason, TrainError};
 
 use super::backend::ComputeBackend;
 use super::world::RunWorld;
+use crate::exit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
@@ -53,6 +54,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };
+    // Past the recipe, whatever goes wrong is the run failing (a missing GPU, an unwritable run
+    // directory), not the usage.
+    match train_loaded(&args, &loaded) {
+        Ok(code) => Ok(code),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            Ok(exit::code(exit::FAILED))
+        }
+    }
+}
+
+fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> {
     let recipe = &loaded.recipe;
     let backend = match args.backend {
         Some(BackendArg::Cpu) => Backend::Cpu,
@@ -63,9 +76,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     ferrotron_telemetry::init_tracing(recipe.logging.format);
 
     let world = RunWorld::detect(args.world_size, recipe)?;
-    let compute = ComputeBackend::select(backend, &world)?;
+    let compute = match ComputeBackend::select(backend, &world) {
+        Ok(compute) => compute,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return Ok(exit::code(exit::USAGE));
+        }
+    };
     let cluster = compute.cluster(&world, recipe)?;
-    let plan = match super::resolve::plan_or_report(&loaded, Some(cluster))? {
+    let plan = match super::resolve::plan_or_report(loaded, Some(cluster))? {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };
@@ -75,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         eprint!("{}", brief(&plan, &compute));
     }
 
-    let run_dir = run_dir(&args, recipe);
+    let run_dir = run_dir(args, recipe);
     // One provenance record per run: the lead rank's (the only process of a thread world).
     let mut manifest = if lead {
         Some(
@@ -111,18 +130,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 manifest.finish(status, 0)?;
             }
             if lead {
-                eprint!("{}", closing(&summary, &args));
+                eprint!("{}", closing(&summary, args));
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(exit::code(exit::SUCCESS))
         }
-        // A non-finite loss, a refused checkpoint, missing data, a lost peer: the run failed,
-        // not the usage.
+        // A refused checkpoint, missing data, a lost peer: the run failed. A non-finite loss
+        // or norm has its own code: the recipe diverged, the machine did not fail.
         Err(err) => {
             eprintln!("{}error: {err:#}", world.log_prefix());
+            let diverged = matches!(
+                err.downcast_ref::<TrainError>(),
+                Some(TrainError::NonFinite { .. })
+            );
+            let code = if diverged {
+                exit::DIVERGED
+            } else {
+                exit::FAILED
+            };
             if let Some(manifest) = manifest.as_mut() {
-                manifest.finish(RunStatus::Failed, 1)?;
+                manifest.finish(RunStatus::Failed, i32::from(code))?;
             }
-            Ok(ExitCode::from(1))
+            Ok(exit::code(code))
         }
     }
 }

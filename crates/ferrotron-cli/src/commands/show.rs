@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use ferrotron_recipe::{LoadOptions, load};
 
+use crate::exit;
+
 use super::validate::{handler, render};
 
 #[derive(Debug, clap::Args)]
@@ -44,7 +46,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 eprint!("{}", render(&handler, problem));
             }
             eprintln!("{errors}");
-            Ok(ExitCode::from(if errors.is_unreadable() { 2 } else { 1 }))
+            Ok(exit::code(if errors.is_unreadable() {
+                exit::USAGE
+            } else {
+                exit::FAILED
+            }))
         }
     }
 }

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+
+use crate::exit;
 use ferrotron_recipe::{Backend, Cluster, GpuKind};
 use ferrotron_slurm::{SbatchScript, SlurmOptions, TaskCommand};
 use ferrotron_sweep::{Member, SweepSpec, prepare_array};
@@ -197,7 +199,7 @@ fn submit(script: &SbatchScript, path: &Path, what: &str) -> anyhow::Result<Exit
         }
         Err(err) => {
             eprintln!("error: {err}");
-            Ok(ExitCode::from(1))
+            Ok(exit::code(exit::FAILED))
         }
     }
 }

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+
+use crate::exit;
 use ferrotron_sweep::{
     Invalid, MemberStatus, RunnerOptions, SweepSpec, plan_line, render_markdown, resolve,
     result_rows, run_members, write_results,
@@ -72,7 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if args.dry_run {
         return Ok(if invalid > 0 {
-            ExitCode::from(1)
+            exit::code(exit::FAILED)
         } else {
             ExitCode::SUCCESS
         });
@@ -114,6 +116,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(if all_good {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(1)
+        exit::code(exit::FAILED)
     })
 }

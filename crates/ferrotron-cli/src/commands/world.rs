@@ -165,7 +165,11 @@ fn train_process_rank(
 }
 
 /// A training error as one message: its display already names its cause, so the caller's
-/// `{:#}` (which appends causes for the rendezvous' context chain) must not repeat it.
+/// `{:#}` (which appends causes for the rendezvous' context chain) must not repeat it. A
+/// non-finite loss has no cause and keeps its type: the exit code depends on it.
 fn flat(err: ferrotron_train::TrainError) -> anyhow::Error {
-    anyhow::Error::msg(err.to_string())
+    match err {
+        ferrotron_train::TrainError::NonFinite { .. } => anyhow::Error::new(err),
+        other => anyhow::Error::msg(other.to_string()),
+    }
 }
