@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): every test of the workspace under cargo-nextest, which
+# runs each test in its own process (thread ranks and burn's process-wide state stay per test).
+# Installs cargo-nextest first where it is missing, so a machine with only a Rust toolchain
+# runs it as is. Extra arguments go to `cargo nextest run` (e.g. `-p ferrotron-train`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "== installing cargo-nextest (once)" >&2
+    cargo install cargo-nextest --locked
+fi
+exec cargo nextest run --workspace --locked --no-fail-fast "$@"
