@@ -3,6 +3,11 @@
 //! the same losses step by step, the same gradient norms and the same final weights; a run
 //! saved under one layout and resumed under another must continue the one-rank curve.
 //!
+//! Every layout is also trained twice at the same moment (`deterministic::<layout>`): on the CPU
+//! the same recipe, seed and layout must give bit-identical losses, gradient norms and
+//! checkpoint bytes whatever the thread timing, so a difference between layouts is arithmetic,
+//! never noise.
+//!
 //! The fixtures (tests/fixtures/parallel/) are sized so every layout divides them and so the
 //! padded vocabulary is the same for tp 1 and 2. Each test trains its own one-rank reference:
 //! tests run as separate processes, and the reference costs less than a second.
@@ -301,8 +306,8 @@ fn assert_same_weights(
 /// Train `layout` twice, both runs at the same time (thread ranks of two processes competing
 /// for the cores, so every run sees other timings): the two must agree bit for bit — every
 /// step's loss, LM loss and gradient norm, and every byte of the final checkpoint's tensors
-/// (model and optimizer). Returns the first run.
-fn train_twice(what: &str, model: Model, layout: Layout) -> (RunDir, Trained) {
+/// (model and optimizer).
+fn train_twice(what: &str, model: Model, layout: Layout) {
     let runs = [RunDir::new(model), RunDir::new(model)];
     let children: Vec<_> = runs
         .iter()
@@ -333,19 +338,12 @@ fn train_twice(what: &str, model: Model, layout: Layout) -> (RunDir, Trained) {
         second.checkpoint_hashes(STEPS),
         "{what}: the final checkpoints of two runs of the same layout and seed differ"
     );
-    let trained = Trained {
-        steps,
-        weights: first.weights(STEPS),
-    };
-    (first, trained)
 }
 
-/// Train `model` on one rank and twice on `layout`: the two runs of the layout must be
-/// bit-identical ([`train_twice`]), and their losses, norms and final weights must agree with
-/// the one rank's within the tolerances.
+/// Train `model` on one rank and on `layout`; losses, norms and final weights must agree.
 fn check_equivalent(what: &str, model: Model, layout: Layout) {
     let (_reference_dir, reference) = train(model, ONE_RANK);
-    let (run, parallel) = train_twice(what, model, layout);
+    let (run, parallel) = train(model, layout);
     assert_same_curve(what, &reference.steps, &parallel.steps);
     assert_same_weights(what, &reference.weights, &parallel.weights);
     // Rank 0 records the world it ran in.
@@ -353,162 +351,59 @@ fn check_equivalent(what: &str, model: Model, layout: Layout) {
     assert_eq!(manifest["layout"]["world_size"], layout.world, "{what}");
 }
 
-#[test]
-fn gpt_tp2() {
-    check_equivalent(
-        "tp2",
-        Model::Gpt,
-        Layout {
-            world: 2,
-            set: &["parallel.tensor=2"],
-        },
-    );
+/// Every layout of the suite, as two tests each: `equivalent::<name>` (one rank against the
+/// layout, within the tolerances) and `deterministic::<name>` (the layout against itself, bit for
+/// bit, two runs at once).
+macro_rules! layouts {
+    ($($name:ident: $model:expr, $what:literal, $layout:expr;)*) => {
+        mod equivalent {
+            use super::*;
+            $(#[test]
+            fn $name() {
+                check_equivalent($what, $model, $layout);
+            })*
+        }
+        mod deterministic {
+            use super::*;
+            $(#[test]
+            fn $name() {
+                train_twice($what, $model, $layout);
+            })*
+        }
+    };
 }
 
-#[test]
-fn gpt_tp2_sequence_parallel() {
-    check_equivalent(
-        "tp2+sp",
-        Model::Gpt,
-        Layout {
-            world: 2,
-            set: &["parallel.tensor=2", "parallel.sequence_parallel=true"],
-        },
-    );
-}
-
-#[test]
-fn gpt_pp2() {
-    check_equivalent(
-        "pp2",
-        Model::Gpt,
-        Layout {
-            world: 2,
-            set: &["parallel.pipeline=2"],
-        },
-    );
-}
-
-#[test]
-fn gpt_pp4_interleaved() {
-    check_equivalent(
-        "pp4 vpp2",
-        Model::Gpt,
-        Layout {
-            world: 4,
-            set: &["parallel.pipeline=4", "parallel.virtual_pipeline=2"],
-        },
-    );
-}
-
-#[test]
-fn gpt_dp2() {
-    check_equivalent(
-        "dp2",
-        Model::Gpt,
-        Layout {
-            world: 2,
-            set: &["parallel.data=2"],
-        },
-    );
-}
-
-#[test]
-fn gpt_dp2_distributed_optimizer() {
-    check_equivalent(
-        "dp2 + distributed optimizer",
-        Model::Gpt,
-        Layout {
-            world: 2,
-            set: &["parallel.data=2", "parallel.distributed_optimizer=true"],
-        },
-    );
-}
-
-#[test]
-fn gpt_cp2() {
-    check_equivalent(
-        "cp2",
-        Model::Gpt,
-        Layout {
-            world: 2,
-            set: &["parallel.context=2"],
-        },
-    );
-}
-
-#[test]
-fn moe_ep2() {
-    check_equivalent(
-        "ep2",
-        Model::Moe,
-        Layout {
-            world: 2,
-            set: &["parallel.expert=2"],
-        },
-    );
-}
-
-#[test]
-fn moe_ep2_etp2() {
-    check_equivalent(
-        "ep2 + etp2",
-        Model::Moe,
-        Layout {
-            world: 4,
-            // MoE with tensor parallelism needs sequence parallelism (Megatron's rule).
-            set: &[
-                "parallel.tensor=2",
-                "parallel.sequence_parallel=true",
-                "parallel.expert=2",
-                "parallel.expert_tensor=2",
-            ],
-        },
-    );
-}
-
-#[test]
-fn gpt_tp2_pp2_dp2() {
-    check_equivalent(
-        "tp2·pp2·dp2",
-        Model::Gpt,
-        Layout {
-            world: 8,
-            set: &[
-                "parallel.tensor=2",
-                "parallel.pipeline=2",
-                "parallel.data=2",
-            ],
-        },
-    );
-}
-
-#[test]
-fn gpt_tp2_cp2_pp2() {
-    check_equivalent(
-        "tp2·cp2·pp2",
-        Model::Gpt,
-        Layout {
-            world: 8,
-            set: &[
-                "parallel.tensor=2",
-                "parallel.context=2",
-                "parallel.pipeline=2",
-            ],
-        },
-    );
-}
-
-#[test]
-fn moe_ep4_dp2() {
-    check_equivalent(
-        "ep4·dp2",
-        Model::Moe,
-        Layout {
-            world: 8,
-            set: &["parallel.expert=4"],
-        },
-    );
+layouts! {
+    gpt_tp2: Model::Gpt, "tp2",
+        Layout { world: 2, set: &["parallel.tensor=2"] };
+    gpt_tp2_sequence_parallel: Model::Gpt, "tp2+sp",
+        Layout { world: 2, set: &["parallel.tensor=2", "parallel.sequence_parallel=true"] };
+    gpt_pp2: Model::Gpt, "pp2",
+        Layout { world: 2, set: &["parallel.pipeline=2"] };
+    gpt_pp4_interleaved: Model::Gpt, "pp4 vpp2",
+        Layout { world: 4, set: &["parallel.pipeline=4", "parallel.virtual_pipeline=2"] };
+    gpt_dp2: Model::Gpt, "dp2",
+        Layout { world: 2, set: &["parallel.data=2"] };
+    gpt_dp2_distributed_optimizer: Model::Gpt, "dp2 + distributed optimizer",
+        Layout { world: 2, set: &["parallel.data=2", "parallel.distributed_optimizer=true"] };
+    gpt_cp2: Model::Gpt, "cp2",
+        Layout { world: 2, set: &["parallel.context=2"] };
+    moe_ep2: Model::Moe, "ep2",
+        Layout { world: 2, set: &["parallel.expert=2"] };
+    // MoE with tensor parallelism needs sequence parallelism (Megatron's rule).
+    moe_ep2_etp2: Model::Moe, "ep2 + etp2",
+        Layout { world: 4, set: &[
+            "parallel.tensor=2", "parallel.sequence_parallel=true",
+            "parallel.expert=2", "parallel.expert_tensor=2",
+        ] };
+    gpt_tp2_pp2_dp2: Model::Gpt, "tp2·pp2·dp2",
+        Layout { world: 8, set: &["parallel.tensor=2", "parallel.pipeline=2", "parallel.data=2"] };
+    gpt_tp2_cp2_pp2: Model::Gpt, "tp2·cp2·pp2",
+        Layout { world: 8, set: &[
+            "parallel.tensor=2", "parallel.context=2", "parallel.pipeline=2",
+        ] };
+    moe_ep4_dp2: Model::Moe, "ep4·dp2",
+        Layout { world: 8, set: &["parallel.expert=4"] };
 }
 
 const TP2_PP2: Layout = Layout {

@@ -359,6 +359,28 @@ fn non_finite_loss_stops_with_a_clear_error_and_saves_nothing() {
     assert!(committed(&fixture).is_empty(), "nothing may be saved");
 }
 
+/// A run's provenance and its checkpoints name the recipe by one hash.
+#[test]
+fn run_and_checkpoint_manifests_agree_on_the_recipe_hash() {
+    let fixture = Fixture::new("");
+    assert_success(&fixture.run(&["--set", "training.train_iters=2"]));
+    // `checkpoint.dir: ckpt` has no parent, so the run directory is runs/<name>/
+    let runs = std::fs::read_dir(fixture.path("runs")).expect("the runs folder");
+    let run_dir = runs
+        .map(|entry| entry.expect("an entry").path())
+        .next()
+        .expect("one run directory");
+    let run: Value = serde_json::from_str(
+        &std::fs::read_to_string(run_dir.join("manifest.json")).expect("the run manifest"),
+    )
+    .expect("JSON");
+    let saved = committed(&fixture);
+    let checkpoint = fixture.manifest(saved.last().expect("a checkpoint"));
+    let hash = run["recipe_hash"].as_str().expect("a recipe hash");
+    assert_eq!(hash.len(), 64, "{hash}");
+    assert_eq!(checkpoint["recipe_hash"].as_str(), Some(hash));
+}
+
 /// The exit-code table (README, `recipe` command): 1 an invalid recipe, 2 unreadable input or
 /// bad usage; 0 and 3 are checked by the runs above.
 #[test]

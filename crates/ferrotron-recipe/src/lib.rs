@@ -8,6 +8,7 @@
 mod degree;
 mod diagnostic;
 mod finding;
+mod identity;
 mod layers;
 mod loader;
 mod node;
@@ -21,6 +22,7 @@ mod yaml;
 pub use degree::Degree;
 pub use diagnostic::{Problem, RecipeErrors};
 pub use finding::{Finding, Severity};
+pub use identity::{canonical_hash, canonical_json};
 pub use layers::ENV_PREFIX;
 pub use loader::{LoadOptions, LoadedRecipe, load, load_str};
 pub use rules::check_rules;

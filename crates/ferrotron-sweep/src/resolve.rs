@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use ferrotron_plan::{Plan, PlanOptions};
 use ferrotron_recipe::{LoadOptions, Recipe, RecipeErrors};
-use ferrotron_telemetry::canonical_hash;
 
 use crate::expand::{MemberSpec, expand};
 use crate::paths::{absolute, map_paths, relative_to};
@@ -86,7 +85,7 @@ fn resolve_one(
     map_paths(&mut recipe, &|p| {
         absolute(cwd, Path::new(p)).display().to_string()
     });
-    let hash = recipe_hash(&recipe, sweep_dir)?;
+    let hash = recipe_hash(&recipe, sweep_dir);
     let vocab_size = match recipe.model.vocab_size {
         Some(vocab) => vocab,
         None => ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).map_err(|e| {
@@ -115,16 +114,14 @@ fn resolve_one(
 }
 
 /// The member's identity: its resolved recipe without run outputs, paths relative to the sweep.
-fn recipe_hash(recipe: &Recipe, sweep_dir: &Path) -> Result<String, Invalid> {
+fn recipe_hash(recipe: &Recipe, sweep_dir: &Path) -> String {
     let mut identity = recipe.clone();
     identity.checkpoint.dir = None;
     identity.logging.jsonl = None;
     map_paths(&mut identity, &|p| {
         relative_to(Path::new(p), sweep_dir).display().to_string()
     });
-    let json = serde_json::to_value(&identity)
-        .map_err(|e| Invalid::Other(format!("cannot serialise the resolved recipe: {e}")))?;
-    Ok(canonical_hash(&json))
+    identity.content_hash()
 }
 
 /// The member recipe as it is written into its directory: outputs inside `member_dir`, the

@@ -17,7 +17,6 @@ pub use error::TelemetryError;
 pub use jsonl::JsonlWriter;
 pub use manifest::{
     MANIFEST_FILE, MANIFEST_VERSION, ProgramInfo, RunDetails, RunManifest, RunStatus, WorldLayout,
-    canonical_hash, canonical_json,
 };
 pub use memory::process_memory_bytes;
 pub use metrics::{Metrics, StepMetrics};

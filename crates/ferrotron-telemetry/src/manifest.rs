@@ -12,6 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use ferrotron_recipe::canonical_hash;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -87,7 +88,8 @@ pub struct RunManifest {
     /// Exit status of the process; `None` while running.
     pub exit_code: Option<i32>,
     pub program: ProgramInfo,
-    /// blake3 of the canonical (key-sorted) JSON of `recipe`.
+    /// The recipe's identity (`ferrotron_recipe::canonical_hash`), the same hash every checkpoint
+    /// of the run records.
     pub recipe_hash: String,
     /// The plan's own `plan_hash`, else blake3 of its canonical JSON.
     pub plan_hash: String,
@@ -217,34 +219,6 @@ impl RunManifest {
         drop(file);
         fs::rename(&tmp, &self.path).map_err(err)
     }
-}
-
-/// blake3 (hex) of `value` serialized with every object's keys sorted, so the hash does not
-/// depend on field order.
-pub fn canonical_hash(value: &Value) -> String {
-    let canonical = canonical_json(value);
-    blake3::hash(canonical.as_bytes()).to_hex().to_string()
-}
-
-/// `value` as compact JSON with object keys sorted at every level.
-pub fn canonical_json(value: &Value) -> String {
-    fn sorted(value: &Value) -> Value {
-        match value {
-            Value::Object(map) => {
-                let mut entries: Vec<_> = map.iter().collect();
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-                Value::Object(
-                    entries
-                        .into_iter()
-                        .map(|(k, v)| (k.clone(), sorted(v)))
-                        .collect(),
-                )
-            }
-            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
-    sorted(value).to_string()
 }
 
 impl ProgramInfo {

@@ -31,7 +31,7 @@ pub use parallel::{
     train_threads_detailed,
 };
 pub use params::{NamedTensor, ParamEntry, load_named_tensors, named_tensors, param_entries};
-pub use resume::{ResumeState, load_for_inference, recipe_hash, resume_from, save_checkpoint};
+pub use resume::{ResumeState, load_for_inference, resume_from, save_checkpoint};
 pub use schedule::{LrSchedule, ScheduleUnit};
 pub use signal::StopFlag;
 pub use step::{Microbatch, StepContext, StepStats, evaluate, train_step};

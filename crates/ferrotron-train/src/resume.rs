@@ -151,12 +151,6 @@ pub fn write_recipe(dir: &Path, recipe: &Recipe) -> Result<(), TrainError> {
     std::fs::write(&path, text).map_err(|e| TrainError::io("write", &path, e))
 }
 
-/// blake3 of the recipe's JSON: a change of any value changes it.
-pub fn recipe_hash(recipe: &Recipe) -> String {
-    let json = serde_json::to_vec(recipe).expect("a recipe serializes");
-    blake3::hash(&json).to_hex().to_string()
-}
-
 /// The tokenizer with absolute paths, so a checkpoint samples from any working directory.
 pub(crate) fn absolute_tokenizer(
     tokenizer: &ferrotron_recipe::Tokenizer,

@@ -21,7 +21,7 @@ use super::manifest::{
 use super::store::CheckpointStore;
 use super::tensors::{ShardTensor, read_shard_specs, write_shard_file};
 use crate::TrainError;
-use crate::resume::{ResumeState, absolute_tokenizer, recipe_hash, write_recipe};
+use crate::resume::{ResumeState, absolute_tokenizer, write_recipe};
 
 /// What a checkpoint records besides the tensors.
 #[derive(Debug, Clone, Copy)]
@@ -148,7 +148,8 @@ fn finish(
         consumed_tokens: info.state.consumed_tokens,
         rng: RngInfo::per_iteration(recipe.training.seed),
         recipe_name: recipe.name.clone(),
-        recipe_hash: recipe_hash(recipe),
+        // the plan's recipe, as the run manifest hashes it: one identity for one run
+        recipe_hash: info.plan.recipe.content_hash(),
         plan_hash: info.plan.plan_hash.clone(),
         shape: info.shape.clone(),
         model: recipe.model.clone(),
