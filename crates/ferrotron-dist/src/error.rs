@@ -76,8 +76,6 @@ pub enum CommError {
     },
     #[error("rank {rank} is not a member of group {group}")]
     NotAMember { group: GroupLabel, rank: u32 },
-    #[error("the plan does not match this world: {detail}")]
-    PlanMismatch { detail: String },
 }
 
 /// Why [`crate::World::run`] failed: the first rank that failed, by rank.

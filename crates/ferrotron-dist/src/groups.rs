@@ -1,14 +1,31 @@
-//! A rank's process groups, built from the [`Plan`]'s rank grid.
+//! A rank's process groups from a plain description of their members.
 //!
-//! The planner already computed every group in Megatron's order (tp-cp-ep-dp-pp); this turns
-//! the ones containing this rank into communicators. It takes the world communicator rather
-//! than a bare rank number because a backend needs one to create sub-communicators (NCCL shares
-//! each group's unique id through it).
-
-use ferrotron_plan::Plan;
+//! The planner computes every group in Megatron's order (tp-cp-ep-dp-pp); the runtime hands
+//! this crate the members of the groups one rank belongs to ([`GroupMembers`]), so the
+//! communicators know nothing of plans. Building them takes the world communicator rather than a
+//! bare rank number because a backend needs one to create sub-communicators (NCCL shares each
+//! group's unique id through it).
 
 use crate::communicator::Communicator;
 use crate::error::CommError;
+
+/// The members (global ranks, in group order) of every group one rank belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupMembers {
+    pub tp: Vec<u32>,
+    pub pp: Vec<u32>,
+    /// Data parallel without context parallel ranks.
+    pub dp: Vec<u32>,
+    pub cp: Vec<u32>,
+    /// Data × context parallel: where dense gradients are reduced.
+    pub dp_cp: Vec<u32>,
+    pub ep: Vec<u32>,
+    pub etp: Vec<u32>,
+    /// Expert data parallel: where expert gradients are reduced.
+    pub edp: Vec<u32>,
+    /// First and last pipeline stage (tied embeddings); `None` on middle stages.
+    pub embedding: Option<Vec<u32>>,
+}
 
 /// This rank's communicators, one per kind of group (Megatron's `parallel_state`).
 #[derive(Debug)]
@@ -29,33 +46,20 @@ pub struct ProcessGroups<C> {
 }
 
 impl<C: Communicator> ProcessGroups<C> {
-    pub fn from_plan(plan: &Plan, world: &C) -> Result<ProcessGroups<C>, CommError> {
-        if plan.world_size as usize != world.size() {
-            return Err(CommError::PlanMismatch {
-                detail: format!(
-                    "the plan has {} ranks, the world {}",
-                    plan.world_size,
-                    world.size()
-                ),
-            });
-        }
-        let rank = world.global_rank();
-        let Some(mine) = plan.groups_of(rank) else {
-            return Err(CommError::PlanMismatch {
-                detail: format!("rank {rank} is not in the plan's rank table"),
-            });
-        };
+    /// The communicators of `members` (which must each contain this rank) over `world`.
+    pub fn new(members: &GroupMembers, world: &C) -> Result<ProcessGroups<C>, CommError> {
         Ok(ProcessGroups {
-            tp: world.new_group("tp", mine.tp)?,
-            pp: world.new_group("pp", mine.pp)?,
-            dp: world.new_group("dp", mine.dp)?,
-            cp: world.new_group("cp", mine.cp)?,
-            dp_cp: world.new_group("dp_cp", mine.dp_cp)?,
-            ep: world.new_group("ep", mine.ep)?,
-            etp: world.new_group("etp", mine.etp)?,
-            edp: world.new_group("edp", mine.edp)?,
-            embedding: mine
+            tp: world.new_group("tp", &members.tp)?,
+            pp: world.new_group("pp", &members.pp)?,
+            dp: world.new_group("dp", &members.dp)?,
+            cp: world.new_group("cp", &members.cp)?,
+            dp_cp: world.new_group("dp_cp", &members.dp_cp)?,
+            ep: world.new_group("ep", &members.ep)?,
+            etp: world.new_group("etp", &members.etp)?,
+            edp: world.new_group("edp", &members.edp)?,
+            embedding: members
                 .embedding
+                .as_deref()
                 .map(|ranks| world.new_group("embedding", ranks))
                 .transpose()?,
         })

@@ -5,8 +5,9 @@
 //! need. Implementations sit behind it: [`ThreadComm`], one OS thread per rank in one process
 //! (tests, CPU runs, the equivalence tests of every layout); [`TcpComm`], one process per rank
 //! over TCP (Slurm and torchrun-style launches on CPU, keeping the same bit-identical reductions);
-//! and later a NCCL one, one process per GPU. [`ProcessGroups::from_plan`] gives a rank its
-//! tp/pp/dp/cp/ep/edp/embedding communicators from the planner's rank grid.
+//! and later a NCCL one, one process per GPU. [`ProcessGroups::new`] gives a rank its
+//! tp/pp/dp/cp/ep/edp/embedding communicators from the members of its groups ([`GroupMembers`],
+//! which the runtime takes from the plan: this crate knows nothing of plans).
 //!
 //! Two promises matter more than speed: reductions are deterministic (summed in rank order, so
 //! a parallel run can be compared bit for bit with a sequential reference), and nothing hangs
@@ -33,7 +34,7 @@ mod tests;
 pub use communicator::Communicator;
 pub use element::{DType, Element, ReduceOp};
 pub use error::{CommError, GroupLabel, WorldError};
-pub use groups::ProcessGroups;
+pub use groups::{GroupMembers, ProcessGroups};
 pub use half::bf16;
 pub use tcp_comm::{DEFAULT_CONNECT_TIMEOUT, TcpComm, TcpConfig};
 pub use tcp_comm_mesh::TcpError;

@@ -10,12 +10,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use ferrotron_plan::Plan;
-
 use crate::communicator::Communicator;
 use crate::error::{CommError, GroupLabel, WorldError};
 use crate::fabric::Fabric;
-use crate::groups::ProcessGroups;
+use crate::groups::{GroupMembers, ProcessGroups};
 use crate::thread_comm::ThreadComm;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -50,9 +48,9 @@ impl RankContext {
         &self.world
     }
 
-    /// This rank's tp/pp/dp/cp/ep/edp/embedding communicators from `plan`.
-    pub fn groups(&self, plan: &Plan) -> Result<ProcessGroups<ThreadComm>, CommError> {
-        ProcessGroups::from_plan(plan, &self.world)
+    /// This rank's tp/pp/dp/cp/ep/edp/embedding communicators over `members`.
+    pub fn groups(&self, members: &GroupMembers) -> Result<ProcessGroups<ThreadComm>, CommError> {
+        ProcessGroups::new(members, &self.world)
     }
 }
 

@@ -79,12 +79,6 @@ pub struct Capacity {
 }
 
 impl ModelConfig {
-    /// The model a plan describes: its resolved recipe's model section, with the plan's real
-    /// and padded vocabulary sizes.
-    pub fn from_plan(plan: &ferrotron_plan::Plan) -> Result<Self, ModelError> {
-        Self::resolve(&plan.recipe.model, plan.vocab_size, plan.padded_vocab_size)
-    }
-
     /// Resolve a recipe's model section for an embedding of `padded_vocab_size` rows. The real
     /// vocabulary is `model.vocab_size`, or every row when the recipe leaves it to the tokenizer;
     /// use [`Self::from_model_with_vocab`] when the tokenizer's size is known.

@@ -61,5 +61,6 @@ mod tests {
             canonical_hash(&a),
             canonical_hash(&json!({"a": 1, "b": {"c": [2, 1], "d": null}}))
         );
+        assert_eq!(canonical_json(&b), r#"{"a":1,"b":{"c":[1,2],"d":null}}"#);
     }
 }

@@ -27,8 +27,8 @@ pub use adamw::{AdamW, AdamWConfig, EXP_AVG, EXP_AVG_SQ};
 pub use clip::{clip_coefficient, global_grad_norm};
 pub use error::TrainError;
 pub use parallel::{
-    GRAD_BUCKET_ELEMENTS, RankOutcome, schedule as pipeline_schedule, train_rank, train_threads,
-    train_threads_detailed,
+    GRAD_BUCKET_ELEMENTS, RankOutcome, group_members, schedule as pipeline_schedule, train_rank,
+    train_threads, train_threads_detailed,
 };
 pub use params::{NamedTensor, ParamEntry, load_named_tensors, named_tensors, param_entries};
 pub use resume::{ResumeState, load_for_inference, resume_from, save_checkpoint};

@@ -143,7 +143,10 @@ fn train_process_rank(
             env.rank, config.master_addr, config.master_port
         )
     })?;
-    let groups = match ferrotron_dist::ProcessGroups::from_plan(plan, &world) {
+    let groups = ferrotron_train::group_members(plan, env.rank, env.world_size as usize)
+        .map_err(anyhow::Error::from)
+        .and_then(|members| Ok(ferrotron_dist::ProcessGroups::new(&members, &world)?));
+    let groups = match groups {
         Ok(groups) => groups,
         Err(err) => {
             world.abort(&err.to_string());

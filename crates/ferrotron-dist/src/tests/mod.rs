@@ -1,9 +1,8 @@
-//! Multi-rank tests: every collective on 1–4 thread ranks, failures, determinism, plan groups.
+//! Multi-rank tests: every collective on 1–4 thread ranks, failures, determinism, groups.
 
 mod collectives;
 mod determinism;
 mod failures;
-mod plan_groups;
 mod tcp;
 mod tcp_process;
 

@@ -7,13 +7,12 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ferrotron_plan::{PlanOptions, plan};
-use ferrotron_recipe::{Cluster, GpuKind, Recipe};
 use half::bf16;
-use serde_json::json;
 
 use super::on_ranks;
-use crate::{CommError, Communicator, ProcessGroups, ReduceOp, TcpComm, TcpConfig, TcpError};
+use crate::{
+    CommError, Communicator, GroupMembers, ProcessGroups, ReduceOp, TcpComm, TcpConfig, TcpError,
+};
 
 /// Runs `body` on `n` ranks, each a thread holding its own TCP world on 127.0.0.1; returns every
 /// rank's result in rank order.
@@ -151,36 +150,31 @@ fn large_all_reduce_is_the_rank_order_sum() {
     }
 }
 
-fn tiny_plan() -> ferrotron_plan::Plan {
-    let recipe: Recipe = serde_json::from_value(json!({
-        "version": 1,
-        "name": "tcp-test",
-        "model": {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
-                  "seq_length": 32, "max_position_embeddings": 32, "vocab_size": 256},
-        "parallel": {"tensor": 2, "pipeline": 2},
-        "training": {"micro_batch_size": 1, "global_batch_size": 8, "train_iters": 1},
-    }))
-    .expect("the test recipe deserializes");
-    let options = PlanOptions {
-        cluster: Some(Cluster {
-            nodes: 1,
-            gpus_per_node: 8,
-            gpu: GpuKind::Cpu,
-        }),
-        vocab_size: 256,
-    };
-    plan(&recipe, &options).unwrap_or_else(|findings| panic!("plans: {findings:?}"))
+/// The groups of `rank` in a tp2·pp2·dp2 world of 8, in Megatron's order (tp-cp-ep-dp-pp:
+/// rank = tp + 2·dp + 4·pp), written out as the planner would give them.
+fn tp2_pp2_dp2_members(rank: u32) -> GroupMembers {
+    let (tp, dp, pp) = (rank % 2, rank / 2 % 2, rank / 4);
+    let at = |tp: u32, dp: u32, pp: u32| tp + 2 * dp + 4 * pp;
+    let tp_group = vec![at(0, dp, pp), at(1, dp, pp)];
+    let dp_group = vec![at(tp, 0, pp), at(tp, 1, pp)];
+    let pp_group = vec![at(tp, dp, 0), at(tp, dp, 1)];
+    GroupMembers {
+        tp: tp_group.clone(),
+        pp: pp_group.clone(),
+        dp: dp_group.clone(),
+        cp: vec![rank],
+        dp_cp: dp_group.clone(),
+        ep: vec![rank],
+        etp: tp_group,
+        edp: dp_group,
+        embedding: Some(pp_group),
+    }
 }
 
 #[test]
-fn plan_groups_gather_exactly_their_members() {
-    let plan = tiny_plan();
-    assert_eq!(
-        (plan.degrees.tp, plan.degrees.pp, plan.degrees.dp),
-        (2, 2, 2)
-    );
+fn groups_gather_exactly_their_members() {
     let results = all_ok(on_tcp_ranks(8, LONG, |world| {
-        let groups = ProcessGroups::from_plan(&plan, &world)?;
+        let groups = ProcessGroups::new(&tp2_pp2_dp2_members(world.global_rank()), &world)?;
         let mut seen = Vec::new();
         for group in [&groups.tp, &groups.pp, &groups.dp, &groups.dp_cp] {
             let mut out = vec![0u32; group.size()];

@@ -56,7 +56,12 @@ fn the_tiny_preset_runs_from_its_plan() {
         vocab_size: recipe.model.vocab_size.unwrap_or(GPT2_VOCAB),
     };
     let plan = plan(&recipe, &options).unwrap_or_else(|findings| panic!("{findings:?}"));
-    let config = ModelConfig::from_plan(&plan).expect("the tiny preset builds");
+    let config = ModelConfig::from_model_with_vocab(
+        &plan.recipe.model,
+        plan.vocab_size,
+        plan.padded_vocab_size,
+    )
+    .expect("the tiny preset builds");
     assert_eq!(config.padded_vocab_size, plan.padded_vocab_size as usize);
     let device = Default::default();
     Cpu::seed(&device, 0);

@@ -5,13 +5,20 @@
 use std::path::{Path, PathBuf};
 
 use burn::module::ParamId;
-use ferrotron_dist::World;
+use ferrotron_dist::{CommError, ProcessGroups, RankContext, ThreadComm, World};
 use ferrotron_parallel::{ParallelContext, ParamRole, ShardSpec, Split};
 use ferrotron_plan::{Plan, PlanOptions};
 use ferrotron_recipe::{Cluster, GpuKind, Recipe};
 
 use super::*;
 use crate::resume::ResumeState;
+
+/// `rank`'s groups from `plan`, as the runtime builds them.
+fn rank_groups(plan: &Plan, rank: &RankContext) -> Result<ProcessGroups<ThreadComm>, CommError> {
+    let members = crate::group_members(plan, rank.rank(), rank.world_size() as usize)
+        .unwrap_or_else(|e| panic!("rank {}: {e}", rank.rank()));
+    rank.groups(&members)
+}
 
 fn recipe() -> Recipe {
     serde_json::from_value(serde_json::json!({
@@ -81,7 +88,7 @@ fn save_tp2_dp2(root: &Path) -> PathBuf {
     let store = CheckpointStore::new(root.join("ckpt"), None);
     let folders = World::new(4)
         .run(|rank| {
-            let ctx = ParallelContext::from_groups(rank.groups(&plan)?, false);
+            let ctx = ParallelContext::from_groups(rank_groups(&plan, &rank)?, false);
             let mine: Vec<ParamRole> = roles(&ctx)
                 .into_iter()
                 .filter(|r| is_primary_replica(r, &ctx))
@@ -268,7 +275,7 @@ fn a_failing_rank_fails_every_rank_and_commits_nothing() {
     let store = CheckpointStore::new(root.path().join("ckpt"), None);
     let outcomes = std::sync::Mutex::new(Vec::new());
     let _ = World::new(4).run(|rank| {
-        let ctx = ParallelContext::from_groups(rank.groups(&plan)?, false);
+        let ctx = ParallelContext::from_groups(rank_groups(&plan, &rank)?, false);
         // Rank 2 claims two shards of one tensor, which the file writer refuses.
         let spec = ShardSpec::full("layer.bias", vec![6]);
         let model = if rank.rank() == 2 {
@@ -588,7 +595,7 @@ fn the_tied_embedding_is_written_by_the_first_stage_only() {
     .expect("pp2 plans");
     let writes = World::new(2)
         .run(|rank| {
-            let ctx = ParallelContext::from_groups(rank.groups(&plan)?, false);
+            let ctx = ParallelContext::from_groups(rank_groups(&plan, &rank)?, false);
             let mut role = ParamRole::new(
                 ParamId::new(),
                 ShardSpec::full("embedding.weight", vec![64, 8]),

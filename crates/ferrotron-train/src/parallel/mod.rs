@@ -11,6 +11,7 @@ mod grad_sync;
 mod host;
 mod norm;
 mod pipeline;
+mod plan_groups;
 mod rank_checkpoint;
 mod rank_loop;
 mod rank_model;
@@ -21,5 +22,6 @@ mod threads;
 mod tests;
 
 pub use flat::GRAD_BUCKET_ELEMENTS;
+pub use plan_groups::group_members;
 pub use rank_loop::{RankOutcome, train_rank};
 pub use threads::{train_threads, train_threads_detailed};

@@ -11,6 +11,7 @@ use ferrotron_parallel::{ParallelContext, ParallelOps};
 use ferrotron_plan::Plan;
 
 use super::grad_sync::comm_error;
+use super::plan_groups::group_members;
 use super::rank_loop::{RankOutcome, run_rank};
 use crate::setup::{RunSetup, use_cpu_threads};
 use crate::{RunOptions, RunSummary, TrainError};
@@ -57,8 +58,9 @@ where
         .run(|rank| {
             let span = tracing::info_span!("rank", rank = rank.rank());
             let _entered = span.enter();
+            let members = group_members(plan, rank.rank(), rank.world_size() as usize)?;
             let groups = rank
-                .groups(plan)
+                .groups(&members)
                 .map_err(|e| comm_error("building this rank's process groups", e))?;
             let ctx = ParallelContext::from_groups(groups, sequence_parallel);
             run_rank::<B>(plan, ctx, options, &setup, device)

@@ -15,6 +15,7 @@
 mod equivalence;
 mod fixture;
 mod optimizer;
+mod plan_groups;
 mod resume;
 mod stops;
 

@@ -1,11 +1,33 @@
 //! Process groups from a real plan: each group's collectives involve exactly its members.
 
+use std::time::Duration;
+
+use ferrotron_dist::{
+    CommError, Communicator, ProcessGroups, RankContext, ReduceOp, ThreadComm, World,
+};
 use ferrotron_plan::{Plan, PlanOptions, plan};
 use ferrotron_recipe::{Cluster, GpuKind, Recipe};
 use serde_json::json;
 
-use super::on_ranks;
-use crate::{Communicator, ProcessGroups, ReduceOp, ThreadComm, World};
+use crate::{TrainError, group_members};
+
+/// Runs `body` on `n` thread ranks; the results in rank order.
+fn on_ranks<R: Send>(n: u32, body: impl Fn(RankContext) -> Result<R, CommError> + Sync) -> Vec<R> {
+    World::new(n)
+        .with_timeout(Duration::from_secs(10))
+        .run(body)
+        .unwrap_or_else(|err| panic!("{n} ranks: {err}"))
+}
+
+/// This rank's groups from `plan`, as the runtime builds them.
+fn groups_from_plan(
+    plan: &Plan,
+    ctx: &RankContext,
+) -> Result<ProcessGroups<ThreadComm>, CommError> {
+    let members = group_members(plan, ctx.rank(), ctx.world_size() as usize)
+        .unwrap_or_else(|e| panic!("rank {}: {e}", ctx.rank()));
+    ctx.groups(&members)
+}
 
 /// A tiny GPT on 8 CPU ranks with the given `parallel` section.
 fn tiny_plan(parallel: serde_json::Value, moe: Option<serde_json::Value>) -> Plan {
@@ -53,7 +75,7 @@ fn named(groups: &ProcessGroups<ThreadComm>) -> Vec<(&'static str, &ThreadComm)>
 /// On every rank, all-gathers and all-reduces the global rank over each of its groups.
 fn exercise(plan: &Plan) -> Vec<Vec<(&'static str, Vec<u32>, u32)>> {
     on_ranks(plan.world_size, |ctx| {
-        let groups = ctx.groups(plan)?;
+        let groups = groups_from_plan(plan, &ctx)?;
         let mut seen = Vec::new();
         for (name, comm) in named(&groups) {
             let mut gathered = vec![0u32; comm.size()];
@@ -121,14 +143,10 @@ fn expert_groups_of_a_moe_plan_talk_only_to_their_members() {
 #[test]
 fn a_plan_for_another_world_size_is_rejected() {
     let plan = tiny_plan(json!({"tensor": 2, "pipeline": 2}), None);
-    let err = World::new(4)
-        .run(|ctx| ctx.groups(&plan).map(drop))
-        .expect_err("8-rank plan on 4 ranks");
-    // Every rank fails the same way; whichever was first is reported.
+    let err = group_members(&plan, 0, 4).expect_err("8-rank plan on 4 ranks");
     assert!(
-        err.to_string().ends_with(
-            " failed: the plan does not match this world: the plan has 8 ranks, the world 4"
-        ),
+        matches!(&err, TrainError::Config(message)
+            if message.ends_with("the plan does not match this world: the plan has 8 ranks, the world 4")),
         "{err}"
     );
 }
