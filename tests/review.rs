@@ -552,6 +552,63 @@ fn validate_refuses_a_newer_format() {
     );
 }
 
+/// The version is per file of an `extends` chain: a base that declares an old format is named,
+/// at its own `version:` line; a file without `version:` inherits its base's.
+#[test]
+fn an_old_base_is_reported_in_the_base_and_versions_are_inherited() {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let dir = temp.path();
+    let base = GOOD_RECIPE.replace("name: good\n", "");
+    std::fs::write(
+        dir.join("old-base.yaml"),
+        base.replace("version: 1", "version: 0"),
+    )
+    .expect("write");
+    std::fs::write(dir.join("base.yaml"), &base).expect("write");
+    std::fs::write(
+        dir.join("top.yaml"),
+        "extends: old-base.yaml\nversion: 1\nname: top\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("inherits.yaml"),
+        "extends: base.yaml\nname: inherits\n",
+    )
+    .expect("write");
+    let output = recipe_in(
+        dir,
+        &["validate", "--format", "json", "top.yaml", "inherits.yaml"],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    let json = json.as_array().expect("list");
+    assert_eq!(json.len(), 1, "{json:?}");
+    assert_eq!(json[0]["code"], "recipe::format-version");
+    assert_eq!(json[0]["file"], "old-base.yaml");
+    assert_eq!(json[0]["line"], 1);
+    assert_eq!(json[0]["recipe"], "top.yaml");
+    let ok = recipe_in(dir, &["validate", "inherits.yaml"]);
+    assert!(
+        stdout(&ok).contains("ok: inherits.yaml (format version 1)"),
+        "{}",
+        stdout(&ok)
+    );
+    // migrate leaves an inheriting file alone and fixes the old base in place.
+    let inherits = recipe_in(dir, &["migrate", "--check", "inherits.yaml"]);
+    assert_eq!(inherits.status.code(), Some(0), "{}", stderr(&inherits));
+    let fixed = recipe_in(dir, &["migrate", "--write", "old-base.yaml"]);
+    assert_eq!(fixed.status.code(), Some(0), "{}", stderr(&fixed));
+    assert!(
+        std::fs::read_to_string(dir.join("old-base.yaml"))
+            .expect("read")
+            .starts_with("version: 1\n")
+    );
+    assert_eq!(
+        recipe_in(dir, &["validate", "top.yaml"]).status.code(),
+        Some(0)
+    );
+}
+
 #[test]
 fn migrate_shows_a_diff_then_writes_a_valid_recipe() {
     let original = std::fs::read_to_string(repo().join(V0)).expect("fixture");
