@@ -44,6 +44,10 @@ enum Command {
     Sweep(commands::sweep::Args),
     /// Draw charts and a markdown summary of runs from their metrics files.
     Report(commands::report::Args),
+    /// Compare two recipes (files or `REV:path`) field by field, with the plan impact.
+    Diff(commands::diff::Args),
+    /// Rewrite recipes in an older format version into the current one.
+    Migrate(commands::migrate::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +63,8 @@ fn main() -> ExitCode {
         Command::Submit(args) => commands::submit::run(args),
         Command::Sweep(args) => commands::sweep::run(args),
         Command::Report(args) => commands::report::run(args),
+        Command::Diff(args) => commands::diff::run(args),
+        Command::Migrate(args) => commands::migrate::run(args),
     };
     match result {
         Ok(code) => code,

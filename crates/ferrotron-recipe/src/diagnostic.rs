@@ -20,8 +20,46 @@ struct Anchor {
     line: usize,
     column: usize,
     source: NamedSource<Arc<String>>,
+    text: Arc<String>,
     offset: usize,
     len: usize,
+}
+
+/// Where a problem points, as CI tools want it: the file as named in the load, the 1-based
+/// start line and column, and the end of the span (the line and the column just past its last
+/// character, SARIF's convention). Columns count characters, as the parser does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Location {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub end_line: usize,
+    pub end_column: usize,
+}
+
+impl Anchor {
+    fn location(&self) -> Location {
+        let end = (self.offset + self.len).min(self.text.len());
+        let start = self.offset.min(end);
+        // A span that ends in whitespace (a block value and its newline) ends at its last
+        // visible character.
+        let trimmed = start + self.text[start..end].trim_end().len();
+        let (end_line, end_column) = if trimmed <= start {
+            (self.line, self.column)
+        } else {
+            let before = &self.text[..trimmed];
+            let line = self.line + self.text[start..trimmed].matches('\n').count();
+            let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+            (line, before[line_start..].chars().count() + 1)
+        };
+        Location {
+            file: self.file.clone(),
+            line: self.line,
+            column: self.column,
+            end_line,
+            end_column,
+        }
+    }
 }
 
 /// One problem in a recipe.
@@ -83,6 +121,7 @@ impl Problem {
                     line: p.line,
                     column: p.column,
                     source: file.named_source(),
+                    text: Arc::clone(&file.text),
                     offset: p.offset,
                     len: p.len,
                 });
@@ -119,6 +158,16 @@ impl Problem {
         self.anchor
             .as_ref()
             .map(|a| (a.file.as_str(), a.line, a.column))
+    }
+
+    /// The span the problem points at, with its end, when it points into a file.
+    pub fn location(&self) -> Option<Location> {
+        self.anchor.as_ref().map(Anchor::location)
+    }
+
+    /// The layer that set the offending value when it is not a file (`--set ..`, `env ..`).
+    pub fn layer(&self) -> Option<&str> {
+        self.layer.as_deref()
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -284,6 +333,7 @@ pub(crate) mod codes {
     pub const UNSUPPORTED: &str = "yaml::unsupported";
     pub const EXTENDS: &str = "recipe::extends";
     pub const OVERRIDE: &str = "recipe::override";
+    pub const FORMAT_VERSION: &str = "recipe::format-version";
     pub const UNKNOWN_KEY: &str = "schema::unknown-key";
     pub const MISSING_KEY: &str = "schema::missing-key";
     pub const TYPE: &str = "schema::type";

@@ -8,6 +8,7 @@
 mod degree;
 mod diagnostic;
 mod finding;
+mod formats;
 mod identity;
 mod layers;
 mod loader;
@@ -17,14 +18,23 @@ mod rules;
 mod schema;
 mod source;
 mod types;
+mod version;
 mod yaml;
 
 pub use degree::Degree;
-pub use diagnostic::{Problem, RecipeErrors};
+pub use diagnostic::{Location, Problem, RecipeErrors};
 pub use finding::{Finding, Severity};
+pub use formats::{
+    Checked, github_annotations, github_escape_data, github_escape_property, relative_path,
+    sarif_log,
+};
 pub use identity::{canonical_hash, canonical_json};
 pub use layers::ENV_PREFIX;
-pub use loader::{LoadOptions, LoadedRecipe, load, load_str};
+pub use loader::{FileSystem, LoadOptions, LoadedRecipe, SourceReader, load, load_str, load_with};
 pub use rules::check_rules;
 pub use schema::{json_schema, json_schema_pretty};
 pub use types::*;
+pub use version::{
+    Change, Migration, OLDEST_FORMAT_VERSION, Rename, STEPS, Step, ValueChange, inherited_version,
+    migrate_text, unified_diff,
+};

@@ -30,10 +30,45 @@ pub struct LoadedRecipe {
     warnings: Vec<Problem>,
 }
 
+/// Where the loader reads recipe files from: the file system, or (for `recipe diff REV:path`)
+/// a git revision. `extends:` paths are joined to the including file's directory first, so a
+/// reader only ever sees the path a file would have in a checkout.
+pub trait SourceReader {
+    /// The text of the recipe file at `path`.
+    fn read(&self, path: &Path) -> std::io::Result<String>;
+    /// The name diagnostics and origins show for `path` (`recipes/a.yaml`, `main:recipes/a.yaml`).
+    fn display_name(&self, path: &Path) -> String {
+        path.display().to_string()
+    }
+    /// What makes two paths the same file, to detect `extends` cycles.
+    fn identity(&self, path: &Path) -> PathBuf {
+        std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+    }
+}
+
+/// Recipe files on disk.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FileSystem;
+
+impl SourceReader for FileSystem {
+    fn read(&self, path: &Path) -> std::io::Result<String> {
+        std::fs::read_to_string(path)
+    }
+}
+
 /// Load a recipe file. Relative paths inside a file are resolved against that file's directory.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedRecipe, RecipeErrors> {
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    load_with(path, opts, &FileSystem)
+}
+
+/// [`load`], reading the file and its `extends:` chain through `reader`.
+pub fn load_with(
+    path: &Path,
+    opts: &LoadOptions,
+    reader: &dyn SourceReader,
+) -> Result<LoadedRecipe, RecipeErrors> {
+    let name = reader.display_name(path);
+    let text = reader.read(path).map_err(|e| {
         RecipeErrors::new(
             &name,
             vec![
@@ -43,14 +78,14 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedRecipe, RecipeError
         )
     })?;
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let identity = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    Loader::default().run(name, dir, identity, text, opts)
+    let identity = reader.identity(path);
+    Loader::new(reader).run(name, dir, identity, text, opts)
 }
 
 /// Load a recipe from text; `extends:` and relative paths resolve against the current directory.
 pub fn load_str(name: &str, text: &str, opts: &LoadOptions) -> Result<LoadedRecipe, RecipeErrors> {
     let identity = PathBuf::from(format!("<{name}>"));
-    Loader::default().run(
+    Loader::new(&FileSystem).run(
         name.to_owned(),
         PathBuf::new(),
         identity,
@@ -59,13 +94,21 @@ pub fn load_str(name: &str, text: &str, opts: &LoadOptions) -> Result<LoadedReci
     )
 }
 
-#[derive(Default)]
-struct Loader {
+struct Loader<'r> {
+    reader: &'r dyn SourceReader,
     files: Vec<SourceFile>,
     problems: Vec<Problem>,
 }
 
-impl Loader {
+impl<'r> Loader<'r> {
+    fn new(reader: &'r dyn SourceReader) -> Self {
+        Loader {
+            reader,
+            files: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+
     fn run(
         mut self,
         name: String,
@@ -81,6 +124,18 @@ impl Loader {
         let Some(mut tree) = tree else {
             return Err(RecipeErrors::new(name, self.problems));
         };
+        // A recipe in another format version is not checked further: its keys mean something
+        // else, and every renamed key would be reported as unknown. One error says what to do.
+        if let Some(problem) = crate::version::check_merged(&tree, &self.files, top) {
+            self.problems.push(problem);
+        }
+        if self
+            .problems
+            .iter()
+            .any(|p| p.code() == codes::FORMAT_VERSION)
+        {
+            return Err(RecipeErrors::new(name, self.problems));
+        }
         let mut all = if opts.use_env {
             layers::from_env(&crate::schema::allowed_keys(""))
         } else {
@@ -149,6 +204,9 @@ impl Loader {
         let (root, problems) = crate::yaml::parse(&self.files, file);
         self.problems.extend(problems);
         let mut root = root?;
+        if let Some(problem) = crate::version::check_file(&root, &self.files, file) {
+            self.problems.push(problem);
+        }
         match root.value {
             NodeValue::Map(_) => {}
             NodeValue::Null => {
@@ -202,11 +260,14 @@ impl Loader {
             );
             None
         };
-        let text = match std::fs::read_to_string(&path) {
+        let text = match self.reader.read(&path) {
             Ok(text) => text,
             Err(e) => {
                 return fail(
-                    format!("cannot read base recipe `{}`: {e}", path.display()),
+                    format!(
+                        "cannot read base recipe `{}`: {e}",
+                        self.reader.display_name(&path)
+                    ),
                     format!(
                         "`extends` is relative to the directory of `{}`",
                         self.files[file].name
@@ -215,7 +276,7 @@ impl Loader {
                 );
             }
         };
-        let identity = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        let identity = self.reader.identity(&path);
         if let Some(start) = stack.iter().position(|p| *p == identity) {
             let mut chain: Vec<String> = stack[start..]
                 .iter()
@@ -234,7 +295,7 @@ impl Loader {
             );
         }
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let base = self.add_file(path.display().to_string(), base_dir, text);
+        let base = self.add_file(self.reader.display_name(&path), base_dir, text);
         stack.push(identity);
         let base_tree = self.read_chain(base, stack);
         stack.pop();

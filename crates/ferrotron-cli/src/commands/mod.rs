@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
 pub mod backend;
+pub mod diff;
+pub mod migrate;
 pub mod plan;
 pub mod preprocess;
 pub mod report;

@@ -1,5 +1,6 @@
 //! `recipe validate FILE...`: every problem of every file at once, for people (rustc-style
-//! snippets) and for CI (JSON). Exit 0: all valid; 1: some invalid; 2: usage or unreadable file.
+//! snippets) and for CI (JSON, GitHub Actions annotations, SARIF). Exit 0: all valid; 1: some
+//! invalid; 2: usage or unreadable file.
 //!
 //! The recipe crate checks the schema and its own semantic rules while loading; the planner's
 //! layout rules run here on the loaded recipe and come back located through the same source map.
@@ -8,7 +9,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ferrotron_recipe::{LoadOptions, Problem, Severity, load};
+use ferrotron_recipe::{Checked, LoadOptions, Problem, Severity, load};
 use miette::{GraphicalReportHandler, GraphicalTheme};
 
 #[derive(Debug, clap::Args)]
@@ -19,7 +20,8 @@ pub struct Args {
     /// Override a key before checking, e.g. `--set model.hidden_size=2048` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Output: rustc-style diagnostics, or one JSON object per diagnostic.
+    /// Output: rustc-style diagnostics, one JSON object per diagnostic, GitHub Actions workflow
+    /// commands (`::error file=..,line=..::..`, annotating a pull request), or a SARIF 2.1.0 log.
     #[arg(long, value_enum, default_value_t = Format::Human)]
     format: Format,
     /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
@@ -31,6 +33,8 @@ pub struct Args {
 enum Format {
     Human,
     Json,
+    Github,
+    Sarif,
 }
 
 /// What checking one file gave.
@@ -38,6 +42,8 @@ struct Outcome {
     file: String,
     problems: Vec<Problem>,
     unreadable: bool,
+    /// The recipe's format version, when it loaded.
+    version: Option<u32>,
 }
 
 impl Outcome {
@@ -58,6 +64,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.format {
         Format::Human => print_human(&outcomes),
         Format::Json => print_json(&outcomes)?,
+        Format::Github | Format::Sarif => {
+            let checked: Vec<Checked<'_>> = outcomes
+                .iter()
+                .map(|o| Checked {
+                    recipe: &o.file,
+                    problems: &o.problems,
+                })
+                .collect();
+            let cwd = std::env::current_dir().unwrap_or_default();
+            if args.format == Format::Github {
+                print!("{}", ferrotron_recipe::github_annotations(&checked, &cwd));
+            } else {
+                let log = ferrotron_recipe::sarif_log(&checked, env!("CARGO_PKG_VERSION"), &cwd);
+                println!("{}", serde_json::to_string_pretty(&log)?);
+            }
+        }
     }
     Ok(if outcomes.iter().any(|o| o.unreadable) {
         ExitCode::from(2)
@@ -81,12 +103,14 @@ fn check_file(path: &std::path::Path, opts: &LoadOptions) -> Outcome {
                 file,
                 problems,
                 unreadable: false,
+                version: Some(loaded.recipe.version),
             }
         }
         Err(errors) => Outcome {
             file,
             unreadable: errors.is_unreadable(),
             problems: errors.problems().to_vec(),
+            version: None,
         },
     }
 }
@@ -121,9 +145,12 @@ fn print_human(outcomes: &[Outcome]) {
         let errors = outcome.errors();
         let warnings = outcome.problems.len() - errors;
         let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+        let version = outcome
+            .version
+            .map_or_else(String::new, |v| format!("format version {v}"));
         match (errors, warnings) {
-            (0, 0) => println!("ok: {}", outcome.file),
-            (0, w) => println!("ok: {} ({})", outcome.file, plural(w, "warning")),
+            (0, 0) => println!("ok: {} ({version})", outcome.file),
+            (0, w) => println!("ok: {} ({version}, {})", outcome.file, plural(w, "warning")),
             (e, 0) => println!("invalid: {} ({})", outcome.file, plural(e, "error")),
             (e, w) => println!(
                 "invalid: {} ({}, {})",
