@@ -196,7 +196,7 @@ pub(crate) fn run_map(
     p.int(scalars.i[0]).int(scalars.i[1]);
     launch(
         device,
-        &spec.source(),
+        &spec,
         grid_for(n as u64, BLOCK),
         BLOCK,
         &p,
@@ -701,6 +701,12 @@ pub fn arange(
         "",
     )?;
     Ok(out)
+}
+
+impl super::KernelSpec for MapSpec {
+    fn source(&self) -> String {
+        MapSpec::source(self)
+    }
 }
 
 #[cfg(test)]
