@@ -76,9 +76,9 @@ big=(--world-size 1 --set checkpoint.dir=null --set parallel.data=1 --set parall
     --set training.eval_interval=1000 --set 'data.blend=[{path: recipes/data/shakespeare.jsonl}]')
 
 if [[ $skip != *4* ]]; then
-    step "(4a) gpt-350m, 3 steps with per-op GPU timing"
+    step "(4a) gpt-350m, ${STEPS_T:-6} steps (micro batch 4, one microbatch) with per-op GPU timing"
     FERROTRON_OP_TIMING="$OUT/op-timing-350m.md" timeout 240 "$dist/recipe" run recipes/gpt-350m.yaml \
-        --backend cuda --run-dir /tmp/t350 "${big[@]}" --set training.train_iters=3 \
+        --backend cuda --run-dir /tmp/t350 "${big[@]}" --set training.train_iters=${STEPS_T:-6} --set training.schedule.warmup_iters=1 \
         --set training.global_batch_size=4 --set training.micro_batch_size=4 >"$OUT/timing-350m.log" 2>&1
     echo "exit $?"
     tail -4 "$OUT/timing-350m.log" | cut -c1-300
@@ -89,17 +89,39 @@ if [[ $skip != *4* ]]; then
     echo "exit $?"
     tail -30 "$OUT/train/gpu-train.md" 2>/dev/null
     tail -6 /tmp/ferrotron-gpu-train/logs/gpt-350m-bf16.log 2>/dev/null | cut -c1-300
+    if [[ ${DROPOUT0_350:-0} == 1 ]]; then
+        step "(4c) gpt-350m, dropout 0, micro batch 4 x 2"
+        timeout 240 "$dist/recipe" run recipes/gpt-350m.yaml --backend cuda --run-dir /tmp/t350d0 "${big[@]}" \
+            --set training.train_iters=10 --set training.global_batch_size=8 --set training.micro_batch_size=4 \
+            --set model.attention_dropout=0.0 --set model.hidden_dropout=0.0 >"$OUT/350m-d0.log" 2>&1
+        echo "exit $?"
+        grep "ferrotron::progress: step" "$OUT/350m-d0.log" | tail -2 | sed 's/.*progress: //' | cut -c1-220
+    fi
 fi
 
 if [[ ${GPT13:-0} == 1 ]]; then
-    step "(5) gpt-1.3b"
-    mb=${MB13:-2}
-    timeout 300 "$dist/recipe" run recipes/gpt-1.3b.yaml --backend cuda --run-dir /tmp/gpt13 \
-        "${big[@]}" --set training.train_iters=${STEPS13:-8} \
-        --set training.global_batch_size=$mb --set training.micro_batch_size=$mb >"$OUT/gpt13.log" 2>&1
-    echo "exit $?"
-    tail -12 "$OUT/gpt13.log" | cut -c1-300
+    step "(5) recipe plan, gpt-1.3b micro batch 2 on one H200"
+    "$dist/recipe" plan recipes/gpt-1.3b.yaml --set parallel.data=1 --set parallel.distributed_optimizer=false \
+        --set training.global_batch_size=2 --set training.micro_batch_size=2 --set training.train_tokens=null \
+        --set training.train_iters=8 --nodes 1 --gpus-per-node 1 --gpu h200 2>&1 | grep -i "total\|predicted\|FLOPs" | head -5
+    # "MB:DROPOUT" pairs; DROPOUT "preset" keeps the recipe's 0.1 / 0.1.
+    for run in ${RUNS13:-2:preset 8:preset 8:0}; do
+        mb=${run%%:*}
+        dropout=${run##*:}
+        extra=()
+        if [[ $dropout != preset ]]; then
+            extra=(--set model.attention_dropout=$dropout --set model.hidden_dropout=$dropout)
+        fi
+        step "(5) gpt-1.3b micro batch $mb, dropout $dropout"
+        timeout 300 "$dist/recipe" run recipes/gpt-1.3b.yaml --backend cuda --run-dir /tmp/gpt13-$mb-$dropout \
+            "${big[@]}" --set training.train_iters=${STEPS13:-8} "${extra[@]}" \
+            --set training.global_batch_size=$mb --set training.micro_batch_size=$mb >"$OUT/gpt13-$mb-$dropout.log" 2>&1
+        echo "exit $?"
+        grep "ferrotron::progress: step" "$OUT/gpt13-$mb-$dropout.log" | tail -3 | sed 's/.*progress: //' | cut -c1-220
+        grep -i "peak device memory\|error" "$OUT/gpt13-$mb-$dropout.log" | tail -3 | cut -c1-300
+    done
 fi
+
 if [[ ${FE_LOG:-0} == 1 ]]; then
     step "(6) cudnn-frontend's own SDPA graph (torch), for comparison"
     CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE="$OUT/frontend.log" CUDNN_LOGLEVEL_DBG=3 \

@@ -9,7 +9,9 @@
 use std::sync::OnceLock;
 
 use burn::tensor::ops::FloatTensor;
-use ferrotron_parallel::{AttentionGrads, AttentionSaved, AttentionSpec, FusedOps, composed_attention};
+use ferrotron_parallel::{
+    AttentionGrads, AttentionSaved, AttentionSpec, FusedOps, composed_attention,
+};
 
 use crate::backend::Cuda;
 use crate::backend::convert::ok;

@@ -34,7 +34,11 @@ fn check_weight(weight: &CudaTensor, op: &str) -> Result<()> {
 }
 
 /// `x [.., in] · weight [in, out] (+ bias [out])`.
-pub fn linear(x: &CudaTensor, weight: &CudaTensor, bias: Option<&CudaTensor>) -> Result<CudaTensor> {
+pub fn linear(
+    x: &CudaTensor,
+    weight: &CudaTensor,
+    bias: Option<&CudaTensor>,
+) -> Result<CudaTensor> {
     check_weight(weight, "linear")?;
     let out = weight.shape()[1];
     let y = matmul_bias(&fold(x)?, weight, bias)?;

@@ -165,7 +165,8 @@ pub fn reset() {
 /// The table as Markdown: op, calls, total ms, mean µs, share.
 pub fn format_table(rows: &[OpRow]) -> String {
     let total: f64 = rows.iter().map(|r| r.total_ms).sum();
-    let mut out = String::from("| op | calls | total ms | mean µs | share |\n|---|---:|---:|---:|---:|\n");
+    let mut out =
+        String::from("| op | calls | total ms | mean µs | share |\n|---|---:|---:|---:|---:|\n");
     for r in rows {
         let mean_us = if r.calls > 0 {
             r.total_ms * 1e3 / r.calls as f64
@@ -200,7 +201,10 @@ extern "C" fn exit_report() {
     if rows.is_empty() {
         return;
     }
-    let table = format!("ferrotron op timing (FERROTRON_OP_TIMING)\n{}", format_table(&rows));
+    let table = format!(
+        "ferrotron op timing (FERROTRON_OP_TIMING)\n{}",
+        format_table(&rows)
+    );
     match std::env::var("FERROTRON_OP_TIMING") {
         Ok(path) if path != "1" && !path.is_empty() => {
             if let Err(err) = std::fs::write(&path, &table) {
@@ -243,7 +247,10 @@ mod tests {
         ];
         let t = format_table(&rows);
         assert!(t.contains("| matmul | 4 | 3.000 | 750.0 | 75.0 % |"), "{t}");
-        assert!(t.contains("| map_add | 2 | 1.000 | 500.0 | 25.0 % |"), "{t}");
+        assert!(
+            t.contains("| map_add | 2 | 1.000 | 500.0 | 25.0 % |"),
+            "{t}"
+        );
         assert!(t.contains("| **total** | 6 | 4.000 |"), "{t}");
     }
 }

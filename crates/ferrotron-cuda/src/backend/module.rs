@@ -200,11 +200,17 @@ impl ModuleOps<Cuda> for Cuda {
         ok(crate::linear::linear(&x, &weight, bias.as_ref()))
     }
 
-    fn linear_x_backward(weight: FloatTensor<Cuda>, output_grad: FloatTensor<Cuda>) -> FloatTensor<Cuda> {
+    fn linear_x_backward(
+        weight: FloatTensor<Cuda>,
+        output_grad: FloatTensor<Cuda>,
+    ) -> FloatTensor<Cuda> {
         ok(crate::linear::linear_x_backward(&weight, &output_grad))
     }
 
-    fn linear_weight_backward(x: FloatTensor<Cuda>, output_grad: FloatTensor<Cuda>) -> FloatTensor<Cuda> {
+    fn linear_weight_backward(
+        x: FloatTensor<Cuda>,
+        output_grad: FloatTensor<Cuda>,
+    ) -> FloatTensor<Cuda> {
         ok(crate::linear::linear_weight_backward(&x, &output_grad))
     }
 

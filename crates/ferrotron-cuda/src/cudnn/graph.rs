@@ -66,7 +66,11 @@ pub enum Red {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// `c = a · b` over the last two dims, batch dims broadcast; f32 accumulation.
-    Matmul { a: i64, b: i64, c: i64 },
+    Matmul {
+        a: i64,
+        b: i64,
+        c: i64,
+    },
     /// `y = mode(x, b, t)` with `prec` the math precision.
     Pointwise {
         mode: Pw,
@@ -76,7 +80,11 @@ pub enum Op {
         t: Option<i64>,
         y: i64,
     },
-    Reduction { mode: Red, x: i64, y: i64 },
+    Reduction {
+        mode: Red,
+        x: i64,
+        y: i64,
+    },
     /// Bernoulli(keep) draws from Philox(seed, offset).
     Rng {
         keep: f64,
@@ -85,7 +93,10 @@ pub enum Op {
         offset: i64,
     },
     /// Same elements, another dims/strides view (a transpose for the backward matmuls).
-    Reshape { x: i64, y: i64 },
+    Reshape {
+        x: i64,
+        y: i64,
+    },
 }
 
 /// A graph under construction. Virtual UIDs start at [`FIRST_VIRTUAL_UID`].
@@ -251,7 +262,9 @@ impl Graph {
                     (std::iter::once(x).chain(b).chain(t).collect(), y)
                 }
                 Op::Reduction { x, y, .. } => (vec![x], y),
-                Op::Rng { y, seed, offset, .. } => (vec![seed, offset], y),
+                Op::Rng {
+                    y, seed, offset, ..
+                } => (vec![seed, offset], y),
                 Op::Reshape { x, y } => (vec![x], y),
             };
             for uid in ins.iter().chain(std::iter::once(&out)) {
@@ -283,7 +296,10 @@ impl Graph {
                 return Err(format!("virtual {} ({}) is never read", t.uid, t.name));
             }
             if t.dims.len() != t.strides.len() {
-                return Err(format!("{} ({}): dims and strides differ in rank", t.uid, t.name));
+                return Err(format!(
+                    "{} ({}): dims and strides differ in rank",
+                    t.uid, t.name
+                ));
             }
         }
         Ok(())

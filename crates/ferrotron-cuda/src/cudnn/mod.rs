@@ -21,8 +21,9 @@ use cudarc::cudnn::sys as cs;
 
 use crate::alloc::DeviceBuffer;
 use crate::device::CudaDevice;
-use crate::dtype::DType;
+use crate::dtype::{DType, Scalar};
 use crate::error::{CudaError, OpContext, Result};
+use crate::kernels::elementwise::full;
 use crate::tensor::CudaTensor;
 use graph::{Dt, Graph, Op, Pw, Red};
 use sdpa::SdpaKey;
@@ -193,15 +194,30 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
     let mut tensors: HashMap<i64, Desc> = HashMap::new();
     for t in &g.tensors {
         let d = Desc::new(CUDNN_BACKEND_TENSOR_DESCRIPTOR, op)?;
-        d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, &[data_type(t.dtype)], op)?;
+        d.set(
+            CUDNN_ATTR_TENSOR_DATA_TYPE,
+            CUDNN_TYPE_DATA_TYPE,
+            &[data_type(t.dtype)],
+            op,
+        )?;
         d.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, &t.dims, op)?;
         d.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, &t.strides, op)?;
         d.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, &[t.uid], op)?;
-        d.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, &[16i64], op)?;
+        d.set(
+            CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
+            CUDNN_TYPE_INT64,
+            &[16i64],
+            op,
+        )?;
         let virt = if t.is_virtual { BOOL_TRUE } else { BOOL_FALSE };
         d.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &virt, op)?;
         if t.by_value {
-            d.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &BOOL_TRUE, op)?;
+            d.set(
+                CUDNN_ATTR_TENSOR_IS_BY_VALUE,
+                CUDNN_TYPE_BOOLEAN,
+                &BOOL_TRUE,
+                op,
+            )?;
         }
         d.finalize(&format!("tensor {} ({})", t.uid, t.name), op)?;
         tensors.insert(t.uid, d);
@@ -260,8 +276,18 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
                     d.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, tensor(t), op)?;
                 }
                 d.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, tensor(y), op)?;
-                d.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, &[1f32], op)?;
-                d.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, &[1f32], op)?;
+                d.set(
+                    CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1,
+                    CUDNN_TYPE_FLOAT,
+                    &[1f32],
+                    op,
+                )?;
+                d.set(
+                    CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2,
+                    CUDNN_TYPE_FLOAT,
+                    &[1f32],
+                    op,
+                )?;
                 d.finalize(&what, op)?;
                 keep.push(desc);
                 ops.push(d);
@@ -269,7 +295,12 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
             Op::Reduction { mode, x, y } => {
                 let desc = Desc::new(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, op)?;
                 let f32t = [data_type(Dt::F32)];
-                desc.set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &f32t, op)?;
+                desc.set(
+                    CUDNN_ATTR_REDUCTION_COMP_TYPE,
+                    CUDNN_TYPE_DATA_TYPE,
+                    &f32t,
+                    op,
+                )?;
                 let operator = match mode {
                     Red::Add => cs::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_ADD,
                     Red::Max => cs::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_MAX,
@@ -328,9 +359,19 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
         }
     }
     let graph = Desc::new(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, op)?;
-    graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &[handle], op)?;
+    graph.set(
+        CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
+        CUDNN_TYPE_HANDLE,
+        &[handle],
+        op,
+    )?;
     let raw: Vec<cs::cudnnBackendDescriptor_t> = ops.iter().map(|d| d.0).collect();
-    graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw, op)?;
+    graph.set(
+        CUDNN_ATTR_OPERATIONGRAPH_OPS,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        &raw,
+        op,
+    )?;
     graph.finalize("operation graph", op)?;
 
     let heur = Desc::new(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, op)?;
@@ -387,7 +428,12 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
     let mut last_err = None;
     for config in configs.into_iter().take(got as usize) {
         let plan = Desc::new(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, op)?;
-        plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &[handle], op)?;
+        plan.set(
+            CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
+            CUDNN_TYPE_HANDLE,
+            &[handle],
+            op,
+        )?;
         plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &config, op)?;
         match plan.finalize("execution plan", op) {
             Ok(()) => {
@@ -468,7 +514,12 @@ fn plan_for(
     };
     let started = std::time::Instant::now();
     let plan = Arc::new(build_plan(state.handle.0, &graph, op)?);
-    tracing::debug!(?key, ms = started.elapsed().as_millis() as u64, workspace = plan.workspace, "cuDNN attention plan built");
+    tracing::debug!(
+        ?key,
+        ms = started.elapsed().as_millis() as u64,
+        workspace = plan.workspace,
+        "cuDNN attention plan built"
+    );
     state.plans.insert(key.clone(), plan.clone());
     Ok((state.handle.0, plan))
 }
@@ -502,9 +553,24 @@ fn execute(
         cs::cudnnBackendDescriptorType_t::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR,
         op,
     )?;
-    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, &plan.uids, op)?;
-    pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, &ptrs, op)?;
-    pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &[ws_ptr], op)?;
+    pack.set(
+        CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+        CUDNN_TYPE_INT64,
+        &plan.uids,
+        op,
+    )?;
+    pack.set(
+        CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+        CUDNN_TYPE_VOID_PTR,
+        &ptrs,
+        op,
+    )?;
+    pack.set(
+        CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+        CUDNN_TYPE_VOID_PTR,
+        &[ws_ptr],
+        op,
+    )?;
     pack.finalize("variant pack", op)?;
     device.bind()?;
     // SAFETY: every pointer refers to a live buffer of the size its tensor descriptor implies
@@ -565,7 +631,14 @@ fn readable(t: &CudaTensor) -> Result<(CudaTensor, [i64; 4])> {
 
 /// A fresh `[b, h, s, d]` tensor stored as `[b, s, h, d]` (what the model's head merge
 /// reads as a view).
-fn bshd(device: &Arc<CudaDevice>, b: usize, h: usize, s: usize, d: usize, dtype: DType) -> Result<CudaTensor> {
+fn bshd(
+    device: &Arc<CudaDevice>,
+    b: usize,
+    h: usize,
+    s: usize,
+    d: usize,
+    dtype: DType,
+) -> Result<CudaTensor> {
     CudaTensor::empty(device, &[b, s, h, d], dtype)?.swap_dims(1, 2)
 }
 
@@ -574,13 +647,24 @@ fn ptr(t: &CudaTensor) -> *mut c_void {
 }
 
 /// Attention problem sizes read from q `[b, h, s_q, d]` and k `[b, g, s_kv, d]`.
-fn sizes(q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, op: &dyn Fn() -> OpContext) -> Result<[usize; 6]> {
+fn sizes(
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    op: &dyn Fn() -> OpContext,
+) -> Result<[usize; 6]> {
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     if qs.len() != 4 || ks.len() != 4 || ks != vs || qs[0] != ks[0] || qs[3] != ks[3] {
-        return Err(CudaError::invalid(op(), "expected q [b, h, s, d], k = v [b, g, s_kv, d]"));
+        return Err(CudaError::invalid(
+            op(),
+            "expected q [b, h, s, d], k = v [b, g, s_kv, d]",
+        ));
     }
     if ks[1] == 0 || qs[1] % ks[1] != 0 {
-        return Err(CudaError::invalid(op(), "query heads must be a multiple of key/value groups"));
+        return Err(CudaError::invalid(
+            op(),
+            "query heads must be a multiple of key/value groups",
+        ));
     }
     Ok([qs[0], qs[1], ks[1], qs[2], ks[2], qs[3]])
 }
@@ -607,10 +691,12 @@ pub struct SdpaForward {
     pub rng: [u64; 2],
 }
 
+/// The dropout seed and offset as device int64 scalars, written by a fill kernel (the value
+/// travels in the launch parameters): an upload from pageable host memory would synchronise the
+/// stream, twice per layer and step.
 fn seed_offset(device: &Arc<CudaDevice>, rng: [u64; 2]) -> Result<(CudaTensor, CudaTensor)> {
-    let seed = CudaTensor::from_bytes(device, &(rng[0] as i64).to_le_bytes(), &[1, 1, 1, 1], DType::I64)?;
-    let offset = CudaTensor::from_bytes(device, &(rng[1] as i64).to_le_bytes(), &[1, 1, 1, 1], DType::I64)?;
-    Ok((seed, offset))
+    let fill = |v: u64| full(device, &[1, 1, 1, 1], Scalar::Int(v as i64), DType::I64);
+    Ok((fill(rng[0])?, fill(rng[1])?))
 }
 
 /// Fused attention forward: `softmax(scale·q·kᵀ (+ causal mask)) (dropout) · v`.
@@ -622,10 +708,15 @@ pub fn sdpa_forward(
     scale: f32,
     dropout: f32,
 ) -> Result<SdpaForward> {
-    let op = || OpContext::new("cuDNN attention forward").shape(q.shape()).shape(k.shape()).dtype(q.dtype());
-    let _timer = crate::timing::scope(q.device(), "attention_fwd(cudnn)");
+    let op = || {
+        OpContext::new("cuDNN attention forward")
+            .shape(q.shape())
+            .shape(k.shape())
+            .dtype(q.dtype())
+    };
     let [b, h, g, sq, skv, d] = sizes(q, k, v, &op)?;
-    let dt = graph_dtype(q.dtype()).ok_or_else(|| CudaError::unsupported(op(), "cuDNN attention needs bf16 or f16"))?;
+    let dt = graph_dtype(q.dtype())
+        .ok_or_else(|| CudaError::unsupported(op(), "cuDNN attention needs bf16 or f16"))?;
     let device = q.device();
     let (q, q_s) = readable(q)?;
     let (k, k_s) = readable(k)?;
@@ -653,7 +744,13 @@ pub fn sdpa_forward(
     } else {
         [0, 0]
     };
-    let mut scalars = [scale, f32::NEG_INFINITY, 1.0 / (1.0 - dropout), 1.0 - dropout, 1.0];
+    let mut scalars = [
+        scale,
+        f32::NEG_INFINITY,
+        1.0 / (1.0 - dropout),
+        1.0 - dropout,
+        1.0,
+    ];
     let mut pointers: HashMap<i64, *mut c_void> = HashMap::new();
     pointers.insert(sdpa::Q, ptr(&q));
     pointers.insert(sdpa::K, ptr(&k));
@@ -663,13 +760,22 @@ pub fn sdpa_forward(
     pointers.insert(sdpa::SCALE, (&mut scalars[0] as *mut f32).cast());
     pointers.insert(sdpa::NEG_INF, (&mut scalars[1] as *mut f32).cast());
     pointers.insert(sdpa::DROPOUT_SCALE, (&mut scalars[2] as *mut f32).cast());
-    let rng_tensors = if dropout > 0.0 { Some(seed_offset(device, rng)?) } else { None };
+    let rng_tensors = if dropout > 0.0 {
+        Some(seed_offset(device, rng)?)
+    } else {
+        None
+    };
     if let Some((seed, offset)) = &rng_tensors {
         pointers.insert(sdpa::SEED, ptr(seed));
         pointers.insert(sdpa::OFFSET, ptr(offset));
     }
+    let _timer = crate::timing::scope(device, "attention_fwd(cudnn)");
     execute(device, handle, &plan, &pointers, &op)?;
-    Ok(SdpaForward { output: out, stats, rng })
+    Ok(SdpaForward {
+        output: out,
+        stats,
+        rng,
+    })
 }
 
 /// Fused attention backward: (dq, dk, dv) from the forward's saved state and dO.
@@ -684,16 +790,25 @@ pub fn sdpa_backward(
     scale: f32,
     dropout: f32,
 ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
-    let op = || OpContext::new("cuDNN attention backward").shape(q.shape()).shape(k.shape()).dtype(q.dtype());
-    let _timer = crate::timing::scope(q.device(), "attention_bwd(cudnn)");
+    let op = || {
+        OpContext::new("cuDNN attention backward")
+            .shape(q.shape())
+            .shape(k.shape())
+            .dtype(q.dtype())
+    };
     let [b, h, g, sq, skv, d] = sizes(q, k, v, &op)?;
-    let dt = graph_dtype(q.dtype()).ok_or_else(|| CudaError::unsupported(op(), "cuDNN attention needs bf16 or f16"))?;
+    let dt = graph_dtype(q.dtype())
+        .ok_or_else(|| CudaError::unsupported(op(), "cuDNN attention needs bf16 or f16"))?;
     let device = q.device();
     let (q, q_s) = readable(q)?;
     let (k, k_s) = readable(k)?;
     let (v, v_s) = readable(v)?;
     let (o, o_s) = readable(&saved.output)?;
-    let grad = if grad.dtype() == q.dtype() { grad.clone() } else { grad.cast(q.dtype())? };
+    let grad = if grad.dtype() == q.dtype() {
+        grad.clone()
+    } else {
+        grad.cast(q.dtype())?
+    };
     let (d_o, do_s) = readable(&grad)?;
     let dq = bshd(device, b, h, sq, d, q.dtype())?;
     let dk = bshd(device, b, g, skv, d, q.dtype())?;
@@ -715,7 +830,13 @@ pub fn sdpa_backward(
         strides: vec![q_s, k_s, v_s, o_s, do_s, strides[0], strides[1], strides[2]],
     };
     let (handle, plan) = plan_for(device, &key, &op)?;
-    let mut scalars = [scale, f32::NEG_INFINITY, 1.0 / (1.0 - dropout), 1.0 - dropout, 1.0];
+    let mut scalars = [
+        scale,
+        f32::NEG_INFINITY,
+        1.0 / (1.0 - dropout),
+        1.0 - dropout,
+        1.0,
+    ];
     let mut pointers: HashMap<i64, *mut c_void> = HashMap::new();
     for (uid, t) in [
         (sdpa::Q, &q),
@@ -737,11 +858,16 @@ pub fn sdpa_backward(
     pointers.insert(sdpa::DROPOUT_SCALE, (&mut scalars[2] as *mut f32).cast());
     pointers.insert(sdpa::DROPOUT_KEEP, (&mut scalars[3] as *mut f32).cast());
     pointers.insert(sdpa::ONE, (&mut scalars[4] as *mut f32).cast());
-    let rng_tensors = if dropout > 0.0 { Some(seed_offset(device, saved.rng)?) } else { None };
+    let rng_tensors = if dropout > 0.0 {
+        Some(seed_offset(device, saved.rng)?)
+    } else {
+        None
+    };
     if let Some((seed, offset)) = &rng_tensors {
         pointers.insert(sdpa::SEED, ptr(seed));
         pointers.insert(sdpa::OFFSET, ptr(offset));
     }
+    let _timer = crate::timing::scope(device, "attention_bwd(cudnn)");
     execute(device, handle, &plan, &pointers, &op)?;
     Ok((dq, dk, dv))
 }

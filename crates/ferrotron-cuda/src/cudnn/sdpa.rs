@@ -112,7 +112,12 @@ pub fn forward_graph(key: &SdpaKey) -> Graph {
     assert!(!key.backward);
     let n = Dims::of(key);
     let dt = key.dtype;
-    let [sq_, sk_, sv_, so_] = [key.strides[0], key.strides[1], key.strides[2], key.strides[3]];
+    let [sq_, sk_, sv_, so_] = [
+        key.strides[0],
+        key.strides[1],
+        key.strides[2],
+        key.strides[3],
+    ];
     let mut g = Graph::new();
     let q = g.io(Q, "Q", &[n.b, n.h, n.sq, n.d], &sq_, dt);
     let kt = g.io(K, "K^T", &[n.b, n.g, n.d, n.skv], &swap23(sk_), dt);
@@ -237,7 +242,13 @@ pub fn backward_graph(key: &SdpaKey) -> Graph {
     if let Some(mask) = mask {
         last = g.pw("dP_dropout_mask", Pw::Mul, last, Some(mask), Dt::F32);
     }
-    last = g.pw("sub_dP_softmax_sum", Pw::Sub, last, Some(softmax_sum), Dt::F32);
+    last = g.pw(
+        "sub_dP_softmax_sum",
+        Pw::Sub,
+        last,
+        Some(softmax_sum),
+        Dt::F32,
+    );
     last = g.pw("mul_dP_exp_s", Pw::Mul, last, Some(exp_s), Dt::F32);
     if drop_scale.is_some() {
         last = g.pw("mul_dS_dropout_scale", Pw::Mul, last, drop_scale, Dt::F32);
@@ -258,15 +269,7 @@ pub fn backward_graph(key: &SdpaKey) -> Graph {
 }
 
 /// `out = a·b`, summed over each group's query heads when K/V are grouped.
-fn head_reduced_matmul(
-    g: &mut Graph,
-    n: &Dims,
-    a: i64,
-    b: i64,
-    out: i64,
-    dt: Dt,
-    name: &str,
-) {
+fn head_reduced_matmul(g: &mut Graph, n: &Dims, a: i64, b: i64, out: i64, dt: Dt, name: &str) {
     if n.h == n.g {
         g.matmul(a, b, out);
     } else {
@@ -380,7 +383,9 @@ mod tests {
         let g = forward_graph(&k);
         g.validate(&forward_inputs(&k)).unwrap();
         let rng = g.ops.iter().find_map(|op| match op {
-            Op::Rng { keep, seed, offset, .. } => Some((*keep, *seed, *offset)),
+            Op::Rng {
+                keep, seed, offset, ..
+            } => Some((*keep, *seed, *offset)),
             _ => None,
         });
         let (keep, seed, offset) = rng.expect("an RNG node");

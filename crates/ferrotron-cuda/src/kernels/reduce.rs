@@ -394,14 +394,7 @@ fn run_reduce(
         Strategy::ThreadPerOutput => super::grid_for(g.outer_n as u64, REDUCE_BLOCK),
     };
     let p = reduce_params(&g, x, out.data_ptr(), 0, divisor);
-    launch(
-        x.device(),
-        &spec,
-        blocks,
-        REDUCE_BLOCK,
-        &p,
-        &|| x.op(name),
-    )
+    launch(x.device(), &spec, blocks, REDUCE_BLOCK, &p, &|| x.op(name))
 }
 
 /// Reduces every element into a tensor of shape `[1]`.

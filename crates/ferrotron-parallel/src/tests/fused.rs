@@ -130,14 +130,15 @@ fn attention_node_gradients_equal_the_composed_graph() {
         let weights = tensor([2, 4, 6, 8], 2.9);
         let g_composed = (composed.clone() * weights.clone()).sum().backward();
         let (q2, k2, v2) = qkv(groups);
-        let node: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(
-            attention_node::<Flex, NoCheckpointing>(
-                q2.clone().into_primitive().tensor(),
-                k2.clone().into_primitive().tensor(),
-                v2.clone().into_primitive().tensor(),
-                spec,
-            ),
-        ));
+        let node: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(attention_node::<
+            Flex,
+            NoCheckpointing,
+        >(
+            q2.clone().into_primitive().tensor(),
+            k2.clone().into_primitive().tensor(),
+            v2.clone().into_primitive().tensor(),
+            spec,
+        )));
         let g_node = (node.clone() * weights).sum().backward();
         let what = format!("groups {groups}, causal {causal}, scale {scale:?}");
         assert_close(&flat(node), &flat(composed), &format!("{what}: output"));
@@ -145,7 +146,10 @@ fn attention_node_gradients_equal_the_composed_graph() {
             let ga = flat(a.grad(&g_node).expect("node grad"));
             let gb = flat(b.grad(&g_composed).expect("composed grad"));
             assert_close(&ga, &gb, &format!("{what}: {name}"));
-            assert!(ga.iter().any(|x| x.abs() > 1e-3), "{what}: {name} is all zero");
+            assert!(
+                ga.iter().any(|x| x.abs() > 1e-3),
+                "{what}: {name} is all zero"
+            );
         }
     }
 }
@@ -156,18 +160,22 @@ fn causal_node_ignores_future_keys() {
     let spec = AttentionSpec::causal();
     let (q, k, v) = qkv(2);
     let out = |k: Tensor<B, 4>, v: Tensor<B, 4>| -> Vec<f32> {
-        let o: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(
-            attention_node::<Flex, NoCheckpointing>(
-                q.clone().into_primitive().tensor(),
-                k.into_primitive().tensor(),
-                v.into_primitive().tensor(),
-                spec,
-            ),
-        ));
+        let o: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(attention_node::<
+            Flex,
+            NoCheckpointing,
+        >(
+            q.clone().into_primitive().tensor(),
+            k.into_primitive().tensor(),
+            v.into_primitive().tensor(),
+            spec,
+        )));
         flat(o.slice([0..1, 0..1, 0..1, 0..8]))
     };
     let a = out(k.clone(), v.clone());
-    let k2 = k.clone().slice_assign([0..2, 0..2, 5..6, 0..8], Tensor::ones([2, 2, 1, 8], &Default::default()));
+    let k2 = k.clone().slice_assign(
+        [0..2, 0..2, 5..6, 0..8],
+        Tensor::ones([2, 2, 1, 8], &Default::default()),
+    );
     let b = out(k2, v);
     assert_eq!(a, b);
 }

@@ -6,7 +6,8 @@
 //! take the composed path (cuDNN has no f32 fused attention), so their row checks that path.
 //! Dropout cannot match a composed run (another generator), so its row checks that the
 //! backward regenerated the forward's mask: the loss is linear in v, so `<dV, v>` must equal
-//! the loss exactly up to rounding, and with v = 1 every output element averages 1.
+//! the loss up to rounding (a different mask would put them ~60 % apart), and with v = 1 every
+//! output element averages 1.
 
 use std::time::Instant;
 
@@ -148,7 +149,10 @@ fn attention_row(
         (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
     };
     Row {
-        op: format!("fused_attention d{d} {}", if g == h { "mha" } else { "gqa" }),
+        op: format!(
+            "fused_attention d{d} {}",
+            if g == h { "mha" } else { "gqa" }
+        ),
         dtype: dtype_label(dtype),
         shape: format!("q [{b}, {h}, {s}, {d}] kv [{b}, {g}, {s}, {d}]"),
         errors,
@@ -168,7 +172,8 @@ fn dropout_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
         let q: Tensor<A, 4> = upload(&host(&[b, h, s, d], rng, dtype), dtype, device);
         let k: Tensor<A, 4> = upload(&host(&[b, g, s, d], rng, dtype), dtype, device);
         let v: Tensor<A, 4> = upload(&host(&[b, g, s, d], rng, dtype), dtype, device);
-        let w = Tensor::<A, 4>::from_data(host(&[b, h, s, d], rng, DType::F32), (device, DType::F32));
+        let w =
+            Tensor::<A, 4>::from_data(host(&[b, h, s, d], rng, DType::F32), (device, DType::F32));
         let out = attention_on::<true>(q.clone(), k.clone(), v.clone(), spec);
         let loss = (out.cast(DType::F32) * w).sum();
         let grads = loss.backward();
@@ -186,7 +191,10 @@ fn dropout_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
     let (errors, note) = match guarded(run) {
         Ok((loss, inner, mean)) => {
             let rel = (loss - inner).abs() / loss.abs().max(1e-6);
-            let ok = rel < 2e-2 && (mean - 1.0).abs() < 0.02;
+            // A mask regenerated differently would leave the two sums independent draws:
+            // about sqrt(2p) ≈ 60 % apart at p 0.2. bf16 rounding of a sum of signed terms
+            // that largely cancel leaves a few percent (measured 0.8–3 % on an H200).
+            let ok = rel < 0.1 && (mean - 1.0).abs() < 0.02;
             (
                 Errors {
                     max_abs: (mean - 1.0).abs(),
@@ -209,7 +217,11 @@ fn dropout_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
 }
 
 /// Output and dx, dw, db of `Σ u ∘ linear(x, w, b)`, overridden (`FUSED`) or composed.
-fn linear_grads<const FUSED: bool>(data: &[TensorData; 4], dtype: DType, device: &GpuDevice) -> TensorData {
+fn linear_grads<const FUSED: bool>(
+    data: &[TensorData; 4],
+    dtype: DType,
+    device: &GpuDevice,
+) -> TensorData {
     let x: Tensor<A, 3> = upload(&data[0], dtype, device);
     let w: Tensor<A, 2> = upload(&data[1], dtype, device);
     let bias: Tensor<A, 1> = upload(&data[2], dtype, device);
@@ -225,7 +237,10 @@ fn linear_grads<const FUSED: bool>(data: &[TensorData; 4], dtype: DType, device:
             y.inner().cast(DType::F32).reshape([-1]),
             x.grad(&grads).expect("dx").cast(DType::F32).reshape([-1]),
             w.grad(&grads).expect("dw").cast(DType::F32).reshape([-1]),
-            bias.grad(&grads).expect("db").cast(DType::F32).reshape([-1]),
+            bias.grad(&grads)
+                .expect("db")
+                .cast(DType::F32)
+                .reshape([-1]),
         ],
         0,
     )
@@ -265,12 +280,36 @@ pub fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rows = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
         for d in [64, 128] {
-            rows.push(attention_row(device, &mut rng, [2, 4, 4, 256, d], dtype, true));
-            rows.push(attention_row(device, &mut rng, [2, 8, 2, 320, d], dtype, true));
+            rows.push(attention_row(
+                device,
+                &mut rng,
+                [2, 4, 4, 256, d],
+                dtype,
+                true,
+            ));
+            rows.push(attention_row(
+                device,
+                &mut rng,
+                [2, 8, 2, 320, d],
+                dtype,
+                true,
+            ));
         }
     }
-    rows.push(attention_row(device, &mut rng, [2, 4, 4, 256, 64], DType::BF16, false));
-    rows.push(attention_row(device, &mut rng, [1, 4, 2, 128, 64], DType::F32, true));
+    rows.push(attention_row(
+        device,
+        &mut rng,
+        [2, 4, 4, 256, 64],
+        DType::BF16,
+        false,
+    ));
+    rows.push(attention_row(
+        device,
+        &mut rng,
+        [1, 4, 2, 128, 64],
+        DType::F32,
+        true,
+    ));
     rows.push(dropout_row(device, &mut rng, DType::BF16));
     for dtype in [DType::F32, DType::BF16] {
         rows.push(linear_row(device, &mut rng, dtype));
@@ -299,13 +338,21 @@ pub fn timings(device: &GpuDevice) -> String {
     let mut out = String::from(
         "| attention (bf16, causal) | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | composed fwd ms |\n|---|---:|---:|---:|---:|---:|\n",
     );
-    for [b, h, g, s, d] in [[4, 16, 16, 2048, 128], [4, 16, 16, 2048, 64], [2, 32, 8, 4096, 128]] {
+    for [b, h, g, s, d] in [
+        [4, 16, 16, 2048, 128],
+        [4, 16, 16, 2048, 64],
+        [2, 32, 8, 4096, 128],
+    ] {
         let line = guarded(|| {
             let mk = |heads: usize| {
-                Tensor::<Cuda, 4>::random([b, heads, s, d], burn::tensor::Distribution::Normal(0.0, 1.0), device)
-                    .cast(DType::BF16)
-                    .into_primitive()
-                    .tensor()
+                Tensor::<Cuda, 4>::random(
+                    [b, heads, s, d],
+                    burn::tensor::Distribution::Normal(0.0, 1.0),
+                    device,
+                )
+                .cast(DType::BF16)
+                .into_primitive()
+                .tensor()
             };
             let (q, k, v) = (mk(h), mk(g), mk(g));
             let spec = AttentionSpec::causal();
@@ -334,7 +381,12 @@ pub fn timings(device: &GpuDevice) -> String {
                 2.5 * flops / (bwd * 1e-3) / 1e12
             ))
         });
-        out.push_str(&line.unwrap_or_else(|e| format!("| b {b} h {h} kv {g} s {s} d {d} | failed: {} |\n", first_line(&e))));
+        out.push_str(&line.unwrap_or_else(|e| {
+            format!(
+                "| b {b} h {h} kv {g} s {s} d {d} | failed: {} |\n",
+                first_line(&e)
+            )
+        }));
     }
     out
 }

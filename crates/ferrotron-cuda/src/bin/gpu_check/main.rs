@@ -405,7 +405,10 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused::timings(&device));
     }
     if ferrotron_cuda::timing::enabled() {
-        println!("\nper-op GPU time (FERROTRON_OP_TIMING)\n{}", ferrotron_cuda::timing::report());
+        println!(
+            "\nper-op GPU time (FERROTRON_OP_TIMING)\n{}",
+            ferrotron_cuda::timing::report()
+        );
     }
     let failures = rows.iter().filter(|r| !r.errors.pass()).count();
     if failures > 0 {
