@@ -11,7 +11,7 @@ use crate::tensor::CudaTensor;
 /// `[.., k]` → `[M, k]` (a view when the leading dims are contiguous).
 fn fold(x: &CudaTensor) -> Result<CudaTensor> {
     let k = *x.shape().last().unwrap_or(&1);
-    let m = if k == 0 { 0 } else { x.numel() / k };
+    let m = x.numel().checked_div(k).unwrap_or(0);
     x.reshape(&[m, k])
 }
 

@@ -603,7 +603,7 @@ pub fn in_place_strides(t: &CudaTensor) -> Option<[i64; 4]> {
     if s[3] != 1 || !(0..3).all(|i| ok_stride(s[i], i)) {
         return None;
     }
-    let aligned = (t.data_ptr() % 16 == 0) && (0..3).all(|i| (s[i] as i64 * elem) % 16 == 0);
+    let aligned = t.data_ptr().is_multiple_of(16) && (0..3).all(|i| (s[i] as i64 * elem) % 16 == 0);
     aligned.then(|| {
         let mut out = [0i64; 4];
         for i in 0..4 {
@@ -677,7 +677,7 @@ pub fn supports(q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> bool {
         && k.dtype() == q.dtype()
         && v.dtype() == q.dtype()
         && matches!(q.shape()[3], 64 | 128)
-        && q.shape()[1] % k.shape()[1].max(1) == 0
+        && q.shape()[1].is_multiple_of(k.shape()[1].max(1))
 }
 
 /// What the forward produced and the backward needs.
