@@ -38,7 +38,9 @@ if [[ -n "$nccl_lib" && -e "$nccl_lib/libnccl.so.2" && ! -e "$nccl_lib/libnccl.s
     ln -s "$nccl_lib/libnccl.so.2" "$links/libnccl.so"
     nccl_lib="$links:$nccl_lib"
 fi
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64${nccl_lib:+:$nccl_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN (fused attention) is the wheel in torch's Python environment too.
+cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${cudnn_lib:+:$cudnn_lib}${nccl_lib:+:$nccl_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
 
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true

@@ -40,8 +40,10 @@ logs=$work/logs
 rm -rf "$work"
 mkdir -p "$OUT" "$logs"
 
-# cuBLASLt and NVRTC live in the toolkit (design.md); NVRTC needs its headers for bf16.
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLASLt and NVRTC live in the toolkit (design.md); NVRTC needs its headers for bf16. cuDNN
+# (fused attention) is the wheel in torch's Python environment.
+cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${cudnn_lib:+:$cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
 export FERROTRON_KERNEL_CACHE=$work/kernels
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/nvidia-smi.txt" 2>&1 || true

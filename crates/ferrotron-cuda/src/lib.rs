@@ -11,18 +11,22 @@
 pub mod alloc;
 pub mod backend;
 pub mod blas;
+pub mod cudnn;
 pub mod device;
 pub mod dtype;
 pub mod error;
+mod fused_ops;
 pub mod kernels;
 pub mod layout;
+pub mod linear;
 mod parallel_ops;
 pub mod random;
 pub mod tensor;
+pub mod timing;
 
 pub use alloc::MemorySnapshot;
 pub use backend::{Cuda, GpuDevice};
-pub use blas::matmul;
+pub use blas::{matmul, matmul_bias};
 pub use device::{CudaDevice, device_count, driver_available};
 pub use dtype::{DType, Scalar};
 pub use error::{CudaError, OpContext, Result};

@@ -7,3 +7,4 @@
 use crate::backend::Cuda;
 
 impl ferrotron_parallel::ParallelOps for Cuda {}
+// `FusedOps` (the supertrait) is in `fused_ops.rs`.

@@ -7,19 +7,20 @@
 //! all-gathered over cp (the backward reduce-scatters their gradients) and the causal mask
 //! compares global positions.
 //!
-//! The score computation goes through burn's `attention` module op, which a backend may replace
-//! with flash attention. That op has no dropout, so only when attention dropout is live (an
-//! autodiff backend and p > 0) the decomposed matmul-softmax-dropout-matmul path runs instead.
+//! Without context parallelism the scores go through `FusedOps::fused_attention` (causal,
+//! dropout included, grouped K/V not repeated): its composed default is exactly the arithmetic
+//! this layer had before (burn's `attention` op, or matmul–softmax–dropout–matmul while dropout
+//! is live), and the CUDA backend replaces it with cuDNN's fused flash attention. The
+//! context-parallel path (gathered K/V, global-position mask) stays composed.
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::{attention, linear};
-use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::{Bool, Tensor, TensorPrimitive};
 use ferrotron_parallel::collectives::gather_from_sequence_region;
-use ferrotron_parallel::{Comm, ParallelOps, solo};
+use ferrotron_parallel::{AttentionSpec, Comm, FusedOps, ParallelOps, repeat_groups, solo};
 use ferrotron_recipe::PositionEmbedding;
 
 use crate::init::{normal_linear, scaled_std};
@@ -112,7 +113,7 @@ impl<B: Backend> SelfAttention<B> {
     }
 }
 
-impl<B: ParallelOps> SelfAttention<B> {
+impl<B: ParallelOps + FusedOps> SelfAttention<B> {
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]` (`seq` is this rank's part with sequence
     /// parallelism); a token sees the tokens at or before its global position only.
     pub fn forward(&self, x: Tensor<B, 3>, positions: &SequencePositions<B>) -> Tensor<B, 3> {
@@ -152,27 +153,36 @@ impl<B: ParallelOps> SelfAttention<B> {
         } else {
             (key, value)
         };
-        let key = repeat_groups(key, per_group);
-        let value = repeat_groups(value, per_group);
-
-        let context = if self.dropout.prob > 0.0 && B::ad_enabled(&query.device()) {
-            self.attention_with_dropout(query, key, value, positions)
-        } else {
-            match positions.future() {
-                Some(future) => {
+        let context = match positions.future() {
+            // One sequence chunk per rank: causal attention through the fused op (the composed
+            // default is the arithmetic this layer always had; a GPU backend runs one kernel
+            // on the unrepeated grouped K/V).
+            None => {
+                let spec = AttentionSpec {
+                    causal: true,
+                    scale: None,
+                    dropout: self.dropout.prob,
+                };
+                Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
+                    query.into_primitive().tensor(),
+                    key.into_primitive().tensor(),
+                    value.into_primitive().tensor(),
+                    spec,
+                )))
+            }
+            // Context parallel: keys from every chunk, masked by global position (composed).
+            Some(future) => {
+                let key = repeat_groups(key, per_group);
+                let value = repeat_groups(value, per_group);
+                if self.dropout.prob > 0.0 && B::ad_enabled(&query.device()) {
+                    self.attention_with_dropout(query, key, value, future.clone())
+                } else {
                     let [_, _, keys, _] = key.dims();
                     let mask = future
                         .clone()
                         .unsqueeze::<4>()
                         .expand([batch, heads, seq, keys]);
                     attention(query, key, value, Some(mask), None, Default::default())
-                }
-                None => {
-                    let options = AttentionModuleOptions {
-                        is_causal: true,
-                        ..Default::default()
-                    };
-                    attention(query, key, value, None, None, options)
                 }
             }
         };
@@ -186,38 +196,22 @@ impl<B: ParallelOps> SelfAttention<B> {
         }
     }
 
+    /// Attention over gathered keys with a global-position mask and live dropout.
     fn attention_with_dropout(
         &self,
         query: Tensor<B, 4>,
         key: Tensor<B, 4>,
         value: Tensor<B, 4>,
-        positions: &SequencePositions<B>,
+        future: Tensor<B, 2, Bool>,
     ) -> Tensor<B, 4> {
         let [batch, heads, seq, _] = query.dims();
         let [_, _, keys, _] = key.dims();
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let scores = query.matmul(key.swap_dims(2, 3)) * scale;
-        let future = match positions.future() {
-            Some(future) => future.clone(),
-            // burn's `tril_mask` is true outside the lower triangle: exactly the future keys.
-            None => Tensor::<B, 2, Bool>::tril_mask([seq, keys], 0, &scores.device()),
-        };
         let future = future.unsqueeze::<4>().expand([batch, heads, seq, keys]);
         let probabilities = softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
         self.dropout.forward(probabilities).matmul(value)
     }
-}
-
-/// `[batch, groups, seq, d]` → `[batch, groups·per_group, seq, d]`, each group's key/value
-/// shared by its `per_group` consecutive query heads.
-fn repeat_groups<B: Backend>(x: Tensor<B, 4>, per_group: usize) -> Tensor<B, 4> {
-    if per_group == 1 {
-        return x;
-    }
-    let [batch, groups, seq, dim] = x.dims();
-    x.unsqueeze_dim::<5>(2)
-        .expand([batch, groups, per_group, seq, dim])
-        .reshape([batch, groups * per_group, seq, dim])
 }
 
 #[cfg(test)]

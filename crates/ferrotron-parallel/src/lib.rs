@@ -11,13 +11,17 @@
 //! - [`ShardSpec`]/[`ParamRole`]: where a local tensor sits in the global one-rank tensor and how
 //!   its gradient is reduced, the contract between model, optimizer and checkpoints;
 //! - [`ParallelOps`] and [`collectives`]: Megatron's conjugate region operators as autodiff
-//!   ops with their own backward.
+//!   ops with their own backward;
+//! - [`FusedOps`]: fused operators (attention first) by the same mechanism: composed defaults,
+//!   kernels a GPU backend overrides, one autodiff node each.
 
 mod autodiff;
 #[cfg(feature = "burn-cuda")]
 mod burn_cuda;
 mod comm;
 mod context;
+mod fused;
+mod fused_autodiff;
 mod host;
 mod ops;
 mod shard;
@@ -31,6 +35,11 @@ mod tests;
 pub use comm::{Comm, DynComm};
 pub use context::ParallelContext;
 pub use ferrotron_dist::{CommError, GroupLabel, ReduceOp};
+pub use fused::{
+    AttentionGrads, AttentionSaved, AttentionSpec, FusedOps, attention_backward_reference,
+    attention_forward_reference, composed_attention, repeat_groups,
+};
+pub use fused_autodiff::attention_node;
 pub use ops::ParallelOps;
 pub use shard::{ParamRole, ShardError, ShardSpec, Split};
 pub use solo::solo;

@@ -9,14 +9,16 @@
 //! model pays nothing for being written against groups.
 
 use burn::tensor::TensorMetadata;
-use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
 use crate::comm::Comm;
+use crate::fused::FusedOps;
 use crate::host;
 use ferrotron_dist::ReduceOp;
 
-pub trait ParallelOps: Backend {
+/// `FusedOps` is a supertrait so every place generic over `ParallelOps` (the model, the
+/// trainer) can call the fused ops without a second bound.
+pub trait ParallelOps: FusedOps {
     /// Forward identity; backward all-reduces the gradient (Megatron's `f`).
     fn copy_to_region(x: FloatTensor<Self>, comm: &Comm) -> FloatTensor<Self> {
         let _ = comm;

@@ -1,7 +1,8 @@
 //! `ModuleOps` for [`Cuda`]: what language models use, and a clear stop for what they do not.
 //!
-//! Embedding (and its backward, an atomic `select_add`), linear and layer norm come from burn's
-//! defaults over our tensor ops. Attention is burn's decomposition (matmul, masked softmax,
+//! Embedding (and its backward, an atomic `select_add`) and layer norm come from burn's
+//! defaults over our tensor ops; linear and its three backward passes are single cuBLASLt
+//! GEMMs (`crate::linear`: batch folded into M, bias epilogue, one weight-gradient GEMM). Attention is burn's decomposition (matmul, masked softmax,
 //! matmul) on our kernels until the fused flash-attention extension lands. 1-D/2-D convolutions
 //! (and their transposes and backward passes) are im2col + matmul ([`conv`]). 3-D convolution,
 //! pooling, interpolation, deformable convolution and FFTs are image/signal ops that no
@@ -189,6 +190,32 @@ impl ModuleOps<Cuda> for Cuda {
         _options: InterpolateOptions,
     ) -> FloatTensor<Cuda> {
         not_implemented("interpolate_backward")
+    }
+
+    fn linear(
+        x: FloatTensor<Cuda>,
+        weight: FloatTensor<Cuda>,
+        bias: Option<FloatTensor<Cuda>>,
+    ) -> FloatTensor<Cuda> {
+        ok(crate::linear::linear(&x, &weight, bias.as_ref()))
+    }
+
+    fn linear_x_backward(
+        weight: FloatTensor<Cuda>,
+        output_grad: FloatTensor<Cuda>,
+    ) -> FloatTensor<Cuda> {
+        ok(crate::linear::linear_x_backward(&weight, &output_grad))
+    }
+
+    fn linear_weight_backward(
+        x: FloatTensor<Cuda>,
+        output_grad: FloatTensor<Cuda>,
+    ) -> FloatTensor<Cuda> {
+        ok(crate::linear::linear_weight_backward(&x, &output_grad))
+    }
+
+    fn linear_bias_backward(output_grad: FloatTensor<Cuda>) -> FloatTensor<Cuda> {
+        ok(crate::linear::linear_bias_backward(&output_grad))
     }
 
     fn attention(

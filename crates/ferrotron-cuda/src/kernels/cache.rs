@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
+use super::{KernelSpec, kernel_name};
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
 
 /// Name of the entry point every generated kernel defines.
@@ -74,6 +75,17 @@ pub struct KernelCache {
     options: Vec<String>,
     disk: Option<PathBuf>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Launch-time lookup: hash of (spec type, spec) → function and kernel name.
+    by_spec: Mutex<HashMap<u64, (CudaFunction, Arc<str>)>>,
+}
+
+/// The cheap launch-time key of a spec: std's SipHash of its type and fields (no source).
+fn spec_key<S: KernelSpec>(spec: &S) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::any::TypeId::of::<S>().hash(&mut h);
+    spec.hash(&mut h);
+    h.finish()
 }
 
 impl KernelCache {
@@ -83,6 +95,7 @@ impl KernelCache {
             disk: disk_cache_dir(&arch),
             arch,
             functions: Mutex::new(HashMap::new()),
+            by_spec: Mutex::new(HashMap::new()),
         }
     }
 
@@ -100,11 +113,51 @@ impl KernelCache {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The function for a spec and its kernel name: a hash-map hit on the spec after the first
+    /// launch; on a miss the source is generated, its entry point renamed after the op (so
+    /// profiles tell kernels apart) and compiled or loaded through [`KernelCache::function`].
+    pub(crate) fn function_for_spec<S: KernelSpec>(
+        &self,
+        ctx: &Arc<CudaContext>,
+        spec: &S,
+        op: &dyn Fn() -> OpContext,
+    ) -> Result<(CudaFunction, Arc<str>)> {
+        let key = spec_key(spec);
+        if let Some(hit) = self
+            .by_spec
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(hit.clone());
+        }
+        let source = spec.source();
+        let name = kernel_name(&source);
+        let source = source.replace(KERNEL_ENTRY, &name);
+        let function = self.function_named(ctx, &source, &name, op)?;
+        let entry = (function, Arc::<str>::from(name));
+        self.by_spec
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, entry.clone());
+        Ok(entry)
+    }
+
     /// The loaded function for `source`, compiling (or reading from disk) on first use.
     pub fn function(
         &self,
         ctx: &Arc<CudaContext>,
         source: &str,
+        op: &dyn Fn() -> OpContext,
+    ) -> Result<CudaFunction> {
+        self.function_named(ctx, source, KERNEL_ENTRY, op)
+    }
+
+    fn function_named(
+        &self,
+        ctx: &Arc<CudaContext>,
+        source: &str,
+        entry: &str,
         op: &dyn Fn() -> OpContext,
     ) -> Result<CudaFunction> {
         let key = cache_key(&self.arch, &self.options, source);
@@ -120,7 +173,7 @@ impl KernelCache {
             }
         };
         let module = ctx.load_module(Ptx::from_src(ptx)).ctx(op)?;
-        let function = module.load_function(KERNEL_ENTRY).ctx(op)?;
+        let function = module.load_function(entry).ctx(op)?;
         self.lock().insert(key, function.clone());
         Ok(function)
     }
@@ -184,7 +237,7 @@ fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
 }
 
 /// Generated sources start with `// <description>`; used to name the kernel in errors.
-fn first_line_comment(source: &str) -> String {
+pub(crate) fn first_line_comment(source: &str) -> String {
     source
         .lines()
         .next()

@@ -194,14 +194,7 @@ pub(crate) fn run_map(
     debug_assert_eq!(p.words().len(), 1 + r + k * r + 2 * k);
     p.float(scalars.f[0]).float(scalars.f[1]);
     p.int(scalars.i[0]).int(scalars.i[1]);
-    launch(
-        device,
-        &spec.source(),
-        grid_for(n as u64, BLOCK),
-        BLOCK,
-        &p,
-        &op,
-    )
+    launch(device, &spec, grid_for(n as u64, BLOCK), BLOCK, &p, &op)
 }
 
 const NO_SCALARS: MapScalars = MapScalars {
@@ -701,6 +694,12 @@ pub fn arange(
         "",
     )?;
     Ok(out)
+}
+
+impl super::KernelSpec for MapSpec {
+    fn source(&self) -> String {
+        MapSpec::source(self)
+    }
 }
 
 #[cfg(test)]

@@ -197,7 +197,7 @@ pub fn gather(x: &CudaTensor, dim: usize, indices: &CudaTensor) -> Result<CudaTe
     );
     launch(
         x.device(),
-        &spec.source(),
+        &spec,
         grid_for(n as u64, BLOCK),
         BLOCK,
         &p,
@@ -262,7 +262,7 @@ pub fn scatter(
     );
     launch(
         x.device(),
-        &spec.source(),
+        &spec,
         grid_for(n as u64, BLOCK),
         BLOCK,
         &p,
@@ -395,6 +395,18 @@ pub fn repeat_dim(x: &CudaTensor, dim: usize, times: usize) -> Result<CudaTensor
     let mut shape = x.shape().to_vec();
     shape[dim] *= times;
     tiled.reshape(&shape)
+}
+
+impl super::KernelSpec for GatherSpec {
+    fn source(&self) -> String {
+        GatherSpec::source(self)
+    }
+}
+
+impl super::KernelSpec for ScatterSpec {
+    fn source(&self) -> String {
+        ScatterSpec::source(self)
+    }
 }
 
 #[cfg(test)]

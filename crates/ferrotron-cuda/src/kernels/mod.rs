@@ -88,17 +88,48 @@ pub fn includes(uses_half: bool) -> &'static str {
     }
 }
 
-/// Compiles (once) and launches `source` on the device's stream.
-pub(crate) fn launch(
+/// A kernel specification: everything its generated source depends on. The cache looks a
+/// launch up by a hash of the spec, so no source is generated or hashed on a hit.
+pub(crate) trait KernelSpec: std::hash::Hash + 'static {
+    fn source(&self) -> String;
+}
+
+/// The entry-point (and profiler) name of a generated kernel: its header comment up to the
+/// rank, as an identifier (`// map add bf16 <- [bf16, bf16] rank 1` → `map_add_bf16_bf16_bf16`).
+pub fn kernel_name(source: &str) -> String {
+    let header = cache::first_line_comment(source);
+    let head = header.split(" rank").next().unwrap_or(&header);
+    let mut name = String::with_capacity(head.len());
+    for c in head.chars() {
+        if c.is_ascii_alphanumeric() {
+            name.push(c.to_ascii_lowercase());
+        } else if !name.ends_with('_') {
+            name.push('_');
+        }
+    }
+    let name = name.trim_matches('_').to_string();
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        format!("k_{name}")
+    } else {
+        name
+    }
+}
+
+/// Compiles (once per spec) and launches a kernel on the device's stream, timed under its
+/// name when op timing is on.
+pub(crate) fn launch<S: KernelSpec>(
     device: &CudaDevice,
-    source: &str,
+    spec: &S,
     grid: u32,
     block: u32,
     params: &Params,
     op: &dyn Fn() -> OpContext,
 ) -> Result<()> {
     device.bind()?;
-    let function = device.kernels().function(device.context(), source, op)?;
+    let (function, name) = device
+        .kernels()
+        .function_for_spec(device.context(), spec, op)?;
+    let _timer = crate::timing::scope(device, &name);
     let mut words = params.words().to_vec();
     let mut args: [*mut c_void; 1] = [words.as_mut_ptr().cast()];
     // SAFETY: the generated kernel takes exactly one by-value struct whose fields are the
@@ -127,6 +158,19 @@ mod tests {
         let mut p = Params::new();
         p.int(-1).padded(&[2, 3], 4).float(1.5).ptr(0xdead);
         assert_eq!(p.words(), &[u64::MAX, 2, 3, 0, 0, 1.5f64.to_bits(), 0xdead]);
+    }
+
+    #[test]
+    fn kernels_are_named_after_their_op() {
+        assert_eq!(
+            kernel_name("// map add bf16 <- [bf16, bf16] rank 1\nint x;"),
+            "map_add_bf16_bf16_bf16"
+        );
+        assert_eq!(
+            kernel_name("// reduce Sum bf16 -> bf16 rank 1\n"),
+            "reduce_sum_bf16_bf16"
+        );
+        assert_eq!(kernel_name("int x;"), "ferrotron_kernel");
     }
 
     #[test]

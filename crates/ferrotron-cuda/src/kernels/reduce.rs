@@ -394,14 +394,7 @@ fn run_reduce(
         Strategy::ThreadPerOutput => super::grid_for(g.outer_n as u64, REDUCE_BLOCK),
     };
     let p = reduce_params(&g, x, out.data_ptr(), 0, divisor);
-    launch(
-        x.device(),
-        &spec.source(),
-        blocks,
-        REDUCE_BLOCK,
-        &p,
-        &|| x.op(name),
-    )
+    launch(x.device(), &spec, blocks, REDUCE_BLOCK, &p, &|| x.op(name))
 }
 
 /// Reduces every element into a tensor of shape `[1]`.
@@ -451,13 +444,25 @@ pub fn arg_reduce_dim(x: &CudaTensor, dim: usize, op: ArgOp) -> Result<CudaTenso
     let p = reduce_params(&g, x, 0, out.data_ptr(), 1.0);
     launch(
         x.device(),
-        &spec.source(),
+        &spec,
         g.outer_n.clamp(1, super::MAX_GRID as usize) as u32,
         REDUCE_BLOCK,
         &p,
         &|| x.op(&name),
     )?;
     Ok(out)
+}
+
+impl super::KernelSpec for ReduceSpec {
+    fn source(&self) -> String {
+        ReduceSpec::source(self)
+    }
+}
+
+impl super::KernelSpec for ArgReduceSpec {
+    fn source(&self) -> String {
+        ArgReduceSpec::source(self)
+    }
 }
 
 #[cfg(test)]

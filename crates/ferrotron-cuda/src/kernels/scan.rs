@@ -101,13 +101,19 @@ pub fn cumulative(x: &CudaTensor, dim: usize, op: ScanOp) -> Result<CudaTensor> 
     p.ptr(x.buffer_ptr()).ptr(out.buffer_ptr());
     launch(
         x.device(),
-        &spec.source(),
+        &spec,
         grid_for(rows as u64, BLOCK),
         BLOCK,
         &p,
         &|| x.op(&name),
     )?;
     Ok(out)
+}
+
+impl super::KernelSpec for ScanSpec {
+    fn source(&self) -> String {
+        ScanSpec::source(self)
+    }
 }
 
 #[cfg(test)]

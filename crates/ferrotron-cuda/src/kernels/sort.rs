@@ -146,13 +146,19 @@ fn run_sort(
         .ptr(ids.buffer_ptr());
     launch(
         device,
-        &spec.source(),
+        &spec,
         rows.min(super::MAX_GRID as usize) as u32,
         SORT_BLOCK,
         &p,
         &|| x.op("sort"),
     )?;
     Ok(indices)
+}
+
+impl super::KernelSpec for SortSpec {
+    fn source(&self) -> String {
+        SortSpec::source(self)
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! gradient; shard specs; the size-1 group.
 
 mod dispatch;
+mod fused;
 mod plain;
 mod regions;
 mod shards;

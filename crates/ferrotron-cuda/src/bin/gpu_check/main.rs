@@ -13,6 +13,7 @@
 mod autodiff;
 mod cases;
 mod compare;
+mod fused;
 mod timing;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -356,8 +357,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING] [--seed N] [--device INDEX] [--no-timings]\n\
-                     Runs every ferrotron-cuda backend op against burn-flex and prints the table."
+                    "gpu_check [--filter SUBSTRING|fused] [--seed N] [--device INDEX] [--no-timings]\n\
+                     Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
+                     linear overrides against their composed versions, and prints the table.\n\
+                     FERROTRON_OP_TIMING=1 adds the per-op GPU time table."
                 );
                 std::process::exit(0);
             }
@@ -382,6 +385,10 @@ fn main() -> anyhow::Result<()> {
         &args.filter,
         args.seed,
     );
+    let mut rows = rows;
+    if args.filter.is_empty() || args.filter == "fused" {
+        rows.extend(fused::rows(&device));
+    }
     let _ = std::panic::take_hook();
     eprintln!(
         "gpu_check: {} rows in {:.1} s on {}",
@@ -394,6 +401,13 @@ fn main() -> anyhow::Result<()> {
         println!(
             "\n{}",
             timing::render(&timing::timings::<ferrotron_cuda::Cuda>(&device, 1))
+        );
+        println!("\n{}", fused::timings(&device));
+    }
+    if ferrotron_cuda::timing::enabled() {
+        println!(
+            "\nper-op GPU time (FERROTRON_OP_TIMING)\n{}",
+            ferrotron_cuda::timing::report()
         );
     }
     let failures = rows.iter().filter(|r| !r.errors.pass()).count();

@@ -1,0 +1,873 @@
+//! cuDNN's fused attention through its backend (graph) API, loaded at run time.
+//!
+//! `graph` describes operation graphs as data, `sdpa` builds the attention forward and backward
+//! graphs the way NVIDIA's cudnn-frontend does (the fused flash-attention engines only match
+//! that exact pattern), and this module materialises a graph into backend descriptors, asks the
+//! heuristics for engine configs, keeps the first execution plan that finalises (cached per
+//! [`sdpa::SdpaKey`]) and executes it on the device's stream with a variant pack.
+//!
+//! `libcudnn.so.9` is opened on first use; a machine without it gets a `LibraryMissing` error
+//! naming what to install.
+#![allow(unsafe_code)]
+
+pub mod graph;
+pub mod sdpa;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cudnn::sys as cs;
+
+use crate::alloc::DeviceBuffer;
+use crate::device::CudaDevice;
+use crate::dtype::{DType, Scalar};
+use crate::error::{CudaError, OpContext, Result};
+use crate::kernels::elementwise::full;
+use crate::tensor::CudaTensor;
+use graph::{Dt, Graph, Op, Pw, Red};
+use sdpa::SdpaKey;
+
+/// Whether `libcudnn` can be opened here.
+pub fn available() -> bool {
+    // SAFETY: only tries to dlopen cuDNN by its usual names.
+    unsafe { cs::is_culib_present() }
+}
+
+fn missing() -> CudaError {
+    CudaError::LibraryMissing {
+        library: "cuDNN 9 (libcudnn.so.9)",
+        hint: "install it (`pip install nvidia-cudnn-cu13`, or the cuDNN 9 package for CUDA 13) and add its lib folder to LD_LIBRARY_PATH, e.g. $(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))')/lib; or set FERROTRON_ATTENTION=composed",
+    }
+}
+
+/// cuDNN's version number (e.g. 91900), or `None` without cuDNN.
+pub fn version() -> Option<usize> {
+    // SAFETY: cudnnGetVersion takes no arguments and only reads a constant.
+    available().then(|| unsafe { cs::cudnnGetVersion() })
+}
+
+fn check(status: cs::cudnnStatus_t, what: &str, op: &dyn Fn() -> OpContext) -> Result<()> {
+    if status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        return Ok(());
+    }
+    Err(CudaError::Unsupported {
+        context: op(),
+        reason: format!("cuDNN {what}: {status:?}"),
+    })
+}
+
+/// An owned backend descriptor.
+struct Desc(cs::cudnnBackendDescriptor_t);
+
+impl Desc {
+    fn new(kind: cs::cudnnBackendDescriptorType_t, op: &dyn Fn() -> OpContext) -> Result<Self> {
+        let mut d: cs::cudnnBackendDescriptor_t = std::ptr::null_mut();
+        // SAFETY: `d` receives a fresh descriptor.
+        check(
+            unsafe { cs::cudnnBackendCreateDescriptor(kind, &mut d) },
+            &format!("create {kind:?}"),
+            op,
+        )?;
+        Ok(Self(d))
+    }
+
+    fn set<T>(
+        &self,
+        name: cs::cudnnBackendAttributeName_t,
+        ty: cs::cudnnBackendAttributeType_t,
+        values: &[T],
+        op: &dyn Fn() -> OpContext,
+    ) -> Result<()> {
+        // SAFETY: `values` holds `len` elements of the C type `ty` names (callers pair them).
+        let status = unsafe {
+            cs::cudnnBackendSetAttribute(
+                self.0,
+                name,
+                ty,
+                values.len() as i64,
+                values.as_ptr().cast(),
+            )
+        };
+        check(status, &format!("set {name:?}"), op)
+    }
+
+    fn set_desc(
+        &self,
+        name: cs::cudnnBackendAttributeName_t,
+        d: &Desc,
+        op: &dyn Fn() -> OpContext,
+    ) -> Result<()> {
+        self.set(
+            name,
+            cs::cudnnBackendAttributeType_t::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            &[d.0],
+            op,
+        )
+    }
+
+    fn finalize(&self, what: &str, op: &dyn Fn() -> OpContext) -> Result<()> {
+        // SAFETY: a live descriptor whose attributes were set above.
+        check(
+            unsafe { cs::cudnnBackendFinalize(self.0) },
+            &format!("finalize {what}"),
+            op,
+        )
+    }
+}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: created by cudnnBackendCreateDescriptor, destroyed once.
+            unsafe { cs::cudnnBackendDestroyDescriptor(self.0) };
+        }
+    }
+}
+
+// SAFETY: backend descriptors are plain heap objects; cuDNN allows using them from any thread
+// as long as calls on one descriptor do not overlap, which the plan cache's mutex ensures.
+unsafe impl Send for Desc {}
+// SAFETY: a finalised execution plan is only read by cudnnBackendExecute, which cuDNN allows
+// concurrently; every mutation (building) happens under the plan cache's mutex.
+unsafe impl Sync for Desc {}
+
+fn data_type(dt: Dt) -> cs::cudnnDataType_t {
+    use cs::cudnnDataType_t::*;
+    match dt {
+        Dt::F32 => CUDNN_DATA_FLOAT,
+        Dt::F16 => CUDNN_DATA_HALF,
+        Dt::Bf16 => CUDNN_DATA_BFLOAT16,
+        Dt::I32 => CUDNN_DATA_INT32,
+        Dt::I64 => CUDNN_DATA_INT64,
+        Dt::Bool => CUDNN_DATA_BOOLEAN,
+    }
+}
+
+fn pointwise_mode(mode: Pw) -> cs::cudnnPointwiseMode_t {
+    use cs::cudnnPointwiseMode_t::*;
+    match mode {
+        Pw::Add => CUDNN_POINTWISE_ADD,
+        Pw::Sub => CUDNN_POINTWISE_SUB,
+        Pw::Mul => CUDNN_POINTWISE_MUL,
+        Pw::Div => CUDNN_POINTWISE_DIV,
+        Pw::Exp => CUDNN_POINTWISE_EXP,
+        Pw::Log => CUDNN_POINTWISE_LOG,
+        Pw::Identity => CUDNN_POINTWISE_IDENTITY,
+        Pw::CmpGe => CUDNN_POINTWISE_CMP_GE,
+        Pw::BinarySelect => CUDNN_POINTWISE_BINARY_SELECT,
+        Pw::GenIndex { .. } => CUDNN_POINTWISE_GEN_INDEX,
+    }
+}
+
+/// A finalised execution plan with its workspace size and the UIDs a variant pack must supply.
+struct Plan {
+    plan: Desc,
+    workspace: usize,
+    uids: Vec<i64>,
+    /// Kept alive for the plan's lifetime (cuDNN may refer to them).
+    _graph: Vec<Desc>,
+}
+
+struct Handle(cs::cudnnHandle_t);
+// SAFETY: a cuDNN handle may be used from any thread, one call at a time (mutex below).
+unsafe impl Send for Handle {}
+
+struct DeviceState {
+    handle: Handle,
+    plans: HashMap<SdpaKey, Arc<Plan>>,
+}
+
+fn states() -> &'static Mutex<HashMap<usize, DeviceState>> {
+    static S: OnceLock<Mutex<HashMap<usize, DeviceState>>> = OnceLock::new();
+    S.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+const BOOL_TRUE: [bool; 1] = [true];
+const BOOL_FALSE: [bool; 1] = [false];
+
+fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) -> Result<Plan> {
+    use cs::cudnnBackendAttributeName_t::*;
+    use cs::cudnnBackendAttributeType_t::*;
+    use cs::cudnnBackendDescriptorType_t::*;
+    let mut keep = Vec::new();
+    let mut tensors: HashMap<i64, Desc> = HashMap::new();
+    for t in &g.tensors {
+        let d = Desc::new(CUDNN_BACKEND_TENSOR_DESCRIPTOR, op)?;
+        d.set(
+            CUDNN_ATTR_TENSOR_DATA_TYPE,
+            CUDNN_TYPE_DATA_TYPE,
+            &[data_type(t.dtype)],
+            op,
+        )?;
+        d.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, &t.dims, op)?;
+        d.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, &t.strides, op)?;
+        d.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, &[t.uid], op)?;
+        d.set(
+            CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
+            CUDNN_TYPE_INT64,
+            &[16i64],
+            op,
+        )?;
+        let virt = if t.is_virtual { BOOL_TRUE } else { BOOL_FALSE };
+        d.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &virt, op)?;
+        if t.by_value {
+            d.set(
+                CUDNN_ATTR_TENSOR_IS_BY_VALUE,
+                CUDNN_TYPE_BOOLEAN,
+                &BOOL_TRUE,
+                op,
+            )?;
+        }
+        d.finalize(&format!("tensor {} ({})", t.uid, t.name), op)?;
+        tensors.insert(t.uid, d);
+    }
+    let tensor = |uid: i64| -> &Desc { &tensors[&uid] };
+    let mut ops = Vec::new();
+    for (i, o) in g.ops.iter().enumerate() {
+        let what = format!("op {i} {o:?}");
+        match *o {
+            Op::Matmul { a, b, c } => {
+                let desc = Desc::new(CUDNN_BACKEND_MATMUL_DESCRIPTOR, op)?;
+                let f32t = [data_type(Dt::F32)];
+                desc.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &f32t, op)?;
+                desc.finalize("matmul descriptor", op)?;
+                let d = Desc::new(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, tensor(a), op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, tensor(b), op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, tensor(c), op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, &desc, op)?;
+                d.finalize(&what, op)?;
+                keep.push(desc);
+                ops.push(d);
+            }
+            Op::Pointwise {
+                mode,
+                prec,
+                x,
+                b,
+                t,
+                y,
+            } => {
+                let desc = Desc::new(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, op)?;
+                desc.set(
+                    CUDNN_ATTR_POINTWISE_MODE,
+                    CUDNN_TYPE_POINTWISE_MODE,
+                    &[pointwise_mode(mode)],
+                    op,
+                )?;
+                desc.set(
+                    CUDNN_ATTR_POINTWISE_MATH_PREC,
+                    CUDNN_TYPE_DATA_TYPE,
+                    &[data_type(prec)],
+                    op,
+                )?;
+                if let Pw::GenIndex { axis } = mode {
+                    desc.set(CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, &[axis], op)?;
+                }
+                desc.finalize("pointwise descriptor", op)?;
+                let d = Desc::new(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &desc, op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, tensor(x), op)?;
+                if let Some(b) = b {
+                    d.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, tensor(b), op)?;
+                }
+                if let Some(t) = t {
+                    d.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, tensor(t), op)?;
+                }
+                d.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, tensor(y), op)?;
+                d.set(
+                    CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1,
+                    CUDNN_TYPE_FLOAT,
+                    &[1f32],
+                    op,
+                )?;
+                d.set(
+                    CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2,
+                    CUDNN_TYPE_FLOAT,
+                    &[1f32],
+                    op,
+                )?;
+                d.finalize(&what, op)?;
+                keep.push(desc);
+                ops.push(d);
+            }
+            Op::Reduction { mode, x, y } => {
+                let desc = Desc::new(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, op)?;
+                let f32t = [data_type(Dt::F32)];
+                desc.set(
+                    CUDNN_ATTR_REDUCTION_COMP_TYPE,
+                    CUDNN_TYPE_DATA_TYPE,
+                    &f32t,
+                    op,
+                )?;
+                let operator = match mode {
+                    Red::Add => cs::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_ADD,
+                    Red::Max => cs::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_MAX,
+                };
+                desc.set(
+                    CUDNN_ATTR_REDUCTION_OPERATOR,
+                    CUDNN_TYPE_REDUCTION_OPERATOR_TYPE,
+                    &[operator],
+                    op,
+                )?;
+                desc.finalize("reduction descriptor", op)?;
+                let d = Desc::new(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, tensor(x), op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, tensor(y), op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, &desc, op)?;
+                d.finalize(&what, op)?;
+                keep.push(desc);
+                ops.push(d);
+            }
+            Op::Rng {
+                keep: p,
+                y,
+                seed,
+                offset,
+            } => {
+                let desc = Desc::new(CUDNN_BACKEND_RNG_DESCRIPTOR, op)?;
+                desc.set(
+                    CUDNN_ATTR_RNG_DISTRIBUTION,
+                    CUDNN_TYPE_RNG_DISTRIBUTION,
+                    &[cs::cudnnRngDistribution_t::CUDNN_RNG_DISTRIBUTION_BERNOULLI],
+                    op,
+                )?;
+                desc.set(
+                    CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY,
+                    CUDNN_TYPE_DOUBLE,
+                    &[p],
+                    op,
+                )?;
+                desc.finalize("rng descriptor", op)?;
+                let d = Desc::new(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR, op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_RNG_YDESC, tensor(y), op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_RNG_DESC, &desc, op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_RNG_SEED, tensor(seed), op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, tensor(offset), op)?;
+                d.finalize(&what, op)?;
+                keep.push(desc);
+                ops.push(d);
+            }
+            Op::Reshape { x, y } => {
+                let d = Desc::new(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, tensor(x), op)?;
+                d.set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, tensor(y), op)?;
+                d.finalize(&what, op)?;
+                ops.push(d);
+            }
+        }
+    }
+    let graph = Desc::new(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, op)?;
+    graph.set(
+        CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
+        CUDNN_TYPE_HANDLE,
+        &[handle],
+        op,
+    )?;
+    let raw: Vec<cs::cudnnBackendDescriptor_t> = ops.iter().map(|d| d.0).collect();
+    graph.set(
+        CUDNN_ATTR_OPERATIONGRAPH_OPS,
+        CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        &raw,
+        op,
+    )?;
+    graph.finalize("operation graph", op)?;
+
+    let heur = Desc::new(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, op)?;
+    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &graph, op)?;
+    heur.set(
+        CUDNN_ATTR_ENGINEHEUR_MODE,
+        CUDNN_TYPE_HEUR_MODE,
+        &[cs::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
+        op,
+    )?;
+    heur.finalize("engine heuristics", op)?;
+    let mut count: i64 = 0;
+    // SAFETY: a count query (no elements requested).
+    check(
+        unsafe {
+            cs::cudnnBackendGetAttribute(
+                heur.0,
+                CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                0,
+                &mut count,
+                std::ptr::null_mut(),
+            )
+        },
+        "count heuristic results",
+        op,
+    )?;
+    if count == 0 {
+        return Err(CudaError::Unsupported {
+            context: op(),
+            reason: "cuDNN heuristics found no engine for the attention graph".into(),
+        });
+    }
+    let configs: Vec<Desc> = (0..count)
+        .map(|_| Desc::new(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, op))
+        .collect::<Result<_>>()?;
+    let mut raw: Vec<cs::cudnnBackendDescriptor_t> = configs.iter().map(|d| d.0).collect();
+    let mut got: i64 = 0;
+    // SAFETY: `raw` holds `count` created engine-config descriptors for cuDNN to fill.
+    check(
+        unsafe {
+            cs::cudnnBackendGetAttribute(
+                heur.0,
+                CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                count,
+                &mut got,
+                raw.as_mut_ptr().cast(),
+            )
+        },
+        "read heuristic results",
+        op,
+    )?;
+    let mut last_err = None;
+    for config in configs.into_iter().take(got as usize) {
+        let plan = Desc::new(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, op)?;
+        plan.set(
+            CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
+            CUDNN_TYPE_HANDLE,
+            &[handle],
+            op,
+        )?;
+        plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &config, op)?;
+        match plan.finalize("execution plan", op) {
+            Ok(()) => {
+                let mut ws: i64 = 0;
+                let mut n: i64 = 0;
+                // SAFETY: reads one int64 into `ws`.
+                check(
+                    unsafe {
+                        cs::cudnnBackendGetAttribute(
+                            plan.0,
+                            CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                            CUDNN_TYPE_INT64,
+                            1,
+                            &mut n,
+                            (&mut ws as *mut i64).cast(),
+                        )
+                    },
+                    "workspace size",
+                    op,
+                )?;
+                keep.push(config);
+                keep.push(heur);
+                keep.push(graph);
+                keep.extend(ops);
+                keep.extend(tensors.into_values());
+                return Ok(Plan {
+                    plan,
+                    workspace: ws.max(0) as usize,
+                    uids: g.variant_uids(),
+                    _graph: keep,
+                });
+            }
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| CudaError::Unsupported {
+        context: op(),
+        reason: "no cuDNN engine config finalised".into(),
+    }))
+}
+
+/// The cached plan for `key` on `device` (built on first use), with the device's handle.
+fn plan_for(
+    device: &CudaDevice,
+    key: &SdpaKey,
+    op: &dyn Fn() -> OpContext,
+) -> Result<(cs::cudnnHandle_t, Arc<Plan>)> {
+    if !available() {
+        return Err(missing());
+    }
+    let mut all = states().lock().unwrap_or_else(|p| p.into_inner());
+    let state = match all.entry(device.ordinal()) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            device.bind()?;
+            let mut h: cs::cudnnHandle_t = std::ptr::null_mut();
+            // SAFETY: `h` receives a new handle for the current context.
+            check(unsafe { cs::cudnnCreate(&mut h) }, "cudnnCreate", op)?;
+            // SAFETY: the device's stream lives as long as the device (the process).
+            check(
+                unsafe { cs::cudnnSetStream(h, device.cu_stream().cast()) },
+                "cudnnSetStream",
+                op,
+            )?;
+            e.insert(DeviceState {
+                handle: Handle(h),
+                plans: HashMap::new(),
+            })
+        }
+    };
+    if let Some(plan) = state.plans.get(key) {
+        return Ok((state.handle.0, plan.clone()));
+    }
+    let graph = if key.backward {
+        sdpa::backward_graph(key)
+    } else {
+        sdpa::forward_graph(key)
+    };
+    let started = std::time::Instant::now();
+    let plan = Arc::new(build_plan(state.handle.0, &graph, op)?);
+    tracing::debug!(
+        ?key,
+        ms = started.elapsed().as_millis() as u64,
+        workspace = plan.workspace,
+        "cuDNN attention plan built"
+    );
+    state.plans.insert(key.clone(), plan.clone());
+    Ok((state.handle.0, plan))
+}
+
+/// Executes `plan` with `pointers` (device addresses or, for by-value scalars, host pointers)
+/// for its UIDs.
+fn execute(
+    device: &Arc<CudaDevice>,
+    handle: cs::cudnnHandle_t,
+    plan: &Plan,
+    pointers: &HashMap<i64, *mut c_void>,
+    op: &dyn Fn() -> OpContext,
+) -> Result<()> {
+    use cs::cudnnBackendAttributeName_t::*;
+    use cs::cudnnBackendAttributeType_t::*;
+    let workspace = if plan.workspace > 0 {
+        Some(DeviceBuffer::alloc(device, plan.workspace)?)
+    } else {
+        None
+    };
+    let ws_ptr: *mut c_void = workspace
+        .as_ref()
+        .map_or(std::ptr::null_mut(), |b| b.ptr() as *mut c_void);
+    let mut ptrs = Vec::with_capacity(plan.uids.len());
+    for uid in &plan.uids {
+        ptrs.push(*pointers.get(uid).ok_or_else(|| {
+            CudaError::invalid(op(), format!("cuDNN variant pack lacks UID {uid}"))
+        })?);
+    }
+    let pack = Desc::new(
+        cs::cudnnBackendDescriptorType_t::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR,
+        op,
+    )?;
+    pack.set(
+        CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+        CUDNN_TYPE_INT64,
+        &plan.uids,
+        op,
+    )?;
+    pack.set(
+        CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+        CUDNN_TYPE_VOID_PTR,
+        &ptrs,
+        op,
+    )?;
+    pack.set(
+        CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+        CUDNN_TYPE_VOID_PTR,
+        &[ws_ptr],
+        op,
+    )?;
+    pack.finalize("variant pack", op)?;
+    device.bind()?;
+    // SAFETY: every pointer refers to a live buffer of the size its tensor descriptor implies
+    // (checked by the callers) or to a host scalar that outlives this call; the workspace lives
+    // until after the queued work (stream-ordered free).
+    let status = unsafe { cs::cudnnBackendExecute(handle, plan.plan.0, pack.0) };
+    check(status, "execute", op)?;
+    drop(workspace);
+    Ok(())
+}
+
+/// Engine dtype → graph dtype (half types only: cuDNN's fused attention has no f32 path).
+pub fn graph_dtype(dtype: DType) -> Option<Dt> {
+    match dtype {
+        DType::BF16 => Some(Dt::Bf16),
+        DType::F16 => Some(Dt::F16),
+        _ => None,
+    }
+}
+
+/// `[b, h, s, d]` element strides of a tensor cuDNN can read in place: rank 4, unit stride
+/// over the head dim, 16-byte aligned start and strides, no broadcast (stride 0) dims.
+pub fn in_place_strides(t: &CudaTensor) -> Option<[i64; 4]> {
+    if t.rank() != 4 {
+        return None;
+    }
+    let s = t.strides();
+    let elem = t.dtype().size_in_bytes() as i64;
+    let ok_stride = |x: isize, dim: usize| x > 0 || t.shape()[dim] == 1;
+    if s[3] != 1 || !(0..3).all(|i| ok_stride(s[i], i)) {
+        return None;
+    }
+    let aligned = t.data_ptr().is_multiple_of(16) && (0..3).all(|i| (s[i] as i64 * elem) % 16 == 0);
+    aligned.then(|| {
+        let mut out = [0i64; 4];
+        for i in 0..4 {
+            // A size-1 dim's stride is arbitrary; give cuDNN a positive one.
+            out[i] = if s[i] > 0 { s[i] as i64 } else { 1 };
+        }
+        out
+    })
+}
+
+/// `t` itself when cuDNN can read it in place, else a contiguous copy.
+fn readable(t: &CudaTensor) -> Result<(CudaTensor, [i64; 4])> {
+    if let Some(s) = in_place_strides(t) {
+        return Ok((t.clone(), s));
+    }
+    let c = t.contiguous()?;
+    let s = in_place_strides(&c).ok_or_else(|| {
+        CudaError::invalid(
+            t.op("cuDNN attention"),
+            "a contiguous copy is still not 16-byte aligned (head dim must be a multiple of 8)",
+        )
+    })?;
+    Ok((c, s))
+}
+
+/// A fresh `[b, h, s, d]` tensor stored as `[b, s, h, d]` (what the model's head merge
+/// reads as a view).
+fn bshd(
+    device: &Arc<CudaDevice>,
+    b: usize,
+    h: usize,
+    s: usize,
+    d: usize,
+    dtype: DType,
+) -> Result<CudaTensor> {
+    CudaTensor::empty(device, &[b, s, h, d], dtype)?.swap_dims(1, 2)
+}
+
+fn ptr(t: &CudaTensor) -> *mut c_void {
+    t.data_ptr() as *mut c_void
+}
+
+/// Attention problem sizes read from q `[b, h, s_q, d]` and k `[b, g, s_kv, d]`.
+fn sizes(
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    op: &dyn Fn() -> OpContext,
+) -> Result<[usize; 6]> {
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    if qs.len() != 4 || ks.len() != 4 || ks != vs || qs[0] != ks[0] || qs[3] != ks[3] {
+        return Err(CudaError::invalid(
+            op(),
+            "expected q [b, h, s, d], k = v [b, g, s_kv, d]",
+        ));
+    }
+    if ks[1] == 0 || qs[1] % ks[1] != 0 {
+        return Err(CudaError::invalid(
+            op(),
+            "query heads must be a multiple of key/value groups",
+        ));
+    }
+    Ok([qs[0], qs[1], ks[1], qs[2], ks[2], qs[3]])
+}
+
+/// Whether cuDNN's fused attention takes these inputs (dtype, head dim, cuDNN ≥ 9).
+pub fn supports(q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> bool {
+    let dims_ok = q.rank() == 4 && k.rank() == 4 && v.shape() == k.shape();
+    dims_ok
+        && graph_dtype(q.dtype()).is_some()
+        && k.dtype() == q.dtype()
+        && v.dtype() == q.dtype()
+        && matches!(q.shape()[3], 64 | 128)
+        && q.shape()[1].is_multiple_of(k.shape()[1].max(1))
+}
+
+/// What the forward produced and the backward needs.
+#[derive(Debug, Clone)]
+pub struct SdpaForward {
+    /// `[b, h, s, d]` stored as `[b, s, h, d]`.
+    pub output: CudaTensor,
+    /// `[b, h, s, 1]` f32.
+    pub stats: CudaTensor,
+    /// (seed, offset) of the dropout generator.
+    pub rng: [u64; 2],
+}
+
+/// The dropout seed and offset as device int64 scalars, written by a fill kernel (the value
+/// travels in the launch parameters): an upload from pageable host memory would synchronise the
+/// stream, twice per layer and step.
+fn seed_offset(device: &Arc<CudaDevice>, rng: [u64; 2]) -> Result<(CudaTensor, CudaTensor)> {
+    let fill = |v: u64| full(device, &[1, 1, 1, 1], Scalar::Int(v as i64), DType::I64);
+    Ok((fill(rng[0])?, fill(rng[1])?))
+}
+
+/// Fused attention forward: `softmax(scale·q·kᵀ (+ causal mask)) (dropout) · v`.
+pub fn sdpa_forward(
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    causal: bool,
+    scale: f32,
+    dropout: f32,
+) -> Result<SdpaForward> {
+    let op = || {
+        OpContext::new("cuDNN attention forward")
+            .shape(q.shape())
+            .shape(k.shape())
+            .dtype(q.dtype())
+    };
+    let [b, h, g, sq, skv, d] = sizes(q, k, v, &op)?;
+    let dt = graph_dtype(q.dtype())
+        .ok_or_else(|| CudaError::unsupported(op(), "cuDNN attention needs bf16 or f16"))?;
+    let device = q.device();
+    let (q, q_s) = readable(q)?;
+    let (k, k_s) = readable(k)?;
+    let (v, v_s) = readable(v)?;
+    let out = bshd(device, b, h, sq, d, q.dtype())?;
+    let o_s = in_place_strides(&out).expect("fresh output is aligned");
+    let stats = CudaTensor::empty(device, &[b, h, sq, 1], DType::F32)?;
+    let key = SdpaKey {
+        backward: false,
+        batch: b as i64,
+        heads: h as i64,
+        groups: g as i64,
+        seq_q: sq as i64,
+        seq_kv: skv as i64,
+        head_dim: d as i64,
+        dtype: dt,
+        causal,
+        dropout_bits: if dropout > 0.0 { dropout.to_bits() } else { 0 },
+        strides: vec![q_s, k_s, v_s, o_s],
+    };
+    let (handle, plan) = plan_for(device, &key, &op)?;
+    let rng = if dropout > 0.0 {
+        let (seed, offset) = device.next_rng_offset((b * h * sq * skv) as u64);
+        [seed, offset]
+    } else {
+        [0, 0]
+    };
+    let mut scalars = [
+        scale,
+        f32::NEG_INFINITY,
+        1.0 / (1.0 - dropout),
+        1.0 - dropout,
+        1.0,
+    ];
+    let mut pointers: HashMap<i64, *mut c_void> = HashMap::new();
+    pointers.insert(sdpa::Q, ptr(&q));
+    pointers.insert(sdpa::K, ptr(&k));
+    pointers.insert(sdpa::V, ptr(&v));
+    pointers.insert(sdpa::O, ptr(&out));
+    pointers.insert(sdpa::STATS, ptr(&stats));
+    pointers.insert(sdpa::SCALE, (&mut scalars[0] as *mut f32).cast());
+    pointers.insert(sdpa::NEG_INF, (&mut scalars[1] as *mut f32).cast());
+    pointers.insert(sdpa::DROPOUT_SCALE, (&mut scalars[2] as *mut f32).cast());
+    let rng_tensors = if dropout > 0.0 {
+        Some(seed_offset(device, rng)?)
+    } else {
+        None
+    };
+    if let Some((seed, offset)) = &rng_tensors {
+        pointers.insert(sdpa::SEED, ptr(seed));
+        pointers.insert(sdpa::OFFSET, ptr(offset));
+    }
+    let _timer = crate::timing::scope(device, "attention_fwd(cudnn)");
+    execute(device, handle, &plan, &pointers, &op)?;
+    Ok(SdpaForward {
+        output: out,
+        stats,
+        rng,
+    })
+}
+
+/// Fused attention backward: (dq, dk, dv) from the forward's saved state and dO.
+#[allow(clippy::too_many_arguments)]
+pub fn sdpa_backward(
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    saved: &SdpaForward,
+    grad: &CudaTensor,
+    causal: bool,
+    scale: f32,
+    dropout: f32,
+) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+    let op = || {
+        OpContext::new("cuDNN attention backward")
+            .shape(q.shape())
+            .shape(k.shape())
+            .dtype(q.dtype())
+    };
+    let [b, h, g, sq, skv, d] = sizes(q, k, v, &op)?;
+    let dt = graph_dtype(q.dtype())
+        .ok_or_else(|| CudaError::unsupported(op(), "cuDNN attention needs bf16 or f16"))?;
+    let device = q.device();
+    let (q, q_s) = readable(q)?;
+    let (k, k_s) = readable(k)?;
+    let (v, v_s) = readable(v)?;
+    let (o, o_s) = readable(&saved.output)?;
+    let grad = if grad.dtype() == q.dtype() {
+        grad.clone()
+    } else {
+        grad.cast(q.dtype())?
+    };
+    let (d_o, do_s) = readable(&grad)?;
+    let dq = bshd(device, b, h, sq, d, q.dtype())?;
+    let dk = bshd(device, b, g, skv, d, q.dtype())?;
+    let dv = bshd(device, b, g, skv, d, q.dtype())?;
+    let strides = [&dq, &dk, &dv].map(|t| in_place_strides(t).expect("fresh gradient is aligned"));
+    let softmax_sum = CudaTensor::empty(device, &[b, h, sq, 1], DType::F32)?;
+    let accum = CudaTensor::empty(device, &[b, h, sq, d], DType::F32)?;
+    let key = SdpaKey {
+        backward: true,
+        batch: b as i64,
+        heads: h as i64,
+        groups: g as i64,
+        seq_q: sq as i64,
+        seq_kv: skv as i64,
+        head_dim: d as i64,
+        dtype: dt,
+        causal,
+        dropout_bits: if dropout > 0.0 { dropout.to_bits() } else { 0 },
+        strides: vec![q_s, k_s, v_s, o_s, do_s, strides[0], strides[1], strides[2]],
+    };
+    let (handle, plan) = plan_for(device, &key, &op)?;
+    let mut scalars = [
+        scale,
+        f32::NEG_INFINITY,
+        1.0 / (1.0 - dropout),
+        1.0 - dropout,
+        1.0,
+    ];
+    let mut pointers: HashMap<i64, *mut c_void> = HashMap::new();
+    for (uid, t) in [
+        (sdpa::Q, &q),
+        (sdpa::K, &k),
+        (sdpa::V, &v),
+        (sdpa::O, &o),
+        (sdpa::D_O, &d_o),
+        (sdpa::D_Q, &dq),
+        (sdpa::D_K, &dk),
+        (sdpa::D_V, &dv),
+        (sdpa::STATS, &saved.stats),
+        (sdpa::SOFTMAX_SUM, &softmax_sum),
+        (sdpa::DQ_ACCUM, &accum),
+    ] {
+        pointers.insert(uid, ptr(t));
+    }
+    pointers.insert(sdpa::SCALE, (&mut scalars[0] as *mut f32).cast());
+    pointers.insert(sdpa::NEG_INF, (&mut scalars[1] as *mut f32).cast());
+    pointers.insert(sdpa::DROPOUT_SCALE, (&mut scalars[2] as *mut f32).cast());
+    pointers.insert(sdpa::DROPOUT_KEEP, (&mut scalars[3] as *mut f32).cast());
+    pointers.insert(sdpa::ONE, (&mut scalars[4] as *mut f32).cast());
+    let rng_tensors = if dropout > 0.0 {
+        Some(seed_offset(device, saved.rng)?)
+    } else {
+        None
+    };
+    if let Some((seed, offset)) = &rng_tensors {
+        pointers.insert(sdpa::SEED, ptr(seed));
+        pointers.insert(sdpa::OFFSET, ptr(offset));
+    }
+    let _timer = crate::timing::scope(device, "attention_bwd(cudnn)");
+    execute(device, handle, &plan, &pointers, &op)?;
+    Ok((dq, dk, dv))
+}

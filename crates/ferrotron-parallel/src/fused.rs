@@ -1,0 +1,294 @@
+//! [`FusedOps`]: fused operators as a backend extension, the same mechanism as [`ParallelOps`].
+//!
+//! Each op has a *composed* default written with burn ops — exactly the arithmetic the model
+//! used before the op existed, so `burn-flex` and stock burn-cuda keep their numbers bit for
+//! bit — and a *kernel* pair (forward that saves what its backward needs, and that backward)
+//! which a GPU backend overrides. `Autodiff<B>` (see `fused_autodiff.rs`) records one graph node
+//! whose backward is the kernel's backward when `B` says it has a kernel for the inputs, and
+//! otherwise runs the composed default on itself (so autodiff records today's graph).
+//!
+//! The kernel pair also has a composed reference implementation (`*_reference`): it is what the
+//! CPU tests drive through the autodiff node to check the node's gradients against the composed
+//! graph's, and it documents the contract a kernel must meet.
+//!
+//! First op: causal (or unmasked) scaled-dot-product attention with grouped-query K/V.
+//!
+//! [`ParallelOps`]: crate::ParallelOps
+
+use burn::nn::DropoutConfig;
+use burn::tensor::backend::Backend;
+use burn::tensor::module::attention as burn_attention;
+use burn::tensor::ops::{AttentionModuleOptions, FloatTensor};
+use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
+
+/// One attention call: `softmax(scale · q·kᵀ + mask) · v`, with dropout on the probabilities.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionSpec {
+    /// Each query sees the keys at or before its position (top-left aligned, as burn's
+    /// `is_causal` and `tril_mask`).
+    pub causal: bool,
+    /// Factor on the scores; `None` is `1/sqrt(head_dim)` (burn's convention).
+    pub scale: Option<f64>,
+    /// Dropout probability on the attention probabilities (applied only while autodiff is
+    /// enabled, as `burn::nn::Dropout` does).
+    pub dropout: f64,
+}
+
+impl AttentionSpec {
+    pub fn causal() -> Self {
+        Self {
+            causal: true,
+            scale: None,
+            dropout: 0.0,
+        }
+    }
+
+    /// The scale for a head dimension.
+    pub fn scale_for(&self, head_dim: usize) -> f64 {
+        self.scale.unwrap_or(1.0 / (head_dim as f64).sqrt())
+    }
+}
+
+/// What a fused attention forward keeps for its backward, besides q, k, v.
+#[derive(Debug, Clone)]
+pub struct AttentionSaved<B: Backend> {
+    /// `[batch, heads, seq, head_dim]`.
+    pub output: FloatTensor<B>,
+    /// Per query row `max + ln Σ exp` of the scaled, masked scores: `[batch, heads, seq, 1]`, f32.
+    pub stats: FloatTensor<B>,
+    /// Dropout generator state (seed, counter offset) so the backward regenerates the mask.
+    pub rng: [u64; 2],
+}
+
+/// Gradients of a fused attention: dq `[b, h, s, d]`, dk and dv `[b, groups, s_kv, d]`.
+#[derive(Debug, Clone)]
+pub struct AttentionGrads<B: Backend> {
+    pub query: FloatTensor<B>,
+    pub key: FloatTensor<B>,
+    pub value: FloatTensor<B>,
+}
+
+pub trait FusedOps: Backend {
+    /// `query [b, heads, s_q, d]`, `key`/`value [b, groups, s_kv, d]` with `heads` a multiple
+    /// of `groups` (grouped-query attention: each group's key/value serves `heads / groups`
+    /// consecutive query heads, never repeated in memory by a fused kernel) →
+    /// `[b, heads, s_q, d]`.
+    fn fused_attention(
+        query: FloatTensor<Self>,
+        key: FloatTensor<Self>,
+        value: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> FloatTensor<Self> {
+        composed_attention::<Self>(query, key, value, spec)
+    }
+
+    /// Whether [`FusedOps::attention_kernel_forward`] is a real fused kernel for these inputs
+    /// (the autodiff impl then records one node). Default: no kernel.
+    fn has_attention_kernel(
+        query: &FloatTensor<Self>,
+        key: &FloatTensor<Self>,
+        value: &FloatTensor<Self>,
+        spec: &AttentionSpec,
+    ) -> bool {
+        let _ = (query, key, value, spec);
+        false
+    }
+
+    /// Fused forward: the output and what the backward needs. Default: the composed reference
+    /// (no dropout).
+    fn attention_kernel_forward(
+        query: FloatTensor<Self>,
+        key: FloatTensor<Self>,
+        value: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> AttentionSaved<Self> {
+        attention_forward_reference::<Self>(query, key, value, spec)
+    }
+
+    /// Fused backward from the forward's saved state and the output gradient.
+    fn attention_kernel_backward(
+        query: FloatTensor<Self>,
+        key: FloatTensor<Self>,
+        value: FloatTensor<Self>,
+        saved: AttentionSaved<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> AttentionGrads<Self> {
+        attention_backward_reference::<Self>(query, key, value, saved, grad_output, spec)
+    }
+}
+
+impl FusedOps for burn::backend::Flex {}
+
+fn wrap<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+fn unwrap<B: Backend, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
+    x.into_primitive().tensor()
+}
+
+/// `[batch, groups, seq, d]` → `[batch, groups·per_group, seq, d]`, each group's key/value
+/// shared by its `per_group` consecutive query heads.
+pub fn repeat_groups<B: Backend>(x: Tensor<B, 4>, per_group: usize) -> Tensor<B, 4> {
+    if per_group == 1 {
+        return x;
+    }
+    let [batch, groups, seq, dim] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .expand([batch, groups, per_group, seq, dim])
+        .reshape([batch, groups * per_group, seq, dim])
+}
+
+fn per_group(heads: usize, groups: usize) -> usize {
+    assert!(
+        groups > 0 && heads.is_multiple_of(groups),
+        "attention: {heads} query heads are not a multiple of {groups} key/value groups"
+    );
+    heads / groups
+}
+
+/// The composed attention: the model's arithmetic before fused attention existed (repeated
+/// K/V, then burn's `attention` op, or matmul–softmax–dropout–matmul while dropout is live).
+pub fn composed_attention<B: Backend>(
+    query: FloatTensor<B>,
+    key: FloatTensor<B>,
+    value: FloatTensor<B>,
+    spec: AttentionSpec,
+) -> FloatTensor<B> {
+    let query: Tensor<B, 4> = wrap(query);
+    let [batch, heads, seq, head_dim] = query.dims();
+    let key: Tensor<B, 4> = wrap(key);
+    let value: Tensor<B, 4> = wrap(value);
+    let per = per_group(heads, key.dims()[1]);
+    let key = repeat_groups(key, per);
+    let value = repeat_groups(value, per);
+    let [_, _, keys, _] = key.dims();
+    let device = query.device();
+    let context = if spec.dropout > 0.0 && B::ad_enabled(&device) {
+        let scores = query.matmul(key.swap_dims(2, 3)) * spec.scale_for(head_dim);
+        let scores = if spec.causal {
+            // burn's `tril_mask` is true outside the lower triangle: exactly the future keys.
+            let future = Tensor::<B, 2, Bool>::tril_mask([seq, keys], 0, &device)
+                .unsqueeze::<4>()
+                .expand([batch, heads, seq, keys]);
+            scores.mask_fill(future, f32::NEG_INFINITY)
+        } else {
+            scores
+        };
+        let probabilities = burn::tensor::activation::softmax(scores, 3);
+        DropoutConfig::new(spec.dropout)
+            .init()
+            .forward(probabilities)
+            .matmul(value)
+    } else {
+        let options = AttentionModuleOptions {
+            is_causal: spec.causal,
+            scale: spec.scale,
+            ..Default::default()
+        };
+        burn_attention(query, key, value, None, None, options)
+    };
+    unwrap(context)
+}
+
+/// Scaled, masked scores in f32 (the kernels' accumulator type).
+fn scores_f32<B: Backend>(
+    query: &Tensor<B, 4>,
+    key: &Tensor<B, 4>,
+    spec: &AttentionSpec,
+) -> Tensor<B, 4> {
+    let [batch, heads, seq, head_dim] = query.dims();
+    let [_, groups, keys, _] = key.dims();
+    let key = repeat_groups(key.clone(), per_group(heads, groups));
+    let scores = query
+        .clone()
+        .cast(DType::F32)
+        .matmul(key.cast(DType::F32).swap_dims(2, 3))
+        * spec.scale_for(head_dim);
+    if spec.causal {
+        let future = Tensor::<B, 2, Bool>::tril_mask([seq, keys], 0, &query.device())
+            .unsqueeze::<4>()
+            .expand([batch, heads, seq, keys]);
+        scores.mask_fill(future, f32::NEG_INFINITY)
+    } else {
+        scores
+    }
+}
+
+/// Reference of [`FusedOps::attention_kernel_forward`] in burn ops (f32 softmax statistics;
+/// no dropout).
+pub fn attention_forward_reference<B: Backend>(
+    query: FloatTensor<B>,
+    key: FloatTensor<B>,
+    value: FloatTensor<B>,
+    spec: AttentionSpec,
+) -> AttentionSaved<B> {
+    assert!(
+        spec.dropout == 0.0,
+        "the reference attention kernel has no dropout"
+    );
+    let query: Tensor<B, 4> = wrap(query);
+    let key: Tensor<B, 4> = wrap(key);
+    let value: Tensor<B, 4> = wrap(value);
+    let dtype = query.dtype();
+    let per = per_group(query.dims()[1], key.dims()[1]);
+    let scores = scores_f32(&query, &key, &spec);
+    let max = scores.clone().max_dim(3);
+    let stats = max.clone() + (scores.clone() - max).exp().sum_dim(3).log();
+    let probabilities = (scores - stats.clone()).exp();
+    let value = repeat_groups(value, per).cast(DType::F32);
+    let output = probabilities.matmul(value).cast(dtype);
+    AttentionSaved {
+        output: unwrap(output),
+        stats: unwrap(stats),
+        rng: [0, 0],
+    }
+}
+
+/// Reference of [`FusedOps::attention_kernel_backward`]: probabilities recomputed from the
+/// statistics, `dS = P ∘ (dP − rowsum(dO ∘ O))`, group gradients summed over their heads.
+pub fn attention_backward_reference<B: Backend>(
+    query: FloatTensor<B>,
+    key: FloatTensor<B>,
+    value: FloatTensor<B>,
+    saved: AttentionSaved<B>,
+    grad_output: FloatTensor<B>,
+    spec: AttentionSpec,
+) -> AttentionGrads<B> {
+    let query: Tensor<B, 4> = wrap(query);
+    let key: Tensor<B, 4> = wrap(key);
+    let value: Tensor<B, 4> = wrap(value);
+    let output: Tensor<B, 4> = wrap(saved.output);
+    let stats: Tensor<B, 4> = wrap(saved.stats);
+    let grad: Tensor<B, 4> = wrap::<B, 4>(grad_output).cast(DType::F32);
+    let dtype = query.dtype();
+    let [batch, heads, seq, head_dim] = query.dims();
+    let [_, groups, keys, _] = key.dims();
+    let per = per_group(heads, groups);
+    let scale = spec.scale_for(head_dim);
+
+    let probabilities = (scores_f32(&query, &key, &spec) - stats).exp();
+    let key_rep = repeat_groups(key, per).cast(DType::F32);
+    let value_rep = repeat_groups(value, per).cast(DType::F32);
+    let grad_value = probabilities.clone().swap_dims(2, 3).matmul(grad.clone());
+    let grad_prob = grad.clone().matmul(value_rep.swap_dims(2, 3));
+    let row = (grad * output.cast(DType::F32)).sum_dim(3);
+    let grad_scores = probabilities * (grad_prob - row);
+    let grad_query = grad_scores.clone().matmul(key_rep) * scale;
+    let grad_key = grad_scores.swap_dims(2, 3).matmul(query.cast(DType::F32)) * scale;
+    let fold = |x: Tensor<B, 4>| -> Tensor<B, 4> {
+        if per == 1 {
+            return x;
+        }
+        x.reshape([batch, groups, per, keys, head_dim])
+            .sum_dim(2)
+            .reshape([batch, groups, keys, head_dim])
+    };
+    let _ = seq;
+    AttentionGrads {
+        query: unwrap(grad_query.cast(dtype)),
+        key: unwrap(fold(grad_key).cast(dtype)),
+        value: unwrap(fold(grad_value).cast(dtype)),
+    }
+}
