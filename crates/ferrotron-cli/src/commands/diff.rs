@@ -12,6 +12,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use crate::exit;
 use ferrotron_plan::{Plan, PlanOptions};
 use ferrotron_recipe::{LoadOptions, LoadedRecipe, Problem, Severity, SourceReader, load_with};
 use serde_json::{Value, json};
@@ -134,17 +135,17 @@ fn load_side(arg: &str) -> Loaded {
             if problems.iter().any(|p| p.severity() == Severity::Error) {
                 print(&problems);
                 eprintln!("invalid: {arg}");
-                return Loaded::Failed(1);
+                return Loaded::Failed(exit::FAILED);
             }
             Loaded::Ok(Box::new(loaded))
         }
         Err(errors) => {
             print(errors.problems());
             if errors.is_unreadable() {
-                Loaded::Failed(2)
+                Loaded::Failed(exit::USAGE)
             } else {
                 eprintln!("invalid: {errors}");
-                Loaded::Failed(1)
+                Loaded::Failed(exit::FAILED)
             }
         }
     }
@@ -155,8 +156,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let new = load_side(&args.new);
     let (old, new) = match (old, new) {
         (Loaded::Ok(old), Loaded::Ok(new)) => (old, new),
-        (Loaded::Failed(a), Loaded::Failed(b)) => return Ok(ExitCode::from(a.max(b))),
-        (Loaded::Failed(code), _) | (_, Loaded::Failed(code)) => return Ok(ExitCode::from(code)),
+        (Loaded::Failed(a), Loaded::Failed(b)) => return Ok(exit::code(a.max(b))),
+        (Loaded::Failed(code), _) | (_, Loaded::Failed(code)) => return Ok(exit::code(code)),
     };
     let report = Report::new(&args.old, &args.new, &old, &new);
     match args.format {

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::exit;
 use ferrotron_recipe::{FORMAT_VERSION, inherited_version, migrate_text, unified_diff};
 
 use super::validate::{handler, render};
@@ -91,9 +92,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(if unreadable {
-        ExitCode::from(2)
+        exit::code(exit::USAGE)
     } else if failed || (args.check && outdated) {
-        ExitCode::from(1)
+        exit::code(exit::FAILED)
     } else {
         ExitCode::SUCCESS
     })

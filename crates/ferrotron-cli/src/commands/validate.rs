@@ -9,6 +9,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::exit;
 use ferrotron_recipe::{Checked, LoadOptions, Problem, Severity, load};
 use miette::{GraphicalReportHandler, GraphicalTheme};
 
@@ -82,9 +83,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(if outcomes.iter().any(|o| o.unreadable) {
-        ExitCode::from(2)
+        exit::code(exit::USAGE)
     } else if outcomes.iter().any(|o| o.errors() > 0) {
-        ExitCode::from(1)
+        exit::code(exit::FAILED)
     } else {
         ExitCode::SUCCESS
     })
