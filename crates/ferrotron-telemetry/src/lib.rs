@@ -18,7 +18,7 @@ pub use jsonl::JsonlWriter;
 pub use manifest::{
     MANIFEST_FILE, MANIFEST_VERSION, ProgramInfo, RunDetails, RunManifest, RunStatus, WorldLayout,
 };
-pub use memory::process_memory_bytes;
+pub use memory::{MemoryProbe, process_memory_bytes};
 pub use metrics::{Metrics, StepMetrics};
 pub use progress::Progress;
 pub use server::MetricsServer;

@@ -1,7 +1,48 @@
-//! Resident memory of this process, the `memory_bytes` a CPU run can report.
+//! The memory a rank reports as `memory_bytes` (progress line, `/metrics`, JSONL): on the CPU the
+//! process's resident memory, on a GPU the device memory its tensors hold. Telemetry does not
+//! know the backends, so the launcher hands the loop a [`MemoryProbe`] for the device it chose.
 //!
-//! Read from `/proc/self/status` (`VmRSS`, already in kB) rather than `statm` so no page size, and
-//! hence no `libc` call, is needed.
+//! Resident memory is read from `/proc/self/status` (`VmRSS`, already in kB) rather than `statm`
+//! so no page size, and hence no `libc` call, is needed.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// How to read the memory in use by this rank, at every logged step.
+#[derive(Clone)]
+pub struct MemoryProbe {
+    what: &'static str,
+    read: Arc<dyn Fn() -> u64 + Send + Sync>,
+}
+
+impl MemoryProbe {
+    /// This process's resident memory (the CPU backend's tensors live there).
+    pub fn process() -> MemoryProbe {
+        MemoryProbe::new("process resident memory", process_memory_bytes)
+    }
+
+    /// `read` (cheap: called at every logged step), described as `what`.
+    pub fn new(what: &'static str, read: impl Fn() -> u64 + Send + Sync + 'static) -> MemoryProbe {
+        MemoryProbe {
+            what,
+            read: Arc::new(read),
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.read)()
+    }
+
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+}
+
+impl fmt::Debug for MemoryProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MemoryProbe({})", self.what)
+    }
+}
 
 /// Resident set size of this process in bytes; 0 where `/proc` is unavailable (non-Linux).
 pub fn process_memory_bytes() -> u64 {
@@ -21,6 +62,14 @@ fn resident_bytes(status: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_reads_what_it_was_given() {
+        let probe = MemoryProbe::new("fixed", || 42);
+        assert_eq!((probe.bytes(), probe.what()), (42, "fixed"));
+        assert_eq!(format!("{probe:?}"), "MemoryProbe(fixed)");
+        assert!(MemoryProbe::process().bytes() > 0 || !cfg!(target_os = "linux"));
+    }
 
     #[test]
     fn vm_rss_is_read_in_bytes() {

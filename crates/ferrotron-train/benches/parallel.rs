@@ -59,6 +59,7 @@ fn bench_layouts(c: &mut Criterion) {
         stop: StopFlag::default(),
         exit_interval: None,
         announce: |_| {},
+        memory: ferrotron_telemetry::MemoryProbe::process(),
     };
     let device = Default::default();
     let mut group = c.benchmark_group("eight_steps");

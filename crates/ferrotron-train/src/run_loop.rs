@@ -201,7 +201,7 @@ pub(crate) fn run_loop(
                     tflops_per_gpu: per_gpu / 1e12,
                     mfu: per_gpu / plan.hardware.peak_flops,
                     step_seconds,
-                    memory_bytes: ferrotron_telemetry::process_memory_bytes(),
+                    memory_bytes: context.options.memory.bytes(),
                 };
                 reporter.metrics.record_step(&step_metrics);
                 reporter.progress.update(&step_metrics);

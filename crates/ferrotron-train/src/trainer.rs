@@ -10,6 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 use ferrotron_model::{GptModel, ModelConfig};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_plan::Plan;
+use ferrotron_telemetry::MemoryProbe;
 
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::params::NamedTensor;
@@ -30,6 +31,8 @@ pub struct RunOptions {
     pub exit_interval: Option<u64>,
     /// Called once the Prometheus exporter listens, with its address.
     pub announce: fn(&str),
+    /// The memory each logged step reports: resident memory on the CPU, device memory on a GPU.
+    pub memory: MemoryProbe,
 }
 
 /// How a run ended.

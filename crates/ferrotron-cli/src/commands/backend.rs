@@ -15,6 +15,7 @@ use burn::tensor::backend::AutodiffBackend;
 use ferrotron_parallel::ParallelOps;
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{Backend, Cluster, GpuKind, Recipe};
+use ferrotron_telemetry::MemoryProbe;
 use ferrotron_train::precision::{compute_dtype, use_compute_dtype};
 use ferrotron_train::{RunOptions, RunSummary};
 
@@ -64,6 +65,22 @@ impl ComputeBackend {
             );
         }
         Ok(selected)
+    }
+
+    /// What a logged step reports as its memory: on our CUDA backend the bytes live tensors hold on
+    /// the device (the allocator's count, no synchronisation), elsewhere the process's resident
+    /// memory (stock burn-cuda exposes no counter).
+    pub fn memory_probe(&self) -> MemoryProbe {
+        match *self {
+            ComputeBackend::Cuda { ordinal } => {
+                MemoryProbe::new("device memory allocated", move || {
+                    ferrotron_cuda::CudaDevice::get(ordinal)
+                        .map(|device| device.memory_stats().allocated_bytes)
+                        .unwrap_or(0)
+                })
+            }
+            ComputeBackend::Cpu | ComputeBackend::BurnCuda { .. } => MemoryProbe::process(),
+        }
     }
 
     /// The cluster to plan on: the world's shape, with the GPU kind detected from the device

@@ -118,6 +118,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         stop: StopFlag::on_signals().context("installing the SIGTERM/SIGINT handlers")?,
         exit_interval: args.exit_interval,
         announce: announce_metrics,
+        memory: compute.memory_probe(),
     };
     match compute.train(&world, &plan, &options) {
         Ok(summary) => {

@@ -135,6 +135,7 @@ pub fn options(dir: &Path) -> RunOptions {
         stop: StopFlag::default(),
         exit_interval: None,
         announce: |_| {},
+        memory: ferrotron_telemetry::MemoryProbe::process(),
     }
 }
 
