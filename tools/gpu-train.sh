@@ -9,7 +9,9 @@
 #   device run: bash tools/gpu-train.sh        (carry: ["dist"])
 #
 # (b) recipes/shakespeare-tiny.yaml (an fp32 recipe) for 50 steps from one seed on: cpu, cuda (ours,
-#     fp32), cuda with precision.dtype=bf16, burn-cuda (fp32, when the binary has it). Every
+#     fp32), cuda with precision.dtype=bf16, burn-cuda (fp32, when the binary has it), for each
+#     model family (FAMILIES, default "gpt llama moe": the recipe as shipped, then LLaMA-style
+#     and MoE variants of the same size, see part (b) below). Every
 #     backend starts from the same weights (drawn on the CPU from the seed) and reads the same
 #     batches, so the curves differ only by arithmetic. Tolerances, max |loss − cpu loss| / cpu loss
 #     over all steps: fp32 backends 1e-2 (reduction order and cuBLASLt's algorithms compound over
@@ -21,7 +23,7 @@
 #     peak device memory, next to `recipe plan`'s predictions for the same layout.
 #
 # Env: OUT (results, default /tmp/gpu-train-out), FERROTRON_DIST (binaries, default ./dist),
-# PARTS (default "bc"), STEPS_B (50), STEPS_C (30), RUN_TIMEOUT (seconds per run, 150).
+# PARTS (default "bc"), FAMILIES ("gpt llama moe"), STEPS_B (50), STEPS_C (30), RUN_TIMEOUT (150).
 # Output: the tables last on stdout and in $OUT/gpu-train.md; logs in $OUT/train-logs.tar.gz.
 set -uo pipefail
 
@@ -73,34 +75,48 @@ train() {
 tables=$OUT/gpu-train.md
 : >"$tables"
 
-# ---- (b) shakespeare-tiny: loss curves ----------------------------------------------------------
+# ---- (b) shakespeare-tiny: loss curves, for every model family --------------------------------
+# gpt: the recipe as shipped (learned positions, LayerNorm, GELU, biases, tied embeddings);
+# llama: the same size LLaMA-style (RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases,
+# untied output); moe: llama with 4 SwiGLU experts, top-2 softmax routing and the aux loss.
+llama_sets=(--set model.position_embedding=rope --set model.normalization=rmsnorm
+    --set model.activation=swiglu --set model.tie_embeddings=false --set model.add_bias_linear=false
+    --set model.num_query_groups=2 --set model.ffn_hidden_size=176)
+moe_sets=("${llama_sets[@]}"
+    --set 'model.moe={num_experts: 4, router_topk: 2, load_balancing: aux_loss, aux_loss_coeff: 0.01}')
 if [[ $parts == *b* ]]; then
     tiny=recipes/shakespeare-tiny.yaml
-    train cpu cpu "$tiny" "$steps_b"
-    train cuda-fp32 cuda "$tiny" "$steps_b"
-    train cuda-bf16 cuda "$tiny" "$steps_b" --set precision.dtype=bf16
-    if ! train burn-cuda-fp32 burn-cuda "$tiny" "$steps_b" &&
-        grep -q -- "--features burn-cuda" "$logs/burn-cuda-fp32.log"; then
-        echo "burn-cuda: not built into this binary" >>"$logs/runs.txt"
-    fi
-    python3 - "$logs" "$steps_b" >>"$tables" <<'PY'
+    for family in ${FAMILIES:-gpt llama moe}; do
+        sets=()
+        case $family in
+            llama) sets=("${llama_sets[@]}") ;;
+            moe) sets=("${moe_sets[@]}") ;;
+        esac
+        train "$family-cpu" cpu "$tiny" "$steps_b" "${sets[@]}"
+        train "$family-cuda-fp32" cuda "$tiny" "$steps_b" "${sets[@]}"
+        train "$family-cuda-bf16" cuda "$tiny" "$steps_b" --set precision.dtype=bf16 "${sets[@]}"
+        if [[ $family == gpt ]] && ! train gpt-burn-cuda-fp32 burn-cuda "$tiny" "$steps_b" &&
+            grep -q -- "--features burn-cuda" "$logs/gpt-burn-cuda-fp32.log"; then
+            echo "burn-cuda: not built into this binary" >>"$logs/runs.txt"
+        fi
+        python3 - "$logs" "$steps_b" "$family" >>"$tables" <<'PY'
 import json, os, sys
-logs, steps = sys.argv[1], int(sys.argv[2])
+logs, steps, family = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def losses(tag):
     path = os.path.join(logs, f"{tag}.jsonl")
     if not os.path.exists(path):
         return {}
     rows = [json.loads(l) for l in open(path) if l.strip()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r and "step" in r}
-tags = ["cpu", "cuda-fp32", "cuda-bf16", "burn-cuda-fp32"]
-step_tol = {"cuda-fp32": 1e-4, "cuda-bf16": 1e-2, "burn-cuda-fp32": 1e-4}
+tags = [f"{family}-{t}" for t in ["cpu", "cuda-fp32", "cuda-bf16", "burn-cuda-fp32"]]
+step_tol = {f"{family}-{t}": v for t, v in {"cuda-fp32": 1e-4, "cuda-bf16": 1e-2, "burn-cuda-fp32": 1e-4}.items()}
 def norms_of(tag):
     path = os.path.join(logs, f"{tag}.jsonl")
     rows = [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
     return {r["step"]: r["grad_norm"] for r in rows if "grad_norm" in r and "step" in r}
 curves = {t: losses(t) for t in tags}
 shown = [t for t in tags if curves[t]]
-print(f"### (b) shakespeare-tiny, {steps} steps, seed 1234, same initial weights\n")
+print(f"### (b) shakespeare-tiny ({family}), {steps} steps, seed 1234, same initial weights\n")
 print("| step | " + " | ".join(shown) + " |")
 print("|---" * (len(shown) + 1) + "|")
 for step in range(1, steps + 1):
@@ -111,17 +127,19 @@ for step in range(1, steps + 1):
 # the curves must agree step by step; a spike amplifies rounding differences chaotically (any two
 # fp32 backends part there), so after it only the level of the curve is compared: the mean loss
 # of the last 10 steps.
-norms = norms_of("cpu")
+norms = norms_of(f"{family}-cpu")
 median = sorted(norms.values())[len(norms) // 2] if norms else 0.0
 spike = min((s for s, g in norms.items() if g > 10 * median), default=steps + 1)
 print(f"\nfirst gradient spike on the cpu run: step {spike if spike <= steps else 'none'} "
       f"(grad norm {norms.get(spike, float('nan')):.1f}, median {median:.2f})\n")
 print("| backend | steps | max rel diff, steps 1–" + str(spike - 1) + " | tolerance | mean of last 10 vs cpu | tolerance | result |")
 print("|---|---|---|---|---|---|---|")
-cpu = curves["cpu"]
+cpu = curves[f"{family}-cpu"]
 last10 = lambda c: sum(c[s] for s in range(steps - 9, steps + 1) if s in c) / 10
 for tag in tags[1:]:
     curve = curves[tag]
+    if not curve and tag.endswith("burn-cuda-fp32") and family != "gpt":
+        continue
     if not curve:
         print(f"| {tag} | 0 | — | {step_tol[tag]:.0e} | — | 2e-02 | not run (see its log) |")
         continue
@@ -132,6 +150,7 @@ for tag in tags[1:]:
     print(f"| {tag} | {len(curve)} | {rel:.1e} | {step_tol[tag]:.0e} | {level:.1e} | 2e-02 | {'pass' if ok else 'FAIL'} |")
 print()
 PY
+    done
 fi
 
 # ---- (c) gpt-350m on one GPU: speed and memory --------------------------------------------------

@@ -4,6 +4,8 @@
 # Installs cargo-nextest first where it is missing, so a machine with only a Rust toolchain
 # runs it as is; and pre-commit (from PyPI, with the machine's python3), which tests/review.rs
 # runs against the repository's hook definition. Extra arguments go to `cargo nextest run` (e.g. `-p ferrotron-train`).
+# Then the kernel-source tests: NVRTC and the CUDA headers (CUDA 13.0 wheels from PyPI, into a
+# cache folder of their own) compile every hand-written kernel for sm_90, no GPU needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,4 +18,14 @@ if ! command -v pre-commit >/dev/null 2>&1; then
     python3 -m pip install --quiet pre-commit ||
         python3 -m pip install --quiet --break-system-packages pre-commit
 fi
-exec cargo nextest run --workspace --locked --no-fail-fast "$@"
+cargo nextest run --workspace --locked --no-fail-fast "$@"
+
+cuda=${FERROTRON_NVRTC_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ferrotron/nvrtc-13.0}
+if [[ ! -e $cuda/nvidia/cu13/lib/libnvrtc.so ]]; then
+    echo "== installing NVRTC and the CUDA headers (once) into $cuda" >&2
+    python3 -m pip install --quiet --target "$cuda" 'nvidia-cuda-nvrtc==13.0.*' \
+        'nvidia-cuda-runtime==13.0.*' 'nvidia-cuda-crt==13.0.*'
+    ln -sf "$(basename "$(ls "$cuda"/nvidia/cu13/lib/libnvrtc.so.1*)")" "$cuda/nvidia/cu13/lib/libnvrtc.so"
+fi
+FERROTRON_CUDA_INCLUDE=$cuda/nvidia/cu13/include LD_LIBRARY_PATH=$cuda/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+    cargo nextest run --workspace --locked --run-ignored only -E 'test(sources_compile)'

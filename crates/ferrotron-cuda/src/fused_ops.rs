@@ -5,17 +5,23 @@
 //! `FERROTRON_ATTENTION=composed` keeps burn's composition (today's arithmetic); f32 inputs and
 //! other head dims always take it (cuDNN's fused attention has no f32 path). With cuDNN
 //! missing, the first fused call stops with an error naming what to install.
+//!
+//! LayerNorm/RMSNorm and the AdamW update run on our own kernels (`kernels::fused`), for every
+//! float dtype; `FERROTRON_FUSED=composed` switches both back to burn's composition.
 
 use std::sync::OnceLock;
 
 use burn::tensor::ops::FloatTensor;
 use ferrotron_parallel::{
-    AttentionGrads, AttentionSaved, AttentionSpec, FusedOps, composed_attention,
+    AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, DeviceScale, FusedOps,
+    NormGrads, NormKind, NormSaved, NormSpec, composed_adamw, composed_attention,
 };
 
 use crate::backend::Cuda;
 use crate::backend::convert::ok;
 use crate::cudnn;
+use crate::dtype::DType;
+use crate::kernels::fused::{AdamWScalars, adamw, norm_backward, norm_forward};
 
 /// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
 pub fn fused_attention_enabled() -> bool {
@@ -28,7 +34,106 @@ pub fn fused_attention_enabled() -> bool {
     })
 }
 
+/// Whether the norm and AdamW kernels are switched on (`FERROTRON_FUSED` unset or not
+/// `composed`).
+pub fn fused_kernels_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("FERROTRON_FUSED").as_deref(),
+            Ok("composed") | Ok("off") | Ok("0")
+        )
+    })
+}
+
+fn is_float(t: &FloatTensor<Cuda>) -> bool {
+    matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
+}
+
 impl FusedOps for Cuda {
+    /// A host read waits for every queued kernel: the step keeps its statistics on the device.
+    fn device_resident_step() -> bool {
+        true
+    }
+
+    fn has_norm_kernel(x: &FloatTensor<Self>, gamma: &FloatTensor<Self>, _: &NormSpec) -> bool {
+        fused_kernels_enabled() && is_float(x) && is_float(gamma) && gamma.rank() == 1
+    }
+
+    fn norm_kernel_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        spec: NormSpec,
+    ) -> NormSaved<Self> {
+        let rms = spec.kind == NormKind::Rms;
+        let out = ok(norm_forward(&x, &gamma, beta.as_ref(), rms, spec.epsilon));
+        NormSaved {
+            output: out.output,
+            mean: out.mean,
+            rstd: out.rstd,
+        }
+    }
+
+    fn norm_kernel_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        has_beta: bool,
+        saved: NormSaved<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> NormGrads<Self> {
+        let (input, gamma, beta) = ok(norm_backward(
+            &x,
+            &gamma,
+            has_beta,
+            saved.mean.as_ref(),
+            &saved.rstd,
+            &grad_output,
+        ));
+        NormGrads { input, gamma, beta }
+    }
+
+    fn adamw_step(
+        value: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<(FloatTensor<Self>, FloatTensor<Self>)>,
+        step: AdamWStep,
+        device_scale: DeviceScale<Self>,
+    ) -> AdamWTensors<Self> {
+        let moments_f32 = moments
+            .as_ref()
+            .is_none_or(|(m, v)| m.dtype() == DType::F32 && v.dtype() == DType::F32);
+        if !(fused_kernels_enabled()
+            && value.dtype() == DType::F32
+            && is_float(&grad)
+            && moments_f32)
+        {
+            return composed_adamw::<Self>(value, grad, moments, step, device_scale);
+        }
+        let scalars = AdamWScalars {
+            lr: step.lr,
+            beta1: step.beta1,
+            beta2: step.beta2,
+            eps: step.eps,
+            decay: step.decay,
+            bias_correction1: step.bias_correction1,
+            bias_correction2: step.bias_correction2,
+            grad_scale: step.grad_scale,
+        };
+        let (value, exp_avg, exp_avg_sq) = ok(adamw(
+            &value,
+            &grad,
+            moments.as_ref().map(|(m, v)| (m, v)),
+            scalars,
+            device_scale.as_ref(),
+        ));
+        AdamWTensors {
+            value,
+            exp_avg,
+            exp_avg_sq,
+        }
+    }
+
     fn fused_attention(
         query: FloatTensor<Self>,
         key: FloatTensor<Self>,

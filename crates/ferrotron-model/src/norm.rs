@@ -1,11 +1,26 @@
 //! One norm type for both model families, so a block does not care whether the recipe asked for
 //! GPT-2's LayerNorm (weight and bias) or LLaMA's RMSNorm (weight only).
+//!
+//! The forward goes through `ferrotron_parallel::norm`: burn's arithmetic where the backend has
+//! no norm kernel, one fused node where it has (the CUDA backend). `LayerNorm` is declared here
+//! (burn's, field for field, so parameter names and initial values are unchanged) because burn
+//! keeps its epsilon private and the fused path needs it.
 
-use burn::module::Module;
-use burn::nn::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig};
+use burn::module::{Module, Param};
+use burn::nn::Initializer;
+use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use ferrotron_parallel::{FusedOps, NormKind, NormSpec};
 use ferrotron_recipe::Normalization;
+
+/// `(x − mean) / sqrt(var + ε) · γ + β` over the last dimension.
+#[derive(Module, Debug)]
+pub struct LayerNorm<B: Backend> {
+    pub gamma: Param<Tensor<B, 1>>,
+    pub beta: Option<Param<Tensor<B, 1>>>,
+    epsilon: f64,
+}
 
 #[derive(Module, Debug)]
 pub enum Norm<B: Backend> {
@@ -17,19 +32,39 @@ impl<B: Backend> Norm<B> {
     /// Weights start at one and LayerNorm's bias at zero, as in Megatron.
     pub fn new(kind: Normalization, dim: usize, epsilon: f64, device: &B::Device) -> Self {
         match kind {
-            Normalization::Layernorm => {
-                Norm::Layer(LayerNormConfig::new(dim).with_epsilon(epsilon).init(device))
-            }
+            Normalization::Layernorm => Norm::Layer(LayerNorm {
+                gamma: Initializer::Ones.init([dim], device),
+                beta: Some(Initializer::Zeros.init([dim], device)),
+                epsilon,
+            }),
             Normalization::Rmsnorm => {
                 Norm::Rms(RmsNormConfig::new(dim).with_epsilon(epsilon).init(device))
             }
         }
     }
+}
 
+impl<B: FusedOps> Norm<B> {
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
         match self {
-            Norm::Layer(norm) => norm.forward(input),
-            Norm::Rms(norm) => norm.forward(input),
+            Norm::Layer(norm) => ferrotron_parallel::norm(
+                input,
+                norm.gamma.val(),
+                norm.beta.as_ref().map(Param::val),
+                NormSpec {
+                    kind: NormKind::Layer,
+                    epsilon: norm.epsilon,
+                },
+            ),
+            Norm::Rms(norm) => ferrotron_parallel::norm(
+                input,
+                norm.gamma.val(),
+                None,
+                NormSpec {
+                    kind: NormKind::Rms,
+                    epsilon: norm.epsilon,
+                },
+            ),
         }
     }
 }

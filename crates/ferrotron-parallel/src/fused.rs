@@ -11,7 +11,8 @@
 //! CPU tests drive through the autodiff node to check the node's gradients against the composed
 //! graph's, and it documents the contract a kernel must meet.
 //!
-//! First op: causal (or unmasked) scaled-dot-product attention with grouped-query K/V.
+//! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V,
+//! LayerNorm/RMSNorm (`fused_norm.rs`) and the AdamW update (`fused_adamw.rs`).
 //!
 //! [`ParallelOps`]: crate::ParallelOps
 
@@ -20,6 +21,11 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::{AttentionModuleOptions, FloatTensor};
 use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
+
+use crate::fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
+use crate::fused_norm::{
+    NormGrads, NormSaved, NormSpec, norm_backward_reference, norm_forward_reference,
+};
 
 /// One attention call: `softmax(scale · q·kᵀ + mask) · v`, with dropout on the probabilities.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -115,6 +121,64 @@ pub trait FusedOps: Backend {
         spec: AttentionSpec,
     ) -> AttentionGrads<Self> {
         attention_backward_reference::<Self>(query, key, value, saved, grad_output, spec)
+    }
+
+    /// Whether [`FusedOps::norm_kernel_forward`] is a real kernel for these inputs. Default: no.
+    fn has_norm_kernel(x: &FloatTensor<Self>, gamma: &FloatTensor<Self>, spec: &NormSpec) -> bool {
+        let _ = (x, gamma, spec);
+        false
+    }
+
+    /// Normalises `x [rows, hidden]` with the kernel (called only where
+    /// [`FusedOps::has_norm_kernel`] says yes; see [`crate::norm`]).
+    fn fused_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        spec: NormSpec,
+    ) -> FloatTensor<Self> {
+        Self::norm_kernel_forward(x, gamma, beta, spec).output
+    }
+
+    /// Norm forward on `[rows, hidden]`: the output and the row statistics. Default: the
+    /// reference.
+    fn norm_kernel_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        spec: NormSpec,
+    ) -> NormSaved<Self> {
+        norm_forward_reference::<Self>(x, gamma, beta, spec)
+    }
+
+    /// Norm backward from the forward's statistics and the output gradient.
+    fn norm_kernel_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        has_beta: bool,
+        saved: NormSaved<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> NormGrads<Self> {
+        norm_backward_reference::<Self>(x, gamma, has_beta, saved, grad_output)
+    }
+
+    /// One AdamW update of a flat fp32 parameter from its gradient (any float dtype) and
+    /// moments (`None` before the first step). Called on the inner backend, outside autodiff.
+    fn adamw_step(
+        value: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<(FloatTensor<Self>, FloatTensor<Self>)>,
+        step: AdamWStep,
+        device_scale: DeviceScale<Self>,
+    ) -> AdamWTensors<Self> {
+        composed_adamw::<Self>(value, grad, moments, step, device_scale)
+    }
+
+    /// Whether a training step should keep its loss, gradient norm and clipping on the device
+    /// and let the host read them only when it logs: true where a read stalls a queue of
+    /// device work (a GPU); false keeps the host-side step, whose numbers CPU tests pin.
+    fn device_resident_step() -> bool {
+        false
     }
 }
 

@@ -2,8 +2,9 @@
 //! tracked node whose backward is the kernel's backward; otherwise the composed default on the
 //! autodiff backend itself, which records exactly the graph the model recorded before.
 //!
-//! The node keeps q, k, v, the output and the f32 softmax statistics (`[b, h, s, 1]`): never
-//! the `[b, h, s, s]` scores or probabilities, which is the memory the fused op saves.
+//! The attention node keeps q, k, v, the output and the f32 softmax statistics (`[b, h, s, 1]`):
+//! never the `[b, h, s, s]` scores or probabilities, which is the memory the fused op saves.
+//! The norm node keeps x, γ and two f32 numbers per row instead of every intermediate.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -13,6 +14,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::FloatTensor;
 
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
+use crate::fused_norm::{NormSaved, NormSpec};
 
 #[derive(Debug)]
 struct AttentionOp;
@@ -84,7 +86,102 @@ pub fn attention_node<B: FusedOps, C: CheckpointStrategy>(
     }
 }
 
+#[derive(Debug)]
+struct NormOp;
+
+/// State of one norm node: x, γ and the row statistics.
+type NormState<B> = (FloatTensor<B>, FloatTensor<B>, NormSaved<B>);
+
+/// Parents are x, γ and, for a LayerNorm with a bias, β (`N` = 3).
+impl<B: FusedOps, const N: usize> Backward<B, N> for NormOp {
+    type State = NormState<B>;
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, gamma, saved) = ops.state;
+        let out = B::norm_kernel_backward(x, gamma, N == 3, saved, grad);
+        let [node_x, node_gamma] = [&ops.parents[0], &ops.parents[1]];
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, out.input);
+        }
+        if let Some(node) = node_gamma {
+            grads.register::<B>(node.id, out.gamma);
+        }
+        if let (Some(Some(node)), Some(beta)) = (ops.parents.get(2), out.beta) {
+            grads.register::<B>(node.id, beta);
+        }
+    }
+}
+
+fn finish_norm<B: FusedOps, C: CheckpointStrategy, const N: usize>(
+    prepared: OpsKind<NormOp, B, NormState<B>, C, N>,
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: Option<FloatTensor<B>>,
+    spec: NormSpec,
+) -> FloatTensor<Autodiff<B, C>> {
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let saved = B::norm_kernel_forward(x.clone(), gamma.clone(), beta, spec);
+            let output = saved.output.clone();
+            prep.finish((x, gamma, saved), output)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(B::norm_kernel_forward(x, gamma, beta, spec).output)
+        }
+    }
+}
+
+/// Records a norm of `x [rows, hidden]` as one node whose forward and backward are `B`'s norm
+/// kernels. Public so tests can drive the node with a CPU backend's reference kernels.
+pub fn norm_node<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    gamma: FloatTensor<Autodiff<B, C>>,
+    beta: Option<FloatTensor<Autodiff<B, C>>>,
+    spec: NormSpec,
+) -> FloatTensor<Autodiff<B, C>> {
+    match beta {
+        Some(beta) => {
+            let prepared = NormOp
+                .prepare::<C>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
+                .compute_bound()
+                .stateful();
+            finish_norm(
+                prepared,
+                x.primitive,
+                gamma.primitive,
+                Some(beta.primitive),
+                spec,
+            )
+        }
+        None => {
+            let prepared = NormOp
+                .prepare::<C>([x.node.clone(), gamma.node.clone()])
+                .compute_bound()
+                .stateful();
+            finish_norm(prepared, x.primitive, gamma.primitive, None, spec)
+        }
+    }
+}
+
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn device_resident_step() -> bool {
+        B::device_resident_step()
+    }
+
+    fn has_norm_kernel(x: &FloatTensor<Self>, gamma: &FloatTensor<Self>, spec: &NormSpec) -> bool {
+        B::has_norm_kernel(&x.primitive, &gamma.primitive, spec)
+    }
+
+    fn fused_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        spec: NormSpec,
+    ) -> FloatTensor<Self> {
+        norm_node::<B, C>(x, gamma, beta, spec)
+    }
+
     fn fused_attention(
         query: FloatTensor<Self>,
         key: FloatTensor<Self>,

@@ -13,7 +13,7 @@
 //! - [`ParallelOps`] and [`collectives`]: Megatron's conjugate region operators as autodiff
 //!   ops with their own backward;
 //! - [`FusedOps`]: fused operators (attention first) by the same mechanism: composed defaults,
-//!   kernels a GPU backend overrides, one autodiff node each.
+//!   kernels a GPU backend overrides, one autodiff node each (attention, norms, the AdamW update).
 
 mod autodiff;
 #[cfg(feature = "burn-cuda")]
@@ -21,7 +21,9 @@ mod burn_cuda;
 mod comm;
 mod context;
 mod fused;
+mod fused_adamw;
 mod fused_autodiff;
+mod fused_norm;
 mod host;
 mod ops;
 mod shard;
@@ -39,7 +41,12 @@ pub use fused::{
     AttentionGrads, AttentionSaved, AttentionSpec, FusedOps, attention_backward_reference,
     attention_forward_reference, composed_attention, repeat_groups,
 };
-pub use fused_autodiff::attention_node;
+pub use fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
+pub use fused_autodiff::{attention_node, norm_node};
+pub use fused_norm::{
+    NormGrads, NormKind, NormSaved, NormSpec, composed_norm, norm, norm_backward_reference,
+    norm_forward_reference,
+};
 pub use ops::ParallelOps;
 pub use shard::{ParamRole, ShardError, ShardSpec, Split};
 pub use solo::solo;

@@ -7,11 +7,13 @@ use std::collections::{HashMap, HashSet};
 
 use burn::module::{AutodiffModule, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
+use ferrotron_parallel::{AdamWStep, FusedOps};
 
 use crate::params::{NamedTensor, ParamEntry};
-use crate::precision::{MasterWeights, to_fp32};
+use crate::precision::MasterWeights;
 
 /// AdamW hyper-parameters (the rate comes from the schedule, per step).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -79,10 +81,45 @@ impl<I: Backend> AdamW<I> {
 
     /// Apply one update to every parameter of `model` that has a gradient: gradients are first
     /// multiplied by `grad_scale` (the clipping coefficient), then
-    /// `p ← p·(1 − lr·wd) − lr·m̂/(√v̂ + ε)` with `wd` 0 for the no-decay set.
+    /// `p ← p·(1 − lr·wd) − lr·m̂/(√v̂ + ε)` with `wd` 0 for the no-decay set, one
+    /// [`FusedOps::adamw_step`] per parameter (a single kernel on the GPU).
     pub fn step<B, M>(&mut self, model: M, grads: GradientsParams, lr: f64, grad_scale: f64) -> M
     where
         B: AutodiffBackend<InnerBackend = I>,
+        I: FusedOps,
+        M: AutodiffModule<B>,
+    {
+        self.apply(model, grads, lr, grad_scale, None)
+    }
+
+    /// [`AdamW::step`] with the gradient factor on the device (`[1]`, f32: a clipping
+    /// coefficient computed there), so the update never waits for the host.
+    pub fn step_scaled_on_device<B, M>(
+        &mut self,
+        model: M,
+        grads: GradientsParams,
+        lr: f64,
+        scale: Tensor<I, 1>,
+    ) -> M
+    where
+        B: AutodiffBackend<InnerBackend = I>,
+        I: FusedOps,
+        M: AutodiffModule<B>,
+    {
+        self.apply(model, grads, lr, 1.0, Some(scale))
+    }
+
+    fn apply<B, M>(
+        &mut self,
+        model: M,
+        grads: GradientsParams,
+        lr: f64,
+        grad_scale: f64,
+        device_scale: Option<Tensor<I, 1>>,
+    ) -> M
+    where
+        B: AutodiffBackend<InnerBackend = I>,
+        I: FusedOps,
         M: AutodiffModule<B>,
     {
         self.step += 1;
@@ -94,6 +131,7 @@ impl<I: Backend> AdamW<I> {
             grads,
             lr,
             grad_scale,
+            device_scale,
             bias_correction1,
             bias_correction2,
         };
@@ -182,11 +220,15 @@ struct UpdateMapper<'a, I: Backend> {
     grads: GradientsParams,
     lr: f64,
     grad_scale: f64,
+    device_scale: Option<Tensor<I, 1>>,
     bias_correction1: f64,
     bias_correction2: f64,
 }
 
-impl<B: AutodiffBackend> ModuleMapper<B> for UpdateMapper<'_, B::InnerBackend> {
+impl<B: AutodiffBackend> ModuleMapper<B> for UpdateMapper<'_, B::InnerBackend>
+where
+    B::InnerBackend: FusedOps,
+{
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
             return param;
@@ -196,38 +238,55 @@ impl<B: AutodiffBackend> ModuleMapper<B> for UpdateMapper<'_, B::InnerBackend> {
         let numel: usize = dims.iter().product();
         let config = self.optimizer.config;
         let param_dtype = tensor.dtype();
-        let mut value = self
+        let value = self
             .optimizer
             .master
             .take(id, tensor.inner().reshape([numel]));
-        let mut grad = to_fp32(grad.reshape([numel]));
-        if self.grad_scale != 1.0 {
-            grad = grad.mul_scalar(self.grad_scale);
-        }
-        let moments = match self.optimizer.moments.remove(&id) {
-            Some(m) => Moments {
-                exp_avg: m.exp_avg.mul_scalar(config.beta1)
-                    + grad.clone().mul_scalar(1.0 - config.beta1),
-                exp_avg_sq: m.exp_avg_sq.mul_scalar(config.beta2)
-                    + grad.square().mul_scalar(1.0 - config.beta2),
-            },
-            None => Moments {
-                exp_avg: grad.clone().mul_scalar(1.0 - config.beta1),
-                exp_avg_sq: grad.square().mul_scalar(1.0 - config.beta2),
-            },
+        let decays = config.weight_decay > 0.0 && !self.optimizer.no_decay.contains(&id);
+        let step = AdamWStep {
+            lr: self.lr,
+            beta1: config.beta1,
+            beta2: config.beta2,
+            eps: config.eps,
+            decay: decays.then_some(1.0 - self.lr * config.weight_decay),
+            bias_correction1: self.bias_correction1,
+            bias_correction2: self.bias_correction2,
+            grad_scale: self.grad_scale,
         };
-        if config.weight_decay > 0.0 && !self.optimizer.no_decay.contains(&id) {
-            value = value.mul_scalar(1.0 - self.lr * config.weight_decay);
-        }
-        let m_hat = moments.exp_avg.clone().div_scalar(self.bias_correction1);
-        let v_hat = moments.exp_avg_sq.clone().div_scalar(self.bias_correction2);
-        let update = m_hat.div(v_hat.sqrt().add_scalar(config.eps));
-        value = value - update.mul_scalar(self.lr);
-        self.optimizer.moments.insert(id, moments);
-        let value = self.optimizer.master.keep(id, value, param_dtype);
+        let moments = self
+            .optimizer
+            .moments
+            .remove(&id)
+            .map(|m| (primitive(m.exp_avg), primitive(m.exp_avg_sq)));
+        let updated = <B::InnerBackend as FusedOps>::adamw_step(
+            primitive(value),
+            primitive(grad.reshape([numel])),
+            moments,
+            step,
+            self.device_scale.clone().map(primitive),
+        );
+        self.optimizer.moments.insert(
+            id,
+            Moments {
+                exp_avg: from_primitive(updated.exp_avg),
+                exp_avg_sq: from_primitive(updated.exp_avg_sq),
+            },
+        );
+        let value = self
+            .optimizer
+            .master
+            .keep(id, from_primitive(updated.value), param_dtype);
         let updated = Tensor::<B, D>::from_inner(value.reshape(dims)).require_grad();
         Param::from_mapped_value(id, updated, mapper)
     }
+}
+
+fn primitive<I: Backend>(x: Tensor<I, 1>) -> FloatTensor<I> {
+    x.into_primitive().tensor()
+}
+
+fn from_primitive<I: Backend>(x: FloatTensor<I>) -> Tensor<I, 1> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
 }
 
 #[cfg(test)]

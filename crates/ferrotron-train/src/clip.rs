@@ -13,12 +13,38 @@ pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     grads: &GradientsParams,
 ) -> f64 {
-    let mut visitor = SquaredNorm::<B::InnerBackend> { grads, total: None };
-    model.visit(&mut visitor);
-    match visitor.total {
+    match grad_sum_of_squares::<B, M>(model, grads) {
         Some(total) => total.into_scalar().to_f64().sqrt(),
         None => 0.0,
     }
+}
+
+/// The sum of squares of all gradients of `model`, left on the device (`None`: no gradients).
+pub fn grad_sum_of_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &GradientsParams,
+) -> Option<Tensor<B::InnerBackend, 1>> {
+    let mut visitor = SquaredNorm::<B::InnerBackend> { grads, total: None };
+    model.visit(&mut visitor);
+    visitor.total
+}
+
+/// [`clip_coefficient`] computed on the device from the sum of squares, in f32, so the step
+/// never waits for the norm; `None` when clipping is off.
+pub fn device_clip_coefficient<I: Backend>(
+    sum_of_squares: &Tensor<I, 1>,
+    max_norm: f64,
+) -> Option<Tensor<I, 1>> {
+    (max_norm > 0.0).then(|| {
+        sum_of_squares
+            .clone()
+            .cast(burn::tensor::DType::F32)
+            .sqrt()
+            .add_scalar(1e-6)
+            .recip()
+            .mul_scalar(max_norm)
+            .clamp_max(1.0)
+    })
 }
 
 /// The factor gradients are multiplied by so their global norm is at most `max_norm`

@@ -34,7 +34,9 @@ pub use params::{NamedTensor, ParamEntry, load_named_tensors, named_tensors, par
 pub use resume::{ResumeState, load_for_inference, resume_from, save_checkpoint};
 pub use schedule::{LrSchedule, ScheduleUnit};
 pub use signal::StopFlag;
-pub use step::{Microbatch, StepContext, StepStats, evaluate, train_step};
+pub use step::{
+    Microbatch, PendingStats, StepContext, StepStats, evaluate, train_step, train_step_deferred,
+};
 pub use trainer::{RunOptions, RunSummary, StopReason, train};
 
 /// The CPU backend (burn-flex) used for inference and evaluation.

@@ -17,15 +17,16 @@ use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::resume::ResumeState;
 use crate::setup::{RunSetup, write_run_dir};
 use crate::trainer::{RunOptions, RunSummary, StopReason};
-use crate::{Microbatch, StepContext, StepStats, TrainError};
+use crate::{Microbatch, PendingStats, StepContext, TrainError};
 
 /// The model side of a rank, as the loop drives it.
 pub(crate) trait RankStep {
+    /// Queue one step; its statistics are read when the loop needs them (see [`PendingStats`]).
     fn step(
         &mut self,
         microbatches: &[Microbatch],
         context: StepContext,
-    ) -> Result<StepStats, TrainError>;
+    ) -> Result<PendingStats, TrainError>;
     /// Mean validation loss (the same value on every rank).
     fn evaluate(&mut self, microbatches: &[Microbatch]) -> Result<f64, TrainError>;
     /// Save a checkpoint (collective: every rank calls it at the same iteration).
@@ -159,6 +160,7 @@ pub(crate) fn run_loop(
     let eval_batches = eval_batches(context)?;
     let mut interval = Interval::default();
     let mut interval_start = Instant::now();
+    let mut unread: Vec<PendingStats> = Vec::new();
 
     while state.iteration < train_iters {
         let iteration = state.iteration + 1;
@@ -173,19 +175,43 @@ pub(crate) fn run_loop(
             lr,
             clip_grad: training.clip_grad,
         };
-        let stats = stepper.step(&microbatches, step_context)?;
+        let pending = stepper.step(&microbatches, step_context)?;
         state.iteration = iteration;
         state.consumed_samples += u64::from(global_batch);
         state.consumed_tokens += tokens_per_iteration;
         summary.iteration = iteration;
-        summary.last_loss = Some(stats.loss);
-        summary.losses.push(stats.loss);
-        interval.steps += 1;
-        interval.loss += stats.loss;
-        interval.lm_loss += stats.lm_loss;
+        unread.push(pending);
 
         let last = iteration == train_iters;
-        if iteration.is_multiple_of(training.log_interval) || last {
+        let log_due = iteration.is_multiple_of(training.log_interval) || last;
+        let eval_due = training.eval_interval > 0
+            && (iteration.is_multiple_of(training.eval_interval) || last)
+            && !eval_batches.is_empty();
+        let interval_due = recipe
+            .checkpoint
+            .interval
+            .is_some_and(|n| n > 0 && iteration.is_multiple_of(n));
+        let stop_requested = context.options.stop.requested();
+        let exit_due = context
+            .options
+            .exit_interval
+            .is_some_and(|n| n > 0 && iteration.is_multiple_of(n) && !last);
+        // The host reads the queued steps only when it must: to log, evaluate, save or stop. A
+        // non-finite step surfaces here, before anything is saved.
+        let mut stats = None;
+        if log_due || eval_due || interval_due || stop_requested || exit_due {
+            for pending in unread.drain(..) {
+                let step = pending.read()?;
+                summary.last_loss = Some(step.loss);
+                summary.losses.push(step.loss);
+                interval.loss += step.loss;
+                interval.lm_loss += step.lm_loss;
+                stats = Some(step);
+            }
+        }
+        interval.steps += 1;
+
+        if let (true, Some(stats)) = (log_due, stats) {
             if let Some(reporter) = reporter.as_deref_mut() {
                 let elapsed = interval_start.elapsed().as_secs_f64().max(1e-9);
                 let steps = interval.steps as f64;
@@ -218,9 +244,6 @@ pub(crate) fn run_loop(
             interval_start = Instant::now();
         }
 
-        let eval_due = training.eval_interval > 0
-            && (iteration.is_multiple_of(training.eval_interval) || last)
-            && !eval_batches.is_empty();
         if eval_due {
             let eval_loss = stepper.evaluate(&eval_batches)?;
             summary.last_eval_loss = Some(eval_loss);
@@ -242,21 +265,21 @@ pub(crate) fn run_loop(
             interval_start = Instant::now();
         }
 
-        let stop = if stepper.any_rank(context.options.stop.requested())? {
+        let stop = if stepper.any_rank(stop_requested)? {
             Some(StopReason::Signal)
-        } else if context
-            .options
-            .exit_interval
-            .is_some_and(|n| n > 0 && iteration.is_multiple_of(n) && !last)
-        {
+        } else if exit_due {
             Some(StopReason::ExitInterval)
         } else {
             None
         };
-        let interval_due = recipe
-            .checkpoint
-            .interval
-            .is_some_and(|n| n > 0 && iteration.is_multiple_of(n));
+        if stop.is_some() {
+            // Another rank's stop: this rank's queued steps are read before it saves.
+            for pending in unread.drain(..) {
+                let step = pending.read()?;
+                summary.last_loss = Some(step.loss);
+                summary.losses.push(step.loss);
+            }
+        }
         if let Some(store) = context.setup.store.as_ref()
             && (interval_due || last || stop.is_some())
         {

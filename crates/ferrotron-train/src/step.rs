@@ -9,10 +9,11 @@
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_model::{ExpertLoads, GptModel};
 use ferrotron_parallel::ParallelOps;
 
+use crate::clip::{device_clip_coefficient, grad_sum_of_squares};
 use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
 
 /// Token ids of one microbatch: `batch` samples of `seq_length + 1` tokens, row-major.
@@ -93,19 +94,75 @@ pub struct StepContext {
     pub clip_grad: f64,
 }
 
+/// A step's [`StepStats`], read from the device when the caller asks (a logged step), not when
+/// the step is queued: on a GPU each read waits for every queued kernel, so a step that read its
+/// loss per microbatch and its gradient norm before clipping would stall the queue three times.
+pub struct PendingStats {
+    read: Box<dyn FnOnce() -> Result<StepStats, TrainError>>,
+}
+
+impl PendingStats {
+    /// Statistics already on the host.
+    pub fn ready(stats: StepStats) -> Self {
+        Self {
+            read: Box::new(move || Ok(stats)),
+        }
+    }
+
+    /// The statistics; a non-finite loss or gradient norm is the step's error.
+    pub fn read(self) -> Result<StepStats, TrainError> {
+        (self.read)()
+    }
+}
+
+impl std::fmt::Debug for PendingStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingStats")
+    }
+}
+
 /// Run one optimizer step. On a non-finite loss or gradient norm nothing is applied: the error
 /// names the iteration and the value, and the caller stops without saving.
-pub fn train_step<B: AutodiffBackend + ParallelOps>(
+pub fn train_step<B>(
     model: GptModel<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
     microbatches: &[Microbatch],
     context: StepContext,
     device: &B::Device,
-) -> Result<(GptModel<B>, StepStats), TrainError> {
+) -> Result<(GptModel<B>, StepStats), TrainError>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    let (model, stats) = train_step_deferred(model, optimizer, microbatches, context, device)?;
+    Ok((model, stats.read()?))
+}
+
+/// [`train_step`] whose statistics are read later. On a backend with a device-resident step
+/// ([`FusedOps::device_resident_step`]) the loss, the gradient norm and the clipping
+/// coefficient stay on the device and the update is queued without a host read; a non-finite
+/// value then surfaces when the statistics are read, after the update was applied, and the
+/// caller must stop without saving. Elsewhere this is the host-side step, read at once.
+///
+/// [`FusedOps::device_resident_step`]: ferrotron_parallel::FusedOps::device_resident_step
+pub fn train_step_deferred<B>(
+    model: GptModel<B>,
+    optimizer: &mut AdamW<B::InnerBackend>,
+    microbatches: &[Microbatch],
+    context: StepContext,
+    device: &B::Device,
+) -> Result<(GptModel<B>, PendingStats), TrainError>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
     if microbatches.is_empty() {
         return Err(TrainError::Config(
             "a step needs at least one microbatch".into(),
         ));
+    }
+    if B::device_resident_step() {
+        return device_step(model, optimizer, microbatches, context, device);
     }
     // Dropout (the only randomness in a step) depends on nothing but seed and iteration.
     crate::rng::with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
@@ -128,35 +185,112 @@ pub fn train_step<B: AutodiffBackend + ParallelOps>(
     }
     let loss = loss_sum * scale;
     let lm_loss = lm_loss_sum * scale;
-    if !loss.is_finite() {
-        return Err(TrainError::NonFinite {
-            iteration: context.iteration,
-            what: "the loss",
-            value: loss,
-        });
-    }
+    check_finite(loss, context.iteration, "the loss")?;
     let grads = accumulator.grads();
     let grad_norm = global_grad_norm::<B, _>(&model, &grads);
-    if !grad_norm.is_finite() {
-        return Err(TrainError::NonFinite {
-            iteration: context.iteration,
-            what: "the gradient norm",
-            value: grad_norm,
-        });
-    }
+    check_finite(grad_norm, context.iteration, "the gradient norm")?;
     let clip = clip_coefficient(grad_norm, context.clip_grad);
     let mut model = optimizer.step(model, grads, context.lr, clip);
     if !model.expert_biases().is_empty() {
         model = model.update_expert_bias(&loads)?;
     }
-    Ok((
-        model,
-        StepStats {
+    let stats = StepStats {
+        loss,
+        lm_loss,
+        grad_norm,
+        clip_coefficient: clip,
+        lr: context.lr,
+    };
+    Ok((model, PendingStats::ready(stats)))
+}
+
+fn check_finite(value: f64, iteration: u64, what: &'static str) -> Result<(), TrainError> {
+    if value.is_finite() {
+        Ok(())
+    } else {
+        Err(TrainError::NonFinite {
+            iteration,
+            what,
+            value,
+        })
+    }
+}
+
+/// The device-resident step: the same arithmetic, with the statistics left on the device and
+/// the clipping coefficient computed there (in f32) and handed to the optimizer as a tensor.
+pub(crate) fn device_step<B>(
+    model: GptModel<B>,
+    optimizer: &mut AdamW<B::InnerBackend>,
+    microbatches: &[Microbatch],
+    context: StepContext,
+    device: &B::Device,
+) -> Result<(GptModel<B>, PendingStats), TrainError>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    crate::rng::with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
+    let scale = 1.0 / microbatches.len() as f64;
+    let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
+    let mut loads = ExpertLoads::default();
+    let mut losses = Vec::with_capacity(microbatches.len());
+    let mut lm_losses = Vec::with_capacity(microbatches.len());
+    for microbatch in microbatches {
+        let (inputs, labels) = microbatch.tensors::<B>(device);
+        let output = model.loss(inputs, labels);
+        losses.push(output.loss.clone().inner().cast(DType::F32));
+        lm_losses.push(output.lm_loss.inner().cast(DType::F32));
+        loads.accumulate(&output.expert_loads);
+        let gradients = output.loss.mul_scalar(scale).backward();
+        let gradients =
+            crate::precision::grads_to_fp32(&model, GradientsParams::from_grads(gradients, &model));
+        accumulator.accumulate(&model, gradients);
+    }
+    let grads = accumulator.grads();
+    let squares = grad_sum_of_squares::<B, _>(&model, &grads);
+    let clip = squares
+        .as_ref()
+        .and_then(|s| device_clip_coefficient(s, context.clip_grad));
+    let mut model = match clip.clone() {
+        Some(clip) => optimizer.step_scaled_on_device(model, grads, context.lr, clip),
+        None => optimizer.step(model, grads, context.lr, 1.0),
+    };
+    if !model.expert_biases().is_empty() {
+        model = model.update_expert_bias(&loads)?;
+    }
+    let iteration = context.iteration;
+    let lr = context.lr;
+    let read = move || {
+        let count = losses.len();
+        let mut parts = losses;
+        parts.extend(lm_losses);
+        let inner_device = parts[0].device();
+        let zero = || Tensor::<B::InnerBackend, 1>::zeros([1], (&inner_device, DType::F32));
+        parts.push(squares.map_or_else(zero, |s| s.cast(DType::F32)));
+        parts.push(clip.unwrap_or_else(|| zero().add_scalar(1.0)));
+        let values = Tensor::cat(parts, 0)
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .map_err(|e| TrainError::Config(format!("reading the step's statistics: {e:?}")))?;
+        let mean = |v: &[f32]| v.iter().map(|&x| f64::from(x)).sum::<f64>() * scale;
+        let loss = mean(&values[..count]);
+        let lm_loss = mean(&values[count..2 * count]);
+        check_finite(loss, iteration, "the loss")?;
+        let grad_norm = f64::from(values[2 * count]).sqrt();
+        check_finite(grad_norm, iteration, "the gradient norm")?;
+        Ok(StepStats {
             loss,
             lm_loss,
             grad_norm,
-            clip_coefficient: clip,
-            lr: context.lr,
+            clip_coefficient: f64::from(values[2 * count + 1]),
+            lr,
+        })
+    };
+    Ok((
+        model,
+        PendingStats {
+            read: Box::new(read),
         },
     ))
 }
@@ -178,4 +312,133 @@ pub fn evaluate<B: Backend + ParallelOps>(
         })
         .sum();
     total / microbatches.len() as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AdamWConfig, CpuBackend, CpuTrainBackend};
+    use ferrotron_model::ModelConfig;
+
+    type B = CpuTrainBackend;
+    const SEQ: usize = 8;
+
+    fn model() -> (GptModel<B>, AdamW<CpuBackend>) {
+        let device = Default::default();
+        <B as Backend>::seed(&device, 3);
+        let section: ferrotron_recipe::Model = serde_json::from_value(serde_json::json!({
+            "num_layers": 2, "hidden_size": 16, "num_attention_heads": 2, "seq_length": SEQ,
+            "vocab_size": 64, "hidden_dropout": 0.1, "attention_dropout": 0.1
+        }))
+        .expect("model section parses");
+        let model: GptModel<B> = ModelConfig::from_model(&section, 128)
+            .expect("valid tiny model")
+            .init(&device);
+        let config = AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        };
+        let optimizer = AdamW::new(config, model.no_weight_decay_params());
+        (model, optimizer)
+    }
+
+    fn batches(iteration: u64) -> Vec<Microbatch> {
+        (0..2u64)
+            .map(|m| {
+                let samples: Vec<Vec<u32>> = (0..2u64)
+                    .map(|s| {
+                        (0..=SEQ as u64)
+                            .map(|t| ((iteration * 31 + m * 17 + s * 7 + t * 3) % 64) as u32)
+                            .collect()
+                    })
+                    .collect();
+                Microbatch::from_samples(&samples, SEQ).expect("well-formed samples")
+            })
+            .collect()
+    }
+
+    fn context(iteration: u64, clip_grad: f64) -> StepContext {
+        StepContext {
+            iteration,
+            seed: 11,
+            lr: if clip_grad.is_nan() { f64::NAN } else { 3e-3 },
+            clip_grad: if clip_grad.is_nan() { 1.0 } else { clip_grad },
+        }
+    }
+
+    /// Four steps each way; the statistics of every step, read only after the last one.
+    fn curves(device_resident: bool, clip_grad: f64) -> Vec<StepStats> {
+        let device = Default::default();
+        let (mut model, mut optimizer) = model();
+        let mut pending = Vec::new();
+        for iteration in 1..=4 {
+            let (next, stats) = if device_resident {
+                device_step(
+                    model,
+                    &mut optimizer,
+                    &batches(iteration),
+                    context(iteration, clip_grad),
+                    &device,
+                )
+            } else {
+                train_step_deferred(
+                    model,
+                    &mut optimizer,
+                    &batches(iteration),
+                    context(iteration, clip_grad),
+                    &device,
+                )
+            }
+            .expect("step");
+            model = next;
+            pending.push(stats);
+        }
+        pending
+            .into_iter()
+            .map(|p| p.read().expect("finite"))
+            .collect()
+    }
+
+    #[test]
+    fn device_resident_step_gives_the_host_steps_numbers() {
+        // Without clipping (coefficient exactly 1 either way) the two paths are bit-identical.
+        let host = curves(false, 1e6);
+        let device = curves(true, 1e6);
+        assert_eq!(host, device);
+        // Clipping on: the f32 coefficient on the device is the f64 one to rounding.
+        let host = curves(false, 0.05);
+        let device = curves(true, 0.05);
+        assert!(host[0].clip_coefficient < 1.0, "the test must clip");
+        for (h, d) in host.iter().zip(&device) {
+            assert!((h.loss - d.loss).abs() < 1e-5, "{h:?} vs {d:?}");
+            assert!((h.clip_coefficient - d.clip_coefficient).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn a_non_finite_device_resident_step_is_reported_when_read() {
+        let device = Default::default();
+        let (model, mut optimizer) = model();
+        let (model, first) =
+            device_step(model, &mut optimizer, &batches(1), context(1, 1.0), &device)
+                .expect("queued");
+        // A NaN learning rate poisons every weight: step 2's loss is NaN.
+        let (model, _) = device_step(
+            model,
+            &mut optimizer,
+            &batches(2),
+            context(2, f64::NAN),
+            &device,
+        )
+        .expect("queued");
+        let (_, third) = device_step(model, &mut optimizer, &batches(3), context(3, 1.0), &device)
+            .expect("queued: the host has not looked");
+        assert!(first.read().is_ok());
+        match third.read() {
+            Err(TrainError::NonFinite { iteration, .. }) => assert_eq!(iteration, 3),
+            other => panic!("expected a non-finite error, got {other:?}"),
+        }
+    }
 }

@@ -17,7 +17,7 @@ use crate::params::NamedTensor;
 use crate::resume::{ResumeState, resume_from, save_checkpoint};
 use crate::run_loop::{LoopContext, RankStep, Reporter, run_loop};
 use crate::setup::{RunSetup, use_cpu_threads};
-use crate::step::{Microbatch, StepContext, StepStats, evaluate, train_step};
+use crate::step::{Microbatch, PendingStats, StepContext, evaluate, train_step_deferred};
 use crate::{AdamW, AdamWConfig, StopFlag, TrainError, named_tensors};
 
 /// How the caller wants the run to go, beyond the plan.
@@ -161,12 +161,12 @@ where
         &mut self,
         microbatches: &[Microbatch],
         context: StepContext,
-    ) -> Result<StepStats, TrainError> {
+    ) -> Result<PendingStats, TrainError> {
         let model = self
             .model
             .take()
             .ok_or_else(|| TrainError::Config("the model was lost in a failed step".into()))?;
-        let (next, stats) = train_step(
+        let (next, stats) = train_step_deferred(
             model,
             &mut self.optimizer,
             microbatches,

@@ -42,11 +42,18 @@ pub fn compile_options(arch: &str) -> Vec<String> {
     options
 }
 
+/// `FERROTRON_CUDA_INCLUDE` (the headers alone, e.g. PyPI's CUDA wheels; a variable cudarc's
+/// build script does not watch, so setting it rebuilds nothing), then the toolkit roots.
 fn cuda_include_dir() -> Option<PathBuf> {
-    let candidates = ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .map(|root| PathBuf::from(root).join("include"))
+    let candidates = std::env::var_os("FERROTRON_CUDA_INCLUDE")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(
+            ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"]
+                .iter()
+                .filter_map(std::env::var_os)
+                .map(|root| PathBuf::from(root).join("include")),
+        )
         .chain(std::iter::once(PathBuf::from("/usr/local/cuda/include")));
     candidates
         .into_iter()
@@ -244,6 +251,23 @@ pub(crate) fn first_line_comment(source: &str) -> String {
         .and_then(|l| l.strip_prefix("// "))
         .unwrap_or(KERNEL_ENTRY)
         .to_string()
+}
+
+/// Compiles a source with the options a device of `arch` would use, without a device (tests:
+/// needs NVRTC and the CUDA headers, e.g. from PyPI's `nvidia-cuda-nvrtc`/`-runtime`).
+#[cfg(test)]
+pub(crate) fn compile_for_test(source: &str, arch: &str) -> std::result::Result<(), String> {
+    let opts = CompileOptions {
+        options: compile_options(arch),
+        name: Some(format!("{KERNEL_ENTRY}.cu")),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(source, opts)
+        .map(|_| ())
+        .map_err(|e| match e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => format!("{other:?}"),
+        })
 }
 
 #[cfg(test)]

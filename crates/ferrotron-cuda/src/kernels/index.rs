@@ -240,6 +240,18 @@ pub fn scatter(
     if reduce == ScatterReduce::Add && x.dtype() == DType::U8 {
         return Err(CudaError::unsupported(ctx(), "atomic add on u8"));
     }
+    if reduce == ScatterReduce::Add && matches!(x.dtype(), DType::BF16 | DType::F16) {
+        // 16-bit atomics are compare-and-swap loops that serialise on hot rows (an embedding
+        // gradient's frequent tokens) and round after every add: sum in f32, round once.
+        let wide = scatter(
+            &x.cast(DType::F32)?,
+            dim,
+            indices,
+            &values.cast(DType::F32)?,
+            reduce,
+        )?;
+        return wide.cast(x.dtype());
+    }
     let out = crate::kernels::elementwise::copy(x)?;
     let n = indices.numel();
     if n == 0 {

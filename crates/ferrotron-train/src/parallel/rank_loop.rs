@@ -16,7 +16,9 @@ use crate::checkpoint::{CheckpointInfo, CheckpointStore, ShardedCheckpoint};
 use crate::resume::ResumeState;
 use crate::run_loop::{LoopContext, RankStep, Reporter, run_loop};
 use crate::setup::{RunSetup, use_cpu_threads};
-use crate::{AdamWConfig, Microbatch, RunOptions, RunSummary, StepContext, StepStats, TrainError};
+use crate::{
+    AdamWConfig, Microbatch, PendingStats, RunOptions, RunSummary, StepContext, TrainError,
+};
 
 /// Train `plan` as the rank `ctx` describes (its groups from the plan's rank grid).
 pub fn train_rank<B>(
@@ -162,8 +164,10 @@ where
         &mut self,
         microbatches: &[Microbatch],
         context: StepContext,
-    ) -> Result<StepStats, TrainError> {
-        self.model.step(microbatches, context)
+    ) -> Result<PendingStats, TrainError> {
+        self.model
+            .step(microbatches, context)
+            .map(PendingStats::ready)
     }
 
     fn evaluate(&mut self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {

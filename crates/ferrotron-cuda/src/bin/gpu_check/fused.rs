@@ -23,15 +23,15 @@ use rand::{Rng, SeedableRng};
 use crate::compare::{self, Errors};
 use crate::{Row, failed, first_line, guarded};
 
-type A = Autodiff<Cuda>;
+pub(crate) type A = Autodiff<Cuda>;
 
-fn host(shape: &[usize], rng: &mut StdRng, dtype: DType) -> TensorData {
+pub(crate) fn host(shape: &[usize], rng: &mut StdRng, dtype: DType) -> TensorData {
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     round(TensorData::new(v, shape.to_vec()), dtype)
 }
 
-fn round(d: TensorData, dtype: DType) -> TensorData {
+pub(crate) fn round(d: TensorData, dtype: DType) -> TensorData {
     match dtype {
         DType::BF16 => d.convert::<bf16>(),
         DType::F16 => d.convert::<f16>(),
@@ -39,7 +39,7 @@ fn round(d: TensorData, dtype: DType) -> TensorData {
     }
 }
 
-fn dtype_label(dtype: DType) -> &'static str {
+pub(crate) fn dtype_label(dtype: DType) -> &'static str {
     match dtype {
         DType::BF16 => "bf16",
         DType::F16 => "f16",
@@ -47,7 +47,11 @@ fn dtype_label(dtype: DType) -> &'static str {
     }
 }
 
-fn upload<const D: usize>(d: &TensorData, dtype: DType, device: &GpuDevice) -> Tensor<A, D> {
+pub(crate) fn upload<const D: usize>(
+    d: &TensorData,
+    dtype: DType,
+    device: &GpuDevice,
+) -> Tensor<A, D> {
     Tensor::<A, D>::from_data(round(d.clone(), dtype), (device, dtype)).require_grad()
 }
 
@@ -317,7 +321,7 @@ pub fn rows(device: &GpuDevice) -> Vec<Row> {
     rows
 }
 
-fn median_ms(device: &GpuDevice, reps: usize, mut f: impl FnMut()) -> f64 {
+pub(crate) fn median_ms(device: &GpuDevice, reps: usize, mut f: impl FnMut()) -> f64 {
     f();
     let _ = Cuda::sync(device);
     let mut t: Vec<f64> = (0..reps)

@@ -14,6 +14,7 @@ mod autodiff;
 mod cases;
 mod compare;
 mod fused;
+mod fused_norm;
 mod timing;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -388,6 +389,7 @@ fn main() -> anyhow::Result<()> {
     let mut rows = rows;
     if args.filter.is_empty() || args.filter == "fused" {
         rows.extend(fused::rows(&device));
+        rows.extend(fused_norm::rows(&device));
     }
     let _ = std::panic::take_hook();
     eprintln!(
@@ -403,6 +405,7 @@ fn main() -> anyhow::Result<()> {
             timing::render(&timing::timings::<ferrotron_cuda::Cuda>(&device, 1))
         );
         println!("\n{}", fused::timings(&device));
+        println!("\n{}", fused_norm::timings(&device));
     }
     if ferrotron_cuda::timing::enabled() {
         println!(

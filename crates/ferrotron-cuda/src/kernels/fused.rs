@@ -1,0 +1,593 @@
+//! Hand-written fused kernels behind `FusedOps`: LayerNorm/RMSNorm forward and backward, and the
+//! AdamW update.
+//!
+//! Each composed version is a chain of generic map and reduce kernels, each a full pass over
+//! memory with its own output buffer. These read their inputs once per row (the norms) or once
+//! per element (AdamW), accumulate in f32, and keep only what the backward needs: two f32
+//! numbers per row for a norm. Sources are generated per dtype combination and cached by spec
+//! like every other family.
+
+use std::sync::Arc;
+
+use crate::dtype::DType;
+use crate::error::{CudaError, OpContext, Result};
+use crate::kernels::elementwise::zeros;
+use crate::kernels::{BLOCK, KernelSpec, Params, grid_for, includes, launch};
+use crate::tensor::CudaTensor;
+
+/// Warp-shuffle then shared-memory sum over a block; every thread gets the total.
+const BLOCK_SUM: &str = r#"
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? red[lane] : 0.f;
+  return warp_sum(v);
+}
+"#;
+
+fn uses_half(dtypes: &[DType]) -> bool {
+    dtypes.iter().copied().any(DType::needs_half_headers)
+}
+
+/// Norm forward: one block per row.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct NormForward {
+    x: DType,
+    gamma: DType,
+    rms: bool,
+    beta: bool,
+}
+
+impl KernelSpec for NormForward {
+    fn source(&self) -> String {
+        let kind = if self.rms { "rms" } else { "layer" };
+        let (x, g) = (self.x, self.gamma);
+        let mut s = format!("// norm forward {kind} {x} gamma {g}\n");
+        s += includes(uses_half(&[x, g]));
+        s += BLOCK_SUM;
+        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, beta, y, mean, rstd; double eps; };\n";
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += "  __shared__ float red[32];\n";
+        s += "  const long long row = blockIdx.x;\n";
+        s += &format!(
+            "  const {xs}* x = (const {xs}*)p.x + row * p.hidden;\n  {xs}* y = ({xs}*)p.y + row * p.hidden;\n",
+            xs = x.storage_c()
+        );
+        s += &format!(
+            "  const {gs}* gamma = (const {gs}*)p.gamma;\n  const {gs}* beta = (const {gs}*)p.beta;\n",
+            gs = g.storage_c()
+        );
+        s += "  const float inv_n = 1.f / (float)p.hidden;\n";
+        if self.rms {
+            s += "  const float mean = 0.f;\n";
+        } else {
+            s += "  float sum = 0.f;\n";
+            s += &format!(
+                "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) sum += {};\n",
+                x.load_expr("x[j]")
+            );
+            s += "  const float mean = block_sum(sum, red) * inv_n;\n";
+        }
+        s += "  float sq = 0.f;\n";
+        s += &format!(
+            "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {{ const float d = {} - mean; sq += d * d; }}\n",
+            x.load_expr("x[j]")
+        );
+        s += "  const float rstd = rsqrtf(block_sum(sq, red) * inv_n + (float)p.eps);\n";
+        s += "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {\n";
+        s += &format!(
+            "    float v = ({} - mean) * rstd * {};\n",
+            x.load_expr("x[j]"),
+            g.load_expr("gamma[j]")
+        );
+        if self.beta {
+            s += &format!("    v += {};\n", g.load_expr("beta[j]"));
+        }
+        s += &format!("    y[j] = {};\n  }}\n", x.store_expr("v"));
+        s += "  if (threadIdx.x == 0) {\n";
+        if !self.rms {
+            s += "    ((float*)p.mean)[row] = mean;\n";
+        }
+        s += "    ((float*)p.rstd)[row] = rstd;\n  }\n}\n";
+        s
+    }
+}
+
+/// Norm input gradient: one block per row.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct NormInputGrad {
+    x: DType,
+    gamma: DType,
+    grad: DType,
+    rms: bool,
+}
+
+impl KernelSpec for NormInputGrad {
+    fn source(&self) -> String {
+        let kind = if self.rms { "rms" } else { "layer" };
+        let (x, g, dy) = (self.x, self.gamma, self.grad);
+        let mut s = format!("// norm backward input {kind} {x} gamma {g} grad {dy}\n");
+        s += includes(uses_half(&[x, g, dy]));
+        s += BLOCK_SUM;
+        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx; };\n";
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += "  __shared__ float red[32];\n";
+        s += "  const long long row = blockIdx.x;\n";
+        s += &format!(
+            "  const {xs}* x = (const {xs}*)p.x + row * p.hidden;\n  {xs}* dx = ({xs}*)p.dx + row * p.hidden;\n",
+            xs = x.storage_c()
+        );
+        s += &format!(
+            "  const {ds}* dy = (const {ds}*)p.dy + row * p.hidden;\n",
+            ds = dy.storage_c()
+        );
+        s += &format!(
+            "  const {gs}* gamma = (const {gs}*)p.gamma;\n",
+            gs = g.storage_c()
+        );
+        s += "  const float inv_n = 1.f / (float)p.hidden;\n";
+        if self.rms {
+            s += "  const float mean = 0.f;\n";
+        } else {
+            s += "  const float mean = ((const float*)p.mean)[row];\n";
+        }
+        s += "  const float rstd = ((const float*)p.rstd)[row];\n";
+        s += "  float sum_g = 0.f, sum_gx = 0.f;\n";
+        let g_expr = format!("{} * {}", dy.load_expr("dy[j]"), g.load_expr("gamma[j]"));
+        let xhat = format!("({} - mean) * rstd", x.load_expr("x[j]"));
+        s += "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {\n";
+        s += &format!("    const float g = {g_expr};\n    const float xh = {xhat};\n");
+        s += "    sum_g += g; sum_gx += g * xh;\n  }\n";
+        if self.rms {
+            s += "  const float mean_g = 0.f;\n";
+        } else {
+            s += "  const float mean_g = block_sum(sum_g, red) * inv_n;\n";
+        }
+        s += "  const float mean_gx = block_sum(sum_gx, red) * inv_n;\n";
+        s += "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {\n";
+        s += &format!("    const float g = {g_expr};\n    const float xh = {xhat};\n");
+        s += &format!(
+            "    dx[j] = {};\n  }}\n}}\n",
+            x.store_expr("rstd * (g - mean_g - xh * mean_gx)")
+        );
+        s
+    }
+}
+
+/// Columns of one norm parameter-gradient block, and its row lanes.
+const PARAM_COLS: u32 = 32;
+const PARAM_LANES: u32 = 8;
+/// Rows one block sums before its single atomic add per column.
+const PARAM_ROWS_PER_BLOCK: usize = 256;
+
+/// Norm γ/β gradients: column tiles × row chunks, f32 atomics into zeroed outputs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct NormParamGrad {
+    x: DType,
+    grad: DType,
+    rms: bool,
+    beta: bool,
+}
+
+impl KernelSpec for NormParamGrad {
+    fn source(&self) -> String {
+        let kind = if self.rms { "rms" } else { "layer" };
+        let (x, dy) = (self.x, self.grad);
+        let mut s = format!("// norm backward params {kind} {x} grad {dy}\n");
+        s += includes(uses_half(&[x, dy]));
+        s += "struct Params { long long rows, hidden, tiles, rows_per_block; unsigned long long x, dy, mean, rstd, dgamma, dbeta; };\n";
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += &format!("  __shared__ float acc_g[{PARAM_LANES}][{PARAM_COLS}];\n");
+        s += &format!("  __shared__ float acc_b[{PARAM_LANES}][{PARAM_COLS}];\n");
+        s += "  const long long tile = blockIdx.x % p.tiles, chunk = blockIdx.x / p.tiles;\n";
+        s += &format!(
+            "  const int c = threadIdx.x % {PARAM_COLS}, lane = threadIdx.x / {PARAM_COLS};\n"
+        );
+        s += &format!("  const long long col = tile * {PARAM_COLS} + c;\n");
+        s += "  const long long first = chunk * p.rows_per_block;\n";
+        s += "  const long long last = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;\n";
+        s += "  float g = 0.f, b = 0.f;\n";
+        s += "  if (col < p.hidden) {\n";
+        s += &format!("    for (long long r = first + lane; r < last; r += {PARAM_LANES}) {{\n");
+        s += &format!(
+            "      const float d = {};\n",
+            dy.load_expr(&format!(
+                "((const {}*)p.dy)[r * p.hidden + col]",
+                dy.storage_c()
+            ))
+        );
+        let mean = if self.rms {
+            "0.f"
+        } else {
+            "((const float*)p.mean)[r]"
+        };
+        s += &format!(
+            "      const float xh = ({} - {mean}) * ((const float*)p.rstd)[r];\n",
+            x.load_expr(&format!(
+                "((const {}*)p.x)[r * p.hidden + col]",
+                x.storage_c()
+            ))
+        );
+        s += "      g += d * xh; b += d;\n    }\n  }\n";
+        s += "  acc_g[lane][c] = g; acc_b[lane][c] = b;\n  __syncthreads();\n";
+        s += "  if (lane == 0 && col < p.hidden) {\n";
+        s += &format!(
+            "    for (int l = 1; l < {PARAM_LANES}; ++l) {{ g += acc_g[l][c]; b += acc_b[l][c]; }}\n"
+        );
+        s += "    atomicAdd((float*)p.dgamma + col, g);\n";
+        if self.beta {
+            s += "    atomicAdd((float*)p.dbeta + col, b);\n";
+        }
+        s += "  }\n}\n";
+        s
+    }
+}
+
+/// The row statistics of a norm forward.
+pub struct NormForwardOut {
+    pub output: CudaTensor,
+    pub mean: Option<CudaTensor>,
+    pub rstd: CudaTensor,
+}
+
+fn rows_hidden(x: &CudaTensor, op: &str) -> Result<(usize, usize)> {
+    match x.shape() {
+        [rows, hidden] => Ok((*rows, *hidden)),
+        _ => Err(CudaError::invalid(
+            x.op(op),
+            "a fused norm takes [rows, hidden]",
+        )),
+    }
+}
+
+fn check_param(p: &CudaTensor, hidden: usize, op: &str) -> Result<()> {
+    if p.shape() != [hidden] {
+        return Err(CudaError::invalid(
+            p.op(op),
+            format!("a norm parameter must be [{hidden}]"),
+        ));
+    }
+    Ok(())
+}
+
+fn block_rows(rows: usize, op: &dyn Fn() -> OpContext) -> Result<u32> {
+    u32::try_from(rows.max(1))
+        .map_err(|_| CudaError::unsupported(op(), format!("{rows} rows exceed one grid")))
+}
+
+/// `x [rows, hidden]` normalised per row (LayerNorm with optional β, or RMSNorm).
+pub fn norm_forward(
+    x: &CudaTensor,
+    gamma: &CudaTensor,
+    beta: Option<&CudaTensor>,
+    rms: bool,
+    epsilon: f64,
+) -> Result<NormForwardOut> {
+    let (rows, hidden) = rows_hidden(x, "norm_forward")?;
+    check_param(gamma, hidden, "norm_forward")?;
+    let x = x.contiguous()?;
+    let gamma = gamma.contiguous()?.cast(gamma.dtype())?;
+    let beta = match beta {
+        Some(b) => {
+            check_param(b, hidden, "norm_forward")?;
+            Some(b.contiguous()?.cast(gamma.dtype())?)
+        }
+        None => None,
+    };
+    let device: &Arc<_> = x.device();
+    let output = CudaTensor::empty(device, &[rows, hidden], x.dtype())?;
+    let mean = if rms {
+        None
+    } else {
+        Some(CudaTensor::empty(device, &[rows, 1], DType::F32)?)
+    };
+    let rstd = CudaTensor::empty(device, &[rows, 1], DType::F32)?;
+    let spec = NormForward {
+        x: x.dtype(),
+        gamma: gamma.dtype(),
+        rms,
+        beta: beta.is_some(),
+    };
+    let mut params = Params::new();
+    params
+        .int(rows as i64)
+        .int(hidden as i64)
+        .ptr(x.data_ptr())
+        .ptr(gamma.data_ptr())
+        .ptr(beta.as_ref().map_or(0, CudaTensor::data_ptr))
+        .ptr(output.data_ptr())
+        .ptr(mean.as_ref().map_or(0, CudaTensor::data_ptr))
+        .ptr(rstd.data_ptr())
+        .float(epsilon);
+    let op = || x.op("norm_forward");
+    if rows > 0 && hidden > 0 {
+        launch(device, &spec, block_rows(rows, &op)?, BLOCK, &params, &op)?;
+    }
+    Ok(NormForwardOut { output, mean, rstd })
+}
+
+/// Gradients of a norm: input, γ and (with `beta`) β, γ/β in γ's dtype.
+pub fn norm_backward(
+    x: &CudaTensor,
+    gamma: &CudaTensor,
+    beta: bool,
+    mean: Option<&CudaTensor>,
+    rstd: &CudaTensor,
+    grad: &CudaTensor,
+) -> Result<(CudaTensor, CudaTensor, Option<CudaTensor>)> {
+    let (rows, hidden) = rows_hidden(x, "norm_backward")?;
+    check_param(gamma, hidden, "norm_backward")?;
+    let x = x.contiguous()?;
+    let gamma = gamma.contiguous()?;
+    let grad = grad.contiguous()?;
+    let rms = mean.is_none();
+    let device = x.device();
+    let dx = CudaTensor::empty(device, &[rows, hidden], x.dtype())?;
+    let mean_ptr = mean.map_or(0, CudaTensor::data_ptr);
+    let op = || x.op("norm_backward");
+    let dgamma = zeros(device, &[hidden], DType::F32)?;
+    let dbeta = if beta {
+        Some(zeros(device, &[hidden], DType::F32)?)
+    } else {
+        None
+    };
+    if rows > 0 && hidden > 0 {
+        let spec = NormInputGrad {
+            x: x.dtype(),
+            gamma: gamma.dtype(),
+            grad: grad.dtype(),
+            rms,
+        };
+        let mut params = Params::new();
+        params
+            .int(rows as i64)
+            .int(hidden as i64)
+            .ptr(x.data_ptr())
+            .ptr(gamma.data_ptr())
+            .ptr(grad.data_ptr())
+            .ptr(mean_ptr)
+            .ptr(rstd.data_ptr())
+            .ptr(dx.data_ptr());
+        launch(device, &spec, block_rows(rows, &op)?, BLOCK, &params, &op)?;
+
+        let tiles = hidden.div_ceil(PARAM_COLS as usize);
+        let chunks = rows.div_ceil(PARAM_ROWS_PER_BLOCK);
+        let spec = NormParamGrad {
+            x: x.dtype(),
+            grad: grad.dtype(),
+            rms,
+            beta,
+        };
+        let mut params = Params::new();
+        params
+            .int(rows as i64)
+            .int(hidden as i64)
+            .int(tiles as i64)
+            .int(PARAM_ROWS_PER_BLOCK as i64)
+            .ptr(x.data_ptr())
+            .ptr(grad.data_ptr())
+            .ptr(mean_ptr)
+            .ptr(rstd.data_ptr())
+            .ptr(dgamma.data_ptr())
+            .ptr(dbeta.as_ref().map_or(0, CudaTensor::data_ptr));
+        let grid = block_rows(tiles * chunks, &op)?;
+        launch(device, &spec, grid, PARAM_COLS * PARAM_LANES, &params, &op)?;
+    }
+    let dgamma = dgamma.cast(gamma.dtype())?;
+    let dbeta = dbeta.map(|b| b.cast(gamma.dtype())).transpose()?;
+    Ok((dx, dgamma, dbeta))
+}
+
+/// AdamW over one flat parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct AdamW {
+    grad: DType,
+    first: bool,
+    decay: bool,
+    /// A host scalar factor on the gradient.
+    scale: bool,
+    /// A factor read from device memory (`[1]` f32: a clipping coefficient the host never saw).
+    device_scale: bool,
+}
+
+impl KernelSpec for AdamW {
+    fn source(&self) -> String {
+        let g = self.grad;
+        let mut s = format!("// adamw f32 grad {g}\n");
+        s += includes(uses_half(&[g]));
+        s += "struct Params { long long n; unsigned long long value, grad, m, v, out_value, out_m, out_v, device_scale; double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, bc1, bc2, scale; };\n";
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += &format!(
+            "  const {gs}* grad = (const {gs}*)p.grad;\n",
+            gs = g.storage_c()
+        );
+        s += "  const float* value = (const float*)p.value;\n";
+        s += "  const float* m_in = (const float*)p.m;\n  const float* v_in = (const float*)p.v;\n";
+        s += "  float* out_value = (float*)p.out_value;\n  float* out_m = (float*)p.out_m;\n  float* out_v = (float*)p.out_v;\n";
+        s += "  const long long step = (long long)blockDim.x * gridDim.x;\n";
+        s += "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += step) {\n";
+        s += &format!("    float g = {};\n", g.load_expr("grad[i]"));
+        if self.scale {
+            s += "    g = g * (float)p.scale;\n";
+        }
+        if self.device_scale {
+            s += "    g = g * ((const float*)p.device_scale)[0];\n";
+        }
+        if self.first {
+            s += "    const float m = g * (float)p.one_minus_beta1;\n";
+            s += "    const float v = (g * g) * (float)p.one_minus_beta2;\n";
+        } else {
+            s += "    const float m = m_in[i] * (float)p.beta1 + g * (float)p.one_minus_beta1;\n";
+            s += "    const float v = v_in[i] * (float)p.beta2 + (g * g) * (float)p.one_minus_beta2;\n";
+        }
+        s += "    float w = value[i];\n";
+        if self.decay {
+            s += "    w = w * (float)p.decay;\n";
+        }
+        s += "    const float m_hat = m / (float)p.bc1, v_hat = v / (float)p.bc2;\n";
+        s += "    w = w - (m_hat / (sqrtf(v_hat) + (float)p.eps)) * (float)p.lr;\n";
+        s += "    out_value[i] = w; out_m[i] = m; out_v[i] = v;\n  }\n}\n";
+        s
+    }
+}
+
+/// The scalars of one AdamW update (see `ferrotron_parallel::AdamWStep`).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWScalars {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub decay: Option<f64>,
+    pub bias_correction1: f64,
+    pub bias_correction2: f64,
+    pub grad_scale: f64,
+}
+
+/// One AdamW update of a flat fp32 `value` from `grad` and the moments: new value and moments.
+/// `device_scale` (`[1]`, f32) multiplies the gradient after `s.grad_scale`.
+pub fn adamw(
+    value: &CudaTensor,
+    grad: &CudaTensor,
+    moments: Option<(&CudaTensor, &CudaTensor)>,
+    s: AdamWScalars,
+    device_scale: Option<&CudaTensor>,
+) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+    let op = || value.op("adamw");
+    let n = value.numel();
+    let flat = |t: &CudaTensor, dtype: Option<DType>| -> Result<CudaTensor> {
+        if t.numel() != n || dtype.is_some_and(|d| t.dtype() != d) {
+            return Err(CudaError::invalid(
+                t.op("adamw"),
+                format!("AdamW operands must hold {n} elements (moments in f32)"),
+            ));
+        }
+        t.contiguous()?.reshape(&[n])
+    };
+    let value = flat(value, Some(DType::F32))?;
+    let grad = flat(grad, None)?;
+    let moments = match moments {
+        Some((m, v)) => Some((flat(m, Some(DType::F32))?, flat(v, Some(DType::F32))?)),
+        None => None,
+    };
+    let device_scale = match device_scale {
+        Some(t) if t.numel() == 1 => Some(t.cast(DType::F32)?.contiguous()?),
+        Some(t) => {
+            return Err(CudaError::invalid(
+                t.op("adamw"),
+                "the device gradient scale must hold one value",
+            ));
+        }
+        None => None,
+    };
+    let device = value.device();
+    let out = || CudaTensor::empty(device, &[n], DType::F32);
+    let (out_value, out_m, out_v) = (out()?, out()?, out()?);
+    let spec = AdamW {
+        grad: grad.dtype(),
+        first: moments.is_none(),
+        decay: s.decay.is_some(),
+        scale: s.grad_scale != 1.0,
+        device_scale: device_scale.is_some(),
+    };
+    let mut params = Params::new();
+    params
+        .int(n as i64)
+        .ptr(value.data_ptr())
+        .ptr(grad.data_ptr())
+        .ptr(moments.as_ref().map_or(0, |(m, _)| m.data_ptr()))
+        .ptr(moments.as_ref().map_or(0, |(_, v)| v.data_ptr()))
+        .ptr(out_value.data_ptr())
+        .ptr(out_m.data_ptr())
+        .ptr(out_v.data_ptr())
+        .ptr(device_scale.as_ref().map_or(0, CudaTensor::data_ptr))
+        .float(s.lr)
+        .float(s.beta1)
+        .float(1.0 - s.beta1)
+        .float(s.beta2)
+        .float(1.0 - s.beta2)
+        .float(s.eps)
+        .float(s.decay.unwrap_or(1.0))
+        .float(s.bias_correction1)
+        .float(s.bias_correction2)
+        .float(s.grad_scale);
+    if n > 0 {
+        launch(
+            device,
+            &spec,
+            grid_for(n as u64, BLOCK),
+            BLOCK,
+            &params,
+            &op,
+        )?;
+    }
+    Ok((out_value, out_m, out_v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every generated source compiles for sm_90 (NVRTC, no GPU needed).
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn fused_sources_compile() {
+        let mut sources = Vec::new();
+        for x in [DType::F32, DType::BF16, DType::F16] {
+            for rms in [false, true] {
+                sources.push(
+                    NormForward {
+                        x,
+                        gamma: x,
+                        rms,
+                        beta: !rms,
+                    }
+                    .source(),
+                );
+                sources.push(
+                    NormInputGrad {
+                        x,
+                        gamma: x,
+                        grad: x,
+                        rms,
+                    }
+                    .source(),
+                );
+                sources.push(
+                    NormParamGrad {
+                        x,
+                        grad: x,
+                        rms,
+                        beta: !rms,
+                    }
+                    .source(),
+                );
+            }
+            for first in [false, true] {
+                sources.push(
+                    AdamW {
+                        grad: x,
+                        first,
+                        decay: !first,
+                        scale: first,
+                        device_scale: !first,
+                    }
+                    .source(),
+                );
+            }
+        }
+        for source in sources {
+            crate::kernels::cache::compile_for_test(&source, "sm_90")
+                .unwrap_or_else(|e| panic!("{e}\n{source}"));
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Fused normalisation (GPT-2's LayerNorm, LLaMA's RMSNorm) for [`FusedOps`].
+//!
+//! Under autodiff burn records a norm as eight to ten element-wise nodes, each keeping its
+//! activations for the backward: on the GPU a norm costs more time and memory than the GEMM
+//! beside it. A kernel pair normalises a row in one pass, keeps only the row statistics
+//! (`mean`, `1/σ` in f32) and computes all three gradients in its backward.
+//!
+//! [`norm`] is what the model calls: without a kernel it is exactly burn's `LayerNorm` /
+//! `RmsNorm` forward on the caller's tensor (so CPU numbers do not move); with one, rows are
+//! folded to `[rows, hidden]` and the backend's kernel (or autodiff node) runs.
+//!
+//! [`FusedOps`]: crate::FusedOps
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorPrimitive};
+
+use crate::fused::FusedOps;
+
+/// Which normalisation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NormKind {
+    /// `(x − mean) / sqrt(var + ε) · γ + β` (biased variance).
+    Layer,
+    /// `x / sqrt(mean(x²) + ε) · γ`.
+    Rms,
+}
+
+/// One normalisation over the last dimension.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NormSpec {
+    pub kind: NormKind,
+    pub epsilon: f64,
+}
+
+/// What a norm kernel's forward keeps for its backward, besides x and γ.
+#[derive(Debug, Clone)]
+pub struct NormSaved<B: Backend> {
+    /// `[rows, hidden]`, the input's dtype.
+    pub output: FloatTensor<B>,
+    /// Row means `[rows, 1]` in f32 (LayerNorm only).
+    pub mean: Option<FloatTensor<B>>,
+    /// Row `1/sqrt(var + ε)` (or `1/rms`) `[rows, 1]` in f32.
+    pub rstd: FloatTensor<B>,
+}
+
+/// Gradients of a norm: input `[rows, hidden]`, γ and β `[hidden]` in their own dtypes.
+#[derive(Debug, Clone)]
+pub struct NormGrads<B: Backend> {
+    pub input: FloatTensor<B>,
+    pub gamma: FloatTensor<B>,
+    pub beta: Option<FloatTensor<B>>,
+}
+
+fn wrap<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+fn unwrap<B: Backend, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
+    x.into_primitive().tensor()
+}
+
+/// The model's normalisation: burn's modules' arithmetic, or the backend's fused kernel.
+pub fn norm<B: FusedOps, const D: usize>(
+    x: Tensor<B, D>,
+    gamma: Tensor<B, 1>,
+    beta: Option<Tensor<B, 1>>,
+    spec: NormSpec,
+) -> Tensor<B, D> {
+    let x_primitive = x.clone().into_primitive().tensor();
+    let gamma_primitive = gamma.clone().into_primitive().tensor();
+    if !B::has_norm_kernel(&x_primitive, &gamma_primitive, &spec) {
+        return composed_norm(x, gamma, beta, spec);
+    }
+    let dims = x.dims();
+    let hidden = dims[D - 1];
+    let rows = x.shape().num_elements() / hidden.max(1);
+    let folded: Tensor<B, 2> = x.reshape([rows, hidden]);
+    let out = B::fused_norm(unwrap(folded), gamma_primitive, beta.map(unwrap), spec);
+    wrap::<B, 2>(out).reshape(dims)
+}
+
+/// burn 0.21's `LayerNorm::forward` (the backend's `layer_norm`) and `RmsNorm::forward`.
+pub fn composed_norm<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    gamma: Tensor<B, 1>,
+    beta: Option<Tensor<B, 1>>,
+    spec: NormSpec,
+) -> Tensor<B, D> {
+    match spec.kind {
+        NormKind::Layer => wrap(B::layer_norm(
+            unwrap(x),
+            unwrap(gamma),
+            beta.map(unwrap),
+            spec.epsilon,
+        )),
+        NormKind::Rms => {
+            let dtype = x.dtype();
+            let rms = (x.clone().cast(DType::F32).square().mean_dim(D - 1) + spec.epsilon).sqrt();
+            (x / rms.cast(dtype)) * gamma.unsqueeze()
+        }
+    }
+}
+
+/// Reference of [`FusedOps::norm_kernel_forward`] on `[rows, hidden]`, statistics in f32.
+pub fn norm_forward_reference<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: Option<FloatTensor<B>>,
+    spec: NormSpec,
+) -> NormSaved<B> {
+    let x: Tensor<B, 2> = wrap(x);
+    let dtype = x.dtype();
+    let x = x.cast(DType::F32);
+    let gamma: Tensor<B, 1> = wrap(gamma);
+    let (centered, mean) = match spec.kind {
+        NormKind::Layer => {
+            let mean = x.clone().mean_dim(1);
+            (x - mean.clone(), Some(mean))
+        }
+        NormKind::Rms => (x, None),
+    };
+    let rstd = (centered.clone().square().mean_dim(1) + spec.epsilon)
+        .sqrt()
+        .recip();
+    let mut y = centered * rstd.clone() * gamma.cast(DType::F32).unsqueeze();
+    if let Some(beta) = beta {
+        y = y + wrap::<B, 1>(beta).cast(DType::F32).unsqueeze();
+    }
+    NormSaved {
+        output: unwrap(y.cast(dtype)),
+        mean: mean.map(unwrap),
+        rstd: unwrap(rstd),
+    }
+}
+
+/// Reference of [`FusedOps::norm_kernel_backward`]: with `x̂ = (x − mean)·r` and
+/// `g = dy·γ`, `dx = r·(g − mean(g) − x̂·mean(g·x̂))` (RMSNorm: no `mean(g)` term),
+/// `dγ = Σ_rows dy·x̂`, `dβ = Σ_rows dy`.
+pub fn norm_backward_reference<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    has_beta: bool,
+    saved: NormSaved<B>,
+    grad_output: FloatTensor<B>,
+) -> NormGrads<B> {
+    let x: Tensor<B, 2> = wrap(x);
+    let dtype = x.dtype();
+    let [_, hidden] = x.dims();
+    let layer = saved.mean.is_some();
+    let gamma: Tensor<B, 1> = wrap(gamma);
+    let gamma_dtype = gamma.dtype();
+    let rstd: Tensor<B, 2> = wrap(saved.rstd);
+    let x = x.cast(DType::F32);
+    let centered = match saved.mean {
+        Some(mean) => x - wrap::<B, 2>(mean),
+        None => x,
+    };
+    let x_hat = centered * rstd.clone();
+    let dy = wrap::<B, 2>(grad_output).cast(DType::F32);
+    let g = dy.clone() * gamma.cast(DType::F32).unsqueeze();
+    let projection = x_hat.clone() * (g.clone() * x_hat.clone()).mean_dim(1);
+    let g = if layer { g.clone() - g.mean_dim(1) } else { g };
+    let input = (g - projection) * rstd;
+    let gamma_grad = (dy.clone() * x_hat).sum_dim(0).reshape([hidden]);
+    let beta = has_beta.then(|| unwrap(dy.sum_dim(0).reshape([hidden]).cast(gamma_dtype)));
+    NormGrads {
+        input: unwrap(input.cast(dtype)),
+        gamma: unwrap(gamma_grad.cast(gamma_dtype)),
+        beta,
+    }
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# gpu-bench.sh — one call on the GPU machine: train each benchmark model for a few dozen steps
+# on one GPU and print one table: tokens/s, TFLOP/s, MFU (Megatron's FLOPs against 989 TFLOP/s
+# dense bf16), peak device memory, and the planner's predicted step time and memory for the same
+# layout with the ratio measured / predicted.
+#
+# Built here, run there (the GPU machine has no Rust toolchain):
+#   CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo build --workspace --bins
+#   strip -o .gpu-dist/recipe target/debug/recipe       (.gpu-dist is git-ignored locally)
+#   device run: FERROTRON_DIST=.gpu-dist bash tools/gpu-bench.sh     (carry: [".gpu-dist"])
+#
+# Env: OUT (table and logs), FERROTRON_DIST (the folder holding `recipe`), STEPS (30),
+# ONLY (space-separated model names to run; default all), RUN_TIMEOUT (seconds per run, 300).
+set -uo pipefail
+
+root=$(pwd)
+OUT=${OUT:-/tmp/gpu-bench-out}
+dist=${FERROTRON_DIST:-$root/dist}
+steps=${STEPS:-30}
+mkdir -p "$OUT/logs"
+
+cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${cudnn_lib:+:$cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FERROTRON_KERNEL_CACHE=${FERROTRON_KERNEL_CACHE:-/tmp/ferrotron-kernels}
+
+common=(--set checkpoint.dir=null --set parallel.data=1 --set parallel.distributed_optimizer=false
+    --set training.train_tokens=null --set training.schedule.warmup_iters=3 --set training.log_interval=1
+    --set training.eval_interval=100000 --set 'data.blend=[{path: recipes/data/shakespeare.jsonl}]')
+# The LLaMA and MoE shapes read the shipped corpus with the GPT-2 tokenizer.
+gpt2_tokenizer=(--set 'data.tokenizer={type: gpt2-bpe, vocab_file: recipes/data/gpt2/vocab.json, merge_file: recipes/data/gpt2/merges.txt}'
+    --set data.tokenizer.file=null --set model.vocab_size=50257)
+llama_1b=("${gpt2_tokenizer[@]}" --set model.num_layers=16 --set model.hidden_size=2048
+    --set model.ffn_hidden_size=8192 --set model.num_attention_heads=32 --set model.num_query_groups=8
+    --set model.seq_length=4096 --set recompute.granularity=none --set recompute.method=null
+    --set recompute.num_layers=null)
+moe_small=("${gpt2_tokenizer[@]}" --set model.num_layers=8 --set model.hidden_size=1024
+    --set model.ffn_hidden_size=2816 --set model.num_attention_heads=16 --set model.num_query_groups=4
+    --set model.seq_length=2048 --set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.expert=1
+    --set parallel.sequence_parallel=false --set recompute.granularity=none)
+
+# name | recipe | micro batch | extra overrides (an array's name)
+benches=(
+    "gpt2-124m|recipes/gpt2-124m.yaml|16|none"
+    "gpt-350m|recipes/gpt-350m.yaml|16|none"
+    "gpt-1.3b-mb2|recipes/gpt-1.3b.yaml|2|none"
+    "gpt-1.3b|recipes/gpt-1.3b.yaml|12|none"
+    "gpt-1.3b-nodrop|recipes/gpt-1.3b.yaml|12|nodrop"
+    "llama-1b|recipes/llama3-8b.yaml|2|llama_1b"
+    "moe-8x|recipes/mixtral-8x7b.yaml|4|moe_small"
+)
+nodrop=(--set model.attention_dropout=0.0 --set model.hidden_dropout=0.0)
+none=()
+
+for entry in "${benches[@]}"; do
+    IFS='|' read -r name recipe mb extra <<<"$entry"
+    if [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]]; then
+        continue
+    fi
+    declare -n more=$extra
+    sets=("${common[@]}" "${more[@]}" --set training.global_batch_size=$mb --set training.micro_batch_size=$mb
+        --set training.train_iters=$steps)
+    "$dist/recipe" plan "$recipe" "${sets[@]}" --nodes 1 --gpus-per-node 1 --gpu h200 --format json \
+        >"$OUT/logs/$name.plan.json" 2>"$OUT/logs/$name.plan.err"
+    echo "=== $name: micro batch $mb, $steps steps ($(date +%T))"
+    timeout "${RUN_TIMEOUT:-300}" "$dist/recipe" run "$recipe" --backend cuda --world-size 1 \
+        --run-dir "/tmp/bench-$name" "${sets[@]}" >"$OUT/logs/$name.log" 2>&1
+    echo "exit $?"
+    cp "/tmp/bench-$name/metrics.jsonl" "$OUT/logs/$name.metrics.jsonl" 2>/dev/null || true
+    grep -i "error\|peak device memory" "$OUT/logs/$name.log" | tail -3 | cut -c1-300
+    unset -n more
+done
+
+python3 - "$OUT" <<'EOF'
+import glob, json, os, re, statistics, sys
+
+out = sys.argv[1]
+rows = []
+for plan_path in sorted(glob.glob(f"{out}/logs/*.plan.json")):
+    name = os.path.basename(plan_path)[: -len(".plan.json")]
+    try:
+        plan = json.load(open(plan_path))
+    except Exception:
+        plan = None
+    metrics_path = f"{out}/logs/{name}.metrics.jsonl"
+    records = []
+    if os.path.exists(metrics_path):
+        records = [json.loads(l) for l in open(metrics_path) if l.strip()]
+    steps = [r for r in records if "tokens_per_second" in r and r.get("step", 0) > 5]
+    log = open(f"{out}/logs/{name}.log", errors="replace").read() if os.path.exists(f"{out}/logs/{name}.log") else ""
+    peak = re.findall(r"peak device memory ([0-9.]+) GiB", log)
+    med = lambda k: statistics.median(r[k] for r in steps) if steps else float("nan")
+    pred_s = plan["predicted"]["step_seconds"] if plan else float("nan")
+    pred_mem = plan["memory"]["per_gpu_bytes"]["total"] / 2**30 if plan else float("nan")
+    step_s = med("step_seconds")
+    peak_gib = float(peak[-1]) if peak else float("nan")
+    rows.append((name, med("tokens_per_second"), med("tflops_per_gpu"), 100 * med("mfu"), peak_gib,
+                 step_s, pred_s, step_s / pred_s if pred_s else float("nan"), pred_mem,
+                 peak_gib / pred_mem if pred_mem else float("nan"), len(steps)))
+table = ["| model | tokens/s | TFLOP/s | MFU % | peak GiB | step s | predicted s | measured/predicted | predicted GiB | peak/predicted | steps |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+for r in rows:
+    table.append("| {} | {:,.0f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} | {} |".format(*r))
+text = "\n".join(table)
+open(f"{out}/gpu-bench.md", "w").write(text + "\n")
+print(text)
+EOF
