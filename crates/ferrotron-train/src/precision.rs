@@ -161,6 +161,11 @@ impl<I: Backend> MasterWeights<I> {
     pub fn get(&self, id: ParamId) -> Option<&Tensor<I, 1>> {
         self.weights.get(&id)
     }
+
+    /// Restore the master copy of parameter `id` (a checkpoint's fp32 values, flattened).
+    pub fn insert(&mut self, id: ParamId, value: Tensor<I, 1>) {
+        self.weights.insert(id, value);
+    }
 }
 
 #[cfg(test)]

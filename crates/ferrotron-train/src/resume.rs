@@ -16,7 +16,7 @@ use crate::checkpoint::{
     ShardedCheckpoint, save_sharded,
 };
 use crate::params::{NamedTensor, ParamEntry};
-use crate::{AdamW, TrainError, load_named_tensors, named_tensors, param_entries};
+use crate::{AdamW, TrainError, load_named_tensors, param_entries};
 
 /// Where the loop stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub fn save_checkpoint<B: AutodiffBackend>(
             })
             .collect()
     };
-    let params = whole(named_tensors::<B, _>(model));
+    let params = whole(optimizer.checkpoint_params::<B, _>(model));
     let moments = whole(optimizer.state_tensors(&param_entries::<B, _>(model)));
     let info = CheckpointInfo {
         state: *state,
@@ -88,6 +88,7 @@ pub fn resume_from<B: AutodiffBackend>(
     optimizer
         .load_state(&entries, &moments, checkpoint.manifest().iteration, device)
         .map_err(|problems| TrainError::checkpoint(dir, problems.join("; ")))?;
+    optimizer.restore_master_weights::<B, _>(&model, &tensors, device);
     Ok((model, checkpoint.resume_state()))
 }
 

@@ -3,13 +3,16 @@
 //! operands of every op share a dtype, as the CUDA backends require). Its own test binary,
 //! because a device's default dtype is process-wide and fixed on first use.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{DType, FloatDType};
+use burn::tensor::{DType, FloatDType, bf16};
 use ferrotron_model::{GptModel, ModelConfig};
 use ferrotron_train::precision::use_compute_dtype;
-use ferrotron_train::{AdamW, AdamWConfig, Microbatch, StepContext, named_tensors, train_step};
+use ferrotron_train::{
+    AdamW, AdamWConfig, Microbatch, NamedTensor, StepContext, load_named_tensors, named_tensors,
+    param_entries, train_step,
+};
 
 type B = Autodiff<Flex>;
 
@@ -95,4 +98,91 @@ fn model_dtypes(model: &GptModel<B>) -> Vec<DType> {
     let mut visitor = Dtypes(Vec::new());
     model.visit(&mut visitor);
     visitor.0
+}
+
+fn optimizer_for(model: &GptModel<B>) -> AdamW<Flex> {
+    AdamW::<Flex>::new(
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+        model.no_weight_decay_params(),
+    )
+}
+
+fn train(
+    mut model: GptModel<B>,
+    optimizer: &mut AdamW<Flex>,
+    iterations: std::ops::RangeInclusive<u64>,
+) -> (GptModel<B>, Vec<u64>) {
+    let device = Default::default();
+    let mut losses = Vec::new();
+    for iteration in iterations {
+        let context = StepContext {
+            iteration,
+            seed: 1,
+            lr: 1e-2,
+            clip_grad: 1.0,
+        };
+        let (next, stats) =
+            train_step(model, optimizer, &batch(), context, &device).expect("a bf16 step");
+        model = next;
+        losses.push(stats.loss.to_bits());
+    }
+    (model, losses)
+}
+
+fn by_name(tensors: Vec<NamedTensor>) -> HashMap<String, NamedTensor> {
+    tensors.into_iter().map(|t| (t.name.clone(), t)).collect()
+}
+
+/// A checkpoint of a bf16 run holds the fp32 master weights, so the run resumes where it
+/// stopped: 6 steps straight and 3 + save + restore into a differently initialised model + 3
+/// give the same loss bits.
+#[test]
+fn a_bf16_run_resumes_bit_for_bit_from_its_fp32_master_weights() {
+    let device = Default::default();
+    use_compute_dtype::<B>(&device, FloatDType::BF16).expect("bf16 on a fresh device");
+    let fresh = |seed: u64| -> GptModel<B> {
+        <B as burn::tensor::backend::Backend>::seed(&device, seed);
+        config().init(&device)
+    };
+    let model = fresh(5);
+    let mut optimizer = optimizer_for(&model);
+    let (_, straight) = train(model, &mut optimizer, 1..=6);
+
+    let model = fresh(5);
+    let mut optimizer = optimizer_for(&model);
+    let (half, mut resumed) = train(model, &mut optimizer, 1..=3);
+    let params = optimizer.checkpoint_params::<B, _>(&half);
+    let moments = optimizer.state_tensors(&param_entries::<B, _>(&half));
+    let off_the_bf16_grid = params
+        .iter()
+        .flat_map(|t| &t.values)
+        .filter(|v| f32::from(bf16::from_f32(**v)) != **v)
+        .count();
+    assert!(
+        off_the_bf16_grid > 0,
+        "the checkpoint holds only bf16 values"
+    );
+    drop((half, optimizer));
+
+    let model = fresh(99);
+    let mut optimizer = optimizer_for(&model);
+    let params = by_name(params);
+    let model = load_named_tensors::<B, _>(model, &params).expect("same model loads");
+    optimizer
+        .load_state(
+            &param_entries::<B, _>(&model),
+            &by_name(moments),
+            3,
+            &device,
+        )
+        .expect("moments load");
+    optimizer.restore_master_weights::<B, _>(&model, &params, &device);
+    let (_, rest) = train(model, &mut optimizer, 4..=6);
+    resumed.extend(rest);
+    assert_eq!(straight, resumed, "loss bits differ after a bf16 resume");
 }
