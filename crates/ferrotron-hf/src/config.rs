@@ -265,3 +265,68 @@ fn llama(get: &Getter<'_>, family: Family) -> Result<(Value, Vec<Finding>), HfEr
     }
     Ok((section, problems))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(json: Value) -> Model {
+        serde_json::from_value(json).expect("a model section")
+    }
+
+    /// What we write reads back as the same model, for each family.
+    #[test]
+    fn written_configs_read_back_as_the_same_model() {
+        let gpt2 = json!({"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+                          "seq_length": 16, "vocab_size": 41, "norm_epsilon": 1e-5});
+        let llama = json!({"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+                           "num_query_groups": 2, "kv_channels": 16, "ffn_hidden_size": 48,
+                           "seq_length": 64, "max_position_embeddings": 32, "vocab_size": 41,
+                           "position_embedding": "rope", "rotary_base": 5e5,
+                           "normalization": "rmsnorm", "activation": "swiglu",
+                           "tie_embeddings": false, "add_bias_linear": true});
+        let mut mixtral = llama.clone();
+        mixtral["add_bias_linear"] = json!(false);
+        mixtral["moe"] = json!({"num_experts": 4, "router_topk": 2, "ffn_hidden_size": 24});
+        for section in [gpt2, llama, mixtral] {
+            let ours = model(section);
+            let dims = Dims::of(&ours, 41, 128);
+            let dir = tempfile::tempdir().expect("tempdir");
+            let written = write_config(&ours, &dims, OutDtype::Bf16, Some(0));
+            std::fs::write(dir.path().join(CONFIG_FILE), written.to_string()).expect("write");
+            let read = HfConfig::read(dir.path()).expect("reads");
+            assert_eq!(read.family, dims.family);
+            assert_eq!(crate::check::check(&ours, 41, &read), vec![], "{written}");
+            assert_eq!(written["torch_dtype"], "bfloat16");
+        }
+    }
+
+    #[test]
+    fn unreadable_classes_are_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(CONFIG_FILE), r#"{"model_type": "bert"}"#).expect("write");
+        let err = HfConfig::read(dir.path()).expect_err("not a causal LM we read");
+        assert!(
+            err.to_string().contains("model_type `bert` is not one of"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn scaled_rope_and_mismatched_biases_cannot_be_expressed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = json!({"model_type": "llama", "rope_scaling": {"rope_type": "llama3"},
+                            "attention_bias": true, "mlp_bias": false, "hidden_act": "gelu"});
+        std::fs::write(dir.path().join(CONFIG_FILE), config.to_string()).expect("write");
+        let read = HfConfig::read(dir.path()).expect("reads");
+        let paths: Vec<&str> = read.problems.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "model.activation",
+                "model.rotary_base",
+                "model.add_bias_linear"
+            ]
+        );
+    }
+}

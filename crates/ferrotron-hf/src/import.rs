@@ -29,6 +29,13 @@ pub const IMPORTED_ITERATION: u64 = 0;
 /// Buffers transformers may save that are not weights (masks, rotary tables).
 const BUFFERS: [&str; 3] = [".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"];
 
+/// One of our tensors and the transformers tensors it is assembled from.
+struct Target<'p> {
+    name: String,
+    shape: Vec<usize>,
+    parts: Vec<&'p Piece>,
+}
+
 /// A transformers model folder opened for import: its configuration and where each tensor is.
 #[derive(Debug)]
 pub struct HfModel {
@@ -101,14 +108,14 @@ impl HfModel {
         let path = temp.join(MODEL_FILE);
         let specs: Vec<ShardSpec> = targets
             .iter()
-            .map(|(name, shape, _)| ShardSpec::full(name.clone(), shape.clone()))
+            .map(|t| ShardSpec::full(t.name.clone(), t.shape.clone()))
             .collect();
         let lazy: Vec<LazyTensor<'_>> = targets
             .iter()
-            .map(|(name, shape, parts)| LazyTensor {
-                name: name.clone(),
-                shape: shape.clone(),
-                produce: Box::new(move || self.assemble(shape, parts)),
+            .map(|t| LazyTensor {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                produce: Box::new(move || self.assemble(&t.shape, &t.parts)),
             })
             .collect();
         let metadata = HashMap::from([(
@@ -154,14 +161,11 @@ impl HfModel {
         Ok(store.commit(IMPORTED_ITERATION, &temp)?)
     }
 
-    /// Our tensors (name, shape, the pieces they are made of), in first-use order, after
+    /// Our tensors with the pieces they are made of, in first-use order, after
     /// checking that every piece's HF tensor is there with its shape and no weight is left over.
-    fn targets<'p>(
-        &self,
-        pieces: &'p [Piece],
-    ) -> Result<Vec<(String, Vec<usize>, Vec<&'p Piece>)>, HfError> {
+    fn targets<'p>(&self, pieces: &'p [Piece]) -> Result<Vec<Target<'p>>, HfError> {
         let mut problems = Vec::new();
-        let mut targets: Vec<(String, Vec<usize>, Vec<&Piece>)> = Vec::new();
+        let mut targets: Vec<Target<'p>> = Vec::new();
         for piece in pieces {
             let Source::Ours { name, shape, .. } = &piece.source else {
                 continue;
@@ -174,9 +178,13 @@ impl HfModel {
                 )),
                 None => problems.push(format!("{}: missing", piece.hf)),
             }
-            match targets.iter_mut().find(|(n, _, _)| n == name) {
-                Some((_, _, parts)) => parts.push(piece),
-                None => targets.push((name.clone(), shape.clone(), vec![piece])),
+            match targets.iter_mut().find(|t| &t.name == name) {
+                Some(target) => target.parts.push(piece),
+                None => targets.push(Target {
+                    name: name.clone(),
+                    shape: shape.clone(),
+                    parts: vec![piece],
+                }),
             }
         }
         let tied = self.config.model.tie_embeddings;

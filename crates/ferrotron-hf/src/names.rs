@@ -89,10 +89,10 @@ impl Selection {
         }
     }
 
-    fn columns(columns: Vec<Range<usize>>, transpose: bool) -> Selection {
+    fn columns(columns: impl IntoIterator<Item = Range<usize>>, transpose: bool) -> Selection {
         Selection {
             rows: None,
-            columns: Some(columns),
+            columns: Some(columns.into_iter().collect()),
             transpose,
         }
     }
@@ -290,7 +290,7 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
             "lm_head.weight".into(),
             "output_layer.weight".into(),
             vec![h, vp],
-            Selection::columns(vec![0..v], true),
+            Selection::columns(std::iter::once(0..v), true),
         );
     }
     if gpt2 && !dims.bias {
@@ -423,7 +423,7 @@ fn swiglu(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str, [gate, up, dow
         &format!("{hf}.{gate}"),
         &fc1,
         [h, 2 * f],
-        Selection::columns(vec![0..f], true),
+        Selection::columns(std::iter::once(0..f), true),
     );
     linear(
         push,
@@ -431,7 +431,7 @@ fn swiglu(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str, [gate, up, dow
         &format!("{hf}.{up}"),
         &fc1,
         [h, 2 * f],
-        Selection::columns(vec![f..2 * f], true),
+        Selection::columns(std::iter::once(f..2 * f), true),
     );
     linear(
         push,
