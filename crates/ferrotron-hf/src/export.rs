@@ -114,9 +114,13 @@ pub fn export(checkpoint: &Path, out: &Path, options: ExportOptions) -> Result<E
         .iter()
         .map(|p| numel(&p.shape) * options.dtype.bytes())
         .sum();
+    let index_path = out.join(INDEX_FILE);
     if count > 1 {
         let index = json!({"metadata": {"total_size": bytes}, "weight_map": weight_map});
-        files.push(write_json(&out.join(INDEX_FILE), &index)?);
+        files.push(write_json(&index_path, &index)?);
+    } else if index_path.is_file() {
+        // an earlier, sharded export into the same folder: its index would name stale files
+        std::fs::remove_file(&index_path).map_err(|e| HfError::io("remove", &index_path, e))?;
     }
     Ok(Exported {
         family,
@@ -151,6 +155,7 @@ fn check_tensors(dir: &Path, tensors: &CheckpointTensors, pieces: &[Piece]) -> R
             problems.push(format!("{name}: no transformers tensor holds it"));
         }
     }
+    problems.sort();
     problems.dedup();
     if problems.is_empty() {
         Ok(())

@@ -60,6 +60,10 @@ fn model(family: &str) -> Value {
             json!({"moe": {"num_experts": 4, "router_topk": 2, "ffn_hidden_size": 48}}),
         );
     }
+    if family == "deepseek" {
+        let moe = json!({"num_experts": 4, "router_topk": 2, "shared_expert_ffn_hidden_size": 32});
+        merge(&mut model, json!({ "moe": moe }));
+    }
     model
 }
 
@@ -130,6 +134,24 @@ fn real_rows(name: &str, shape: &[usize], values: &[f32], vocab: usize) -> Vec<u
         _ => values.to_vec(),
     };
     kept.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn inexpressible_models_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, checkpoint) = trained(dir.path(), "deepseek", 1, 1);
+    let out = dir.path().join("hf");
+    let options = ExportOptions {
+        dtype: OutDtype::F32,
+        max_shard_bytes: u64::MAX,
+    };
+    let err = export(&checkpoint, &out, options).expect_err("shared experts are refused");
+    assert_eq!(
+        err.to_string(),
+        "MixtralForCausalLM cannot express this model:\n  \
+         model.moe.shared_expert_ffn_hidden_size: MixtralForCausalLM has no shared experts"
+    );
+    assert!(!out.exists());
 }
 
 /// Train `family` on tp × pp ranks, export (in `dtype`, files of at most `max_shard_bytes`),

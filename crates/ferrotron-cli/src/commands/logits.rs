@@ -41,6 +41,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device = Default::default();
     let (model, _) = load_for_inference::<CpuBackend>(&folder, &device)
         .with_context(|| format!("loading {}", folder.display()))?;
+    if seq > model.max_sequence_length() {
+        anyhow::bail!(
+            "{} tokens per row; the model covers {} positions",
+            seq,
+            model.max_sequence_length()
+        );
+    }
     let batch = rows.len();
     let ids: Vec<i64> = rows.into_iter().flatten().collect();
     let tokens =
