@@ -19,6 +19,7 @@ use ferrotron_train::checkpoint::{
 use crate::HfError;
 use crate::config::HfConfig;
 use crate::export::INDEX_FILE;
+use crate::family::Family;
 use crate::names::{Dims, Piece, Source, pieces};
 use crate::safetensors_file::TensorFile;
 use crate::sink::{self, LazyTensor, OutDtype};
@@ -42,8 +43,8 @@ pub struct HfModel {
     dir: PathBuf,
     pub config: HfConfig,
     files: Vec<TensorFile>,
-    /// Tensor name → index into `files`.
-    index: HashMap<String, usize>,
+    /// Tensor name (with the class's prefix) → index into `files` and the name stored there.
+    index: HashMap<String, (usize, String)>,
 }
 
 impl HfModel {
@@ -69,12 +70,23 @@ impl HfModel {
         } else {
             vec![MODEL_FILE.to_owned()]
         };
+        // Files saved from the base model (OpenAI's GPT-2 on the Hub: `h.0.attn...`) lack the
+        // `transformer.` / `model.` prefix that transformers adds on load; add it here.
+        let prefix = match config.family {
+            Family::Gpt2 => "transformer.",
+            Family::Llama | Family::Mixtral => "model.",
+        };
         let mut files = Vec::new();
         let mut index = HashMap::new();
         for name in names {
             let file = TensorFile::open(&dir.join(name))?;
             for tensor in file.entries.keys() {
-                index.insert(tensor.clone(), files.len());
+                let full = if tensor.starts_with(prefix) || tensor.starts_with("lm_head.") {
+                    tensor.clone()
+                } else {
+                    format!("{prefix}{tensor}")
+                };
+                index.insert(full, (files.len(), tensor.clone()));
             }
             files.push(file);
         }
@@ -209,8 +221,11 @@ impl HfModel {
     }
 
     fn entry_shape(&self, name: &str) -> Option<&[usize]> {
-        let file = &self.files[*self.index.get(name)?];
-        file.entries.get(name).map(|e| e.shape.as_slice())
+        let (file, stored) = self.index.get(name)?;
+        self.files[*file]
+            .entries
+            .get(stored)
+            .map(|e| e.shape.as_slice())
     }
 
     /// One of our tensors, its elements placed from the HF tensors it was cut into.
@@ -220,8 +235,8 @@ impl HfModel {
             let Source::Ours { selection, .. } = &piece.source else {
                 continue;
             };
-            let file = &self.files[self.index[&piece.hf]];
-            let values = file.read_f32(&piece.hf)?;
+            let (file, stored) = &self.index[&piece.hf];
+            let values = self.files[*file].read_f32(stored)?;
             selection.for_each(shape, |hf, ours| out[ours] = values[hf]);
         }
         Ok(out)

@@ -258,3 +258,45 @@ fn mixtral_one_rank() {
 fn mixtral_tp2_pp2_in_sharded_files() {
     assert!(round_trip("mixtral", 2, 2, OutDtype::F32, 30_000) > 1);
 }
+
+/// OpenAI's GPT-2 on the Hub stores the base model's names (`h.0.attn.c_attn.weight`); they
+/// import as the `transformer.` names transformers gives them on load.
+#[test]
+fn gpt2_files_without_the_transformer_prefix_import() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (plan, checkpoint) = trained(dir.path(), "gpt2", 1, 1);
+    let hf_dir = dir.path().join("hf");
+    let options = ExportOptions {
+        dtype: OutDtype::F32,
+        max_shard_bytes: u64::MAX,
+    };
+    export(&checkpoint, &hf_dir, options).expect("exports");
+    let path = hf_dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).expect("read");
+    let file = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let renamed: Vec<(String, safetensors::tensor::TensorView<'_>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name.trim_start_matches("transformer.").to_owned(), view))
+        .collect();
+    assert!(
+        renamed
+            .iter()
+            .any(|(name, _)| name == "h.0.attn.c_attn.weight")
+    );
+    std::fs::write(
+        &path,
+        safetensors::serialize(renamed, None).expect("serialize"),
+    )
+    .expect("write");
+    let hf = HfModel::open(&hf_dir).expect("opens");
+    let store = CheckpointStore::new(dir.path().join("imported"), None);
+    let imported = hf.import(&plan, &store).expect("imports");
+    let back = ShardedCheckpoint::open(&imported).expect("opens");
+    let original = ShardedCheckpoint::open(&checkpoint).expect("opens");
+    let name = "layers.1.attention.qkv.weight";
+    assert_eq!(
+        original.global(name).expect("assembles").values,
+        back.global(name).expect("assembles").values
+    );
+}
