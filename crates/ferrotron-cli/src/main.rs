@@ -48,6 +48,12 @@ enum Command {
     Diff(commands::diff::Args),
     /// Rewrite recipes in an older format version into the current one.
     Migrate(commands::migrate::Args),
+    /// Export a checkpoint (any parallel layout) as a Hugging Face transformers model folder.
+    Export(commands::hf_export::Args),
+    /// Import a Hugging Face transformers model folder as a checkpoint to train from.
+    Import(commands::hf_import::Args),
+    /// Write a checkpoint's logits for given token ids (for comparisons with other code).
+    Logits(commands::logits::Args),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +71,9 @@ fn main() -> ExitCode {
         Command::Report(args) => commands::report::run(args),
         Command::Diff(args) => commands::diff::run(args),
         Command::Migrate(args) => commands::migrate::run(args),
+        Command::Export(args) => commands::hf_export::run(args),
+        Command::Import(args) => commands::hf_import::run(args),
+        Command::Logits(args) => commands::logits::run(args),
     };
     match result {
         Ok(code) => code,

@@ -392,6 +392,7 @@ fn is_path_field(path: &str) -> bool {
             | "data.cache_dir"
             | "checkpoint.dir"
             | "checkpoint.resume"
+            | "checkpoint.init_from.hf"
             | "logging.jsonl"
     ) || (path.starts_with("data.blend.") && path.ends_with(".path"))
 }

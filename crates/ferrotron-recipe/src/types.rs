@@ -592,6 +592,18 @@ pub struct Checkpoint {
     /// `auto` (newest committed checkpoint in dir), `never`, or a checkpoint path.
     #[serde(default = "defaults::resume")]
     pub resume: String,
+    /// Weights to start from when `dir` holds no checkpoint yet (needs `dir` and `resume: auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<InitFrom>,
+}
+
+/// Where a fresh run's weights come from instead of the random initialisation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InitFrom {
+    /// A Hugging Face model folder (`config.json` and `model.safetensors`) of a
+    /// `GPT2LMHeadModel`, `LlamaForCausalLM` or `MixtralForCausalLM`.
+    pub hf: String,
 }
 
 impl Default for Checkpoint {
@@ -601,6 +613,7 @@ impl Default for Checkpoint {
             interval: None,
             keep_last: None,
             resume: defaults::resume(),
+            init_from: None,
         }
     }
 }

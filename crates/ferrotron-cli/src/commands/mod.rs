@@ -2,6 +2,9 @@
 
 pub mod backend;
 pub mod diff;
+pub mod hf_export;
+pub mod hf_import;
+pub mod logits;
 pub mod migrate;
 pub mod plan;
 pub mod preprocess;

@@ -90,6 +90,9 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     };
     world.check_plan(&plan)?;
     let lead = world.rank() == 0;
+    if let Err(code) = super::hf_import::init_from(loaded, &plan, lead)? {
+        return Ok(code);
+    }
     if lead {
         eprint!("{}", brief(&plan, &compute));
     }

@@ -64,7 +64,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// The folder itself when committed, else the newest committed checkpoint inside it, else inside
 /// its `checkpoints/` (a run directory, as `recipe run` lays them out).
-fn checkpoint_folder(path: &Path) -> anyhow::Result<PathBuf> {
+pub fn checkpoint_folder(path: &Path) -> anyhow::Result<PathBuf> {
     if is_committed(path) {
         return Ok(path.to_path_buf());
     }

@@ -63,6 +63,17 @@ pub(super) fn check(recipe: &Recipe, out: &mut Vec<Finding>) {
             }
         }
     }
+    if ckpt.init_from.is_some() && (ckpt.dir.is_none() || ckpt.resume != "auto") {
+        out.push(
+            Finding::error(
+                "checkpoint::init-from-needs-store",
+                "checkpoint.init_from",
+                "checkpoint.init_from imports the weights as the first checkpoint of checkpoint.dir, \
+                 which the run then resumes from",
+            )
+            .with_help("set checkpoint.dir and keep checkpoint.resume: auto"),
+        );
+    }
 }
 
 /// Megatron's split string: up to three non-negative weights separated by `,` or `/`,
@@ -183,5 +194,18 @@ mod tests {
         );
         r.data.blend.clear();
         assert_eq!(codes(&run(&r))[0], "data::empty-blend");
+    }
+
+    #[test]
+    fn init_from_needs_a_store_to_resume_from() {
+        let mut r = recipe();
+        r.checkpoint.init_from = Some(crate::InitFrom {
+            hf: "hf/gpt2".into(),
+        });
+        assert_eq!(codes(&run(&r)), ["checkpoint::init-from-needs-store"]);
+        r.checkpoint.dir = Some("ckpt".into());
+        assert!(run(&r).is_empty());
+        r.checkpoint.resume = "never".into();
+        assert_eq!(codes(&run(&r)), ["checkpoint::init-from-needs-store"]);
     }
 }

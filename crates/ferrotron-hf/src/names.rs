@@ -1,0 +1,462 @@
+//! The tensor mapping: every transformers tensor as a selection from one of our global tensors.
+//!
+//! Our layouts are Megatron's: burn `Linear` weights are `[in, out]`, QKV is one fused
+//! projection ordered per key/value group (its query heads, then its key, then its value), and
+//! SwiGLU's fc1 is `[gate | up]`. transformers' `nn.Linear` weights are `[out, in]`, GPT-2's
+//! `Conv1D` weights `[in, out]` with `c_attn` ordered `[q | k | v]`. So each HF tensor is: some
+//! rows (the real vocabulary of an embedding), some column ranges (a head, a half of fc1), then
+//! maybe a transpose. One index walk ([`Selection::for_each`]) serves both directions, so import
+//! is the exact inverse of export by construction.
+//!
+//! No row permutation of q/k is needed for rotary embeddings: our RoPE rotates halves (channel
+//! `i` with `i + head_dim/2`, see `ferrotron-model`'s `rope.rs`), which is transformers'
+//! `rotate_half` convention. The permutation in Meta→HF converters undoes Meta's interleaved
+//! pairs, which we never had.
+
+use std::ops::Range;
+
+use ferrotron_recipe::{Model, Normalization};
+
+use crate::family::Family;
+
+/// The sizes that decide every tensor's name and shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dims {
+    pub family: Family,
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub groups: usize,
+    pub head_dim: usize,
+    /// Dense FFN size, or each expert's for Mixtral.
+    pub ffn: usize,
+    pub experts: usize,
+    /// The real vocabulary: the HF rows.
+    pub vocab: usize,
+    /// Our embedding rows (the real vocabulary padded for tensor parallelism).
+    pub padded_vocab: usize,
+    /// Learned position rows (GPT-2).
+    pub positions: usize,
+    /// Whether our model has linear biases.
+    pub bias: bool,
+    pub tied: bool,
+}
+
+impl Dims {
+    pub fn of(model: &Model, vocab: usize, padded_vocab: usize) -> Dims {
+        let family = Family::of(model);
+        let moe = model.moe.as_ref();
+        Dims {
+            family,
+            layers: model.num_layers as usize,
+            hidden: model.hidden_size as usize,
+            heads: model.num_attention_heads as usize,
+            groups: model.num_query_groups() as usize,
+            head_dim: model.kv_channels() as usize,
+            ffn: moe.map_or(model.ffn_hidden_size(), |m| m.expert_ffn_hidden_size(model)) as usize,
+            experts: moe.map_or(0, |m| m.num_experts as usize),
+            vocab,
+            padded_vocab,
+            positions: model.max_position_embeddings() as usize,
+            bias: model.add_bias_linear,
+            tied: model.tie_embeddings,
+        }
+    }
+}
+
+/// Which elements of one of our tensors make a transformers tensor, and how they are laid out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    /// Keep the first this many rows of dim 0 (the real vocabulary of an embedding).
+    pub rows: Option<usize>,
+    /// Take these ranges of the last dim, in order.
+    pub columns: Option<Vec<Range<usize>>>,
+    /// Transpose the (2-D) result.
+    pub transpose: bool,
+}
+
+impl Selection {
+    const WHOLE: Selection = Selection {
+        rows: None,
+        columns: None,
+        transpose: false,
+    };
+
+    fn transposed() -> Selection {
+        Selection {
+            transpose: true,
+            ..Selection::WHOLE
+        }
+    }
+
+    fn columns(columns: impl IntoIterator<Item = Range<usize>>, transpose: bool) -> Selection {
+        Selection {
+            rows: None,
+            columns: Some(columns.into_iter().collect()),
+            transpose,
+        }
+    }
+
+    /// The transformers tensor's shape, taken from ours of shape `ours`.
+    pub fn shape(&self, ours: &[usize]) -> Vec<usize> {
+        let (rows, cols) = self.extent(ours);
+        match (ours.len(), self.transpose) {
+            (1, _) => vec![cols.len()],
+            (_, false) => vec![rows, cols.len()],
+            (_, true) => vec![cols.len(), rows],
+        }
+    }
+
+    /// Call `visit(hf_index, our_index)` for every element of the transformers tensor, in its
+    /// row-major order (`ours` is our tensor's shape, 1-D or 2-D).
+    pub fn for_each(&self, ours: &[usize], mut visit: impl FnMut(usize, usize)) {
+        let width = *ours.last().unwrap_or(&1);
+        let (rows, cols) = self.extent(ours);
+        if self.transpose {
+            for (j, &col) in cols.iter().enumerate() {
+                for row in 0..rows {
+                    visit(j * rows + row, row * width + col);
+                }
+            }
+        } else {
+            for row in 0..rows {
+                for (j, &col) in cols.iter().enumerate() {
+                    visit(row * cols.len() + j, row * width + col);
+                }
+            }
+        }
+    }
+
+    fn extent(&self, ours: &[usize]) -> (usize, Vec<usize>) {
+        let width = *ours.last().unwrap_or(&1);
+        let rows = if ours.len() == 1 { 1 } else { ours[0] };
+        let rows = self.rows.map_or(rows, |r| r.min(rows));
+        let cols = match &self.columns {
+            Some(ranges) => ranges.iter().flat_map(Clone::clone).collect(),
+            None => (0..width).collect(),
+        };
+        (rows, cols)
+    }
+}
+
+/// Where a transformers tensor's values come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// A selection of our global tensor `name` of shape `shape`.
+    Ours {
+        name: String,
+        shape: Vec<usize>,
+        selection: Selection,
+    },
+    /// Zeros: a bias transformers' class always has and our model was built without.
+    Zeros,
+}
+
+/// One transformers tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Piece {
+    pub hf: String,
+    pub shape: Vec<usize>,
+    pub source: Source,
+}
+
+/// Every transformers tensor of the model `dims` describes, in the class's module order.
+pub fn pieces(dims: &Dims) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut push = |hf: String, name: String, shape: Vec<usize>, selection: Selection| {
+        out.push(Piece {
+            hf,
+            shape: selection.shape(&shape),
+            source: Source::Ours {
+                name,
+                shape,
+                selection,
+            },
+        });
+    };
+    let (h, v, vp) = (dims.hidden, dims.vocab, dims.padded_vocab);
+    let vocab_rows = Selection {
+        rows: Some(v),
+        ..Selection::WHOLE
+    };
+    let gpt2 = dims.family == Family::Gpt2;
+    let (root, norm) = if gpt2 {
+        ("transformer", Normalization::Layernorm)
+    } else {
+        ("model", Normalization::Rmsnorm)
+    };
+    let embed = if gpt2 { "wte" } else { "embed_tokens" };
+    push(
+        format!("{root}.{embed}.weight"),
+        "embedding.weight".into(),
+        vec![vp, h],
+        vocab_rows,
+    );
+    if gpt2 {
+        push(
+            "transformer.wpe.weight".into(),
+            "position_embedding.weight".into(),
+            vec![dims.positions, h],
+            Selection::WHOLE,
+        );
+    }
+    for layer in 0..dims.layers {
+        let ours = format!("layers.{layer}");
+        let hf = if gpt2 {
+            format!("transformer.h.{layer}")
+        } else {
+            format!("model.layers.{layer}")
+        };
+        let (input_norm, post_norm) = if gpt2 {
+            ("ln_1", "ln_2")
+        } else {
+            ("input_layernorm", "post_attention_layernorm")
+        };
+        norms(
+            &mut push,
+            &format!("{hf}.{input_norm}"),
+            &format!("{ours}.input_norm"),
+            h,
+            norm,
+        );
+        attention(&mut push, dims, &hf, &format!("{ours}.attention"));
+        norms(
+            &mut push,
+            &format!("{hf}.{post_norm}"),
+            &format!("{ours}.pre_mlp_norm"),
+            h,
+            norm,
+        );
+        match dims.family {
+            Family::Gpt2 => {
+                let mlp = format!("{ours}.feed_forward.Dense");
+                linear(
+                    &mut push,
+                    dims,
+                    &format!("{hf}.mlp.c_fc"),
+                    &format!("{mlp}.fc1"),
+                    [h, dims.ffn],
+                    Selection::WHOLE,
+                );
+                linear(
+                    &mut push,
+                    dims,
+                    &format!("{hf}.mlp.c_proj"),
+                    &format!("{mlp}.fc2"),
+                    [dims.ffn, h],
+                    Selection::WHOLE,
+                );
+            }
+            Family::Llama => {
+                let mlp = format!("{ours}.feed_forward.Dense");
+                swiglu(
+                    &mut push,
+                    dims,
+                    &format!("{hf}.mlp"),
+                    &mlp,
+                    ["gate_proj", "up_proj", "down_proj"],
+                );
+            }
+            Family::Mixtral => {
+                let moe = format!("{ours}.feed_forward.Moe");
+                let block = format!("{hf}.block_sparse_moe");
+                push(
+                    format!("{block}.gate.weight"),
+                    format!("{moe}.router.weight"),
+                    vec![h, dims.experts],
+                    Selection::transposed(),
+                );
+                for expert in 0..dims.experts {
+                    swiglu(
+                        &mut push,
+                        dims,
+                        &format!("{block}.experts.{expert}"),
+                        &format!("{moe}.experts.{expert}"),
+                        ["w1", "w3", "w2"],
+                    );
+                }
+            }
+        }
+    }
+    norms(
+        &mut push,
+        &format!("{root}.{}", if gpt2 { "ln_f" } else { "norm" }),
+        "final_norm",
+        h,
+        norm,
+    );
+    if !dims.tied {
+        push(
+            "lm_head.weight".into(),
+            "output_layer.weight".into(),
+            vec![h, vp],
+            Selection::columns(std::iter::once(0..v), true),
+        );
+    }
+    if gpt2 && !dims.bias {
+        with_zero_biases(&mut out, dims);
+    }
+    out
+}
+
+type Push<'a> = dyn FnMut(String, String, Vec<usize>, Selection) + 'a;
+
+fn norms(push: &mut Push<'_>, hf: &str, ours: &str, hidden: usize, norm: Normalization) {
+    match norm {
+        Normalization::Layernorm => {
+            push(
+                format!("{hf}.weight"),
+                format!("{ours}.Layer.gamma"),
+                vec![hidden],
+                Selection::WHOLE,
+            );
+            push(
+                format!("{hf}.bias"),
+                format!("{ours}.Layer.beta"),
+                vec![hidden],
+                Selection::WHOLE,
+            );
+        }
+        Normalization::Rmsnorm => {
+            push(
+                format!("{hf}.weight"),
+                format!("{ours}.Rms.gamma"),
+                vec![hidden],
+                Selection::WHOLE,
+            );
+        }
+    }
+}
+
+/// A linear layer: its weight under `selection`, its bias (when the model has biases) under
+/// the same columns.
+fn linear(
+    push: &mut Push<'_>,
+    dims: &Dims,
+    hf: &str,
+    ours: &str,
+    shape: [usize; 2],
+    selection: Selection,
+) {
+    if dims.bias {
+        let bias = Selection {
+            transpose: false,
+            ..selection.clone()
+        };
+        push(
+            format!("{hf}.bias"),
+            format!("{ours}.bias"),
+            vec![shape[1]],
+            bias,
+        );
+    }
+    push(
+        format!("{hf}.weight"),
+        format!("{ours}.weight"),
+        shape.to_vec(),
+        selection,
+    );
+}
+
+fn attention(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str) {
+    let (heads, groups, d, h) = (dims.heads, dims.groups, dims.head_dim, dims.hidden);
+    let per_group = heads / groups;
+    let slot = |group: usize, slot: usize| {
+        let start = (group * (per_group + 2) + slot) * d;
+        start..start + d
+    };
+    let query: Vec<_> = (0..heads)
+        .map(|q| slot(q / per_group, q % per_group))
+        .collect();
+    let key: Vec<_> = (0..groups).map(|g| slot(g, per_group)).collect();
+    let value: Vec<_> = (0..groups).map(|g| slot(g, per_group + 1)).collect();
+    let qkv = [h, (heads + 2 * groups) * d];
+    let qkv_name = format!("{ours}.qkv");
+    let proj_name = format!("{ours}.proj");
+    if dims.family == Family::Gpt2 {
+        let fused = [query, key, value].concat();
+        linear(
+            push,
+            dims,
+            &format!("{hf}.attn.c_attn"),
+            &qkv_name,
+            qkv,
+            Selection::columns(fused, false),
+        );
+        linear(
+            push,
+            dims,
+            &format!("{hf}.attn.c_proj"),
+            &proj_name,
+            [heads * d, h],
+            Selection::WHOLE,
+        );
+    } else {
+        for (name, columns) in [("q_proj", query), ("k_proj", key), ("v_proj", value)] {
+            linear(
+                push,
+                dims,
+                &format!("{hf}.self_attn.{name}"),
+                &qkv_name,
+                qkv,
+                Selection::columns(columns, true),
+            );
+        }
+        linear(
+            push,
+            dims,
+            &format!("{hf}.self_attn.o_proj"),
+            &proj_name,
+            [heads * d, h],
+            Selection::transposed(),
+        );
+    }
+}
+
+/// Megatron's fused SwiGLU fc1 `[gate | up]` and fc2 as transformers' gate, up and down.
+fn swiglu(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str, [gate, up, down]: [&str; 3]) {
+    let (h, f) = (dims.hidden, dims.ffn);
+    let fc1 = format!("{ours}.fc1");
+    linear(
+        push,
+        dims,
+        &format!("{hf}.{gate}"),
+        &fc1,
+        [h, 2 * f],
+        Selection::columns(std::iter::once(0..f), true),
+    );
+    linear(
+        push,
+        dims,
+        &format!("{hf}.{up}"),
+        &fc1,
+        [h, 2 * f],
+        Selection::columns(std::iter::once(f..2 * f), true),
+    );
+    linear(
+        push,
+        dims,
+        &format!("{hf}.{down}"),
+        &format!("{ours}.fc2"),
+        [f, h],
+        Selection::transposed(),
+    );
+}
+
+/// GPT-2 always has biases: a model without them exports zeros, which compute the same.
+fn with_zero_biases(out: &mut Vec<Piece>, dims: &Dims) {
+    let biased = Dims {
+        bias: true,
+        ..dims.clone()
+    };
+    *out = pieces(&biased)
+        .into_iter()
+        .map(|piece| match out.iter().find(|p| p.hf == piece.hf) {
+            Some(ours) => ours.clone(),
+            None => Piece {
+                source: Source::Zeros,
+                ..piece
+            },
+        })
+        .collect();
+}

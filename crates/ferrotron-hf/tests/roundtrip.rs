@@ -1,0 +1,302 @@
+//! Export → import round trips, bit for bit, for every family from a one-rank and a tp2·pp2
+//! checkpoint: a tiny model trained one step on thread ranks, exported as transformers files,
+//! imported back; every global tensor must come back with the same bits (the vocabulary rows
+//! of the real vocabulary: padding rows are not part of a transformers model), and the import
+//! must load into the run's layout with its vocabulary re-padded.
+
+use std::path::{Path, PathBuf};
+
+use ferrotron_hf::{ExportOptions, HfModel, INDEX_FILE, OutDtype, export};
+use ferrotron_parallel::ShardSpec;
+use ferrotron_plan::{Plan, PlanOptions};
+use ferrotron_recipe::Recipe;
+use ferrotron_train::checkpoint::{CheckpointStore, ModelShape, ShardKind, ShardedCheckpoint};
+use ferrotron_train::{CpuTrainBackend, RunOptions, StopFlag, train_threads};
+use serde_json::{Value, json};
+
+const WORDS: u32 = 40;
+
+fn write_data(dir: &Path) {
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<|endoftext|>".into(), json!(0));
+    for w in 0..WORDS {
+        vocab.insert(format!("w{w}"), json!(w + 1));
+    }
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("write tokenizer");
+    let lines: String = (0..40)
+        .map(|line| {
+            let text: Vec<String> = (0..40)
+                .map(|i| format!("w{}", (line * 7 + i * 3) % WORDS))
+                .collect();
+            json!({ "text": text.join(" ") }).to_string() + "\n"
+        })
+        .collect();
+    std::fs::write(dir.join("corpus.jsonl"), lines).expect("write corpus");
+}
+
+fn model(family: &str) -> Value {
+    let base = json!({
+        "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 16,
+        "max_position_embeddings": 16, "hidden_dropout": 0.0, "attention_dropout": 0.0
+    });
+    let llama = json!({
+        "ffn_hidden_size": 64, "num_query_groups": 2, "position_embedding": "rope",
+        "normalization": "rmsnorm", "activation": "swiglu", "tie_embeddings": false,
+        "add_bias_linear": false
+    });
+    let mut model = base;
+    if family != "gpt2" {
+        merge(&mut model, llama);
+    }
+    if family == "mixtral" {
+        merge(
+            &mut model,
+            json!({"moe": {"num_experts": 4, "router_topk": 2, "ffn_hidden_size": 48}}),
+        );
+    }
+    if family == "deepseek" {
+        let moe = json!({"num_experts": 4, "router_topk": 2, "shared_expert_ffn_hidden_size": 32});
+        merge(&mut model, json!({ "moe": moe }));
+    }
+    model
+}
+
+fn merge(base: &mut Value, extra: Value) {
+    if let (Value::Object(base), Value::Object(extra)) = (base, extra) {
+        base.extend(extra);
+    }
+}
+
+/// A plan of the tiny `family` model for tp × pp ranks, data and checkpoints under `dir`.
+fn plan(dir: &Path, family: &str, tp: u32, pp: u32) -> Plan {
+    let mut model = model(family);
+    // the same padded vocabulary (128) at every tp
+    merge(
+        &mut model,
+        json!({"make_vocab_size_divisible_by": 128 / tp}),
+    );
+    let recipe = json!({
+        "version": 1, "name": format!("hf-{family}"), "model": model,
+        "precision": {"dtype": "fp32"},
+        "parallel": {"tensor": tp, "pipeline": pp, "data": 1, "sequence_parallel": tp > 1},
+        "training": {
+            "micro_batch_size": 2, "global_batch_size": 4, "train_iters": 1, "log_interval": 1,
+            "eval_interval": 0, "seed": 7, "optimizer": {"lr": 0.01},
+            "schedule": {"decay": "constant", "warmup_iters": 0}
+        },
+        "data": {
+            "tokenizer": {"type": "hf", "file": dir.join("tokenizer.json")},
+            "blend": [{"path": dir.join("corpus.jsonl")}],
+            "split": "100,0,0", "cache_dir": dir.join("cache")
+        },
+        "checkpoint": {"dir": dir.join("checkpoints")},
+        "cluster": {"nodes": 1, "gpus_per_node": tp * pp, "gpu": "cpu"},
+        "runtime": {"backend": "cpu"}
+    });
+    let recipe: Recipe = serde_json::from_value(recipe).expect("the test recipe parses");
+    let options = PlanOptions {
+        cluster: None,
+        vocab_size: WORDS + 1,
+    };
+    ferrotron_plan::plan(&recipe, &options).unwrap_or_else(|f| panic!("plans: {f:?}"))
+}
+
+/// Train one step of `family` on tp × pp thread ranks; the committed checkpoint.
+fn trained(dir: &Path, family: &str, tp: u32, pp: u32) -> (Plan, PathBuf) {
+    write_data(dir);
+    let plan = plan(dir, family, tp, pp);
+    let options = RunOptions {
+        run_dir: dir.join("run"),
+        stop: StopFlag::default(),
+        exit_interval: None,
+        announce: |_| {},
+        memory: ferrotron_telemetry::MemoryProbe::process(),
+    };
+    let summary =
+        train_threads::<CpuTrainBackend>(&plan, &options, &Default::default()).expect("trains");
+    (plan, summary.checkpoint.expect("a checkpoint at the end"))
+}
+
+/// The values of `name` restricted to the real vocabulary where it is a vocabulary tensor.
+fn real_rows(name: &str, shape: &[usize], values: &[f32], vocab: usize) -> Vec<u32> {
+    let kept: Vec<f32> = match name {
+        "embedding.weight" => values[..vocab * shape[1]].to_vec(),
+        "output_layer.weight" => values
+            .chunks(shape[1])
+            .flat_map(|row| row[..vocab].to_vec())
+            .collect(),
+        _ => values.to_vec(),
+    };
+    kept.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn inexpressible_models_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, checkpoint) = trained(dir.path(), "deepseek", 1, 1);
+    let out = dir.path().join("hf");
+    let options = ExportOptions {
+        dtype: OutDtype::F32,
+        max_shard_bytes: u64::MAX,
+    };
+    let err = export(&checkpoint, &out, options).expect_err("shared experts are refused");
+    assert_eq!(
+        err.to_string(),
+        "MixtralForCausalLM cannot express this model:\n  \
+         model.moe.shared_expert_ffn_hidden_size: MixtralForCausalLM has no shared experts"
+    );
+    assert!(!out.exists());
+}
+
+/// Train `family` on tp × pp ranks, export (in `dtype`, files of at most `max_shard_bytes`),
+/// import; check every tensor and return the number of safetensors files written.
+fn round_trip(family: &str, tp: u32, pp: u32, dtype: OutDtype, max_shard_bytes: u64) -> usize {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (plan, checkpoint) = trained(dir.path(), family, tp, pp);
+    let hf_dir = dir.path().join("hf");
+    let options = ExportOptions {
+        dtype,
+        max_shard_bytes,
+    };
+    let exported = export(&checkpoint, &hf_dir, options).expect("exports");
+    let files = exported
+        .files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "safetensors"))
+        .count();
+    if files > 1 {
+        let index: Value = serde_json::from_str(
+            &std::fs::read_to_string(hf_dir.join(INDEX_FILE)).expect("an index"),
+        )
+        .expect("JSON");
+        let map = index["weight_map"].as_object().expect("a map");
+        assert_eq!(map.len(), exported.tensors);
+        assert_eq!(index["metadata"]["total_size"], json!(exported.bytes));
+    }
+    let hf = HfModel::open(&hf_dir).expect("opens");
+    let vocab = (WORDS + 1) as usize;
+    assert_eq!(hf.config.vocab as usize, vocab);
+    assert_eq!(hf.check(&plan.recipe.model, WORDS + 1), vec![]);
+    let store = CheckpointStore::new(dir.path().join("imported"), None);
+    let imported = hf.import(&plan, &store).expect("imports");
+
+    let original = ShardedCheckpoint::open(&checkpoint).expect("opens");
+    let back = ShardedCheckpoint::open(&imported).expect("opens");
+    assert_eq!(
+        original.names(ShardKind::Model),
+        back.names(ShardKind::Model)
+    );
+    let rounded = |v: &[u32]| -> Vec<u32> {
+        match dtype {
+            OutDtype::F32 => v.to_vec(),
+            OutDtype::Bf16 => v
+                .iter()
+                .map(|&b| half::bf16::from_f32(f32::from_bits(b)).to_f32().to_bits())
+                .collect(),
+        }
+    };
+    for name in original.names(ShardKind::Model) {
+        let a = original.global(&name).expect("assembles");
+        let b = back.global(&name).expect("assembles");
+        assert_eq!(
+            rounded(&real_rows(&name, &a.shape, &a.values, vocab)),
+            real_rows(&name, &b.shape, &b.values, vocab),
+            "{name} changed in the round trip"
+        );
+    }
+    // the run resumes from the import: same model, its vocabulary re-padded to the plan's 128 rows
+    let shape = ModelShape::of(&plan.recipe.model, plan.padded_vocab_size);
+    back.check_compatible(&shape, plan.recipe.training.seed)
+        .expect("the import fits the recipe");
+    let hidden = plan.recipe.model.hidden_size as usize;
+    let padded = back
+        .shard(&ShardSpec::full("embedding.weight", vec![128, hidden]))
+        .expect("re-padded");
+    let rows = back.global("embedding.weight").expect("assembles");
+    assert_eq!(padded[..vocab * hidden], rows.values[..]);
+    assert!(padded[vocab * hidden..].iter().all(|&v| v == 0.0));
+    files
+}
+
+#[test]
+fn gpt2_one_rank() {
+    assert_eq!(round_trip("gpt2", 1, 1, OutDtype::F32, u64::MAX), 1);
+}
+
+#[test]
+fn gpt2_tp2_pp2_in_sharded_files() {
+    assert!(round_trip("gpt2", 2, 2, OutDtype::F32, 20_000) > 1);
+}
+
+#[test]
+fn gpt2_bf16_rounds_to_nearest_even() {
+    round_trip("gpt2", 1, 1, OutDtype::Bf16, u64::MAX);
+}
+
+#[test]
+fn llama_one_rank() {
+    assert_eq!(round_trip("llama", 1, 1, OutDtype::F32, u64::MAX), 1);
+}
+
+#[test]
+fn llama_tp2_pp2_in_sharded_files() {
+    assert!(round_trip("llama", 2, 2, OutDtype::F32, 30_000) > 1);
+}
+
+#[test]
+fn mixtral_one_rank() {
+    assert_eq!(round_trip("mixtral", 1, 1, OutDtype::F32, u64::MAX), 1);
+}
+
+#[test]
+fn mixtral_tp2_pp2_in_sharded_files() {
+    assert!(round_trip("mixtral", 2, 2, OutDtype::F32, 30_000) > 1);
+}
+
+/// OpenAI's GPT-2 on the Hub stores the base model's names (`h.0.attn.c_attn.weight`); they
+/// import as the `transformer.` names transformers gives them on load.
+#[test]
+fn gpt2_files_without_the_transformer_prefix_import() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (plan, checkpoint) = trained(dir.path(), "gpt2", 1, 1);
+    let hf_dir = dir.path().join("hf");
+    let options = ExportOptions {
+        dtype: OutDtype::F32,
+        max_shard_bytes: u64::MAX,
+    };
+    export(&checkpoint, &hf_dir, options).expect("exports");
+    let path = hf_dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).expect("read");
+    let file = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let renamed: Vec<(String, safetensors::tensor::TensorView<'_>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name.trim_start_matches("transformer.").to_owned(), view))
+        .collect();
+    assert!(
+        renamed
+            .iter()
+            .any(|(name, _)| name == "h.0.attn.c_attn.weight")
+    );
+    std::fs::write(
+        &path,
+        safetensors::serialize(renamed, None).expect("serialize"),
+    )
+    .expect("write");
+    let hf = HfModel::open(&hf_dir).expect("opens");
+    let store = CheckpointStore::new(dir.path().join("imported"), None);
+    let imported = hf.import(&plan, &store).expect("imports");
+    let back = ShardedCheckpoint::open(&imported).expect("opens");
+    let original = ShardedCheckpoint::open(&checkpoint).expect("opens");
+    let name = "layers.1.attention.qkv.weight";
+    assert_eq!(
+        original.global(name).expect("assembles").values,
+        back.global(name).expect("assembles").values
+    );
+}
