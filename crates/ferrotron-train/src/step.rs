@@ -164,35 +164,23 @@ where
     if B::device_resident_step() {
         return device_step(model, optimizer, microbatches, context, device);
     }
-    // Dropout (the only randomness in a step) depends on nothing but seed and iteration.
-    crate::rng::with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
     let scale = 1.0 / microbatches.len() as f64;
-    let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
-    let mut loads = ExpertLoads::default();
-    let mut loss_sum = 0.0;
-    let mut lm_loss_sum = 0.0;
-    for microbatch in microbatches {
-        let (inputs, labels) = microbatch.tensors::<B>(device);
-        let output = model.loss(inputs, labels);
-        loss_sum += output.loss.clone().into_scalar().to_f64();
-        lm_loss_sum += output.lm_loss.into_scalar().to_f64();
-        loads.accumulate(&output.expert_loads);
-        let gradients = output.loss.mul_scalar(scale).backward();
-        // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed precision).
-        let gradients =
-            crate::precision::grads_to_fp32(&model, GradientsParams::from_grads(gradients, &model));
-        accumulator.accumulate(&model, gradients);
-    }
-    let loss = loss_sum * scale;
-    let lm_loss = lm_loss_sum * scale;
+    let pass = forward_backward(&model, microbatches, context, device);
+    let read = |values: &[Tensor<B::InnerBackend, 1>]| {
+        values
+            .iter()
+            .fold(0.0, |sum, v| sum + v.clone().into_scalar().to_f64())
+            * scale
+    };
+    let loss = read(&pass.losses);
+    let lm_loss = read(&pass.lm_losses);
     check_finite(loss, context.iteration, "the loss")?;
-    let grads = accumulator.grads();
-    let grad_norm = global_grad_norm::<B, _>(&model, &grads);
+    let grad_norm = global_grad_norm::<B, _>(&model, &pass.grads);
     check_finite(grad_norm, context.iteration, "the gradient norm")?;
     let clip = clip_coefficient(grad_norm, context.clip_grad);
-    let mut model = optimizer.step(model, grads, context.lr, clip);
+    let mut model = optimizer.step(model, pass.grads, context.lr, clip);
     if !model.expert_biases().is_empty() {
-        model = model.update_expert_bias(&loads)?;
+        model = model.update_expert_bias(&pass.loads)?;
     }
     let stats = StepStats {
         loss,
@@ -202,6 +190,53 @@ where
         lr: context.lr,
     };
     Ok((model, PendingStats::ready(stats)))
+}
+
+/// What the forward and backward passes over a step's microbatches leave: the gradients
+/// (summed, fp32), the MoE expert loads, and each microbatch's losses, still on the device.
+struct Pass<B: AutodiffBackend> {
+    grads: GradientsParams,
+    loads: ExpertLoads,
+    losses: Vec<Tensor<B::InnerBackend, 1>>,
+    lm_losses: Vec<Tensor<B::InnerBackend, 1>>,
+}
+
+/// Each microbatch's loss divided by their count, so the accumulated gradient is the mean's.
+fn forward_backward<B>(
+    model: &GptModel<B>,
+    microbatches: &[Microbatch],
+    context: StepContext,
+    device: &B::Device,
+) -> Pass<B>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    // Dropout (the only randomness in a step) depends on nothing but seed and iteration.
+    crate::rng::with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
+    let scale = 1.0 / microbatches.len() as f64;
+    let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
+    let mut loads = ExpertLoads::default();
+    let mut losses = Vec::with_capacity(microbatches.len());
+    let mut lm_losses = Vec::with_capacity(microbatches.len());
+    for microbatch in microbatches {
+        let (inputs, labels) = microbatch.tensors::<B>(device);
+        let output = model.loss(inputs, labels);
+        losses.push(output.loss.clone().inner());
+        lm_losses.push(output.lm_loss.inner());
+        loads.accumulate(&output.expert_loads);
+        let gradients = output.loss.mul_scalar(scale).backward();
+        // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed precision).
+        let gradients =
+            crate::precision::grads_to_fp32(model, GradientsParams::from_grads(gradients, model));
+        accumulator.accumulate(model, gradients);
+    }
+    Pass {
+        grads: accumulator.grads(),
+        loads,
+        losses,
+        lm_losses,
+    }
 }
 
 fn check_finite(value: f64, iteration: u64, what: &'static str) -> Result<(), TrainError> {
@@ -229,24 +264,13 @@ where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
-    crate::rng::with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
     let scale = 1.0 / microbatches.len() as f64;
-    let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
-    let mut loads = ExpertLoads::default();
-    let mut losses = Vec::with_capacity(microbatches.len());
-    let mut lm_losses = Vec::with_capacity(microbatches.len());
-    for microbatch in microbatches {
-        let (inputs, labels) = microbatch.tensors::<B>(device);
-        let output = model.loss(inputs, labels);
-        losses.push(output.loss.clone().inner().cast(DType::F32));
-        lm_losses.push(output.lm_loss.inner().cast(DType::F32));
-        loads.accumulate(&output.expert_loads);
-        let gradients = output.loss.mul_scalar(scale).backward();
-        let gradients =
-            crate::precision::grads_to_fp32(&model, GradientsParams::from_grads(gradients, &model));
-        accumulator.accumulate(&model, gradients);
-    }
-    let grads = accumulator.grads();
+    let Pass {
+        grads,
+        loads,
+        losses,
+        lm_losses,
+    } = forward_backward(&model, microbatches, context, device);
     let squares = grad_sum_of_squares::<B, _>(&model, &grads);
     let clip = squares
         .as_ref()
@@ -262,8 +286,9 @@ where
     let lr = context.lr;
     let read = move || {
         let count = losses.len();
-        let mut parts = losses;
-        parts.extend(lm_losses);
+        let f32 = |t: Tensor<B::InnerBackend, 1>| t.cast(DType::F32);
+        let mut parts: Vec<_> = losses.into_iter().map(f32).collect();
+        parts.extend(lm_losses.into_iter().map(f32));
         let inner_device = parts[0].device();
         let zero = || Tensor::<B::InnerBackend, 1>::zeros([1], (&inner_device, DType::F32));
         parts.push(squares.map_or_else(zero, |s| s.cast(DType::F32)));
