@@ -38,6 +38,36 @@ fn uses_half(dtypes: &[DType]) -> bool {
     dtypes.iter().copied().any(DType::needs_half_headers)
 }
 
+/// The start of a row-per-block norm kernel: header, includes, the block sum, the parameter
+/// struct, and in scope `red`, `row`, `x` (the row, read-only), `gamma` and `inv_n`; `out` names
+/// the row pointer the kernel writes (`y`, `dx`), declared in `x`'s dtype.
+fn row_kernel_prelude(
+    header: &str,
+    dtypes: &[DType],
+    params: &str,
+    x: DType,
+    gamma: DType,
+    out: &str,
+) -> String {
+    let mut s = format!("{header}\n");
+    s += includes(uses_half(dtypes));
+    s += BLOCK_SUM;
+    s += &format!("struct Params {{ {params} }};\n");
+    s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+    s += "  __shared__ float red[32];\n";
+    s += "  const long long row = blockIdx.x;\n";
+    s += &format!(
+        "  const {xs}* x = (const {xs}*)p.x + row * p.hidden;\n  {xs}* {out} = ({xs}*)p.{out} + row * p.hidden;\n",
+        xs = x.storage_c()
+    );
+    s += &format!(
+        "  const {gs}* gamma = (const {gs}*)p.gamma;\n",
+        gs = gamma.storage_c()
+    );
+    s += "  const float inv_n = 1.f / (float)p.hidden;\n";
+    s
+}
+
 /// Norm forward: one block per row.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct NormForward {
@@ -51,22 +81,18 @@ impl KernelSpec for NormForward {
     fn source(&self) -> String {
         let kind = if self.rms { "rms" } else { "layer" };
         let (x, g) = (self.x, self.gamma);
-        let mut s = format!("// norm forward {kind} {x} gamma {g}\n");
-        s += includes(uses_half(&[x, g]));
-        s += BLOCK_SUM;
-        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, beta, y, mean, rstd; double eps; };\n";
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += "  __shared__ float red[32];\n";
-        s += "  const long long row = blockIdx.x;\n";
-        s += &format!(
-            "  const {xs}* x = (const {xs}*)p.x + row * p.hidden;\n  {xs}* y = ({xs}*)p.y + row * p.hidden;\n",
-            xs = x.storage_c()
+        let mut s = row_kernel_prelude(
+            &format!("// norm forward {kind} {x} gamma {g}"),
+            &[x, g],
+            "long long rows, hidden; unsigned long long x, gamma, beta, y, mean, rstd; double eps;",
+            x,
+            g,
+            "y",
         );
         s += &format!(
-            "  const {gs}* gamma = (const {gs}*)p.gamma;\n  const {gs}* beta = (const {gs}*)p.beta;\n",
+            "  const {gs}* beta = (const {gs}*)p.beta;\n",
             gs = g.storage_c()
         );
-        s += "  const float inv_n = 1.f / (float)p.hidden;\n";
         if self.rms {
             s += "  const float mean = 0.f;\n";
         } else {
@@ -115,26 +141,18 @@ impl KernelSpec for NormInputGrad {
     fn source(&self) -> String {
         let kind = if self.rms { "rms" } else { "layer" };
         let (x, g, dy) = (self.x, self.gamma, self.grad);
-        let mut s = format!("// norm backward input {kind} {x} gamma {g} grad {dy}\n");
-        s += includes(uses_half(&[x, g, dy]));
-        s += BLOCK_SUM;
-        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx; };\n";
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += "  __shared__ float red[32];\n";
-        s += "  const long long row = blockIdx.x;\n";
-        s += &format!(
-            "  const {xs}* x = (const {xs}*)p.x + row * p.hidden;\n  {xs}* dx = ({xs}*)p.dx + row * p.hidden;\n",
-            xs = x.storage_c()
+        let mut s = row_kernel_prelude(
+            &format!("// norm backward input {kind} {x} gamma {g} grad {dy}"),
+            &[x, g, dy],
+            "long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx;",
+            x,
+            g,
+            "dx",
         );
         s += &format!(
             "  const {ds}* dy = (const {ds}*)p.dy + row * p.hidden;\n",
             ds = dy.storage_c()
         );
-        s += &format!(
-            "  const {gs}* gamma = (const {gs}*)p.gamma;\n",
-            gs = g.storage_c()
-        );
-        s += "  const float inv_n = 1.f / (float)p.hidden;\n";
         if self.rms {
             s += "  const float mean = 0.f;\n";
         } else {
