@@ -17,7 +17,7 @@ use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::resume::ResumeState;
 use crate::setup::{RunSetup, write_run_dir};
 use crate::trainer::{RunOptions, RunSummary, StopReason};
-use crate::{Microbatch, PendingStats, StepContext, TrainError};
+use crate::{Microbatch, PendingStats, StepContext, StepStats, TrainError};
 
 /// The model side of a rank, as the loop drives it.
 pub(crate) trait RankStep {
@@ -123,6 +123,61 @@ impl Reporter {
     fn message(&self, text: &str) {
         self.progress.message(text);
     }
+
+    /// A logged training step: Prometheus, the progress line and the JSONL.
+    fn log_step(
+        &mut self,
+        step: &StepMetrics,
+        lm_loss: f64,
+        state: &ResumeState,
+    ) -> Result<(), TrainError> {
+        self.metrics.record_step(step);
+        self.progress.update(step);
+        if let Some(writer) = self.jsonl.as_mut() {
+            writer.write(&Record::Train {
+                metrics: step,
+                lm_loss,
+                consumed_samples: state.consumed_samples,
+                consumed_tokens: state.consumed_tokens,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn log_eval(&mut self, iteration: u64, eval_loss: f64) -> Result<(), TrainError> {
+        self.metrics.record_eval(iteration, eval_loss);
+        self.message(&format!(
+            "iteration {iteration}: validation loss {eval_loss:.4}, perplexity {:.2}",
+            eval_loss.exp()
+        ));
+        if let Some(writer) = self.jsonl.as_mut() {
+            writer.write(&Record::Eval {
+                step: iteration,
+                eval_loss,
+                eval_perplexity: eval_loss.exp(),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn saved(&self, iteration: u64, path: &Path) {
+        self.message(&format!(
+            "iteration {iteration}: saved checkpoint {}",
+            path.display()
+        ));
+    }
+
+    fn stopped(&self, iteration: u64, reason: StopReason, checkpoint: Option<&Path>) {
+        let why = match reason {
+            StopReason::Signal => "stop requested (signal)",
+            StopReason::ExitInterval => "exit interval reached",
+        };
+        let saved = match checkpoint {
+            Some(path) => format!("checkpoint {}", path.display()),
+            None => "no checkpoint (checkpoint.dir is not set)".to_owned(),
+        };
+        self.message(&format!("iteration {iteration}: {why}; {saved}"));
+    }
 }
 
 /// Sums since the last log line, for interval averages as Megatron prints them.
@@ -198,48 +253,31 @@ pub(crate) fn run_loop(
             .is_some_and(|n| n > 0 && iteration.is_multiple_of(n) && !last);
         // The host reads the queued steps only when it must: to log, evaluate, save or stop. A
         // non-finite step surfaces here, before anything is saved.
-        let mut stats = None;
-        if log_due || eval_due || interval_due || stop_requested || exit_due {
-            for pending in unread.drain(..) {
-                let step = pending.read()?;
-                summary.last_loss = Some(step.loss);
-                summary.losses.push(step.loss);
-                interval.loss += step.loss;
-                interval.lm_loss += step.lm_loss;
-                stats = Some(step);
-            }
-        }
+        let stats = if log_due || eval_due || interval_due || stop_requested || exit_due {
+            read_queued(&mut unread, &mut summary, &mut interval)?
+        } else {
+            None
+        };
         interval.steps += 1;
 
-        if let (true, Some(stats)) = (log_due, stats) {
-            if let Some(reporter) = reporter.as_deref_mut() {
-                let elapsed = interval_start.elapsed().as_secs_f64().max(1e-9);
-                let steps = interval.steps as f64;
-                let step_seconds = elapsed / steps;
-                let flops_per_second = plan.flops_per_iteration / step_seconds;
-                let per_gpu = flops_per_second / f64::from(plan.world_size);
-                let step_metrics = StepMetrics {
-                    step: iteration,
-                    loss: interval.loss / steps,
-                    lr,
-                    grad_norm: stats.grad_norm,
-                    tokens_per_second: tokens_per_iteration as f64 / step_seconds,
-                    tflops_per_gpu: per_gpu / 1e12,
-                    mfu: per_gpu / plan.hardware.peak_flops,
-                    step_seconds,
-                    memory_bytes: context.options.memory.bytes(),
-                };
-                reporter.metrics.record_step(&step_metrics);
-                reporter.progress.update(&step_metrics);
-                if let Some(writer) = reporter.jsonl.as_mut() {
-                    writer.write(&Record::Train {
-                        metrics: &step_metrics,
-                        lm_loss: interval.lm_loss / steps,
-                        consumed_samples: state.consumed_samples,
-                        consumed_tokens: state.consumed_tokens,
-                    })?;
-                }
-            }
+        if let (true, Some(stats), Some(reporter)) = (log_due, stats, reporter.as_deref_mut()) {
+            let steps = interval.steps as f64;
+            let step_seconds = interval_start.elapsed().as_secs_f64().max(1e-9) / steps;
+            let per_gpu = plan.flops_per_iteration / step_seconds / f64::from(plan.world_size);
+            let step_metrics = StepMetrics {
+                step: iteration,
+                loss: interval.loss / steps,
+                lr,
+                grad_norm: stats.grad_norm,
+                tokens_per_second: tokens_per_iteration as f64 / step_seconds,
+                tflops_per_gpu: per_gpu / 1e12,
+                mfu: per_gpu / plan.hardware.peak_flops,
+                step_seconds,
+                memory_bytes: context.options.memory.bytes(),
+            };
+            reporter.log_step(&step_metrics, interval.lm_loss / steps, &state)?;
+        }
+        if log_due {
             interval = Interval::default();
             interval_start = Instant::now();
         }
@@ -248,18 +286,7 @@ pub(crate) fn run_loop(
             let eval_loss = stepper.evaluate(&eval_batches)?;
             summary.last_eval_loss = Some(eval_loss);
             if let Some(reporter) = reporter.as_deref_mut() {
-                reporter.metrics.record_eval(iteration, eval_loss);
-                reporter.message(&format!(
-                    "iteration {iteration}: validation loss {eval_loss:.4}, perplexity {:.2}",
-                    eval_loss.exp()
-                ));
-                if let Some(writer) = reporter.jsonl.as_mut() {
-                    writer.write(&Record::Eval {
-                        step: iteration,
-                        eval_loss,
-                        eval_perplexity: eval_loss.exp(),
-                    })?;
-                }
+                reporter.log_eval(iteration, eval_loss)?;
             }
             // evaluation time is not training throughput
             interval_start = Instant::now();
@@ -274,11 +301,7 @@ pub(crate) fn run_loop(
         };
         if stop.is_some() {
             // Another rank's stop: this rank's queued steps are read before it saves.
-            for pending in unread.drain(..) {
-                let step = pending.read()?;
-                summary.last_loss = Some(step.loss);
-                summary.losses.push(step.loss);
-            }
+            read_queued(&mut unread, &mut summary, &mut interval)?;
         }
         if let Some(store) = context.setup.store.as_ref()
             && (interval_due || last || stop.is_some())
@@ -291,30 +314,38 @@ pub(crate) fn run_loop(
             };
             let path = stepper.save(store, &info)?;
             if let Some(reporter) = reporter.as_deref() {
-                reporter.message(&format!(
-                    "iteration {iteration}: saved checkpoint {}",
-                    path.display()
-                ));
+                reporter.saved(iteration, &path);
             }
             summary.checkpoint = Some(path);
         }
         if let Some(reason) = stop {
             if let Some(reporter) = reporter.as_deref() {
-                let why = match reason {
-                    StopReason::Signal => "stop requested (signal)",
-                    StopReason::ExitInterval => "exit interval reached",
-                };
-                let saved = match &summary.checkpoint {
-                    Some(path) => format!("checkpoint {}", path.display()),
-                    None => "no checkpoint (checkpoint.dir is not set)".to_owned(),
-                };
-                reporter.message(&format!("iteration {iteration}: {why}; {saved}"));
+                reporter.stopped(iteration, reason, summary.checkpoint.as_deref());
             }
             summary.stopped = Some(reason);
             break;
         }
     }
     Ok(summary)
+}
+
+/// Reads the queued steps in order into the run's losses and the log interval's sums; the last
+/// one's statistics (for the log line) come back. A non-finite step is the error here.
+fn read_queued(
+    unread: &mut Vec<PendingStats>,
+    summary: &mut RunSummary,
+    interval: &mut Interval,
+) -> Result<Option<StepStats>, TrainError> {
+    let mut last = None;
+    for pending in unread.drain(..) {
+        let step = pending.read()?;
+        summary.last_loss = Some(step.loss);
+        summary.losses.push(step.loss);
+        interval.loss += step.loss;
+        interval.lm_loss += step.lm_loss;
+        last = Some(step);
+    }
+    Ok(last)
 }
 
 /// The microbatches of this rank's share of the global batch that starts at `consumed`.
