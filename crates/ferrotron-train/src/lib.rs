@@ -11,13 +11,13 @@ pub mod checkpoint;
 mod clip;
 mod error;
 mod init;
+mod lr_schedule;
 mod parallel;
 mod params;
 pub mod precision;
 mod resume;
 mod rng;
 mod run_loop;
-mod schedule;
 mod setup;
 mod signal;
 mod step;
@@ -26,13 +26,13 @@ mod trainer;
 pub use adamw::{AdamW, AdamWConfig, EXP_AVG, EXP_AVG_SQ};
 pub use clip::{clip_coefficient, global_grad_norm};
 pub use error::TrainError;
+pub use lr_schedule::{LrSchedule, ScheduleUnit};
 pub use parallel::{
     GRAD_BUCKET_ELEMENTS, RankOutcome, group_members, schedule as pipeline_schedule, train_rank,
     train_threads, train_threads_detailed,
 };
 pub use params::{NamedTensor, ParamEntry, load_named_tensors, named_tensors, param_entries};
 pub use resume::{ResumeState, load_for_inference, resume_from, save_checkpoint};
-pub use schedule::{LrSchedule, ScheduleUnit};
 pub use signal::StopFlag;
 pub use step::{
     Microbatch, PendingStats, StepContext, StepStats, evaluate, train_step, train_step_deferred,
