@@ -8,9 +8,11 @@
 mod degree;
 mod diagnostic;
 mod finding;
+mod finite;
 mod formats;
 mod identity;
 mod layers;
+mod limits;
 mod loader;
 mod node;
 mod render;
@@ -30,7 +32,9 @@ pub use formats::{
 };
 pub use identity::{canonical_hash, canonical_json};
 pub use layers::ENV_PREFIX;
-pub use loader::{FileSystem, LoadOptions, LoadedRecipe, SourceReader, load, load_str, load_with};
+pub use loader::{
+    FileSystem, LoadOptions, LoadedRecipe, SourceReader, load, load_str, load_with, utf8_text,
+};
 pub use rules::check_rules;
 pub use schema::{json_schema, json_schema_pretty};
 pub use types::*;
