@@ -5,6 +5,7 @@
 //! Rules anywhere in the workspace report a [`Finding`] by key path; a [`LoadedRecipe`] turns it
 //! into a located diagnostic, which is how the planner's rules plug into `recipe validate`.
 
+mod bounds;
 mod degree;
 mod diagnostic;
 mod finding;
@@ -23,6 +24,7 @@ mod types;
 mod version;
 mod yaml;
 
+pub use bounds::*;
 pub use degree::Degree;
 pub use diagnostic::{Location, Problem, RecipeErrors};
 pub use finding::{Finding, Severity};

@@ -588,7 +588,7 @@ mod tests {
         let errors = load_str("mini.yaml", MINIMAL, &opts).expect_err("invalid");
         let codes: Vec<&str> = errors.problems().iter().map(|p| p.code()).collect();
         assert_eq!(codes, ["recipe::override", "schema::value"]);
-        assert!(errors.problems()[1].message().contains("≤ 4294967295"));
+        assert!(errors.problems()[1].message().contains("≤ 1024"));
     }
 
     #[test]
