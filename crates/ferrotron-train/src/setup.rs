@@ -38,6 +38,7 @@ impl RunSetup {
             seed,
             [train_iters * global_batch, eval_samples, 0],
             &tokenizer,
+            plan.vocab_size,
         )?;
         let schedule = LrSchedule::from_recipe(&recipe, train_iters)?;
         let shape = ModelShape::of(&recipe.model, plan.padded_vocab_size);
