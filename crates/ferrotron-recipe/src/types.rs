@@ -592,6 +592,13 @@ pub struct Checkpoint {
     /// `auto` (newest committed checkpoint in dir), `never`, or a checkpoint path.
     #[serde(default = "defaults::resume")]
     pub resume: String,
+    /// Check every tensor file against the blake3 checksum in the checkpoint's manifest before
+    /// resuming (with `resume: auto`, a damaged checkpoint falls back to the newest older one
+    /// that verifies). `false` skips the read for huge checkpoints on trusted storage.
+    // Left out of the serialized recipe while it has its default, so the recipe hashes of runs
+    // and sweep members written before it existed stay what they were.
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub verify: bool,
 }
 
 impl Default for Checkpoint {
@@ -601,6 +608,7 @@ impl Default for Checkpoint {
             interval: None,
             keep_last: None,
             resume: defaults::resume(),
+            verify: true,
         }
     }
 }
@@ -787,6 +795,10 @@ impl Recipe {
 
 mod defaults {
     use crate::Degree;
+
+    pub fn is_yes(value: &bool) -> bool {
+        *value
+    }
 
     pub fn yes() -> bool {
         true
