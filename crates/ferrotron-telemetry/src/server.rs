@@ -5,16 +5,24 @@
 //! synchronous, and a slow or stuck scraper only costs that thread a bounded wait. The listener is
 //! bound before the thread starts so that a busy port is an error the caller sees, and port 0
 //! resolves to a real address the caller can print.
+//!
+//! Abuse is bounded: only `GET` (and `HEAD`) of `/metrics` is served (404 for other paths, 405
+//! for other methods), a request head past 8 KiB is refused with 400, and at most
+//! [`MAX_CONNECTIONS`] connections are served at once — one more is answered 503 at once, so a
+//! flood or a crowd of idle sockets costs the trainer a bounded number of tasks and file
+//! descriptors, never its memory. The address is `logging.prometheus.address` (default
+//! `127.0.0.1`, this host only).
 
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use prometheus::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
 use crate::error::TelemetryError;
 use crate::metrics::encode;
@@ -23,6 +31,10 @@ use crate::metrics::encode;
 const MAX_REQUEST_HEAD_BYTES: usize = 8 * 1024;
 /// How long one connection may take to send its request or receive the answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; Prometheus holds one.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a connection refused for being one too many may take to receive its 503.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pause after a failed `accept` (e.g. out of file descriptors) so the loop cannot spin.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
@@ -106,13 +118,22 @@ async fn accept_until(
     registry: Registry,
     mut shutdown: oneshot::Receiver<()>,
 ) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+                        tokio::spawn(async move {
+                            let busy = Response::text(503, "Service Unavailable", "too many connections\n");
+                            let _ = tokio::time::timeout(REFUSAL_TIMEOUT, refuse(stream, busy)).await;
+                        });
+                        continue;
+                    };
                     let registry = registry.clone();
                     tokio::spawn(async move {
+                        let _permit = permit;
                         let answered =
                             tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, &registry)).await;
                         match answered {
@@ -129,6 +150,12 @@ async fn accept_until(
             },
         }
     }
+}
+
+/// Answers `response` without reading the request, and closes.
+async fn refuse(mut stream: TcpStream, response: Response) -> io::Result<()> {
+    stream.write_all(&response.to_bytes()).await?;
+    stream.shutdown().await
 }
 
 /// Reads one request head, writes one response, closes the connection.
