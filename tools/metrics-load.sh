@@ -17,7 +17,7 @@ trap 'rm -rf "$WORK"' EXIT
 
 run() { # $1: name; the run's stderr goes to $WORK/$1.err
     "$BIN" run recipes/shakespeare-tiny.yaml --run-dir "$WORK/$1" \
-        --set "training.train_iters=$STEPS" --set training.eval_interval=0 \
+        --set "training.train_iters=$STEPS" --set training.eval_interval=0 --set training.log_interval=1 \
         --set checkpoint.resume=never --set "checkpoint.dir=$WORK/$1/ckpt" \
         --set "logging.jsonl=$WORK/$1/metrics.jsonl" \
         --set 'logging.prometheus={port: 0, address: 127.0.0.1}' 2>"$WORK/$1.err"

@@ -29,6 +29,8 @@ use crate::metrics::encode;
 
 /// A request head larger than this is refused; Prometheus sends a few hundred bytes.
 const MAX_REQUEST_HEAD_BYTES: usize = 8 * 1024;
+/// What a refused connection may still send before it is closed.
+const MAX_DRAIN_BYTES: usize = 64 * 1024;
 /// How long one connection may take to send its request or receive the answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once; Prometheus holds one.
@@ -161,21 +163,41 @@ async fn refuse(mut stream: TcpStream, response: Response) -> io::Result<()> {
 /// Reads one request head, writes one response, closes the connection.
 async fn answer(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
     let head = read_request_head(&mut stream).await?;
-    let response = match head {
-        Some(head) => respond(&head, registry),
-        None => Response::text(400, "Bad Request", "request head too large or incomplete\n"),
+    let Some(head) = head else {
+        let refused = Response::text(400, "Bad Request", "request head too large or incomplete\n");
+        stream.write_all(&refused.to_bytes()).await?;
+        stream.shutdown().await?;
+        return drain(&mut stream).await;
     };
+    let response = respond(&head, registry);
     stream.write_all(&response.to_bytes()).await?;
     stream.shutdown().await
 }
 
-/// The bytes up to the blank line ending the head; `None` if it never comes within the limit.
+/// Reads and drops what the client still sends (up to a bound), so that closing with unread
+/// input does not reset the connection before the client has read the refusal.
+async fn drain(stream: &mut TcpStream) -> io::Result<()> {
+    let mut chunk = [0u8; 4096];
+    let mut left = MAX_DRAIN_BYTES;
+    while left > 0 {
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            break;
+        }
+        left = left.saturating_sub(read);
+    }
+    Ok(())
+}
+
+/// The head up to and including the blank line that ends it; `None` when it is longer than
+/// [`MAX_REQUEST_HEAD_BYTES`] or the connection ends first.
 async fn read_request_head(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
     let mut head = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     loop {
-        if head.windows(4).any(|window| window == b"\r\n\r\n") {
-            return Ok(Some(head));
+        if let Some(end) = head.windows(4).position(|window| window == b"\r\n\r\n") {
+            let len = end + 4;
+            return Ok((len <= MAX_REQUEST_HEAD_BYTES).then(|| head[..len].to_vec()));
         }
         if head.len() > MAX_REQUEST_HEAD_BYTES {
             return Ok(None);
