@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The /metrics endpoint's cost to training (issue 19): shakespeare-tiny on the CPU twice, once
 # quiet and once while loopback clients send requests as fast as they can (GET /metrics mixed
-# with 404s, 405s and oversized heads), then the median step time of each run and what the
-# clients got. The clients share the machine's cores with the trainer, so the difference is an
-# upper bound on the server's own cost. Everything stays on 127.0.0.1 and stops with the run.
+# with 404s, 405s and oversized heads), then the median step time of each run, what the
+# clients got and the CPU time of the server thread itself. The clients share the machine's
+# cores with the trainer, so the step-time difference also holds their cost; the server
+# thread's CPU time is the server's own. Everything stays on 127.0.0.1 and stops with the run.
 #   tools/metrics-load.sh                        # 60 steps, 4 client threads
 #   STEPS=100 CLIENTS=8 RECIPE_BIN=target/release/recipe tools/metrics-load.sh
 set -euo pipefail
@@ -41,6 +42,17 @@ until grep -q "prometheus metrics at" "$WORK/loaded.err" 2>/dev/null; do
     sleep 0.2
 done
 address="$(grep -o 'http://[^ ]*/metrics' "$WORK/loaded.err" | head -1 | sed 's|http://||; s|/metrics||')"
+# The server thread's own CPU time (utime + stime, clock ticks), sampled until the run ends:
+# what serving costs the trainer, apart from the clients' share of the cores.
+trainer="$(pgrep -P "$pid" | head -1)"  # `run` is a subshell; the recipe process is its child
+server_task=""
+for task in /proc/"$trainer"/task/*; do
+    [ "$(cat "$task/comm" 2>/dev/null)" = "ferrotron-metri" ] && server_task="$task"
+done
+( while [ -r "$server_task/stat" ]; do
+      awk '{print $14 + $15}' "$server_task/stat" >"$WORK/server-ticks" 2>/dev/null || true
+      sleep 1
+  done ) &
 python3 - "$address" "$CLIENTS" "$pid" >"$WORK/load.txt" <<'PY'
 import os, socket, sys, threading, collections
 host, port = sys.argv[1].rsplit(":", 1)
@@ -74,17 +86,20 @@ for t in threads: t.join()
 print(dict(counts))
 PY
 wait "$pid"
+server_seconds="$(python3 -c "import os; print(int(open('$WORK/server-ticks').read()) / os.sysconf('SC_CLK_TCK'))")"
 quiet="$(median_step "$WORK/quiet/metrics.jsonl")"
 loaded="$(median_step "$WORK/loaded/metrics.jsonl")"
 seconds="$(python3 -c "import json; r=[json.loads(l) for l in open('$WORK/loaded/metrics.jsonl') if '\"train\"' in l]; print(sum(x['step_seconds'] for x in r))")"
-python3 - "$quiet" "$loaded" "$seconds" "$(cat "$WORK/load.txt")" <<'PY'
+python3 - "$quiet" "$loaded" "$seconds" "$(cat "$WORK/load.txt")" "$server_seconds" <<'PY'
 import ast, sys
 quiet, loaded, seconds, counts = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), ast.literal_eval(sys.argv[4])
+server = float(sys.argv[5])
 total = sum(counts.values())
 print("| run | median step | requests | answered as expected | rate |")
 print("|---|---:|---:|---:|---:|")
 print(f"| quiet | {quiet*1000:.1f} ms | | | |")
 print(f"| under load | {loaded*1000:.1f} ms ({(loaded/quiet-1)*100:+.1f} %) | {total} | {counts.get('ok', 0)} | {total/seconds:.0f}/s |")
+print(f"server thread: {server:.1f} s of CPU in {seconds:.0f} s of training ({server / seconds * 100:.1f} % of one core)")
 others = {k: v for k, v in counts.items() if k != "ok"}
 if others: print("other outcomes:", others)
 PY
