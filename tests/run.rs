@@ -525,3 +525,250 @@ fn cuda_without_a_gpu_fails_naming_the_device() {
         stderr(&output)
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hostile input and damaged state (issue 19)
+
+/// The one model shard file of a checkpoint folder.
+fn model_shard(fixture: &Fixture, folder: &str) -> PathBuf {
+    std::fs::read_dir(fixture.path("ckpt").join(folder))
+        .expect("checkpoint folder")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            name.starts_with("model") && name.ends_with(".safetensors")
+        })
+        .expect("a model shard")
+}
+
+/// Zeroes `len` bytes in the middle of `path`, keeping its size (what a bad disk or a torn copy
+/// leaves, and what the size check cannot see).
+fn zero_middle(path: &Path, len: usize) {
+    let mut bytes = std::fs::read(path).expect("read");
+    let start = bytes.len() / 2 - len / 2;
+    bytes[start..start + len].iter_mut().for_each(|b| *b = 0);
+    std::fs::write(path, bytes).expect("write");
+}
+
+fn run_manifest(fixture: &Fixture) -> Value {
+    let text = std::fs::read_to_string(fixture.path("runs/run-test/manifest.json"))
+        .expect("run manifest exists");
+    serde_json::from_str(&text).expect("run manifest is JSON")
+}
+
+#[test]
+fn a_damaged_checkpoint_is_named_and_the_one_before_resumes() {
+    let fixture = Fixture::new("");
+    assert_success(&fixture.run(&[]));
+    assert_eq!(committed(&fixture), ["iter_0000003", "iter_0000006"]);
+    let shard = model_shard(&fixture, "iter_0000006");
+    zero_middle(&shard, 4096);
+    let output = fixture.run(&["--set", "training.train_iters=9"]);
+    assert_success(&output);
+    let err = stderr(&output);
+    let file = shard.file_name().and_then(|n| n.to_str()).expect("name");
+    assert!(err.contains(&format!("{file} is damaged")), "{err}");
+    assert!(
+        err.contains("resuming from the newest intact checkpoint") && err.contains("iter_0000003"),
+        "{err}"
+    );
+    // The steps the first run logged after iteration 3 were replayed: each is in the file once.
+    let steps: Vec<u64> = fixture.train_losses().iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, (1..=9).collect::<Vec<_>>());
+}
+
+#[test]
+fn checkpoint_verify_false_skips_the_checksums() {
+    let fixture = Fixture::new("");
+    assert_success(&fixture.run(&[]));
+    zero_middle(&model_shard(&fixture, "iter_0000006"), 64);
+    let output = fixture.run(&[
+        "--set",
+        "training.train_iters=7",
+        "--set",
+        "checkpoint.verify=false",
+    ]);
+    assert_success(&output);
+    let err = stderr(&output);
+    assert!(!err.contains("damaged"), "{err}");
+    assert!(
+        err.contains("iter_0000006"),
+        "resumed from the newest: {err}"
+    );
+}
+
+#[test]
+fn a_plan_that_does_not_fit_is_refused_before_allocating() {
+    let fixture = Fixture::new("");
+    let big = [
+        "--set",
+        "model.hidden_size=16384",
+        "--set",
+        "model.num_attention_heads=128",
+        "--set",
+        "model.num_layers=64",
+    ];
+    let output = fixture.run(&big);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(err.contains("the plan does not fit"), "{err}");
+    assert!(
+        err.contains("GiB available") && err.contains("--force"),
+        "{err}"
+    );
+    assert!(committed(&fixture).is_empty());
+    assert!(!fixture.path("runs/run-test/manifest.json").exists());
+}
+
+#[test]
+fn token_ids_past_the_vocabulary_fail_the_run_before_training() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--set", "model.vocab_size=1000"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(err.contains("_text_document.bin: token id"), "{err}");
+    assert!(
+        err.contains("outside the model's vocabulary of 1000"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("finished at step"),
+        "no contradictory closing line: {err}"
+    );
+    let manifest = run_manifest(&fixture);
+    assert_eq!(manifest["status"], "failed");
+    assert_eq!(manifest["exit_code"], 1);
+    let message = manifest["error"].as_str().expect("the error is recorded");
+    assert!(message.contains("vocabulary of 1000"), "{message}");
+}
+
+#[test]
+fn validate_checks_the_token_ids_of_data_files_that_exist() {
+    let fixture = Fixture::new("");
+    let gpt2 = repo_root().join("recipes/data/gpt2");
+    let preprocess = fixture
+        .command("preprocess")
+        .args(["--input", "corpus.jsonl", "--output-prefix", "corpus", "-q"])
+        .arg("--vocab-file")
+        .arg(gpt2.join("vocab.json"))
+        .arg("--merge-file")
+        .arg(gpt2.join("merges.txt"))
+        .output()
+        .expect("preprocess runs");
+    assert_success(&preprocess);
+    let validate = |vocab: &str| {
+        fixture
+            .command("validate")
+            .args(["recipe.yaml", "--format", "json"])
+            .args(["--set", "data.blend.0.path=corpus_text_document"])
+            .args(["--set", &format!("model.vocab_size={vocab}")])
+            .output()
+            .expect("validate runs")
+    };
+    assert_success(&validate("50257"));
+    let refused = validate("1000");
+    assert_eq!(refused.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&refused.stdout);
+    assert!(
+        out.contains("data::vocabulary") && out.contains("vocabulary of 1000"),
+        "{out}"
+    );
+}
+
+#[test]
+fn an_unreadable_tokenizer_is_exit_2_for_plan_and_run() {
+    let fixture = Fixture::new("");
+    for command in ["plan", "run"] {
+        let output = fixture
+            .command(command)
+            .args([
+                "recipe.yaml",
+                "--set",
+                "data.tokenizer.vocab_file=missing.json",
+            ])
+            .output()
+            .expect("the recipe binary runs");
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{command}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn a_bad_jsonl_line_during_run_offers_what_run_accepts() {
+    let fixture = Fixture::new("");
+    let mut corpus = std::fs::read_to_string(fixture.path("corpus.jsonl")).expect("corpus");
+    corpus.push_str("{\"text\": \"unclosed\n");
+    std::fs::write(fixture.path("corpus.jsonl"), corpus).expect("write");
+    let output = fixture.run(&[]);
+    assert_eq!(output.status.code(), Some(1));
+    let err = stderr(&output);
+    assert!(err.contains("corpus.jsonl:13:"), "{err}");
+    assert!(err.contains("recipe preprocess --input"), "{err}");
+    assert!(!err.contains("(pass --skip-bad-lines"), "{err}");
+}
+
+#[test]
+fn sample_refuses_a_temperature_that_is_not_a_number() {
+    let fixture = Fixture::new("");
+    for temperature in ["nan", "inf", "-1"] {
+        let output = fixture
+            .command("sample")
+            .args(["ckpt", "--prompt", "ROMEO:"])
+            .arg(format!("--temperature={temperature}"))
+            .output()
+            .expect("the recipe binary runs");
+        assert_eq!(output.status.code(), Some(2), "{temperature}");
+        assert!(stderr(&output).contains("not a finite number of 0 or more"));
+    }
+}
+
+/// The newest committed checkpoint's iteration (0 for none).
+fn newest_iteration(fixture: &Fixture) -> u64 {
+    committed(fixture)
+        .last()
+        .and_then(|name| name.strip_prefix("iter_")?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn sigkill_right_after_checkpoints_resumes_bit_identically() {
+    let args = [
+        "--set",
+        "training.train_iters=12",
+        "--set",
+        "checkpoint.interval=1",
+        "--set",
+        "training.eval_interval=0",
+    ];
+    let straight = Fixture::new("");
+    assert_success(&straight.run(&args));
+
+    let killed = Fixture::new("");
+    let mut kills = 0;
+    for _ in 0..3 {
+        let before = newest_iteration(&killed);
+        let mut child = killed.spawn(&args);
+        // SIGKILL as soon as this run has committed a checkpoint of its own: the process is then
+        // anywhere in the next step, its metrics row or its next checkpoint write.
+        wait_for(Duration::from_secs(120), || {
+            newest_iteration(&killed) > before || child.try_wait().ok().flatten().is_some()
+        });
+        if child.try_wait().expect("wait works").is_none() {
+            child.kill().expect("SIGKILL");
+            kills += 1;
+        }
+        let _ = child.wait();
+    }
+    assert_eq!(kills, 3, "a run finished before it could be killed");
+    assert_success(&killed.run(&args));
+    assert_eq!(
+        killed.train_losses(),
+        straight.train_losses(),
+        "after {kills} SIGKILLs the losses differ from an uninterrupted run"
+    );
+}

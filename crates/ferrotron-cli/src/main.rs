@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod commands;
 mod exit;
+mod failure;
 
 // Training on CPU allocates and frees logits-sized buffers every microbatch; glibc's allocator
 // returns them to the kernel and page-faults them back in (a third of a step in `perf`).
@@ -79,7 +80,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         // Errors that reach here come before any work: arguments, unreadable files.
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", failure::describe(&err));
             exit::code(exit::USAGE)
         }
     }

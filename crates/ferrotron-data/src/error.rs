@@ -33,6 +33,18 @@ pub enum DataError {
     /// The data settings (blend, sample counts, sequence length) cannot produce samples.
     #[error("{0}")]
     Config(String),
+    /// A token id that is not a row of the model's embedding.
+    #[error(
+        "{}: token id {id} is outside the model's vocabulary of {vocab_size} (the file's ids run from {min} to {max}); it was tokenized with another tokenizer, or model.vocab_size is too small",
+        path.display()
+    )]
+    Vocabulary {
+        path: PathBuf,
+        id: i64,
+        min: i64,
+        max: i64,
+        vocab_size: u32,
+    },
     /// A sample index past the end of a dataset.
     #[error("sample {index} is out of range: the dataset has {len} samples")]
     OutOfRange { index: u64, len: u64 },

@@ -17,6 +17,7 @@ mod preprocess;
 mod random;
 mod split;
 mod tokenizer;
+mod vocabulary;
 
 pub use blend::{
     BlendedDataset, MID_LEVEL_DATASET_SURPLUS, blending_indices, normalize_weights,
@@ -36,6 +37,7 @@ pub use preprocess::{
 };
 pub use split::{SPLIT_NAMES, SplitMatrix};
 pub use tokenizer::{Tokenizer, tokenizer_vocab_size};
+pub use vocabulary::{TokenRange, check_vocabulary, token_range};
 
 #[cfg(test)]
 mod test_support;

@@ -160,6 +160,7 @@ impl HfModel {
                 kind: ShardKind::Model,
                 rank: 0,
                 bytes,
+                blake3: Some(ferrotron_train::checkpoint::file_hash(&path)?),
                 tensors: specs,
             }],
         };

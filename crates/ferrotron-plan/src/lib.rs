@@ -4,6 +4,7 @@
 //! Pure arithmetic over the typed recipe: no tensors, no I/O except [`Plan::write_to`]. The
 //! runtime consumes a [`Plan`]; users read it (`recipe plan`) before they ask for GPUs.
 
+mod bounds;
 mod flops;
 mod hardware;
 mod layout;
@@ -41,6 +42,10 @@ pub use time::{Breakdown, Predicted};
 /// Rules that need the world size run only when a cluster is known; rules whose degrees are
 /// `auto` are left to the planner's search.
 pub fn check_layout(recipe: &Recipe, cluster: Option<&Cluster>) -> Vec<Finding> {
+    let out_of_bounds = bounds::check(recipe, cluster, None);
+    if !out_of_bounds.is_empty() {
+        return out_of_bounds;
+    }
     let open = layout::OpenLayout::from_recipe(recipe, cluster);
     rules::check(recipe, open, cluster.map(|c| c.gpu))
 }

@@ -186,6 +186,10 @@ pub fn plan(recipe: &Recipe, opts: &PlanOptions) -> Result<Plan, Vec<Finding>> {
         .iter()
         .map(|f| format!("{}: {}", f.path, f.message))
         .collect();
+    let out_of_bounds = crate::bounds::check(recipe, None, Some(opts.vocab_size));
+    if !out_of_bounds.is_empty() {
+        return Err(out_of_bounds);
+    }
     if opts.vocab_size == 0 {
         return Err(vec![Finding::error(
             "plan::vocab-size",

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 #[serde(untagged)]
 pub enum Degree {
     /// A fixed value (at least 1).
-    Fixed(#[schemars(range(min = 1))] u32),
+    Fixed(#[schemars(range(min = 1, max = crate::bounds::MAX_DEGREE))] u32),
     /// Chosen by the planner.
     Auto(AutoKeyword),
 }

@@ -331,6 +331,7 @@ pub(crate) mod codes {
     pub const SYNTAX: &str = "yaml::syntax";
     pub const DUPLICATE_KEY: &str = "yaml::duplicate-key";
     pub const UNSUPPORTED: &str = "yaml::unsupported";
+    pub const LIMIT: &str = "yaml::limit";
     pub const EXTENDS: &str = "recipe::extends";
     pub const OVERRIDE: &str = "recipe::override";
     pub const FORMAT_VERSION: &str = "recipe::format-version";

@@ -5,12 +5,15 @@
 //! Rules anywhere in the workspace report a [`Finding`] by key path; a [`LoadedRecipe`] turns it
 //! into a located diagnostic, which is how the planner's rules plug into `recipe validate`.
 
+mod bounds;
 mod degree;
 mod diagnostic;
 mod finding;
+mod finite;
 mod formats;
 mod identity;
 mod layers;
+mod limits;
 mod loader;
 mod node;
 mod render;
@@ -21,6 +24,7 @@ mod types;
 mod version;
 mod yaml;
 
+pub use bounds::*;
 pub use degree::Degree;
 pub use diagnostic::{Location, Problem, RecipeErrors};
 pub use finding::{Finding, Severity};
@@ -30,7 +34,9 @@ pub use formats::{
 };
 pub use identity::{canonical_hash, canonical_json};
 pub use layers::ENV_PREFIX;
-pub use loader::{FileSystem, LoadOptions, LoadedRecipe, SourceReader, load, load_str, load_with};
+pub use loader::{
+    FileSystem, LoadOptions, LoadedRecipe, SourceReader, load, load_str, load_with, utf8_text,
+};
 pub use rules::check_rules;
 pub use schema::{json_schema, json_schema_pretty};
 pub use types::*;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::diagnostic::{Problem, RecipeErrors, codes};
 use crate::layers;
+use crate::limits::MAX_EXTENDS_DEPTH;
 use crate::node::{Node, NodeValue};
 use crate::source::{Origin, SourceFile};
 use crate::{Finding, Recipe, Severity};
@@ -52,8 +53,34 @@ pub struct FileSystem;
 
 impl SourceReader for FileSystem {
     fn read(&self, path: &Path) -> std::io::Result<String> {
-        std::fs::read_to_string(path)
+        utf8_text(std::fs::read(path)?)
     }
+}
+
+/// The bytes as text, or an `InvalidData` error that says where the first byte that is not
+/// UTF-8 is (a recipe saved as Latin-1 or UTF-16 is fixed at that spot, not by its path).
+pub fn utf8_text(bytes: Vec<u8>) -> std::io::Result<String> {
+    String::from_utf8(bytes).map_err(|e| {
+        let offset = e.utf8_error().valid_up_to();
+        let bytes = e.as_bytes();
+        let before = &bytes[..offset];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let line_start = before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        let column = String::from_utf8_lossy(&before[line_start..])
+            .chars()
+            .count()
+            + 1;
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "not UTF-8 text: byte {offset} (line {line}, column {column}) is 0x{:02x}",
+                bytes[offset]
+            ),
+        )
+    })
 }
 
 /// Load a recipe file. Relative paths inside a file are resolved against that file's directory.
@@ -69,11 +96,16 @@ pub fn load_with(
 ) -> Result<LoadedRecipe, RecipeErrors> {
     let name = reader.display_name(path);
     let text = reader.read(path).map_err(|e| {
+        let help = if e.kind() == std::io::ErrorKind::InvalidData {
+            "save the recipe as UTF-8"
+        } else {
+            "check the path and its permissions"
+        };
         RecipeErrors::new(
             &name,
             vec![
                 Problem::error(codes::UNREADABLE, format!("cannot read `{name}`: {e}"))
-                    .with_help(Some("check the path and its permissions".to_owned())),
+                    .with_help(Some(help.to_owned())),
             ],
         )
     })?;
@@ -148,7 +180,13 @@ impl<'r> Loader<'r> {
         self.fill_cache_dir(&mut tree, top);
 
         let json = tree.to_json();
-        let schema_problems = crate::schema::check(&tree, &json, &self.files);
+        let non_finite = crate::finite::check(&tree, &self.files);
+        let mut schema_problems = crate::schema::check(&tree, &json, &self.files);
+        // A non-finite number is null in JSON; the schema's "found null" would say it again.
+        schema_problems.retain(|p| {
+            p.code() == codes::UNKNOWN_KEY || !non_finite.iter().any(|n| n.path() == p.path())
+        });
+        self.problems.extend(non_finite);
         let schema_ok = schema_problems.is_empty();
         self.problems.extend(schema_problems);
         if !schema_ok || self.has_errors() {
@@ -198,9 +236,29 @@ impl<'r> Loader<'r> {
         self.files.len() - 1
     }
 
-    /// Parse `file` and everything it extends; `None` when the chain is broken (the problems
-    /// say why). `stack` holds the identities of the files being read, to catch cycles.
+    /// Parse `file` and everything it extends, merged; `None` when the chain is broken (the
+    /// problems say why). `stack` holds the identities of the files read so far, to catch
+    /// cycles. The chain is walked in a loop, not by recursion, and is at most
+    /// [`MAX_EXTENDS_DEPTH`] files long.
     fn read_chain(&mut self, file: usize, stack: &mut Vec<PathBuf>) -> Option<Node> {
+        let mut layers = Vec::new();
+        let mut next = Some(file);
+        while let Some(file) = next {
+            let (root, base) = self.read_layer(file, stack)?;
+            layers.push(root);
+            next = base;
+        }
+        let mut layers = layers.into_iter().rev();
+        let base = layers.next()?;
+        Some(layers.fold(base, crate::node::merge))
+    }
+
+    /// Parse one file of a chain, its `extends:` removed; with the file it extends, added.
+    fn read_layer(
+        &mut self,
+        file: usize,
+        stack: &mut Vec<PathBuf>,
+    ) -> Option<(Node, Option<usize>)> {
         let (root, problems) = crate::yaml::parse(&self.files, file);
         self.problems.extend(problems);
         let mut root = root?;
@@ -233,11 +291,11 @@ impl<'r> Loader<'r> {
             }
         }
         let Some(extends) = root.remove("extends") else {
-            return Some(root);
+            return Some((root, None));
         };
         let relative = match &extends.value.value {
             NodeValue::Str(relative) => relative.clone(),
-            NodeValue::Null => return Some(root),
+            NodeValue::Null => return Some((root, None)),
             _ => {
                 self.problems.push(
                     Problem::error(codes::EXTENDS, "`extends` must be a path to a base recipe")
@@ -294,12 +352,17 @@ impl<'r> Loader<'r> {
                 self,
             );
         }
+        if stack.len() >= MAX_EXTENDS_DEPTH {
+            return fail(
+                format!("the `extends` chain is longer than {MAX_EXTENDS_DEPTH} files"),
+                "flatten some of the base recipes into one".to_owned(),
+                self,
+            );
+        }
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let base = self.add_file(self.reader.display_name(&path), base_dir, text);
         stack.push(identity);
-        let base_tree = self.read_chain(base, stack);
-        stack.pop();
-        Some(crate::node::merge(base_tree?, root))
+        Some((root, Some(base)))
     }
 
     /// `data.cache_dir` defaults to `.ferrotron/cache` beside the top recipe; fill it here so
@@ -526,7 +589,7 @@ mod tests {
         let errors = load_str("mini.yaml", MINIMAL, &opts).expect_err("invalid");
         let codes: Vec<&str> = errors.problems().iter().map(|p| p.code()).collect();
         assert_eq!(codes, ["recipe::override", "schema::value"]);
-        assert!(errors.problems()[1].message().contains("≤ 4294967295"));
+        assert!(errors.problems()[1].message().contains("≤ 1024"));
     }
 
     #[test]

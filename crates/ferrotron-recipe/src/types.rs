@@ -53,37 +53,37 @@ pub struct Recipe {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Model {
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_LAYERS))]
     pub num_layers: u32,
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_HIDDEN))]
     pub hidden_size: u32,
     /// Default: 4 × hidden_size for GELU; for SwiGLU Megatron users usually set it explicitly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_FFN_HIDDEN))]
     pub ffn_hidden_size: Option<u32>,
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_HEADS))]
     pub num_attention_heads: u32,
     /// Grouped-query attention groups (key/value heads). Default: num_attention_heads (MHA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_HEADS))]
     pub num_query_groups: Option<u32>,
     /// Per-head dimension. Default: hidden_size / num_attention_heads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_KV_CHANNELS))]
     pub kv_channels: Option<u32>,
     /// Vocabulary size before padding. Default: the tokenizer's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_VOCAB))]
     pub vocab_size: Option<u32>,
     /// Pad the vocabulary to a multiple of this times the tensor-parallel degree (Megatron: 128).
     #[serde(default = "defaults::make_vocab_size_divisible_by")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_VOCAB_MULTIPLE))]
     pub make_vocab_size_divisible_by: u32,
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_SEQ_LENGTH))]
     pub seq_length: u32,
     /// Default: seq_length.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_SEQ_LENGTH))]
     pub max_position_embeddings: Option<u32>,
     #[serde(default)]
     pub position_embedding: PositionEmbedding,
@@ -146,10 +146,10 @@ pub enum Activation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Moe {
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_EXPERTS))]
     pub num_experts: u32,
     #[serde(default = "defaults::router_topk")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_EXPERTS))]
     pub router_topk: u32,
     #[serde(default)]
     pub load_balancing: LoadBalancing,
@@ -196,11 +196,11 @@ pub struct Moe {
     pub layer_freq: u32,
     /// Per-expert FFN size. Default: model.ffn_hidden_size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_FFN_HIDDEN))]
     pub ffn_hidden_size: Option<u32>,
     /// FFN size of the shared expert(s); absent for none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_FFN_HIDDEN))]
     pub shared_expert_ffn_hidden_size: Option<u32>,
 }
 
@@ -374,7 +374,7 @@ pub struct Training {
     /// Sequences per microbatch per data-parallel rank; `auto` lets the planner choose.
     pub micro_batch_size: Degree,
     /// Sequences per optimizer step across all data-parallel ranks.
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_BATCH))]
     pub global_batch_size: u32,
     /// Optimizer steps. Exactly one of train_iters and train_tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -481,7 +481,7 @@ pub struct Recompute {
     pub method: Option<RecomputeMethod>,
     /// With `full`: layers per chunk (uniform) or per stage (block) to recompute.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_LAYERS))]
     pub num_layers: Option<u32>,
 }
 
@@ -592,6 +592,13 @@ pub struct Checkpoint {
     /// `auto` (newest committed checkpoint in dir), `never`, or a checkpoint path.
     #[serde(default = "defaults::resume")]
     pub resume: String,
+    /// Check every tensor file against the blake3 checksum in the checkpoint's manifest before
+    /// resuming (with `resume: auto`, a damaged checkpoint falls back to the newest older one
+    /// that verifies). `false` skips the read for huge checkpoints on trusted storage.
+    // Left out of the serialized recipe while it has its default, so the recipe hashes of runs
+    // and sweep members written before it existed stay what they were.
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub verify: bool,
     /// Weights to start from when `dir` holds no checkpoint yet (needs `dir` and `resume: auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<InitFrom>,
@@ -614,6 +621,7 @@ impl Default for Checkpoint {
             keep_last: None,
             resume: defaults::resume(),
             init_from: None,
+            verify: true,
         }
     }
 }
@@ -670,18 +678,20 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
     #[serde(default = "defaults::one")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_NODES))]
     pub nodes: u32,
     #[serde(default = "defaults::gpus_per_node")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_GPUS_PER_NODE))]
     pub gpus_per_node: u32,
     #[serde(default)]
     pub gpu: GpuKind,
 }
 
 impl Cluster {
+    /// Ranks in the cluster; saturates rather than wraps (the planner refuses clusters past
+    /// the bounds before using it).
     pub fn world_size(&self) -> u32 {
-        self.nodes * self.gpus_per_node
+        self.nodes.saturating_mul(self.gpus_per_node)
     }
 }
 
@@ -743,8 +753,12 @@ impl Model {
 
     /// Vocabulary padded as Megatron does: up to a multiple of divisible_by × tp.
     pub fn padded_vocab_size(&self, vocab: u32, tensor_parallel: u32) -> u32 {
-        let multiple = self.make_vocab_size_divisible_by * tensor_parallel.max(1);
-        vocab.div_ceil(multiple) * multiple
+        // In u64: within the bounds the result fits u32, but a product past them must not wrap
+        // to a small vocabulary that looks valid.
+        let multiple =
+            u64::from(self.make_vocab_size_divisible_by) * u64::from(tensor_parallel.max(1));
+        let padded = u64::from(vocab).div_ceil(multiple) * multiple;
+        u32::try_from(padded).unwrap_or(u32::MAX)
     }
 
     /// Whether layer `index` (0-based) is an MoE layer.
@@ -794,6 +808,10 @@ impl Recipe {
 
 mod defaults {
     use crate::Degree;
+
+    pub fn is_yes(value: &bool) -> bool {
+        *value
+    }
 
     pub fn yes() -> bool {
         true

@@ -4,13 +4,19 @@
 //! it) instead of deserializing: a recipe is merged, overridden and validated as a tree before it
 //! becomes typed, and every step must still know the line and column of each value. Scalars are
 //! resolved with the YAML 1.2 core schema (plus `_` digit separators in integers, which people
-//! write for token budgets); quoted scalars are always strings.
+//! write for token budgets); quoted scalars are always strings. The core schema's own tags
+//! (`!!str 4`, `!!int "8"`) are honoured; any other tag is refused rather than ignored, since
+//! ignoring it would give the value a meaning its author did not ask for. Size, depth and alias
+//! expansion are bounded ([`crate::limits`]).
 
 use std::collections::HashMap;
 
-use serde_saphyr::granit_parser::{Event, Marker, Options, Parser, ScalarStyle, Span};
+use serde_saphyr::granit_parser::{
+    ErrorKind, Event, Marker, Options, Parser, ScalarStyle, Span, Tag,
+};
 
 use crate::diagnostic::{Problem, codes};
+use crate::limits::{MAX_DEPTH, MAX_INPUT_BYTES, MAX_NODES};
 use crate::node::{Entry, Node, NodeValue};
 use crate::source::{Origin, Position, SourceFile};
 
@@ -19,6 +25,27 @@ use crate::source::{Origin, Position, SourceFile};
 /// occurrence, so one run reports them together with the problems found later.
 pub(crate) fn parse(files: &[SourceFile], file: usize) -> (Option<Node>, Vec<Problem>) {
     let text = files[file].text.as_str();
+    if text.len() > MAX_INPUT_BYTES {
+        let origin = Origin::File(Position {
+            file,
+            offset: 0,
+            len: 0,
+            line: 1,
+            column: 1,
+        });
+        let problem = Problem::error(
+            codes::LIMIT,
+            format!(
+                "the file is {} bytes; a recipe may have at most {MAX_INPUT_BYTES}",
+                text.len()
+            ),
+        )
+        .with_help(Some(
+            "a recipe describes a run; data belongs in the files it names".to_owned(),
+        ))
+        .at(&origin, files);
+        return (None, vec![problem]);
+    }
     let mut options = Options::default();
     options.emit_comments = false;
     let mut builder = Builder {
@@ -29,6 +56,8 @@ pub(crate) fn parse(files: &[SourceFile], file: usize) -> (Option<Node>, Vec<Pro
         anchors: HashMap::new(),
         problems: Vec::new(),
         path: Vec::new(),
+        nodes: 0,
+        depth: 0,
     };
     match builder.document() {
         Ok(root) => (Some(root), builder.problems),
@@ -41,10 +70,15 @@ struct Builder<'a> {
     file: usize,
     text: &'a str,
     parser: Parser<'a, serde_saphyr::granit_parser::StrInput<'a>>,
-    anchors: HashMap<usize, Node>,
+    /// Anchored nodes with the number of nodes each holds (what an alias of it adds).
+    anchors: HashMap<usize, (Node, usize)>,
     problems: Vec<Problem>,
     /// Keys from the root to the mapping being read, for the key path of duplicate keys.
     path: Vec<String>,
+    /// Nodes built so far, aliases expanded.
+    nodes: usize,
+    /// Mappings and sequences open around the node being read.
+    depth: usize,
 }
 
 impl<'a> Builder<'a> {
@@ -55,6 +89,11 @@ impl<'a> Builder<'a> {
                 let marker = *err.marker();
                 let origin = self.origin(marker, marker);
                 let mut problems = std::mem::take(&mut self.problems);
+                if matches!(err.kind(), ErrorKind::RecursionLimitExceeded) {
+                    // The parser's own bound on flow nesting (`[[[[...`), met before ours.
+                    problems.push(too_deep(&origin, self.files));
+                    return Err(problems);
+                }
                 problems.push(
                     Problem::error(codes::SYNTAX, format!("YAML syntax error: {}", err.kind()))
                         .with_label("here")
@@ -110,15 +149,19 @@ impl<'a> Builder<'a> {
 
     fn node(&mut self, event: Event<'a>, span: Span) -> Result<Node, Vec<Problem>> {
         let origin = self.origin(span.start, span.end);
+        let first = self.nodes;
+        self.count(1, &origin)?;
         let (node, anchor) = match event {
-            Event::Scalar(text, style, anchor, _tag) => (
-                Node {
-                    value: resolve_scalar(&text, style),
-                    origin,
-                },
-                anchor,
-            ),
-            Event::SequenceStart(_, anchor, _) => {
+            Event::Scalar(text, style, anchor, tag) => {
+                let value = match tag {
+                    Some(tag) => self.tagged_scalar(&text, style, &tag, &origin),
+                    None => resolve_scalar(&text, style),
+                };
+                (Node { value, origin }, anchor)
+            }
+            Event::SequenceStart(_, anchor, tag) => {
+                self.check_collection_tag(tag.as_deref(), "seq", &origin);
+                self.enter(&origin)?;
                 let mut items = Vec::new();
                 loop {
                     let (event, span) = self.next()?;
@@ -127,6 +170,7 @@ impl<'a> Builder<'a> {
                     }
                     items.push(self.node(event, span)?);
                 }
+                self.depth -= 1;
                 (
                     Node {
                         value: NodeValue::Seq(items),
@@ -135,16 +179,25 @@ impl<'a> Builder<'a> {
                     anchor,
                 )
             }
-            Event::MappingStart(_, anchor, _) => (self.mapping(origin)?, anchor),
+            Event::MappingStart(_, anchor, tag) => {
+                self.check_collection_tag(tag.as_deref(), "map", &origin);
+                self.enter(&origin)?;
+                let node = self.mapping(origin)?;
+                self.depth -= 1;
+                (node, anchor)
+            }
             Event::Alias(id) => {
-                let node = self.anchors.get(&id).cloned().map(|mut n| {
-                    n.origin = origin.clone();
-                    n
-                });
-                return Ok(node.unwrap_or(Node {
-                    value: NodeValue::Null,
-                    origin,
-                }));
+                let Some((anchored, size)) = self.anchors.get(&id) else {
+                    return Ok(Node {
+                        value: NodeValue::Null,
+                        origin,
+                    });
+                };
+                let (mut node, size) = (anchored.clone(), *size);
+                // The alias itself was counted as one node; its copy adds the rest.
+                self.count(size.saturating_sub(1), &origin)?;
+                node.origin = origin;
+                return Ok(node);
             }
             _ => {
                 return Err(vec![
@@ -154,9 +207,111 @@ impl<'a> Builder<'a> {
             }
         };
         if anchor != 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors
+                .insert(anchor, (node.clone(), self.nodes - first));
         }
         Ok(node)
+    }
+
+    /// Count `more` nodes, refusing the input when that passes [`MAX_NODES`].
+    fn count(&mut self, more: usize, origin: &Origin) -> Result<(), Vec<Problem>> {
+        self.nodes = self.nodes.saturating_add(more);
+        if self.nodes <= MAX_NODES {
+            return Ok(());
+        }
+        let mut problems = std::mem::take(&mut self.problems);
+        problems.push(
+            Problem::error(
+                codes::LIMIT,
+                format!("the recipe expands to more than {MAX_NODES} YAML nodes"),
+            )
+            .with_label("the limit is passed here")
+            .with_help(Some(
+                "aliases (`*name`) copy what their anchor holds, and aliases of aliases multiply; \
+                 write the values out or use `extends:`"
+                    .to_owned(),
+            ))
+            .at(origin, self.files),
+        );
+        Err(problems)
+    }
+
+    /// Open a mapping or sequence, refusing nesting deeper than [`MAX_DEPTH`].
+    fn enter(&mut self, origin: &Origin) -> Result<(), Vec<Problem>> {
+        self.depth += 1;
+        if self.depth <= MAX_DEPTH {
+            return Ok(());
+        }
+        let mut problems = std::mem::take(&mut self.problems);
+        problems.push(too_deep(origin, self.files));
+        Err(problems)
+    }
+
+    /// A scalar with an explicit tag: the core schema's tags say what it is; others are refused.
+    fn tagged_scalar(
+        &mut self,
+        text: &str,
+        style: ScalarStyle,
+        tag: &Tag,
+        origin: &Origin,
+    ) -> NodeValue {
+        let plain = resolve_plain(text);
+        let kind = core_tag(tag);
+        let value = match (kind, &plain) {
+            (Some("str"), _) => Some(NodeValue::Str(text.to_owned())),
+            (Some("int"), NodeValue::Int(_))
+            | (Some("float"), NodeValue::Float(_))
+            | (Some("bool"), NodeValue::Bool(_))
+            | (Some("null"), NodeValue::Null) => Some(plain.clone()),
+            (Some("float"), NodeValue::Int(i)) => Some(NodeValue::Float(*i as f64)),
+            _ => None,
+        };
+        if let Some(value) = value {
+            return value;
+        }
+        let (message, help) = match kind {
+            Some(kind @ ("int" | "float" | "bool" | "null")) => {
+                let what = match kind {
+                    "int" => "an integer",
+                    "float" => "a number",
+                    "bool" => "`true` or `false`",
+                    _ => "`null`",
+                };
+                (
+                    format!("`{text}` is tagged `!!{kind}` but is not {what}"),
+                    format!("remove the tag, or write {what}"),
+                )
+            }
+            _ => (
+                format!("the tag `{}` is not supported", written(tag)),
+                "recipes use plain YAML values; only the core tags (`!!str`, `!!int`, \
+                 `!!float`, `!!bool`, `!!null`) are understood"
+                    .to_owned(),
+            ),
+        };
+        self.problems.push(
+            Problem::error(codes::UNSUPPORTED, message)
+                .with_label("this tag")
+                .with_help(Some(help))
+                .at(origin, self.files),
+        );
+        resolve_scalar(text, style)
+    }
+
+    fn check_collection_tag(&mut self, tag: Option<&Tag>, expected: &str, origin: &Origin) {
+        let Some(tag) = tag else { return };
+        if core_tag(tag) == Some(expected) {
+            return;
+        }
+        self.problems.push(
+            Problem::error(
+                codes::UNSUPPORTED,
+                format!("the tag `{}` is not supported here", written(tag)),
+            )
+            .with_label("this tag")
+            .with_help(Some(format!("remove it; a {expected} needs no tag")))
+            .at(origin, self.files),
+        );
     }
 
     fn mapping(&mut self, origin: Origin) -> Result<Node, Vec<Problem>> {
@@ -245,6 +400,31 @@ impl<'a> Builder<'a> {
             line,
             column: 1,
         })
+    }
+}
+
+fn too_deep(origin: &Origin, files: &[SourceFile]) -> Problem {
+    Problem::error(
+        codes::LIMIT,
+        format!("mappings and sequences nest more than {MAX_DEPTH} deep"),
+    )
+    .with_label("too deep")
+    .with_help(Some(
+        "a recipe needs four levels (`data.blend.0.path`)".to_owned(),
+    ))
+    .at(origin, files)
+}
+
+/// The core-schema kind (`str`, `int`, ...) a tag names, if it is one of YAML's own.
+fn core_tag(tag: &Tag) -> Option<&str> {
+    (tag.handle() == "tag:yaml.org,2002:").then(|| tag.suffix())
+}
+
+/// A tag as its author wrote it.
+fn written(tag: &Tag) -> String {
+    match core_tag(tag) {
+        Some(kind) => format!("!!{kind}"),
+        None => format!("{}{}", tag.handle(), tag.suffix()),
     }
 }
 

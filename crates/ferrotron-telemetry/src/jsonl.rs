@@ -2,7 +2,10 @@
 //!
 //! Each record goes to the file in a single unbuffered `write` of the whole line, so a crash loses
 //! at most the line being written. A resumed run reopens the same file and appends; if the previous
-//! run died mid-line, that torn tail is cut off first so the file stays valid JSON Lines.
+//! run died mid-line, that torn tail is cut off first so the file stays valid JSON Lines. The
+//! steps the previous run logged after its last checkpoint are replayed by the resumed run, so
+//! their rows are cut too ([`JsonlWriter::open_resumed`]): each step is in the file once, and
+//! `recipe report` counts and charts what was trained, not what was trained twice.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -50,6 +53,26 @@ impl JsonlWriter {
         })
     }
 
+    /// [`JsonlWriter::open`] for a run continuing after `iteration`: the records of later steps
+    /// (logged by a run that went past its last checkpoint, and about to be replayed) are
+    /// removed first. Records are in step order, so the file is cut at the first one.
+    pub fn open_resumed(path: &Path, iteration: u64) -> Result<Self, TelemetryError> {
+        let mut writer = Self::open(path)?;
+        let open_error = |source| TelemetryError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        if let Some(offset) = first_record_after(&mut writer.file, iteration).map_err(open_error)? {
+            let length = writer.file.metadata().map_err(open_error)?.len();
+            tracing::info!(
+                dropped_bytes = length - offset,
+                "metrics of steps after iteration {iteration} removed: the resumed run logs them again"
+            );
+            writer.file.set_len(offset).map_err(open_error)?;
+        }
+        Ok(writer)
+    }
+
     /// Appends `record` as one line and hands it to the operating system before returning.
     pub fn write<T: Serialize>(&mut self, record: &T) -> Result<(), TelemetryError> {
         self.line.clear();
@@ -67,6 +90,29 @@ impl JsonlWriter {
     /// The file being written.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// The byte offset of the first line whose `step` is past `iteration`, if any.
+fn first_record_after(file: &mut File, iteration: u64) -> io::Result<Option<u64>> {
+    use std::io::BufRead;
+    file.seek(SeekFrom::Start(0))?;
+    let mut reader = io::BufReader::new(&*file);
+    let mut offset = 0u64;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let read = reader.read_until(b'\n', &mut line)?;
+        if read == 0 {
+            return Ok(None);
+        }
+        let step = serde_json::from_slice::<serde_json::Value>(&line)
+            .ok()
+            .and_then(|record| record.get("step").and_then(serde_json::Value::as_u64));
+        if step.is_some_and(|step| step > iteration) {
+            return Ok(Some(offset));
+        }
+        offset += read as u64;
     }
 }
 
@@ -172,6 +218,28 @@ mod tests {
             .expect("second write");
         let steps: Vec<_> = lines(&path).iter().map(|r| r["step"].clone()).collect();
         assert_eq!(steps, vec![serde_json::json!(1), serde_json::json!(2)]);
+    }
+
+    #[test]
+    fn a_resumed_run_replaces_the_steps_after_its_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("metrics.jsonl");
+        let text: String = (1..=5)
+            .map(|step| format!("{{\"kind\":\"train\",\"step\":{step}}}\n"))
+            .collect();
+        std::fs::write(&path, text).expect("write");
+        let mut writer = JsonlWriter::open_resumed(&path, 3).expect("open");
+        writer
+            .write(&serde_json::json!({"kind": "train", "step": 4}))
+            .expect("write");
+        let steps: Vec<u64> = lines(&path)
+            .iter()
+            .map(|r| r["step"].as_u64().expect("step"))
+            .collect();
+        assert_eq!(steps, [1, 2, 3, 4]);
+        // Nothing past the iteration: nothing removed.
+        drop(JsonlWriter::open_resumed(&path, 9).expect("open"));
+        assert_eq!(lines(&path).len(), 4);
     }
 
     #[test]

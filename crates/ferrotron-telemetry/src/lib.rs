@@ -21,5 +21,5 @@ pub use manifest::{
 pub use memory::{MemoryProbe, process_memory_bytes};
 pub use metrics::{Metrics, StepMetrics};
 pub use progress::Progress;
-pub use server::MetricsServer;
+pub use server::{MAX_CONNECTIONS, MetricsServer};
 pub use tracing_setup::init_tracing;

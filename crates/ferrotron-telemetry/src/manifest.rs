@@ -87,6 +87,9 @@ pub struct RunManifest {
     pub status: RunStatus,
     /// Exit status of the process; `None` while running.
     pub exit_code: Option<i32>,
+    /// What ended a failed run (the error or panic message, as printed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     pub program: ProgramInfo,
     /// The recipe's identity (`ferrotron_recipe::canonical_hash`), the same hash every checkpoint
     /// of the run records.
@@ -132,6 +135,7 @@ impl RunManifest {
             format_version: MANIFEST_VERSION,
             status: RunStatus::Running,
             exit_code: None,
+            error: None,
             program: ProgramInfo::current(),
             recipe_hash: canonical_hash(recipe),
             plan_hash,
@@ -191,6 +195,12 @@ impl RunManifest {
         self.exit_code = Some(exit_code);
         self.finished_at = Some(now_rfc3339());
         self.write()
+    }
+
+    /// Records a failed run: status `failed`, what failed it, the exit code and the end time.
+    pub fn fail(&mut self, error: &str, exit_code: i32) -> Result<(), TelemetryError> {
+        self.error = Some(error.to_owned());
+        self.finish(RunStatus::Failed, exit_code)
     }
 
     /// True when the run trained to the end with exit status 0: there is nothing left to do.

@@ -124,6 +124,15 @@ impl Progress {
         self.deactivate();
     }
 
+    /// Stops the bar where it is, with no closing line: the run failed, and "finished at
+    /// step N" printed before the error would contradict it.
+    pub fn abandon(&self) {
+        if let Display::Bar(bar) = &self.display {
+            bar.abandon();
+        }
+        self.deactivate();
+    }
+
     fn deactivate(&self) {
         if let Ok(mut active) = ACTIVE_BAR.lock()
             && active.as_ref().is_some_and(|(id, _)| *id == self.id)

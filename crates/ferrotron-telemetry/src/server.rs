@@ -5,24 +5,38 @@
 //! synchronous, and a slow or stuck scraper only costs that thread a bounded wait. The listener is
 //! bound before the thread starts so that a busy port is an error the caller sees, and port 0
 //! resolves to a real address the caller can print.
+//!
+//! Abuse is bounded: only `GET` (and `HEAD`) of `/metrics` is served (404 for other paths, 405
+//! for other methods), a request head past 8 KiB is refused with 400, and at most
+//! [`MAX_CONNECTIONS`] connections are served at once — one more is answered 503 at once, so a
+//! flood or a crowd of idle sockets costs the trainer a bounded number of tasks and file
+//! descriptors, never its memory. The address is `logging.prometheus.address` (default
+//! `127.0.0.1`, this host only).
 
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use prometheus::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
 use crate::error::TelemetryError;
 use crate::metrics::encode;
 
 /// A request head larger than this is refused; Prometheus sends a few hundred bytes.
 const MAX_REQUEST_HEAD_BYTES: usize = 8 * 1024;
+/// What a refused connection may still send before it is closed.
+const MAX_DRAIN_BYTES: usize = 64 * 1024;
 /// How long one connection may take to send its request or receive the answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; Prometheus holds one.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a connection refused for being one too many may take to receive its 503.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pause after a failed `accept` (e.g. out of file descriptors) so the loop cannot spin.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
@@ -106,13 +120,22 @@ async fn accept_until(
     registry: Registry,
     mut shutdown: oneshot::Receiver<()>,
 ) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+                        tokio::spawn(async move {
+                            let busy = Response::text(503, "Service Unavailable", "too many connections\n");
+                            let _ = tokio::time::timeout(REFUSAL_TIMEOUT, refuse(stream, busy)).await;
+                        });
+                        continue;
+                    };
                     let registry = registry.clone();
                     tokio::spawn(async move {
+                        let _permit = permit;
                         let answered =
                             tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, &registry)).await;
                         match answered {
@@ -131,24 +154,50 @@ async fn accept_until(
     }
 }
 
-/// Reads one request head, writes one response, closes the connection.
-async fn answer(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
-    let head = read_request_head(&mut stream).await?;
-    let response = match head {
-        Some(head) => respond(&head, registry),
-        None => Response::text(400, "Bad Request", "request head too large or incomplete\n"),
-    };
+/// Answers `response` without reading the request, and closes.
+async fn refuse(mut stream: TcpStream, response: Response) -> io::Result<()> {
     stream.write_all(&response.to_bytes()).await?;
     stream.shutdown().await
 }
 
-/// The bytes up to the blank line ending the head; `None` if it never comes within the limit.
+/// Reads one request head, writes one response, closes the connection.
+async fn answer(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
+    let head = read_request_head(&mut stream).await?;
+    let Some(head) = head else {
+        let refused = Response::text(400, "Bad Request", "request head too large or incomplete\n");
+        stream.write_all(&refused.to_bytes()).await?;
+        stream.shutdown().await?;
+        return drain(&mut stream).await;
+    };
+    let response = respond(&head, registry);
+    stream.write_all(&response.to_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// Reads and drops what the client still sends (up to a bound), so that closing with unread
+/// input does not reset the connection before the client has read the refusal.
+async fn drain(stream: &mut TcpStream) -> io::Result<()> {
+    let mut chunk = [0u8; 4096];
+    let mut left = MAX_DRAIN_BYTES;
+    while left > 0 {
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            break;
+        }
+        left = left.saturating_sub(read);
+    }
+    Ok(())
+}
+
+/// The head up to and including the blank line that ends it; `None` when it is longer than
+/// [`MAX_REQUEST_HEAD_BYTES`] or the connection ends first.
 async fn read_request_head(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
     let mut head = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     loop {
-        if head.windows(4).any(|window| window == b"\r\n\r\n") {
-            return Ok(Some(head));
+        if let Some(end) = head.windows(4).position(|window| window == b"\r\n\r\n") {
+            let len = end + 4;
+            return Ok((len <= MAX_REQUEST_HEAD_BYTES).then(|| head[..len].to_vec()));
         }
         if head.len() > MAX_REQUEST_HEAD_BYTES {
             return Ok(None);

@@ -18,6 +18,16 @@ pub enum TrainError {
     },
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: PathBuf, message: String },
+    /// A tensor file whose bytes are not the ones the checkpoint recorded.
+    #[error(
+        "checkpoint {path}: {file} is damaged: its blake3 is {actual}, the manifest recorded {expected}"
+    )]
+    Damaged {
+        path: PathBuf,
+        file: String,
+        expected: String,
+        actual: String,
+    },
     /// A checkpoint of another model: every differing field, "field: checkpoint X, recipe Y".
     #[error("checkpoint {path} was written for a different model:\n  {}", .fields.join("\n  "))]
     ModelMismatch { path: PathBuf, fields: Vec<String> },

@@ -68,23 +68,23 @@ pub fn save_checkpoint<B: AutodiffBackend>(
     save_sharded(store, &ParallelContext::single(), &info, &params, &moments)
 }
 
-/// Load the checkpoint in `dir` (written by any layout) into a one-rank `model` and
+/// Load an opened checkpoint (written by any layout) into a one-rank `model` and
 /// `optimizer`, after checking it was written for the same model shape and seed.
 pub fn resume_from<B: AutodiffBackend>(
-    dir: &Path,
+    checkpoint: &ShardedCheckpoint,
     model: GptModel<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
     shape: &ModelShape,
     recipe: &Recipe,
     device: &B::Device,
 ) -> Result<(GptModel<B>, ResumeState), TrainError> {
-    let checkpoint = ShardedCheckpoint::open(dir)?;
+    let dir = checkpoint.dir();
     checkpoint.check_compatible(shape, recipe.training.seed)?;
     let entries = param_entries::<B, _>(&model);
-    let tensors = whole_tensors(&checkpoint, ShardKind::Model, &entries)?;
+    let tensors = whole_tensors(checkpoint, ShardKind::Model, &entries)?;
     let model = load_named_tensors::<B, _>(model, &tensors)
         .map_err(|problems| TrainError::checkpoint(dir, problems.join("; ")))?;
-    let moments = whole_tensors(&checkpoint, ShardKind::Optimizer, &entries)?;
+    let moments = whole_tensors(checkpoint, ShardKind::Optimizer, &entries)?;
     optimizer
         .load_state(&entries, &moments, checkpoint.manifest().iteration, device)
         .map_err(|problems| TrainError::checkpoint(dir, problems.join("; ")))?;

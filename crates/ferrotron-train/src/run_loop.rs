@@ -105,7 +105,7 @@ impl Reporter {
             None => None,
         };
         let jsonl = match &recipe.logging.jsonl {
-            Some(path) => Some(JsonlWriter::open(Path::new(path))?),
+            Some(path) => Some(JsonlWriter::open_resumed(Path::new(path), state.iteration)?),
             None => None,
         };
         Ok(Reporter {
@@ -116,8 +116,14 @@ impl Reporter {
         })
     }
 
-    pub fn finish(&self) {
-        self.progress.finish();
+    /// Closes the progress display: with the closing line when the run `succeeded`, without
+    /// it when it failed (the error follows).
+    pub fn finish(&self, succeeded: bool) {
+        if succeeded {
+            self.progress.finish();
+        } else {
+            self.progress.abandon();
+        }
     }
 
     fn message(&self, text: &str) {

@@ -8,7 +8,7 @@ use ferrotron_data::{GptData, Tokenizer, build_gpt_data};
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{Recipe, ResumePolicy};
 
-use crate::checkpoint::{CheckpointStore, ModelShape};
+use crate::checkpoint::{CheckpointStore, ModelShape, ShardedCheckpoint};
 use crate::{LrSchedule, TrainError};
 
 /// A rank's run inputs derived from the plan.
@@ -38,6 +38,7 @@ impl RunSetup {
             seed,
             [train_iters * global_batch, eval_samples, 0],
             &tokenizer,
+            plan.vocab_size,
         )?;
         let schedule = LrSchedule::from_recipe(&recipe, train_iters)?;
         let shape = ModelShape::of(&recipe.model, plan.padded_vocab_size);
@@ -55,18 +56,22 @@ impl RunSetup {
         })
     }
 
-    /// Which checkpoint to continue from, by `checkpoint.resume`.
-    pub fn resume_source(&self) -> Result<Option<PathBuf>, TrainError> {
+    /// The checkpoint to continue from, by `checkpoint.resume`, opened and (unless
+    /// `checkpoint.verify` is off) checked against its checksums. With `auto`, a damaged newest
+    /// checkpoint is reported and the newest older one that verifies is taken instead; a path
+    /// named explicitly must verify itself.
+    pub fn resume_source(&self) -> Result<Option<ShardedCheckpoint>, TrainError> {
+        let verify = self.recipe.checkpoint.verify;
         match self.recipe.checkpoint.resume_policy() {
             ResumePolicy::Never => Ok(None),
             ResumePolicy::Auto => match &self.store {
-                Some(store) => Ok(store.latest()?.map(|c| c.path)),
+                Some(store) => newest_intact(store, verify),
                 None => Ok(None),
             },
             ResumePolicy::Path(path) => {
                 let path = PathBuf::from(path);
                 if crate::checkpoint::is_committed(&path) {
-                    Ok(Some(path))
+                    ShardedCheckpoint::open_with(&path, verify).map(Some)
                 } else {
                     Err(TrainError::checkpoint(
                         &path,
@@ -76,6 +81,35 @@ impl RunSetup {
             }
         }
     }
+}
+
+/// The newest committed checkpoint of `store` that opens and verifies. Damaged ones are passed
+/// over with a warning; when none is intact the newest one's damage is the error (starting
+/// from scratch would silently overwrite the run).
+fn newest_intact(
+    store: &CheckpointStore,
+    verify: bool,
+) -> Result<Option<ShardedCheckpoint>, TrainError> {
+    let mut first_damage = None;
+    for committed in store.committed()?.into_iter().rev() {
+        match ShardedCheckpoint::open_with(&committed.path, verify) {
+            Ok(checkpoint) => {
+                if let Some(damage) = &first_damage {
+                    tracing::warn!(
+                        "{damage}; resuming from the newest intact checkpoint, {}",
+                        committed.path.display()
+                    );
+                }
+                return Ok(Some(checkpoint));
+            }
+            Err(damage @ TrainError::Damaged { .. }) => {
+                tracing::warn!("{damage}; trying the checkpoint before it");
+                first_damage.get_or_insert(damage);
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    first_damage.map_or(Ok(None), Err)
 }
 
 /// The recipe as the runtime uses it: the plan's resolved copy with the real vocabulary

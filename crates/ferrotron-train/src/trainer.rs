@@ -105,13 +105,20 @@ where
         model.no_weight_decay_params(),
     );
     let mut state = ResumeState::fresh();
-    let resumed_from = setup.resume_source()?;
-    if let Some(found) = &resumed_from {
-        let (loaded, resumed) =
-            resume_from::<B>(found, model, &mut optimizer, &setup.shape, recipe, device)?;
+    let resumed = setup.resume_source()?;
+    if let Some(checkpoint) = &resumed {
+        let (loaded, resumed) = resume_from::<B>(
+            checkpoint,
+            model,
+            &mut optimizer,
+            &setup.shape,
+            recipe,
+            device,
+        )?;
         model = loaded;
         state = resumed;
     }
+    let resumed_from = resumed.as_ref().map(|c| c.dir().to_path_buf());
     let mut reporter = Reporter::start(plan, recipe, options, &state, resumed_from.as_deref())?;
     let context = LoopContext {
         plan,
@@ -126,7 +133,7 @@ where
         device: device.clone(),
     };
     let outcome = run_loop(&context, &mut rank, state, Some(&mut reporter));
-    reporter.finish();
+    reporter.finish(outcome.is_ok());
     let summary = outcome?;
     let params = rank
         .model

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use ferrotron_data::{PreprocessConfig, Progress, Tokenizer, bin_path, idx_path, preprocess_jsonl};
+use ferrotron_data::{
+    DataError, PreprocessConfig, Progress, Tokenizer, bin_path, idx_path, preprocess_jsonl,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -62,7 +64,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Progress::Auto
         },
     };
-    let report = preprocess_jsonl(&config, &tokenizer)?;
+    let report = preprocess_jsonl(&config, &tokenizer).map_err(|e| match e {
+        DataError::BadLine { .. } => {
+            anyhow::anyhow!("{e} (pass --skip-bad-lines to leave such lines out)")
+        }
+        other => other.into(),
+    })?;
     for skipped in &report.skipped {
         eprintln!(
             "skipped {}:{}: {}",

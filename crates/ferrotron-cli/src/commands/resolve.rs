@@ -46,15 +46,24 @@ pub fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
 }
 
 /// Plans the loaded recipe on `cluster` (None: the recipe's own). Layout errors are printed at
-/// their lines and turned into the invalid-recipe exit code.
+/// their lines and turned into the invalid-recipe exit code; a tokenizer that cannot be read
+/// (needed for the vocabulary) is unreadable input, exit 2, as an unreadable recipe is — for
+/// `plan` and `run` alike.
 pub fn plan_or_report(
     loaded: &LoadedRecipe,
     cluster: Option<Cluster>,
 ) -> anyhow::Result<Result<Plan, ExitCode>> {
     let recipe = &loaded.recipe;
+    let vocab_size = match vocab_size(recipe) {
+        Ok(vocab_size) => vocab_size,
+        Err(err) => {
+            eprintln!("error: {}", crate::failure::describe(&err));
+            return Ok(Err(exit::code(exit::USAGE)));
+        }
+    };
     let options = PlanOptions {
         cluster,
-        vocab_size: vocab_size(recipe)?,
+        vocab_size,
     };
     Ok(plan(recipe, &options).map_err(|findings| {
         match loaded.check(findings) {

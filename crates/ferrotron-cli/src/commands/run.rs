@@ -16,6 +16,7 @@ use ferrotron_train::{RunOptions, RunSummary, StopFlag, StopReason, TrainError};
 use super::backend::ComputeBackend;
 use super::world::RunWorld;
 use crate::exit;
+use crate::failure::{catching, describe};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
@@ -47,6 +48,9 @@ pub struct Args {
     /// torchrun each process runs one rank of the launcher's world instead.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub world_size: Option<u32>,
+    /// Train even when the plan says it does not fit in memory (it may be killed partway).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -59,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match train_loaded(&args, &loaded) {
         Ok(code) => Ok(code),
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", describe(&err));
             Ok(exit::code(exit::FAILED))
         }
     }
@@ -79,7 +83,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     let compute = match ComputeBackend::select(backend, &world) {
         Ok(compute) => compute,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", describe(&err));
             return Ok(exit::code(exit::USAGE));
         }
     };
@@ -90,6 +94,12 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     };
     world.check_plan(&plan)?;
     let lead = world.rank() == 0;
+    if !plan.memory.fits && !args.force {
+        if lead {
+            eprint!("{}", does_not_fit(&plan));
+        }
+        return Ok(exit::code(exit::FAILED));
+    }
     if let Err(code) = super::hf_import::init_from(loaded, &plan, lead)? {
         return Ok(code);
     }
@@ -123,7 +133,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         announce: announce_metrics,
         memory: compute.memory_probe(),
     };
-    match compute.train(&world, &plan, &options) {
+    match catching(|| compute.train(&world, &plan, &options)) {
         Ok(summary) => {
             let status = match summary.stopped {
                 Some(_) => RunStatus::Stopped,
@@ -141,7 +151,8 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         // A refused checkpoint, missing data, a lost peer: the run failed. A non-finite loss
         // or norm has its own code: the recipe diverged, the machine did not fail.
         Err(err) => {
-            eprintln!("{}error: {err:#}", world.log_prefix());
+            let message = describe(&err);
+            eprintln!("{}error: {message}", world.log_prefix());
             let diverged = matches!(
                 err.downcast_ref::<TrainError>(),
                 Some(TrainError::NonFinite { .. })
@@ -152,11 +163,37 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
                 exit::FAILED
             };
             if let Some(manifest) = manifest.as_mut() {
-                manifest.finish(RunStatus::Failed, i32::from(code))?;
+                manifest.fail(&message, i32::from(code))?;
             }
             Ok(exit::code(code))
         }
     }
+}
+
+/// Why a plan that does not fit is not started: its numbers, and what to change. Starting it
+/// would allocate until the allocator or the OOM killer aborts the process, with nothing saved.
+fn does_not_fit(plan: &Plan) -> String {
+    let m = &plan.memory;
+    let b = &m.per_gpu_bytes;
+    let gib = |bytes: u64| bytes as f64 / f64::from(1u32 << 30);
+    format!(
+        "error: the plan does not fit: {:.1} GiB needed on the most loaded {} (rank {}, stage {}), {:.1} GiB available\n  \
+         weights {:.1} GiB, gradients {:.1} GiB, optimizer {:.1} GiB, activations {:.1} GiB (`recipe plan --explain` has every term)\n\
+         help: enable recompute (recompute.granularity: full), the distributed optimizer or more tensor/pipeline parallelism; --force tries anyway\n",
+        gib(b.total),
+        if plan.cluster.gpu == ferrotron_recipe::GpuKind::Cpu {
+            "CPU rank"
+        } else {
+            "GPU"
+        },
+        m.most_loaded_rank,
+        m.most_loaded_stage,
+        gib(m.limit_bytes),
+        gib(b.weights),
+        gib(b.gradients),
+        gib(b.optimizer),
+        gib(b.activations),
+    )
 }
 
 fn announce_metrics(address: &str) {

@@ -21,7 +21,7 @@ pub struct Args {
     #[arg(long, default_value_t = 100)]
     pub max_tokens: usize,
     /// Softmax temperature; 0 decodes greedily.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, value_parser = temperature)]
     pub temperature: f32,
     /// Sample only among the K most likely tokens.
     #[arg(long)]
@@ -29,6 +29,17 @@ pub struct Args {
     /// Random seed (same seed, same text).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+/// A finite temperature of 0 or more: `nan` or `inf` would make every probability NaN, and
+/// sampling from NaN picks an arbitrary token without a word.
+fn temperature(text: &str) -> Result<f32, String> {
+    let value: f32 = text.parse().map_err(|e| format!("{e}"))?;
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(format!("{text} is not a finite number of 0 or more"))
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {

@@ -95,8 +95,9 @@ fn check_file(path: &std::path::Path, opts: &LoadOptions) -> Outcome {
     let file = path.display().to_string();
     match load(path, opts) {
         Ok(loaded) => {
-            let findings =
+            let mut findings =
                 ferrotron_plan::check_layout(&loaded.recipe, loaded.recipe.cluster.as_ref());
+            findings.extend(token_ids(&loaded.recipe));
             let mut problems = loaded.warnings().to_vec();
             problems.extend(loaded.problems_for(&findings));
             problems.sort_by_key(|p| p.severity());
@@ -114,6 +115,50 @@ fn check_file(path: &std::path::Path, opts: &LoadOptions) -> Outcome {
             version: None,
         },
     }
+}
+
+/// The token ids of every blend entry that is an indexed dataset on disk, against the model's
+/// vocabulary (the recipe's, else the tokenizer's when it loads). A missing file is not an
+/// error here: data often lives only where the run happens. JSONL entries are tokenized at
+/// run time and checked then.
+fn token_ids(recipe: &ferrotron_recipe::Recipe) -> Vec<ferrotron_recipe::Finding> {
+    let vocab = recipe
+        .model
+        .vocab_size
+        .or_else(|| ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).ok());
+    let Some(vocab) = vocab else {
+        return Vec::new();
+    };
+    let cache_dir = std::path::PathBuf::from(
+        recipe
+            .data
+            .cache_dir
+            .as_deref()
+            .unwrap_or(ferrotron_data::DEFAULT_CACHE_DIR),
+    );
+    let mut findings = Vec::new();
+    for (i, entry) in recipe.data.blend.iter().enumerate() {
+        let path = std::path::Path::new(&entry.path);
+        let prefix = match path.extension().and_then(|e| e.to_str()) {
+            Some("jsonl" | "json") => continue,
+            Some("bin" | "idx") => path.with_extension(""),
+            _ => path.to_path_buf(),
+        };
+        let Ok(dataset) = ferrotron_data::IndexedDataset::open(&prefix) else {
+            continue;
+        };
+        if let Err(err) = ferrotron_data::check_vocabulary(&dataset, &cache_dir, vocab) {
+            findings.push(
+                ferrotron_recipe::Finding::error(
+                    "data::vocabulary",
+                    format!("data.blend.{i}.path"),
+                    err.to_string(),
+                )
+                .with_help("tokenize the data with the model's tokenizer, or fix model.vocab_size"),
+            );
+        }
+    }
+    findings
 }
 
 /// The graphical handler used for every human-readable diagnostic of the CLI: colour only on a

@@ -38,13 +38,15 @@ impl GptData {
 ///
 /// `samples` are the samples needed per split (Megatron's `train_valid_test_num_samples`); a
 /// split with 0 samples, or with no share in `data.split`, is `None`. Raw `.jsonl`/`.json` blend
-/// entries are preprocessed into `data.cache_dir` (default [`DEFAULT_CACHE_DIR`]) first.
+/// entries are preprocessed into `data.cache_dir` (default [`DEFAULT_CACHE_DIR`]) first. Every
+/// dataset's token ids must be rows of a `vocab_size` vocabulary ([`crate::check_vocabulary`]).
 pub fn build_gpt_data(
     data: &ferrotron_recipe::Data,
     seq_length: u32,
     seed: u64,
     samples: [u64; 3],
     tokenizer: &Tokenizer,
+    vocab_size: u32,
 ) -> Result<GptData, DataError> {
     if data.blend.is_empty() {
         return Err(DataError::Config(
@@ -60,6 +62,9 @@ pub fn build_gpt_data(
         .iter()
         .map(|entry| open_entry(&entry.path, &data.json_key, tokenizer, &cache_dir))
         .collect::<Result<Vec<_>, _>>()?;
+    for dataset in &datasets {
+        crate::check_vocabulary(dataset, &cache_dir, vocab_size)?;
+    }
     let index_dir = cache_dir.join("indices");
     let mut splits = (0..3).map(|which| {
         if samples[which] == 0 || split.0[which].is_none() {

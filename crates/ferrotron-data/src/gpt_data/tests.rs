@@ -40,7 +40,7 @@ fn blend_proportions_follow_the_weights_within_one_percent() {
     uniform_dataset(&b, 40, 30, 2);
     uniform_dataset(&c, 10, 20, 3);
     let data = data(dir.path(), &[(&a, 6.0), (&b, 3.0), (&c, 1.0)], "100,0,0");
-    let built = build_gpt_data(&data, 16, 1234, [10_000, 0, 0], &gpt2()).unwrap();
+    let built = build_gpt_data(&data, 16, 1234, [10_000, 0, 0], &gpt2(), 50_257).unwrap();
     assert!(built.valid.is_none() && built.test.is_none());
     let train = &built.train;
     assert_eq!(train.len(), 10_000);
@@ -75,7 +75,7 @@ fn the_split_gives_each_part_its_own_documents() {
     }
     writer.finish().unwrap();
     let data = data(dir.path(), &[(&prefix, 1.0)], "80,10,10");
-    let built = build_gpt_data(&data, 8, 7, [50, 20, 20], &gpt2()).unwrap();
+    let built = build_gpt_data(&data, 8, 7, [50, 20, 20], &gpt2(), 50_257).unwrap();
     let documents_of = |ds: &BlendedDataset| -> std::collections::BTreeSet<u32> {
         (0..ds.len()).flat_map(|i| ds.sample(i).unwrap()).collect()
     };
@@ -94,14 +94,14 @@ fn raw_jsonl_in_the_blend_is_preprocessed_and_deterministic() {
     let corpus = recipes_data().join("shakespeare.jsonl");
     let mut data = data(dir.path(), &[(&corpus, 1.0)], "969,30,1");
     let tok = gpt2();
-    let first = build_gpt_data(&data, 64, 1234, [200, 20, 0], &tok).unwrap();
+    let first = build_gpt_data(&data, 64, 1234, [200, 20, 0], &tok, 50_257).unwrap();
     assert!(first.test.is_none());
     let valid = first.valid.as_ref().unwrap();
     assert!(valid.len() >= 20);
     let text = tok.decode(&first.train.sample(0).unwrap()).unwrap();
     assert!(!text.is_empty());
     // Same recipe, same stream (from the cache this time).
-    let again = build_gpt_data(&data, 64, 1234, [200, 20, 0], &tok).unwrap();
+    let again = build_gpt_data(&data, 64, 1234, [200, 20, 0], &tok, 50_257).unwrap();
     for i in [0, 17, 199] {
         assert_eq!(
             first.train.sample(i).unwrap(),
@@ -118,7 +118,7 @@ fn raw_jsonl_in_the_blend_is_preprocessed_and_deterministic() {
     assert_eq!(keys, again.cache_keys());
     // Another seed, another order.
     data.split = "969,30,1".into();
-    let reseeded = build_gpt_data(&data, 64, 99, [200, 20, 0], &tok).unwrap();
+    let reseeded = build_gpt_data(&data, 64, 99, [200, 20, 0], &tok, 50_257).unwrap();
     assert_ne!(keys, reseeded.cache_keys());
     assert_ne!(
         first.train.batch(0..8).unwrap(),
@@ -133,19 +133,19 @@ fn configuration_problems_are_explained() {
     uniform_dataset(&prefix, 10, 10, 1);
     let tok = gpt2();
     let empty = Data::default();
-    let err = build_gpt_data(&empty, 8, 1, [1, 0, 0], &tok).unwrap_err();
+    let err = build_gpt_data(&empty, 8, 1, [1, 0, 0], &tok, 50_257).unwrap_err();
     assert!(err.to_string().contains("data.blend is empty"), "{err}");
     let no_train = data(dir.path(), &[(&prefix, 1.0)], "0,1,0");
-    let err = build_gpt_data(&no_train, 8, 1, [1, 1, 0], &tok).unwrap_err();
+    let err = build_gpt_data(&no_train, 8, 1, [1, 1, 0], &tok, 50_257).unwrap_err();
     assert!(err.to_string().contains("no training data"), "{err}");
     let missing = data(dir.path(), &[(&dir.path().join("nope"), 1.0)], "1");
-    let err = build_gpt_data(&missing, 8, 1, [1, 0, 0], &tok).unwrap_err();
+    let err = build_gpt_data(&missing, 8, 1, [1, 0, 0], &tok, 50_257).unwrap_err();
     assert!(err.to_string().contains("nope.idx"), "{err}");
     // 100 documents and "969,30,1": the test split gets none of them.
     let hundred = dir.path().join("hundred");
     uniform_dataset(&hundred, 100, 10, 1);
     let tiny_test = data(dir.path(), &[(&hundred, 1.0)], "969,30,1");
-    let err = build_gpt_data(&tiny_test, 8, 1, [1, 1, 1], &tok).unwrap_err();
+    let err = build_gpt_data(&tiny_test, 8, 1, [1, 1, 1], &tok, 50_257).unwrap_err();
     assert!(err.to_string().contains("test split"), "{err}");
 }
 

@@ -129,6 +129,11 @@ impl IndexedDataset {
         self.dtype
     }
 
+    /// The `.bin` file's bytes: every token, in the dataset's dtype.
+    pub(crate) fn bin_bytes(&self) -> &[u8] {
+        &self.bin
+    }
+
     /// Number of sequences (what the GPT dataset splits and samples from).
     pub fn len(&self) -> usize {
         self.sequence_count

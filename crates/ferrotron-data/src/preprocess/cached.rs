@@ -48,7 +48,23 @@ pub fn preprocess_jsonl_cached(
         skip_bad_lines: false,
         progress,
     };
-    let report = preprocess_jsonl(&config, tokenizer)?;
+    let report = preprocess_jsonl(&config, tokenizer).map_err(|e| match e {
+        DataError::BadLine {
+            path,
+            line,
+            problem,
+        } => DataError::BadLine {
+            problem: format!(
+                "{problem} (fix or remove the line, or leave such lines out with `recipe \
+                 preprocess --input {} --skip-bad-lines ...` and name its output prefix in \
+                 data.blend)",
+                path.display()
+            ),
+            path,
+            line,
+        },
+        other => other,
+    })?;
     let built = &report.outputs[0].prefix;
     for path in [bin_path, idx_path] {
         let to = path(&prefix);

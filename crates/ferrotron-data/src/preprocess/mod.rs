@@ -300,12 +300,12 @@ fn write_in_order(
                         problem,
                     }),
                     Err(problem) => {
+                        // What to do about it depends on the caller (`recipe preprocess` has
+                        // `--skip-bad-lines`, `recipe run` does not), so the caller says it.
                         return Err(DataError::BadLine {
                             path: path.clone(),
                             line,
-                            problem: format!(
-                                "{problem} (pass --skip-bad-lines to leave such lines out)"
-                            ),
+                            problem,
                         });
                     }
                 }

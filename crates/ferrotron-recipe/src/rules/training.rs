@@ -216,8 +216,10 @@ fn check_precision(recipe: &Recipe, out: &mut Vec<Finding>) {
     }
 }
 
+/// The multiple of `of` at or above `value` (for a suggestion); saturates instead of wrapping.
 fn nearest_multiple(value: u32, of: u32) -> u32 {
-    (value.div_ceil(of) * of).max(of)
+    let of = of.max(1);
+    value.div_ceil(of).saturating_mul(of).max(of)
 }
 
 #[cfg(test)]

@@ -35,8 +35,15 @@ pub struct ShardedCheckpoint {
 }
 
 impl ShardedCheckpoint {
-    /// Open `dir`: read the manifest and check that every file it lists is there, whole.
+    /// Open `dir`: read the manifest and check that every file it lists is there, whole, and
+    /// has the checksum it was committed with.
     pub fn open(dir: &Path) -> Result<Self, TrainError> {
+        Self::open_with(dir, true)
+    }
+
+    /// [`ShardedCheckpoint::open`]; `verify: false` checks sizes only, not checksums (for a
+    /// checkpoint verified already, or huge ones on trusted storage).
+    pub fn open_with(dir: &Path, verify: bool) -> Result<Self, TrainError> {
         if !super::store::is_committed(dir) {
             return Err(TrainError::checkpoint(
                 dir,
@@ -51,6 +58,11 @@ impl ShardedCheckpoint {
         };
         for file in &files {
             check_file(dir, file, manifest.layout.world_size)?;
+        }
+        if verify {
+            for file in &files {
+                verify_file(dir, file)?;
+            }
         }
         let mut index: HashMap<String, Vec<(usize, ShardSpec)>> = HashMap::new();
         for (position, file) in files.iter().enumerate() {
@@ -290,6 +302,7 @@ fn version_one_files(dir: &Path, manifest: &Manifest) -> Result<Vec<ShardFile>, 
             kind,
             rank: 0,
             bytes,
+            blake3: None,
             tensors,
         });
     }
@@ -300,6 +313,33 @@ fn version_one_files(dir: &Path, manifest: &Manifest) -> Result<Vec<ShardFile>, 
         ));
     }
     Ok(files)
+}
+
+/// blake3 of a file, read in 1 MiB pieces (the whole checkpoint is read once more on load).
+pub fn file_hash(path: &Path) -> Result<String, TrainError> {
+    let file = std::fs::File::open(path).map_err(|e| TrainError::io("read", path, e))?;
+    let mut hasher = blake3::Hasher::new();
+    hasher
+        .update_reader(std::io::BufReader::with_capacity(1 << 20, file))
+        .map_err(|e| TrainError::io("read", path, e))?;
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// The file has the checksum the manifest recorded (when it recorded one).
+fn verify_file(dir: &Path, file: &ShardFile) -> Result<(), TrainError> {
+    let Some(expected) = &file.blake3 else {
+        return Ok(());
+    };
+    let actual = file_hash(&dir.join(&file.file))?;
+    if actual == *expected {
+        return Ok(());
+    }
+    Err(TrainError::Damaged {
+        path: dir.to_path_buf(),
+        file: file.file.clone(),
+        expected: expected.clone(),
+        actual,
+    })
 }
 
 /// The file is there and has the size the manifest recorded.

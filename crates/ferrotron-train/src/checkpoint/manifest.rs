@@ -121,6 +121,9 @@ pub struct ShardFile {
     pub rank: u32,
     /// Its size when committed: a different size on disk means a damaged checkpoint.
     pub bytes: u64,
+    /// blake3 of its bytes when committed (absent in checkpoints written before checksums).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blake3: Option<String>,
     pub tensors: Vec<ShardSpec>,
 }
 
@@ -330,6 +333,7 @@ mod tests {
                 kind: ShardKind::Model,
                 rank: 0,
                 bytes: 10,
+                blake3: None,
                 tensors: vec![ShardSpec::full("w", vec![2, 5])],
             }],
         };

@@ -17,7 +17,7 @@ mod store;
 mod tensors;
 mod vocab;
 
-pub use load::ShardedCheckpoint;
+pub use load::{ShardedCheckpoint, file_hash};
 pub use manifest::{
     CHECKPOINT_FORMAT_VERSION, CheckpointLayout, MANIFEST_FILE, MODEL_FILE, Manifest,
     ManifestFiles, ModelShape, OPTIMIZER_FILE, PLAN_FILE, RECIPE_FILE, RngInfo, ShardFile,

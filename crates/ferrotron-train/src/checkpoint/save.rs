@@ -136,6 +136,7 @@ fn finish(
                 kind,
                 rank,
                 bytes,
+                blake3: Some(super::load::file_hash(&path)?),
                 tensors: read_shard_specs(&path)?,
             });
         }

@@ -12,7 +12,7 @@ use ferrotron_plan::Plan;
 use super::grad_sync::comm_error;
 use super::host::param_values;
 use super::rank_model::RankModel;
-use crate::checkpoint::{CheckpointInfo, CheckpointStore, ShardedCheckpoint};
+use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::resume::ResumeState;
 use crate::run_loop::{LoopContext, RankStep, Reporter, run_loop};
 use crate::setup::{RunSetup, use_cpu_threads};
@@ -78,13 +78,13 @@ where
         device,
     )?;
     let mut state = ResumeState::fresh();
-    let resumed_from = setup.resume_source()?;
-    if let Some(found) = &resumed_from {
-        let checkpoint = ShardedCheckpoint::open(found)?;
+    let resumed = setup.resume_source()?;
+    if let Some(checkpoint) = &resumed {
         checkpoint.check_compatible(&setup.shape, recipe.training.seed)?;
-        model.load(&checkpoint)?;
+        model.load(checkpoint)?;
         state = checkpoint.resume_state();
     }
+    let resumed_from = resumed.as_ref().map(|c| c.dir().to_path_buf());
     let rank = ctx.global_rank();
     let mut reporter = if rank == 0 {
         Some(Reporter::start(
@@ -107,7 +107,7 @@ where
     let mut step = ParallelRank { model: &mut model };
     let outcome = run_loop(&context, &mut step, state, reporter.as_mut());
     if let Some(reporter) = &reporter {
-        reporter.finish();
+        reporter.finish(outcome.is_ok());
     }
     let summary = outcome?;
     let mut params = Vec::new();
