@@ -11,6 +11,7 @@ mod memory;
 mod metrics;
 mod progress;
 mod server;
+mod snapshot;
 mod tracing_setup;
 
 pub use error::TelemetryError;

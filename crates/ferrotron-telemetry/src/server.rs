@@ -10,7 +10,8 @@
 //! for other methods), a request head past 8 KiB is refused with 400, and at most
 //! [`MAX_CONNECTIONS`] connections are served at once — one more is answered 503 at once, so a
 //! flood or a crowd of idle sockets costs the trainer a bounded number of tasks and file
-//! descriptors, never its memory. The address is `logging.prometheus.address` (default
+//! descriptors, never its memory; the text itself is re-encoded at most every 100 ms
+//! (`snapshot.rs`), so a flood costs socket work, not a gather per request. The address is `logging.prometheus.address` (default
 //! `127.0.0.1`, this host only).
 
 use std::io;
@@ -25,7 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, oneshot};
 
 use crate::error::TelemetryError;
-use crate::metrics::encode;
+use crate::snapshot::Snapshot;
 
 /// A request head larger than this is refused; Prometheus sends a few hundred bytes.
 const MAX_REQUEST_HEAD_BYTES: usize = 8 * 1024;
@@ -76,7 +77,10 @@ impl MetricsServer {
             .spawn(move || {
                 runtime.block_on(async move {
                     match TcpListener::from_std(listener) {
-                        Ok(listener) => accept_until(listener, registry, shutdown_received).await,
+                        Ok(listener) => {
+                            let metrics = Arc::new(Snapshot::new(registry));
+                            accept_until(listener, metrics, shutdown_received).await
+                        }
                         Err(error) => tracing::error!(%error, "cannot serve /metrics"),
                     }
                 });
@@ -117,7 +121,7 @@ impl Drop for MetricsServer {
 
 async fn accept_until(
     listener: TcpListener,
-    registry: Registry,
+    metrics: Arc<Snapshot>,
     mut shutdown: oneshot::Receiver<()>,
 ) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -133,11 +137,11 @@ async fn accept_until(
                         });
                         continue;
                     };
-                    let registry = registry.clone();
+                    let metrics = Arc::clone(&metrics);
                     tokio::spawn(async move {
                         let _permit = permit;
                         let answered =
-                            tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, &registry)).await;
+                            tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, &metrics)).await;
                         match answered {
                             Ok(Ok(())) => {}
                             Ok(Err(error)) => tracing::debug!(%peer, %error, "/metrics connection failed"),
@@ -161,7 +165,7 @@ async fn refuse(mut stream: TcpStream, response: Response) -> io::Result<()> {
 }
 
 /// Reads one request head, writes one response, closes the connection.
-async fn answer(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
+async fn answer(mut stream: TcpStream, metrics: &Snapshot) -> io::Result<()> {
     let head = read_request_head(&mut stream).await?;
     let Some(head) = head else {
         let refused = Response::text(400, "Bad Request", "request head too large or incomplete\n");
@@ -169,7 +173,7 @@ async fn answer(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
         stream.shutdown().await?;
         return drain(&mut stream).await;
     };
-    let response = respond(&head, registry);
+    let response = respond(&head, metrics);
     stream.write_all(&response.to_bytes()).await?;
     stream.shutdown().await
 }
@@ -210,7 +214,7 @@ async fn read_request_head(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>
     }
 }
 
-fn respond(head: &[u8], registry: &Registry) -> Response {
+fn respond(head: &[u8], metrics: &Snapshot) -> Response {
     let Some((method, path)) = request_line(head) else {
         return Response::text(400, "Bad Request", "malformed request line\n");
     };
@@ -226,12 +230,12 @@ fn respond(head: &[u8], registry: &Registry) -> Response {
                 .with_header("Allow: GET, HEAD");
         }
     };
-    match encode(registry) {
+    match metrics.text() {
         Ok(text) => Response {
             status: 200,
             reason: "OK",
             content_type: prometheus::TEXT_FORMAT,
-            body: text.into_bytes(),
+            body: text.as_bytes().to_vec(),
             include_body,
             extra_header: None,
         },
@@ -318,8 +322,8 @@ mod tests {
 
     #[test]
     fn head_requests_get_headers_without_body() {
-        let registry = Registry::new();
-        let response = respond(b"HEAD /metrics HTTP/1.1\r\n\r\n", &registry);
+        let metrics = Snapshot::new(Registry::new());
+        let response = respond(b"HEAD /metrics HTTP/1.1\r\n\r\n", &metrics);
         assert_eq!(response.status, 200);
         let bytes = String::from_utf8(response.to_bytes()).expect("utf-8");
         assert!(bytes.ends_with("\r\n\r\n"), "{bytes}");
@@ -327,8 +331,8 @@ mod tests {
 
     #[test]
     fn other_methods_are_refused() {
-        let registry = Registry::new();
-        let response = respond(b"POST /metrics HTTP/1.1\r\n\r\n", &registry);
+        let metrics = Snapshot::new(Registry::new());
+        let response = respond(b"POST /metrics HTTP/1.1\r\n\r\n", &metrics);
         assert_eq!(response.status, 405);
         let bytes = String::from_utf8(response.to_bytes()).expect("utf-8");
         assert!(bytes.contains("Allow: GET, HEAD\r\n"), "{bytes}");
@@ -336,8 +340,8 @@ mod tests {
 
     #[test]
     fn query_strings_are_ignored() {
-        let registry = Registry::new();
-        let response = respond(b"GET /metrics?x=1 HTTP/1.1\r\n\r\n", &registry);
+        let metrics = Snapshot::new(Registry::new());
+        let response = respond(b"GET /metrics?x=1 HTTP/1.1\r\n\r\n", &metrics);
         assert_eq!(response.status, 200);
     }
 }
