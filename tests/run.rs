@@ -403,6 +403,21 @@ fn run_exit_codes_follow_the_table() {
 }
 
 #[test]
+fn missing_data_fails_before_training_naming_the_recipe_key() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--set", "data.blend.0.path=corpus.json"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains("`data.blend.0.path`: `corpus.json` does not exist"),
+        "{err}"
+    );
+    assert!(err.contains("did you mean `corpus.jsonl`?"), "{err}");
+    assert!(!err.contains("os error"), "{err}");
+    assert!(!fixture.path("metrics.jsonl").exists(), "nothing trained");
+}
+
+#[test]
 fn checkpoint_of_another_model_is_refused_with_the_fields() {
     let fixture = Fixture::new("");
     assert_success(&fixture.run(&[

@@ -121,7 +121,6 @@ broken_fixture!(
         ("training::global-batch-divisible-by-micro", 14, 22),
         ("training::one-length", 15, 17),
         ("training::min-lr-above-lr", 18, 13),
-        ("schedule::warmup-too-long", 20, 19),
         ("recompute::only-with-full", 22, 11),
         ("data::split-syntax", 24, 10),
         ("data::non-positive-weight", 27, 15),
@@ -129,6 +128,22 @@ broken_fixture!(
         ("model::seq-length-exceeds-positions", 7, 15),
         ("tokenizer::foreign-field", 15, 17),
         ("tokenizer::foreign-field", 16, 17),
+        ("schedule::warmup-too-long", 20, 19),
+    ]
+);
+// Schema errors, the model rule and the layout rules in one round: the rules run on what parsed
+// (see crates/ferrotron-recipe/src/partial.rs), and none judges the broken `lr` or enum.
+broken_fixture!(
+    all_at_once,
+    "all-at-once",
+    &[
+        ("schema::unknown-key", 4, 3),
+        ("model::heads-divisible-by-query-groups", 6, 21),
+        ("schema::value", 8, 18),
+        ("schema::type", 11, 9),
+        ("layout::world-divisible-by-model-parallel", 13, 11),
+        ("layout::heads-divisible-by-tp", 13, 11),
+        ("layout::ffn-divisible-by-tp", 13, 11),
     ]
 );
 broken_fixture!(
@@ -154,8 +169,12 @@ broken_fixture!(
     &[
         ("schema::value", 4, 15),
         ("yaml::duplicate-key", 6, 3),
+        ("model::hidden-divisible-by-heads", 7, 24),
         ("schema::unknown-key", 8, 3),
+        ("training::global-batch-divisible-by-micro", 10, 22),
         ("schema::type", 13, 9),
+        ("data::split-syntax", 17, 10),
+        ("schedule::warmup-too-long", 15, 19),
     ]
 );
 
@@ -187,6 +206,56 @@ fn every_shipped_recipe_is_valid() {
     for file in &files {
         assert!(out.contains(&format!("ok: {file}")), "{out}");
     }
+}
+
+#[test]
+fn abstract_bases_validate_as_fragments_and_do_not_run() {
+    let mut args = vec!["validate".to_owned()];
+    let mut files: Vec<String> = std::fs::read_dir(repo().join("recipes/base"))
+        .expect("recipes/base/")
+        .filter_map(|e| e.ok())
+        .map(|e| format!("recipes/base/{}", e.file_name().to_string_lossy()))
+        .collect();
+    files.sort();
+    args.extend(files.iter().cloned());
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = recipe(&refs);
+    let out = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    for file in &files {
+        assert!(
+            out.contains(&format!("ok: {file} (abstract fragment)")),
+            "{out}"
+        );
+    }
+    // What a fragment does set is still checked, rules included.
+    let (code, human, _) = validate_fixture("base/abstract-bad");
+    assert_eq!(code, 1, "{human}");
+    insta::assert_snapshot!("abstract-bad-human", human);
+    // A fragment is not a recipe to run.
+    let run = recipe(&["plan", "recipes/base/gpt.yaml"]);
+    assert_eq!(run.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("recipe::abstract"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+#[test]
+fn check_files_reports_missing_data_at_its_line_with_the_nearest_name() {
+    let output = recipe(&[
+        "validate",
+        "--check-files",
+        "tests/fixtures/missing-data.yaml",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    insta::assert_snapshot!("missing-data-human", stdout(&output));
+    // Without the flag, only the recipe is checked (presets validate without their data).
+    let plain = recipe(&["validate", "tests/fixtures/missing-data.yaml"]);
+    assert_eq!(plain.status.code(), Some(0), "{}", stdout(&plain));
+    let shipped = recipe(&["validate", "--check-files", "recipes/shakespeare-tiny.yaml"]);
+    assert_eq!(shipped.status.code(), Some(0), "{}", stdout(&shipped));
 }
 
 #[test]

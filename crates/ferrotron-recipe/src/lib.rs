@@ -7,12 +7,14 @@
 
 mod degree;
 mod diagnostic;
+mod files;
 mod finding;
 mod formats;
 mod identity;
 mod layers;
 mod loader;
 mod node;
+mod partial;
 mod render;
 mod rules;
 mod schema;

@@ -26,6 +26,14 @@ pub struct Recipe {
     /// A base recipe to deep-merge under this one (a path relative to this file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extends: Option<String>,
+    /// A fragment meant only to be extended (`recipes/base/*.yaml`): validated for what it
+    /// sets, required keys may be missing, never run; recipes that extend it are not abstract.
+    #[serde(
+        default,
+        rename = "abstract",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub is_abstract: bool,
     pub model: Model,
     #[serde(default)]
     pub parallel: Parallel,

@@ -34,6 +34,20 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedRecipe, ExitCode>
     })
 }
 
+/// Every file the recipe names must exist before training starts; each missing one is printed
+/// at the recipe line that named it and the run fails (exit 1) before any rank starts.
+pub fn check_files(loaded: &LoadedRecipe) -> Result<(), ExitCode> {
+    let problems = loaded.check_files();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let handler = super::validate::handler();
+    for problem in &problems {
+        eprint!("{}", super::validate::render(&handler, problem));
+    }
+    Err(exit::code(exit::FAILED))
+}
+
 /// The unpadded vocabulary: the recipe's, else the tokenizer's.
 pub fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
     if let Some(vocab) = recipe.model.vocab_size {

@@ -54,6 +54,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };
+    if let Err(code) = super::resolve::check_files(&loaded) {
+        return Ok(code);
+    }
     // Past the recipe, whatever goes wrong is the run failing (a missing GPU, an unwritable run
     // directory), not the usage.
     match train_loaded(&args, &loaded) {
