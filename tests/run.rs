@@ -418,6 +418,22 @@ fn missing_data_fails_before_training_naming_the_recipe_key() {
 }
 
 #[test]
+fn dry_run_plans_and_checks_files_but_trains_nothing() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--dry-run"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("run run-test:"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!fixture.path("metrics.jsonl").exists(), "nothing trained");
+    assert!(!fixture.path("ckpt").exists(), "nothing saved");
+    let missing = fixture.run(&["--dry-run", "--set", "data.blend.0.path=corpus.json"]);
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+}
+
+#[test]
 fn checkpoint_of_another_model_is_refused_with_the_fields() {
     let fixture = Fixture::new("");
     assert_success(&fixture.run(&[

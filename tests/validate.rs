@@ -333,6 +333,22 @@ fn environment_overrides_apply_unless_disabled() {
         "env FERROTRON_MODEL__NUM_ATTENTION_HEADS"
     );
     assert_eq!(run(true).status.code(), Some(0));
+    // Every command that reads recipes takes --no-env.
+    for command in [&["plan"][..], &["show"], &["run", "--dry-run"]] {
+        let run = |no_env: bool| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_recipe"));
+            cmd.current_dir(repo())
+                .env("FERROTRON_MODEL__NUM_ATTENTION_HEADS", "7")
+                .args(command)
+                .arg("recipes/shakespeare-tiny.yaml");
+            if no_env {
+                cmd.arg("--no-env");
+            }
+            cmd.output().expect("runs").status.code()
+        };
+        assert_eq!(run(false), Some(1), "{command:?} reads the environment");
+        assert_eq!(run(true), Some(0), "{command:?} --no-env ignores it");
+    }
 }
 
 #[test]
@@ -406,4 +422,43 @@ fn schema_command_matches_the_committed_schema() {
         stdout(&output) == committed,
         "schema/recipe.schema.json is stale: run `recipe schema > schema/recipe.schema.json`"
     );
+}
+
+#[test]
+fn a_closed_pipe_ends_output_quietly() {
+    for args in [
+        &["schema"][..],
+        &["completions", "bash"],
+        &["show", "recipes/gpt2-124m.yaml"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let output = Command::new(env!("CARGO_BIN_EXE_recipe"))
+            .args(args)
+            .current_dir(repo())
+            .stdout(writer)
+            .output()
+            .expect("the recipe binary runs");
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn help_lists_every_subcommand_and_completions_cover_them() {
+    let help = stdout(&recipe(&["--help"]));
+    insta::assert_snapshot!("top-level-help", help);
+    for shell in ["bash", "zsh", "fish"] {
+        let script = recipe(&["completions", shell]);
+        assert_eq!(script.status.code(), Some(0), "{shell}");
+        let text = stdout(&script);
+        for sub in ["validate", "plan", "run", "sweep", "report", "completions"] {
+            assert!(text.contains(sub), "{shell} completion lacks {sub}");
+        }
+        assert!(
+            text.contains("check-files"),
+            "{shell} completion lacks flags"
+        );
+    }
 }

@@ -13,17 +13,10 @@ use crate::exit;
 use ferrotron_plan::{Plan, PlanOptions, plan};
 use ferrotron_recipe::{Cluster, LoadOptions, LoadedRecipe, Recipe};
 
-/// Loads a recipe with `--set` and environment overrides; on failure the diagnostics are printed
+/// Loads a recipe with `--set` and (unless `--no-env`) environment overrides; on failure the diagnostics are printed
 /// and the exit code returned: unreadable input or an invalid recipe (as `recipe validate`).
-pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedRecipe, ExitCode> {
-    ferrotron_recipe::load(
-        path,
-        &LoadOptions {
-            overrides,
-            use_env: true,
-        },
-    )
-    .map_err(|errors| {
+pub fn load(path: &Path, overrides: &[String], use_env: bool) -> Result<LoadedRecipe, ExitCode> {
+    ferrotron_recipe::load(path, &LoadOptions { overrides, use_env }).map_err(|errors| {
         let code = if errors.is_unreadable() {
             exit::USAGE
         } else {

@@ -31,6 +31,9 @@ pub struct Args {
     /// Override a recipe value: `--set training.train_iters=100` (the value is YAML).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
+    /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
+    #[arg(long)]
+    pub no_env: bool,
     /// Compute backend (default: the recipe's `runtime.backend`).
     #[arg(long, value_enum)]
     pub backend: Option<BackendArg>,
@@ -47,10 +50,13 @@ pub struct Args {
     /// torchrun each process runs one rank of the launcher's world instead.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub world_size: Option<u32>,
+    /// Resolve the recipe, check its files, plan it and print the brief; train nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let loaded = match super::resolve::load(&args.recipe, &args.overrides) {
+    let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };
@@ -95,6 +101,10 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     let lead = world.rank() == 0;
     if lead {
         eprint!("{}", brief(&plan, &compute));
+    }
+    if args.dry_run {
+        eprintln!("dry run: the recipe, its files and its plan are fine; nothing was trained");
+        return Ok(exit::code(exit::SUCCESS));
     }
 
     let run_dir = run_dir(args, recipe);
