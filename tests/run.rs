@@ -418,6 +418,31 @@ fn missing_data_fails_before_training_naming_the_recipe_key() {
 }
 
 #[test]
+fn the_summary_names_each_loss_as_the_logs_and_metrics_do() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--set", "training.log_interval=3"]);
+    assert_success(&output);
+    let err = stderr(&output);
+    let last = fixture
+        .records()
+        .into_iter()
+        .rfind(|r| r["kind"] == "train")
+        .expect("a train record");
+    let interval = last["loss"].as_f64().expect("loss");
+    assert!(err.contains("last-step loss "), "{err}");
+    assert!(
+        err.contains(&format!(
+            "interval loss {interval:.4} (mean of the last 3 steps)"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("interval loss") && err.contains("(mean of 3)"),
+        "{err}"
+    );
+}
+
+#[test]
 fn dry_run_plans_and_checks_files_but_trains_nothing() {
     let fixture = Fixture::new("");
     let output = fixture.run(&["--dry-run"]);

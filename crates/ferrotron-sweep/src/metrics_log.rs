@@ -72,8 +72,9 @@ impl MetricsLog {
         log
     }
 
-    /// The loss of the last logged step.
-    pub fn final_loss(&self) -> Option<f64> {
+    /// The interval loss of the last logged step: the mean loss over the steps since the log
+    /// line before it (what metrics.jsonl's `loss`, the progress line and Prometheus show).
+    pub fn last_interval_loss(&self) -> Option<f64> {
         self.steps.last().map(|s| s.loss)
     }
 
@@ -126,7 +127,7 @@ not json
         assert_eq!(log.steps.len(), 3);
         assert_eq!(log.evals, vec![(20, 4.5), (30, 4.2)]);
         assert_eq!(log.skipped_lines, 2);
-        assert_eq!(log.final_loss(), Some(3.0));
+        assert_eq!(log.last_interval_loss(), Some(3.0));
         assert_eq!(log.best_eval_loss(), Some(4.2));
         assert_eq!(log.mean_tokens_per_second(), Some(400.0));
         assert_eq!(log.mean_mfu(), Some(0.3));
@@ -135,7 +136,7 @@ not json
     #[test]
     fn an_empty_log_has_no_numbers() {
         let log = MetricsLog::parse("");
-        assert_eq!(log.final_loss(), None);
+        assert_eq!(log.last_interval_loss(), None);
         assert_eq!(log.best_eval_loss(), None);
         assert_eq!(log.mean_tokens_per_second(), None);
     }

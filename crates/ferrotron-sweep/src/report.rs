@@ -187,7 +187,7 @@ fn summary(runs: &[RunMetrics], drawn: &[Series]) -> String {
         if runs.len() == 1 { "" } else { "s" }
     );
     out.push_str(
-        "| run | logged steps | last step | final loss | best eval loss | tokens/s | MFU % |\n",
+        "| run | logged steps | last step | last interval loss | best validation loss | tokens/s | MFU % |\n",
     );
     out.push_str("|---|---|---|---|---|---|---|\n");
     for run in runs {
@@ -200,7 +200,7 @@ fn summary(runs: &[RunMetrics], drawn: &[Series]) -> String {
             log.steps
                 .last()
                 .map_or_else(|| "-".to_owned(), |s| s.step.to_string()),
-            num(log.final_loss(), 4),
+            num(log.last_interval_loss(), 4),
             num(log.best_eval_loss(), 4),
             num(log.mean_tokens_per_second(), 0),
             num(log.mean_mfu().map(|m| m * 100.0), 2),

@@ -144,7 +144,10 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
                 manifest.finish(status, 0)?;
             }
             if lead {
-                eprint!("{}", closing(&summary, args));
+                eprint!(
+                    "{}",
+                    closing(&summary, args, plan.recipe.training.log_interval as usize)
+                );
             }
             Ok(exit::code(exit::SUCCESS))
         }
@@ -227,7 +230,7 @@ fn brief(plan: &Plan, compute: &ComputeBackend) -> String {
     )
 }
 
-fn closing(summary: &RunSummary, args: &Args) -> String {
+fn closing(summary: &RunSummary, args: &Args, log_interval: usize) -> String {
     let mut out = String::new();
     let what = match summary.stopped {
         Some(StopReason::Signal) => "stopped on request",
@@ -239,8 +242,17 @@ fn closing(summary: &RunSummary, args: &Args) -> String {
         "{what} at iteration {} of {}",
         summary.iteration, summary.train_iters
     ));
+    // The three losses have one name each, the same in the logs, metrics.jsonl and the report.
     if let Some(loss) = summary.last_loss {
-        out.push_str(&format!(", last step loss {loss:.4}"));
+        out.push_str(&format!(", last-step loss {loss:.4}"));
+    }
+    let recent = &summary.losses[summary.losses.len().saturating_sub(log_interval)..];
+    if recent.len() > 1 {
+        let mean = recent.iter().sum::<f64>() / recent.len() as f64;
+        out.push_str(&format!(
+            ", interval loss {mean:.4} (mean of the last {} steps)",
+            recent.len()
+        ));
     }
     if let Some(eval) = summary.last_eval_loss {
         out.push_str(&format!(", validation loss {eval:.4}"));
