@@ -518,12 +518,20 @@ fn prometheus_metrics_are_served_during_the_run() {
         "ferrotron_learning_rate",
         "ferrotron_grad_norm",
         "ferrotron_tokens_per_second",
-        "ferrotron_mfu",
+        "ferrotron_mfu_ratio",
         "ferrotron_step_seconds",
         "ferrotron_memory_bytes",
+        "ferrotron_steps_total",
+        "ferrotron_tokens_total",
+        "ferrotron_samples_total",
+        "ferrotron_build_info",
     ] {
         assert!(body.contains(metric), "{metric} missing from\n{body}");
     }
+    assert!(
+        !body.contains("ferrotron_eval_loss"),
+        "no evaluation ran, so no eval series:\n{body}"
+    );
     let loss_line = body
         .lines()
         .find(|l| l.starts_with("ferrotron_train_loss{"))

@@ -10,7 +10,9 @@ use std::time::Instant;
 use ferrotron_data::rank_batch_indices;
 use ferrotron_plan::Plan;
 use ferrotron_recipe::Recipe;
-use ferrotron_telemetry::{JsonlWriter, Metrics, MetricsServer, Progress, StepMetrics};
+use ferrotron_telemetry::{
+    IterationCounts, JsonlWriter, Metrics, MetricsServer, Progress, StepMetrics,
+};
 use serde::Serialize;
 
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
@@ -173,7 +175,15 @@ pub(crate) fn run_loop(
             lr,
             clip_grad: training.clip_grad,
         };
+        let step_start = Instant::now();
         let stats = stepper.step(&microbatches, step_context)?;
+        if let Some(reporter) = reporter.as_deref_mut() {
+            reporter.metrics.record_iteration(IterationCounts {
+                seconds: step_start.elapsed().as_secs_f64(),
+                tokens: tokens_per_iteration,
+                samples: u64::from(global_batch),
+            });
+        }
         state.iteration = iteration;
         state.consumed_samples += u64::from(global_batch);
         state.consumed_tokens += tokens_per_iteration;
