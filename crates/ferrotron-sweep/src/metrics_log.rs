@@ -14,6 +14,7 @@ pub struct StepPoint {
     pub step: u64,
     pub loss: f64,
     pub lr: Option<f64>,
+    pub grad_norm: Option<f64>,
     pub tokens_per_second: Option<f64>,
     pub mfu: Option<f64>,
 }
@@ -33,6 +34,7 @@ struct Line {
     step: u64,
     loss: Option<f64>,
     lr: Option<f64>,
+    grad_norm: Option<f64>,
     tokens_per_second: Option<f64>,
     mfu: Option<f64>,
     eval_loss: Option<f64>,
@@ -61,6 +63,7 @@ impl MetricsLog {
                     step: line.step,
                     loss,
                     lr: line.lr,
+                    grad_norm: line.grad_norm,
                     tokens_per_second: line.tokens_per_second,
                     mfu: line.mfu,
                 });
