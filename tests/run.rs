@@ -443,6 +443,50 @@ fn the_summary_names_each_loss_as_the_logs_and_metrics_do() {
 }
 
 #[test]
+fn separate_validation_and_test_data_with_a_test_evaluation_at_the_end() {
+    let fixture = Fixture::new("");
+    let corpus = std::fs::read_to_string(fixture.path("corpus.jsonl")).expect("corpus");
+    let held_out: String = corpus
+        .lines()
+        .rev()
+        .take(4)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(fixture.path("held-out.jsonl"), held_out).expect("held-out corpus");
+    let output = fixture.run(&[
+        "--set",
+        "data.valid_blend=[{path: held-out.jsonl}]",
+        "--set",
+        "data.test_blend=[{path: held-out.jsonl}]",
+        "--set",
+        "data.split=100,0,0",
+    ]);
+    assert_success(&output);
+    let records = fixture.records();
+    let tests: Vec<&Value> = records.iter().filter(|r| r["kind"] == "test").collect();
+    assert_eq!(tests.len(), 1, "one test evaluation, at the end");
+    assert_eq!(tests[0]["step"], 6);
+    let test_loss = tests[0]["test_loss"].as_f64().expect("test_loss");
+    assert!(test_loss.is_finite());
+    assert!(
+        records.iter().any(|r| r["kind"] == "eval"),
+        "validation ran on valid_blend though the split gives it no share"
+    );
+    assert!(
+        stderr(&output).contains(&format!("test loss {test_loss:.4}")),
+        "{}",
+        stderr(&output)
+    );
+    let missing = fixture.run(&["--dry-run", "--set", "data.test_blend=[{path: nope.jsonl}]"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains("`data.test_blend.0.path`"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
 fn dry_run_plans_and_checks_files_but_trains_nothing() {
     let fixture = Fixture::new("");
     let output = fixture.run(&["--dry-run"]);

@@ -40,7 +40,19 @@ enum Wanted {
 
 fn named_files(recipe: &Recipe) -> Vec<(String, Wanted)> {
     let mut out = Vec::new();
-    for (i, entry) in recipe.data.blend.iter().enumerate() {
+    let blends = [
+        ("blend", Some(&recipe.data.blend)),
+        ("valid_blend", recipe.data.valid_blend.as_ref()),
+        ("test_blend", recipe.data.test_blend.as_ref()),
+    ];
+    let entries = blends.into_iter().flat_map(|(key, blend)| {
+        blend
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(move |(i, entry)| (key, i, entry))
+    });
+    for (key, i, entry) in entries {
         let wanted = if matches!(
             Path::new(&entry.path).extension().and_then(|e| e.to_str()),
             Some("jsonl" | "json")
@@ -49,7 +61,7 @@ fn named_files(recipe: &Recipe) -> Vec<(String, Wanted)> {
         } else {
             Wanted::Prefix(entry.path.clone())
         };
-        out.push((format!("data.blend.{i}.path"), wanted));
+        out.push((format!("data.{key}.{i}.path"), wanted));
     }
     let t = &recipe.data.tokenizer;
     let tokenizer_files: &[(&str, &Option<String>)] = match t.kind {

@@ -442,7 +442,10 @@ fn is_path_field(path: &str) -> bool {
             | "checkpoint.dir"
             | "checkpoint.resume"
             | "logging.jsonl"
-    ) || (path.starts_with("data.blend.") && path.ends_with(".path"))
+    ) || (["data.blend.", "data.valid_blend.", "data.test_blend."]
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
+        && path.ends_with(".path"))
 }
 
 /// Make relative paths relative to the current directory, from the directory of the file that

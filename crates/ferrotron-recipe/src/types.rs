@@ -523,6 +523,13 @@ pub struct Data {
     /// Datasets and their sampling weights: Megatron `.bin/.idx` prefixes or raw `.jsonl` files.
     #[serde(default)]
     pub blend: Vec<BlendEntry>,
+    /// Validation data of its own (Megatron's `--valid-data-path`): all of these datasets'
+    /// documents are validation data, and `split` then only cuts the train and test shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_blend: Option<Vec<BlendEntry>>,
+    /// Test data of its own (Megatron's `--test-data-path`), evaluated once at the end of training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_blend: Option<Vec<BlendEntry>>,
     /// Train/validation/test proportions, Megatron style ("969,30,1").
     #[serde(default = "defaults::split")]
     pub split: String,
@@ -539,6 +546,8 @@ impl Default for Data {
         Data {
             tokenizer: Tokenizer::default(),
             blend: Vec::new(),
+            valid_blend: None,
+            test_blend: None,
             split: defaults::split(),
             cache_dir: None,
             json_key: defaults::json_key(),

@@ -257,6 +257,9 @@ fn closing(summary: &RunSummary, args: &Args, log_interval: usize) -> String {
     if let Some(eval) = summary.last_eval_loss {
         out.push_str(&format!(", validation loss {eval:.4}"));
     }
+    if let Some(test) = summary.test_loss {
+        out.push_str(&format!(", test loss {test:.4}"));
+    }
     out.push('\n');
     if let Some(checkpoint) = &summary.checkpoint {
         out.push_str(&format!("checkpoint: {}\n", checkpoint.display()));
