@@ -20,8 +20,9 @@ fn metrics(start: f64, lr: f64, steps: u64) -> String {
         let loss = start * (-s / 40.0).exp() + 2.0;
         let warm = (s / 5.0).min(1.0);
         out.push_str(&format!(
-            "{{\"step\":{step},\"loss\":{loss},\"lr\":{},\"grad_norm\":1.5,\"tokens_per_second\":{},\"tflops_per_gpu\":0.01,\"mfu\":{},\"step_seconds\":0.2,\"memory_bytes\":1000000}}\n",
+            "{{\"step\":{step},\"loss\":{loss},\"lr\":{},\"grad_norm\":{},\"tokens_per_second\":{},\"tflops_per_gpu\":0.01,\"mfu\":{},\"step_seconds\":0.2,\"memory_bytes\":1000000}}\n",
             lr * warm,
+            0.5 + loss / 4.0,
             1000.0 + 10.0 * s,
             0.02 + 0.0001 * s
         ));
@@ -79,6 +80,7 @@ fn a_sweep_directory_and_a_run_give_charts_and_a_summary() {
         "loss.png",
         "eval_loss.png",
         "lr.png",
+        "grad_norm.png",
         "tokens_per_second.png",
         "mfu.png",
     ] {
@@ -116,6 +118,7 @@ fn charts_without_data_are_left_out() {
     for absent in [
         "eval_loss.png",
         "lr.png",
+        "grad_norm.png",
         "tokens_per_second.png",
         "mfu.png",
     ] {

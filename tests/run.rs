@@ -403,6 +403,106 @@ fn run_exit_codes_follow_the_table() {
 }
 
 #[test]
+fn missing_data_fails_before_training_naming_the_recipe_key() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--set", "data.blend.0.path=corpus.json"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains("`data.blend.0.path`: `corpus.json` does not exist"),
+        "{err}"
+    );
+    assert!(err.contains("did you mean `corpus.jsonl`?"), "{err}");
+    assert!(!err.contains("os error"), "{err}");
+    assert!(!fixture.path("metrics.jsonl").exists(), "nothing trained");
+}
+
+#[test]
+fn the_summary_names_each_loss_as_the_logs_and_metrics_do() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--set", "training.log_interval=3"]);
+    assert_success(&output);
+    let err = stderr(&output);
+    let last = fixture
+        .records()
+        .into_iter()
+        .rfind(|r| r["kind"] == "train")
+        .expect("a train record");
+    let interval = last["loss"].as_f64().expect("loss");
+    assert!(err.contains("last-step loss "), "{err}");
+    assert!(
+        err.contains(&format!(
+            "interval loss {interval:.4} (mean of the last 3 steps)"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("interval loss") && err.contains("(mean of 3)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn separate_validation_and_test_data_with_a_test_evaluation_at_the_end() {
+    let fixture = Fixture::new("");
+    let corpus = std::fs::read_to_string(fixture.path("corpus.jsonl")).expect("corpus");
+    let held_out: String = corpus
+        .lines()
+        .rev()
+        .take(4)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(fixture.path("held-out.jsonl"), held_out).expect("held-out corpus");
+    let output = fixture.run(&[
+        "--set",
+        "data.valid_blend=[{path: held-out.jsonl}]",
+        "--set",
+        "data.test_blend=[{path: held-out.jsonl}]",
+        "--set",
+        "data.split=100,0,0",
+    ]);
+    assert_success(&output);
+    let records = fixture.records();
+    let tests: Vec<&Value> = records.iter().filter(|r| r["kind"] == "test").collect();
+    assert_eq!(tests.len(), 1, "one test evaluation, at the end");
+    assert_eq!(tests[0]["step"], 6);
+    let test_loss = tests[0]["test_loss"].as_f64().expect("test_loss");
+    assert!(test_loss.is_finite());
+    assert!(
+        records.iter().any(|r| r["kind"] == "eval"),
+        "validation ran on valid_blend though the split gives it no share"
+    );
+    assert!(
+        stderr(&output).contains(&format!("test loss {test_loss:.4}")),
+        "{}",
+        stderr(&output)
+    );
+    let missing = fixture.run(&["--dry-run", "--set", "data.test_blend=[{path: nope.jsonl}]"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains("`data.test_blend.0.path`"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
+fn dry_run_plans_and_checks_files_but_trains_nothing() {
+    let fixture = Fixture::new("");
+    let output = fixture.run(&["--dry-run"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("run run-test:"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!fixture.path("metrics.jsonl").exists(), "nothing trained");
+    assert!(!fixture.path("ckpt").exists(), "nothing saved");
+    let missing = fixture.run(&["--dry-run", "--set", "data.blend.0.path=corpus.json"]);
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+}
+
+#[test]
 fn checkpoint_of_another_model_is_refused_with_the_fields() {
     let fixture = Fixture::new("");
     assert_success(&fixture.run(&[
@@ -462,12 +562,20 @@ fn prometheus_metrics_are_served_during_the_run() {
         "ferrotron_learning_rate",
         "ferrotron_grad_norm",
         "ferrotron_tokens_per_second",
-        "ferrotron_mfu",
+        "ferrotron_mfu_ratio",
         "ferrotron_step_seconds",
         "ferrotron_memory_bytes",
+        "ferrotron_steps_total",
+        "ferrotron_tokens_total",
+        "ferrotron_samples_total",
+        "ferrotron_build_info",
     ] {
         assert!(body.contains(metric), "{metric} missing from\n{body}");
     }
+    assert!(
+        !body.contains("ferrotron_eval_loss"),
+        "no evaluation ran, so no eval series:\n{body}"
+    );
     let loss_line = body
         .lines()
         .find(|l| l.starts_with("ferrotron_train_loss{"))

@@ -121,7 +121,6 @@ broken_fixture!(
         ("training::global-batch-divisible-by-micro", 14, 22),
         ("training::one-length", 15, 17),
         ("training::min-lr-above-lr", 18, 13),
-        ("schedule::warmup-too-long", 20, 19),
         ("recompute::only-with-full", 22, 11),
         ("data::split-syntax", 24, 10),
         ("data::non-positive-weight", 27, 15),
@@ -129,6 +128,22 @@ broken_fixture!(
         ("model::seq-length-exceeds-positions", 7, 15),
         ("tokenizer::foreign-field", 15, 17),
         ("tokenizer::foreign-field", 16, 17),
+        ("schedule::warmup-too-long", 20, 19),
+    ]
+);
+// Schema errors, the model rule and the layout rules in one round: the rules run on what parsed
+// (see crates/ferrotron-recipe/src/partial.rs), and none judges the broken `lr` or enum.
+broken_fixture!(
+    all_at_once,
+    "all-at-once",
+    &[
+        ("schema::unknown-key", 4, 3),
+        ("model::heads-divisible-by-query-groups", 6, 21),
+        ("schema::value", 8, 18),
+        ("schema::type", 11, 9),
+        ("layout::world-divisible-by-model-parallel", 13, 11),
+        ("layout::heads-divisible-by-tp", 13, 11),
+        ("layout::ffn-divisible-by-tp", 13, 11),
     ]
 );
 broken_fixture!(
@@ -154,8 +169,12 @@ broken_fixture!(
     &[
         ("schema::value", 4, 15),
         ("yaml::duplicate-key", 6, 3),
+        ("model::hidden-divisible-by-heads", 7, 24),
         ("schema::unknown-key", 8, 3),
+        ("training::global-batch-divisible-by-micro", 10, 22),
         ("schema::type", 13, 9),
+        ("data::split-syntax", 17, 10),
+        ("schedule::warmup-too-long", 15, 19),
     ]
 );
 
@@ -187,6 +206,56 @@ fn every_shipped_recipe_is_valid() {
     for file in &files {
         assert!(out.contains(&format!("ok: {file}")), "{out}");
     }
+}
+
+#[test]
+fn abstract_bases_validate_as_fragments_and_do_not_run() {
+    let mut args = vec!["validate".to_owned()];
+    let mut files: Vec<String> = std::fs::read_dir(repo().join("recipes/base"))
+        .expect("recipes/base/")
+        .filter_map(|e| e.ok())
+        .map(|e| format!("recipes/base/{}", e.file_name().to_string_lossy()))
+        .collect();
+    files.sort();
+    args.extend(files.iter().cloned());
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = recipe(&refs);
+    let out = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    for file in &files {
+        assert!(
+            out.contains(&format!("ok: {file} (abstract fragment)")),
+            "{out}"
+        );
+    }
+    // What a fragment does set is still checked, rules included.
+    let (code, human, _) = validate_fixture("base/abstract-bad");
+    assert_eq!(code, 1, "{human}");
+    insta::assert_snapshot!("abstract-bad-human", human);
+    // A fragment is not a recipe to run.
+    let run = recipe(&["plan", "recipes/base/gpt.yaml"]);
+    assert_eq!(run.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("recipe::abstract"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+#[test]
+fn check_files_reports_missing_data_at_its_line_with_the_nearest_name() {
+    let output = recipe(&[
+        "validate",
+        "--check-files",
+        "tests/fixtures/missing-data.yaml",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    insta::assert_snapshot!("missing-data-human", stdout(&output));
+    // Without the flag, only the recipe is checked (presets validate without their data).
+    let plain = recipe(&["validate", "tests/fixtures/missing-data.yaml"]);
+    assert_eq!(plain.status.code(), Some(0), "{}", stdout(&plain));
+    let shipped = recipe(&["validate", "--check-files", "recipes/shakespeare-tiny.yaml"]);
+    assert_eq!(shipped.status.code(), Some(0), "{}", stdout(&shipped));
 }
 
 #[test]
@@ -264,6 +333,22 @@ fn environment_overrides_apply_unless_disabled() {
         "env FERROTRON_MODEL__NUM_ATTENTION_HEADS"
     );
     assert_eq!(run(true).status.code(), Some(0));
+    // Every command that reads recipes takes --no-env.
+    for command in [&["plan"][..], &["show"], &["run", "--dry-run"]] {
+        let run = |no_env: bool| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_recipe"));
+            cmd.current_dir(repo())
+                .env("FERROTRON_MODEL__NUM_ATTENTION_HEADS", "7")
+                .args(command)
+                .arg("recipes/shakespeare-tiny.yaml");
+            if no_env {
+                cmd.arg("--no-env");
+            }
+            cmd.output().expect("runs").status.code()
+        };
+        assert_eq!(run(false), Some(1), "{command:?} reads the environment");
+        assert_eq!(run(true), Some(0), "{command:?} --no-env ignores it");
+    }
 }
 
 #[test]
@@ -337,4 +422,43 @@ fn schema_command_matches_the_committed_schema() {
         stdout(&output) == committed,
         "schema/recipe.schema.json is stale: run `recipe schema > schema/recipe.schema.json`"
     );
+}
+
+#[test]
+fn a_closed_pipe_ends_output_quietly() {
+    for args in [
+        &["schema"][..],
+        &["completions", "bash"],
+        &["show", "recipes/gpt2-124m.yaml"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let output = Command::new(env!("CARGO_BIN_EXE_recipe"))
+            .args(args)
+            .current_dir(repo())
+            .stdout(writer)
+            .output()
+            .expect("the recipe binary runs");
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn help_lists_every_subcommand_and_completions_cover_them() {
+    let help = stdout(&recipe(&["--help"]));
+    insta::assert_snapshot!("top-level-help", help);
+    for shell in ["bash", "zsh", "fish"] {
+        let script = recipe(&["completions", shell]);
+        assert_eq!(script.status.code(), Some(0), "{shell}");
+        let text = stdout(&script);
+        for sub in ["validate", "plan", "run", "sweep", "report", "completions"] {
+            assert!(text.contains(sub), "{shell} completion lacks {sub}");
+        }
+        assert!(
+            text.contains("check-files"),
+            "{shell} completion lacks flags"
+        );
+    }
 }

@@ -17,7 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Train GPT and Mixture-of-Experts models from declarative YAML recipes.
 #[derive(Debug, Parser)]
-#[command(name = "recipe", version, about, propagate_version = true)]
+#[command(name = "recipe", version, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -55,9 +55,19 @@ enum Command {
     Import(commands::hf_import::Args),
     /// Write a checkpoint's logits for given token ids (for comparisons with other code).
     Logits(commands::logits::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
 }
 
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Validate(args) => commands::validate::run(args),
@@ -75,6 +85,16 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::hf_export::run(args),
         Command::Import(args) => commands::hf_import::run(args),
         Command::Logits(args) => commands::logits::run(args),
+        Command::Completions(args) => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                args.shell,
+                &mut Cli::command(),
+                "recipe",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
@@ -84,4 +104,25 @@ fn main() -> ExitCode {
             exit::code(exit::USAGE)
         }
     }
+}
+
+/// `recipe show x.yaml | head` closes the pipe early; `print!` then panics on the broken pipe.
+/// The reader has what it wanted, so stop quietly with success, as `cat` would be killed by the
+/// signal Rust ignores. Any other panic keeps the default report.
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        // `print!` says "failed printing to stdout: Broken pipe"; clap_complete's writer
+        // reports the io::Error itself.
+        if message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }

@@ -248,6 +248,8 @@ impl Diagnostic for Problem {
 pub struct RecipeErrors {
     subject: String,
     problems: Vec<Problem>,
+    /// Stand-in typed forms for running further rules (see [`crate::partial`]).
+    partial: Option<Box<crate::partial::Partial>>,
 }
 
 impl RecipeErrors {
@@ -262,7 +264,28 @@ impl RecipeErrors {
         RecipeErrors {
             subject: subject.into(),
             problems,
+            partial: None,
         }
+    }
+
+    pub(crate) fn with_partial(mut self, partial: Option<crate::partial::Partial>) -> Self {
+        self.partial = partial.map(Box::new);
+        self
+    }
+
+    /// Run more rules (e.g. the planner's layout rules) on what parsed of an invalid recipe,
+    /// adding the findings that do not depend on its broken values. Does nothing when the
+    /// recipe did not parse far enough to have a typed form.
+    pub fn check_partial(&mut self, rules: &dyn Fn(&crate::Recipe) -> Vec<crate::Finding>) {
+        let Some(partial) = &self.partial else {
+            return;
+        };
+        let mut problems = std::mem::take(&mut self.problems);
+        problems.extend(partial.check(rules));
+        let subject = std::mem::take(&mut self.subject);
+        let partial = self.partial.take();
+        *self = RecipeErrors::new(subject, problems);
+        self.partial = partial;
     }
 
     /// The recipe file (or name) the problems belong to.
@@ -279,6 +302,16 @@ impl RecipeErrors {
             .iter()
             .filter(|p| p.severity == Severity::Error)
             .count()
+    }
+
+    /// True for an `abstract: true` fragment whose only error is being one: valid as a base
+    /// for `extends:`, not as a recipe to plan or run.
+    pub fn is_valid_fragment(&self) -> bool {
+        self.problems
+            .iter()
+            .filter(|p| p.severity == Severity::Error)
+            .all(|p| p.code == codes::ABSTRACT)
+            && self.problems.iter().any(|p| p.code == codes::ABSTRACT)
     }
 
     /// True when the top-level file could not be read at all (a usage problem, not a recipe one).
@@ -335,6 +368,8 @@ pub(crate) mod codes {
     pub const EXTENDS: &str = "recipe::extends";
     pub const OVERRIDE: &str = "recipe::override";
     pub const FORMAT_VERSION: &str = "recipe::format-version";
+    pub const ABSTRACT: &str = "recipe::abstract";
+    pub const FILE: &str = "files::missing";
     pub const UNKNOWN_KEY: &str = "schema::unknown-key";
     pub const MISSING_KEY: &str = "schema::missing-key";
     pub const TYPE: &str = "schema::type";

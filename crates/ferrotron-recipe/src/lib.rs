@@ -8,6 +8,7 @@
 mod bounds;
 mod degree;
 mod diagnostic;
+mod files;
 mod finding;
 mod finite;
 mod formats;
@@ -16,6 +17,7 @@ mod layers;
 mod limits;
 mod loader;
 mod node;
+mod partial;
 mod render;
 mod rules;
 mod schema;

@@ -26,8 +26,8 @@ pub struct LoadOptions<'a> {
 #[derive(Debug, Clone)]
 pub struct LoadedRecipe {
     pub recipe: Recipe,
-    files: Vec<SourceFile>,
-    tree: Node,
+    pub(crate) files: Vec<SourceFile>,
+    pub(crate) tree: Node,
     warnings: Vec<Problem>,
 }
 
@@ -187,10 +187,23 @@ impl<'r> Loader<'r> {
             p.code() == codes::UNKNOWN_KEY || !non_finite.iter().any(|n| n.path() == p.path())
         });
         self.problems.extend(non_finite);
+        let fragment = matches!(
+            tree.at("abstract"),
+            Some(Node {
+                value: NodeValue::Bool(true),
+                ..
+            })
+        );
         let schema_ok = schema_problems.is_empty();
         self.problems.extend(schema_problems);
+        if fragment {
+            return Err(self.fragment(name, &tree));
+        }
         if !schema_ok || self.has_errors() {
-            return Err(RecipeErrors::new(name, self.problems));
+            let partial = crate::partial::Partial::new(&tree, &self.files, &self.problems);
+            let mut errors = RecipeErrors::new(name, self.problems).with_partial(partial);
+            errors.check_partial(&crate::rules::check_rules);
+            return Err(errors);
         }
         let recipe: Recipe = match serde_json::from_value(json) {
             Ok(recipe) => recipe,
@@ -219,6 +232,33 @@ impl<'r> Loader<'r> {
         }
         loaded.warnings = problems;
         Ok(loaded)
+    }
+
+    /// An `abstract: true` recipe: keys left to the recipes that extend it may be missing;
+    /// everything it does set is checked, the rules included (on stand-ins for what is missing).
+    fn fragment(self, name: String, tree: &Node) -> RecipeErrors {
+        let partial = crate::partial::Partial::new(tree, &self.files, &self.problems);
+        let mut problems: Vec<Problem> = self
+            .problems
+            .into_iter()
+            .filter(|p| p.code() != codes::MISSING_KEY)
+            .collect();
+        problems.push(
+            Problem::error(
+                codes::ABSTRACT,
+                "this recipe is `abstract: true`: a fragment to extend, not a recipe to run",
+            )
+            .with_path("abstract")
+            .with_label("a fragment")
+            .with_help(Some(
+                "write a recipe with `extends:` naming this file and set what it leaves out"
+                    .to_owned(),
+            ))
+            .at(&tree.locate("abstract", false).origin.clone(), &self.files),
+        );
+        let mut errors = RecipeErrors::new(name, problems).with_partial(partial);
+        errors.check_partial(&crate::rules::check_rules);
+        errors
     }
 
     fn has_errors(&self) -> bool {
@@ -289,6 +329,10 @@ impl<'r> Loader<'r> {
                 );
                 return None;
             }
+        }
+        if file != 0 {
+            // Being a fragment is not inherited: a recipe extending one is complete.
+            root.remove("abstract");
         }
         let Some(extends) = root.remove("extends") else {
             return Some((root, None));
@@ -404,21 +448,7 @@ impl LoadedRecipe {
 
     /// Findings as located diagnostics (file, line, column, snippet).
     pub fn problems_for(&self, findings: &[Finding]) -> Vec<Problem> {
-        findings
-            .iter()
-            .map(|f| {
-                let located = self.tree.locate(&f.path, false);
-                Problem::new(f.severity, &f.code, f.message.clone())
-                    .with_path(&f.path)
-                    .with_help(f.help.clone())
-                    .with_label(if located.exact {
-                        "here".to_owned()
-                    } else {
-                        format!("`{}` is not set; it defaults here", f.path)
-                    })
-                    .at(located.origin, &self.files)
-            })
-            .collect()
+        locate(findings, &self.tree, &self.files)
     }
 
     /// Warnings found while loading (the load succeeded).
@@ -445,6 +475,25 @@ impl LoadedRecipe {
     }
 }
 
+/// Findings as located diagnostics, through the merged tree's origins.
+pub(crate) fn locate(findings: &[Finding], tree: &Node, files: &[SourceFile]) -> Vec<Problem> {
+    findings
+        .iter()
+        .map(|f| {
+            let located = tree.locate(&f.path, false);
+            Problem::new(f.severity, &f.code, f.message.clone())
+                .with_path(&f.path)
+                .with_help(f.help.clone())
+                .with_label(if located.exact {
+                    "here".to_owned()
+                } else {
+                    format!("`{}` is not set; it defaults here", f.path)
+                })
+                .at(located.origin, files)
+        })
+        .collect()
+}
+
 /// The recipe keys that hold file-system paths.
 fn is_path_field(path: &str) -> bool {
     matches!(
@@ -457,7 +506,10 @@ fn is_path_field(path: &str) -> bool {
             | "checkpoint.resume"
             | "checkpoint.init_from.hf"
             | "logging.jsonl"
-    ) || (path.starts_with("data.blend.") && path.ends_with(".path"))
+    ) || (["data.blend.", "data.valid_blend.", "data.test_blend."]
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
+        && path.ends_with(".path"))
 }
 
 /// Make relative paths relative to the current directory, from the directory of the file that
@@ -573,7 +625,16 @@ mod tests {
             .replace("train_iters: 10", "train_iters: 10, train_tokens: 5");
         let errors = load_str("bad.yaml", &text, &LoadOptions::default()).expect_err("invalid");
         let codes: Vec<&str> = errors.problems().iter().map(|p| p.code()).collect();
-        assert_eq!(codes, ["schema::type", "schema::unknown-key"]);
+        // The rules ran on what parsed: the two lengths are reported, but no rule judged the
+        // stand-ins for the broken hidden_size (4 heads divide neither of them).
+        assert_eq!(
+            codes,
+            [
+                "schema::type",
+                "schema::unknown-key",
+                "training::one-length"
+            ]
+        );
     }
 
     #[test]

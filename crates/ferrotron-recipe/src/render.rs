@@ -116,12 +116,34 @@ fn scalar_text(value: &Value) -> String {
     match value {
         Value::Null => "null".to_owned(),
         Value::Bool(b) => b.to_string(),
+        Value::Number(n) if n.is_f64() => float_text(&n.to_string()),
         Value::Number(n) => n.to_string(),
         Value::String(s) if is_plain_safe(s) => s.clone(),
         Value::String(s) => serde_json::to_string(s).unwrap_or_default(),
         Value::Array(_) => "[]".to_owned(),
         Value::Object(_) => "{}".to_owned(),
     }
+}
+
+/// A float as every YAML reader takes it for one: YAML 1.1 readers (PyYAML) need a dot in the
+/// mantissa and a sign in the exponent, so `1e-8` (a string to them) is written `1.0e-8`.
+fn float_text(shortest: &str) -> String {
+    let (mantissa, exponent) = match shortest.split_once(['e', 'E']) {
+        Some((m, e)) => (m, Some(e)),
+        None => (shortest, None),
+    };
+    let mut out = mantissa.to_owned();
+    if !out.contains('.') {
+        out.push_str(".0");
+    }
+    if let Some(exponent) = exponent {
+        out.push('e');
+        if !exponent.starts_with(['-', '+']) {
+            out.push('+');
+        }
+        out.push_str(exponent);
+    }
+    out
 }
 
 /// A string that reads back as the same string when written without quotes.
@@ -168,6 +190,18 @@ mod tests {
         assert!(rotary.ends_with("# default"), "{rotary}");
         assert!(yaml.contains("  split: \"98,2,0\""), "{yaml}");
         assert!(yaml.contains("    - path: d.jsonl"), "{yaml}");
+    }
+
+    #[test]
+    fn floats_have_a_dot_and_a_signed_exponent() {
+        let text = |f: f64| scalar_text(&Value::from(f));
+        assert_eq!(text(1e-8), "1.0e-8");
+        assert_eq!(text(3e-4), "0.0003");
+        assert_eq!(text(1e20), "1.0e+20");
+        assert_eq!(text(2.5e-7), "2.5e-7");
+        assert_eq!(text(0.9), "0.9");
+        assert_eq!(text(500000.0), "500000.0");
+        assert_eq!(scalar_text(&Value::from(3)), "3");
     }
 
     #[test]

@@ -388,7 +388,7 @@ fn unknown_key_help(parent: &str, key: &str) -> (String, String) {
 }
 
 /// Follow `$ref`s to the schema that actually describes a value.
-fn resolve(schema: &Value) -> &Value {
+pub(crate) fn resolve(schema: &Value) -> &Value {
     let mut current = schema;
     for _ in 0..16 {
         match current.get("$ref").and_then(Value::as_str) {
@@ -406,7 +406,7 @@ fn resolve(schema: &Value) -> &Value {
 }
 
 /// The object schema for the value at a dot path (through `$ref`, `anyOf` and `items`).
-fn object_schema_at(path: &str) -> Option<&'static Value> {
+pub(crate) fn object_schema_at(path: &str) -> Option<&'static Value> {
     let mut schema = object_branch(resolve(&SCHEMA))?;
     for segment in crate::node::split_path(path) {
         let next = match schema.get("properties").and_then(|p| p.get(segment)) {

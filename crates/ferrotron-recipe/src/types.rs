@@ -26,6 +26,14 @@ pub struct Recipe {
     /// A base recipe to deep-merge under this one (a path relative to this file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extends: Option<String>,
+    /// A fragment meant only to be extended (`recipes/base/*.yaml`): validated for what it
+    /// sets, required keys may be missing, never run; recipes that extend it are not abstract.
+    #[serde(
+        default,
+        rename = "abstract",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub is_abstract: bool,
     pub model: Model,
     #[serde(default)]
     pub parallel: Parallel,
@@ -515,6 +523,13 @@ pub struct Data {
     /// Datasets and their sampling weights: Megatron `.bin/.idx` prefixes or raw `.jsonl` files.
     #[serde(default)]
     pub blend: Vec<BlendEntry>,
+    /// Validation data of its own (Megatron's `--valid-data-path`): all of these datasets'
+    /// documents are validation data, and `split` then only cuts the train and test shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_blend: Option<Vec<BlendEntry>>,
+    /// Test data of its own (Megatron's `--test-data-path`), evaluated once at the end of training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_blend: Option<Vec<BlendEntry>>,
     /// Train/validation/test proportions, Megatron style ("969,30,1").
     #[serde(default = "defaults::split")]
     pub split: String,
@@ -531,6 +546,8 @@ impl Default for Data {
         Data {
             tokenizer: Tokenizer::default(),
             blend: Vec::new(),
+            valid_blend: None,
+            test_blend: None,
             split: defaults::split(),
             cache_dir: None,
             json_key: defaults::json_key(),

@@ -14,6 +14,7 @@ pub struct StepPoint {
     pub step: u64,
     pub loss: f64,
     pub lr: Option<f64>,
+    pub grad_norm: Option<f64>,
     pub tokens_per_second: Option<f64>,
     pub mfu: Option<f64>,
 }
@@ -33,6 +34,7 @@ struct Line {
     step: u64,
     loss: Option<f64>,
     lr: Option<f64>,
+    grad_norm: Option<f64>,
     tokens_per_second: Option<f64>,
     mfu: Option<f64>,
     eval_loss: Option<f64>,
@@ -61,6 +63,7 @@ impl MetricsLog {
                     step: line.step,
                     loss,
                     lr: line.lr,
+                    grad_norm: line.grad_norm,
                     tokens_per_second: line.tokens_per_second,
                     mfu: line.mfu,
                 });
@@ -72,8 +75,9 @@ impl MetricsLog {
         log
     }
 
-    /// The loss of the last logged step.
-    pub fn final_loss(&self) -> Option<f64> {
+    /// The interval loss of the last logged step: the mean loss over the steps since the log
+    /// line before it (what metrics.jsonl's `loss`, the progress line and Prometheus show).
+    pub fn last_interval_loss(&self) -> Option<f64> {
         self.steps.last().map(|s| s.loss)
     }
 
@@ -126,7 +130,7 @@ not json
         assert_eq!(log.steps.len(), 3);
         assert_eq!(log.evals, vec![(20, 4.5), (30, 4.2)]);
         assert_eq!(log.skipped_lines, 2);
-        assert_eq!(log.final_loss(), Some(3.0));
+        assert_eq!(log.last_interval_loss(), Some(3.0));
         assert_eq!(log.best_eval_loss(), Some(4.2));
         assert_eq!(log.mean_tokens_per_second(), Some(400.0));
         assert_eq!(log.mean_mfu(), Some(0.3));
@@ -135,7 +139,7 @@ not json
     #[test]
     fn an_empty_log_has_no_numbers() {
         let log = MetricsLog::parse("");
-        assert_eq!(log.final_loss(), None);
+        assert_eq!(log.last_interval_loss(), None);
         assert_eq!(log.best_eval_loss(), None);
         assert_eq!(log.mean_tokens_per_second(), None);
     }

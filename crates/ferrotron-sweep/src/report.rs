@@ -19,6 +19,22 @@ use crate::resolve::METRICS_FILE;
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 const FONT_FAMILY: &str = "sans-serif";
 const SIZE: (u32, u32) = (1000, 560);
+
+/// Okabe and Ito's palette, told apart with every common colour-vision deficiency (its yellow is
+/// left out: too faint on white). Plotters' default palette puts red beside green.
+const OKABE_ITO: [RGBColor; 7] = [
+    RGBColor(0, 114, 178),
+    RGBColor(230, 159, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(213, 94, 0),
+    RGBColor(86, 180, 233),
+    RGBColor(204, 121, 167),
+    RGBColor(0, 0, 0),
+];
+
+/// Room kept right of the last step, as a share of the steps drawn, for the legend to sit in:
+/// it then never covers the curves' ends, which are what a reader looks at.
+const LEGEND_ROOM: f64 = 0.28;
 /// Curves with at most this many points get a marker on each.
 const SPARSE_POINTS: usize = 40;
 
@@ -59,6 +75,12 @@ const LR: Series = Series {
     title: "learning rate",
     y_label: "lr",
     falling: false,
+};
+const GRAD_NORM: Series = Series {
+    file: "grad_norm.png",
+    title: "gradient norm (before clipping)",
+    y_label: "grad norm",
+    falling: true,
 };
 const TOKENS: Series = Series {
     file: "tokens_per_second.png",
@@ -150,6 +172,7 @@ pub fn write_report(runs: &[RunMetrics], out_dir: &Path) -> Result<Vec<PathBuf>,
                 .collect(),
         ),
         (LR, step_series(|s| s.lr)),
+        (GRAD_NORM, step_series(|s| s.grad_norm)),
         (TOKENS, step_series(|s| s.tokens_per_second)),
         (MFU, step_series(|s| s.mfu.map(|m| m * 100.0))),
     ];
@@ -187,7 +210,7 @@ fn summary(runs: &[RunMetrics], drawn: &[Series]) -> String {
         if runs.len() == 1 { "" } else { "s" }
     );
     out.push_str(
-        "| run | logged steps | last step | final loss | best eval loss | tokens/s | MFU % |\n",
+        "| run | logged steps | last step | last interval loss | best validation loss | tokens/s | MFU % |\n",
     );
     out.push_str("|---|---|---|---|---|---|---|\n");
     for run in runs {
@@ -200,7 +223,7 @@ fn summary(runs: &[RunMetrics], drawn: &[Series]) -> String {
             log.steps
                 .last()
                 .map_or_else(|| "-".to_owned(), |s| s.step.to_string()),
-            num(log.final_loss(), 4),
+            num(log.last_interval_loss(), 4),
             num(log.best_eval_loss(), 4),
             num(log.mean_tokens_per_second(), 0),
             num(log.mean_mfu().map(|m| m * 100.0), 2),
@@ -270,6 +293,7 @@ fn draw_chart(
             })
     };
     let (x_lo, x_hi) = padded_x(fold(|p| p.0));
+    let x_hi = x_hi + (x_hi - x_lo) * LEGEND_ROOM;
     let (y_lo, y_hi) = {
         let (lo, hi) = fold(|p| p.1);
         padded(lo, hi)
@@ -295,7 +319,7 @@ fn draw_chart(
         .draw()
         .map_err(|e| err(&e))?;
     for (i, (points, label)) in data.iter().zip(labels).enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = OKABE_ITO[i % OKABE_ITO.len()].to_rgba();
         let points: Vec<(f64, f64)> = finite(points).copied().collect();
         if points.is_empty() {
             continue;

@@ -23,7 +23,7 @@ pub struct ResultRow {
     pub hash: String,
     /// The varied values, `lr=3e-4 tp=1`.
     pub changed: String,
-    pub final_loss: Option<f64>,
+    pub last_interval_loss: Option<f64>,
     pub best_eval_loss: Option<f64>,
     pub tokens_per_second: Option<f64>,
     /// 0–1.
@@ -58,7 +58,7 @@ pub fn result_rows(
                 member: member.spec.name.clone(),
                 hash: member.short_hash().unwrap_or("-").to_owned(),
                 changed: changed_values(member),
-                final_loss: metrics.final_loss(),
+                last_interval_loss: metrics.last_interval_loss(),
                 best_eval_loss: metrics.best_eval_loss(),
                 tokens_per_second: metrics.mean_tokens_per_second(),
                 mfu: metrics.mean_mfu(),
@@ -72,8 +72,8 @@ const HEADERS: [&str; 8] = [
     "member",
     "hash",
     "changed",
-    "final loss",
-    "best eval loss",
+    "last interval loss",
+    "best validation loss",
     "tokens/s",
     "MFU %",
     "status",
@@ -87,7 +87,7 @@ fn cells(row: &ResultRow) -> [String; 8] {
         row.member.clone(),
         row.hash.clone(),
         row.changed.clone(),
-        num(row.final_loss, 4),
+        num(row.last_interval_loss, 4),
         num(row.best_eval_loss, 4),
         num(row.tokens_per_second, 0),
         num(row.mfu.map(|m| m * 100.0), 2),
@@ -109,7 +109,7 @@ pub fn render_markdown(rows: &[ResultRow]) -> String {
 /// CSV with a header line; numbers unrounded, empty where unknown.
 pub fn render_csv(rows: &[ResultRow]) -> String {
     let mut out = String::from(
-        "member,hash,changed,final_loss,best_eval_loss,tokens_per_second,mfu,status\n",
+        "member,hash,changed,last_interval_loss,best_eval_loss,tokens_per_second,mfu,status\n",
     );
     let num = |v: Option<f64>| v.map_or_else(String::new, |v| v.to_string());
     for row in rows {
@@ -117,7 +117,7 @@ pub fn render_csv(rows: &[ResultRow]) -> String {
             csv_field(&row.member),
             csv_field(&row.hash),
             csv_field(&row.changed),
-            num(row.final_loss),
+            num(row.last_interval_loss),
             num(row.best_eval_loss),
             num(row.tokens_per_second),
             num(row.mfu),
@@ -190,7 +190,7 @@ mod tests {
             member: "s-000-lr1e-3".into(),
             hash: "abcdef012345".into(),
             changed: "lr=1e-3".into(),
-            final_loss: Some(3.25),
+            last_interval_loss: Some(3.25),
             best_eval_loss: None,
             tokens_per_second: Some(1234.4),
             mfu: Some(0.125),

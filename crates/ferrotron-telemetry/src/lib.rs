@@ -20,7 +20,7 @@ pub use manifest::{
     MANIFEST_FILE, MANIFEST_VERSION, ProgramInfo, RunDetails, RunManifest, RunStatus, WorldLayout,
 };
 pub use memory::{MemoryProbe, process_memory_bytes};
-pub use metrics::{Metrics, StepMetrics};
+pub use metrics::{IterationCounts, Metrics, StepMetrics};
 pub use progress::Progress;
 pub use server::{MAX_CONNECTIONS, MetricsServer};
 pub use tracing_setup::init_tracing;

@@ -81,20 +81,23 @@ impl Progress {
 
     /// Shows the step just finished. Call it every logged step: in line mode each call is a line.
     pub fn update(&self, m: &StepMetrics) {
-        self.last_step.store(m.step, Ordering::Relaxed);
+        let interval = m
+            .step
+            .saturating_sub(self.last_step.swap(m.step, Ordering::Relaxed));
+        let eta = estimate_eta(
+            m.step.saturating_sub(self.start_step),
+            self.started.elapsed(),
+            self.total_steps.saturating_sub(m.step),
+        );
+        let line = progress_line(m, interval, self.total_steps, eta);
         match &self.display {
+            // The line goes above the bar too, so the logged steps stay in the scrollback.
             Display::Bar(bar) => {
+                bar.println(line);
                 bar.set_position(m.step);
-                bar.set_message(bar_message(m));
+                bar.set_message(bar_message(m, interval));
             }
-            Display::Lines => {
-                let eta = estimate_eta(
-                    m.step.saturating_sub(self.start_step),
-                    self.started.elapsed(),
-                    self.total_steps.saturating_sub(m.step),
-                );
-                tracing::info!(target: LOG_TARGET, "{}", progress_line(m, self.total_steps, eta));
-            }
+            Display::Lines => tracing::info!(target: LOG_TARGET, "{line}"),
         }
     }
 
@@ -109,7 +112,8 @@ impl Progress {
     /// Leaves the bar at its final state (or logs the total time) and stops redrawing.
     pub fn finish(&self) {
         match &self.display {
-            Display::Bar(bar) => bar.finish(),
+            // `abandon`, not `finish`: after a stop the bar shows the step reached, not the end.
+            Display::Bar(bar) => bar.abandon(),
             Display::Lines => tracing::info!(
                 target: LOG_TARGET,
                 "finished at step {} of {} ({} steps in {})",
@@ -161,9 +165,9 @@ fn new_bar(total_steps: u64, start_step: u64) -> ProgressBar {
     bar
 }
 
-fn bar_message(m: &StepMetrics) -> String {
+fn bar_message(m: &StepMetrics, interval: u64) -> String {
     format!(
-        "loss {:.4} lr {:.2e} {:.0} tok/s mfu {:.1}%",
+        "interval loss {:.4} (mean of {interval}) lr {:.2e} {:.0} tok/s mfu {:.1}%",
         m.loss,
         m.lr,
         m.tokens_per_second,
@@ -180,7 +184,14 @@ fn estimate_eta(steps_done: u64, elapsed: Duration, steps_left: u64) -> Option<D
     Duration::try_from_secs_f64(seconds_per_step * steps_left as f64).ok()
 }
 
-fn progress_line(m: &StepMetrics, total_steps: u64, eta: Option<Duration>) -> String {
+/// One logged step. `loss` is the interval loss: the mean over the `interval` steps since the
+/// previous line (Megatron's convention), named so it is not taken for the last step's loss.
+fn progress_line(
+    m: &StepMetrics,
+    interval: u64,
+    total_steps: u64,
+    eta: Option<Duration>,
+) -> String {
     let percent = if total_steps == 0 {
         100.0
     } else {
@@ -188,7 +199,7 @@ fn progress_line(m: &StepMetrics, total_steps: u64, eta: Option<Duration>) -> St
     };
     let eta = eta.map_or_else(|| "unknown".to_owned(), format_duration);
     format!(
-        "step {}/{} ({percent:.1}%) loss {:.4} lr {:.3e} grad_norm {:.3} tokens/s {:.0} \
+        "step {}/{} ({percent:.1}%) interval loss {:.4} (mean of {interval}) lr {:.3e} grad_norm {:.3} tokens/s {:.0} \
          TFLOP/s/GPU {:.2} MFU {:.1}% step {:.3}s mem {} eta {eta}",
         m.step,
         total_steps,
@@ -291,13 +302,13 @@ mod tests {
 
     #[test]
     fn a_progress_line_carries_every_number() {
-        let line = progress_line(&step(25), 100, Some(Duration::from_secs(3725)));
+        let line = progress_line(&step(25), 5, 100, Some(Duration::from_secs(3725)));
         assert_eq!(
             line,
-            "step 25/100 (25.0%) loss 2.5000 lr 3.000e-4 grad_norm 0.750 tokens/s 8192 \
+            "step 25/100 (25.0%) interval loss 2.5000 (mean of 5) lr 3.000e-4 grad_norm 0.750 tokens/s 8192 \
              TFLOP/s/GPU 1.25 MFU 50.0% step 0.125s mem 1.50 GiB eta 1h02m05s"
         );
-        assert!(progress_line(&step(1), 10, None).ends_with("eta unknown"));
+        assert!(progress_line(&step(1), 1, 10, None).ends_with("eta unknown"));
     }
 
     #[test]
@@ -319,7 +330,10 @@ mod tests {
         });
         let lines: Vec<&str> = logs.lines().collect();
         assert_eq!(lines.len(), 4, "{logs}");
-        assert!(lines[0].contains("step 2/4 (50.0%) loss 2.5000"), "{logs}");
+        assert!(
+            lines[0].contains("step 2/4 (50.0%) interval loss 2.5000 (mean of 1)"),
+            "{logs}"
+        );
         assert!(lines[1].contains("eval loss 2.4000"), "{logs}");
         assert!(lines[2].contains("step 3/4"), "{logs}");
         assert!(
@@ -342,7 +356,16 @@ mod tests {
         assert!(is_active());
         progress.update(&step(1));
         assert_eq!(suspend_active_bar(|| 7), 7);
+        progress.update(&step(3));
         progress.finish();
         assert!(!is_active());
+        let Display::Bar(bar) = &progress.display else {
+            unreachable!("built with a bar")
+        };
+        assert_eq!(
+            bar.position(),
+            3,
+            "a stopped run's bar shows the step reached, not 5/5"
+        );
     }
 }

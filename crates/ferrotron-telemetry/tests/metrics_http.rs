@@ -48,6 +48,11 @@ fn recorded_metrics() -> Metrics {
         step_seconds: 0.05,
         memory_bytes: 4096,
     });
+    metrics.record_iteration(ferrotron_telemetry::IterationCounts {
+        seconds: 0.05,
+        tokens: 64,
+        samples: 4,
+    });
     metrics.record_eval(10, 2.9);
     metrics
 }
@@ -71,7 +76,7 @@ fn get_metrics_returns_200_with_every_series() {
         r#"ferrotron_grad_norm{rank="0",run="http-test"} 0.5"#,
         r#"ferrotron_tokens_per_second{rank="0",run="http-test"} 2048"#,
         r#"ferrotron_tflops_per_gpu{rank="0",run="http-test"} 0.01"#,
-        r#"ferrotron_mfu{rank="0",run="http-test"} 0.02"#,
+        r#"ferrotron_mfu_ratio{rank="0",run="http-test"} 0.02"#,
         r#"ferrotron_step_seconds_count{rank="0",run="http-test"} 1"#,
         r#"ferrotron_memory_bytes{rank="0",run="http-test"} 4096"#,
     ] {

@@ -7,10 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use ferrotron_data::rank_batch_indices;
+use ferrotron_data::{BlendedDataset, rank_batch_indices};
 use ferrotron_plan::Plan;
 use ferrotron_recipe::Recipe;
-use ferrotron_telemetry::{JsonlWriter, Metrics, MetricsServer, Progress, StepMetrics};
+use ferrotron_telemetry::{
+    IterationCounts, JsonlWriter, Metrics, MetricsServer, Progress, StepMetrics,
+};
 use serde::Serialize;
 
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
@@ -66,6 +68,11 @@ enum Record<'a> {
         step: u64,
         eval_loss: f64,
         eval_perplexity: f64,
+    },
+    Test {
+        step: u64,
+        test_loss: f64,
+        test_perplexity: f64,
     },
 }
 
@@ -166,6 +173,21 @@ impl Reporter {
         Ok(())
     }
 
+    fn log_test(&mut self, iteration: u64, test_loss: f64) -> Result<(), TrainError> {
+        self.message(&format!(
+            "iteration {iteration}: test loss {test_loss:.4}, perplexity {:.2}",
+            test_loss.exp()
+        ));
+        if let Some(writer) = self.jsonl.as_mut() {
+            writer.write(&Record::Test {
+                step: iteration,
+                test_loss,
+                test_perplexity: test_loss.exp(),
+            })?;
+        }
+        Ok(())
+    }
+
     fn saved(&self, iteration: u64, path: &Path) {
         self.message(&format!(
             "iteration {iteration}: saved checkpoint {}",
@@ -213,12 +235,18 @@ pub(crate) fn run_loop(
         train_iters,
         last_loss: None,
         last_eval_loss: None,
+        test_loss: None,
         checkpoint: None,
         stopped: None,
         losses: Vec::new(),
         data_cache_keys: context.setup.data.cache_keys(),
     };
-    let eval_batches = eval_batches(context)?;
+    let eval_batches = match context.setup.data.valid.as_ref() {
+        Some(valid) if context.setup.recipe.training.eval_interval > 0 => {
+            batches_of(context, valid)?
+        }
+        _ => Vec::new(),
+    };
     let mut interval = Interval::default();
     let mut interval_start = Instant::now();
     let mut unread: Vec<PendingStats> = Vec::new();
@@ -236,7 +264,15 @@ pub(crate) fn run_loop(
             lr,
             clip_grad: training.clip_grad,
         };
+        let step_start = Instant::now();
         let pending = stepper.step(&microbatches, step_context)?;
+        if let Some(reporter) = reporter.as_deref_mut() {
+            reporter.metrics.record_iteration(IterationCounts {
+                seconds: step_start.elapsed().as_secs_f64(),
+                tokens: tokens_per_iteration,
+                samples: u64::from(global_batch),
+            });
+        }
         state.iteration = iteration;
         state.consumed_samples += u64::from(global_batch);
         state.consumed_tokens += tokens_per_iteration;
@@ -296,6 +332,13 @@ pub(crate) fn run_loop(
             }
             // evaluation time is not training throughput
             interval_start = Instant::now();
+        }
+        if last && let Some(test) = context.setup.data.test.as_ref() {
+            let test_loss = stepper.evaluate(&batches_of(context, test)?)?;
+            summary.test_loss = Some(test_loss);
+            if let Some(reporter) = reporter.as_deref_mut() {
+                reporter.log_test(iteration, test_loss)?;
+            }
         }
 
         let stop = if stepper.any_rank(stop_requested)? {
@@ -379,14 +422,12 @@ fn rank_microbatches(
 /// The fixed validation batches every evaluation uses: `eval_iters` global batches from the
 /// start of the validation split (this rank's data-parallel share of them), so successive
 /// evaluations are comparable.
-fn eval_batches(context: &LoopContext<'_>) -> Result<Vec<Microbatch>, TrainError> {
+/// `eval_iters` global batches of `dataset`, this rank's share, as microbatches.
+fn batches_of(
+    context: &LoopContext<'_>,
+    valid: &BlendedDataset,
+) -> Result<Vec<Microbatch>, TrainError> {
     let training = &context.setup.recipe.training;
-    let Some(valid) = context.setup.data.valid.as_ref() else {
-        return Ok(Vec::new());
-    };
-    if training.eval_interval == 0 {
-        return Ok(Vec::new());
-    }
     let seq_length = context.setup.recipe.model.seq_length as usize;
     let count = (training.eval_iters * u64::from(context.plan.global_batch_size)).min(valid.len());
     let count = u32::try_from(count).unwrap_or(u32::MAX);

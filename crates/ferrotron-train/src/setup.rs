@@ -36,7 +36,11 @@ impl RunSetup {
             &recipe.data,
             recipe.model.seq_length,
             seed,
-            [train_iters * global_batch, eval_samples, 0],
+            [
+                train_iters * global_batch,
+                eval_samples,
+                recipe.training.eval_iters * global_batch,
+            ],
             &tokenizer,
             plan.vocab_size,
         )?;

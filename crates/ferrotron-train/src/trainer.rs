@@ -46,6 +46,8 @@ pub struct RunSummary {
     /// Loss of the last step (language model + auxiliary).
     pub last_loss: Option<f64>,
     pub last_eval_loss: Option<f64>,
+    /// The test-set loss, evaluated once when training reaches its last iteration.
+    pub test_loss: Option<f64>,
     /// The newest checkpoint written by this run.
     pub checkpoint: Option<PathBuf>,
     /// The run stopped early on a signal or the exit interval.

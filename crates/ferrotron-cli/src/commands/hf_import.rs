@@ -33,13 +33,16 @@ pub struct Args {
     /// Override a recipe value (with --recipe).
     #[arg(long = "set", value_name = "KEY=VALUE", requires = "recipe")]
     pub overrides: Vec<String>,
+    /// Ignore `FERROTRON_*` environment overrides of the recipe.
+    #[arg(long, requires = "recipe")]
+    pub no_env: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let hf = HfModel::open(&args.hf_dir)?;
     let plan = match &args.recipe {
         Some(path) => {
-            let loaded = match resolve::load(path, &args.overrides) {
+            let loaded = match resolve::load(path, &args.overrides, !args.no_env) {
                 Ok(loaded) => loaded,
                 Err(code) => return Ok(code),
             };

@@ -45,6 +45,9 @@ pub struct Args {
     /// Override a recipe value: `--set parallel.tensor=4` (the value is YAML).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
+    /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
+    #[arg(long)]
+    pub no_env: bool,
     /// Nodes in the cluster (overrides `cluster.nodes`).
     #[arg(long)]
     pub nodes: Option<u32>,
@@ -82,7 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.nodes == Some(0) || args.gpus_per_node == Some(0) {
         anyhow::bail!("--nodes and --gpus-per-node must be at least 1");
     }
-    let loaded = match super::resolve::load(&args.recipe, &args.overrides) {
+    let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };

@@ -13,17 +13,10 @@ use crate::exit;
 use ferrotron_plan::{Plan, PlanOptions, plan};
 use ferrotron_recipe::{Cluster, LoadOptions, LoadedRecipe, Recipe};
 
-/// Loads a recipe with `--set` and environment overrides; on failure the diagnostics are printed
+/// Loads a recipe with `--set` and (unless `--no-env`) environment overrides; on failure the diagnostics are printed
 /// and the exit code returned: unreadable input or an invalid recipe (as `recipe validate`).
-pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedRecipe, ExitCode> {
-    ferrotron_recipe::load(
-        path,
-        &LoadOptions {
-            overrides,
-            use_env: true,
-        },
-    )
-    .map_err(|errors| {
+pub fn load(path: &Path, overrides: &[String], use_env: bool) -> Result<LoadedRecipe, ExitCode> {
+    ferrotron_recipe::load(path, &LoadOptions { overrides, use_env }).map_err(|errors| {
         let code = if errors.is_unreadable() {
             exit::USAGE
         } else {
@@ -32,6 +25,30 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedRecipe, ExitCode>
         eprintln!("{:?}", miette::Report::new(errors));
         exit::code(code)
     })
+}
+
+/// Every file the recipe names must exist before training starts; each missing one is printed
+/// at the recipe line that named it and the run stops before any rank starts: exit 2 when a
+/// tokenizer file is among them (unreadable input, as `validate` and `plan` say), else exit 1
+/// (missing data fails the run).
+pub fn check_files(loaded: &LoadedRecipe) -> Result<(), ExitCode> {
+    let problems = loaded.check_files();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let handler = super::validate::handler();
+    for problem in &problems {
+        eprint!("{}", super::validate::render(&handler, problem));
+    }
+    let tokenizer = problems.iter().any(|p| {
+        p.path()
+            .is_some_and(|key| key.starts_with("data.tokenizer"))
+    });
+    Err(exit::code(if tokenizer {
+        exit::USAGE
+    } else {
+        exit::FAILED
+    }))
 }
 
 /// The unpadded vocabulary: the recipe's, else the tokenizer's.

@@ -32,6 +32,9 @@ pub struct Args {
     /// Override a recipe value: `--set training.train_iters=100` (the value is YAML).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
+    /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
+    #[arg(long)]
+    pub no_env: bool,
     /// Compute backend (default: the recipe's `runtime.backend`).
     #[arg(long, value_enum)]
     pub backend: Option<BackendArg>,
@@ -51,13 +54,19 @@ pub struct Args {
     /// Train even when the plan says it does not fit in memory (it may be killed partway).
     #[arg(long)]
     pub force: bool,
+    /// Resolve the recipe, check its files, plan it and print the brief; train nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let loaded = match super::resolve::load(&args.recipe, &args.overrides) {
+    let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };
+    if let Err(code) = super::resolve::check_files(&loaded) {
+        return Ok(code);
+    }
     // Past the recipe, whatever goes wrong is the run failing (a missing GPU, an unwritable run
     // directory), not the usage.
     match train_loaded(&args, &loaded) {
@@ -106,6 +115,10 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     if lead {
         eprint!("{}", brief(&plan, &compute));
     }
+    if args.dry_run {
+        eprintln!("dry run: the recipe, its files and its plan are fine; nothing was trained");
+        return Ok(exit::code(exit::SUCCESS));
+    }
 
     let run_dir = run_dir(args, recipe);
     // One provenance record per run: the lead rank's (the only process of a thread world).
@@ -144,7 +157,10 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
                 manifest.finish(status, 0)?;
             }
             if lead {
-                eprint!("{}", closing(&summary, args));
+                eprint!(
+                    "{}",
+                    closing(&summary, args, plan.recipe.training.log_interval as usize)
+                );
             }
             Ok(exit::code(exit::SUCCESS))
         }
@@ -254,7 +270,7 @@ fn brief(plan: &Plan, compute: &ComputeBackend) -> String {
     )
 }
 
-fn closing(summary: &RunSummary, args: &Args) -> String {
+fn closing(summary: &RunSummary, args: &Args, log_interval: usize) -> String {
     let mut out = String::new();
     let what = match summary.stopped {
         Some(StopReason::Signal) => "stopped on request",
@@ -266,11 +282,23 @@ fn closing(summary: &RunSummary, args: &Args) -> String {
         "{what} at iteration {} of {}",
         summary.iteration, summary.train_iters
     ));
+    // The three losses have one name each, the same in the logs, metrics.jsonl and the report.
     if let Some(loss) = summary.last_loss {
-        out.push_str(&format!(", last step loss {loss:.4}"));
+        out.push_str(&format!(", last-step loss {loss:.4}"));
+    }
+    let recent = &summary.losses[summary.losses.len().saturating_sub(log_interval)..];
+    if recent.len() > 1 {
+        let mean = recent.iter().sum::<f64>() / recent.len() as f64;
+        out.push_str(&format!(
+            ", interval loss {mean:.4} (mean of the last {} steps)",
+            recent.len()
+        ));
     }
     if let Some(eval) = summary.last_eval_loss {
         out.push_str(&format!(", validation loss {eval:.4}"));
+    }
+    if let Some(test) = summary.test_loss {
+        out.push_str(&format!(", test loss {test:.4}"));
     }
     out.push('\n');
     if let Some(checkpoint) = &summary.checkpoint {

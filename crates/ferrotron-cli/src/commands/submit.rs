@@ -80,6 +80,9 @@ pub struct Args {
     /// Override a recipe value: `--set training.train_iters=100` (passed on to the job's run).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
+    /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
+    #[arg(long)]
+    pub no_env: bool,
     /// Nodes to run on (default: the recipe's `cluster.nodes`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub nodes: Option<u32>,
@@ -103,7 +106,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let loaded = match super::resolve::load(&args.recipe, &args.overrides) {
+    let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };

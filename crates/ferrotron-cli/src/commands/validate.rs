@@ -28,6 +28,10 @@ pub struct Args {
     /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
     #[arg(long)]
     no_env: bool,
+    /// Also check that every data file, blend prefix (`.bin` and `.idx`) and tokenizer file the
+    /// recipe names exists and is readable (`recipe run` always does).
+    #[arg(long)]
+    check_files: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -45,6 +49,8 @@ struct Outcome {
     unreadable: bool,
     /// The recipe's format version, when it loaded.
     version: Option<u32>,
+    /// An `abstract: true` fragment with nothing wrong in what it sets.
+    fragment: bool,
 }
 
 impl Outcome {
@@ -61,7 +67,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         overrides: &args.set,
         use_env: !args.no_env,
     };
-    let outcomes: Vec<Outcome> = args.files.iter().map(|f| check_file(f, &opts)).collect();
+    let outcomes: Vec<Outcome> = args
+        .files
+        .iter()
+        .map(|f| check_file(f, &opts, args.check_files))
+        .collect();
     match args.format {
         Format::Human => print_human(&outcomes),
         Format::Json => print_json(&outcomes)?,
@@ -91,7 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn check_file(path: &std::path::Path, opts: &LoadOptions) -> Outcome {
+fn check_file(path: &std::path::Path, opts: &LoadOptions, files: bool) -> Outcome {
     let file = path.display().to_string();
     match load(path, opts) {
         Ok(loaded) => {
@@ -100,20 +110,38 @@ fn check_file(path: &std::path::Path, opts: &LoadOptions) -> Outcome {
             findings.extend(token_ids(&loaded.recipe));
             let mut problems = loaded.warnings().to_vec();
             problems.extend(loaded.problems_for(&findings));
+            if files {
+                problems.extend(loaded.check_files());
+            }
             problems.sort_by_key(|p| p.severity());
             Outcome {
                 file,
                 problems,
                 unreadable: false,
                 version: Some(loaded.recipe.version),
+                fragment: false,
             }
         }
-        Err(errors) => Outcome {
-            file,
-            unreadable: errors.is_unreadable(),
-            problems: errors.problems().to_vec(),
-            version: None,
-        },
+        Err(mut errors) => {
+            errors.check_partial(&|recipe| {
+                ferrotron_plan::check_layout(recipe, recipe.cluster.as_ref())
+            });
+            let fragment = errors.is_valid_fragment();
+            let problems = errors
+                .problems()
+                .iter()
+                // Being a fragment is what `validate` was asked to accept, not a problem.
+                .filter(|p| p.code() != "recipe::abstract")
+                .cloned()
+                .collect();
+            Outcome {
+                file,
+                unreadable: errors.is_unreadable(),
+                problems,
+                version: None,
+                fragment,
+            }
+        }
     }
 }
 
@@ -191,9 +219,11 @@ fn print_human(outcomes: &[Outcome]) {
         let errors = outcome.errors();
         let warnings = outcome.problems.len() - errors;
         let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
-        let version = outcome
-            .version
-            .map_or_else(String::new, |v| format!("format version {v}"));
+        let version = match outcome.version {
+            Some(v) => format!("format version {v}"),
+            None if outcome.fragment => "abstract fragment".to_owned(),
+            None => String::new(),
+        };
         match (errors, warnings) {
             (0, 0) => println!("ok: {} ({version})", outcome.file),
             (0, w) => println!("ok: {} ({version}, {})", outcome.file, plural(w, "warning")),

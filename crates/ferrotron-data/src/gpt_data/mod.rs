@@ -66,8 +66,33 @@ pub fn build_gpt_data(
         crate::check_vocabulary(dataset, &cache_dir, vocab_size)?;
     }
     let index_dir = cache_dir.join("indices");
+    let own = [None, data.valid_blend.as_ref(), data.test_blend.as_ref()];
     let mut splits = (0..3).map(|which| {
-        if samples[which] == 0 || split.0[which].is_none() {
+        if samples[which] == 0 {
+            return Ok(None);
+        }
+        if let Some(blend) = own[which] {
+            // A blend of its own is all this split's: every document, whatever `split` says.
+            let weights: Vec<f64> = blend.iter().map(|entry| entry.weight).collect();
+            let weights = normalize_weights(&weights)?;
+            let datasets = blend
+                .iter()
+                .map(|entry| open_entry(&entry.path, &data.json_key, tokenizer, &cache_dir))
+                .collect::<Result<Vec<_>, _>>()?;
+            let all = SplitMatrix::parse(["1,0,0", "0,1,0", "0,0,1"][which])?;
+            return build_split(
+                &datasets,
+                &weights,
+                &all,
+                which,
+                samples[which],
+                seq_length,
+                seed,
+                &index_dir,
+            )
+            .map(Some);
+        }
+        if split.0[which].is_none() {
             return Ok(None);
         }
         build_split(
