@@ -21,7 +21,7 @@ use crate::backend::Cuda;
 use crate::backend::convert::ok;
 use crate::cudnn;
 use crate::dtype::DType;
-use crate::kernels::fused::{AdamWScalars, adamw, norm_backward, norm_forward};
+use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 
 /// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
 pub fn fused_attention_enabled() -> bool {
@@ -110,21 +110,11 @@ impl FusedOps for Cuda {
         {
             return composed_adamw::<Self>(value, grad, moments, step, device_scale);
         }
-        let scalars = AdamWScalars {
-            lr: step.lr,
-            beta1: step.beta1,
-            beta2: step.beta2,
-            eps: step.eps,
-            decay: step.decay,
-            bias_correction1: step.bias_correction1,
-            bias_correction2: step.bias_correction2,
-            grad_scale: step.grad_scale,
-        };
         let (value, exp_avg, exp_avg_sq) = ok(adamw(
             &value,
             &grad,
             moments.as_ref().map(|(m, v)| (m, v)),
-            scalars,
+            step,
             device_scale.as_ref(),
         ));
         AdamWTensors {

@@ -9,6 +9,8 @@
 
 use std::sync::Arc;
 
+use ferrotron_parallel::AdamWStep;
+
 use crate::dtype::DType;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::elementwise::zeros;
@@ -458,26 +460,13 @@ impl KernelSpec for AdamW {
     }
 }
 
-/// The scalars of one AdamW update (see `ferrotron_parallel::AdamWStep`).
-#[derive(Debug, Clone, Copy)]
-pub struct AdamWScalars {
-    pub lr: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
-    pub decay: Option<f64>,
-    pub bias_correction1: f64,
-    pub bias_correction2: f64,
-    pub grad_scale: f64,
-}
-
 /// One AdamW update of a flat fp32 `value` from `grad` and the moments: new value and moments.
 /// `device_scale` (`[1]`, f32) multiplies the gradient after `s.grad_scale`.
 pub fn adamw(
     value: &CudaTensor,
     grad: &CudaTensor,
     moments: Option<(&CudaTensor, &CudaTensor)>,
-    s: AdamWScalars,
+    s: AdamWStep,
     device_scale: Option<&CudaTensor>,
 ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
     let op = || value.op("adamw");
