@@ -880,3 +880,107 @@ fn sigkill_right_after_checkpoints_resumes_bit_identically() {
         "after {kills} SIGKILLs the losses differ from an uninterrupted run"
     );
 }
+
+/// The entries of the checkpoint folder's temporary (uncommitted) folders, by name.
+fn temp_folders(fixture: &Fixture) -> Vec<(String, usize)> {
+    let Ok(entries) = std::fs::read_dir(fixture.path("ckpt")) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let files = std::fs::read_dir(e.path()).ok()?.count();
+            name.starts_with(".tmp-iter_").then_some((name, files))
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_in_the_middle_of_checkpoint_writes_resumes_bit_identically() {
+    let args = [
+        "--set",
+        "training.train_iters=12",
+        "--set",
+        "checkpoint.interval=1",
+        "--set",
+        "training.eval_interval=0",
+    ];
+    let straight = Fixture::new("");
+    assert_success(&straight.run(&args));
+    let files_per_checkpoint = std::fs::read_dir(straight.path("ckpt/iter_0000012"))
+        .expect("the last checkpoint exists")
+        .count();
+
+    // Each attempt waits until a new temporary checkpoint folder holds `n` files (n cycles from
+    // an empty folder to one that only lacks its rename) and kills the run at once. What is left
+    // on disk after the process is gone says where the kill landed: a temporary folder still
+    // there was killed mid-write, since only the commit's rename removes it.
+    let killed = Fixture::new("");
+    let mut phases = std::collections::BTreeSet::new();
+    let mut mid_write = 0;
+    for attempt in 0..16 {
+        if mid_write >= 4 && phases.len() >= 3 {
+            break;
+        }
+        let files_before_kill = attempt % files_per_checkpoint;
+        let leftovers: Vec<String> = temp_folders(&killed).into_iter().map(|(n, _)| n).collect();
+        let mut child = killed.spawn(&args);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let writing = temp_folders(&killed)
+                .into_iter()
+                .any(|(name, files)| !leftovers.contains(&name) && files >= files_before_kill);
+            if writing || child.try_wait().expect("wait works").is_some() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no checkpoint write began");
+            std::thread::yield_now();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        for (name, files) in temp_folders(&killed) {
+            if !leftovers.contains(&name) {
+                mid_write += 1;
+                phases.insert(files);
+            }
+        }
+    }
+    eprintln!("{mid_write} kills inside checkpoint writes, at {phases:?} files written");
+    assert!(
+        mid_write >= 4 && phases.len() >= 3,
+        "only {mid_write} kills landed inside a checkpoint write, at {phases:?} files written"
+    );
+    assert_success(&killed.run(&args));
+    assert_eq!(
+        killed.train_losses(),
+        straight.train_losses(),
+        "after {mid_write} SIGKILLs inside checkpoint writes ({phases:?} files written) the \
+         losses differ from an uninterrupted run"
+    );
+}
+
+#[test]
+fn a_panic_inside_a_step_ends_the_run_failed_with_its_message() {
+    let fixture = Fixture::new("");
+    // The fault point panics as an engine error inside an op would: burn's ops cannot return one.
+    let output = fixture
+        .command("run")
+        .arg("recipe.yaml")
+        .env("FAILPOINTS", "train-step=2*off->panic(an engine error)")
+        .output()
+        .expect("the recipe binary runs");
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("error: the run panicked: an engine error"),
+        "{err}"
+    );
+    assert!(!err.contains("finished at step"), "no closing line: {err}");
+    let steps: Vec<u64> = fixture.train_losses().iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, [1, 2], "the two steps before the panic are logged");
+    let manifest = run_manifest(&fixture);
+    assert_eq!(manifest["status"], "failed");
+    assert_eq!(manifest["exit_code"], 1);
+    assert_eq!(manifest["error"], "the run panicked: an engine error");
+}

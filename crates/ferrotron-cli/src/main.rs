@@ -68,6 +68,7 @@ struct CompletionsArgs {
 
 fn main() -> ExitCode {
     quiet_on_broken_pipe();
+    let _faults = ferrotron_train::FaultInjection::from_env();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Validate(args) => commands::validate::run(args),

@@ -10,6 +10,7 @@ mod adamw;
 pub mod checkpoint;
 mod clip;
 mod error;
+mod fault;
 mod init;
 mod lr_schedule;
 mod parallel;
@@ -26,6 +27,7 @@ mod trainer;
 pub use adamw::{AdamW, AdamWConfig, EXP_AVG, EXP_AVG_SQ};
 pub use clip::{clip_coefficient, global_grad_norm};
 pub use error::TrainError;
+pub use fault::FaultInjection;
 pub use lr_schedule::{LrSchedule, ScheduleUnit};
 pub use parallel::{
     GRAD_BUCKET_ELEMENTS, RankOutcome, group_members, schedule as pipeline_schedule, train_rank,

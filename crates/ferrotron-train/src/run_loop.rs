@@ -253,6 +253,7 @@ pub(crate) fn run_loop(
 
     while state.iteration < train_iters {
         let iteration = state.iteration + 1;
+        fail::fail_point!("train-step");
         let microbatches = rank_microbatches(context, state.consumed_samples)?;
         let lr = context
             .setup
