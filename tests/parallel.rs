@@ -790,3 +790,195 @@ fn sample_reads_a_sharded_checkpoint() {
         "{text}"
     );
 }
+
+/// `recipe run --nproc-per-node N` starts N processes of one rank each (torchrun's variables,
+/// TCP between them): they train exactly what N thread ranks of the same layout train.
+#[test]
+fn nproc_per_node_trains_what_the_thread_world_trains() {
+    const TP2: Layout = Layout {
+        world: 2,
+        set: &["parallel.tensor=2"],
+    };
+    for (what, layout) in [("tp2", TP2), ("tp2 pp2", TP2_PP2)] {
+        let (_threads_dir, threads) = train(Model::Gpt, layout);
+        let processes = RunDir::new(Model::Gpt);
+        let nproc = layout.world.to_string();
+        let output = processes.run(layout, &["--nproc-per-node", &nproc]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("layout: world {}", layout.world)),
+            "rank 0's brief is relayed: {stderr}"
+        );
+        assert_eq!(
+            processes.metric_lines().len() as u64,
+            STEPS,
+            "{what}: rank 0 alone logs"
+        );
+        assert_eq!(
+            processes.steps(),
+            threads.steps,
+            "{what}: processes and threads differ"
+        );
+        assert_eq!(
+            processes
+                .weights(STEPS)
+                .keys()
+                .collect::<std::collections::BTreeSet<_>>(),
+            threads.weights.keys().collect(),
+        );
+        assert_same_weights(what, &threads.weights, &processes.weights(STEPS));
+    }
+}
+
+/// A `--nproc-per-node` launch with many steps left, and its rank processes by rank.
+struct LocalWorld {
+    run: RunDir,
+    launcher: std::process::Child,
+}
+
+impl LocalWorld {
+    fn start(nproc: u32) -> Self {
+        let run = RunDir::new(Model::Gpt);
+        let launcher = run
+            .command(
+                Layout {
+                    world: nproc,
+                    set: &["parallel.tensor=2", "training.train_iters=100000"],
+                },
+                &["--nproc-per-node", &nproc.to_string()],
+            )
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the recipe binary starts");
+        let world = LocalWorld { run, launcher };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while world.run.metric_lines().len() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the world did not train two steps"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        world
+    }
+
+    /// The pid of the launcher's child whose environment says `RANK=rank`.
+    fn rank_pid(&self, rank: u32) -> String {
+        let id = self.launcher.id();
+        let children = std::fs::read_to_string(format!("/proc/{id}/task/{id}/children"))
+            .expect("the launcher's children are listed");
+        children
+            .split_whitespace()
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                    env.split(|&b| b == 0)
+                        .any(|var| var == format!("RANK={rank}").as_bytes())
+                })
+            })
+            .unwrap_or_else(|| panic!("no child of the launcher is rank {rank}: {children}"))
+            .to_owned()
+    }
+
+    fn signal(pid: &str, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, pid])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// The launcher's exit status and stderr, failing the test if it takes over `limit`.
+    fn wait(mut self, limit: std::time::Duration) -> (std::process::ExitStatus, String, RunDir) {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.launcher.try_wait().expect("wait works") {
+                let mut stderr = String::new();
+                std::io::Read::read_to_string(
+                    &mut self.launcher.stderr.take().expect("piped"),
+                    &mut stderr,
+                )
+                .expect("stderr reads");
+                return (status, stderr, self.run);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.launcher.kill();
+                panic!("the launcher did not exit within {limit:?}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn a_killed_rank_ends_the_local_world_with_its_error() {
+    let world = LocalWorld::start(2);
+    LocalWorld::signal(&world.rank_pid(1), "-KILL");
+    let started = std::time::Instant::now();
+    let (status, stderr, _run) = world.wait(std::time::Duration::from_secs(60));
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: rank 1 was killed by signal 9; then rank 0 exited with code 1"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("rank 1 closed its connection"),
+        "rank 0 names the lost peer: {stderr}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the other rank ended within seconds, not at a timeout"
+    );
+}
+
+#[test]
+fn sigterm_to_the_launcher_saves_on_every_rank() {
+    let world = LocalWorld::start(2);
+    LocalWorld::signal(&world.launcher.id().to_string(), "-TERM");
+    let (status, stderr, run) = world.wait(std::time::Duration::from_secs(120));
+    assert!(status.success(), "{stderr}");
+    let logged = *run.steps().keys().last().expect("steps were logged");
+    let saved = run.manifest(logged);
+    let shard_ranks: std::collections::BTreeSet<u64> = saved["shards"]
+        .as_array()
+        .expect("the checkpoint lists its shards")
+        .iter()
+        .filter_map(|shard| shard["rank"].as_u64())
+        .collect();
+    assert_eq!(
+        shard_ranks,
+        [0, 1].into(),
+        "both ranks saved their shards at the last step, {logged}: {saved}"
+    );
+    assert!(
+        run.path()
+            .join(format!("ckpt/iter_{logged:07}/COMMITTED"))
+            .is_file()
+    );
+}
+
+#[test]
+fn the_ranks_of_a_killed_launcher_save_and_exit() {
+    let world = LocalWorld::start(2);
+    let ranks = [world.rank_pid(0), world.rank_pid(1)];
+    LocalWorld::signal(&world.launcher.id().to_string(), "-KILL");
+    let (_status, _stderr, run) = world.wait(std::time::Duration::from_secs(10));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while ranks
+        .iter()
+        .any(|pid| Path::new(&format!("/proc/{pid}/environ")).exists())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ranks {ranks:?} outlived their launcher by a minute"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let logged = *run.steps().keys().last().expect("steps were logged");
+    assert!(
+        run.path()
+            .join(format!("ckpt/iter_{logged:07}/COMMITTED"))
+            .is_file(),
+        "the ranks saved step {logged} as they stopped"
+    );
+}

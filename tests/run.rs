@@ -984,3 +984,32 @@ fn a_panic_inside_a_step_ends_the_run_failed_with_its_message() {
     assert_eq!(manifest["exit_code"], 1);
     assert_eq!(manifest["error"], "the run panicked: an engine error");
 }
+
+#[test]
+fn a_run_whose_log_reader_goes_away_keeps_training_and_stops_cleanly() {
+    let fixture = Fixture::new("");
+    let mut child = fixture.spawn(&["--set", "training.train_iters=100000"]);
+    // Read the brief, then close the pipe: every later log line meets a broken pipe.
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr is piped"));
+    let mut line = String::new();
+    stderr.read_line(&mut line).expect("the brief arrives");
+    drop(stderr);
+    let closed_at = fixture.train_losses().len();
+    wait_for(Duration::from_secs(120), || {
+        fixture.train_losses().len() >= closed_at + 3 || child.try_wait().ok().flatten().is_some()
+    });
+    assert!(
+        child.try_wait().expect("wait works").is_none(),
+        "the run ended when its stderr went away"
+    );
+    send_sigterm(&child);
+    let status = child.wait().expect("the run exits");
+    let last = fixture.train_losses().last().expect("steps were logged").0;
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        newest_iteration(&fixture),
+        last,
+        "the stop saved step {last}"
+    );
+    assert_eq!(run_manifest(&fixture)["status"], "stopped");
+}

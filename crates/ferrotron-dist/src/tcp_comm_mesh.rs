@@ -299,7 +299,14 @@ fn read_frames(mut stream: TcpStream, peer: u32, inbox: &Inbox) {
     let reason = loop {
         let header = match Header::read(&mut stream) {
             Ok(header) => header,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            // A peer that exits closes its end; one that is killed may leave unread data
+            // behind, and then the kernel resets the connection instead.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+                ) =>
+            {
                 break format!("rank {peer} closed its connection (exited or failed)");
             }
             Err(e) => break format!("the connection to rank {peer} failed: {e}"),

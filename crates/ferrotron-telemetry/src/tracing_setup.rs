@@ -29,7 +29,11 @@ pub fn init_tracing(format: LogFormat) {
         .with_writer(ProgressAwareStderr)
         // Colour codes only for a terminal: logs redirected to a file (a sweep member's run.log)
         // stay plain text.
-        .with_ansi(io::stderr().is_terminal());
+        .with_ansi(io::stderr().is_terminal())
+        // A log line that cannot be written is dropped. The default reports it with `eprint!`,
+        // which panics when stderr itself is the broken pipe: a run whose log reader went away
+        // (a `| tee` that died, a launcher that was killed) would end mid-step, unsaved.
+        .log_internal_errors(false);
     let installed = match format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

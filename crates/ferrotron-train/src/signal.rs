@@ -1,11 +1,15 @@
 //! Graceful stop on SIGTERM/SIGINT. Schedulers (Slurm, Kubernetes) send SIGTERM before they
 //! kill a job; the loop polls this flag between steps, finishes the step in flight, saves a
 //! checkpoint and exits 0, so preemption costs at most one step. A second Ctrl-C exits at once.
+//! SIGUSR1 stops the same way but never exits at once, however often it comes: it is the
+//! signal Slurm's `--signal=USR1@T` sends ahead of a time limit, and the one a rank started by
+//! `recipe run --nproc-per-node` receives when its launcher dies (the kernel may deliver that
+//! once per thread of the dying launcher).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 
 use crate::TrainError;
 
@@ -19,8 +23,8 @@ impl StopFlag {
         StopFlag::default()
     }
 
-    /// A flag set by SIGTERM and SIGINT; a second SIGINT/SIGTERM while the flag is already set
-    /// terminates the process with exit code 130.
+    /// A flag set by SIGTERM, SIGINT and SIGUSR1; a second SIGINT/SIGTERM while the flag is
+    /// already set terminates the process with exit code 130.
     pub fn on_signals() -> Result<Self, TrainError> {
         let flag = StopFlag::new();
         for signal in [SIGINT, SIGTERM] {
@@ -30,6 +34,8 @@ impl StopFlag {
                 .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&flag.0)))
                 .map_err(|e| TrainError::Config(format!("cannot install signal handlers: {e}")))?;
         }
+        signal_hook::flag::register(SIGUSR1, Arc::clone(&flag.0))
+            .map_err(|e| TrainError::Config(format!("cannot install signal handlers: {e}")))?;
         Ok(flag)
     }
 

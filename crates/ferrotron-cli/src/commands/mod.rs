@@ -4,6 +4,7 @@ pub mod backend;
 pub mod diff;
 pub mod hf_export;
 pub mod hf_import;
+pub mod local_launcher;
 pub mod logits;
 pub mod migrate;
 pub mod plan;

@@ -51,6 +51,11 @@ pub struct Args {
     /// torchrun each process runs one rank of the launcher's world instead.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub world_size: Option<u32>,
+    /// Start N processes on this machine, one rank each, as torchrun's `--nproc-per-node`
+    /// does: their logs merged here, Ctrl-C and SIGTERM forwarded to all (each saves and
+    /// exits), and when one fails the others are stopped and its error and code are the run's.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub nproc_per_node: Option<u32>,
     /// Train even when the plan says it does not fit in memory (it may be killed partway).
     #[arg(long)]
     pub force: bool,
@@ -60,12 +65,16 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    super::local_launcher::follow_launcher()?;
     let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };
     if let Err(code) = super::resolve::check_files(&loaded) {
         return Ok(code);
+    }
+    if let Some(nproc) = args.nproc_per_node {
+        return launch_local_ranks(&args, nproc);
     }
     // Past the recipe, whatever goes wrong is the run failing (a missing GPU, an unwritable run
     // directory), not the usage.
@@ -76,6 +85,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(exit::code(exit::FAILED))
         }
     }
+}
+
+/// The recipe is valid and its files are there: start one process per rank (each loads it again).
+fn launch_local_ranks(args: &Args, nproc: u32) -> anyhow::Result<ExitCode> {
+    if ferrotron_slurm::LaunchEnv::detect().is_ok_and(|env| env.is_some()) {
+        eprintln!(
+            "error: --nproc-per-node starts the ranks itself; under srun or torchrun leave it out"
+        );
+        return Ok(exit::code(exit::USAGE));
+    }
+    if let Some(size) = args.world_size.filter(|&size| size != nproc) {
+        eprintln!("error: --world-size {size} disagrees with --nproc-per-node {nproc}; give one");
+        return Ok(exit::code(exit::USAGE));
+    }
+    let child_args = super::local_launcher::child_args(std::env::args_os().skip(1));
+    super::local_launcher::launch(nproc, &child_args)
 }
 
 fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> {
