@@ -1,7 +1,8 @@
 //! Where this process sits in a multi-process run, read from its launcher's environment.
 //!
-//! Users outgrow one machine through Slurm (`srun recipe run ...`) or torchrun-style launchers,
-//! not through a launcher of ours, so a rank learns its place the way PyTorch programs do:
+//! Users outgrow one machine through Slurm (`srun recipe run ...`) or torchrun-style launchers
+//! (`recipe run --nproc-per-node` is one, on a single machine), so a rank learns its place the
+//! way PyTorch programs do:
 //! `RANK`/`WORLD_SIZE`/`LOCAL_RANK`/`MASTER_ADDR`/`MASTER_PORT` when a torchrun-style launcher
 //! set them, otherwise Slurm's own task variables. Slurm is recognised by `SLURM_STEP_ID`, which
 //! only `srun` steps have: `recipe run` typed into a batch script without `srun` sees
