@@ -90,7 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let recipe = &loaded.recipe;
-    let plan = match super::resolve::plan_or_report(&loaded, cluster(recipe, &args))? {
+    let plan = match super::resolve::plan_or_report(&loaded, cluster(recipe, &args)) {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };

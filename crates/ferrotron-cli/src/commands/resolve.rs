@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::exit;
-use ferrotron_plan::{Plan, PlanOptions, plan};
+use ferrotron_plan::{Plan, Unplanned};
 use ferrotron_recipe::{Cluster, LoadOptions, LoadedRecipe, Recipe};
 
 /// Loads a recipe with `--set` and (unless `--no-env`) environment overrides; on failure the diagnostics are printed
@@ -53,45 +53,37 @@ pub fn check_files(loaded: &LoadedRecipe) -> Result<(), ExitCode> {
 
 /// The unpadded vocabulary: the recipe's, else the tokenizer's.
 pub fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
-    if let Some(vocab) = recipe.model.vocab_size {
-        return Ok(vocab);
-    }
-    ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).context(
+    ferrotron_plan::vocab_size(recipe, ferrotron_data::tokenizer_vocab_size).context(
         "model.vocab_size is not set and the tokenizer could not be loaded to find it; \
          set model.vocab_size or fix data.tokenizer",
     )
 }
 
-/// Plans the loaded recipe on `cluster` (None: the recipe's own). Layout errors are printed at
-/// their lines and turned into the invalid-recipe exit code; a tokenizer that cannot be read
-/// (needed for the vocabulary) is unreadable input, exit 2, as an unreadable recipe is — for
-/// `plan` and `run` alike.
-pub fn plan_or_report(
-    loaded: &LoadedRecipe,
-    cluster: Option<Cluster>,
-) -> anyhow::Result<Result<Plan, ExitCode>> {
-    let recipe = &loaded.recipe;
-    let vocab_size = match vocab_size(recipe) {
-        Ok(vocab_size) => vocab_size,
-        Err(err) => {
-            eprintln!("error: {}", crate::failure::describe(&err));
-            return Ok(Err(exit::code(exit::USAGE)));
-        }
-    };
-    let options = PlanOptions {
-        cluster,
-        vocab_size,
-    };
-    Ok(plan(recipe, &options).map_err(|findings| {
-        match loaded.check(findings) {
-            Err(errors) => eprintln!("{:?}", miette::Report::new(errors)),
+/// Plans the loaded recipe on `cluster` (None: the recipe's own) through
+/// [`ferrotron_plan::plan_loaded`]. Layout errors are printed at their lines and turned into the
+/// invalid-recipe exit code; a tokenizer that cannot be read (needed for the vocabulary) is
+/// unreadable input, exit 2, as an unreadable recipe is — for `plan` and `run` alike.
+pub fn plan_or_report(loaded: &LoadedRecipe, cluster: Option<Cluster>) -> Result<Plan, ExitCode> {
+    ferrotron_plan::plan_loaded(loaded, cluster, ferrotron_data::tokenizer_vocab_size).map_err(
+        |unplanned| match unplanned {
+            Unplanned::Vocabulary(_) => {
+                eprintln!(
+                    "error: {}",
+                    crate::failure::describe(&anyhow::Error::new(unplanned))
+                );
+                exit::code(exit::USAGE)
+            }
+            Unplanned::Invalid(errors) => {
+                eprintln!("{:?}", miette::Report::new(errors));
+                exit::code(exit::FAILED)
+            }
             // Only warnings came back, yet the planner refused: show them as they are.
-            Ok(warnings) => {
+            Unplanned::Refused(warnings) => {
                 for finding in warnings {
                     eprintln!("{}: {}", finding.path, finding.message);
                 }
+                exit::code(exit::FAILED)
             }
-        }
-        exit::code(exit::FAILED)
-    }))
+        },
+    )
 }

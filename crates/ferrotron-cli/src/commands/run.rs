@@ -97,7 +97,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         }
     };
     let cluster = compute.cluster(&world, recipe)?;
-    let plan = match super::resolve::plan_or_report(loaded, Some(cluster))? {
+    let plan = match super::resolve::plan_or_report(loaded, Some(cluster)) {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };
