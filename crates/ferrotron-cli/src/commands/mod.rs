@@ -1,9 +1,10 @@
-//! One module per subcommand.
+//! One module per subcommand, and two that several share: `resolve` (recipe → plan, for
+//! `plan`, `run`, `submit` and `hf import`) and `launch` (`run`'s world, backend and training call).
 
-pub mod backend;
 pub mod diff;
 pub mod hf_export;
 pub mod hf_import;
+pub mod launch;
 pub mod logits;
 pub mod migrate;
 pub mod plan;
@@ -17,4 +18,3 @@ pub mod show;
 pub mod submit;
 pub mod sweep;
 pub mod validate;
-pub mod world;
