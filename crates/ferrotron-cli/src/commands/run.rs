@@ -126,7 +126,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
             RunManifest::start(
                 &run_dir,
                 &serde_json::to_value(&plan.recipe)?,
-                &serde_json::to_value(&plan)?,
+                ferrotron_sweep::plan_record(&plan)?,
                 RunDetails {
                     seed: plan.recipe.training.seed,
                     data_cache_keys: None,
