@@ -2,7 +2,7 @@
 # The test command (README, .ci/run): every test of the workspace under cargo-nextest, which
 # runs each test in its own process (thread ranks and burn's process-wide state stay per test).
 # Installs cargo-nextest first where it is missing, so a machine with only a Rust toolchain
-# runs it as is; and pre-commit (from PyPI, with the machine's python3), which tests/review.rs
+# runs it as is; and pre-commit (from PyPI, with the machine's python3), which tests/it/review.rs
 # runs against the repository's hook definition. Extra arguments go to `cargo nextest run` (e.g. `-p ferrotron-train`).
 # Then the kernel-source tests: NVRTC and the CUDA headers (CUDA 13.0 wheels from PyPI, into a
 # cache folder of their own) compile every hand-written kernel for sm_90, no GPU needed.
