@@ -20,6 +20,16 @@ if ! command -v pre-commit >/dev/null 2>&1; then
 fi
 cargo nextest run --workspace --locked --no-fail-fast "$@"
 
+# The Slurm end-to-end test (#[ignore]d: it installs Debian's slurm-wlm and munge) where that can
+# work, as root with apt (CI); there a Slurm that cannot be installed or started fails the run.
+if [[ $# -gt 0 ]]; then
+    : # a narrowed run (`tools/test.sh -p ferrotron-train`) leaves it out
+elif [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    cargo nextest run -p ferrotron-cli --test it --locked --run-ignored only -E 'test(/^slurm::/)'
+else
+    echo "== the Slurm test needs root and apt-get; skipped here (as root: tools/test.sh)" >&2
+fi
+
 cuda=${FERROTRON_NVRTC_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ferrotron/nvrtc-13.0}
 if [[ ! -e $cuda/nvidia/cu13/lib/libnvrtc.so ]]; then
     echo "== installing NVRTC and the CUDA headers (once) into $cuda" >&2

@@ -18,14 +18,14 @@ use crate::exit;
 use crate::failure::{catching, describe};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendArg {
+pub(crate) enum BackendArg {
     Cpu,
     Cuda,
     BurnCuda,
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The recipe file.
     pub recipe: PathBuf,
     /// Override a recipe value: `--set training.train_iters=100` (the value is YAML).
@@ -58,7 +58,7 @@ pub struct Args {
     pub dry_run: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
