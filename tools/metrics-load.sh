@@ -31,29 +31,44 @@ run() { # $1: name; the run's stderr goes to $WORK/$1.err
         --set 'logging.prometheus={port: 0, address: 127.0.0.1}' 2>"$WORK/$1.err"
 }
 
+# The CPU time (clock ticks) of a run's recipe process and of its /metrics thread, sampled into
+# $WORK/cpu-$2 until the process ends: the trainer's own CPU per step does not grow when other
+# work on the machine delays it (the wall-clock step time does), so it is the steadier figure on
+# a shared machine. $1 is the subshell `run` was started in; the recipe process is its child.
+sample_cpu() {
+    local recipe="" server="" task
+    until [ -n "$recipe" ]; do recipe="$(pgrep -P "$1" | head -1)"; sleep 0.05; done
+    while [ -r "/proc/$recipe/stat" ]; do
+        for task in /proc/"$recipe"/task/*; do
+            [ "$(cat "$task/comm" 2>/dev/null)" = "ferrotron-metri" ] && server="$task"
+        done
+        { awk '{printf "%d ", $14 + $15}' "/proc/$recipe/stat" &&
+          if [ -n "$server" ]; then awk '{print $14 + $15}' "$server/stat"; else echo 0; fi
+        } >"$WORK/cpu-$2.new" 2>/dev/null && mv "$WORK/cpu-$2.new" "$WORK/cpu-$2"
+        sleep 0.5
+    done
+}
+
 round() {
     echo "== round $r: quiet run ($STEPS steps, trainer on CPUs $TRAINER_CPUS)" >&2
-    run "quiet$r"
+    run "quiet$r" &
+    local quiet=$!
+    sample_cpu "$quiet" "quiet$r" &
+    wait "$quiet"
     echo "== round $r: run under load ($CLIENTS clients and the server on CPUs $SIDE_CPUS)" >&2
     run "loaded$r" &
     pid=$!
+    sample_cpu "$pid" "loaded$r" &
     until grep -q "prometheus metrics at" "$WORK/loaded$r.err" 2>/dev/null; do
         kill -0 "$pid" 2>/dev/null || { cat "$WORK/loaded$r.err" >&2; exit 1; }
         sleep 0.2
     done
     address="$(grep -o 'http://[^ ]*/metrics' "$WORK/loaded$r.err" | head -1 | sed 's|http://||; s|/metrics||')"
-    # The server thread's own CPU time (utime + stime, clock ticks), sampled until the run ends:
-    # what serving costs the trainer, apart from the clients' share of the cores.
     trainer="$(pgrep -P "$pid" | head -1)"  # `run` is a subshell; the recipe process is its child
-    server_task=""
     for task in /proc/"$trainer"/task/*; do
-        [ "$(cat "$task/comm" 2>/dev/null)" = "ferrotron-metri" ] && server_task="$task"
+        [ "$(cat "$task/comm" 2>/dev/null)" = "ferrotron-metri" ] &&
+            taskset -p -c "$SIDE_CPUS" "$(basename "$task")" >/dev/null
     done
-    taskset -p -c "$SIDE_CPUS" "$(basename "$server_task")" >/dev/null
-    ( while [ -r "$server_task/stat" ]; do
-          awk '{print $14 + $15}' "$server_task/stat" >"$WORK/server-ticks$r" 2>/dev/null || true
-          sleep 1
-      done ) &
     taskset -c "$SIDE_CPUS" python3 - "$address" "$CLIENTS" "$pid" >"$WORK/load$r.txt" <<'PY'
 import os, socket, sys, threading, collections
 host, port = sys.argv[1].rsplit(":", 1)
@@ -87,6 +102,7 @@ for t in threads: t.join()
 print(dict(counts))
 PY
     wait "$pid"
+    wait  # the samplers
 }
 
 for r in $(seq 1 "$ROUNDS"); do round; done
@@ -96,20 +112,30 @@ work, rounds = sys.argv[1], int(sys.argv[2])
 def steps(name):
     rows = [json.loads(l) for l in open(f"{work}/{name}/metrics.jsonl") if '"train"' in l]
     return [r["step_seconds"] for r in rows]
-print("| round | quiet median step | loaded median step | change | requests | answered as expected | rate | server thread CPU |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+def cpu(name):  # (trainer, server) CPU seconds of a run's process
+    process, server = map(int, open(f"{work}/cpu-{name}").read().split())
+    tick = os.sysconf("SC_CLK_TCK")
+    return (process - server) / tick, server / tick
+print("| round | quiet median step | loaded median step | change | trainer CPU per step, quiet → loaded | requests | answered as expected | rate | server thread CPU |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+cpu_quiet, cpu_loaded = [], []
 quiets, loadeds, others = [], [], {}
 for r in range(1, rounds + 1):
     quiet, loaded = statistics.median(steps(f"quiet{r}")[5:]), statistics.median(steps(f"loaded{r}")[5:])
     seconds = sum(steps(f"loaded{r}"))
     counts = ast.literal_eval(open(f"{work}/load{r}.txt").read())
-    server = int(open(f"{work}/server-ticks{r}").read()) / os.sysconf("SC_CLK_TCK")
+    (trainer_quiet, _), (trainer_loaded, server) = cpu(f"quiet{r}"), cpu(f"loaded{r}")
+    per_quiet, per_loaded = trainer_quiet / len(steps(f"quiet{r}")), trainer_loaded / len(steps(f"loaded{r}"))
+    cpu_quiet.append(per_quiet); cpu_loaded.append(per_loaded)
     total = sum(counts.values())
     quiets.append(quiet); loadeds.append(loaded)
     others.update({k: v for k, v in counts.items() if k != "ok"})
-    print(f"| {r} | {quiet*1000:.1f} ms | {loaded*1000:.1f} ms | {(loaded/quiet-1)*100:+.1f} % | {total} | {counts.get('ok', 0)} "
+    print(f"| {r} | {quiet*1000:.1f} ms | {loaded*1000:.1f} ms | {(loaded/quiet-1)*100:+.1f} % "
+          f"| {per_quiet*1000:.1f} → {per_loaded*1000:.1f} ms ({(per_loaded/per_quiet-1)*100:+.1f} %) | {total} | {counts.get('ok', 0)} "
           f"| {total/seconds:.0f}/s | {server:.1f} s in {seconds:.0f} s ({server/seconds*100:.0f} % of a core) |")
 q, l = statistics.median(quiets), statistics.median(loadeds)
-print(f"all rounds: quiet {q*1000:.1f} ms, under load {l*1000:.1f} ms ({(l/q-1)*100:+.1f} %)")
+print(f"all rounds: median step quiet {q*1000:.1f} ms, under load {l*1000:.1f} ms ({(l/q-1)*100:+.1f} %)")
+cq, cl = statistics.median(cpu_quiet), statistics.median(cpu_loaded)
+print(f"all rounds: trainer CPU per step quiet {cq*1000:.1f} ms, under load {cl*1000:.1f} ms ({(cl/cq-1)*100:+.1f} %)")
 if others: print("other outcomes:", others)
 PY

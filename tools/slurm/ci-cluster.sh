@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A throw-away single-node Slurm cluster on loopback, for the end-to-end test of `recipe submit`
-# and `srun recipe run` (tests/slurm.rs) and for trying Slurm by hand.
+# and `srun recipe run` (tests/it/slurm.rs) and for trying Slurm by hand.
 #
 #   tools/slurm/ci-cluster.sh start   # install slurm-wlm + munge if missing, configure, start, wait
 #   tools/slurm/ci-cluster.sh stop    # stop the daemons this script started

@@ -10,18 +10,18 @@
 use std::process::ExitCode;
 
 /// Everything asked for was done (valid recipes; a run finished, or stopped cleanly and saved).
-pub const SUCCESS: u8 = 0;
+pub(crate) const SUCCESS: u8 = 0;
 /// An invalid recipe (located diagnostics on stderr), or a run, sweep member or submission
 /// that failed while working.
-pub const FAILED: u8 = 1;
+pub(crate) const FAILED: u8 = 1;
 /// Bad usage or unreadable input: unknown flags, a recipe file that cannot be read, a backend
 /// this binary was built without.
-pub const USAGE: u8 = 2;
+pub(crate) const USAGE: u8 = 2;
 /// Training diverged: a non-finite loss or gradient norm. Nothing of that step was applied or
 /// saved; the newest checkpoint is intact (lower the learning rate, or resume from it).
-pub const DIVERGED: u8 = 3;
+pub(crate) const DIVERGED: u8 = 3;
 
 /// `code` as the process's exit status.
-pub fn code(code: u8) -> ExitCode {
+pub(crate) fn code(code: u8) -> ExitCode {
     ExitCode::from(code)
 }

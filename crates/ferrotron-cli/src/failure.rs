@@ -11,7 +11,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// The error and its causes on one line, `: `-separated, each cause once.
-pub fn describe(err: &anyhow::Error) -> String {
+pub(crate) fn describe(err: &anyhow::Error) -> String {
     let mut text = err.to_string();
     for cause in err.chain().skip(1) {
         let cause = cause.to_string();
@@ -24,7 +24,7 @@ pub fn describe(err: &anyhow::Error) -> String {
 }
 
 /// `work()`, with a panic turned into an error carrying the panic's message.
-pub fn catching<T>(work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+pub(crate) fn catching<T>(work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
     catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|payload| {
         let message = payload
             .downcast_ref::<&str>()

@@ -24,7 +24,7 @@ use crate::dtype::DType;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 
 /// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
-pub fn fused_attention_enabled() -> bool {
+pub(crate) fn fused_attention_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         !matches!(
@@ -36,7 +36,7 @@ pub fn fused_attention_enabled() -> bool {
 
 /// Whether the norm and AdamW kernels are switched on (`FERROTRON_FUSED` unset or not
 /// `composed`).
-pub fn fused_kernels_enabled() -> bool {
+pub(crate) fn fused_kernels_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         !matches!(

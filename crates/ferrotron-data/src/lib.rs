@@ -5,13 +5,13 @@
 //! Megatron wrote load here, and the index-building algorithms are Megatron's, so a recipe
 //! ported from a Megatron command line sees the same kind of sample stream.
 
+mod batch_indices;
 mod blend;
+mod builder;
 mod cache;
 mod error;
-mod gpt_data;
 mod gpt_dataset;
 mod indexed;
-mod loader;
 mod mmap;
 mod preprocess;
 mod random;
@@ -19,18 +19,18 @@ mod split;
 mod tokenizer;
 mod vocabulary;
 
+pub use batch_indices::rank_batch_indices;
 pub use blend::{
     BlendedDataset, MID_LEVEL_DATASET_SURPLUS, blending_indices, normalize_weights,
     samples_per_dataset,
 };
+pub use builder::{DEFAULT_CACHE_DIR, GptData, build_gpt_data};
 pub use error::DataError;
-pub use gpt_data::{DEFAULT_CACHE_DIR, GptData, build_gpt_data};
 pub use gpt_dataset::{GptDataset, GptDatasetConfig};
 pub use indexed::{
     INDEX_MAGIC, INDEX_VERSION, IndexedDataset, IndexedDatasetWriter, TokenDtype,
     UINT16_VOCAB_LIMIT, WrittenDataset, bin_path, idx_path,
 };
-pub use loader::rank_batch_indices;
 pub use preprocess::{
     PreprocessConfig, PreprocessReport, Progress, SkippedLine, output_prefix, preprocess_jsonl,
     preprocess_jsonl_cached,

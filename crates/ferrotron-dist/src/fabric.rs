@@ -27,7 +27,7 @@ pub(crate) struct Fabric {
 }
 
 impl Fabric {
-    pub fn new(world_size: u32, timeout: Duration) -> Fabric {
+    pub(crate) fn new(world_size: u32, timeout: Duration) -> Fabric {
         Fabric {
             world_size,
             timeout,
@@ -37,7 +37,7 @@ impl Fabric {
     }
 
     /// The group with this label, created on first use by any member.
-    pub fn group(&self, label: GroupLabel) -> Arc<Group> {
+    pub(crate) fn group(&self, label: GroupLabel) -> Arc<Group> {
         let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
         let poisoned = self.failure().map(|f| f.reason);
         groups
@@ -46,7 +46,7 @@ impl Fabric {
             .clone()
     }
 
-    pub fn failure(&self) -> Option<Failure> {
+    pub(crate) fn failure(&self) -> Option<Failure> {
         self.failure
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -54,7 +54,7 @@ impl Fabric {
     }
 
     /// Records `rank`'s failure (the first one wins) and releases every rank waiting anywhere.
-    pub fn abort(&self, rank: u32, reason: String) {
+    pub(crate) fn abort(&self, rank: u32, reason: String) {
         let reason = {
             let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
             failure

@@ -19,7 +19,7 @@ pub(crate) struct Recycler {
 
 impl Recycler {
     /// A `Vec` holding `data`, in a recycled allocation when one is free.
-    pub fn copy_of<T: Element>(&self, data: &[T]) -> Vec<T> {
+    pub(crate) fn copy_of<T: Element>(&self, data: &[T]) -> Vec<T> {
         let mut spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
         // The smallest free buffer that holds `data`, so that no reuse has to grow (and fault in).
         let free = spares
@@ -47,7 +47,7 @@ impl Recycler {
     }
 
     /// Remembers a deposit so that its allocation can be reused once the round is over.
-    pub fn keep(&self, payload: &Payload) {
+    pub(crate) fn keep(&self, payload: &Payload) {
         let mut spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
         if spares.len() == KEPT {
             spares.remove(0);

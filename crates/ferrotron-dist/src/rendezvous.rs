@@ -90,7 +90,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Group {
-    pub fn new(label: GroupLabel, timeout: Duration, poisoned: Option<String>) -> Group {
+    pub(crate) fn new(label: GroupLabel, timeout: Duration, poisoned: Option<String>) -> Group {
         let size = label.ranks.len();
         Group {
             label,
@@ -107,12 +107,12 @@ impl Group {
         }
     }
 
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.label.ranks.len()
     }
 
     /// Makes every current and future call on this group fail with `reason` (first reason wins).
-    pub fn poison(&self, reason: &str) {
+    pub(crate) fn poison(&self, reason: &str) {
         let mut state = lock(&self.state);
         state.poisoned.get_or_insert_with(|| reason.to_owned());
         drop(state);
@@ -128,7 +128,7 @@ impl Group {
     }
 
     /// Deposits `payload` as group rank `me` and returns every member's deposit, in rank order.
-    pub fn exchange(
+    pub(crate) fn exchange(
         &self,
         me: usize,
         signature: Signature,
@@ -225,7 +225,7 @@ impl Group {
     }
 
     /// Queues a message from group rank `from` to `to`; messages between a pair arrive in order.
-    pub fn send(&self, from: usize, to: usize, message: Message) -> Result<(), CommError> {
+    pub(crate) fn send(&self, from: usize, to: usize, message: Message) -> Result<(), CommError> {
         let mut state = lock(&self.state);
         if let Some(reason) = &state.poisoned {
             return Err(self.aborted("send", reason));
@@ -241,7 +241,7 @@ impl Group {
     }
 
     /// The next message from `from` to `to`, waiting at most the group's timeout.
-    pub fn recv(&self, from: usize, to: usize) -> Result<Message, CommError> {
+    pub(crate) fn recv(&self, from: usize, to: usize) -> Result<Message, CommError> {
         let deadline = Instant::now() + self.timeout;
         let mut state = lock(&self.state);
         loop {

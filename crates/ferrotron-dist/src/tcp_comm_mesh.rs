@@ -129,7 +129,7 @@ impl std::fmt::Debug for Mesh {
 
 impl Mesh {
     /// Writes one whole frame to `peer` (global rank).
-    pub fn send(&self, peer: u32, frame: &[u8]) -> Result<(), String> {
+    pub(crate) fn send(&self, peer: u32, frame: &[u8]) -> Result<(), String> {
         let Some(Some(link)) = self.links.get(peer as usize) else {
             return Err(format!(
                 "rank {peer} has no connection from rank {}",
@@ -143,7 +143,7 @@ impl Mesh {
     }
 
     /// The next frame of `group` on `channel` from `peer`, waiting until `deadline`.
-    pub fn take(
+    pub(crate) fn take(
         &self,
         group: u64,
         channel: Channel,
@@ -179,7 +179,7 @@ impl Mesh {
     }
 
     /// Of `peers`, those with nothing queued for `group` on `channel` (who did not arrive).
-    pub fn missing(&self, group: u64, channel: Channel, peers: &[u32]) -> Vec<u32> {
+    pub(crate) fn missing(&self, group: u64, channel: Channel, peers: &[u32]) -> Vec<u32> {
         let state = self.inbox.lock();
         peers
             .iter()
@@ -194,7 +194,7 @@ impl Mesh {
     }
 
     /// Fails every wait in this process and tells every peer (best effort) why.
-    pub fn abort(&self, reason: &str) {
+    pub(crate) fn abort(&self, reason: &str) {
         let first = {
             let mut state = self.inbox.lock();
             let first = state.aborted.is_none();
@@ -228,7 +228,7 @@ impl Mesh {
     }
 
     /// Why this process's world is failing, if it is.
-    pub fn aborted(&self) -> Option<String> {
+    pub(crate) fn aborted(&self) -> Option<String> {
         self.inbox.lock().aborted.clone()
     }
 }

@@ -142,7 +142,7 @@ fn from_optional(value: u64) -> Option<usize> {
 
 impl Header {
     /// Starts a frame: the header followed by room for `payload_bytes`.
-    pub fn frame(&self) -> Vec<u8> {
+    pub(crate) fn frame(&self) -> Vec<u8> {
         let op = OPS
             .iter()
             .position(|&op| op == self.signature.op)
@@ -171,7 +171,7 @@ impl Header {
         out
     }
 
-    pub fn read(reader: &mut impl Read) -> io::Result<Header> {
+    pub(crate) fn read(reader: &mut impl Read) -> io::Result<Header> {
         let mut bytes = [0u8; HEADER_BYTES];
         reader.read_exact(&mut bytes)?;
         let word = |i: usize| {

@@ -8,7 +8,7 @@ use crate::config::HfConfig;
 
 /// Every way `recipe` (with its real vocabulary `vocab`) differs from `hf` or asks for what
 /// `hf`'s class cannot compute. Empty when the weights load into exactly that model.
-pub fn check(recipe: &Model, vocab: u32, hf: &HfConfig) -> Vec<Finding> {
+pub(crate) fn check(recipe: &Model, vocab: u32, hf: &HfConfig) -> Vec<Finding> {
     let theirs = fields(&hf.model, hf.vocab);
     let mut out: Vec<Finding> = fields(recipe, vocab)
         .into_iter()

@@ -13,7 +13,7 @@ use crate::safetensors_file::TensorFile;
 
 /// A committed checkpoint's model tensors, by global name.
 #[derive(Debug)]
-pub struct CheckpointTensors {
+pub(crate) struct CheckpointTensors {
     files: Vec<TensorFile>,
     /// Global name → (index into `files`, the shard's spec).
     index: HashMap<String, Vec<(usize, ShardSpec)>>,
@@ -22,7 +22,7 @@ pub struct CheckpointTensors {
 impl CheckpointTensors {
     /// Open the model shards of the committed checkpoint `dir`, checking each file's size
     /// against the manifest.
-    pub fn open(dir: &Path, manifest: &Manifest) -> Result<Self, HfError> {
+    pub(crate) fn open(dir: &Path, manifest: &Manifest) -> Result<Self, HfError> {
         if !is_committed(dir) {
             return Err(HfError::tensors(
                 dir,
@@ -78,21 +78,21 @@ impl CheckpointTensors {
     }
 
     /// Every global name, sorted.
-    pub fn names(&self) -> Vec<&str> {
+    pub(crate) fn names(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.index.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
     }
 
     /// The global shape of `name`, if the checkpoint has it.
-    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+    pub(crate) fn shape(&self, name: &str) -> Option<&[usize]> {
         self.index
             .get(name)
             .map(|shards| shards[0].1.global_shape.as_slice())
     }
 
     /// The global tensor `name`, assembled from its shards.
-    pub fn global(&self, name: &str) -> Result<Vec<f32>, HfError> {
+    pub(crate) fn global(&self, name: &str) -> Result<Vec<f32>, HfError> {
         let shards = self
             .index
             .get(name)

@@ -16,7 +16,7 @@ use crate::sink::OutDtype;
 pub const CONFIG_FILE: &str = "config.json";
 
 /// `config.json` of the exported model.
-pub fn write_config(model: &Model, dims: &Dims, dtype: OutDtype, eod: Option<u32>) -> Value {
+pub(crate) fn write_config(model: &Model, dims: &Dims, dtype: OutDtype, eod: Option<u32>) -> Value {
     let family = dims.family;
     let mut config = match family {
         Family::Gpt2 => json!({

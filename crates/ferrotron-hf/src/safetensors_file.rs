@@ -16,7 +16,7 @@ const MAX_HEADER: u64 = 100_000_000;
 
 /// One tensor's entry in a safetensors header.
 #[derive(Debug, Clone, Deserialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub dtype: String,
     pub shape: Vec<usize>,
     pub data_offsets: [u64; 2],
@@ -24,14 +24,14 @@ pub struct Entry {
 
 /// A safetensors file opened for reading tensors by name.
 #[derive(Debug)]
-pub struct TensorFile {
+pub(crate) struct TensorFile {
     path: PathBuf,
     data_start: u64,
     pub entries: HashMap<String, Entry>,
 }
 
 impl TensorFile {
-    pub fn open(path: &Path) -> Result<Self, HfError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, HfError> {
         let mut file = File::open(path).map_err(|e| HfError::io("open", path, e))?;
         let mut length = [0u8; 8];
         file.read_exact(&mut length)
@@ -64,12 +64,12 @@ impl TensorFile {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Tensor `name` as f32 (F32, BF16 and F16 are read; bf16/f16 widen exactly).
-    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, HfError> {
+    pub(crate) fn read_f32(&self, name: &str) -> Result<Vec<f32>, HfError> {
         let entry = self
             .entries
             .get(name)

@@ -39,7 +39,7 @@ impl OutDtype {
 }
 
 /// A tensor to write: its shape, and how to produce its values.
-pub struct LazyTensor<'a> {
+pub(crate) struct LazyTensor<'a> {
     pub name: String,
     pub shape: Vec<usize>,
     pub produce: Box<dyn Fn() -> Result<Vec<f32>, HfError> + 'a>,
@@ -96,7 +96,7 @@ impl View for Deferred<'_, '_> {
 }
 
 /// Write `tensors` to `path` with `metadata` in the header.
-pub fn write(
+pub(crate) fn write(
     path: &Path,
     tensors: &[LazyTensor<'_>],
     dtype: OutDtype,

@@ -23,7 +23,7 @@ pub(crate) struct Host<B: Backend> {
 }
 
 impl<B: Backend> Host<B> {
-    pub fn read(tensor: FloatTensor<B>) -> Host<B> {
+    pub(crate) fn read(tensor: FloatTensor<B>) -> Host<B> {
         let device = B::float_device(&tensor);
         let data = burn::tensor::try_read_sync(B::float_into_data(tensor))
             .expect("collectives need a backend that can read tensors synchronously")
@@ -43,7 +43,7 @@ impl<B: Backend> Host<B> {
     }
 
     /// The same dtype and device with new values and shape.
-    pub fn write(self, values: Vec<f32>, shape: Vec<usize>) -> FloatTensor<B> {
+    pub(crate) fn write(self, values: Vec<f32>, shape: Vec<usize>) -> FloatTensor<B> {
         let data = TensorData::new(values, shape).convert_dtype(self.dtype);
         B::float_from_data(data, &self.device)
     }

@@ -43,13 +43,13 @@ fn ffn_expansion(model: &Model) -> f64 {
 
 /// Core attention per layer per token at sequence length `seq`: q_size · s/2 (causal) · 2
 /// (QKᵀ and PV), times the fwd/bwd and FMA factors.
-pub fn core_attention_per_layer_token(model: &Model, seq: f64) -> f64 {
+pub(crate) fn core_attention_per_layer_token(model: &Model, seq: f64) -> f64 {
     let q = f64::from(model.kv_channels()) * f64::from(model.num_attention_heads);
     FORWARD_BACKWARD * FMA * q * seq / 2.0 * 2.0
 }
 
 /// Attention projections per layer per token: h·(q + k + v) + q·h.
-pub fn attention_projections_per_layer_token(model: &Model) -> f64 {
+pub(crate) fn attention_projections_per_layer_token(model: &Model) -> f64 {
     let h = f64::from(model.hidden_size);
     let kv = f64::from(model.kv_channels());
     let q = kv * f64::from(model.num_attention_heads);
@@ -58,7 +58,7 @@ pub fn attention_projections_per_layer_token(model: &Model) -> f64 {
 }
 
 /// Dense MLP per layer per token.
-pub fn dense_mlp_per_layer_token(model: &Model) -> f64 {
+pub(crate) fn dense_mlp_per_layer_token(model: &Model) -> f64 {
     FORWARD_BACKWARD
         * FMA
         * f64::from(model.hidden_size)
@@ -67,7 +67,7 @@ pub fn dense_mlp_per_layer_token(model: &Model) -> f64 {
 }
 
 /// MoE MLP per MoE layer per token: top-k routed experts plus the shared expert.
-pub fn moe_mlp_per_layer_token(model: &Model) -> f64 {
+pub(crate) fn moe_mlp_per_layer_token(model: &Model) -> f64 {
     let Some(moe) = &model.moe else { return 0.0 };
     let routed = f64::from(moe.expert_ffn_hidden_size(model)) * f64::from(moe.router_topk);
     let shared = f64::from(moe.shared_expert_ffn_hidden_size.unwrap_or(0));
@@ -75,7 +75,7 @@ pub fn moe_mlp_per_layer_token(model: &Model) -> f64 {
 }
 
 /// Logits per token: h × padded vocab.
-pub fn logits_per_token(model: &Model, padded_vocab_size: u32) -> f64 {
+pub(crate) fn logits_per_token(model: &Model, padded_vocab_size: u32) -> f64 {
     FORWARD_BACKWARD * FMA * f64::from(model.hidden_size) * f64::from(padded_vocab_size)
 }
 

@@ -155,7 +155,7 @@ pub fn gpu_name(gpu: GpuKind) -> &'static str {
 }
 
 /// The recipe spelling of a dtype.
-pub fn dtype_name(dtype: Dtype) -> &'static str {
+pub(crate) fn dtype_name(dtype: Dtype) -> &'static str {
     match dtype {
         Dtype::Bf16 => "bf16",
         Dtype::Fp16 => "fp16",

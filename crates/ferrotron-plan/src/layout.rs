@@ -37,21 +37,21 @@ impl Degrees {
 
 /// A fully fixed layout: degrees and micro batch size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Layout {
+pub(crate) struct Layout {
     pub degrees: Degrees,
     pub micro_batch_size: u32,
 }
 
 impl Layout {
     /// Microbatches per data-parallel rank and iteration.
-    pub fn num_microbatches(&self, global_batch_size: u32) -> u32 {
+    pub(crate) fn num_microbatches(&self, global_batch_size: u32) -> u32 {
         global_batch_size / (self.micro_batch_size * self.degrees.dp)
     }
 }
 
 /// Degrees as far as they are known: `None` is `auto` (or not derivable yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct OpenLayout {
+pub(crate) struct OpenLayout {
     pub world: Option<u32>,
     pub tp: Option<u32>,
     pub pp: Option<u32>,
@@ -65,7 +65,7 @@ pub struct OpenLayout {
 
 impl OpenLayout {
     /// The degrees the recipe fixes; dp is derived when the world and tp, pp, cp are known.
-    pub fn from_recipe(recipe: &Recipe, cluster: Option<&Cluster>) -> OpenLayout {
+    pub(crate) fn from_recipe(recipe: &Recipe, cluster: Option<&Cluster>) -> OpenLayout {
         let p = &recipe.parallel;
         let tp = p.tensor.fixed();
         let mut layout = OpenLayout {
@@ -95,7 +95,7 @@ impl OpenLayout {
     }
 
     /// The fixed layout's view for the rules.
-    pub fn from_layout(layout: &Layout) -> OpenLayout {
+    pub(crate) fn from_layout(layout: &Layout) -> OpenLayout {
         let d = layout.degrees;
         OpenLayout {
             world: Some(d.world_size()),
@@ -130,7 +130,7 @@ pub fn divisors(n: u32) -> Vec<u32> {
 }
 
 /// `values` as "1, 2, 4" for a finding's help text (at most 12, then "…").
-pub fn list(values: &[u32]) -> String {
+pub(crate) fn list(values: &[u32]) -> String {
     let mut shown: Vec<String> = values.iter().take(12).map(u32::to_string).collect();
     if values.len() > 12 {
         shown.push("…".to_owned());

@@ -55,7 +55,7 @@ impl ParameterCount {
 }
 
 /// Parameters of one norm over `width` features.
-pub fn norm_parameters(model: &Model, width: u64) -> u64 {
+pub(crate) fn norm_parameters(model: &Model, width: u64) -> u64 {
     match model.normalization {
         Normalization::Layernorm => 2 * width,
         Normalization::Rmsnorm => width,
@@ -63,7 +63,7 @@ pub fn norm_parameters(model: &Model, width: u64) -> u64 {
 }
 
 /// Parameters of one MLP (fc1 and fc2, with biases when the model has them).
-pub fn mlp_parameters(model: &Model, ffn: u64) -> u64 {
+pub(crate) fn mlp_parameters(model: &Model, ffn: u64) -> u64 {
     let h = u64::from(model.hidden_size);
     let fc1_out = match model.activation {
         Activation::Gelu => ffn,

@@ -24,7 +24,7 @@ pub(crate) struct Setup<'a> {
 
 impl Setup<'_> {
     /// A term whose formula is only formatted when the plan will show it.
-    pub fn term(&self, name: &str, value: f64, formula: impl FnOnce() -> String) -> Term {
+    pub(crate) fn term(&self, name: &str, value: f64, formula: impl FnOnce() -> String) -> Term {
         Term::new(
             name,
             value,
@@ -37,12 +37,12 @@ impl Setup<'_> {
     }
 
     /// Flash attention on GPUs (our CUDA backend's fused kernel); the decomposed softmax on CPU.
-    pub fn flash_attention(&self) -> bool {
+    pub(crate) fn flash_attention(&self) -> bool {
         self.cluster.gpu != GpuKind::Cpu
     }
 
     /// Divisor of sequence-sharded activations: tp with sequence parallelism, else 1.
-    pub fn sequence_shards(&self) -> f64 {
+    pub(crate) fn sequence_shards(&self) -> f64 {
         if self.recipe.parallel.sequence_parallel {
             f64::from(self.layout.degrees.tp)
         } else {
@@ -51,13 +51,13 @@ impl Setup<'_> {
     }
 
     /// Tokens of one microbatch on one rank: micro batch × seq / cp.
-    pub fn local_tokens(&self) -> f64 {
+    pub(crate) fn local_tokens(&self) -> f64 {
         f64::from(self.layout.micro_batch_size) * f64::from(self.recipe.model.seq_length)
             / f64::from(self.layout.degrees.cp)
     }
 
     /// Bandwidth of a group whose ranks span `extent` consecutive ranks.
-    pub fn bandwidth(&self, extent: u32) -> f64 {
+    pub(crate) fn bandwidth(&self, extent: u32) -> f64 {
         if extent <= self.cluster.gpus_per_node {
             self.spec.intra_node_bus_bandwidth
         } else {

@@ -77,7 +77,12 @@ fn chunk_counts(recipe: &Recipe, pp: u32, vpp: u32) -> Vec<Vec<u32>> {
 }
 
 /// Stages of `recipe` over `pp` pipeline ranks with `vpp` chunks each.
-pub fn stages(recipe: &Recipe, params: &ParameterCount, pp: u32, vpp: u32) -> Vec<StageInfo> {
+pub(crate) fn stages(
+    recipe: &Recipe,
+    params: &ParameterCount,
+    pp: u32,
+    vpp: u32,
+) -> Vec<StageInfo> {
     let model = &recipe.model;
     let counts = chunk_counts(recipe, pp, vpp);
     let mut stages: Vec<StageInfo> = (0..pp)

@@ -3,7 +3,7 @@
 use ferrotron_recipe::Recipe;
 use serde_json::{Value, json};
 
-pub fn recipe(model: Value, parallel: Value, training: Value) -> Recipe {
+pub(crate) fn recipe(model: Value, parallel: Value, training: Value) -> Recipe {
     let mut recipe: Recipe = serde_json::from_value(json!({
         "version": 1,
         "name": "test",
@@ -16,7 +16,7 @@ pub fn recipe(model: Value, parallel: Value, training: Value) -> Recipe {
     recipe
 }
 
-pub fn gpt2_small() -> Recipe {
+pub(crate) fn gpt2_small() -> Recipe {
     recipe(
         json!({"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
                "seq_length": 1024, "max_position_embeddings": 1024}),
@@ -25,7 +25,7 @@ pub fn gpt2_small() -> Recipe {
     )
 }
 
-pub fn llama3_8b() -> Recipe {
+pub(crate) fn llama3_8b() -> Recipe {
     recipe(
         json!({"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
                "num_attention_heads": 32, "num_query_groups": 8, "vocab_size": 128256,
@@ -36,7 +36,7 @@ pub fn llama3_8b() -> Recipe {
     )
 }
 
-pub fn mixtral_8x7b() -> Recipe {
+pub(crate) fn mixtral_8x7b() -> Recipe {
     recipe(
         json!({"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
                "num_attention_heads": 32, "num_query_groups": 8, "vocab_size": 32000,
@@ -49,7 +49,7 @@ pub fn mixtral_8x7b() -> Recipe {
 }
 
 /// GPT-3 175B (Brown et al.): 96 layers, hidden 12288, 96 heads, 2048 tokens.
-pub fn gpt3_175b() -> Recipe {
+pub(crate) fn gpt3_175b() -> Recipe {
     recipe(
         json!({"num_layers": 96, "hidden_size": 12288, "num_attention_heads": 96,
                "seq_length": 2048}),

@@ -360,18 +360,18 @@ impl Diagnostic for RecipeErrors {
 
 /// Stable codes of the problems the loader itself reports (rules carry their own).
 pub(crate) mod codes {
-    pub const UNREADABLE: &str = "recipe::unreadable";
-    pub const SYNTAX: &str = "yaml::syntax";
-    pub const DUPLICATE_KEY: &str = "yaml::duplicate-key";
-    pub const UNSUPPORTED: &str = "yaml::unsupported";
-    pub const LIMIT: &str = "yaml::limit";
-    pub const EXTENDS: &str = "recipe::extends";
-    pub const OVERRIDE: &str = "recipe::override";
-    pub const FORMAT_VERSION: &str = "recipe::format-version";
-    pub const ABSTRACT: &str = "recipe::abstract";
-    pub const FILE: &str = "files::missing";
-    pub const UNKNOWN_KEY: &str = "schema::unknown-key";
-    pub const MISSING_KEY: &str = "schema::missing-key";
-    pub const TYPE: &str = "schema::type";
-    pub const VALUE: &str = "schema::value";
+    pub(crate) const UNREADABLE: &str = "recipe::unreadable";
+    pub(crate) const SYNTAX: &str = "yaml::syntax";
+    pub(crate) const DUPLICATE_KEY: &str = "yaml::duplicate-key";
+    pub(crate) const UNSUPPORTED: &str = "yaml::unsupported";
+    pub(crate) const LIMIT: &str = "yaml::limit";
+    pub(crate) const EXTENDS: &str = "recipe::extends";
+    pub(crate) const OVERRIDE: &str = "recipe::override";
+    pub(crate) const FORMAT_VERSION: &str = "recipe::format-version";
+    pub(crate) const ABSTRACT: &str = "recipe::abstract";
+    pub(crate) const FILE: &str = "files::missing";
+    pub(crate) const UNKNOWN_KEY: &str = "schema::unknown-key";
+    pub(crate) const MISSING_KEY: &str = "schema::missing-key";
+    pub(crate) const TYPE: &str = "schema::type";
+    pub(crate) const VALUE: &str = "schema::value";
 }

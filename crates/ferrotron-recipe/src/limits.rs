@@ -9,10 +9,10 @@
 //! large that subtree is before copying it.
 
 /// Bytes of one recipe file (or one `--set` value). The largest shipped recipe is about 3 KiB.
-pub const MAX_INPUT_BYTES: usize = 1 << 20;
+pub(crate) const MAX_INPUT_BYTES: usize = 1 << 20;
 /// Nested mappings and sequences. A recipe needs 4 (`data.blend.0.path`).
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 /// Nodes of one file's tree with every alias expanded: what an alias bomb multiplies.
-pub const MAX_NODES: usize = 100_000;
+pub(crate) const MAX_NODES: usize = 100_000;
 /// Files in one `extends:` chain, the top recipe included.
-pub const MAX_EXTENDS_DEPTH: usize = 32;
+pub(crate) const MAX_EXTENDS_DEPTH: usize = 32;

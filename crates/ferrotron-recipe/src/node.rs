@@ -37,7 +37,7 @@ pub(crate) struct Located<'a> {
 
 impl Node {
     /// The node at a dot path (`data.blend.1.weight`), if present.
-    pub fn at(&self, path: &str) -> Option<&Node> {
+    pub(crate) fn at(&self, path: &str) -> Option<&Node> {
         split_path(path).try_fold(self, |node, segment| node.child(segment).map(|(_, n)| n))
     }
 
@@ -58,7 +58,7 @@ impl Node {
     /// Where a finding about `path` should point. A present value points at the value; an
     /// absent key points at the key of its nearest present ancestor (`model:` for a missing
     /// `model.num_layers`); `key_only` points at the key rather than its value (unknown keys).
-    pub fn locate(&self, path: &str, key_only: bool) -> Located<'_> {
+    pub(crate) fn locate(&self, path: &str, key_only: bool) -> Located<'_> {
         let mut origin = &self.origin;
         let mut node = self;
         for segment in split_path(path) {
@@ -85,7 +85,7 @@ impl Node {
     }
 
     /// Convert to JSON for schema validation and typed deserialization.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         use serde_json::Value;
         match &self.value {
             NodeValue::Null => Value::Null,
@@ -115,7 +115,7 @@ impl Node {
     }
 
     /// Remove a top-level key, returning its node.
-    pub fn remove(&mut self, key: &str) -> Option<Entry> {
+    pub(crate) fn remove(&mut self, key: &str) -> Option<Entry> {
         match &mut self.value {
             NodeValue::Map(entries) => {
                 let index = entries.iter().position(|e| e.key == key)?;

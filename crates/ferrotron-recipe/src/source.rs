@@ -18,7 +18,7 @@ pub(crate) struct SourceFile {
 }
 
 impl SourceFile {
-    pub fn named_source(&self) -> NamedSource<Arc<String>> {
+    pub(crate) fn named_source(&self) -> NamedSource<Arc<String>> {
         NamedSource::new(&self.name, Arc::clone(&self.text)).with_language("yaml")
     }
 }
@@ -46,7 +46,7 @@ pub(crate) enum Origin {
 }
 
 impl Origin {
-    pub fn position(&self) -> Option<Position> {
+    pub(crate) fn position(&self) -> Option<Position> {
         match self {
             Origin::File(position) => Some(*position),
             Origin::Set(_) | Origin::Env(_) | Origin::Default => None,
@@ -54,12 +54,12 @@ impl Origin {
     }
 
     /// The directory a relative path set by this layer is relative to (`None`: the current one).
-    pub fn base_dir<'a>(&self, files: &'a [SourceFile]) -> Option<&'a Path> {
+    pub(crate) fn base_dir<'a>(&self, files: &'a [SourceFile]) -> Option<&'a Path> {
         self.position().map(|p| files[p.file].dir.as_path())
     }
 
     /// `file:line:col`, `--set ARG` or `env NAME`.
-    pub fn describe(&self, files: &[SourceFile]) -> String {
+    pub(crate) fn describe(&self, files: &[SourceFile]) -> String {
         match self {
             Origin::File(p) => format!("{}:{}:{}", files[p.file].name, p.line, p.column),
             Origin::Set(arg) => format!("--set {arg}"),

@@ -826,89 +826,89 @@ impl Recipe {
 mod defaults {
     use crate::Degree;
 
-    pub fn is_yes(value: &bool) -> bool {
+    pub(super) fn is_yes(value: &bool) -> bool {
         *value
     }
 
-    pub fn yes() -> bool {
+    pub(super) fn yes() -> bool {
         true
     }
-    pub fn one() -> u32 {
+    pub(super) fn one() -> u32 {
         1
     }
-    pub fn auto() -> Degree {
+    pub(super) fn auto() -> Degree {
         Degree::AUTO
     }
-    pub fn make_vocab_size_divisible_by() -> u32 {
+    pub(super) fn make_vocab_size_divisible_by() -> u32 {
         128
     }
-    pub fn rotary_base() -> f64 {
+    pub(super) fn rotary_base() -> f64 {
         10000.0
     }
-    pub fn norm_epsilon() -> f64 {
+    pub(super) fn norm_epsilon() -> f64 {
         1e-5
     }
-    pub fn dropout() -> f64 {
+    pub(super) fn dropout() -> f64 {
         0.1
     }
-    pub fn init_method_std() -> f64 {
+    pub(super) fn init_method_std() -> f64 {
         0.02
     }
-    pub fn router_topk() -> u32 {
+    pub(super) fn router_topk() -> u32 {
         2
     }
-    pub fn aux_loss_coeff() -> f64 {
+    pub(super) fn aux_loss_coeff() -> f64 {
         1e-2
     }
-    pub fn expert_bias_update_rate() -> f64 {
+    pub(super) fn expert_bias_update_rate() -> f64 {
         1e-3
     }
-    pub fn seed() -> u64 {
+    pub(super) fn seed() -> u64 {
         1234
     }
-    pub fn clip_grad() -> f64 {
+    pub(super) fn clip_grad() -> f64 {
         1.0
     }
-    pub fn eval_interval() -> u64 {
+    pub(super) fn eval_interval() -> u64 {
         1000
     }
-    pub fn eval_iters() -> u64 {
+    pub(super) fn eval_iters() -> u64 {
         10
     }
-    pub fn log_interval() -> u64 {
+    pub(super) fn log_interval() -> u64 {
         10
     }
-    pub fn lr() -> f64 {
+    pub(super) fn lr() -> f64 {
         3e-4
     }
-    pub fn beta1() -> f64 {
+    pub(super) fn beta1() -> f64 {
         0.9
     }
-    pub fn beta2() -> f64 {
+    pub(super) fn beta2() -> f64 {
         0.95
     }
-    pub fn eps() -> f64 {
+    pub(super) fn eps() -> f64 {
         1e-8
     }
-    pub fn weight_decay() -> f64 {
+    pub(super) fn weight_decay() -> f64 {
         0.1
     }
-    pub fn split() -> String {
+    pub(super) fn split() -> String {
         "969,30,1".to_owned()
     }
-    pub fn json_key() -> String {
+    pub(super) fn json_key() -> String {
         "text".to_owned()
     }
-    pub fn weight() -> f64 {
+    pub(super) fn weight() -> f64 {
         1.0
     }
-    pub fn resume() -> String {
+    pub(super) fn resume() -> String {
         "auto".to_owned()
     }
-    pub fn address() -> String {
+    pub(super) fn address() -> String {
         "127.0.0.1".to_owned()
     }
-    pub fn gpus_per_node() -> u32 {
+    pub(super) fn gpus_per_node() -> u32 {
         8
     }
 }

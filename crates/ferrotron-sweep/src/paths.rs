@@ -7,7 +7,7 @@ use std::path::{Component, Path, PathBuf};
 use ferrotron_recipe::Recipe;
 
 /// Applies `f` to every path-valued field of `recipe` (those the loader resolves).
-pub fn map_paths(recipe: &mut Recipe, f: &dyn Fn(&str) -> String) {
+pub(crate) fn map_paths(recipe: &mut Recipe, f: &dyn Fn(&str) -> String) {
     let data = &mut recipe.data;
     for entry in &mut data.blend {
         entry.path = f(&entry.path);
@@ -32,12 +32,12 @@ pub fn map_paths(recipe: &mut Recipe, f: &dyn Fn(&str) -> String) {
 }
 
 /// `path` joined to `base` when relative, with `.` and `name/..` removed lexically.
-pub fn absolute(base: &Path, path: &Path) -> PathBuf {
+pub(crate) fn absolute(base: &Path, path: &Path) -> PathBuf {
     normalize(&base.join(path))
 }
 
 /// Lexically normalized path (no file-system access: the files may not exist yet).
-pub fn normalize(path: &Path) -> PathBuf {
+pub(crate) fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for component in path.components() {
         match component {
@@ -54,7 +54,7 @@ pub fn normalize(path: &Path) -> PathBuf {
 }
 
 /// `path` relative to `from`, both absolute and normalized.
-pub fn relative_to(path: &Path, from: &Path) -> PathBuf {
+pub(crate) fn relative_to(path: &Path, from: &Path) -> PathBuf {
     let path: Vec<_> = path.components().collect();
     let from: Vec<_> = from.components().collect();
     let common = path.iter().zip(&from).take_while(|(a, b)| a == b).count();

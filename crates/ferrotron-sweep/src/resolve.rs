@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrotron_plan::{Plan, PlanOptions};
+use ferrotron_plan::{Plan, Unplanned};
 use ferrotron_recipe::{LoadOptions, Recipe, RecipeErrors};
 
 use crate::expand::{MemberSpec, expand};
@@ -80,36 +80,28 @@ fn resolve_one(
         },
     )
     .map_err(Invalid::Recipe)?;
-    let mut recipe = loaded.recipe.clone();
-    recipe.extends = None;
-    map_paths(&mut recipe, &|p| {
+    let mut loaded = loaded;
+    loaded.recipe.extends = None;
+    map_paths(&mut loaded.recipe, &|p| {
         absolute(cwd, Path::new(p)).display().to_string()
     });
-    let hash = recipe_hash(&recipe, sweep_dir);
-    let vocab_size = match recipe.model.vocab_size {
-        Some(vocab) => vocab,
-        None => ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).map_err(|e| {
-            Invalid::Other(format!(
+    let hash = recipe_hash(&loaded.recipe, sweep_dir);
+    let cluster = loaded.recipe.cluster.clone();
+    let plan = ferrotron_plan::plan_loaded(&loaded, cluster, ferrotron_data::tokenizer_vocab_size)
+        .map_err(|unplanned| match unplanned {
+            Unplanned::Vocabulary(e) => Invalid::Other(format!(
                 "model.vocab_size is not set and the tokenizer cannot be loaded: {e}"
-            ))
-        })?,
-    };
-    let options = PlanOptions {
-        cluster: recipe.cluster.clone(),
-        vocab_size,
-    };
-    let plan = ferrotron_plan::plan(&recipe, &options).map_err(|findings| {
-        match loaded.check(findings) {
-            Err(errors) => Invalid::Recipe(errors),
-            Ok(warnings) => Invalid::Other(
+            )),
+            Unplanned::Invalid(errors) => Invalid::Recipe(errors),
+            Unplanned::Refused(warnings) => Invalid::Other(
                 warnings
                     .iter()
                     .map(|f| format!("{}: {}", f.path, f.message))
                     .collect::<Vec<_>>()
                     .join("; "),
             ),
-        }
-    })?;
+        })?;
+    let recipe = loaded.recipe;
     Ok(ValidMember { recipe, hash, plan })
 }
 

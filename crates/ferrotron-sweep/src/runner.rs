@@ -13,7 +13,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use ferrotron_telemetry::{RunDetails, RunManifest, RunStatus};
+use ferrotron_plan::Plan;
+use ferrotron_telemetry::{
+    ParallelDegrees, PlanRecord, RunDetails, RunManifest, RunStatus, WorldLayout,
+};
 
 use crate::SweepError;
 use crate::resolve::{Member, ValidMember, member_recipe};
@@ -133,13 +136,12 @@ fn run_member(
         source,
     })?;
     let recipe_json = to_json("the member recipe", &member_recipe(member, valid, &dir))?;
-    let plan_json = to_json("the member plan", &valid.plan)?;
     let details = RunDetails {
         seed: valid.recipe.training.seed,
         data_cache_keys: None,
         hosts: Vec::new(),
     };
-    let manifest = RunManifest::start(&dir, &recipe_json, &plan_json, details)?;
+    let manifest = RunManifest::start(&dir, &recipe_json, plan_record(&valid.plan)?, details)?;
 
     let log_path = dir.join(LOG_FILE);
     let log = fs::File::create(&log_path).map_err(|source| SweepError::Write {
@@ -207,6 +209,31 @@ pub fn recipe_yaml(member: &Member, valid: &ValidMember, dir: &Path) -> Result<S
 pub(crate) fn already_finished(dir: &Path, recipe_path: &Path, recipe_text: &str) -> bool {
     let same_recipe = fs::read_to_string(recipe_path).is_ok_and(|text| text == recipe_text);
     same_recipe && RunManifest::read(dir).is_ok_and(|m| m.succeeded())
+}
+
+/// What a run manifest records of `plan`: the one place a plan becomes the telemetry crate's
+/// plain description (this crate knows both; `recipe run` writes its manifest through it too).
+pub fn plan_record(plan: &Plan) -> Result<PlanRecord, SweepError> {
+    let d = &plan.degrees;
+    Ok(PlanRecord {
+        plan_hash: plan.plan_hash.clone(),
+        world: WorldLayout {
+            world_size: plan.world_size,
+            degrees: ParallelDegrees {
+                tp: d.tp,
+                pp: d.pp,
+                vpp: d.vpp,
+                cp: d.cp,
+                ep: d.ep,
+                etp: d.etp,
+                dp: d.dp,
+                edp: d.edp,
+            },
+            cluster: plan.cluster.clone(),
+        },
+        gpu: plan.hardware.gpu,
+        plan: to_json("the plan", plan)?,
+    })
 }
 
 fn to_json(what: &str, value: &impl serde::Serialize) -> Result<serde_json::Value, SweepError> {

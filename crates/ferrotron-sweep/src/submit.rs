@@ -160,8 +160,12 @@ mod tests {
             data_cache_keys: None,
             hosts: Vec::new(),
         };
-        let empty = serde_json::json!({});
-        ferrotron_telemetry::RunManifest::start(&first, &empty, &empty, details)
+        let valid = members
+            .iter()
+            .find_map(|m| m.resolution.as_ref().ok())
+            .expect("a valid member");
+        let record = crate::plan_record(&valid.plan).expect("the plan record");
+        ferrotron_telemetry::RunManifest::start(&first, &serde_json::json!({}), record, details)
             .and_then(|mut m| m.finish(ferrotron_telemetry::RunStatus::Finished, 0))
             .expect("a finished manifest");
         let again = prepare_array("arr", &members, &out, program, &run_args, &options)

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferrotron_recipe::canonical_hash;
+use ferrotron_recipe::{Cluster, GpuKind, canonical_hash};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -60,14 +60,49 @@ pub struct ProgramInfo {
     pub git_commit: String,
 }
 
-/// The layout the run was planned for, copied from the plan.
+/// What the manifest records of the plan: a plain description the caller builds from it at the
+/// edge (telemetry does not know the planner), so a field the planner renames is a compile error
+/// there rather than a silent `null` here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanRecord {
+    /// The plan's own `plan_hash`.
+    pub plan_hash: String,
+    pub world: WorldLayout,
+    /// The GPU kind the plan assumes (`cpu` for CPU ranks).
+    pub gpu: GpuKind,
+    /// The whole plan, stored as it is and never read back by telemetry.
+    pub plan: Value,
+}
+
+/// The layout the run was planned for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorldLayout {
-    pub world_size: Option<u64>,
-    /// The plan's resolved degrees (tp, pp, vpp, cp, ep, etp, dp, edp).
-    pub degrees: Value,
+    pub world_size: u32,
+    /// The plan's resolved degrees.
+    pub degrees: ParallelDegrees,
     /// Nodes, GPUs per node and GPU kind of the plan.
-    pub cluster: Value,
+    pub cluster: Cluster,
+}
+
+/// The resolved parallel degrees of a plan, in the planner's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParallelDegrees {
+    /// Tensor parallel.
+    pub tp: u32,
+    /// Pipeline parallel.
+    pub pp: u32,
+    /// Virtual pipeline stages per pipeline rank.
+    pub vpp: u32,
+    /// Context parallel.
+    pub cp: u32,
+    /// Expert parallel.
+    pub ep: u32,
+    /// Expert tensor parallel.
+    pub etp: u32,
+    /// Data parallel (dense part).
+    pub dp: u32,
+    /// Expert data parallel.
+    pub edp: u32,
 }
 
 /// What the caller knows that the recipe and plan do not say.
@@ -94,14 +129,14 @@ pub struct RunManifest {
     /// The recipe's identity (`ferrotron_recipe::canonical_hash`), the same hash every checkpoint
     /// of the run records.
     pub recipe_hash: String,
-    /// The plan's own `plan_hash`, else blake3 of its canonical JSON.
+    /// The plan's own `plan_hash`.
     pub plan_hash: String,
     pub seed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_cache_keys: Option<Vec<String>>,
     pub world: WorldLayout,
     pub hosts: Vec<String>,
-    pub gpu_kinds: Vec<String>,
+    pub gpu_kinds: Vec<GpuKind>,
     /// RFC 3339, UTC.
     pub started_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,19 +153,9 @@ impl RunManifest {
     pub fn start(
         run_dir: &Path,
         recipe: &Value,
-        plan: &Value,
+        plan: PlanRecord,
         details: RunDetails,
     ) -> Result<RunManifest, TelemetryError> {
-        let plan_hash = plan
-            .get("plan_hash")
-            .and_then(Value::as_str)
-            .map_or_else(|| canonical_hash(plan), str::to_owned);
-        let gpu_kinds = plan
-            .pointer("/hardware/gpu")
-            .or_else(|| plan.pointer("/cluster/gpu"))
-            .and_then(Value::as_str)
-            .map(|gpu| vec![gpu.to_owned()])
-            .unwrap_or_default();
         let manifest = RunManifest {
             format_version: MANIFEST_VERSION,
             status: RunStatus::Running,
@@ -138,24 +163,20 @@ impl RunManifest {
             error: None,
             program: ProgramInfo::current(),
             recipe_hash: canonical_hash(recipe),
-            plan_hash,
+            plan_hash: plan.plan_hash,
             seed: details.seed,
             data_cache_keys: details.data_cache_keys,
-            world: WorldLayout {
-                world_size: plan.get("world_size").and_then(Value::as_u64),
-                degrees: plan.get("degrees").cloned().unwrap_or(Value::Null),
-                cluster: plan.get("cluster").cloned().unwrap_or(Value::Null),
-            },
+            world: plan.world,
             hosts: if details.hosts.is_empty() {
                 vec![host_name()]
             } else {
                 details.hosts
             },
-            gpu_kinds,
+            gpu_kinds: vec![plan.gpu],
             started_at: now_rfc3339(),
             finished_at: None,
             recipe: recipe.clone(),
-            plan: plan.clone(),
+            plan: plan.plan,
             path: run_dir.join(MANIFEST_FILE),
         };
         fs::create_dir_all(run_dir).map_err(|source| TelemetryError::ManifestWrite {
@@ -286,14 +307,32 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn plan() -> Value {
-        json!({
-            "world_size": 2,
-            "degrees": {"tp": 2, "pp": 1, "dp": 1},
-            "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "h100"},
-            "hardware": {"gpu": "h100"},
-            "plan_hash": "abc123",
-        })
+    fn plan() -> PlanRecord {
+        let degrees = ParallelDegrees {
+            tp: 2,
+            pp: 1,
+            vpp: 1,
+            cp: 1,
+            ep: 1,
+            etp: 2,
+            dp: 1,
+            edp: 1,
+        };
+        let cluster = Cluster {
+            nodes: 1,
+            gpus_per_node: 2,
+            gpu: GpuKind::H100,
+        };
+        PlanRecord {
+            plan_hash: "abc123".to_owned(),
+            world: WorldLayout {
+                world_size: 2,
+                degrees,
+                cluster: cluster.clone(),
+            },
+            gpu: GpuKind::H100,
+            plan: json!({"world_size": 2, "cluster": cluster, "plan_hash": "abc123"}),
+        }
     }
 
     #[test]
@@ -304,7 +343,7 @@ mod tests {
             data_cache_keys: None,
             hosts: vec!["node01".into(), "node02".into()],
         };
-        RunManifest::start(dir.path(), &json!({"name": "t"}), &plan(), details).unwrap();
+        RunManifest::start(dir.path(), &json!({"name": "t"}), plan(), details).unwrap();
         let on_disk = RunManifest::read(dir.path()).unwrap();
         assert_eq!(
             on_disk.hosts,
@@ -322,15 +361,23 @@ mod tests {
             data_cache_keys: Some(vec!["k1".into()]),
             hosts: Vec::new(),
         };
-        let mut manifest = RunManifest::start(&run_dir, &recipe, &plan(), details).unwrap();
+        let mut manifest = RunManifest::start(&run_dir, &recipe, plan(), details).unwrap();
         let on_disk = RunManifest::read(&run_dir).unwrap();
         assert_eq!(on_disk.status, RunStatus::Running);
         assert_eq!(on_disk.exit_code, None);
         assert!(!on_disk.succeeded());
         assert_eq!(on_disk.plan_hash, "abc123");
         assert_eq!(on_disk.recipe_hash, canonical_hash(&recipe));
-        assert_eq!(on_disk.world.world_size, Some(2));
-        assert_eq!(on_disk.gpu_kinds, vec!["h100".to_owned()]);
+        assert_eq!(on_disk.world.world_size, 2);
+        assert_eq!(on_disk.world.degrees.etp, 2);
+        assert_eq!(on_disk.world.cluster.gpus_per_node, 2);
+        assert_eq!(on_disk.gpu_kinds, vec![GpuKind::H100]);
+        // The layout is written under the names scripts read.
+        let text = fs::read_to_string(run_dir.join(MANIFEST_FILE)).unwrap();
+        let written: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(written["world"]["degrees"]["tp"], 2);
+        assert_eq!(written["world"]["cluster"]["gpu"], "h100");
+        assert_eq!(written["gpu_kinds"], json!(["h100"]));
         assert_eq!(on_disk.seed, 7);
         assert_eq!(on_disk.data_cache_keys, Some(vec!["k1".to_owned()]));
         assert!(on_disk.started_at.ends_with('Z'), "{}", on_disk.started_at);
@@ -359,7 +406,7 @@ mod tests {
     fn a_non_zero_exit_is_a_failure() {
         let dir = tempfile::tempdir().unwrap();
         let mut manifest =
-            RunManifest::start(dir.path(), &json!({}), &json!({}), RunDetails::default()).unwrap();
+            RunManifest::start(dir.path(), &json!({}), plan(), RunDetails::default()).unwrap();
         manifest.finish(RunStatus::from_exit_code(3), 3).unwrap();
         let read = RunManifest::read(dir.path()).unwrap();
         assert_eq!(read.status, RunStatus::Failed);
@@ -367,8 +414,8 @@ mod tests {
         assert!(!read.succeeded());
         manifest.finish(RunStatus::Stopped, 0).unwrap();
         assert!(!RunManifest::read(dir.path()).unwrap().succeeded());
-        // Without a plan_hash the plan's canonical hash is used.
-        assert_eq!(read.plan_hash, canonical_hash(&json!({})));
+        // The plan's own hash is recorded.
+        assert_eq!(read.plan_hash, "abc123");
     }
 
     #[test]

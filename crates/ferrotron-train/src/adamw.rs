@@ -55,8 +55,8 @@ pub struct AdamW<I: Backend> {
 }
 
 /// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
-pub const EXP_AVG: &str = "exp_avg";
-pub const EXP_AVG_SQ: &str = "exp_avg_sq";
+pub(crate) const EXP_AVG: &str = "exp_avg";
+pub(crate) const EXP_AVG_SQ: &str = "exp_avg_sq";
 
 impl<I: Backend> AdamW<I> {
     pub fn new(config: AdamWConfig, no_decay: HashSet<ParamId>) -> Self {

@@ -9,7 +9,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
 
 /// The L2 norm of all gradients of `model` together (one device sync).
-pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+pub(crate) fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     grads: &GradientsParams,
 ) -> f64 {
@@ -20,7 +20,7 @@ pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
 }
 
 /// The sum of squares of all gradients of `model`, left on the device (`None`: no gradients).
-pub fn grad_sum_of_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
+pub(crate) fn grad_sum_of_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     grads: &GradientsParams,
 ) -> Option<Tensor<B::InnerBackend, 1>> {
@@ -31,7 +31,7 @@ pub fn grad_sum_of_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
 
 /// [`clip_coefficient`] computed on the device from the sum of squares, in f32, so the step
 /// never waits for the norm; `None` when clipping is off.
-pub fn device_clip_coefficient<I: Backend>(
+pub(crate) fn device_clip_coefficient<I: Backend>(
     sum_of_squares: &Tensor<I, 1>,
     max_norm: f64,
 ) -> Option<Tensor<I, 1>> {
@@ -49,7 +49,7 @@ pub fn device_clip_coefficient<I: Backend>(
 
 /// The factor gradients are multiplied by so their global norm is at most `max_norm`
 /// (Megatron: `max_norm / (norm + 1e-6)` when below 1; `max_norm` 0 disables clipping).
-pub fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
+pub(crate) fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
     if max_norm <= 0.0 {
         return 1.0;
     }

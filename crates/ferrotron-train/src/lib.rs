@@ -24,22 +24,23 @@ mod signal;
 mod step;
 mod trainer;
 
-pub use adamw::{AdamW, AdamWConfig, EXP_AVG, EXP_AVG_SQ};
-pub use clip::{clip_coefficient, global_grad_norm};
+pub use adamw::{AdamW, AdamWConfig};
 pub use error::TrainError;
 pub use fault::FaultInjection;
-pub use lr_schedule::{LrSchedule, ScheduleUnit};
-pub use parallel::{
-    GRAD_BUCKET_ELEMENTS, RankOutcome, group_members, schedule as pipeline_schedule, train_rank,
-    train_threads, train_threads_detailed,
-};
+pub use parallel::{group_members, train_rank, train_threads};
 pub use params::{NamedTensor, ParamEntry, load_named_tensors, named_tensors, param_entries};
-pub use resume::{ResumeState, load_for_inference, resume_from, save_checkpoint};
+pub use resume::{ResumeState, load_for_inference};
 pub use signal::StopFlag;
-pub use step::{
-    Microbatch, PendingStats, StepContext, StepStats, evaluate, train_step, train_step_deferred,
-};
+pub use step::{Microbatch, StepContext, StepStats, evaluate, train_step};
 pub use trainer::{RunOptions, RunSummary, StopReason, train};
+
+// Shared between the crate's modules, not part of its API.
+pub(crate) use adamw::{EXP_AVG, EXP_AVG_SQ};
+pub(crate) use clip::{clip_coefficient, global_grad_norm};
+pub(crate) use lr_schedule::LrSchedule;
+#[cfg(test)]
+pub(crate) use parallel::train_threads_detailed;
+pub(crate) use step::PendingStats;
 
 /// The CPU backend (burn-flex) used for inference and evaluation.
 pub type CpuBackend = burn::backend::Flex;

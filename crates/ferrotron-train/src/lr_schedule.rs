@@ -10,7 +10,7 @@ use crate::TrainError;
 
 /// What the schedule's positions count.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ScheduleUnit {
+pub(crate) enum ScheduleUnit {
     /// Optimizer steps.
     Iterations,
     /// Tokens consumed; positions are converted from iterations at this many tokens per step.
@@ -19,7 +19,7 @@ pub enum ScheduleUnit {
 
 /// A resolved schedule: warmup, then constant / linear / cosine / WSD decay to `min_lr`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LrSchedule {
+pub(crate) struct LrSchedule {
     pub decay: Decay,
     pub max_lr: f64,
     pub min_lr: f64,
@@ -34,7 +34,7 @@ pub struct LrSchedule {
 
 impl LrSchedule {
     /// The schedule a recipe asks for over `train_iters` optimizer steps.
-    pub fn from_recipe(recipe: &Recipe, train_iters: u64) -> Result<Self, TrainError> {
+    pub(crate) fn from_recipe(recipe: &Recipe, train_iters: u64) -> Result<Self, TrainError> {
         let optimizer = &recipe.training.optimizer;
         let schedule = &recipe.training.schedule;
         let unit = match recipe.training.train_tokens {
@@ -78,7 +78,7 @@ impl LrSchedule {
 
     /// The rate for optimizer step `iteration` (1-based: the first step is iteration 1), when
     /// `tokens` tokens will have been consumed after it.
-    pub fn lr(&self, iteration: u64, tokens: u64) -> f64 {
+    pub(crate) fn lr(&self, iteration: u64, tokens: u64) -> f64 {
         let position = match self.unit {
             ScheduleUnit::Iterations => iteration as f64,
             ScheduleUnit::Tokens { .. } => tokens as f64,
@@ -87,7 +87,7 @@ impl LrSchedule {
     }
 
     /// The rate at `position` in the schedule's unit.
-    pub fn lr_at(&self, position: f64) -> f64 {
+    pub(crate) fn lr_at(&self, position: f64) -> f64 {
         if self.warmup > 0.0 && position <= self.warmup {
             return self.max_lr * position / self.warmup;
         }

@@ -100,7 +100,7 @@ pub fn load_named_tensors<B: Backend, M: Module<B>>(
 }
 
 /// Each float parameter's dtype, by the names [`param_entries`] gives.
-pub fn param_dtypes<B: Backend, M: Module<B>>(module: &M) -> HashMap<String, DType> {
+pub(crate) fn param_dtypes<B: Backend, M: Module<B>>(module: &M) -> HashMap<String, DType> {
     let mut visitor = DtypeCollector {
         path: Vec::new(),
         dtypes: HashMap::new(),

@@ -39,7 +39,7 @@ impl ResumeState {
 /// Write the checkpoint of a one-rank `model` and `optimizer` at `state` into `store`
 /// (atomically). It is the sharded format with one rank holding whole tensors, so it loads
 /// into any layout.
-pub fn save_checkpoint<B: AutodiffBackend>(
+pub(crate) fn save_checkpoint<B: AutodiffBackend>(
     store: &CheckpointStore,
     model: &GptModel<B>,
     optimizer: &AdamW<B::InnerBackend>,
@@ -70,7 +70,7 @@ pub fn save_checkpoint<B: AutodiffBackend>(
 
 /// Load an opened checkpoint (written by any layout) into a one-rank `model` and
 /// `optimizer`, after checking it was written for the same model shape and seed.
-pub fn resume_from<B: AutodiffBackend>(
+pub(crate) fn resume_from<B: AutodiffBackend>(
     checkpoint: &ShardedCheckpoint,
     model: GptModel<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
@@ -144,7 +144,7 @@ fn whole_tensors(
 }
 
 /// The resolved recipe as YAML (`recipe validate` reads it back).
-pub fn write_recipe(dir: &Path, recipe: &Recipe) -> Result<(), TrainError> {
+pub(crate) fn write_recipe(dir: &Path, recipe: &Recipe) -> Result<(), TrainError> {
     let path = dir.join(RECIPE_FILE);
     std::fs::create_dir_all(dir).map_err(|e| TrainError::io("create", dir, e))?;
     let text = serde_saphyr::to_string(recipe)

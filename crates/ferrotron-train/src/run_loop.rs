@@ -85,7 +85,7 @@ pub(crate) struct Reporter {
 }
 
 impl Reporter {
-    pub fn start(
+    pub(crate) fn start(
         plan: &Plan,
         recipe: &Recipe,
         options: &RunOptions,
@@ -125,7 +125,7 @@ impl Reporter {
 
     /// Closes the progress display: with the closing line when the run `succeeded`, without
     /// it when it failed (the error follows).
-    pub fn finish(&self, succeeded: bool) {
+    pub(crate) fn finish(&self, succeeded: bool) {
         if succeeded {
             self.progress.finish();
         } else {

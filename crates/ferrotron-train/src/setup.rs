@@ -21,7 +21,7 @@ pub(crate) struct RunSetup {
 }
 
 impl RunSetup {
-    pub fn new(plan: &Plan) -> Result<Self, TrainError> {
+    pub(crate) fn new(plan: &Plan) -> Result<Self, TrainError> {
         let recipe = runtime_recipe(plan);
         let global_batch = u64::from(plan.global_batch_size);
         let train_iters = plan.train_iters;
@@ -64,7 +64,7 @@ impl RunSetup {
     /// `checkpoint.verify` is off) checked against its checksums. With `auto`, a damaged newest
     /// checkpoint is reported and the newest older one that verifies is taken instead; a path
     /// named explicitly must verify itself.
-    pub fn resume_source(&self) -> Result<Option<ShardedCheckpoint>, TrainError> {
+    pub(crate) fn resume_source(&self) -> Result<Option<ShardedCheckpoint>, TrainError> {
         let verify = self.recipe.checkpoint.verify;
         match self.recipe.checkpoint.resume_policy() {
             ResumePolicy::Never => Ok(None),

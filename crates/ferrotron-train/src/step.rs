@@ -97,20 +97,20 @@ pub struct StepContext {
 /// A step's [`StepStats`], read from the device when the caller asks (a logged step), not when
 /// the step is queued: on a GPU each read waits for every queued kernel, so a step that read its
 /// loss per microbatch and its gradient norm before clipping would stall the queue three times.
-pub struct PendingStats {
+pub(crate) struct PendingStats {
     read: Box<dyn FnOnce() -> Result<StepStats, TrainError>>,
 }
 
 impl PendingStats {
     /// Statistics already on the host.
-    pub fn ready(stats: StepStats) -> Self {
+    pub(crate) fn ready(stats: StepStats) -> Self {
         Self {
             read: Box::new(move || Ok(stats)),
         }
     }
 
     /// The statistics; a non-finite loss or gradient norm is the step's error.
-    pub fn read(self) -> Result<StepStats, TrainError> {
+    pub(crate) fn read(self) -> Result<StepStats, TrainError> {
         (self.read)()
     }
 }
@@ -145,7 +145,7 @@ where
 /// caller must stop without saving. Elsewhere this is the host-side step, read at once.
 ///
 /// [`FusedOps::device_resident_step`]: ferrotron_parallel::FusedOps::device_resident_step
-pub fn train_step_deferred<B>(
+pub(crate) fn train_step_deferred<B>(
     model: GptModel<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
     microbatches: &[Microbatch],

@@ -27,7 +27,7 @@ enum Format {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The old recipe: a file, or `REV:path` read through `git show` (e.g. `main:recipes/a.yaml`).
     #[arg(value_name = "OLD")]
     old: String,
@@ -151,7 +151,7 @@ fn load_side(arg: &str) -> Loaded {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let old = load_side(&args.old);
     let new = load_side(&args.new);
     let (old, new) = match (old, new) {

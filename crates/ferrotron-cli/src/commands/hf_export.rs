@@ -11,19 +11,19 @@ use super::sample::checkpoint_folder;
 use crate::exit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Hugging Face transformers (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM).
     Hf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DtypeArg {
+pub(crate) enum DtypeArg {
     Fp32,
     Bf16,
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// A checkpoint folder, a checkpoint directory or a run directory (its newest checkpoint).
     pub checkpoint: PathBuf,
     #[arg(long, value_enum)]
@@ -39,7 +39,7 @@ pub struct Args {
     pub max_shard_bytes: u64,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Format::Hf = args.format;
     let folder = checkpoint_folder(&args.checkpoint)?;
     let options = ExportOptions {

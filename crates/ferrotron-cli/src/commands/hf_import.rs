@@ -20,7 +20,7 @@ use super::resolve;
 use crate::exit;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// A transformers model folder: config.json and model.safetensors (or an index and shards).
     pub hf_dir: PathBuf,
     /// The checkpoint directory to write the iteration-0 checkpoint into.
@@ -38,7 +38,7 @@ pub struct Args {
     pub no_env: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let hf = HfModel::open(&args.hf_dir)?;
     let plan = match &args.recipe {
         Some(path) => {
@@ -50,7 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             if let Err(code) = report(&loaded, hf.check(&loaded.recipe.model, vocab)) {
                 return Ok(code);
             }
-            match resolve::plan_or_report(&loaded, None)? {
+            match resolve::plan_or_report(&loaded, None) {
                 Ok(plan) => plan,
                 Err(code) => return Ok(code),
             }
@@ -83,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// `checkpoint.init_from` for `recipe run`: when the checkpoint directory holds no checkpoint
 /// yet, import the weights as its iteration 0 (the lead rank; the others wait for the commit).
 /// `Err` carries the exit code after the diagnostics are printed.
-pub fn init_from(
+pub(crate) fn init_from(
     loaded: &LoadedRecipe,
     plan: &Plan,
     lead: bool,

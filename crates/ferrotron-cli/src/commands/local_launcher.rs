@@ -42,13 +42,13 @@ const FAILURE_GRACE: Duration = Duration::from_secs(5);
 /// How often the children and the signal flag are looked at.
 const POLL: Duration = Duration::from_millis(20);
 /// The flag this launcher reads; every other argument goes to the children unchanged.
-pub const FLAG: &str = "--nproc-per-node";
+pub(crate) const FLAG: &str = "--nproc-per-node";
 /// Set on every rank the launcher starts: the launcher's pid, for [`follow_launcher`].
 const LAUNCHER_PID: &str = "FERROTRON_LAUNCHER_PID";
 
 /// In a rank this launcher started: be sent SIGUSR1 (save and stop) when the launcher dies.
 /// Nothing elsewhere.
-pub fn follow_launcher() -> anyhow::Result<()> {
+pub(crate) fn follow_launcher() -> anyhow::Result<()> {
     let Some(launcher) = std::env::var(LAUNCHER_PID)
         .ok()
         .and_then(|pid| pid.parse::<i32>().ok())
@@ -67,7 +67,7 @@ pub fn follow_launcher() -> anyhow::Result<()> {
 }
 
 /// The command line of a child: this process's arguments without `--nproc-per-node`.
-pub fn child_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+pub(crate) fn child_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut kept = Vec::new();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -85,7 +85,7 @@ pub fn child_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
 
 /// Start `nproc` ranks of `recipe run <args>` on this machine, relay their output and signals,
 /// and return the world's exit code.
-pub fn launch(nproc: u32, args: &[OsString]) -> anyhow::Result<ExitCode> {
+pub(crate) fn launch(nproc: u32, args: &[OsString]) -> anyhow::Result<ExitCode> {
     let program = std::env::current_exe().context("finding the recipe binary to start ranks")?;
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())

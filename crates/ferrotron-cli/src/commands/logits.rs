@@ -14,7 +14,7 @@ use super::sample::checkpoint_folder;
 use crate::exit;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// A checkpoint folder, a checkpoint directory or a run directory (its newest checkpoint).
     pub checkpoint: PathBuf,
     /// A JSON file holding a batch of token id rows of equal length: `[[1, 2, 3], [4, 5, 6]]`.
@@ -25,7 +25,7 @@ pub struct Args {
     pub out: PathBuf,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let folder = checkpoint_folder(&args.checkpoint)?;
     let text = std::fs::read_to_string(&args.tokens)
         .with_context(|| format!("reading {}", args.tokens.display()))?;

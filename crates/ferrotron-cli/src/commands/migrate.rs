@@ -16,7 +16,7 @@ use ferrotron_recipe::{FORMAT_VERSION, inherited_version, migrate_text, unified_
 use super::validate::{handler, render};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Recipe files to migrate (each file is migrated on its own; bases are not followed).
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -28,7 +28,7 @@ pub struct Args {
     check: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     let mut unreadable = false;
     let mut outdated = false;

@@ -11,7 +11,7 @@ use ferrotron_plan::{render_explain, render_human};
 use ferrotron_recipe::{Cluster, GpuKind, Recipe};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Human,
     Json,
     Yaml,
@@ -39,7 +39,7 @@ impl From<Gpu> for GpuKind {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The recipe file.
     pub recipe: PathBuf,
     /// Override a recipe value: `--set parallel.tensor=4` (the value is YAML).
@@ -81,7 +81,7 @@ fn cluster(recipe: &Recipe, args: &Args) -> Option<Cluster> {
     })
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.nodes == Some(0) || args.gpus_per_node == Some(0) {
         anyhow::bail!("--nodes and --gpus-per-node must be at least 1");
     }
@@ -90,7 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let recipe = &loaded.recipe;
-    let plan = match super::resolve::plan_or_report(&loaded, cluster(recipe, &args))? {
+    let plan = match super::resolve::plan_or_report(&loaded, cluster(recipe, &args)) {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };

@@ -10,7 +10,7 @@ use ferrotron_data::{
 };
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// JSONL input files (one JSON object a line), read in order.
     #[arg(long, required = true, num_args = 1..)]
     input: Vec<PathBuf>,
@@ -49,7 +49,7 @@ pub struct Args {
     quiet: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let tokenizer = load_tokenizer(&args)?;
     let config = PreprocessConfig {
         inputs: args.input,

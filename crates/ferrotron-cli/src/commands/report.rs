@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use ferrotron_sweep::{collect_runs, write_report};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Run directories (holding `metrics.jsonl`) or sweep directories (whose members do).
     #[arg(required = true, value_name = "RUN_DIR")]
     pub run_dirs: Vec<PathBuf>,
@@ -16,7 +16,7 @@ pub struct Args {
     pub out: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let runs = collect_runs(&args.run_dirs)?;
     let out = args.out.unwrap_or_else(|| args.run_dirs[0].join("report"));
     let written = write_report(&runs, &out)?;

@@ -10,12 +10,16 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::exit;
-use ferrotron_plan::{Plan, PlanOptions, plan};
+use ferrotron_plan::{Plan, Unplanned};
 use ferrotron_recipe::{Cluster, LoadOptions, LoadedRecipe, Recipe};
 
 /// Loads a recipe with `--set` and (unless `--no-env`) environment overrides; on failure the diagnostics are printed
 /// and the exit code returned: unreadable input or an invalid recipe (as `recipe validate`).
-pub fn load(path: &Path, overrides: &[String], use_env: bool) -> Result<LoadedRecipe, ExitCode> {
+pub(crate) fn load(
+    path: &Path,
+    overrides: &[String],
+    use_env: bool,
+) -> Result<LoadedRecipe, ExitCode> {
     ferrotron_recipe::load(path, &LoadOptions { overrides, use_env }).map_err(|errors| {
         let code = if errors.is_unreadable() {
             exit::USAGE
@@ -31,7 +35,7 @@ pub fn load(path: &Path, overrides: &[String], use_env: bool) -> Result<LoadedRe
 /// at the recipe line that named it and the run stops before any rank starts: exit 2 when a
 /// tokenizer file is among them (unreadable input, as `validate` and `plan` say), else exit 1
 /// (missing data fails the run).
-pub fn check_files(loaded: &LoadedRecipe) -> Result<(), ExitCode> {
+pub(crate) fn check_files(loaded: &LoadedRecipe) -> Result<(), ExitCode> {
     let problems = loaded.check_files();
     if problems.is_empty() {
         return Ok(());
@@ -52,46 +56,41 @@ pub fn check_files(loaded: &LoadedRecipe) -> Result<(), ExitCode> {
 }
 
 /// The unpadded vocabulary: the recipe's, else the tokenizer's.
-pub fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
-    if let Some(vocab) = recipe.model.vocab_size {
-        return Ok(vocab);
-    }
-    ferrotron_data::tokenizer_vocab_size(&recipe.data.tokenizer).context(
+pub(crate) fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
+    ferrotron_plan::vocab_size(recipe, ferrotron_data::tokenizer_vocab_size).context(
         "model.vocab_size is not set and the tokenizer could not be loaded to find it; \
          set model.vocab_size or fix data.tokenizer",
     )
 }
 
-/// Plans the loaded recipe on `cluster` (None: the recipe's own). Layout errors are printed at
-/// their lines and turned into the invalid-recipe exit code; a tokenizer that cannot be read
-/// (needed for the vocabulary) is unreadable input, exit 2, as an unreadable recipe is — for
-/// `plan` and `run` alike.
-pub fn plan_or_report(
+/// Plans the loaded recipe on `cluster` (None: the recipe's own) through
+/// [`ferrotron_plan::plan_loaded`]. Layout errors are printed at their lines and turned into the
+/// invalid-recipe exit code; a tokenizer that cannot be read (needed for the vocabulary) is
+/// unreadable input, exit 2, as an unreadable recipe is — for `plan` and `run` alike.
+pub(crate) fn plan_or_report(
     loaded: &LoadedRecipe,
     cluster: Option<Cluster>,
-) -> anyhow::Result<Result<Plan, ExitCode>> {
-    let recipe = &loaded.recipe;
-    let vocab_size = match vocab_size(recipe) {
-        Ok(vocab_size) => vocab_size,
-        Err(err) => {
-            eprintln!("error: {}", crate::failure::describe(&err));
-            return Ok(Err(exit::code(exit::USAGE)));
-        }
-    };
-    let options = PlanOptions {
-        cluster,
-        vocab_size,
-    };
-    Ok(plan(recipe, &options).map_err(|findings| {
-        match loaded.check(findings) {
-            Err(errors) => eprintln!("{:?}", miette::Report::new(errors)),
+) -> Result<Plan, ExitCode> {
+    ferrotron_plan::plan_loaded(loaded, cluster, ferrotron_data::tokenizer_vocab_size).map_err(
+        |unplanned| match unplanned {
+            Unplanned::Vocabulary(_) => {
+                eprintln!(
+                    "error: {}",
+                    crate::failure::describe(&anyhow::Error::new(unplanned))
+                );
+                exit::code(exit::USAGE)
+            }
+            Unplanned::Invalid(errors) => {
+                eprintln!("{:?}", miette::Report::new(errors));
+                exit::code(exit::FAILED)
+            }
             // Only warnings came back, yet the planner refused: show them as they are.
-            Ok(warnings) => {
+            Unplanned::Refused(warnings) => {
                 for finding in warnings {
                     eprintln!("{}: {}", finding.path, finding.message);
                 }
+                exit::code(exit::FAILED)
             }
-        }
-        exit::code(exit::FAILED)
-    }))
+        },
+    )
 }

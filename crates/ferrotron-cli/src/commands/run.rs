@@ -1,7 +1,7 @@
 //! `recipe run`: load a recipe, plan it, train it. The training crate does the work; this edge
-//! picks the backend, the world (one rank, thread ranks in this process, or one rank of a
-//! process world started by srun/torchrun — see `world`), the run directory and the signal
-//! handling, and turns the outcome into an exit code (`crate::exit`: 0 finished or stopped
+//! resolves the recipe, hands the world and the backend to `launch` (one rank, thread ranks in
+//! this process, or one rank of a process world started by srun/torchrun), picks the run
+//! directory and the signal handling, writes the run manifest, and turns the outcome into an exit code (`crate::exit`: 0 finished or stopped
 //! cleanly, 1 invalid recipe or failed run, 2 bad usage or unreadable recipe, 3 diverged).
 
 use std::path::{Path, PathBuf};
@@ -13,20 +13,19 @@ use ferrotron_recipe::{Backend, LoadedRecipe, Recipe};
 use ferrotron_telemetry::{RunDetails, RunManifest, RunStatus};
 use ferrotron_train::{RunOptions, RunSummary, StopFlag, StopReason, TrainError};
 
-use super::backend::ComputeBackend;
-use super::world::RunWorld;
+use super::launch::{Launch, World};
 use crate::exit;
 use crate::failure::{catching, describe};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendArg {
+pub(crate) enum BackendArg {
     Cpu,
     Cuda,
     BurnCuda,
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The recipe file.
     pub recipe: PathBuf,
     /// Override a recipe value: `--set training.train_iters=100` (the value is YAML).
@@ -64,7 +63,7 @@ pub struct Args {
     pub dry_run: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     super::local_launcher::follow_launcher()?;
     let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
         Ok(loaded) => loaded,
@@ -113,21 +112,21 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     };
     ferrotron_telemetry::init_tracing(recipe.logging.format);
 
-    let world = RunWorld::detect(args.world_size, recipe)?;
-    let compute = match ComputeBackend::select(backend, &world) {
-        Ok(compute) => compute,
+    let world = World::detect(args.world_size, recipe)?;
+    let launch = match Launch::select(backend, world) {
+        Ok(launch) => launch,
         Err(err) => {
             eprintln!("error: {}", describe(&err));
             return Ok(exit::code(exit::USAGE));
         }
     };
-    let cluster = compute.cluster(&world, recipe)?;
-    let plan = match super::resolve::plan_or_report(loaded, Some(cluster))? {
+    let cluster = launch.cluster(recipe)?;
+    let plan = match super::resolve::plan_or_report(loaded, Some(cluster)) {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };
-    world.check_plan(&plan)?;
-    let lead = world.rank() == 0;
+    launch.check_plan(&plan)?;
+    let lead = launch.rank() == 0;
     if !plan.memory.fits && !args.force {
         if lead {
             eprint!("{}", does_not_fit(&plan));
@@ -138,7 +137,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         return Ok(code);
     }
     if lead {
-        eprint!("{}", brief(&plan, &compute));
+        eprint!("{}", brief(&plan, &launch));
     }
     if args.dry_run {
         eprintln!("dry run: the recipe, its files and its plan are fine; nothing was trained");
@@ -152,11 +151,11 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
             RunManifest::start(
                 &run_dir,
                 &serde_json::to_value(&plan.recipe)?,
-                &serde_json::to_value(&plan)?,
+                ferrotron_sweep::plan_record(&plan)?,
                 RunDetails {
                     seed: plan.recipe.training.seed,
                     data_cache_keys: None,
-                    hosts: world.hosts(),
+                    hosts: launch.hosts(),
                 },
             )
             .context("writing the run manifest")?,
@@ -169,9 +168,9 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         stop: StopFlag::on_signals().context("installing the SIGTERM/SIGINT handlers")?,
         exit_interval: args.exit_interval,
         announce: announce_metrics,
-        memory: compute.memory_probe(),
+        memory: launch.memory_probe(),
     };
-    match catching(|| compute.train(&world, &plan, &options)) {
+    match catching(|| launch.train(&plan, &options)) {
         Ok(summary) => {
             let status = match summary.stopped {
                 Some(_) => RunStatus::Stopped,
@@ -193,7 +192,6 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         // or norm has its own code: the recipe diverged, the machine did not fail.
         Err(err) => {
             let message = describe(&err);
-            eprintln!("{}error: {message}", world.log_prefix());
             let diverged = matches!(
                 err.downcast_ref::<TrainError>(),
                 Some(TrainError::NonFinite { .. })
@@ -203,9 +201,12 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
             } else {
                 exit::FAILED
             };
+            // The manifest first: with stderr gone (a dead log reader) the print cannot land,
+            // and the record must not be left saying `running`.
             if let Some(manifest) = manifest.as_mut() {
                 manifest.fail(&message, i32::from(code))?;
             }
+            eprintln!("{}error: {message}", launch.log_prefix());
             Ok(exit::code(code))
         }
     }
@@ -258,12 +259,12 @@ fn run_dir(args: &Args, recipe: &Recipe) -> PathBuf {
 }
 
 /// A few lines of the plan: what will run, how big, how long per step in theory.
-fn brief(plan: &Plan, compute: &ComputeBackend) -> String {
+fn brief(plan: &Plan, launch: &Launch) -> String {
     let d = &plan.degrees;
     let params = plan.parameters.total as f64;
-    let precision = match (compute, plan.recipe.precision.dtype) {
+    let precision = match (launch.on_cpu(), plan.recipe.precision.dtype) {
         (_, ferrotron_recipe::Dtype::Fp32) => "fp32",
-        (ComputeBackend::Cpu, _) => {
+        (true, _) => {
             "fp32 (the CPU backend computes in fp32; precision.dtype applies on GPU backends)"
         }
         (_, ferrotron_recipe::Dtype::Bf16) => "bf16 compute, fp32 master weights and gradients",

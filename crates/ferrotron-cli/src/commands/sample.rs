@@ -10,7 +10,7 @@ use ferrotron_train::checkpoint::{CheckpointStore, is_committed};
 use ferrotron_train::{CpuBackend, load_for_inference};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// A checkpoint folder (`.../iter_0000300`), a checkpoint directory or a run directory (its
     /// newest checkpoint).
     pub checkpoint: PathBuf,
@@ -42,7 +42,7 @@ fn temperature(text: &str) -> Result<f32, String> {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let folder = checkpoint_folder(&args.checkpoint)?;
     let device = Default::default();
     let (model, manifest) = load_for_inference::<CpuBackend>(&folder, &device)
@@ -75,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// The folder itself when committed, else the newest committed checkpoint inside it, else inside
 /// its `checkpoints/` (a run directory, as `recipe run` lays them out).
-pub fn checkpoint_folder(path: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn checkpoint_folder(path: &Path) -> anyhow::Result<PathBuf> {
     if is_committed(path) {
         return Ok(path.to_path_buf());
     }

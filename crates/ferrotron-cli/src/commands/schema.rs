@@ -5,9 +5,9 @@
 use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub(crate) struct Args {}
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(_args: Args) -> anyhow::Result<ExitCode> {
     print!("{}", ferrotron_recipe::json_schema_pretty());
     Ok(ExitCode::SUCCESS)
 }

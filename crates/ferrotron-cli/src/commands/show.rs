@@ -11,7 +11,7 @@ use crate::exit;
 use super::validate::{handler, render};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The recipe file.
     #[arg(value_name = "FILE")]
     file: PathBuf,
@@ -26,7 +26,7 @@ pub struct Args {
     no_env: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let opts = LoadOptions {
         overrides: &args.set,
         use_env: !args.no_env,

@@ -17,7 +17,7 @@ use ferrotron_sweep::{Member, SweepSpec, prepare_array};
 
 /// Scheduling options shared by `recipe submit` and `recipe sweep --submit`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct SlurmArgs {
+pub(crate) struct SlurmArgs {
     /// Slurm partition (`--partition`).
     #[arg(long, value_name = "P")]
     pub partition: Option<String>,
@@ -74,7 +74,7 @@ impl SlurmArgs {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The recipe file.
     pub recipe: PathBuf,
     /// Override a recipe value: `--set training.train_iters=100` (passed on to the job's run).
@@ -105,7 +105,7 @@ pub struct Args {
     pub dry_run: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
@@ -121,7 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     });
     cluster.nodes = args.nodes.unwrap_or(cluster.nodes);
     cluster.gpus_per_node = args.gpus_per_node.unwrap_or(cluster.gpus_per_node);
-    let plan = match super::resolve::plan_or_report(&loaded, Some(cluster))? {
+    let plan = match super::resolve::plan_or_report(&loaded, Some(cluster)) {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };
@@ -156,7 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// `recipe sweep --submit`: every valid, unfinished member as one index of a job array.
-pub fn sweep(
+pub(crate) fn sweep(
     spec: &SweepSpec,
     members: &[Member],
     out_dir: &Path,

@@ -17,7 +17,7 @@ use ferrotron_sweep::{
 };
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The sweep file (`sweep: {name, base, set, grid, zip, seeds}`).
     pub sweep: PathBuf,
     /// List the members with their plans (and invalid ones with their diagnostics); run nothing.
@@ -36,7 +36,7 @@ pub struct Args {
     pub slurm: super::submit::SlurmArgs,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let spec = SweepSpec::load(&args.sweep)?;
     let cwd = std::env::current_dir().context("reading the current directory")?;
     let members = resolve(&spec, &cwd);

@@ -14,7 +14,7 @@ use ferrotron_recipe::{Checked, LoadOptions, Problem, Severity, load};
 use miette::{GraphicalReportHandler, GraphicalTheme};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Recipe files to check.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -62,7 +62,7 @@ impl Outcome {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let opts = LoadOptions {
         overrides: &args.set,
         use_env: !args.no_env,
@@ -191,7 +191,7 @@ fn token_ids(recipe: &ferrotron_recipe::Recipe) -> Vec<ferrotron_recipe::Finding
 
 /// The graphical handler used for every human-readable diagnostic of the CLI: colour only on a
 /// terminal (and not under `NO_COLOR`), a fixed width so output does not depend on the terminal.
-pub fn handler() -> GraphicalReportHandler {
+pub(crate) fn handler() -> GraphicalReportHandler {
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let theme = if colour {
         GraphicalTheme::unicode()
@@ -201,7 +201,7 @@ pub fn handler() -> GraphicalReportHandler {
     GraphicalReportHandler::new_themed(theme).with_width(100)
 }
 
-pub fn render(handler: &GraphicalReportHandler, problem: &Problem) -> String {
+pub(crate) fn render(handler: &GraphicalReportHandler, problem: &Problem) -> String {
     let mut out = String::new();
     if handler.render_report(&mut out, problem).is_err() {
         out = format!("{problem}\n");

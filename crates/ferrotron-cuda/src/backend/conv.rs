@@ -79,7 +79,7 @@ fn pad_or_crop(x: &CudaTensor, pads: [isize; 4]) -> Result<CudaTensor> {
 }
 
 /// `conv2d(x [N, C, H, W], weight [O, C/g, kh, kw]) + bias [O]` → `[N, O, OH, OW]`.
-pub fn conv2d(
+pub(super) fn conv2d(
     x: &CudaTensor,
     weight: &CudaTensor,
     bias: Option<&CudaTensor>,
@@ -150,7 +150,7 @@ pub fn conv2d(
 }
 
 /// `conv_transpose2d(x [N, C, H, W], weight [C, O/g, kh, kw]) + bias [O]`.
-pub fn conv_transpose2d(
+pub(super) fn conv_transpose2d(
     x: &CudaTensor,
     weight: &CudaTensor,
     bias: Option<&CudaTensor>,

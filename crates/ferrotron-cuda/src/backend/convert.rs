@@ -26,7 +26,7 @@ fn unsupported(what: String) -> CudaError {
 }
 
 /// The engine dtype for a burn dtype.
-pub fn engine_dtype(dtype: DType) -> Result<EDType> {
+pub(crate) fn engine_dtype(dtype: DType) -> Result<EDType> {
     Ok(match dtype {
         DType::F32 | DType::Flex32 => EDType::F32,
         DType::F16 => EDType::F16,
@@ -40,7 +40,7 @@ pub fn engine_dtype(dtype: DType) -> Result<EDType> {
 }
 
 /// The burn dtype of an engine dtype (bools are one byte each: `Bool(U8)`).
-pub fn burn_dtype(dtype: EDType) -> DType {
+pub(crate) fn burn_dtype(dtype: EDType) -> DType {
     match dtype {
         EDType::F32 => DType::F32,
         EDType::F16 => DType::F16,
@@ -53,7 +53,7 @@ pub fn burn_dtype(dtype: EDType) -> DType {
 }
 
 /// The engine dtype for a requested float dtype.
-pub fn float_dtype(dtype: FloatDType) -> EDType {
+pub(crate) fn float_dtype(dtype: FloatDType) -> EDType {
     match dtype {
         FloatDType::F16 => EDType::F16,
         FloatDType::BF16 => EDType::BF16,
@@ -63,7 +63,7 @@ pub fn float_dtype(dtype: FloatDType) -> EDType {
 }
 
 /// The engine dtype for a requested int dtype: i64, i32 and u8 as asked, other widths as i64.
-pub fn int_dtype(dtype: IntDType) -> EDType {
+pub(crate) fn int_dtype(dtype: IntDType) -> EDType {
     match dtype {
         IntDType::I32 => EDType::I32,
         IntDType::U8 => EDType::U8,
@@ -72,7 +72,7 @@ pub fn int_dtype(dtype: IntDType) -> EDType {
 }
 
 /// A burn scalar as the engine's scalar.
-pub fn scalar(value: Scalar) -> EScalar {
+pub(crate) fn scalar(value: Scalar) -> EScalar {
     match value {
         Scalar::Float(v) => EScalar::Float(v),
         Scalar::Int(v) => EScalar::Int(v),
@@ -82,7 +82,7 @@ pub fn scalar(value: Scalar) -> EScalar {
 }
 
 /// A burn distribution as the engine's (burn's `Default` is uniform on `[0, 1)`).
-pub fn distribution(d: Distribution) -> EDistribution {
+pub(crate) fn distribution(d: Distribution) -> EDistribution {
     match d {
         Distribution::Default => EDistribution::Uniform {
             low: 0.0,
@@ -95,7 +95,7 @@ pub fn distribution(d: Distribution) -> EDistribution {
 }
 
 /// Resolves burn slices (negative indices count from the end, open ends) against a shape.
-pub fn slice_args(slices: &[Slice], shape: &[usize]) -> Result<Vec<SliceArg>> {
+pub(crate) fn slice_args(slices: &[Slice], shape: &[usize]) -> Result<Vec<SliceArg>> {
     if slices.len() > shape.len() {
         return Err(CudaError::invalid(
             OpContext::new("slice").shape(shape),
@@ -131,7 +131,7 @@ pub fn slice_args(slices: &[Slice], shape: &[usize]) -> Result<Vec<SliceArg>> {
 
 /// Host data as it will be stored: the engine dtype, and the data converted to it when burn's
 /// dtype is one the engine does not store.
-pub fn storable(data: TensorData) -> (TensorData, EDType) {
+pub(crate) fn storable(data: TensorData) -> (TensorData, EDType) {
     match data.dtype {
         DType::F64 => (data.convert::<f32>(), EDType::F32),
         DType::I16 | DType::I8 | DType::U16 | DType::U32 | DType::U64 => {
@@ -154,7 +154,7 @@ pub fn storable(data: TensorData) -> (TensorData, EDType) {
 }
 
 /// Uploads host data.
-pub fn upload(data: TensorData, device: &Arc<CudaDevice>) -> Result<CudaTensor> {
+pub(crate) fn upload(data: TensorData, device: &Arc<CudaDevice>) -> Result<CudaTensor> {
     if matches!(data.dtype, DType::QFloat(_)) {
         return Err(unsupported("quantized data".to_string()));
     }
@@ -163,7 +163,7 @@ pub fn upload(data: TensorData, device: &Arc<CudaDevice>) -> Result<CudaTensor> 
 }
 
 /// Downloads a tensor (synchronises the stream).
-pub fn download(tensor: &CudaTensor) -> Result<TensorData> {
+pub(crate) fn download(tensor: &CudaTensor) -> Result<TensorData> {
     let bytes = tensor.to_bytes()?;
     Ok(TensorData::from_bytes_vec(
         bytes,
@@ -175,7 +175,7 @@ pub fn download(tensor: &CudaTensor) -> Result<TensorData> {
 /// Unwraps an engine result inside a burn op trait method, whose signature has no error
 /// channel: the panic message is the engine's error, which names the op, shapes and dtype.
 #[track_caller]
-pub fn ok<T>(result: Result<T>) -> T {
+pub(crate) fn ok<T>(result: Result<T>) -> T {
     result.unwrap_or_else(|err| panic!("ferrotron-cuda: {err}"))
 }
 

@@ -11,7 +11,7 @@ use crate::kernels::elementwise::{self as ew, BinaryOp};
 use crate::kernels::reduce::{self, ReduceOp};
 use crate::tensor::CudaTensor;
 
-pub fn int_matmul(lhs: IntTensor<Cuda>, rhs: IntTensor<Cuda>) -> IntTensor<Cuda> {
+pub(super) fn int_matmul(lhs: IntTensor<Cuda>, rhs: IntTensor<Cuda>) -> IntTensor<Cuda> {
     ok(try_int_matmul(&lhs, &rhs))
 }
 

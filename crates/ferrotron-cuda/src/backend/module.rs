@@ -20,7 +20,7 @@ use super::convert::ok;
 use super::{Cuda, conv};
 
 /// The ops this backend stops on, listed once for the README and the test that checks it.
-pub const UNIMPLEMENTED_MODULE_OPS: &[&str] = &[
+pub(super) const UNIMPLEMENTED_MODULE_OPS: &[&str] = &[
     "conv3d",
     "conv_transpose3d",
     "deform_conv2d",

@@ -16,21 +16,21 @@ use crate::tensor::CudaTensor;
 
 use super::GpuDevice;
 
-pub fn from_data(data: TensorData, device: &GpuDevice) -> CudaTensor {
+pub(crate) fn from_data(data: TensorData, device: &GpuDevice) -> CudaTensor {
     ok(convert::upload(data, &device.engine()))
 }
 
-pub fn into_data(tensor: CudaTensor) -> Result<TensorData> {
+pub(crate) fn into_data(tensor: CudaTensor) -> Result<TensorData> {
     convert::download(&tensor)
 }
 
-pub fn device(tensor: &CudaTensor) -> GpuDevice {
+pub(crate) fn device(tensor: &CudaTensor) -> GpuDevice {
     GpuDevice::new(tensor.device().ordinal())
 }
 
 /// Moves a tensor to another GPU through the host (rare: parameters between ranks go through
 /// NCCL, not here).
-pub fn to_device(tensor: CudaTensor, target: &GpuDevice) -> CudaTensor {
+pub(crate) fn to_device(tensor: CudaTensor, target: &GpuDevice) -> CudaTensor {
     if tensor.device().ordinal() == target.ordinal {
         return tensor;
     }
@@ -38,55 +38,55 @@ pub fn to_device(tensor: CudaTensor, target: &GpuDevice) -> CudaTensor {
     from_data(data, target)
 }
 
-pub fn empty(shape: Shape, dtype: DType, device: &GpuDevice) -> CudaTensor {
+pub(crate) fn empty(shape: Shape, dtype: DType, device: &GpuDevice) -> CudaTensor {
     ok(CudaTensor::empty(&device.engine(), &shape, dtype))
 }
 
-pub fn full(shape: Shape, value: Scalar, dtype: DType, device: &GpuDevice) -> CudaTensor {
+pub(crate) fn full(shape: Shape, value: Scalar, dtype: DType, device: &GpuDevice) -> CudaTensor {
     ok(elementwise::full(&device.engine(), &shape, value, dtype))
 }
 
-pub fn reshape(tensor: CudaTensor, shape: Shape) -> CudaTensor {
+pub(crate) fn reshape(tensor: CudaTensor, shape: Shape) -> CudaTensor {
     ok(tensor.reshape(&shape))
 }
 
-pub fn permute(tensor: CudaTensor, axes: &[usize]) -> CudaTensor {
+pub(crate) fn permute(tensor: CudaTensor, axes: &[usize]) -> CudaTensor {
     ok(tensor.permute(axes))
 }
 
-pub fn swap_dims(tensor: CudaTensor, a: usize, b: usize) -> CudaTensor {
+pub(crate) fn swap_dims(tensor: CudaTensor, a: usize, b: usize) -> CudaTensor {
     ok(tensor.swap_dims(a, b))
 }
 
-pub fn flip(tensor: CudaTensor, axes: &[usize]) -> CudaTensor {
+pub(crate) fn flip(tensor: CudaTensor, axes: &[usize]) -> CudaTensor {
     ok(tensor.flip(axes))
 }
 
-pub fn expand(tensor: CudaTensor, shape: Shape) -> CudaTensor {
+pub(crate) fn expand(tensor: CudaTensor, shape: Shape) -> CudaTensor {
     ok(tensor.expand(&shape))
 }
 
-pub fn slice(tensor: CudaTensor, slices: &[Slice]) -> CudaTensor {
+pub(crate) fn slice(tensor: CudaTensor, slices: &[Slice]) -> CudaTensor {
     let args = ok(convert::slice_args(slices, tensor.shape()));
     ok(tensor.slice(&args))
 }
 
 /// A fresh copy of `tensor` with `value` written over the sliced region.
-pub fn slice_assign(tensor: CudaTensor, slices: &[Slice], value: CudaTensor) -> CudaTensor {
+pub(crate) fn slice_assign(tensor: CudaTensor, slices: &[Slice], value: CudaTensor) -> CudaTensor {
     let args = ok(convert::slice_args(slices, tensor.shape()));
     ok(index::slice_assign(&tensor, &args, &value))
 }
 
-pub fn cat(tensors: Vec<CudaTensor>, dim: usize) -> CudaTensor {
+pub(crate) fn cat(tensors: Vec<CudaTensor>, dim: usize) -> CudaTensor {
     ok(index::cat(&tensors, dim))
 }
 
-pub fn repeat_dim(tensor: CudaTensor, dim: usize, times: usize) -> CudaTensor {
+pub(crate) fn repeat_dim(tensor: CudaTensor, dim: usize, times: usize) -> CudaTensor {
     ok(index::repeat_dim(&tensor, dim, times))
 }
 
 /// The first `k` entries along `dim` (a view), e.g. of a descending argsort for top-k.
-pub fn first_k(tensor: CudaTensor, dim: usize, k: usize) -> CudaTensor {
+pub(crate) fn first_k(tensor: CudaTensor, dim: usize, k: usize) -> CudaTensor {
     let mut ranges: Vec<SliceArg> = tensor.shape().iter().map(|&s| SliceArg::full(s)).collect();
     if let Some(range) = ranges.get_mut(dim) {
         range.end = k.min(range.end);
@@ -96,7 +96,7 @@ pub fn first_k(tensor: CudaTensor, dim: usize, k: usize) -> CudaTensor {
 
 /// Sliding windows along `dim` as a view: shape `[pre.., windows, post.., size]` (the layout
 /// burn-flex and PyTorch return).
-pub fn unfold(tensor: CudaTensor, dim: usize, size: usize, step: usize) -> CudaTensor {
+pub(crate) fn unfold(tensor: CudaTensor, dim: usize, size: usize, step: usize) -> CudaTensor {
     ok(unfold_layout(tensor.layout(), dim, size, step).map(|l| tensor.with_layout(l)))
 }
 
@@ -128,15 +128,15 @@ pub(crate) fn unfold_layout(
 }
 
 /// `value` where `mask`, else `tensor` (burn's mask_where).
-pub fn mask_where(tensor: CudaTensor, mask: CudaTensor, value: CudaTensor) -> CudaTensor {
+pub(crate) fn mask_where(tensor: CudaTensor, mask: CudaTensor, value: CudaTensor) -> CudaTensor {
     ok(elementwise::where_(&mask, &value, &tensor))
 }
 
-pub fn mask_fill(tensor: CudaTensor, mask: CudaTensor, value: Scalar) -> CudaTensor {
+pub(crate) fn mask_fill(tensor: CudaTensor, mask: CudaTensor, value: Scalar) -> CudaTensor {
     ok(elementwise::mask_fill(&tensor, &mask, value))
 }
 
-pub fn cast(tensor: CudaTensor, dtype: DType) -> CudaTensor {
+pub(crate) fn cast(tensor: CudaTensor, dtype: DType) -> CudaTensor {
     ok(tensor.cast(dtype))
 }
 

@@ -58,7 +58,7 @@ fn seq(n: usize, scale: f32) -> Vec<f32> {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[ignore = "needs a CUDA GPU: on the device machine, <test binary> --ignored kernels::gpu_tests (crates/ferrotron-cuda/README.md)"]
 fn roundtrip_every_dtype() {
     let d = dev();
     for dtype in DType::ALL {
@@ -72,7 +72,7 @@ fn roundtrip_every_dtype() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[ignore = "needs a CUDA GPU: on the device machine, <test binary> --ignored kernels::gpu_tests (crates/ferrotron-cuda/README.md)"]
 fn elementwise_broadcast_and_views() {
     let d = dev();
     let a = seq(24, 0.1);
@@ -146,7 +146,7 @@ fn elementwise_broadcast_and_views() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[ignore = "needs a CUDA GPU: on the device machine, <test binary> --ignored kernels::gpu_tests (crates/ferrotron-cuda/README.md)"]
 fn reductions_scans_and_sorts() {
     let d = dev();
     let a = seq(3 * 5, 0.5);
@@ -229,7 +229,7 @@ fn reductions_scans_and_sorts() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[ignore = "needs a CUDA GPU: on the device machine, <test binary> --ignored kernels::gpu_tests (crates/ferrotron-cuda/README.md)"]
 fn indexing_family() {
     let d = dev();
     let a = seq(12, 1.0);
@@ -298,7 +298,7 @@ fn indexing_family() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[ignore = "needs a CUDA GPU: on the device machine, <test binary> --ignored kernels::gpu_tests (crates/ferrotron-cuda/README.md)"]
 fn random_is_reproducible_and_has_the_right_moments() {
     let d = dev();
     d.seed(42);
@@ -367,7 +367,7 @@ fn matmul_ref(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[ignore = "needs a CUDA GPU: on the device machine, <test binary> --ignored kernels::gpu_tests (crates/ferrotron-cuda/README.md)"]
 fn matmul_layouts_and_dtypes() {
     let d = dev();
     let (m, k, n) = (33, 70, 45);
@@ -490,7 +490,7 @@ const ALL_BINARY: [BinaryOp; 20] = {
 };
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[ignore = "needs a CUDA GPU: on the device machine, <test binary> --ignored kernels::gpu_tests (crates/ferrotron-cuda/README.md)"]
 fn every_unary_op_matches_rust_on_f32_and_compiles_for_every_dtype() {
     let d = dev();
     let xs: Vec<f32> = (0..64)
@@ -586,7 +586,7 @@ fn every_unary_op_matches_rust_on_f32_and_compiles_for_every_dtype() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[ignore = "needs a CUDA GPU: on the device machine, <test binary> --ignored kernels::gpu_tests (crates/ferrotron-cuda/README.md)"]
 fn long_rows_sort_and_big_arg_reductions() {
     let d = dev();
     let n = 3000;

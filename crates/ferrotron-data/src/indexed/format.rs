@@ -16,7 +16,7 @@ pub const INDEX_MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";
 /// The only index version Megatron writes.
 pub const INDEX_VERSION: u64 = 1;
 /// Bytes before the lengths array: magic, version, dtype code, two counts.
-pub const INDEX_HEADER_LEN: usize = 9 + 8 + 1 + 8 + 8;
+pub(super) const INDEX_HEADER_LEN: usize = 9 + 8 + 1 + 8 + 8;
 /// Megatron stores tokens as uint16 when the vocabulary is smaller than this, else int32.
 pub const UINT16_VOCAB_LIMIT: u32 = 65_500;
 

@@ -25,7 +25,7 @@ use super::routing::Routing;
 
 /// The expert-parallel groups of a rank and the experts it holds.
 #[derive(Debug, Clone)]
-pub struct ExpertGroups {
+pub(super) struct ExpertGroups {
     pub ep: Comm,
     pub etp: Comm,
     pub num_experts: usize,
@@ -43,7 +43,7 @@ impl ExpertGroups {
 
 /// Megatron's permutation: kept (token, slot) pairs grouped by global expert, in token order.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Permutation {
+pub(super) struct Permutation {
     pub tokens: Vec<usize>,
     pub slots: Vec<usize>,
     /// Rows per global expert.
@@ -51,7 +51,7 @@ pub struct Permutation {
 }
 
 impl Permutation {
-    pub fn new(routing: &Routing, num_experts: usize) -> Permutation {
+    pub(super) fn new(routing: &Routing, num_experts: usize) -> Permutation {
         let mut permutation = Permutation {
             tokens: Vec::new(),
             slots: Vec::new(),
@@ -68,7 +68,7 @@ impl Permutation {
 }
 
 /// All-to-all dispatcher: `[tokens, hidden]` → the weighted sum of each token's kept experts.
-pub fn all_to_all<B: ParallelOps>(
+pub(super) fn all_to_all<B: ParallelOps>(
     tokens: Tensor<B, 2>,
     weights: Tensor<B, 1>,
     routing: &Routing,
@@ -127,7 +127,7 @@ pub fn all_to_all<B: ParallelOps>(
 }
 
 /// All-gather dispatcher: the same result through all-gather and reduce-scatter.
-pub fn all_gather<B: ParallelOps>(
+pub(super) fn all_gather<B: ParallelOps>(
     tokens: Tensor<B, 2>,
     weights: Tensor<B, 1>,
     routing: &Routing,

@@ -8,7 +8,7 @@ use ferrotron_recipe::ScoreFunction;
 
 /// Router probabilities over all experts used by the balancing losses: softmax, or sigmoid
 /// scores normalised per token. `[tokens, experts]`.
-pub fn balancing_probabilities<B: Backend>(
+pub(crate) fn balancing_probabilities<B: Backend>(
     logits: Tensor<B, 2>,
     score_function: ScoreFunction,
 ) -> Tensor<B, 2> {
@@ -25,7 +25,7 @@ pub fn balancing_probabilities<B: Backend>(
 /// Switch/GShard balancing: `coeff · E · Σ_i f_i · P_i` with `f_i = count_i / (k·T)` the share
 /// of routed slots and `P_i = Σ_t p_ti / T` the mean probability of expert i.
 /// `probabilities`: `[T, E]`; `counts`: `[E]`.
-pub fn switch_aux_loss<B: Backend>(
+pub(crate) fn switch_aux_loss<B: Backend>(
     probabilities: Tensor<B, 2>,
     counts: Tensor<B, 1>,
     topk: usize,
@@ -39,7 +39,7 @@ pub fn switch_aux_loss<B: Backend>(
 /// The part of the Switch loss owed to some of a microbatch's tokens (the loss is linear in the
 /// probabilities): `probability_mass` is `Σ p_ti` over those tokens, `counts` and `total_tokens`
 /// describe the whole microbatch. The shares of all its tokens add up to [`switch_aux_loss`].
-pub fn switch_aux_loss_share<B: Backend>(
+pub(crate) fn switch_aux_loss_share<B: Backend>(
     probability_mass: Tensor<B, 1>,
     counts: Tensor<B, 1>,
     topk: usize,
@@ -55,7 +55,7 @@ pub fn switch_aux_loss_share<B: Backend>(
 /// Sequence-level balancing (DeepSeek-V2/V3): the Switch loss computed within each sequence,
 /// averaged over sequences. `probabilities`: `[S·L, E]` in sequence-major order; `counts`:
 /// `[S, E]` per-sequence slot counts.
-pub fn sequence_aux_loss<B: Backend>(
+pub(crate) fn sequence_aux_loss<B: Backend>(
     probabilities: Tensor<B, 2>,
     counts: Tensor<B, 2>,
     topk: usize,
@@ -74,7 +74,7 @@ pub fn sequence_aux_loss<B: Backend>(
 /// The part of the sequence-level loss owed to some tokens: `probability_mass` `[S, E]` is
 /// `Σ p_ti` over those tokens of each sequence; `counts` `[S, E]` and `seq_len` describe whole
 /// sequences.
-pub fn sequence_aux_loss_share<B: Backend>(
+pub(crate) fn sequence_aux_loss_share<B: Backend>(
     probability_mass: Tensor<B, 2>,
     counts: Tensor<B, 2>,
     topk: usize,
@@ -88,14 +88,14 @@ pub fn sequence_aux_loss_share<B: Backend>(
 }
 
 /// ST-MoE router z-loss: `coeff · mean_t (logsumexp_i logits_ti)²`. `logits`: `[T, E]`.
-pub fn z_loss<B: Backend>(logits: Tensor<B, 2>, coeff: f64) -> Tensor<B, 1> {
+pub(crate) fn z_loss<B: Backend>(logits: Tensor<B, 2>, coeff: f64) -> Tensor<B, 1> {
     let max = logits.clone().detach().max_dim(1);
     let log_sum_exp = (logits - max.clone()).exp().sum_dim(1).log() + max;
     log_sum_exp.square().mean() * coeff
 }
 
 /// The part of [`z_loss`] over `total_tokens` tokens owed to the rows of `logits`.
-pub fn z_loss_share<B: Backend>(
+pub(crate) fn z_loss_share<B: Backend>(
     logits: Tensor<B, 2>,
     coeff: f64,
     total_tokens: usize,

@@ -13,7 +13,7 @@ use crate::parallel::context_parallel_positions;
 
 /// Where this rank's routed tokens sit in the one-rank microbatch.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TokenPlacement {
+pub(super) struct TokenPlacement {
     pub sequences: usize,
     /// The full sequence length (all tp and cp pieces).
     pub seq_len: usize,
@@ -22,7 +22,7 @@ pub struct TokenPlacement {
 }
 
 impl TokenPlacement {
-    pub fn total_tokens(&self) -> usize {
+    pub(super) fn total_tokens(&self) -> usize {
         self.sequences * self.seq_len
     }
 
@@ -30,7 +30,7 @@ impl TokenPlacement {
     /// With sequence parallelism the input already is this tp rank's part of the sequence;
     /// without it the input is replicated over tp and the MoE routes its `tp_rank`-th block of
     /// rows (see [`splits_rows_over_tp`]).
-    pub fn of_rank(ctx: &ParallelContext, batch: usize, seq_local: usize) -> TokenPlacement {
+    pub(super) fn of_rank(ctx: &ParallelContext, batch: usize, seq_local: usize) -> TokenPlacement {
         let (tp_rank, tp_size) = (ctx.tp.rank(), ctx.tp.size());
         let sequence_split = ctx.sequence_split();
         let cp_seq = if sequence_split {
@@ -68,12 +68,12 @@ impl TokenPlacement {
 /// Without sequence parallelism the MoE input is replicated over tp; the layer then gives each
 /// tp rank a block of the rows (Megatron requires sequence parallelism instead), so no token is
 /// dispatched or back-propagated twice.
-pub fn splits_rows_over_tp(ctx: &ParallelContext) -> bool {
+pub(super) fn splits_rows_over_tp(ctx: &ParallelContext) -> bool {
     ctx.tp.size() > 1 && !ctx.sequence_parallel
 }
 
 /// The groups whose ranks hold other tokens of the same microbatch.
-pub fn microbatch_groups(ctx: &ParallelContext) -> Vec<Comm> {
+pub(super) fn microbatch_groups(ctx: &ParallelContext) -> Vec<Comm> {
     [&ctx.tp, &ctx.cp]
         .into_iter()
         .filter(|comm| comm.size() > 1)
@@ -82,7 +82,7 @@ pub fn microbatch_groups(ctx: &ParallelContext) -> Vec<Comm> {
 }
 
 /// Every rank's `(ids, logits)` of the microbatch, placed in one-rank order: `[T · experts]`.
-pub fn gather_logits(
+pub(super) fn gather_logits(
     groups: &[Comm],
     placement: &TokenPlacement,
     logits: &[f32],
@@ -116,7 +116,7 @@ pub fn gather_logits(
 }
 
 /// The decisions of the rows at `ids` (one-rank token ids) of a microbatch's routing.
-pub fn rows_of(routing: &Routing, ids: &[usize]) -> Routing {
+pub(super) fn rows_of(routing: &Routing, ids: &[usize]) -> Routing {
     let topk = routing.topk;
     Routing {
         num_tokens: ids.len(),

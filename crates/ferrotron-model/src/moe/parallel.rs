@@ -27,7 +27,7 @@ use crate::parallel::{Placement, TensorParallel, cut_module, roles_of};
 
 /// What a cut layer needs to know about its rank.
 #[derive(Debug, Clone)]
-pub struct MoeParallel {
+pub(super) struct MoeParallel {
     ctx: ParallelContext,
     groups: ExpertGroups,
     dispatcher: TokenDispatcher,

@@ -107,7 +107,7 @@ pub fn expert_capacity(slots: usize, num_experts: usize, factor: f64) -> usize {
 /// Tokens per expert under plain top-k of the logits, the `f_i` of the balancing losses
 /// (Megatron counts them without bias, groups or capacity). `[num_experts]`, or per sequence
 /// `[sequences · num_experts]` when `tokens_per_sequence` splits the rows.
-pub fn aux_loss_counts(
+pub(crate) fn aux_loss_counts(
     logits: &[f32],
     num_experts: usize,
     topk: usize,
@@ -174,7 +174,7 @@ fn combine_weights(config: &MoeConfig, row: &[f32], chosen: &[usize]) -> Vec<f32
 
 /// The `k` best experts, best first. With a group limit, only experts of the `group_topk`
 /// groups with the highest sum of their top `k / group_topk` scores compete (DeepSeek-V3).
-pub fn select_topk(scores: &[f32], k: usize, group_limit: Option<GroupLimit>) -> Vec<usize> {
+pub(crate) fn select_topk(scores: &[f32], k: usize, group_limit: Option<GroupLimit>) -> Vec<usize> {
     let allowed: Vec<bool> = match group_limit {
         None => vec![true; scores.len()],
         Some(limit) => allowed_by_groups(scores, k, limit),

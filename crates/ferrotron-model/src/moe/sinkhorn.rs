@@ -12,7 +12,7 @@ const EPSILON: f64 = 1e-8;
 /// Doubly-normalise `exp(logits)` (`[tokens, experts]`, row-major): rows and columns scaled so
 /// that each expert column carries equal mass. Each row is shifted by its maximum first; a
 /// per-row factor is absorbed by the row scaling, so the result is unchanged but cannot overflow.
-pub fn sinkhorn(logits: &[f32], num_experts: usize) -> Vec<f64> {
+pub(super) fn sinkhorn(logits: &[f32], num_experts: usize) -> Vec<f64> {
     let tokens = logits.len() / num_experts;
     let mut cost: Vec<f64> = Vec::with_capacity(logits.len());
     for row in logits.chunks_exact(num_experts) {

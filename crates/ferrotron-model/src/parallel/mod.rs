@@ -14,6 +14,6 @@ pub use context::{
     TokensAndLabels, context_parallel_positions, context_parallel_slice, split_for_context_parallel,
 };
 pub(crate) use positions::SequencePositions;
-pub use shard::{Placement, cut_module, roles_of};
+pub(crate) use shard::{Placement, cut_module, roles_of};
 pub use tensor_parallel::TensorParallel;
 pub(crate) use vocab::{VocabShard, vocab_parallel_cross_entropy, vocab_parallel_lookup};

@@ -45,7 +45,7 @@ impl Placement {
 /// A copy of `module` (a full one-rank module) holding only this rank's pieces: every float
 /// parameter `p` at module path `name` becomes `rule(name)`'s shard of `p`. Parameters get fresh
 /// ids and keep their `require_grad` flag; non-float state is copied.
-pub fn cut_module<B: Backend, M: Module<B>>(
+pub(crate) fn cut_module<B: Backend, M: Module<B>>(
     module: &M,
     rule: impl Fn(&str) -> Placement,
 ) -> Result<M, ModelError> {
@@ -63,7 +63,7 @@ pub fn cut_module<B: Backend, M: Module<B>>(
 
 /// The [`ParamRole`] of every float parameter of `module` (a rank's local module), named
 /// `prefix.<module path>`; `no_weight_decay` follows Megatron (every 1-D parameter).
-pub fn roles_of<B: Backend, M: Module<B>>(
+pub(crate) fn roles_of<B: Backend, M: Module<B>>(
     module: &M,
     prefix: &str,
     rule: impl Fn(&str) -> Placement,

@@ -11,7 +11,7 @@ use ferrotron_parallel::{Comm, ParallelOps, ReduceOp};
 
 /// The rows `start..start + rows` of the padded vocabulary that this rank holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VocabShard {
+pub(crate) struct VocabShard {
     pub start: usize,
     pub rows: usize,
     /// Whether other ranks hold the rest (false: `rows` is the whole vocabulary).
@@ -19,7 +19,7 @@ pub struct VocabShard {
 }
 
 impl VocabShard {
-    pub fn new(padded_vocab: usize, rank: usize, size: usize) -> Self {
+    pub(crate) fn new(padded_vocab: usize, rank: usize, size: usize) -> Self {
         let rows = padded_vocab / size;
         VocabShard {
             start: rank * rows,
@@ -48,7 +48,7 @@ impl VocabShard {
 
 /// `[batch, seq]` ids → `[batch, seq, hidden]` rows of this rank's part of the table: zero
 /// for ids another rank holds, so the sum over tp (the caller's reduction) is the full lookup.
-pub fn vocab_parallel_lookup<B: Backend>(
+pub(crate) fn vocab_parallel_lookup<B: Backend>(
     weight: Tensor<B, 2>,
     tokens: Tensor<B, 2, Int>,
     shard: VocabShard,
@@ -69,7 +69,7 @@ pub fn vocab_parallel_lookup<B: Backend>(
 /// maximum (detached: the loss does not depend on it). The sum of exponentials and the target
 /// logit are partial over tp and summed with `reduce_from_region`, whose backward is the
 /// identity, so each rank's logit gradient is its slice of `softmax − one_hot`.
-pub fn vocab_parallel_cross_entropy<B: ParallelOps>(
+pub(crate) fn vocab_parallel_cross_entropy<B: ParallelOps>(
     logits: Tensor<B, 3>,
     labels: Tensor<B, 2, Int>,
     shard: VocabShard,

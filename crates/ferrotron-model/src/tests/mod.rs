@@ -20,14 +20,14 @@ use ferrotron_recipe::{
 
 use crate::{ExpertLoads, GptModel, ModelConfig};
 
-pub type Cpu = Flex;
-pub type CpuAutodiff = Autodiff<Flex>;
+pub(crate) type Cpu = Flex;
+pub(crate) type CpuAutodiff = Autodiff<Flex>;
 
-pub const PADDED_VOCAB: u32 = 128;
+pub(crate) const PADDED_VOCAB: u32 = 128;
 
 /// GPT-2 style: learned positions, LayerNorm, GELU, biases, tied embeddings. No dropout unless
 /// a test asks for it.
-pub fn gpt2_model() -> Model {
+pub(crate) fn gpt2_model() -> Model {
     Model {
         num_layers: 2,
         hidden_size: 16,
@@ -54,7 +54,7 @@ pub fn gpt2_model() -> Model {
 }
 
 /// LLaMA style: RoPE, RMSNorm, SwiGLU, grouped-query attention, untied, no biases.
-pub fn llama_model() -> Model {
+pub(crate) fn llama_model() -> Model {
     Model {
         ffn_hidden_size: Some(32),
         num_query_groups: Some(2),
@@ -67,7 +67,7 @@ pub fn llama_model() -> Model {
     }
 }
 
-pub fn moe_section() -> Moe {
+pub(crate) fn moe_section() -> Moe {
     Moe {
         num_experts: 4,
         router_topk: 2,
@@ -91,24 +91,24 @@ pub fn moe_section() -> Moe {
 }
 
 /// LLaMA style with an MoE first layer (layer_freq 2 over 2 layers) and a shared expert.
-pub fn moe_model() -> Model {
+pub(crate) fn moe_model() -> Model {
     Model {
         moe: Some(moe_section()),
         ..llama_model()
     }
 }
 
-pub fn config(model: &Model) -> ModelConfig {
+pub(crate) fn config(model: &Model) -> ModelConfig {
     ModelConfig::from_model(model, PADDED_VOCAB).expect("test model is valid")
 }
 
-pub fn build<B: Backend>(model: &Model, seed: u64) -> GptModel<B> {
+pub(crate) fn build<B: Backend>(model: &Model, seed: u64) -> GptModel<B> {
     let device = Default::default();
     B::seed(&device, seed);
     config(model).init::<B>(&device)
 }
 
-pub fn tokens<B: Backend>(rows: &[&[u32]]) -> Tensor<B, 2, Int> {
+pub(crate) fn tokens<B: Backend>(rows: &[&[u32]]) -> Tensor<B, 2, Int> {
     let width = rows[0].len();
     let ids: Vec<i64> = rows
         .iter()
@@ -120,10 +120,10 @@ pub fn tokens<B: Backend>(rows: &[&[u32]]) -> Tensor<B, 2, Int> {
     )
 }
 
-pub fn values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
+pub(crate) fn values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
     tensor.into_data().iter::<f32>().collect()
 }
 
-pub fn scalar<B: Backend>(tensor: Tensor<B, 1>) -> f32 {
+pub(crate) fn scalar<B: Backend>(tensor: Tensor<B, 1>) -> f32 {
     values(tensor)[0]
 }

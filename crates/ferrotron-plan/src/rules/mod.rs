@@ -25,18 +25,18 @@ pub(crate) struct Check<'a> {
 }
 
 impl Check<'_> {
-    pub fn error(&mut self, code: &str, path: &str, message: String, help: String) {
+    pub(crate) fn error(&mut self, code: &str, path: &str, message: String, help: String) {
         self.findings
             .push(Finding::error(code, path, message).with_help(help));
     }
 
-    pub fn warning(&mut self, code: &str, path: &str, message: String, help: String) {
+    pub(crate) fn warning(&mut self, code: &str, path: &str, message: String, help: String) {
         self.findings
             .push(Finding::warning(code, path, message).with_help(help));
     }
 
     /// Where the expert-tensor degree comes from: its own key, or `parallel.tensor` by default.
-    pub fn etp_path(&self) -> &'static str {
+    pub(crate) fn etp_path(&self) -> &'static str {
         if self.recipe.parallel.expert_tensor.is_some() {
             "parallel.expert_tensor"
         } else {
@@ -102,7 +102,7 @@ pub(crate) mod test_support {
 
     use crate::layout::OpenLayout;
 
-    pub fn cluster(nodes: u32, gpus_per_node: u32) -> Cluster {
+    pub(crate) fn cluster(nodes: u32, gpus_per_node: u32) -> Cluster {
         Cluster {
             nodes,
             gpus_per_node,
@@ -110,7 +110,7 @@ pub(crate) mod test_support {
         }
     }
 
-    pub fn findings(recipe: &Recipe, cluster: Option<&Cluster>) -> Vec<Finding> {
+    pub(crate) fn findings(recipe: &Recipe, cluster: Option<&Cluster>) -> Vec<Finding> {
         super::check(
             recipe,
             OpenLayout::from_recipe(recipe, cluster),
@@ -118,7 +118,7 @@ pub(crate) mod test_support {
         )
     }
 
-    pub fn codes(recipe: &Recipe, cluster: Option<&Cluster>) -> Vec<String> {
+    pub(crate) fn codes(recipe: &Recipe, cluster: Option<&Cluster>) -> Vec<String> {
         findings(recipe, cluster)
             .into_iter()
             .map(|f| f.code)
@@ -126,7 +126,7 @@ pub(crate) mod test_support {
     }
 
     /// The single finding with `code`, panicking with all findings otherwise.
-    pub fn only(recipe: &Recipe, cluster: Option<&Cluster>, code: &str) -> Finding {
+    pub(crate) fn only(recipe: &Recipe, cluster: Option<&Cluster>, code: &str) -> Finding {
         let all = findings(recipe, cluster);
         let mut hits: Vec<&Finding> = all.iter().filter(|f| f.code == code).collect();
         assert_eq!(hits.len(), 1, "expected one {code}, got {all:#?}");

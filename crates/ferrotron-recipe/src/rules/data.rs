@@ -78,7 +78,7 @@ pub(super) fn check(recipe: &Recipe, out: &mut Vec<Finding>) {
 
 /// Megatron's split string: up to three non-negative weights separated by `,` or `/`,
 /// normalised to fractions; the training share must be positive.
-pub fn parse_split(split: &str) -> Result<[f64; 3], String> {
+pub(super) fn parse_split(split: &str) -> Result<[f64; 3], String> {
     let parts: Vec<&str> = split.split([',', '/']).map(str::trim).collect();
     if parts.len() > 3 {
         return Err(format!(

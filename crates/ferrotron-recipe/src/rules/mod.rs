@@ -24,7 +24,7 @@ pub(crate) mod fixture {
     use crate::Recipe;
 
     /// A small valid recipe for rule tests to break one field at a time.
-    pub fn recipe() -> Recipe {
+    pub(crate) fn recipe() -> Recipe {
         let json = serde_json::json!({
             "version": 1,
             "name": "t",
@@ -39,7 +39,7 @@ pub(crate) mod fixture {
     }
 
     /// The findings of one rule module's `check` on `recipe`.
-    pub fn run(
+    pub(crate) fn run(
         check: fn(&Recipe, &mut Vec<crate::Finding>),
         recipe: &Recipe,
     ) -> Vec<crate::Finding> {
@@ -48,7 +48,7 @@ pub(crate) mod fixture {
         out
     }
 
-    pub fn codes(findings: &[crate::Finding]) -> Vec<&str> {
+    pub(crate) fn codes(findings: &[crate::Finding]) -> Vec<&str> {
         findings.iter().map(|f| f.code.as_str()).collect()
     }
 }

@@ -23,7 +23,7 @@ struct Segment {
 
 /// Master weights and moments of this rank's shard of one flat buffer.
 #[derive(Debug, Clone)]
-pub struct ShardState {
+pub(super) struct ShardState {
     segments: Vec<Segment>,
     pub master: Vec<f32>,
     pub exp_avg: Vec<f32>,
@@ -32,7 +32,7 @@ pub struct ShardState {
 
 impl ShardState {
     /// This rank's shard of `layout`, master weights taken from `params` (the full local buffer).
-    pub fn new(layout: &FlatLayout, params: &[f32]) -> ShardState {
+    pub(super) fn new(layout: &FlatLayout, params: &[f32]) -> ShardState {
         let mut segments = Vec::new();
         let mut master = Vec::with_capacity(layout.shard_len());
         for part in layout.shard_ranges() {
@@ -62,36 +62,42 @@ impl ShardState {
 
 /// AdamW over flat shards; one [`ShardState`] per reduction group (dense, expert).
 #[derive(Debug, Clone)]
-pub struct ShardedAdamW {
+pub(super) struct ShardedAdamW {
     config: AdamWConfig,
     step: u64,
 }
 
 /// One update's scalars, shared by every group.
 #[derive(Debug, Clone, Copy)]
-pub struct Update {
+pub(super) struct Update {
     pub lr: f64,
     pub grad_scale: f64,
 }
 
 impl ShardedAdamW {
-    pub fn new(config: AdamWConfig) -> Self {
+    pub(super) fn new(config: AdamWConfig) -> Self {
         ShardedAdamW { config, step: 0 }
     }
 
     /// Restore the step count (the moments are restored into the [`ShardState`]s).
-    pub fn set_step_count(&mut self, step: u64) {
+    pub(super) fn set_step_count(&mut self, step: u64) {
         self.step = step;
     }
 
     /// Start a step: the bias corrections use the new step count.
-    pub fn begin_step(&mut self) {
+    pub(super) fn begin_step(&mut self) {
         self.step += 1;
     }
 
     /// Update `state` from `grad` (this rank's reduced shard). Slots without a gradient anywhere
     /// (`has_grad[slot] == 0`) are left alone, like parameters without gradients on one rank.
-    pub fn update(&self, state: &mut ShardState, grad: &[f32], has_grad: &[f32], update: Update) {
+    pub(super) fn update(
+        &self,
+        state: &mut ShardState,
+        grad: &[f32],
+        has_grad: &[f32],
+        update: Update,
+    ) {
         let config = self.config;
         let step = i32::try_from(self.step).unwrap_or(i32::MAX);
         let bias_correction1 = (1.0 - config.beta1.powi(step)) as f32;
@@ -133,7 +139,11 @@ impl ShardedAdamW {
 }
 
 /// The full local buffer of `layout` from every rank's shard `shard` (all-gather per bucket).
-pub fn gather(comm: &Comm, layout: &FlatLayout, shard: &[f32]) -> Result<Vec<f32>, TrainError> {
+pub(super) fn gather(
+    comm: &Comm,
+    layout: &FlatLayout,
+    shard: &[f32],
+) -> Result<Vec<f32>, TrainError> {
     let mut full = vec![0.0; layout.len];
     let mut at = 0;
     for (b, bucket) in layout.buckets.iter().enumerate() {
@@ -151,7 +161,7 @@ pub fn gather(comm: &Comm, layout: &FlatLayout, shard: &[f32]) -> Result<Vec<f32
 }
 
 /// This rank's shard of a full local buffer (the inverse of [`gather`], no communication).
-pub fn cut(layout: &FlatLayout, full: &[f32]) -> Vec<f32> {
+pub(super) fn cut(layout: &FlatLayout, full: &[f32]) -> Vec<f32> {
     let mut shard = Vec::with_capacity(layout.shard_len());
     for part in layout.shard_ranges() {
         shard.extend_from_slice(&full[part]);

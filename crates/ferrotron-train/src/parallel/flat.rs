@@ -10,11 +10,11 @@ use burn::module::ParamId;
 use ferrotron_parallel::ParamRole;
 
 /// Elements per gradient bucket (Megatron's `--ddp-bucket-size` default of 40M).
-pub const GRAD_BUCKET_ELEMENTS: usize = 40_000_000;
+pub(super) const GRAD_BUCKET_ELEMENTS: usize = 40_000_000;
 
 /// One local parameter's place in the flat buffer.
 #[derive(Debug, Clone)]
-pub struct Slot {
+pub(super) struct Slot {
     /// Which local model chunk (virtual stage) holds it.
     pub chunk: usize,
     pub id: ParamId,
@@ -24,14 +24,14 @@ pub struct Slot {
 }
 
 impl Slot {
-    pub fn range(&self) -> Range<usize> {
+    pub(super) fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.numel
     }
 }
 
 /// Slots, buckets and this rank's shard of each bucket.
 #[derive(Debug, Clone)]
-pub struct FlatLayout {
+pub(super) struct FlatLayout {
     pub slots: Vec<Slot>,
     /// Padded bucket ranges, covering `0..len`.
     pub buckets: Vec<Range<usize>>,
@@ -43,7 +43,7 @@ pub struct FlatLayout {
 
 impl FlatLayout {
     /// Lay out `params` (chunk, role, element count) in order.
-    pub fn new(
+    pub(super) fn new(
         params: Vec<(usize, ParamRole, usize)>,
         bucket_elements: usize,
         parts: usize,
@@ -86,7 +86,7 @@ impl FlatLayout {
     }
 
     /// This rank's part of bucket `bucket` (absolute positions in the buffer).
-    pub fn shard_of(&self, bucket: usize) -> Range<usize> {
+    pub(super) fn shard_of(&self, bucket: usize) -> Range<usize> {
         let range = &self.buckets[bucket];
         let size = (range.end - range.start) / self.parts;
         let start = range.start + self.part * size;
@@ -94,11 +94,11 @@ impl FlatLayout {
     }
 
     /// This rank's parts of every bucket, in order: concatenated, they are its shard.
-    pub fn shard_ranges(&self) -> Vec<Range<usize>> {
+    pub(super) fn shard_ranges(&self) -> Vec<Range<usize>> {
         (0..self.buckets.len()).map(|b| self.shard_of(b)).collect()
     }
 
-    pub fn shard_len(&self) -> usize {
+    pub(super) fn shard_len(&self) -> usize {
         self.len / self.parts
     }
 }

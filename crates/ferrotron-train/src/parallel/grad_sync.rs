@@ -18,13 +18,13 @@ use crate::TrainError;
 /// parameter without one — an expert no token reached — is skipped by the optimizer, as on one
 /// rank).
 #[derive(Debug, Clone)]
-pub struct GradBuffer {
+pub(super) struct GradBuffer {
     pub values: Vec<f32>,
     pub has_grad: Vec<f32>,
 }
 
 /// The error of a failed collective, saying what it was for.
-pub fn comm_error(what: &'static str, source: ferrotron_parallel::CommError) -> TrainError {
+pub(super) fn comm_error(what: &'static str, source: ferrotron_parallel::CommError) -> TrainError {
     TrainError::Collective {
         what,
         source: Box::new(source),
@@ -32,7 +32,7 @@ pub fn comm_error(what: &'static str, source: ferrotron_parallel::CommError) -> 
 }
 
 /// Copy the chunks' gradients into `layout`'s buffer (missing ones stay zero).
-pub fn fill(layout: &FlatLayout, grads: &[HashMap<ParamId, Vec<f32>>]) -> GradBuffer {
+pub(super) fn fill(layout: &FlatLayout, grads: &[HashMap<ParamId, Vec<f32>>]) -> GradBuffer {
     let mut values = vec![0.0; layout.len];
     let mut has_grad = vec![0.0; layout.slots.len()];
     for (i, slot) in layout.slots.iter().enumerate() {
@@ -82,7 +82,7 @@ fn reduce_slots(
 }
 
 /// Sum the sequence-parallel partial gradients over tp.
-pub fn reduce_tp_partial(
+pub(super) fn reduce_tp_partial(
     tp: &Comm,
     layout: &FlatLayout,
     buffer: &mut GradBuffer,
@@ -97,7 +97,7 @@ pub fn reduce_tp_partial(
 }
 
 /// Sum the tied word embedding's gradient between the first and the last stage.
-pub fn reduce_tied_embedding(
+pub(super) fn reduce_tied_embedding(
     embedding: Option<&Comm>,
     layout: &FlatLayout,
     buffer: &mut GradBuffer,
@@ -123,7 +123,7 @@ pub fn reduce_tied_embedding(
 /// expert-data group, has already seen the tokens of its expert-parallel peers' data through the
 /// all-to-all, so its sum also covers every data rank (Megatron's
 /// `expert_gradient_scaling_factor`).
-pub fn average(
+pub(super) fn average(
     comm: &Comm,
     layout: &FlatLayout,
     buffer: &mut GradBuffer,

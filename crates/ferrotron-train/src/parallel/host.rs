@@ -12,7 +12,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 /// The values of a tensor as f32, row-major.
-pub fn to_vec<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
+pub(super) fn to_vec<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
     tensor
         .into_data()
         .convert::<f32>()
@@ -21,7 +21,7 @@ pub fn to_vec<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
 }
 
 /// Shapes of every float parameter of `module`.
-pub fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<usize>> {
+pub(super) fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<usize>> {
     struct Shapes(HashMap<ParamId, Vec<usize>>);
     impl<B: Backend> ModuleVisitor<B> for Shapes {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -34,7 +34,7 @@ pub fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Ve
 }
 
 /// Values of every float parameter of `module`.
-pub fn param_values<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<f32>> {
+pub(super) fn param_values<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<f32>> {
     struct Values(HashMap<ParamId, Vec<f32>>);
     impl<B: Backend> ModuleVisitor<B> for Values {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -48,7 +48,7 @@ pub fn param_values<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Ve
 
 /// Replace the parameters named in `values` (same element count as the parameter); ids and the
 /// `require_grad` flag are kept, others are untouched.
-pub fn set_param_values<B: Backend, M: Module<B>>(
+pub(super) fn set_param_values<B: Backend, M: Module<B>>(
     module: M,
     values: &HashMap<ParamId, &[f32]>,
 ) -> M {
@@ -72,7 +72,7 @@ pub fn set_param_values<B: Backend, M: Module<B>>(
 }
 
 /// The gradients `grads` holds for `module`'s parameters, as f32 (absent: no gradient).
-pub fn grad_values<B: AutodiffBackend, M: AutodiffModule<B>>(
+pub(super) fn grad_values<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: &GradientsParams,
 ) -> HashMap<ParamId, Vec<f32>> {
@@ -98,7 +98,7 @@ pub fn grad_values<B: AutodiffBackend, M: AutodiffModule<B>>(
 }
 
 /// `GradientsParams` for `module` from host values (parameters absent from `values` get none).
-pub fn grads_from_values<B: AutodiffBackend, M: AutodiffModule<B>>(
+pub(super) fn grads_from_values<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     values: &HashMap<ParamId, &[f32]>,
 ) -> GradientsParams {
@@ -128,7 +128,7 @@ pub fn grads_from_values<B: AutodiffBackend, M: AutodiffModule<B>>(
 }
 
 /// `module` with every trainable parameter replaced by a fresh leaf over the same values.
-pub fn private_leaves<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> M {
+pub(super) fn private_leaves<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> M {
     struct Fresh;
     impl<B: AutodiffBackend> ModuleMapper<B> for Fresh {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {

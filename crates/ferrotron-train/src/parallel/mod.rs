@@ -15,13 +15,14 @@ mod plan_groups;
 mod rank_checkpoint;
 mod rank_loop;
 mod rank_model;
-pub mod schedule;
+pub(crate) mod schedule;
 mod threads;
 
 #[cfg(test)]
 mod tests;
 
-pub use flat::GRAD_BUCKET_ELEMENTS;
 pub use plan_groups::group_members;
-pub use rank_loop::{RankOutcome, train_rank};
-pub use threads::{train_threads, train_threads_detailed};
+pub use rank_loop::train_rank;
+pub use threads::train_threads;
+#[cfg(test)]
+pub(crate) use threads::train_threads_detailed;

@@ -13,7 +13,7 @@ use crate::TrainError;
 
 /// Whether this rank counts `role`'s elements (`sharded`: each data-parallel rank holds a
 /// disjoint shard of the reduced gradient rather than a full replica).
-pub fn counts_here(role: &ParamRole, ctx: &ParallelContext, sharded: bool) -> bool {
+pub(super) fn counts_here(role: &ParamRole, ctx: &ParallelContext, sharded: bool) -> bool {
     if role.tp_duplicate && ctx.tp_rank() != 0 {
         return false;
     }
@@ -32,7 +32,7 @@ pub fn counts_here(role: &ParamRole, ctx: &ParallelContext, sharded: bool) -> bo
 
 /// Sum of squares this rank contributes from `values`: the full buffer of `layout`, or (when
 /// `sharded`) this rank's shard of it.
-pub fn local_sum_of_squares(
+pub(super) fn local_sum_of_squares(
     layout: &FlatLayout,
     values: &[f32],
     ctx: &ParallelContext,
@@ -64,7 +64,7 @@ pub fn local_sum_of_squares(
 }
 
 /// The L2 norm of the world's gradients from every rank's `local` sum of squares.
-pub fn global_norm(ctx: &ParallelContext, local: f64) -> Result<f64, TrainError> {
+pub(super) fn global_norm(ctx: &ParallelContext, local: f64) -> Result<f64, TrainError> {
     let mut sum = [local];
     for comm in [&ctx.tp, &ctx.dp_cp, &ctx.pp] {
         if comm.size() > 1 {

@@ -33,7 +33,7 @@ use crate::{Microbatch, TrainError};
 
 /// What a stage's step produced.
 #[derive(Debug)]
-pub struct PipelineOutcome {
+pub(super) struct PipelineOutcome {
     /// Per local chunk: the accumulated gradients (already divided by the microbatch count).
     pub grads: Vec<HashMap<ParamId, Vec<f32>>>,
     /// Sum over microbatches of the objective and of the LM loss (last stage only; 0 elsewhere).
@@ -62,7 +62,7 @@ struct InFlight<B: AutodiffBackend> {
 type TokensAndLabels<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
 
 /// A microbatch's tokens and labels as this rank sees them (its context-parallel part).
-pub fn rank_tensors<B: burn::tensor::backend::Backend>(
+pub(super) fn rank_tensors<B: burn::tensor::backend::Backend>(
     microbatch: &Microbatch,
     ctx: &ParallelContext,
     device: &B::Device,
@@ -104,7 +104,7 @@ fn send(ctx: &ParallelContext, values: &[f32], peer: usize) -> Result<(), TrainE
 }
 
 /// Forward and backward of `microbatches` through `chunks` by the stage's schedule.
-pub fn run_step<B>(
+pub(super) fn run_step<B>(
     chunks: &[GptModel<B>],
     position: StagePosition,
     ctx: &ParallelContext,
@@ -270,7 +270,7 @@ fn schedule_bug(what: &str, chunk: usize, microbatch: usize) -> TrainError {
 /// Forward-only pass for evaluation: microbatch by microbatch through every chunk in pipeline
 /// order (a chain, so blocking sends cannot deadlock). Returns the sum of the LM losses on the
 /// last stage (0 elsewhere).
-pub fn evaluate_stage<B>(
+pub(super) fn evaluate_stage<B>(
     chunks: &[GptModel<B>],
     position: StagePosition,
     ctx: &ParallelContext,
@@ -312,6 +312,8 @@ where
 }
 
 /// Evaluation models: the chunks without autodiff.
-pub fn valid_chunks<B: AutodiffBackend>(chunks: &[GptModel<B>]) -> Vec<GptModel<B::InnerBackend>> {
+pub(super) fn valid_chunks<B: AutodiffBackend>(
+    chunks: &[GptModel<B>],
+) -> Vec<GptModel<B::InnerBackend>> {
     chunks.iter().map(AutodiffModule::valid).collect()
 }

@@ -23,7 +23,7 @@ where
     B::InnerBackend: ParallelOps,
 {
     /// Write this rank's part of a checkpoint (collective over the world).
-    pub fn save(
+    pub(super) fn save(
         &self,
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,
@@ -65,7 +65,7 @@ where
     }
 
     /// Replace parameters and optimizer state by `checkpoint`'s (no communication).
-    pub fn load(&mut self, checkpoint: &ShardedCheckpoint) -> Result<(), TrainError> {
+    pub(super) fn load(&mut self, checkpoint: &ShardedCheckpoint) -> Result<(), TrainError> {
         let chunks = std::mem::take(&mut self.chunks);
         self.chunks = chunks
             .into_iter()

@@ -38,11 +38,13 @@ where
 
 /// What a rank ends with: its summary and its final parameters under their global names.
 #[derive(Debug, Clone)]
-pub struct RankOutcome {
-    pub rank: u32,
-    pub summary: RunSummary,
+pub(crate) struct RankOutcome {
+    #[cfg_attr(not(test), expect(dead_code, reason = "the equivalence tests read it"))]
+    pub(crate) rank: u32,
+    pub(crate) summary: RunSummary,
     /// Every local parameter with where it sits in the one-rank model.
-    pub params: Vec<(ShardSpec, Vec<f32>)>,
+    #[cfg_attr(not(test), expect(dead_code, reason = "the equivalence tests read it"))]
+    pub(crate) params: Vec<(ShardSpec, Vec<f32>)>,
 }
 
 /// The rank loop on an already prepared setup (shared by thread ranks of one process).

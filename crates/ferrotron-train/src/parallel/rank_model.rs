@@ -23,7 +23,7 @@ use crate::rng::with_process_rng;
 use crate::{AdamW, AdamWConfig, Microbatch, StepContext, StepStats, TrainError, clip_coefficient};
 
 /// This rank's chunks (virtual stages) from the plan's stage table.
-pub fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>, TrainError> {
+pub(super) fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>, TrainError> {
     let stage = plan
         .stages
         .get(pp_rank)
@@ -62,7 +62,7 @@ pub(super) struct ShardedState {
 }
 
 /// A rank's model chunks, their parameter layout and optimizer.
-pub struct RankModel<B: AutodiffBackend> {
+pub(super) struct RankModel<B: AutodiffBackend> {
     pub ctx: ParallelContext,
     pub position: StagePosition,
     pub chunks: Vec<GptModel<B>>,
@@ -79,7 +79,7 @@ where
     B::InnerBackend: ParallelOps,
 {
     /// Build this rank's chunks as cuts of the seeded one-rank model, and its optimizer.
-    pub fn new(
+    pub(super) fn new(
         plan: &Plan,
         ctx: ParallelContext,
         config: &ModelConfig,
@@ -142,7 +142,7 @@ where
     }
 
     /// One optimizer step over this rank's `microbatches` (its data-parallel share).
-    pub fn step(
+    pub(super) fn step(
         &mut self,
         microbatches: &[Microbatch],
         context: StepContext,
@@ -350,7 +350,7 @@ where
 
     /// Mean LM loss over this rank's share of the validation batches, averaged like the
     /// training loss; every rank returns the same value.
-    pub fn evaluate(&self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
+    pub(super) fn evaluate(&self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
         if microbatches.is_empty() {
             return Ok(f64::NAN);
         }

@@ -41,7 +41,7 @@ where
 
 /// [`train_threads`], returning every rank's outcome (summary and final parameters with their
 /// shard specs) in rank order: what equivalence tests compare with a one-rank run.
-pub fn train_threads_detailed<B>(
+pub(crate) fn train_threads_detailed<B>(
     plan: &Plan,
     options: &RunOptions,
     device: &B::Device,

@@ -9,7 +9,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 /// Host inputs of the MLP row: x, w1, b1, w2, targets.
-pub struct MlpInputs {
+pub(crate) struct MlpInputs {
     pub x: TensorData,
     pub w1: TensorData,
     pub b1: TensorData,
@@ -19,7 +19,7 @@ pub struct MlpInputs {
 
 impl MlpInputs {
     /// The same inputs with every float tensor passed through `convert` (targets untouched).
-    pub fn in_dtype(&self, convert: impl Fn(TensorData) -> TensorData) -> Self {
+    pub(crate) fn in_dtype(&self, convert: impl Fn(TensorData) -> TensorData) -> Self {
         Self {
             x: convert(self.x.clone()),
             w1: convert(self.w1.clone()),
@@ -31,7 +31,7 @@ impl MlpInputs {
 }
 
 /// Returns the loss followed by the flattened gradients of w1, b1, w2 and x, as one f32 vector.
-pub fn mlp_gradients<B: Backend>(inputs: &MlpInputs, device: &B::Device) -> TensorData {
+pub(crate) fn mlp_gradients<B: Backend>(inputs: &MlpInputs, device: &B::Device) -> TensorData {
     type A<B> = Autodiff<B>;
     // Keep the inputs' dtype (burn would otherwise convert to the device's default float).
     let at = (device, inputs.x.dtype);

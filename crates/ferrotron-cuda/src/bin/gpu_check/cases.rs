@@ -16,7 +16,7 @@ use burn::tensor::{
 
 /// One random input of a case.
 #[derive(Clone, Copy, Debug)]
-pub enum In {
+pub(crate) enum In {
     /// Float tensor, uniform in `[lo, hi)`, in the case's float dtype.
     F(&'static [usize], f64, f64),
     /// Float tensor of whole numbers in `[lo, hi]`, so comparisons meet ties.
@@ -29,7 +29,7 @@ pub enum In {
 
 /// Which dtypes a case runs at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Float op: one row each for f32, bf16 and f16.
     Float,
     /// Float op whose CPU reference is only meaningful in f32 (long reductions, attention).
@@ -42,7 +42,7 @@ pub enum Kind {
 
 /// One row (or three, for [`Kind::Float`]) of the op table.
 #[derive(Clone, Copy, Debug)]
-pub struct Case {
+pub(crate) struct Case {
     pub op: &'static str,
     pub kind: Kind,
     pub inputs: &'static [In],
@@ -81,7 +81,7 @@ const BX: In = In::B(S);
 use Kind::{Bool, Float, FloatF32, Int};
 
 /// Every case of the table, in the order the table prints.
-pub const CASES: &[Case] = &[
+pub(crate) const CASES: &[Case] = &[
     // element-wise binary, same shape and broadcast
     case("add", Float, &[X, X]),
     case(
@@ -522,14 +522,14 @@ pub const CASES: &[Case] = &[
 ];
 
 /// A tensor of either kind, as the op traits pass them.
-pub enum Val<B: Backend> {
+pub(crate) enum Val<B: Backend> {
     F(FloatTensor<B>),
     I(IntTensor<B>),
     B(BoolTensor<B>),
 }
 
 /// The inputs of one case on one backend, plus what the ops need to know about dtypes.
-pub struct Ctx<B: Backend> {
+pub(crate) struct Ctx<B: Backend> {
     pub vals: Vec<Val<B>>,
     pub float: FloatDType,
     pub device: Device<B>,
@@ -578,7 +578,7 @@ fn conv2d_options() -> ConvOptions<2> {
 /// # Panics
 /// On an op name the table does not know (the GPU-free test runs every case, so a typo there
 /// fails CI rather than the GPU run).
-pub fn exec<B: Backend>(op: &str, c: &Ctx<B>) -> Val<B> {
+pub(crate) fn exec<B: Backend>(op: &str, c: &Ctx<B>) -> Val<B> {
     use Val::{B as Bo, F, I};
     let sc = |v: f64| Scalar::Float(v);
     let si = |v: i64| Scalar::Int(v);
@@ -933,7 +933,7 @@ pub fn exec<B: Backend>(op: &str, c: &Ctx<B>) -> Val<B> {
 
 /// The op the CPU reference runs for `op`: the same one, except where burn-flex lacks it and a
 /// composition of ops it has computes the same function.
-pub fn reference_op(op: &str) -> &str {
+pub(crate) fn reference_op(op: &str) -> &str {
     match op {
         "argtopk" => "argtopk_by_argsort",
         other => other,
@@ -942,7 +942,7 @@ pub fn reference_op(op: &str) -> &str {
 
 /// The random-number ops, checked by their moments instead of against the CPU (the two
 /// backends draw from different generators by design).
-pub const RANDOM: &[&str] = &[
+pub(crate) const RANDOM: &[&str] = &[
     "random_uniform",
     "random_normal",
     "random_bernoulli",
@@ -951,7 +951,11 @@ pub const RANDOM: &[&str] = &[
 
 /// Draws a large sample on `B` and returns (sample mean, sample variance, expected mean,
 /// expected variance).
-pub fn random_moments<B: Backend>(op: &str, float: FloatDType, device: &Device<B>) -> Val<B> {
+pub(crate) fn random_moments<B: Backend>(
+    op: &str,
+    float: FloatDType,
+    device: &Device<B>,
+) -> Val<B> {
     let shape = Shape::new([1 << 20]);
     match op {
         "random_uniform" => Val::F(B::float_random(
@@ -983,7 +987,7 @@ pub fn random_moments<B: Backend>(op: &str, float: FloatDType, device: &Device<B
 }
 
 /// The expected (mean, variance) of each random op's distribution.
-pub fn expected_moments(op: &str) -> (f64, f64) {
+pub(crate) fn expected_moments(op: &str) -> (f64, f64) {
     match op {
         "random_uniform" => (1.0, 16.0 / 12.0),
         "random_normal" => (0.5, 4.0),

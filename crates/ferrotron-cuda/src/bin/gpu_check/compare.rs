@@ -9,13 +9,13 @@ use burn::tensor::{DType, TensorData};
 
 /// Absolute and relative tolerance for one dtype.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Tolerance {
+pub(crate) struct Tolerance {
     pub atol: f64,
     pub rtol: f64,
 }
 
 /// The tolerance of a dtype before any per-case scaling.
-pub fn tolerance(dtype: DType) -> Tolerance {
+pub(crate) fn tolerance(dtype: DType) -> Tolerance {
     match dtype {
         DType::F32 => Tolerance {
             atol: 1e-5,
@@ -40,7 +40,7 @@ pub fn tolerance(dtype: DType) -> Tolerance {
 
 /// The measured errors of one comparison.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Errors {
+pub(crate) struct Errors {
     pub max_abs: f64,
     pub max_rel: f64,
     /// Elements outside tolerance (NaN mismatches included).
@@ -50,13 +50,13 @@ pub struct Errors {
 }
 
 impl Errors {
-    pub fn pass(&self) -> bool {
+    pub(crate) fn pass(&self) -> bool {
         self.mismatch.is_none() && self.bad == 0
     }
 }
 
 /// Compares `got` against the reference `want`, scaling the dtype tolerance by `scale`.
-pub fn compare(got: &TensorData, want: &TensorData, scale: f64) -> Errors {
+pub(crate) fn compare(got: &TensorData, want: &TensorData, scale: f64) -> Errors {
     if got.shape != want.shape {
         return mismatch(format!("shape {:?} != {:?}", got.shape, want.shape));
     }
@@ -115,7 +115,7 @@ fn mismatch(reason: String) -> Errors {
 }
 
 /// Sample mean and (population) variance of a tensor's values.
-pub fn moments(data: &TensorData) -> (f64, f64) {
+pub(crate) fn moments(data: &TensorData) -> (f64, f64) {
     let values: Vec<f64> = data.iter::<f64>().collect();
     let n = values.len().max(1) as f64;
     let mean = values.iter().sum::<f64>() / n;

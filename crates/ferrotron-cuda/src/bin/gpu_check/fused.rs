@@ -279,7 +279,7 @@ fn linear_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
 }
 
 /// Every fused-op row.
-pub fn rows(device: &GpuDevice) -> Vec<Row> {
+pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(13);
     let mut rows = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
@@ -338,7 +338,7 @@ pub(crate) fn median_ms(device: &GpuDevice, reps: usize, mut f: impl FnMut()) ->
 
 /// Attention speed: cuDNN forward and backward kernels and the composed forward, TFLOP/s by
 /// the causal count (half the dense `4·b·h·s²·d` forward; backward 2.5× forward).
-pub fn timings(device: &GpuDevice) -> String {
+pub(crate) fn timings(device: &GpuDevice) -> String {
     let mut out = String::from(
         "| attention (bf16, causal) | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | composed fwd ms |\n|---|---:|---:|---:|---:|---:|\n",
     );

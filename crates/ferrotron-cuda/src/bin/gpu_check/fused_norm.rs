@@ -218,7 +218,7 @@ fn adamw_row(device: &GpuDevice, rng: &mut StdRng, grad_dtype: DType, first: boo
 }
 
 /// Every norm and AdamW row.
-pub fn rows(device: &GpuDevice) -> Vec<Row> {
+pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(17);
     let mut rows = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
@@ -234,7 +234,7 @@ pub fn rows(device: &GpuDevice) -> Vec<Row> {
 }
 
 /// Norm and AdamW speed against their composed versions.
-pub fn timings(device: &GpuDevice) -> String {
+pub(crate) fn timings(device: &GpuDevice) -> String {
     let mut out = String::from(
         "| op | shape | kernel ms | composed ms | kernel GB/s |\n|---|---|---:|---:|---:|\n",
     );

@@ -10,7 +10,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Distribution, FloatDType, Shape};
 
 /// One measured line.
-pub struct Timing {
+pub(crate) struct Timing {
     pub what: String,
     pub median_ms: f64,
     /// The rate the op reached, with its unit.
@@ -43,7 +43,7 @@ fn random<B: Backend>(shape: [usize; 2], dtype: FloatDType, device: &B::Device) 
 
 /// Square matmuls, a large element-wise add and a row softmax; every size is divided by
 /// `shrink` (1 on the GPU; the GPU-free test runs the same code small on the CPU).
-pub fn timings<B: Backend>(device: &B::Device, shrink: usize) -> Vec<Timing> {
+pub(crate) fn timings<B: Backend>(device: &B::Device, shrink: usize) -> Vec<Timing> {
     let mut out = Vec::new();
     for (n, dtype, name) in [
         (8192 / shrink, FloatDType::BF16, "bf16"),
@@ -88,7 +88,7 @@ pub fn timings<B: Backend>(device: &B::Device, shrink: usize) -> Vec<Timing> {
     out
 }
 
-pub fn render(timings: &[Timing]) -> String {
+pub(crate) fn render(timings: &[Timing]) -> String {
     let mut out = String::from("| timing | median ms | rate |\n|---|---|---|\n");
     for t in timings {
         out.push_str(&format!(

@@ -27,7 +27,7 @@ fn schedule_table(microbatches: usize, chunks: usize, group: usize) -> Vec<(usiz
 }
 
 /// Compute order of `stage` with `chunks` virtual stages per stage.
-pub fn order(stage: usize, stages: usize, chunks: usize, microbatches: usize) -> Order {
+pub(super) fn order(stage: usize, stages: usize, chunks: usize, microbatches: usize) -> Order {
     let table = schedule_table(microbatches, chunks, stages);
     let total = table.len();
     let forward = |k: usize| {

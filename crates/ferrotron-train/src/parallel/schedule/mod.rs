@@ -18,7 +18,7 @@ use crate::TrainError;
 
 /// Forward or backward of one microbatch through one local model chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Compute {
+pub(crate) struct Compute {
     pub forward: bool,
     /// Local chunk index (virtual stage) on this pipeline stage.
     pub chunk: usize,
@@ -26,7 +26,7 @@ pub struct Compute {
 }
 
 impl Compute {
-    pub fn forward(chunk: usize, microbatch: usize) -> Self {
+    pub(crate) fn forward(chunk: usize, microbatch: usize) -> Self {
         Compute {
             forward: true,
             chunk,
@@ -34,7 +34,7 @@ impl Compute {
         }
     }
 
-    pub fn backward(chunk: usize, microbatch: usize) -> Self {
+    pub(crate) fn backward(chunk: usize, microbatch: usize) -> Self {
         Compute {
             forward: false,
             chunk,
@@ -42,7 +42,8 @@ impl Compute {
         }
     }
 
-    pub fn is_forward(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_forward(&self) -> bool {
         self.forward
     }
 }
@@ -50,7 +51,7 @@ impl Compute {
 /// One step of a stage's schedule. Sends and receives name the (chunk, microbatch) whose boundary
 /// tensor they carry, as seen from this stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
+pub(crate) enum Op {
     Compute(Compute),
     /// This chunk's output activation, to the next stage.
     SendActivation {
@@ -77,14 +78,14 @@ pub enum Op {
 /// A stage's computes in order; the first `warmup` are forwards run before the first backward
 /// could be, then forwards and backwards alternate.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Order {
+pub(crate) struct Order {
     pub computes: Vec<Compute>,
     pub warmup: usize,
 }
 
 /// Where a stage sits in the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StagePosition {
+pub(crate) struct StagePosition {
     pub stage: usize,
     pub stages: usize,
     /// Model chunks (virtual stages) per stage.
@@ -94,33 +95,33 @@ pub struct StagePosition {
 impl StagePosition {
     /// Index of local chunk `chunk` in the model's sequence of pieces (chunk-major, Megatron's
     /// layer-offset order).
-    pub fn piece(&self, chunk: usize) -> usize {
+    pub(crate) fn piece(&self, chunk: usize) -> usize {
         chunk * self.stages + self.stage
     }
 
     /// The chunk holds the embedding: its input is tokens, not a received activation.
-    pub fn is_first_piece(&self, chunk: usize) -> bool {
+    pub(crate) fn is_first_piece(&self, chunk: usize) -> bool {
         self.piece(chunk) == 0
     }
 
     /// The chunk computes the loss: it sends no activation and receives no gradient.
-    pub fn is_last_piece(&self, chunk: usize) -> bool {
+    pub(crate) fn is_last_piece(&self, chunk: usize) -> bool {
         self.piece(chunk) == self.stages * self.chunks - 1
     }
 
     /// Group rank (in the pipeline group) activations go to and gradients come from.
-    pub fn next_stage(&self) -> usize {
+    pub(crate) fn next_stage(&self) -> usize {
         (self.stage + 1) % self.stages
     }
 
     /// Group rank activations come from and gradients go to.
-    pub fn previous_stage(&self) -> usize {
+    pub(crate) fn previous_stage(&self) -> usize {
         (self.stage + self.stages - 1) % self.stages
     }
 }
 
 /// The operations of `position` for one step of `microbatches`.
-pub fn build(position: StagePosition, microbatches: usize) -> Result<Vec<Op>, TrainError> {
+pub(crate) fn build(position: StagePosition, microbatches: usize) -> Result<Vec<Op>, TrainError> {
     let StagePosition {
         stage,
         stages,

@@ -8,7 +8,7 @@
 use super::{Compute, Order};
 
 /// Compute order of `stage` (0-based) in a pipeline of `stages` with `microbatches`.
-pub fn order(stage: usize, stages: usize, microbatches: usize) -> Order {
+pub(super) fn order(stage: usize, stages: usize, microbatches: usize) -> Order {
     let warmup = (stages - stage - 1).min(microbatches);
     let steady = microbatches - warmup;
     let mut out = Vec::with_capacity(2 * microbatches);

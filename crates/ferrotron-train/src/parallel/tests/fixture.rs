@@ -12,10 +12,10 @@ use serde_json::{Value, json};
 
 use crate::{NamedTensor, RunOptions, StopFlag};
 
-pub const WORDS: u32 = 40;
+pub(super) const WORDS: u32 = 40;
 
 /// Tokenizer and corpus in `dir`.
-pub fn write_data(dir: &Path) {
+pub(super) fn write_data(dir: &Path) {
     let mut vocab = serde_json::Map::new();
     vocab.insert("<|endoftext|>".into(), json!(0));
     for w in 0..WORDS {
@@ -56,7 +56,7 @@ pub fn write_data(dir: &Path) {
 
 /// The layout of a test run.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Layout {
+pub(super) struct Layout {
     pub tp: u32,
     pub cp: u32,
     pub ep: u32,
@@ -67,13 +67,13 @@ pub struct Layout {
 }
 
 impl Layout {
-    pub fn world(&self) -> u32 {
+    pub(super) fn world(&self) -> u32 {
         self.tp * self.cp.max(1) * self.pp * self.dp
     }
 }
 
 /// A plan of the tiny GPT for `layout` with data under `dir`.
-pub fn plan(dir: &Path, layout: Layout, layers: u32, iterations: u64, extra: Value) -> Plan {
+pub(super) fn plan(dir: &Path, layout: Layout, layers: u32, iterations: u64, extra: Value) -> Plan {
     let mut recipe = json!({
         "version": 1,
         "name": "parallel-equivalence",
@@ -129,7 +129,7 @@ fn merge(base: &mut Value, extra: Value) {
     }
 }
 
-pub fn options(dir: &Path) -> RunOptions {
+pub(super) fn options(dir: &Path) -> RunOptions {
     RunOptions {
         run_dir: dir.join("run"),
         stop: StopFlag::default(),
@@ -140,7 +140,7 @@ pub fn options(dir: &Path) -> RunOptions {
 }
 
 /// Global tensors assembled from every rank's shards.
-pub fn assemble(
+pub(super) fn assemble(
     shards: impl IntoIterator<Item = (ShardSpec, Vec<f32>)>,
 ) -> HashMap<String, Vec<f32>> {
     let mut global: HashMap<String, Vec<f32>> = HashMap::new();
@@ -156,7 +156,10 @@ pub fn assemble(
 }
 
 /// The largest absolute difference between two sets of named tensors (which must match).
-pub fn max_weight_difference(reference: &[NamedTensor], other: &HashMap<String, Vec<f32>>) -> f32 {
+pub(super) fn max_weight_difference(
+    reference: &[NamedTensor],
+    other: &HashMap<String, Vec<f32>>,
+) -> f32 {
     assert_eq!(
         reference.len(),
         other.len(),

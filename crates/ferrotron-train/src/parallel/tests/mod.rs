@@ -20,6 +20,6 @@ mod resume;
 mod stops;
 
 /// Relative difference allowed between one-rank and parallel losses, per step.
-pub const LOSS_TOLERANCE: f64 = 1e-6;
+pub(super) const LOSS_TOLERANCE: f64 = 1e-6;
 /// Absolute difference allowed between one-rank and parallel final weights.
-pub const WEIGHT_TOLERANCE: f32 = 5e-5;
+pub(super) const WEIGHT_TOLERANCE: f32 = 5e-5;

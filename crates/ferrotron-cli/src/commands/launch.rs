@@ -1,0 +1,394 @@
+//! How `recipe run` trains, in the order it happens: which ranks this process runs (the world),
+//! on which burn backend, the cluster the planner sees, and the training call.
+//!
+//! The world is all ranks as threads (a CPU world in one process: tests, workstations), or one
+//! rank of a process world that a launcher started (srun, torchrun), whose rank, size and
+//! rendezvous address come from the launcher's environment. Both plan the same way (the world
+//! size decides the cluster) and end in the runtime's per-rank loop, so a layout behaves the
+//! same in threads and in processes; only the communicator differs (in-process vs. TCP).
+//!
+//! The backend decides the GPU a process uses (the launcher's local rank), the GPU kind the
+//! planner sees (the chip found on the machine, so throughput and MFU are measured against its
+//! peak, not the recipe's guess), the compute dtype (`precision.dtype` on GPUs, fp32 on the CPU)
+//! and, on our own CUDA backend, the peak device memory reported at the end. Backends are types
+//! in burn, so this is the one place that names them; everything past it is generic
+//! (`ferrotron_train::train::<B>`). `burn-cuda` (the stock burn-cuda 0.21 backend, the reference
+//! our own is checked against) is behind the cargo feature of the same name: it pulls cubecl and
+//! takes minutes to build.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use burn::backend::Autodiff;
+use burn::tensor::backend::AutodiffBackend;
+use ferrotron_parallel::ParallelOps;
+use ferrotron_plan::Plan;
+use ferrotron_recipe::{Backend, Cluster, GpuKind, Recipe};
+use ferrotron_slurm::{LaunchEnv, Launcher};
+use ferrotron_telemetry::MemoryProbe;
+use ferrotron_train::precision::{compute_dtype, use_compute_dtype};
+use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary};
+
+/// How long a collective may wait for a peer before the run fails naming the missing ranks.
+const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Which ranks this process trains.
+#[derive(Debug)]
+pub(crate) enum World {
+    /// `size` ranks as threads of this process (1: the plain one-rank loop).
+    Threads { size: u32 },
+    /// One rank of a world of processes.
+    Process(Box<LaunchEnv>),
+}
+
+/// The backend of this run, with the GPU it uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compute {
+    /// burn-flex on the CPU (thread ranks or one rank of a process world).
+    Cpu,
+    /// Ferrotron's own CUDA backend (`ferrotron_cuda::Cuda`) on device `ordinal`.
+    Cuda { ordinal: usize },
+    /// The stock burn-cuda 0.21 backend on device `ordinal`.
+    BurnCuda { ordinal: usize },
+}
+
+/// This process's part of the run: its world and its backend.
+#[derive(Debug)]
+pub(crate) struct Launch {
+    world: World,
+    compute: Compute,
+}
+
+impl World {
+    /// The launcher's world when started by one, else `--world-size`, else the recipe's
+    /// cluster size, else one rank.
+    pub(crate) fn detect(world_size: Option<u32>, recipe: &Recipe) -> anyhow::Result<World> {
+        if let Some(env) = LaunchEnv::detect().context("reading the launcher's environment")? {
+            if let Some(asked) = world_size
+                && asked != env.world_size
+            {
+                anyhow::bail!(
+                    "--world-size {asked} disagrees with the launcher's world of {} processes; \
+                     leave it out under srun/torchrun",
+                    env.world_size
+                );
+            }
+            return Ok(World::Process(Box::new(env)));
+        }
+        let size = world_size
+            .or_else(|| recipe.cluster.as_ref().map(Cluster::world_size))
+            .unwrap_or(1);
+        Ok(World::Threads { size })
+    }
+
+    fn size(&self) -> u32 {
+        match self {
+            World::Threads { size } => *size,
+            World::Process(env) => env.world_size,
+        }
+    }
+}
+
+impl Launch {
+    /// `backend` for this world: a GPU backend uses the GPU numbered by the launcher's local
+    /// rank (srun/torchrun), else GPU 0. Fails early, before planning, when the binary lacks the
+    /// backend or the world needs more than one GPU rank per process.
+    pub(crate) fn select(backend: Backend, world: World) -> anyhow::Result<Launch> {
+        let ordinal = match &world {
+            World::Process(env) => env.local_rank as usize,
+            World::Threads { .. } => 0,
+        };
+        let compute = match backend {
+            Backend::Cpu => {
+                return Ok(Launch {
+                    world,
+                    compute: Compute::Cpu,
+                });
+            }
+            Backend::Cuda => Compute::Cuda { ordinal },
+            Backend::BurnCuda if cfg!(feature = "burn-cuda") => Compute::BurnCuda { ordinal },
+            Backend::BurnCuda => anyhow::bail!(
+                "this `recipe` binary was built without the stock burn-cuda backend; rebuild with \
+                 `cargo build --release -p ferrotron-cli --features burn-cuda`, or use \
+                 --backend cuda (ours) or cpu"
+            ),
+        };
+        let ranks = world.size();
+        if ranks != 1 {
+            anyhow::bail!(
+                "GPU backends train one rank per process, and a multi-GPU world needs NCCL \
+                 communicators, which are not wired in yet: run one rank (--world-size 1 and \
+                 parallel degrees of 1), or --backend cpu for a {ranks}-rank layout"
+            );
+        }
+        Ok(Launch { world, compute })
+    }
+
+    /// The cluster to plan on: the world's shape (CPU ranks shaped as the recipe's cluster when
+    /// it has this many ranks, so rank → node placement reads the same, else one node), with the
+    /// GPU kind detected from the device on a GPU backend (so the plan's peak FLOP/s and memory
+    /// are this chip's).
+    pub(crate) fn cluster(&self, recipe: &Recipe) -> anyhow::Result<Cluster> {
+        let cluster = match &self.world {
+            World::Threads { size } => match &recipe.cluster {
+                Some(cluster) if cluster.world_size() == *size => Cluster {
+                    gpu: GpuKind::Cpu,
+                    ..cluster.clone()
+                },
+                _ => Cluster {
+                    nodes: 1,
+                    gpus_per_node: *size,
+                    gpu: GpuKind::Cpu,
+                },
+            },
+            World::Process(env) => env.cluster(GpuKind::Cpu),
+        };
+        let ordinal = match self.compute {
+            Compute::Cpu => return Ok(cluster),
+            Compute::Cuda { ordinal } | Compute::BurnCuda { ordinal } => ordinal,
+        };
+        let name = ferrotron_cuda::CudaDevice::get(ordinal)
+            .and_then(|device| device.name())
+            .with_context(|| format!("opening CUDA device {ordinal}"))?;
+        let gpu = match gpu_kind(&name) {
+            Some(gpu) => gpu,
+            None => {
+                let fallback = recipe
+                    .cluster
+                    .as_ref()
+                    .map(|c| c.gpu)
+                    .filter(|gpu| *gpu != GpuKind::Cpu)
+                    .unwrap_or(GpuKind::H100);
+                tracing::warn!(
+                    "GPU {name:?} is not in the planner's hardware table; planning as {fallback:?}"
+                );
+                fallback
+            }
+        };
+        Ok(Cluster { gpu, ..cluster })
+    }
+
+    /// The planner fills the world it was given; anything else is a bug worth stopping on.
+    pub(crate) fn check_plan(&self, plan: &Plan) -> anyhow::Result<()> {
+        if plan.world_size != self.world.size() {
+            anyhow::bail!(
+                "the plan has {} ranks but this run has {}",
+                plan.world_size,
+                self.world.size()
+            );
+        }
+        Ok(())
+    }
+
+    /// This process's global rank (0 in a thread world: the process is rank 0's).
+    pub(crate) fn rank(&self) -> u32 {
+        match &self.world {
+            World::Threads { .. } => 0,
+            World::Process(env) => env.rank,
+        }
+    }
+
+    /// The nodes of a Slurm step, for the run manifest; empty elsewhere (this host alone, or a
+    /// torchrun world whose other hosts the environment does not name).
+    pub(crate) fn hosts(&self) -> Vec<String> {
+        match &self.world {
+            World::Process(env) if env.launcher == Launcher::Slurm => env.hosts.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Prefix for this process's own messages, so a process world's interleaved output says
+    /// which rank spoke.
+    pub(crate) fn log_prefix(&self) -> String {
+        match &self.world {
+            World::Threads { .. } => String::new(),
+            World::Process(env) => format!("rank {}: ", env.rank),
+        }
+    }
+
+    /// The CPU backend computes in fp32 whatever `precision.dtype` says.
+    pub(crate) fn on_cpu(&self) -> bool {
+        self.compute == Compute::Cpu
+    }
+
+    /// What a logged step reports as its memory: on our CUDA backend the bytes live tensors hold
+    /// on the device (the allocator's count, no synchronisation), elsewhere the process's
+    /// resident memory (stock burn-cuda exposes no counter).
+    pub(crate) fn memory_probe(&self) -> MemoryProbe {
+        match self.compute {
+            Compute::Cuda { ordinal } => MemoryProbe::new("device memory allocated", move || {
+                ferrotron_cuda::CudaDevice::get(ordinal)
+                    .map(|device| device.memory_stats().allocated_bytes)
+                    .unwrap_or(0)
+            }),
+            Compute::Cpu | Compute::BurnCuda { .. } => MemoryProbe::process(),
+        }
+    }
+
+    /// Trains this process's ranks; the summary is rank 0's (a process world: this rank's).
+    pub(crate) fn train(&self, plan: &Plan, options: &RunOptions) -> anyhow::Result<RunSummary> {
+        match (self.compute, &self.world) {
+            (Compute::Cpu, World::Threads { size: 1 }) => Ok(ferrotron_train::train::<
+                CpuTrainBackend,
+            >(
+                plan, options, &Default::default()
+            )?),
+            (Compute::Cpu, World::Threads { .. }) => Ok(ferrotron_train::train_threads::<
+                CpuTrainBackend,
+            >(
+                plan, options, &Default::default()
+            )?),
+            (Compute::Cpu, World::Process(env)) => train_process_rank(plan, env, options),
+            (Compute::Cuda { ordinal }, _) => {
+                let device = ferrotron_cuda::GpuDevice::new(ordinal);
+                let summary =
+                    train_on_gpu::<Autodiff<ferrotron_cuda::Cuda>>(plan, options, &device);
+                if let Ok(engine) = ferrotron_cuda::CudaDevice::get(ordinal) {
+                    let memory = engine.memory_stats();
+                    eprintln!(
+                        "ferrotron-cuda: peak device memory {:.2} GiB (pool reserved {:.2} GiB)",
+                        memory.peak_bytes as f64 / GIB,
+                        memory.reserved_bytes as f64 / GIB
+                    );
+                }
+                summary
+            }
+            #[cfg(feature = "burn-cuda")]
+            (Compute::BurnCuda { ordinal }, _) => {
+                let device = burn::backend::cuda::CudaDevice::new(ordinal);
+                train_on_gpu::<Autodiff<burn::backend::Cuda>>(plan, options, &device)
+            }
+            #[cfg(not(feature = "burn-cuda"))]
+            (Compute::BurnCuda { .. }, _) => {
+                anyhow::bail!("this `recipe` binary was built without the burn-cuda backend")
+            }
+        }
+    }
+}
+
+/// One CPU rank of a process world: rendezvous over TCP, build this rank's groups from the plan,
+/// train. A failing rank tells its peers before it exits, so they stop with its reason instead
+/// of timing out.
+fn train_process_rank(
+    plan: &Plan,
+    env: &LaunchEnv,
+    options: &RunOptions,
+) -> anyhow::Result<RunSummary> {
+    let span = tracing::info_span!("rank", rank = env.rank);
+    let _entered = span.enter();
+    let config = env.tcp_config(COLLECTIVE_TIMEOUT);
+    let world = ferrotron_dist::TcpComm::connect(&config).with_context(|| {
+        format!(
+            "rank {} could not join the world at {}:{}",
+            env.rank, config.master_addr, config.master_port
+        )
+    })?;
+    let groups = ferrotron_train::group_members(plan, env.rank, env.world_size as usize)
+        .map_err(anyhow::Error::from)
+        .and_then(|members| Ok(ferrotron_dist::ProcessGroups::new(&members, &world)?));
+    let groups = match groups {
+        Ok(groups) => groups,
+        Err(err) => {
+            world.abort(&err.to_string());
+            return Err(err).context("building this rank's process groups");
+        }
+    };
+    let ctx = ferrotron_parallel::ParallelContext::from_groups(
+        groups,
+        plan.recipe.parallel.sequence_parallel,
+    );
+    let device = Default::default();
+    match ferrotron_train::train_rank::<CpuTrainBackend>(plan, ctx, options, &device) {
+        Ok(summary) => Ok(summary),
+        Err(err) => {
+            world.abort(&err.to_string());
+            Err(flat(err))
+        }
+    }
+}
+
+/// A training error as one message: its display already names its cause, so the caller's
+/// `{:#}` (which appends causes for the rendezvous' context chain) must not repeat it. A
+/// non-finite loss has no cause and keeps its type: the exit code depends on it.
+fn flat(err: ferrotron_train::TrainError) -> anyhow::Error {
+    match err {
+        ferrotron_train::TrainError::NonFinite { .. } => anyhow::Error::new(err),
+        other => anyhow::Error::msg(other.to_string()),
+    }
+}
+
+/// One rank on a GPU backend, computing in the recipe's `precision.dtype` (set as the device's
+/// default float dtype before the model exists; see `ferrotron_train::precision`).
+fn train_on_gpu<B>(
+    plan: &Plan,
+    options: &RunOptions,
+    device: &B::Device,
+) -> anyhow::Result<RunSummary>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    let dtype = compute_dtype(plan.recipe.precision.dtype)?;
+    use_compute_dtype::<B>(device, dtype)?;
+    tracing::info!(backend = %B::name(device), ?dtype, "training on the GPU");
+    Ok(ferrotron_train::train::<B>(plan, options, device)?)
+}
+
+/// The planner's GPU kind for a CUDA device name ("NVIDIA H200", "NVIDIA H100 80GB HBM3", ...).
+fn gpu_kind(device_name: &str) -> Option<GpuKind> {
+    let name = device_name.to_ascii_uppercase();
+    [
+        ("H200", GpuKind::H200),
+        ("H100", GpuKind::H100),
+        ("B200", GpuKind::B200),
+        ("A100", GpuKind::A100),
+    ]
+    .into_iter()
+    .find(|(marker, _)| name.contains(marker))
+    .map(|(_, kind)| kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compute(backend: Backend, size: u32) -> anyhow::Result<Compute> {
+        Launch::select(backend, World::Threads { size }).map(|launch| launch.compute)
+    }
+
+    #[test]
+    fn gpu_names_map_to_the_hardware_table() {
+        assert_eq!(gpu_kind("NVIDIA H200"), Some(GpuKind::H200));
+        assert_eq!(gpu_kind("NVIDIA H100 80GB HBM3"), Some(GpuKind::H100));
+        assert_eq!(gpu_kind("NVIDIA A100-SXM4-80GB"), Some(GpuKind::A100));
+        assert_eq!(gpu_kind("NVIDIA B200"), Some(GpuKind::B200));
+        assert_eq!(gpu_kind("NVIDIA GeForce RTX 4090"), None);
+    }
+
+    #[test]
+    fn gpu_backends_use_the_local_rank_and_refuse_multi_rank_worlds() {
+        assert_eq!(
+            compute(Backend::Cuda, 1).expect("one rank"),
+            Compute::Cuda { ordinal: 0 }
+        );
+        assert_eq!(compute(Backend::Cpu, 4).expect("cpu"), Compute::Cpu);
+        let err = compute(Backend::Cuda, 2).expect_err("two GPU ranks in one process");
+        assert!(err.to_string().contains("one rank per process"), "{err}");
+    }
+
+    #[test]
+    fn burn_cuda_needs_its_feature() {
+        let selected = compute(Backend::BurnCuda, 1);
+        if cfg!(feature = "burn-cuda") {
+            assert_eq!(
+                selected.expect("built in"),
+                Compute::BurnCuda { ordinal: 0 }
+            );
+        } else {
+            let err = selected.expect_err("not built in");
+            assert!(err.to_string().contains("--features burn-cuda"), "{err}");
+        }
+    }
+}
