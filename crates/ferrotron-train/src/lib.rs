@@ -30,9 +30,10 @@ pub use fault::FaultInjection;
 pub use parallel::{group_members, train_rank, train_threads};
 pub use params::{NamedTensor, ParamEntry, load_named_tensors, named_tensors, param_entries};
 pub use resume::{ResumeState, load_for_inference};
+pub use run_loop::{RunOptions, RunSummary, StopReason};
 pub use signal::StopFlag;
 pub use step::{Microbatch, StepContext, StepStats, evaluate, train_step};
-pub use trainer::{RunOptions, RunSummary, StopReason, train};
+pub use trainer::train;
 
 // Shared between the crate's modules, not part of its API.
 pub(crate) use adamw::{EXP_AVG, EXP_AVG_SQ};

@@ -11,15 +11,106 @@ use ferrotron_data::{BlendedDataset, rank_batch_indices};
 use ferrotron_plan::Plan;
 use ferrotron_recipe::Recipe;
 use ferrotron_telemetry::{
-    IterationCounts, JsonlWriter, Metrics, MetricsServer, Progress, StepMetrics,
+    IterationCounts, JsonlWriter, MemoryProbe, Metrics, MetricsServer, Progress, StepMetrics,
 };
 use serde::Serialize;
 
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::resume::ResumeState;
 use crate::setup::{RunSetup, write_run_dir};
-use crate::trainer::{RunOptions, RunSummary, StopReason};
-use crate::{Microbatch, PendingStats, StepContext, StepStats, TrainError};
+use crate::{Microbatch, PendingStats, StepContext, StepStats, StopFlag, TrainError};
+
+/// How the caller wants the run to go, beyond the plan.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Where `plan.json` and the resolved `recipe.yaml` go.
+    pub run_dir: PathBuf,
+    /// Set by SIGTERM/SIGINT (or the caller) to stop after the current step.
+    pub stop: StopFlag,
+    /// Save and stop when the iteration is a multiple of this (Megatron's `--exit-interval`).
+    pub exit_interval: Option<u64>,
+    /// Called once the Prometheus exporter listens, with its address.
+    pub announce: fn(&str),
+    /// The memory each logged step reports: resident memory on the CPU, device memory on a GPU.
+    pub memory: MemoryProbe,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    /// The iteration the run started after (0 when fresh).
+    pub start_iteration: u64,
+    /// The last completed iteration.
+    pub iteration: u64,
+    pub train_iters: u64,
+    /// Loss of the last step (language model + auxiliary).
+    pub last_loss: Option<f64>,
+    pub last_eval_loss: Option<f64>,
+    /// The test-set loss, evaluated once when training reaches its last iteration.
+    pub test_loss: Option<f64>,
+    /// The newest checkpoint written by this run.
+    pub checkpoint: Option<PathBuf>,
+    /// The run stopped early on a signal or the exit interval.
+    pub stopped: Option<StopReason>,
+    /// The loss of every step this run made, in order (on every rank of a parallel run: the
+    /// global mean over data- and context-parallel ranks, from the last pipeline stage).
+    pub losses: Vec<f64>,
+    /// Cache keys of the data indices the run read (train, valid, test): its data provenance.
+    pub data_cache_keys: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Signal,
+    ExitInterval,
+}
+
+/// Whether this rank reports (metrics, JSONL, progress, run folder): global rank 0 only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lead {
+    Yes,
+    No,
+}
+
+/// What every rank does once its model exists, one rank or many: the lead rank's reporter, the
+/// loop over `step` reading data-parallel share `dp` (rank, size), and the reporter's last word.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's inputs, each named once"
+)]
+pub(crate) fn run_rank_loop(
+    plan: &Plan,
+    setup: &RunSetup,
+    options: &RunOptions,
+    state: ResumeState,
+    resumed_from: Option<&Path>,
+    lead: Lead,
+    (dp_rank, dp_size): (u32, u32),
+    step: &mut dyn RankStep,
+) -> Result<RunSummary, TrainError> {
+    let mut reporter = match lead {
+        Lead::Yes => Some(Reporter::start(
+            plan,
+            &setup.recipe,
+            options,
+            &state,
+            resumed_from,
+        )?),
+        Lead::No => None,
+    };
+    let context = LoopContext {
+        plan,
+        setup,
+        options,
+        dp_rank,
+        dp_size,
+    };
+    let outcome = run_loop(&context, step, state, reporter.as_mut());
+    if let Some(reporter) = &reporter {
+        reporter.finish(outcome.is_ok());
+    }
+    outcome
+}
 
 /// The model side of a rank, as the loop drives it.
 pub(crate) trait RankStep {

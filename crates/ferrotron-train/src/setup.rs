@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use ferrotron_data::{GptData, Tokenizer, build_gpt_data};
+use ferrotron_model::ModelConfig;
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{Recipe, ResumePolicy};
 
@@ -58,6 +59,16 @@ impl RunSetup {
             shape,
             store,
         })
+    }
+
+    /// The model every rank builds (its own part of it on a parallel layout): the recipe's, with
+    /// the plan's real and padded vocabulary.
+    pub(crate) fn model_config(&self, plan: &Plan) -> Result<ModelConfig, TrainError> {
+        Ok(ModelConfig::from_model_with_vocab(
+            &self.recipe.model,
+            plan.vocab_size,
+            plan.padded_vocab_size,
+        )?)
     }
 
     /// The checkpoint to continue from, by `checkpoint.resume`, opened and (unless
@@ -116,12 +127,11 @@ fn newest_intact(
     first_damage.map_or(Ok(None), Err)
 }
 
-/// The recipe as the runtime uses it: the plan's resolved copy with the real vocabulary
-/// recorded (so the loss and sampling ignore Megatron's padding rows) and `extends` dropped
-/// (it is already merged).
+/// The recipe as the runtime uses it: the plan's resolved copy (the planner already recorded the
+/// real vocabulary, so the loss and sampling ignore Megatron's padding rows) with `extends`
+/// dropped (it is already merged).
 fn runtime_recipe(plan: &Plan) -> Recipe {
     let mut recipe = plan.recipe.clone();
-    recipe.model.vocab_size = Some(plan.vocab_size);
     recipe.extends = None;
     recipe
 }

@@ -1,5 +1,6 @@
-//! The training run of one rank: set up (data, model, optimizer, resume), then the shared loop
-//! ([`crate::run_loop`]) with the one-rank step. It takes a [`Plan`], never YAML, and reports
+//! The training run of one rank: its model, optimizer and resume on the shared set-up
+//! ([`crate::setup`]), then the shared loop ([`crate::run_loop::run_rank_loop`]) with the
+//! one-rank step. It takes a [`Plan`], never YAML, and reports
 //! through telemetry and its return value; printing is the progress display's. Parallel layouts
 //! run the same loop with their own step (`crate::parallel`).
 
@@ -7,63 +8,17 @@ use std::path::PathBuf;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use ferrotron_model::{GptModel, ModelConfig};
+use ferrotron_model::GptModel;
 use ferrotron_parallel::ParallelOps;
 use ferrotron_plan::Plan;
-use ferrotron_telemetry::MemoryProbe;
 
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::params::NamedTensor;
 use crate::resume::{ResumeState, resume_from, save_checkpoint};
-use crate::run_loop::{LoopContext, RankStep, Reporter, run_loop};
+use crate::run_loop::{Lead, RankStep, RunOptions, RunSummary, run_rank_loop};
 use crate::setup::{RunSetup, use_cpu_threads};
 use crate::step::{Microbatch, PendingStats, StepContext, evaluate, train_step_deferred};
-use crate::{AdamW, AdamWConfig, StopFlag, TrainError, named_tensors};
-
-/// How the caller wants the run to go, beyond the plan.
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// Where `plan.json` and the resolved `recipe.yaml` go.
-    pub run_dir: PathBuf,
-    /// Set by SIGTERM/SIGINT (or the caller) to stop after the current step.
-    pub stop: StopFlag,
-    /// Save and stop when the iteration is a multiple of this (Megatron's `--exit-interval`).
-    pub exit_interval: Option<u64>,
-    /// Called once the Prometheus exporter listens, with its address.
-    pub announce: fn(&str),
-    /// The memory each logged step reports: resident memory on the CPU, device memory on a GPU.
-    pub memory: MemoryProbe,
-}
-
-/// How a run ended.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunSummary {
-    /// The iteration the run started after (0 when fresh).
-    pub start_iteration: u64,
-    /// The last completed iteration.
-    pub iteration: u64,
-    pub train_iters: u64,
-    /// Loss of the last step (language model + auxiliary).
-    pub last_loss: Option<f64>,
-    pub last_eval_loss: Option<f64>,
-    /// The test-set loss, evaluated once when training reaches its last iteration.
-    pub test_loss: Option<f64>,
-    /// The newest checkpoint written by this run.
-    pub checkpoint: Option<PathBuf>,
-    /// The run stopped early on a signal or the exit interval.
-    pub stopped: Option<StopReason>,
-    /// The loss of every step this run made, in order (on every rank of a parallel run: the
-    /// global mean over data- and context-parallel ranks, from the last pipeline stage).
-    pub losses: Vec<f64>,
-    /// Cache keys of the data indices the run read (train, valid, test): its data provenance.
-    pub data_cache_keys: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    Signal,
-    ExitInterval,
-}
+use crate::{AdamW, AdamWConfig, TrainError, named_tensors};
 
 /// Train `plan` on this process (one rank) on `device`.
 pub fn train<B>(
@@ -98,10 +53,8 @@ where
     use_cpu_threads(plan);
     let setup = RunSetup::new(plan)?;
     let recipe = &setup.recipe;
-    let model_config =
-        ModelConfig::from_model_with_vocab(&recipe.model, plan.vocab_size, plan.padded_vocab_size)?;
     let mut model: GptModel<B> =
-        crate::init::seeded_model(&model_config, recipe.training.seed, device)?;
+        crate::init::seeded_model(&setup.model_config(plan)?, recipe.training.seed, device)?;
     let mut optimizer = AdamW::<B::InnerBackend>::new(
         AdamWConfig::from_recipe(&recipe.training.optimizer),
         model.no_weight_decay_params(),
@@ -121,22 +74,21 @@ where
         state = resumed;
     }
     let resumed_from = resumed.as_ref().map(|c| c.dir().to_path_buf());
-    let mut reporter = Reporter::start(plan, recipe, options, &state, resumed_from.as_deref())?;
-    let context = LoopContext {
-        plan,
-        setup: &setup,
-        options,
-        dp_rank: 0,
-        dp_size: 1,
-    };
     let mut rank = SingleRank {
         model: Some(model),
         optimizer,
         device: device.clone(),
     };
-    let outcome = run_loop(&context, &mut rank, state, Some(&mut reporter));
-    reporter.finish(outcome.is_ok());
-    let summary = outcome?;
+    let summary = run_rank_loop(
+        plan,
+        &setup,
+        options,
+        state,
+        resumed_from.as_deref(),
+        Lead::Yes,
+        (0, 1),
+        &mut rank,
+    )?;
     let params = rank
         .model
         .as_ref()

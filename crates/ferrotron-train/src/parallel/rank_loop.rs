@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 
 use burn::tensor::backend::AutodiffBackend;
-use ferrotron_model::ModelConfig;
 use ferrotron_parallel::{ParallelContext, ParallelOps, ReduceOp, ShardSpec};
 use ferrotron_plan::Plan;
 
@@ -14,7 +13,7 @@ use super::host::param_values;
 use super::rank_model::RankModel;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::resume::ResumeState;
-use crate::run_loop::{LoopContext, RankStep, Reporter, run_loop};
+use crate::run_loop::{Lead, RankStep, run_rank_loop};
 use crate::setup::{RunSetup, use_cpu_threads};
 use crate::{
     AdamWConfig, Microbatch, PendingStats, RunOptions, RunSummary, StepContext, TrainError,
@@ -69,12 +68,10 @@ where
             parallel.distributed_optimizer_instances
         )));
     }
-    let model_config =
-        ModelConfig::from_model_with_vocab(&recipe.model, plan.vocab_size, plan.padded_vocab_size)?;
     let mut model = RankModel::<B>::new(
         plan,
         ctx.clone(),
-        &model_config,
+        &setup.model_config(plan)?,
         AdamWConfig::from_recipe(&recipe.training.optimizer),
         parallel.distributed_optimizer,
         device,
@@ -88,30 +85,19 @@ where
     }
     let resumed_from = resumed.as_ref().map(|c| c.dir().to_path_buf());
     let rank = ctx.global_rank();
-    let mut reporter = if rank == 0 {
-        Some(Reporter::start(
-            plan,
-            recipe,
-            options,
-            &state,
-            resumed_from.as_deref(),
-        )?)
-    } else {
-        None
-    };
-    let context = LoopContext {
+    let lead = if rank == 0 { Lead::Yes } else { Lead::No };
+    let dp = (ctx.dp_rank() as u32, ctx.dp_size() as u32);
+    let mut step = ParallelRank { model: &mut model };
+    let summary = run_rank_loop(
         plan,
         setup,
         options,
-        dp_rank: ctx.dp_rank() as u32,
-        dp_size: ctx.dp_size() as u32,
-    };
-    let mut step = ParallelRank { model: &mut model };
-    let outcome = run_loop(&context, &mut step, state, reporter.as_mut());
-    if let Some(reporter) = &reporter {
-        reporter.finish(outcome.is_ok());
-    }
-    let summary = outcome?;
+        state,
+        resumed_from.as_deref(),
+        lead,
+        dp,
+        &mut step,
+    )?;
     let mut params = Vec::new();
     for (chunk, roles) in model.chunks.iter().zip(&model.roles) {
         let mut values = param_values::<B, _>(chunk);
