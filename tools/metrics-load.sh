@@ -8,13 +8,15 @@
 # the last (TRAINER_CPUS), and the server thread and the clients to the last one (SIDE_CPUS), so
 # the step-time difference is what serving does to the training thread (locks, caches, memory),
 # not the clients' own CPU. Set both to the same list to share the cores instead.
-#   tools/metrics-load.sh                        # 60 steps, 4 client threads, 2 rounds
-#   STEPS=100 CLIENTS=8 ROUNDS=3 RECIPE_BIN=target/release/recipe tools/metrics-load.sh
+# RATE caps the clients' requests per second in all (0: as fast as they can).
+#   tools/metrics-load.sh                        # 60 steps, 4 client threads, 2 rounds, 2,000/s
+#   STEPS=100 CLIENTS=8 ROUNDS=3 RATE=0 RECIPE_BIN=target/release/recipe tools/metrics-load.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${RECIPE_BIN:-target/release/recipe}"
 STEPS="${STEPS:-60}"
 CLIENTS="${CLIENTS:-4}"
+RATE="${RATE:-2000}"
 ROUNDS="${ROUNDS:-2}"
 last=$(($(nproc) - 1))
 TRAINER_CPUS="${TRAINER_CPUS:-0-$((last > 0 ? last - 1 : 0))}"
@@ -55,7 +57,7 @@ round() {
     local quiet=$!
     sample_cpu "$quiet" "quiet$r" &
     wait "$quiet"
-    echo "== round $r: run under load ($CLIENTS clients and the server on CPUs $SIDE_CPUS)" >&2
+    echo "== round $r: run under load ($CLIENTS clients at ${RATE}/s in all (0: unlimited), the server on CPUs $SIDE_CPUS)" >&2
     run "loaded$r" &
     pid=$!
     sample_cpu "$pid" "loaded$r" &
@@ -69,10 +71,11 @@ round() {
         [ "$(cat "$task/comm" 2>/dev/null)" = "ferrotron-metri" ] &&
             taskset -p -c "$SIDE_CPUS" "$(basename "$task")" >/dev/null
     done
-    taskset -c "$SIDE_CPUS" python3 - "$address" "$CLIENTS" "$pid" >"$WORK/load$r.txt" <<'PY'
-import os, socket, sys, threading, collections
+    taskset -c "$SIDE_CPUS" python3 - "$address" "$CLIENTS" "$pid" "$RATE" >"$WORK/load$r.txt" <<'PY'
+import os, socket, sys, threading, time, collections
 host, port = sys.argv[1].rsplit(":", 1)
-clients, trainer = int(sys.argv[2]), int(sys.argv[3])
+clients, trainer, rate = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+gap = clients / rate if rate > 0 else 0.0  # each client's time between requests
 asks = [(b"GET /metrics HTTP/1.1\r\n\r\n", 200)] * 3 + [
     (b"GET /x HTTP/1.1\r\n\r\n", 404), (b"POST /metrics HTTP/1.1\r\n\r\n", 405),
     (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n", 400)]
@@ -81,8 +84,10 @@ def alive():
     try: os.kill(trainer, 0); return True
     except OSError: return False
 def client():
-    i, local = 0, collections.Counter()
+    i, local, due = 0, collections.Counter(), time.monotonic()
     while i % 200 or alive():
+        due += gap
+        if (wait := due - time.monotonic()) > 0: time.sleep(wait)
         request, expected = asks[i % len(asks)]
         i += 1
         try:

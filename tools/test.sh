@@ -5,7 +5,9 @@
 # runs it as is; and pre-commit (from PyPI, with the machine's python3), which tests/it/review.rs
 # runs against the repository's hook definition. Extra arguments go to `cargo nextest run` (e.g. `-p ferrotron-train`).
 # Then the kernel-source tests: NVRTC and the CUDA headers (CUDA 13.0 wheels from PyPI, into a
-# cache folder of their own) compile every hand-written kernel for sm_90, no GPU needed.
+# cache folder of their own) compile every hand-written kernel for sm_90, no GPU needed. Last,
+# the TensorBoard test: TensorBoard's own event reader (the `tensorboard` package from PyPI, into
+# a cache folder of its own) reads back the event files of a training run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,3 +41,11 @@ if [[ ! -e $cuda/nvidia/cu13/lib/libnvrtc.so ]]; then
 fi
 FERROTRON_CUDA_INCLUDE=$cuda/nvidia/cu13/include LD_LIBRARY_PATH=$cuda/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
     cargo nextest run --workspace --locked --run-ignored only -E 'test(sources_compile)'
+
+tensorboard=${FERROTRON_TENSORBOARD_PYTHONPATH:-${XDG_CACHE_HOME:-$HOME/.cache}/ferrotron/tensorboard}
+if [[ ! -e $tensorboard/tensorboard/__init__.py ]]; then
+    echo "== installing the tensorboard Python package (once) into $tensorboard" >&2
+    python3 -m pip install --quiet --target "$tensorboard" tensorboard
+fi
+FERROTRON_TENSORBOARD_PYTHONPATH=$tensorboard \
+    cargo nextest run --workspace --locked --run-ignored only -E 'test(tensorboard_reads_the_same_scalars)'

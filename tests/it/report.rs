@@ -143,3 +143,72 @@ fn a_directory_without_metrics_is_an_error_naming_it() {
         "{err}"
     );
 }
+
+/// The `manifest.json` of a sweep member, with only what the report reads: the recipe.
+fn manifest(name: &str, lr: f64, seed: u64) -> String {
+    serde_json::json!({
+        "format_version": 1,
+        "status": "finished",
+        "recipe": {
+            "name": name,
+            "model": {"num_layers": 2, "hidden_size": 64},
+            "training": {"seed": seed, "optimizer": {"lr": lr, "min_lr": 0.0}},
+            "checkpoint": {"dir": format!("/runs/{name}/checkpoints")},
+            "logging": {"jsonl": format!("/runs/{name}/metrics.jsonl")},
+        },
+    })
+    .to_string()
+}
+
+#[test]
+fn a_seeded_sweep_shows_its_axes_and_mean_and_std_across_seeds_smoothed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sweep = dir.path().join("seeds");
+    let members = [
+        ("seeds-000-lr3e-4-s1", 6.0, 3e-4, 1),
+        ("seeds-001-lr3e-4-s2", 6.5, 3e-4, 2),
+        ("seeds-002-lr1e-3-s1", 8.0, 1e-3, 1),
+        ("seeds-003-lr1e-3-s2", 7.0, 1e-3, 2),
+    ];
+    for (name, start, lr, seed) in members {
+        let member = sweep.join(name);
+        std::fs::create_dir_all(&member).expect("member dir");
+        std::fs::write(member.join("metrics.jsonl"), metrics(start, lr, 30)).expect("metrics");
+        std::fs::write(member.join("manifest.json"), manifest(name, lr, seed)).expect("manifest");
+    }
+    let out = recipe(dir.path(), &["report", "seeds", "--smooth", "0.6"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = sweep.join("report");
+    for chart in ["loss.png", "grad_norm.png", "lr.png"] {
+        let bytes = std::fs::read(report.join(chart)).expect(chart);
+        assert_eq!(png_size(&bytes), Some((1000, 560)), "{chart}");
+    }
+    let summary = std::fs::read_to_string(report.join("report.md")).expect("report.md");
+    insta::assert_snapshot!("report_seeds_smoothed", summary);
+
+    // Smoothing draws other pixels than the raw curves alone.
+    let raw = recipe(dir.path(), &["report", "seeds", "--out", "raw"]);
+    assert_eq!(raw.status.code(), Some(0));
+    let smoothed = std::fs::read(report.join("loss.png")).expect("smoothed chart");
+    let plain = std::fs::read(dir.path().join("raw/loss.png")).expect("raw chart");
+    assert_ne!(
+        smoothed, plain,
+        "--smooth changed nothing in the loss chart"
+    );
+}
+
+#[test]
+fn a_smoothing_weight_outside_0_to_1_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for bad in ["1", "-0.1", "much"] {
+        let out = recipe(dir.path(), &["report", ".", &format!("--smooth={bad}")]);
+        assert_eq!(out.status.code(), Some(2), "--smooth {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--smooth"), "{err}");
+    }
+}

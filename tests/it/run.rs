@@ -998,3 +998,109 @@ fn a_run_whose_log_reader_goes_away_keeps_training_and_stops_cleanly() {
     );
     assert_eq!(run_manifest(&fixture)["status"], "stopped");
 }
+
+/// The TensorBoard tags and the metrics.jsonl fields they carry, by record kind.
+const TENSORBOARD_TAGS: [(&str, &str, &str); 13] = [
+    ("train", "lm loss", "lm_loss"),
+    ("train", "loss", "loss"),
+    ("train", "learning-rate", "lr"),
+    ("train", "grad-norm", "grad_norm"),
+    ("train", "throughput/tokens_per_s", "tokens_per_second"),
+    ("train", "throughput/tflops_per_gpu", "tflops_per_gpu"),
+    ("train", "mfu", "mfu"),
+    ("train", "iteration-time", "step_seconds"),
+    ("train", "memory/bytes", "memory_bytes"),
+    ("eval", "validation loss", "eval_loss"),
+    ("eval", "validation ppl", "eval_perplexity"),
+    ("test", "test loss", "test_loss"),
+    ("test", "test ppl", "test_perplexity"),
+];
+
+/// `tools/tb-read.py` on `dir`: TensorBoard's own event reader, as JSON.
+fn read_tensorboard(dir: &Path) -> Value {
+    let Ok(python_path) = std::env::var("FERROTRON_TENSORBOARD_PYTHONPATH") else {
+        panic!(
+            "FERROTRON_TENSORBOARD_PYTHONPATH is not set: this test reads the event files with the \
+             `tensorboard` Python package; run tools/test.sh, which installs it, or \
+             `python3 -m pip install --target DIR tensorboard` and set the variable to DIR"
+        );
+    };
+    let output = Command::new("python3")
+        .arg(repo().join("tools/tb-read.py"))
+        .arg(dir)
+        .env("PYTHONPATH", python_path)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "tools/tb-read.py failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("tb-read.py prints JSON")
+}
+
+#[test]
+#[ignore = "needs the tensorboard Python package: tools/test.sh installs it and runs this test"]
+fn tensorboard_reads_the_same_scalars_as_metrics_jsonl_after_a_resume() {
+    let fixture = Fixture::new("");
+    let corpus = std::fs::read_to_string(fixture.path("corpus.jsonl")).expect("corpus");
+    let held_out: String = corpus
+        .lines()
+        .rev()
+        .take(4)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(fixture.path("held-out.jsonl"), held_out).expect("held-out corpus");
+    let args = [
+        "--set",
+        "logging.tensorboard=tb",
+        "--set",
+        "data.valid_blend=[{path: held-out.jsonl}]",
+        "--set",
+        "data.test_blend=[{path: held-out.jsonl}]",
+        "--set",
+        "data.split=100,0,0",
+    ];
+    assert_success(&fixture.run(&args));
+    // As if the process had died after logging step 6 but before committing its checkpoint: the
+    // next run resumes from iteration 3 and logs steps 4 to 6 again, with other timings.
+    std::fs::remove_dir_all(fixture.path("ckpt/iter_0000006")).expect("remove a checkpoint");
+    let resumed = fixture.run(&args);
+    assert_success(&resumed);
+    assert!(
+        stderr(&resumed).contains("resumed from"),
+        "{}",
+        stderr(&resumed)
+    );
+
+    let read = read_tensorboard(&fixture.path("tb"));
+    assert_eq!(read["files"], 2, "one event file per run start: {read}");
+    let records = fixture.records();
+    for (kind, tag, field) in TENSORBOARD_TAGS {
+        let expected: Vec<(u64, f32)> = records
+            .iter()
+            .filter(|r| r["kind"] == kind)
+            .map(|r| {
+                let value = r[field]
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("{field} in {r}"));
+                (r["step"].as_u64().expect("step"), value as f32)
+            })
+            .collect();
+        assert!(!expected.is_empty(), "metrics.jsonl has no {field}");
+        let got: Vec<(u64, f32)> = read["scalars"][tag]
+            .as_array()
+            .unwrap_or_else(|| panic!("TensorBoard has no `{tag}`: {read}"))
+            .iter()
+            .map(|point| {
+                let step = point[0].as_u64().expect("step");
+                (step, point[1].as_f64().expect("value") as f32)
+            })
+            .collect();
+        // Steps 4 to 6 are in both files; TensorBoard keeps the resumed run's, as the JSONL does.
+        assert_eq!(
+            got, expected,
+            "`{tag}` in TensorBoard against `{field}` in metrics.jsonl"
+        );
+    }
+}

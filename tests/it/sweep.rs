@@ -198,6 +198,8 @@ data:
   split: "90,10,0"
 checkpoint:
   interval: 100
+logging:
+  tensorboard: tb
 runtime:
   backend: cpu
 "#,
@@ -281,6 +283,21 @@ fn members_run_are_skipped_when_finished_and_reproduce_bit_for_bit() {
     );
     assert!(member.join("member.yaml").is_file());
     assert!(member.join("run.log").is_file());
+    // The base's TensorBoard directory becomes one per member, beside its metrics.
+    let events = std::fs::read_dir(member.join("tensorboard"))
+        .expect("the member's tensorboard directory")
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("events.out.tfevents.")
+        })
+        .count();
+    assert_eq!(events, 1, "one event file in {}", member.display());
+    assert!(
+        !sweep.dir.path().join("tb").exists(),
+        "the base's own directory stays unused"
+    );
     let (train, eval) = losses(&member);
     assert_eq!(train.len(), 4, "one line per step");
     assert_eq!(eval.len(), 2, "an evaluation every 2 steps");

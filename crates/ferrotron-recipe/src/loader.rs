@@ -506,6 +506,7 @@ fn is_path_field(path: &str) -> bool {
             | "checkpoint.resume"
             | "checkpoint.init_from.hf"
             | "logging.jsonl"
+            | "logging.tensorboard"
     ) || (["data.blend.", "data.valid_blend.", "data.test_blend."]
         .iter()
         .any(|prefix| path.starts_with(prefix))

@@ -667,6 +667,10 @@ pub struct Logging {
     /// Append one JSON object per logged step to this file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jsonl: Option<String>,
+    /// Write TensorBoard event files of the same scalars into this directory (a new file per run
+    /// start; `tensorboard --logdir DIR`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensorboard: Option<String>,
     /// Serve Prometheus `/metrics`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<Prometheus>,

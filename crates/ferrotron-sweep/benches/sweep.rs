@@ -5,7 +5,7 @@ use std::hint::black_box;
 use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ferrotron_sweep::{MetricsLog, RunMetrics, SweepSpec, expand, write_report};
+use ferrotron_sweep::{MetricsLog, ReportOptions, RunMetrics, SweepSpec, expand, write_report};
 
 fn metrics_text(steps: u64, start: f64) -> String {
     let mut out = String::new();
@@ -48,13 +48,20 @@ fn benches(c: &mut Criterion) {
         .map(|i| RunMetrics {
             label: format!("run-{i}"),
             log: MetricsLog::parse(&metrics_text(1000, 6.0 + f64::from(i))),
+            recipe: None,
         })
         .collect();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut group = c.benchmark_group("report");
     group.sample_size(10);
     group.bench_function("write_report 3 runs x 1000 steps (5 PNGs)", |b| {
-        b.iter(|| write_report(black_box(&runs), dir.path()).expect("report"))
+        b.iter(|| {
+            write_report(black_box(&runs), dir.path(), &ReportOptions::default()).expect("report")
+        })
+    });
+    let smooth = ReportOptions { smooth: Some(0.6) };
+    group.bench_function("write_report 3 runs x 1000 steps smoothed", |b| {
+        b.iter(|| write_report(black_box(&runs), dir.path(), &smooth).expect("report"))
     });
     group.finish();
 }

@@ -21,9 +21,10 @@ mod submit;
 pub use error::SweepError;
 pub use expand::{MemberSpec, expand, override_string, short_key, short_value};
 pub use metrics_log::{MetricsLog, StepPoint};
-pub use report::{RunMetrics, collect_runs, write_report};
+pub use report::{ReportOptions, RunMetrics, collect_runs, smoothed, write_report};
 pub use resolve::{
-    Invalid, METRICS_FILE, Member, SHORT_HASH_LEN, ValidMember, member_recipe, resolve,
+    Invalid, METRICS_FILE, Member, SHORT_HASH_LEN, TENSORBOARD_DIR, ValidMember, member_recipe,
+    resolve,
 };
 pub use results::{
     RESULTS_CSV, RESULTS_MD, ResultRow, changed_values, plan_line, render_csv, render_markdown,

@@ -20,6 +20,7 @@ pub(crate) fn map_paths(recipe: &mut Recipe, f: &dyn Fn(&str) -> String) {
         &mut data.cache_dir,
         &mut recipe.checkpoint.dir,
         &mut recipe.logging.jsonl,
+        &mut recipe.logging.tensorboard,
     ] {
         if let Some(path) = field.as_mut() {
             *path = f(path);

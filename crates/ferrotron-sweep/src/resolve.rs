@@ -20,7 +20,8 @@ pub struct ValidMember {
     /// The resolved recipe, paths absolute (as the member recipe file will carry them).
     pub recipe: Recipe,
     /// blake3 of the canonical resolved recipe JSON, paths relative to the sweep file and run
-    /// outputs (checkpoint dir, metrics file) left out: the same training gives the same hash.
+    /// outputs (checkpoint dir, metrics file, TensorBoard directory) left out: the same training
+    /// gives the same hash.
     pub hash: String,
     /// The plan on the recipe's cluster (one CPU rank when it names none).
     pub plan: Plan,
@@ -110,6 +111,7 @@ fn recipe_hash(recipe: &Recipe, sweep_dir: &Path) -> String {
     let mut identity = recipe.clone();
     identity.checkpoint.dir = None;
     identity.logging.jsonl = None;
+    identity.logging.tensorboard = None;
     map_paths(&mut identity, &|p| {
         relative_to(Path::new(p), sweep_dir).display().to_string()
     });
@@ -123,11 +125,18 @@ pub fn member_recipe(member: &Member, valid: &ValidMember, member_dir: &Path) ->
     recipe.name = member.spec.name.clone();
     recipe.checkpoint.dir = Some(path_string(member_dir.join("checkpoints")));
     recipe.logging.jsonl = Some(path_string(member_dir.join(METRICS_FILE)));
+    // One TensorBoard run per member: `tensorboard --logdir <sweep dir>` overlays them.
+    if recipe.logging.tensorboard.is_some() {
+        recipe.logging.tensorboard = Some(path_string(member_dir.join(TENSORBOARD_DIR)));
+    }
     recipe
 }
 
 /// Metrics file name inside a member (run) directory.
 pub const METRICS_FILE: &str = "metrics.jsonl";
+/// TensorBoard directory inside a member directory, when the base recipe sets
+/// `logging.tensorboard`.
+pub const TENSORBOARD_DIR: &str = "tensorboard";
 
 fn path_string(path: PathBuf) -> String {
     path.display().to_string()

@@ -1,8 +1,8 @@
 //! The iteration loop every rank runs, one rank or many: fetch the rank's share of the global
 //! batch, step, and keep the cadence — logging, evaluation, checkpoints, the signal and exit
 //! conditions. What a step *is* (one model, or pipeline chunks with collectives) sits behind
-//! [`RankStep`]; what gets printed and written (metrics, JSONL, progress) is the [`Reporter`]'s,
-//! which only global rank 0 has.
+//! [`RankStep`]; what gets printed and written (metrics, JSONL, TensorBoard, progress) is the
+//! [`Reporter`]'s, which only global rank 0 has.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -12,6 +12,7 @@ use ferrotron_plan::Plan;
 use ferrotron_recipe::Recipe;
 use ferrotron_telemetry::{
     IterationCounts, JsonlWriter, MemoryProbe, Metrics, MetricsServer, Progress, StepMetrics,
+    TensorBoardWriter,
 };
 use serde::Serialize;
 
@@ -167,11 +168,13 @@ enum Record<'a> {
     },
 }
 
-/// Rank 0's outputs: Prometheus metrics, the JSONL file, the progress display, the run folder.
+/// Rank 0's outputs: Prometheus metrics, the JSONL file, TensorBoard events, the progress
+/// display, the run folder.
 pub(crate) struct Reporter {
     metrics: Metrics,
     _server: Option<MetricsServer>,
     jsonl: Option<JsonlWriter>,
+    tensorboard: Option<TensorBoardWriter>,
     progress: Progress,
 }
 
@@ -206,10 +209,15 @@ impl Reporter {
             Some(path) => Some(JsonlWriter::open_resumed(Path::new(path), state.iteration)?),
             None => None,
         };
+        let tensorboard = match &recipe.logging.tensorboard {
+            Some(dir) => Some(TensorBoardWriter::create(Path::new(dir), state.iteration)?),
+            None => None,
+        };
         Ok(Reporter {
             metrics,
             _server: server,
             jsonl,
+            tensorboard,
             progress,
         })
     }
@@ -228,7 +236,7 @@ impl Reporter {
         self.progress.message(text);
     }
 
-    /// A logged training step: Prometheus, the progress line and the JSONL.
+    /// A logged training step: Prometheus, the progress line, the JSONL and TensorBoard.
     fn log_step(
         &mut self,
         step: &StepMetrics,
@@ -244,6 +252,22 @@ impl Reporter {
                 consumed_samples: state.consumed_samples,
                 consumed_tokens: state.consumed_tokens,
             })?;
+        }
+        if let Some(writer) = self.tensorboard.as_mut() {
+            writer.scalars(
+                step.step,
+                &[
+                    ("lm loss", lm_loss),
+                    ("loss", step.loss),
+                    ("learning-rate", step.lr),
+                    ("grad-norm", step.grad_norm),
+                    ("throughput/tokens_per_s", step.tokens_per_second),
+                    ("throughput/tflops_per_gpu", step.tflops_per_gpu),
+                    ("mfu", step.mfu),
+                    ("iteration-time", step.step_seconds),
+                    ("memory/bytes", step.memory_bytes as f64),
+                ],
+            )?;
         }
         Ok(())
     }
@@ -261,6 +285,15 @@ impl Reporter {
                 eval_perplexity: eval_loss.exp(),
             })?;
         }
+        if let Some(writer) = self.tensorboard.as_mut() {
+            writer.scalars(
+                iteration,
+                &[
+                    ("validation loss", eval_loss),
+                    ("validation ppl", eval_loss.exp()),
+                ],
+            )?;
+        }
         Ok(())
     }
 
@@ -275,6 +308,12 @@ impl Reporter {
                 test_loss,
                 test_perplexity: test_loss.exp(),
             })?;
+        }
+        if let Some(writer) = self.tensorboard.as_mut() {
+            writer.scalars(
+                iteration,
+                &[("test loss", test_loss), ("test ppl", test_loss.exp())],
+            )?;
         }
         Ok(())
     }
@@ -340,6 +379,11 @@ pub(crate) fn run_loop(
     };
     let mut interval = Interval::default();
     let mut interval_start = Instant::now();
+    // The step-time histogram observes the wall time since the previous iteration ended (its
+    // logging, evaluation and checkpoint done): a queued (device-resident) step returns before
+    // it ran, so the call's own time would be the host's enqueue time, while this span also
+    // holds the wait where the host reads the queue.
+    let mut iteration_end = Instant::now();
     let mut unread: Vec<PendingStats> = Vec::new();
 
     while state.iteration < train_iters {
@@ -356,15 +400,7 @@ pub(crate) fn run_loop(
             lr,
             clip_grad: training.clip_grad,
         };
-        let step_start = Instant::now();
         let pending = stepper.step(&microbatches, step_context)?;
-        if let Some(reporter) = reporter.as_deref_mut() {
-            reporter.metrics.record_iteration(IterationCounts {
-                seconds: step_start.elapsed().as_secs_f64(),
-                tokens: tokens_per_iteration,
-                samples: u64::from(global_batch),
-            });
-        }
         state.iteration = iteration;
         state.consumed_samples += u64::from(global_batch);
         state.consumed_tokens += tokens_per_iteration;
@@ -393,6 +429,13 @@ pub(crate) fn run_loop(
             None
         };
         interval.steps += 1;
+        if let Some(reporter) = reporter.as_deref_mut() {
+            reporter.metrics.record_iteration(IterationCounts {
+                seconds: iteration_end.elapsed().as_secs_f64(),
+                tokens: tokens_per_iteration,
+                samples: u64::from(global_batch),
+            });
+        }
 
         if let (true, Some(stats), Some(reporter)) = (log_due, stats, reporter.as_deref_mut()) {
             let steps = interval.steps as f64;
@@ -466,6 +509,7 @@ pub(crate) fn run_loop(
             summary.stopped = Some(reason);
             break;
         }
+        iteration_end = Instant::now();
     }
     Ok(summary)
 }
