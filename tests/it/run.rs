@@ -1104,3 +1104,29 @@ fn tensorboard_reads_the_same_scalars_as_metrics_jsonl_after_a_resume() {
         );
     }
 }
+
+#[test]
+fn an_unwritable_output_path_is_named_with_its_recipe_key() {
+    let fixture = Fixture::new("");
+    std::fs::write(fixture.path("a-file"), "not a directory").expect("write");
+    for (set, expected) in [
+        (
+            "logging.jsonl=a-file/metrics.jsonl",
+            "the metrics file (logging.jsonl)",
+        ),
+        (
+            "logging.tensorboard=a-file/tb",
+            "the TensorBoard log (logging.tensorboard)",
+        ),
+        (
+            "checkpoint.dir=a-file/ckpt",
+            "(--run-dir; by default the parent of checkpoint.dir",
+        ),
+    ] {
+        let output = fixture.run(&["--set", set, "--set", "training.train_iters=2"]);
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{set}: {err}");
+        assert!(err.contains(expected), "{set}: {err}");
+        assert!(err.contains("a-file/"), "{set} names the path: {err}");
+    }
+}

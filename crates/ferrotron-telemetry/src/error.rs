@@ -17,14 +17,18 @@ pub enum TelemetryError {
     },
     #[error("cannot start the /metrics server: {0}")]
     ServerStart(#[source] io::Error),
-    #[error("cannot open metrics file {}: {source}", path.display())]
+    /// `what` names the file and the recipe key that set it, e.g.
+    /// `the metrics file (logging.jsonl)`.
+    #[error("cannot open {what} {}: {source}", path.display())]
     Open {
+        what: &'static str,
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("cannot write metrics file {}: {source}", path.display())]
+    #[error("cannot write {what} {}: {source}", path.display())]
     Write {
+        what: &'static str,
         path: PathBuf,
         #[source]
         source: io::Error,

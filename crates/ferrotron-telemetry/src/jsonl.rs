@@ -17,6 +17,8 @@ use crate::error::TelemetryError;
 
 /// How far back to look at a time for the last newline of an existing file.
 const TAIL_CHUNK_BYTES: u64 = 4096;
+/// What the file is, in errors: the key that set it, so a bad path is found in the recipe.
+const WHAT: &str = "the metrics file (logging.jsonl)";
 
 /// Writes one JSON object per line to a metrics file.
 #[derive(Debug)]
@@ -30,6 +32,7 @@ impl JsonlWriter {
     /// Opens `path` for appending, creating it and its parent directories as needed.
     pub fn open(path: &Path) -> Result<Self, TelemetryError> {
         let open_error = |source| TelemetryError::Open {
+            what: WHAT,
             path: path.to_owned(),
             source,
         };
@@ -59,6 +62,7 @@ impl JsonlWriter {
     pub fn open_resumed(path: &Path, iteration: u64) -> Result<Self, TelemetryError> {
         let mut writer = Self::open(path)?;
         let open_error = |source| TelemetryError::Open {
+            what: WHAT,
             path: path.to_owned(),
             source,
         };
@@ -82,6 +86,7 @@ impl JsonlWriter {
             .write_all(&self.line)
             .and_then(|()| self.file.flush())
             .map_err(|source| TelemetryError::Write {
+                what: WHAT,
                 path: self.path.clone(),
                 source,
             })

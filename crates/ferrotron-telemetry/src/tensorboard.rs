@@ -23,6 +23,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::TelemetryError;
 
 /// The `file_version` TensorBoard expects of the first event.
+/// What the writer writes, in errors: the key that set it, so a bad path is found in the recipe.
+const WHAT: &str = "the TensorBoard log (logging.tensorboard)";
 pub(crate) const FILE_VERSION: &str = "brain.Event:2";
 /// Every event file's name starts with this.
 pub(crate) const EVENT_FILE_PREFIX: &str = "events.out.tfevents.";
@@ -100,6 +102,7 @@ impl TensorBoardWriter {
     /// after `iteration`: the file-version event, then a session start at `iteration + 1`.
     pub fn create(dir: &Path, iteration: u64) -> Result<Self, TelemetryError> {
         let open_error = |path: &Path, source| TelemetryError::Open {
+            what: WHAT,
             path: path.to_owned(),
             source,
         };
@@ -167,6 +170,7 @@ impl TensorBoardWriter {
             .write_all(&record)
             .and_then(|()| self.file.flush())
             .map_err(|source| TelemetryError::Write {
+                what: WHAT,
                 path: self.path.clone(),
                 source,
             })

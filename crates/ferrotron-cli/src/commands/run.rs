@@ -158,7 +158,10 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
                     hosts: launch.hosts(),
                 },
             )
-            .context("writing the run manifest")?,
+            .context(
+                "writing the run manifest in the run directory (--run-dir; by default the \
+                 parent of checkpoint.dir, else runs/<name>)",
+            )?,
         )
     } else {
         None
