@@ -112,9 +112,9 @@ pub fn short_key(key: &str) -> &str {
     }
 }
 
-/// A value as it reads in a name: `3e-4`, `128`, `cosine`, only `[A-Za-z0-9.+-]`.
-pub fn short_value(value: &Value) -> String {
-    let text = match value {
+/// A recipe value as people write it: `3e-4`, `128`, `cosine`, JSON for the rest.
+pub(crate) fn value_text(value: &Value) -> String {
+    match value {
         Value::Number(n) if n.is_f64() => {
             let x = n.as_f64().unwrap_or(f64::NAN);
             if x != 0.0 && (x.abs() < 1e-2 || x.abs() >= 1e5) {
@@ -125,8 +125,13 @@ pub fn short_value(value: &Value) -> String {
         }
         Value::String(s) => s.clone(),
         other => other.to_string(),
-    };
-    text.chars()
+    }
+}
+
+/// A value as it reads in a name: `3e-4`, `128`, `cosine`, only `[A-Za-z0-9.+-]`.
+pub fn short_value(value: &Value) -> String {
+    value_text(value)
+        .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-') {
                 c

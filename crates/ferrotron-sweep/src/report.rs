@@ -429,19 +429,7 @@ fn run_values(run: &RunMetrics, keys: &[String]) -> Vec<String> {
 
 /// A recipe value as a table cell: `3e-4`, `128`, `cosine`, JSON for the rest.
 fn cell_value(value: &Value) -> String {
-    let text = match value {
-        Value::Number(n) if n.is_f64() => {
-            let x = n.as_f64().unwrap_or(f64::NAN);
-            if x != 0.0 && (x.abs() < 1e-2 || x.abs() >= 1e5) {
-                format!("{x:e}")
-            } else {
-                format!("{x}")
-            }
-        }
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    text.replace('|', "\\|")
+    crate::expand::value_text(value).replace('|', "\\|")
 }
 
 /// When the seed varies: one row per point (the other varied values), with the number of
