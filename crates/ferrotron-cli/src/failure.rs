@@ -10,6 +10,25 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+/// `eprint!` for `recipe run`'s own lines, which must not panic: with its stderr reader gone (a
+/// `| tee` that died, a killed launcher) a run still trains, saves and exits with its own code.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// [`say!`] with a newline.
+macro_rules! sayln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+pub(crate) use {say, sayln};
+
 /// The error and its causes on one line, `: `-separated, each cause once.
 pub(crate) fn describe(err: &anyhow::Error) -> String {
     let mut text = err.to_string();

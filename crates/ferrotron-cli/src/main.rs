@@ -119,11 +119,43 @@ fn quiet_on_broken_pipe() {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or_default();
-        // `print!` says "failed printing to stdout: Broken pipe"; clap_complete's writer
-        // reports the io::Error itself.
-        if message.contains("Broken pipe") {
+        let file = info.location().map(|l| l.file()).unwrap_or_default();
+        if stdout_was_closed(message, file) {
             std::process::exit(0);
         }
         default(info);
     }));
+}
+
+/// Whether a panic is a write to a closed stdout: `print!`'s own message, or clap_complete's
+/// writer reporting the io::Error. Not any "Broken pipe": a rank whose peer died reports one
+/// from its socket, and that run failed.
+fn stdout_was_closed(message: &str, file: &str) -> bool {
+    message.contains("Broken pipe")
+        && (message.starts_with("failed printing to stdout") || file.contains("clap_complete"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stdout_was_closed;
+
+    #[test]
+    fn only_a_closed_stdout_is_a_quiet_exit() {
+        assert!(stdout_was_closed(
+            "failed printing to stdout: Broken pipe (os error 32)",
+            "library/std/src/io/stdio.rs"
+        ));
+        assert!(stdout_was_closed(
+            "failed to write completion file: Os { code: 32, kind: BrokenPipe, message: \"Broken pipe\" }",
+            "/cargo/registry/src/clap_complete-4.6.12/src/aot/generator/mod.rs"
+        ));
+        assert!(!stdout_was_closed(
+            "all_reduce (gather) on group tp[0,1] aborted: the connection to rank 1 failed: Broken pipe (os error 32)",
+            "crates/ferrotron-parallel/src/host.rs"
+        ));
+        assert!(!stdout_was_closed(
+            "failed printing to stderr: Broken pipe (os error 32)",
+            "library/std/src/io/stdio.rs"
+        ));
+    }
 }

@@ -15,7 +15,7 @@ use ferrotron_train::{RunOptions, RunSummary, StopFlag, StopReason, TrainError};
 
 use super::launch::{Launch, World};
 use crate::exit;
-use crate::failure::{catching, describe};
+use crate::failure::{catching, describe, say, sayln};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum BackendArg {
@@ -80,7 +80,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     match train_loaded(&args, &loaded) {
         Ok(code) => Ok(code),
         Err(err) => {
-            eprintln!("error: {}", describe(&err));
+            sayln!("error: {}", describe(&err));
             Ok(exit::code(exit::FAILED))
         }
     }
@@ -89,13 +89,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// The recipe is valid and its files are there: start one process per rank (each loads it again).
 fn launch_local_ranks(args: &Args, nproc: u32) -> anyhow::Result<ExitCode> {
     if ferrotron_slurm::LaunchEnv::detect().is_ok_and(|env| env.is_some()) {
-        eprintln!(
+        sayln!(
             "error: --nproc-per-node starts the ranks itself; under srun or torchrun leave it out"
         );
         return Ok(exit::code(exit::USAGE));
     }
     if let Some(size) = args.world_size.filter(|&size| size != nproc) {
-        eprintln!("error: --world-size {size} disagrees with --nproc-per-node {nproc}; give one");
+        sayln!("error: --world-size {size} disagrees with --nproc-per-node {nproc}; give one");
         return Ok(exit::code(exit::USAGE));
     }
     let child_args = super::local_launcher::child_args(std::env::args_os().skip(1));
@@ -116,7 +116,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     let launch = match Launch::select(backend, world) {
         Ok(launch) => launch,
         Err(err) => {
-            eprintln!("error: {}", describe(&err));
+            sayln!("error: {}", describe(&err));
             return Ok(exit::code(exit::USAGE));
         }
     };
@@ -129,7 +129,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     let lead = launch.rank() == 0;
     if !plan.memory.fits && !args.force {
         if lead {
-            eprint!("{}", does_not_fit(&plan));
+            say!("{}", does_not_fit(&plan));
         }
         return Ok(exit::code(exit::FAILED));
     }
@@ -137,10 +137,10 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         return Ok(code);
     }
     if lead {
-        eprint!("{}", brief(&plan, &launch));
+        say!("{}", brief(&plan, &launch));
     }
     if args.dry_run {
-        eprintln!("dry run: the recipe, its files and its plan are fine; nothing was trained");
+        sayln!("dry run: the recipe, its files and its plan are fine; nothing was trained");
         return Ok(exit::code(exit::SUCCESS));
     }
 
@@ -184,7 +184,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
                 manifest.finish(status, 0)?;
             }
             if lead {
-                eprint!(
+                say!(
                     "{}",
                     closing(&summary, args, plan.recipe.training.log_interval as usize)
                 );
@@ -209,7 +209,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
             if let Some(manifest) = manifest.as_mut() {
                 manifest.fail(&message, i32::from(code))?;
             }
-            eprintln!("{}error: {message}", launch.log_prefix());
+            sayln!("{}error: {message}", launch.log_prefix());
             Ok(exit::code(code))
         }
     }
@@ -242,7 +242,7 @@ fn does_not_fit(plan: &Plan) -> String {
 }
 
 fn announce_metrics(address: &str) {
-    eprintln!("prometheus metrics at {address}");
+    sayln!("prometheus metrics at {address}");
 }
 
 /// `--run-dir`, else the checkpoint directory's parent, else `runs/<name>`.
