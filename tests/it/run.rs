@@ -107,6 +107,27 @@ runtime:
             .expect("the recipe binary starts")
     }
 
+    /// Writes the corpus's last four documents as `held-out.jsonl` and returns the overrides
+    /// that make it the validation and the test data (the split gives them no share).
+    fn held_out_data(&self) -> [&'static str; 6] {
+        let corpus = std::fs::read_to_string(self.path("corpus.jsonl")).expect("corpus");
+        let held_out: String = corpus
+            .lines()
+            .rev()
+            .take(4)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(self.path("held-out.jsonl"), held_out).expect("held-out corpus");
+        [
+            "--set",
+            "data.valid_blend=[{path: held-out.jsonl}]",
+            "--set",
+            "data.test_blend=[{path: held-out.jsonl}]",
+            "--set",
+            "data.split=100,0,0",
+        ]
+    }
+
     fn records(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(self.path("metrics.jsonl")).unwrap_or_default();
         text.lines()
@@ -430,22 +451,7 @@ fn the_summary_names_each_loss_as_the_logs_and_metrics_do() {
 #[test]
 fn separate_validation_and_test_data_with_a_test_evaluation_at_the_end() {
     let fixture = Fixture::new("");
-    let corpus = std::fs::read_to_string(fixture.path("corpus.jsonl")).expect("corpus");
-    let held_out: String = corpus
-        .lines()
-        .rev()
-        .take(4)
-        .map(|l| format!("{l}\n"))
-        .collect();
-    std::fs::write(fixture.path("held-out.jsonl"), held_out).expect("held-out corpus");
-    let output = fixture.run(&[
-        "--set",
-        "data.valid_blend=[{path: held-out.jsonl}]",
-        "--set",
-        "data.test_blend=[{path: held-out.jsonl}]",
-        "--set",
-        "data.split=100,0,0",
-    ]);
+    let output = fixture.run(&fixture.held_out_data());
     assert_success(&output);
     let records = fixture.records();
     let tests: Vec<&Value> = records.iter().filter(|r| r["kind"] == "test").collect();
@@ -1043,24 +1049,8 @@ fn read_tensorboard(dir: &Path) -> Value {
 #[ignore = "needs the tensorboard Python package: tools/test.sh installs it and runs this test"]
 fn tensorboard_reads_the_same_scalars_as_metrics_jsonl_after_a_resume() {
     let fixture = Fixture::new("");
-    let corpus = std::fs::read_to_string(fixture.path("corpus.jsonl")).expect("corpus");
-    let held_out: String = corpus
-        .lines()
-        .rev()
-        .take(4)
-        .map(|l| format!("{l}\n"))
-        .collect();
-    std::fs::write(fixture.path("held-out.jsonl"), held_out).expect("held-out corpus");
-    let args = [
-        "--set",
-        "logging.tensorboard=tb",
-        "--set",
-        "data.valid_blend=[{path: held-out.jsonl}]",
-        "--set",
-        "data.test_blend=[{path: held-out.jsonl}]",
-        "--set",
-        "data.split=100,0,0",
-    ];
+    let mut args = vec!["--set", "logging.tensorboard=tb"];
+    args.extend(fixture.held_out_data());
     assert_success(&fixture.run(&args));
     // As if the process had died after logging step 6 but before committing its checkpoint: the
     // next run resumes from iteration 3 and logs steps 4 to 6 again, with other timings.
