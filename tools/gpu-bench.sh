@@ -25,7 +25,8 @@ export FERROTRON_KERNEL_CACHE=${FERROTRON_KERNEL_CACHE:-/tmp/ferrotron-kernels}
 
 common=(--set checkpoint.dir=null --set parallel.data=1 --set parallel.distributed_optimizer=false
     --set training.train_tokens=null --set training.schedule.warmup_iters=3 --set training.log_interval=1
-    --set training.eval_interval=100000 --set 'data.blend=[{path: recipes/data/shakespeare.jsonl}]')
+    --set training.eval_interval=100000 --set 'data.blend=[{path: recipes/data/shakespeare.jsonl}]'
+    --set data.split=98,2,0)  # the presets' 969,30,1 leaves the small corpus no test document
 # The LLaMA and MoE shapes read the shipped corpus with the GPT-2 tokenizer.
 gpt2_tokenizer=(--set 'data.tokenizer={type: gpt2-bpe, vocab_file: recipes/data/gpt2/vocab.json, merge_file: recipes/data/gpt2/merges.txt}'
     --set data.tokenizer.file=null --set model.vocab_size=50257)
@@ -58,7 +59,7 @@ for entry in "${benches[@]}"; do
     fi
     declare -n more=$extra
     sets=("${common[@]}" "${more[@]}" --set training.global_batch_size=$mb --set training.micro_batch_size=$mb
-        --set training.train_iters=$steps)
+        --set training.train_iters=$steps --set "logging.jsonl=/tmp/bench-$name/metrics.jsonl")
     "$dist/recipe" plan "$recipe" "${sets[@]}" --nodes 1 --gpus-per-node 1 --gpu h200 --format json \
         >"$OUT/logs/$name.plan.json" 2>"$OUT/logs/$name.plan.err"
     echo "=== $name: micro batch $mb, $steps steps ($(date +%T))"

@@ -132,6 +132,13 @@ median = sorted(norms.values())[len(norms) // 2] if norms else 0.0
 spike = min((s for s, g in norms.items() if g > 10 * median), default=steps + 1)
 print(f"\nfirst gradient spike on the cpu run: step {spike if spike <= steps else 'none'} "
       f"(grad norm {norms.get(spike, float('nan')):.1f}, median {median:.2f})\n")
+# An MoE's top-k routing is a discontinuous function of the router logits: once rounding flips
+# one token's expert, the curves part exponentially without any gradient spike (measured on the
+# H200 in fp32: 1e-7 relative for 15 steps, 3e-5 by step 20, 1e-2 by step 37). Its curves are
+# compared step by step over the first 20 steps, then by level.
+if family == "moe" and spike > 21:
+    spike = 21
+    print("moe: steps compared one by one up to step 20 (routing flips part the curves later)\n")
 print("| backend | steps | max rel diff, steps 1–" + str(spike - 1) + " | tolerance | mean of last 10 vs cpu | tolerance | result |")
 print("|---|---|---|---|---|---|---|")
 cpu = curves[f"{family}-cpu"]

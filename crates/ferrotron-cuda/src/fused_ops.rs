@@ -6,15 +6,17 @@
 //! other head dims always take it (cuDNN's fused attention has no f32 path). With cuDNN
 //! missing, the first fused call stops with an error naming what to install.
 //!
-//! LayerNorm/RMSNorm and the AdamW update run on our own kernels (`kernels::fused`), for every
-//! float dtype; `FERROTRON_FUSED=composed` switches both back to burn's composition.
+//! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`) and the softmax cross-entropy
+//! (`kernels::loss`) run on our own kernels, for every float dtype; `FERROTRON_FUSED=composed`
+//! switches all three back to burn's composition.
 
 use std::sync::OnceLock;
 
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_parallel::{
-    AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, DeviceScale, FusedOps,
-    NormGrads, NormKind, NormSaved, NormSpec, composed_adamw, composed_attention,
+    AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
+    DeviceScale, FusedOps, NormGrads, NormKind, NormSaved, NormSpec, composed_adamw,
+    composed_attention,
 };
 
 use crate::backend::Cuda;
@@ -22,6 +24,7 @@ use crate::backend::convert::ok;
 use crate::cudnn;
 use crate::dtype::DType;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
+use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
 
 /// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
 pub(crate) fn fused_attention_enabled() -> bool {
@@ -34,7 +37,7 @@ pub(crate) fn fused_attention_enabled() -> bool {
     })
 }
 
-/// Whether the norm and AdamW kernels are switched on (`FERROTRON_FUSED` unset or not
+/// Whether the norm, cross-entropy and AdamW kernels are switched on (`FERROTRON_FUSED` unset or not
 /// `composed`).
 pub(crate) fn fused_kernels_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -91,6 +94,35 @@ impl FusedOps for Cuda {
             &grad_output,
         ));
         NormGrads { input, gamma, beta }
+    }
+
+    fn has_cross_entropy_kernel(logits: &FloatTensor<Self>) -> bool {
+        fused_kernels_enabled() && is_float(logits) && logits.rank() == 2
+    }
+
+    fn cross_entropy_kernel_forward(
+        logits: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> CrossEntropySaved<Self> {
+        let (losses, log_sum_exp) = ok(cross_entropy_forward(&logits, &labels));
+        CrossEntropySaved {
+            losses,
+            log_sum_exp,
+        }
+    }
+
+    fn cross_entropy_kernel_backward(
+        logits: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+        log_sum_exp: FloatTensor<Self>,
+        grad_losses: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        ok(cross_entropy_backward(
+            &logits,
+            &labels,
+            &log_sum_exp,
+            &grad_losses,
+        ))
     }
 
     fn adamw_step(

@@ -16,7 +16,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ferrotron_parallel::collectives::gather_from_region;
-use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ShardSpec};
+use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ShardSpec, cross_entropy};
 use ferrotron_recipe::PositionEmbedding;
 
 use crate::block::TransformerBlock;
@@ -443,11 +443,7 @@ impl<B: ParallelOps> GptModel<B> {
                 "the last chunk computes the loss and needs labels".to_owned(),
             ));
         };
-        // The loss in fp32 whatever the compute dtype (Megatron's fp32 cross-entropy): a bf16
-        // log-sum-exp over the vocabulary rounds the loss to 3 significant digits. A no-op in fp32.
-        let logits = self.local_logits(hidden).cast(FloatDType::F32);
-        let token_losses =
-            vocab_parallel_cross_entropy(logits, labels, self.vocab_shard(), &tp.comm);
+        let token_losses = self.token_losses(self.local_logits(hidden), labels, &tp);
         let lm_loss = match input.loss_mask {
             Some(loss_mask) => {
                 let [batch, seq] = loss_mask.dims();
@@ -461,6 +457,27 @@ impl<B: ParallelOps> GptModel<B> {
             aux_loss.cast(FloatDType::F32),
             expert_loads,
         )))
+    }
+
+    /// Per-token losses `[batch·seq]` in f32 whatever the compute dtype (Megatron's fp32
+    /// cross-entropy: a bf16 log-sum-exp over the vocabulary rounds the loss to 3 significant
+    /// digits): the backend's fused kernel over a whole vocabulary, else the composed
+    /// (vocabulary-parallel) loss over f32 logits.
+    fn token_losses(
+        &self,
+        logits: Tensor<B, 3>,
+        labels: Tensor<B, 2, Int>,
+        tp: &TensorParallel,
+    ) -> Tensor<B, 1> {
+        let [batch, seq, vocab] = logits.dims();
+        if tp.size() == 1 {
+            let rows = logits.clone().reshape([batch * seq, vocab]);
+            if let Some(losses) = cross_entropy(rows, labels.clone().reshape([batch * seq])) {
+                return losses;
+            }
+        }
+        let logits = logits.cast(FloatDType::F32);
+        vocab_parallel_cross_entropy(logits, labels, self.vocab_shard(), &tp.comm)
     }
 
     fn whole_loss(&self, input: ChunkInput<B>) -> LossOutput<B> {

@@ -12,17 +12,21 @@
 //! graph's, and it documents the contract a kernel must meet.
 //!
 //! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V,
-//! LayerNorm/RMSNorm (`fused_norm.rs`) and the AdamW update (`fused_adamw.rs`).
+//! LayerNorm/RMSNorm (`fused_norm.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
+//! update (`fused_adamw.rs`).
 //!
 //! [`ParallelOps`]: crate::ParallelOps
 
 use burn::nn::DropoutConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention as burn_attention;
-use burn::tensor::ops::{AttentionModuleOptions, FloatTensor};
+use burn::tensor::ops::{AttentionModuleOptions, FloatTensor, IntTensor};
 use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
 
 use crate::fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
+use crate::fused_loss::{
+    CrossEntropySaved, cross_entropy_backward_reference, cross_entropy_forward_reference,
+};
 use crate::fused_norm::{
     NormGrads, NormSaved, NormSpec, norm_backward_reference, norm_forward_reference,
 };
@@ -160,6 +164,41 @@ pub trait FusedOps: Backend {
         grad_output: FloatTensor<Self>,
     ) -> NormGrads<Self> {
         norm_backward_reference::<Self>(x, gamma, has_beta, saved, grad_output)
+    }
+
+    /// Whether [`FusedOps::cross_entropy_kernel_forward`] is a real kernel for these logits
+    /// (`[rows, vocab]`). Default: no.
+    fn has_cross_entropy_kernel(logits: &FloatTensor<Self>) -> bool {
+        let _ = logits;
+        false
+    }
+
+    /// Per-row losses of `logits [rows, vocab]` against `labels [rows]` with the kernel
+    /// (called only where [`FusedOps::has_cross_entropy_kernel`] says yes; see
+    /// [`crate::cross_entropy`]).
+    fn fused_cross_entropy(
+        logits: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::cross_entropy_kernel_forward(logits, labels).losses
+    }
+
+    /// Cross-entropy forward: per-row losses and log-sum-exps in f32. Default: the reference.
+    fn cross_entropy_kernel_forward(
+        logits: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> CrossEntropySaved<Self> {
+        cross_entropy_forward_reference::<Self>(logits, labels)
+    }
+
+    /// Cross-entropy backward: the logits' gradient from the per-row loss gradients.
+    fn cross_entropy_kernel_backward(
+        logits: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+        log_sum_exp: FloatTensor<Self>,
+        grad_losses: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        cross_entropy_backward_reference::<Self>(logits, labels, log_sum_exp, grad_losses)
     }
 
     /// One AdamW update of a flat fp32 parameter from its gradient (any float dtype) and

@@ -4,14 +4,15 @@
 //!
 //! The attention node keeps q, k, v, the output and the f32 softmax statistics (`[b, h, s, 1]`):
 //! never the `[b, h, s, s]` scores or probabilities, which is the memory the fused op saves.
-//! The norm node keeps x, γ and two f32 numbers per row instead of every intermediate.
+//! The norm node keeps x, γ and two f32 numbers per row instead of every intermediate; the
+//! cross-entropy node the logits, the labels and one f32 log-sum-exp per row.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_norm::{NormSaved, NormSpec};
@@ -164,6 +165,47 @@ pub fn norm_node<B: FusedOps, C: CheckpointStrategy>(
     }
 }
 
+#[derive(Debug)]
+struct CrossEntropyOp;
+
+/// State of one cross-entropy node: the logits, the labels and the per-row log-sum-exp.
+type CrossEntropyState<B> = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
+
+impl<B: FusedOps> Backward<B, 1> for CrossEntropyOp {
+    type State = CrossEntropyState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (logits, labels, log_sum_exp) = ops.state;
+        if let [Some(node)] = ops.parents {
+            let grad_logits = B::cross_entropy_kernel_backward(logits, labels, log_sum_exp, grad);
+            grads.register::<B>(node.id, grad_logits);
+        }
+    }
+}
+
+/// Records the per-row cross-entropy of `logits [rows, vocab]` as one node whose forward and
+/// backward are `B`'s kernels. Public so tests can drive the node with a CPU backend's
+/// reference kernels.
+pub fn cross_entropy_node<B: FusedOps, C: CheckpointStrategy>(
+    logits: FloatTensor<Autodiff<B, C>>,
+    labels: IntTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = CrossEntropyOp
+        .prepare::<C>([logits.node.clone()])
+        .compute_bound()
+        .stateful();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let saved = B::cross_entropy_kernel_forward(logits.primitive.clone(), labels.clone());
+            prep.finish((logits.primitive, labels, saved.log_sum_exp), saved.losses)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(B::cross_entropy_kernel_forward(logits.primitive, labels).losses)
+        }
+    }
+}
+
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     fn device_resident_step() -> bool {
         B::device_resident_step()
@@ -180,6 +222,17 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         spec: NormSpec,
     ) -> FloatTensor<Self> {
         norm_node::<B, C>(x, gamma, beta, spec)
+    }
+
+    fn has_cross_entropy_kernel(logits: &FloatTensor<Self>) -> bool {
+        B::has_cross_entropy_kernel(&logits.primitive)
+    }
+
+    fn fused_cross_entropy(
+        logits: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        cross_entropy_node::<B, C>(logits, labels)
     }
 
     fn fused_attention(

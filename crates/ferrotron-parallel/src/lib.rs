@@ -23,6 +23,7 @@ mod context;
 mod fused;
 mod fused_adamw;
 mod fused_autodiff;
+mod fused_loss;
 mod fused_norm;
 mod host;
 mod ops;
@@ -42,7 +43,11 @@ pub use fused::{
     attention_forward_reference, composed_attention, repeat_groups,
 };
 pub use fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
-pub use fused_autodiff::{attention_node, norm_node};
+pub use fused_autodiff::{attention_node, cross_entropy_node, norm_node};
+pub use fused_loss::{
+    CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,
+    cross_entropy_forward_reference,
+};
 pub use fused_norm::{
     NormGrads, NormKind, NormSaved, NormSpec, composed_norm, norm, norm_backward_reference,
     norm_forward_reference,

@@ -36,7 +36,7 @@ __device__ float block_sum(float v, float* red) {
 }
 "#;
 
-fn uses_half(dtypes: &[DType]) -> bool {
+pub(super) fn uses_half(dtypes: &[DType]) -> bool {
     dtypes.iter().copied().any(DType::needs_half_headers)
 }
 
@@ -279,7 +279,7 @@ fn check_param(p: &CudaTensor, hidden: usize, op: &str) -> Result<()> {
     Ok(())
 }
 
-fn block_rows(rows: usize, op: &dyn Fn() -> OpContext) -> Result<u32> {
+pub(super) fn block_rows(rows: usize, op: &dyn Fn() -> OpContext) -> Result<u32> {
     u32::try_from(rows.max(1))
         .map_err(|_| CudaError::unsupported(op(), format!("{rows} rows exceed one grid")))
 }

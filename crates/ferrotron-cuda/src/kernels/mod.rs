@@ -14,6 +14,7 @@ pub mod fused;
 #[cfg(test)]
 mod gpu_tests;
 pub mod index;
+pub mod loss;
 pub mod reduce;
 pub mod scan;
 pub mod sort;

@@ -265,7 +265,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
         &line.unwrap_or_else(|e| format!("| layer norm | failed: {} |\n", first_line(&e))),
     );
     let line = guarded(|| {
-        let n = 50304 * 2048;
+        let n: usize = 50304 * 2048;
         let mk = || {
             Tensor::<Cuda, 1>::random([n], burn::tensor::Distribution::Uniform(0.0, 1.0), device)
         };

@@ -14,6 +14,7 @@ mod autodiff;
 mod cases;
 mod compare;
 mod fused;
+mod fused_loss;
 mod fused_norm;
 mod timing;
 
@@ -390,6 +391,7 @@ fn main() -> anyhow::Result<()> {
     if args.filter.is_empty() || args.filter == "fused" {
         rows.extend(fused::rows(&device));
         rows.extend(fused_norm::rows(&device));
+        rows.extend(fused_loss::rows(&device));
     }
     let _ = std::panic::take_hook();
     eprintln!(
@@ -406,6 +408,7 @@ fn main() -> anyhow::Result<()> {
         );
         println!("\n{}", fused::timings(&device));
         println!("\n{}", fused_norm::timings(&device));
+        println!("\n{}", fused_loss::timings(&device));
     }
     if ferrotron_cuda::timing::enabled() {
         println!(

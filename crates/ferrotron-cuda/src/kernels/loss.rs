@@ -1,0 +1,219 @@
+//! The softmax cross-entropy over the vocabulary: one block per row of logits.
+//!
+//! The forward keeps a running maximum and a sum of exponentials rescaled to it (one read of the
+//! row, f32 throughout), merges the threads' pairs with warp shuffles, and writes the row's loss
+//! and log-sum-exp. The backward writes `(exp(l − lse) − one_hot) · dloss` in the logits' dtype
+//! in one pass. A label outside the vocabulary gives a NaN loss (the step's finite check stops
+//! the run) and never an out-of-bounds read.
+
+use crate::dtype::DType;
+use crate::error::{CudaError, Result};
+use crate::kernels::fused::{block_rows, uses_half};
+use crate::kernels::{BLOCK, KernelSpec, Params, includes, launch};
+use crate::tensor::CudaTensor;
+
+/// Merge of two (maximum, rescaled sum) pairs, then the same over a warp and a block; thread 0
+/// ends with the row's pair.
+const BLOCK_LOG_SUM_EXP: &str = r#"
+#define NEG_INF __int_as_float(0xff800000)
+__device__ __forceinline__ void merge(float& m, float& s, const float m2, const float s2) {
+  const float mm = fmaxf(m, m2);
+  if (mm == NEG_INF) return;
+  s = s * expf(m - mm) + s2 * expf(m2 - mm);
+  m = mm;
+}
+__device__ __forceinline__ void warp_merge(float& m, float& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge(m, s, m2, s2);
+  }
+}
+__device__ void block_merge(float& m, float& s, float* red_m, float* red_s) {
+  warp_merge(m, s);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) { red_m[warp] = m; red_s[warp] = s; }
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  m = lane < warps ? red_m[lane] : NEG_INF;
+  s = lane < warps ? red_s[lane] : 0.f;
+  if (warp == 0) warp_merge(m, s);
+}
+"#;
+
+/// Cross-entropy forward: losses and log-sum-exps `[rows]` in f32.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CrossEntropyForward {
+    logits: DType,
+    labels: DType,
+}
+
+impl KernelSpec for CrossEntropyForward {
+    fn source(&self) -> String {
+        let (x, l) = (self.logits, self.labels);
+        let mut s = format!("// cross entropy forward {x} labels {l}\n");
+        s += includes(uses_half(&[x]));
+        s += BLOCK_LOG_SUM_EXP;
+        s += "struct Params { long long rows, vocab; unsigned long long logits, labels, losses, lse; };\n";
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += "  __shared__ float red_m[32], red_s[32];\n";
+        s += "  const long long row = blockIdx.x;\n";
+        s += &format!(
+            "  const {xs}* x = (const {xs}*)p.logits + row * p.vocab;\n",
+            xs = x.storage_c()
+        );
+        s += "  float m = NEG_INF, sum = 0.f;\n";
+        s += "  for (long long j = threadIdx.x; j < p.vocab; j += blockDim.x) {\n";
+        s += &format!("    const float v = {};\n", x.load_expr("x[j]"));
+        s += "    if (v > m) { sum = sum * expf(m - v) + 1.f; m = v; } else { sum += expf(v - m); }\n  }\n";
+        s += "  block_merge(m, sum, red_m, red_s);\n";
+        s += "  if (threadIdx.x == 0) {\n";
+        s += "    const float lse = m + logf(sum);\n";
+        s += &format!(
+            "    const long long label = (long long)((const {}*)p.labels)[row];\n",
+            l.storage_c()
+        );
+        s += &format!(
+            "    const float target = label >= 0 && label < p.vocab ? {} : __int_as_float(0x7fc00000);\n",
+            x.load_expr("x[label]")
+        );
+        s += "    ((float*)p.losses)[row] = lse - target;\n    ((float*)p.lse)[row] = lse;\n  }\n}\n";
+        s
+    }
+}
+
+/// Cross-entropy backward: the logits' gradient in their dtype.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CrossEntropyBackward {
+    logits: DType,
+    labels: DType,
+}
+
+impl KernelSpec for CrossEntropyBackward {
+    fn source(&self) -> String {
+        let (x, l) = (self.logits, self.labels);
+        let mut s = format!("// cross entropy backward {x} labels {l}\n");
+        s += includes(uses_half(&[x]));
+        s += "struct Params { long long rows, vocab; unsigned long long logits, labels, lse, grad, out; };\n";
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += "  const long long row = blockIdx.x;\n";
+        s += &format!(
+            "  const {xs}* x = (const {xs}*)p.logits + row * p.vocab;\n  {xs}* out = ({xs}*)p.out + row * p.vocab;\n",
+            xs = x.storage_c()
+        );
+        s += "  const float lse = ((const float*)p.lse)[row], g = ((const float*)p.grad)[row];\n";
+        s += &format!(
+            "  const long long label = (long long)((const {}*)p.labels)[row];\n",
+            l.storage_c()
+        );
+        s += "  for (long long j = threadIdx.x; j < p.vocab; j += blockDim.x) {\n";
+        s += &format!(
+            "    const float d = expf({} - lse) - (j == label ? 1.f : 0.f);\n",
+            x.load_expr("x[j]")
+        );
+        s += &format!("    out[j] = {};\n  }}\n}}\n", x.store_expr("d * g"));
+        s
+    }
+}
+
+fn rows_vocab(logits: &CudaTensor, labels: &CudaTensor, op: &str) -> Result<(usize, usize)> {
+    let [rows, vocab] = *logits.shape() else {
+        return Err(CudaError::invalid(
+            logits.op(op),
+            "a fused cross-entropy takes logits [rows, vocab]",
+        ));
+    };
+    if labels.numel() != rows || !labels.dtype().is_int() {
+        return Err(CudaError::invalid(
+            labels.op(op),
+            format!("a fused cross-entropy takes {rows} integer labels"),
+        ));
+    }
+    Ok((rows, vocab))
+}
+
+/// Per-row losses and log-sum-exps (`[rows]`, f32) of `logits [rows, vocab]` against `labels`.
+pub fn cross_entropy_forward(
+    logits: &CudaTensor,
+    labels: &CudaTensor,
+) -> Result<(CudaTensor, CudaTensor)> {
+    let (rows, vocab) = rows_vocab(logits, labels, "cross_entropy_forward")?;
+    let logits = logits.contiguous()?;
+    let labels = labels.contiguous()?;
+    let device = logits.device();
+    let losses = CudaTensor::empty(device, &[rows], DType::F32)?;
+    let lse = CudaTensor::empty(device, &[rows], DType::F32)?;
+    let spec = CrossEntropyForward {
+        logits: logits.dtype(),
+        labels: labels.dtype(),
+    };
+    let mut params = Params::new();
+    params
+        .int(rows as i64)
+        .int(vocab as i64)
+        .ptr(logits.data_ptr())
+        .ptr(labels.data_ptr())
+        .ptr(losses.data_ptr())
+        .ptr(lse.data_ptr());
+    let op = || logits.op("cross_entropy_forward");
+    if rows > 0 && vocab > 0 {
+        launch(device, &spec, block_rows(rows, &op)?, BLOCK, &params, &op)?;
+    }
+    Ok((losses, lse))
+}
+
+/// The logits' gradient from the per-row loss gradients `grad [rows]`.
+pub fn cross_entropy_backward(
+    logits: &CudaTensor,
+    labels: &CudaTensor,
+    lse: &CudaTensor,
+    grad: &CudaTensor,
+) -> Result<CudaTensor> {
+    let (rows, vocab) = rows_vocab(logits, labels, "cross_entropy_backward")?;
+    let logits = logits.contiguous()?;
+    let labels = labels.contiguous()?;
+    let lse = lse.cast(DType::F32)?.contiguous()?;
+    let grad = grad.cast(DType::F32)?.contiguous()?;
+    let device = logits.device();
+    let out = CudaTensor::empty(device, &[rows, vocab], logits.dtype())?;
+    let spec = CrossEntropyBackward {
+        logits: logits.dtype(),
+        labels: labels.dtype(),
+    };
+    let mut params = Params::new();
+    params
+        .int(rows as i64)
+        .int(vocab as i64)
+        .ptr(logits.data_ptr())
+        .ptr(labels.data_ptr())
+        .ptr(lse.data_ptr())
+        .ptr(grad.data_ptr())
+        .ptr(out.data_ptr());
+    let op = || logits.op("cross_entropy_backward");
+    if rows > 0 && vocab > 0 {
+        launch(device, &spec, block_rows(rows, &op)?, BLOCK, &params, &op)?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every generated source compiles for sm_90 (NVRTC, no GPU needed).
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn loss_sources_compile() {
+        for logits in [DType::F32, DType::BF16, DType::F16] {
+            for labels in [DType::I64, DType::I32] {
+                for source in [
+                    CrossEntropyForward { logits, labels }.source(),
+                    CrossEntropyBackward { logits, labels }.source(),
+                ] {
+                    crate::kernels::cache::compile_for_test(&source, "sm_90")
+                        .unwrap_or_else(|e| panic!("{e}\n{source}"));
+                }
+            }
+        }
+    }
+}
