@@ -9,11 +9,7 @@ mod commands;
 mod exit;
 mod failure;
 
-// Training on CPU allocates and frees logits-sized buffers every microbatch; glibc's allocator
-// returns them to the kernel and page-faults them back in (a third of a step in `perf`).
-// mimalloc keeps them.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+mod allocator;
 
 /// Train GPT and Mixture-of-Experts models from declarative YAML recipes.
 #[derive(Debug, Parser)]
@@ -67,6 +63,7 @@ struct CompletionsArgs {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     quiet_on_broken_pipe();
     let _faults = ferrotron_train::FaultInjection::from_env();
     let cli = Cli::parse();
