@@ -1,6 +1,7 @@
 //! [`FusedOps`] for [`Cuda`]: attention on cuDNN's fused flash-attention engines (bf16/f16,
 //! head dims 64 and 128, causal or not, grouped K/V unrepeated, dropout by cuDNN's Philox from
-//! the device's seed and a fresh counter range, regenerated in the backward).
+//! the device's seed and a fresh counter range, regenerated in the backward), also straight
+//! from the packed QKV projection (`cudnn::packed`).
 //!
 //! `FERROTRON_ATTENTION=composed` keeps burn's composition (today's arithmetic); f32 inputs and
 //! other head dims always take it (cuDNN's fused attention has no f32 path). With cuDNN
@@ -16,7 +17,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, FusedOps, NormGrads, NormKind, NormSaved, NormSpec, composed_adamw,
-    composed_attention,
+    composed_attention, composed_qkv_attention,
 };
 
 use crate::backend::Cuda;
@@ -234,5 +235,61 @@ impl FusedOps for Cuda {
             key: dk,
             value: dv,
         }
+    }
+
+    fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {
+        let spec = AttentionSpec {
+            dropout: 0.0,
+            ..spec
+        };
+        if Self::has_qkv_attention_kernel(&qkv, &spec) {
+            Self::qkv_attention_kernel_forward(qkv, spec).output
+        } else {
+            composed_qkv_attention::<Self>(qkv, spec)
+        }
+    }
+
+    fn has_qkv_attention_kernel(qkv: &FloatTensor<Self>, spec: &AttentionSpec) -> bool {
+        fused_attention_enabled() && spec.dropout < 1.0 && cudnn::supports_packed(qkv)
+    }
+
+    fn qkv_attention_kernel_forward(
+        qkv: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> AttentionSaved<Self> {
+        let scale = spec.scale_for(qkv.shape()[4]) as f32;
+        let f = ok(cudnn::packed_forward(
+            &qkv,
+            spec.causal,
+            scale,
+            spec.dropout as f32,
+        ));
+        AttentionSaved {
+            output: f.output,
+            stats: f.stats,
+            rng: f.rng,
+        }
+    }
+
+    fn qkv_attention_kernel_backward(
+        qkv: FloatTensor<Self>,
+        saved: AttentionSaved<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> FloatTensor<Self> {
+        let scale = spec.scale_for(qkv.shape()[4]) as f32;
+        let forward = cudnn::SdpaForward {
+            output: saved.output,
+            stats: saved.stats,
+            rng: saved.rng,
+        };
+        ok(cudnn::packed_backward(
+            &qkv,
+            &forward,
+            &grad_output,
+            spec.causal,
+            scale,
+            spec.dropout as f32,
+        ))
     }
 }

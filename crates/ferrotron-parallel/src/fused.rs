@@ -11,7 +11,8 @@
 //! CPU tests drive through the autodiff node to check the node's gradients against the composed
 //! graph's, and it documents the contract a kernel must meet.
 //!
-//! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V,
+//! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V, also
+//! straight from the packed QKV projection (`fused_qkv.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
 //! update (`fused_adamw.rs`).
 //!
@@ -29,6 +30,9 @@ use crate::fused_loss::{
 };
 use crate::fused_norm::{
     NormGrads, NormSaved, NormSpec, norm_backward_reference, norm_forward_reference,
+};
+use crate::fused_qkv::{
+    composed_qkv_attention, qkv_attention_backward_reference, qkv_attention_forward_reference,
 };
 
 /// One attention call: `softmax(scale · q·kᵀ + mask) · v`, with dropout on the probabilities.
@@ -125,6 +129,39 @@ pub trait FusedOps: Backend {
         spec: AttentionSpec,
     ) -> AttentionGrads<Self> {
         attention_backward_reference::<Self>(query, key, value, saved, grad_output, spec)
+    }
+
+    /// Attention from the packed projection `qkv [b, s, groups, per_group + 2, d]` (see
+    /// `fused_qkv.rs`) → the context `[b, s, groups·per_group, d]`.
+    fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {
+        composed_qkv_attention::<Self>(qkv, spec)
+    }
+
+    /// Whether [`FusedOps::qkv_attention_kernel_forward`] is a real kernel for this packed
+    /// projection (the autodiff impl then records one node). Default: no kernel.
+    fn has_qkv_attention_kernel(qkv: &FloatTensor<Self>, spec: &AttentionSpec) -> bool {
+        let _ = (qkv, spec);
+        false
+    }
+
+    /// Packed forward: the `[b, s, heads, d]` output and what the backward needs. Default: the
+    /// reference (no dropout).
+    fn qkv_attention_kernel_forward(
+        qkv: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> AttentionSaved<Self> {
+        qkv_attention_forward_reference::<Self>(qkv, spec)
+    }
+
+    /// Packed backward: the gradient of the whole packed projection from the `[b, s, heads, d]`
+    /// output gradient.
+    fn qkv_attention_kernel_backward(
+        qkv: FloatTensor<Self>,
+        saved: AttentionSaved<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> FloatTensor<Self> {
+        qkv_attention_backward_reference::<Self>(qkv, saved, grad_output, spec)
     }
 
     /// Whether [`FusedOps::norm_kernel_forward`] is a real kernel for these inputs. Default: no.

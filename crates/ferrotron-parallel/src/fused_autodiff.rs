@@ -3,7 +3,9 @@
 //! autodiff backend itself, which records exactly the graph the model recorded before.
 //!
 //! The attention node keeps q, k, v, the output and the f32 softmax statistics (`[b, h, s, 1]`):
-//! never the `[b, h, s, s]` scores or probabilities, which is the memory the fused op saves.
+//! never the `[b, h, s, s]` scores or probabilities, which is the memory the fused op saves. The
+//! packed attention node keeps the packed projection instead of three views of it, and hands
+//! back one packed gradient.
 //! The norm node keeps x, γ and two f32 numbers per row instead of every intermediate; the
 //! cross-entropy node the logits, the labels and one f32 log-sum-exp per row.
 
@@ -16,6 +18,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_norm::{NormSaved, NormSpec};
+use crate::fused_qkv::composed_qkv_attention;
 
 #[derive(Debug)]
 struct AttentionOp;
@@ -83,6 +86,54 @@ pub fn attention_node<B: FusedOps, C: CheckpointStrategy>(
             let saved =
                 B::attention_kernel_forward(query.primitive, key.primitive, value.primitive, spec);
             prep.finish(saved.output)
+        }
+    }
+}
+
+#[derive(Debug)]
+struct QkvAttentionOp;
+
+/// State of one packed attention node: the packed projection, what the forward saved, the spec.
+type QkvAttentionState<B> = (FloatTensor<B>, AttentionSaved<B>, AttentionSpec);
+
+impl<B: FusedOps> Backward<B, 1> for QkvAttentionOp {
+    type State = QkvAttentionState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (qkv, saved, spec) = ops.state;
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(
+                node.id,
+                B::qkv_attention_kernel_backward(qkv, saved, grad, spec),
+            );
+        }
+    }
+}
+
+/// Records attention from the packed projection as one node whose forward and backward are
+/// `B`'s packed kernels; it keeps the projection, the output and the f32 statistics. Public so
+/// tests can drive the node with a CPU backend's reference kernels.
+pub fn qkv_attention_node<B: FusedOps, C: CheckpointStrategy>(
+    qkv: FloatTensor<Autodiff<B, C>>,
+    spec: AttentionSpec,
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = QkvAttentionOp
+        .prepare::<C>([qkv.node.clone()])
+        .compute_bound()
+        .stateful();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let saved = B::qkv_attention_kernel_forward(qkv.primitive.clone(), spec);
+            let output = saved.output.clone();
+            prep.finish((qkv.primitive, saved, spec), output)
+        }
+        OpsKind::UnTracked(prep) => {
+            let spec = AttentionSpec {
+                dropout: 0.0,
+                ..spec
+            };
+            prep.finish(B::qkv_attention_kernel_forward(qkv.primitive, spec).output)
         }
     }
 }
@@ -245,6 +296,14 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             attention_node::<B, C>(query, key, value, spec)
         } else {
             composed_attention::<Self>(query, key, value, spec)
+        }
+    }
+
+    fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {
+        if B::has_qkv_attention_kernel(&qkv.primitive, &spec) {
+            qkv_attention_node::<B, C>(qkv, spec)
+        } else {
+            composed_qkv_attention::<Self>(qkv, spec)
         }
     }
 }

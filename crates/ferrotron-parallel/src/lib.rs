@@ -25,6 +25,7 @@ mod fused_adamw;
 mod fused_autodiff;
 mod fused_loss;
 mod fused_norm;
+mod fused_qkv;
 mod host;
 mod ops;
 mod shard;
@@ -43,7 +44,7 @@ pub use fused::{
     attention_forward_reference, composed_attention, repeat_groups,
 };
 pub use fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
-pub use fused_autodiff::{attention_node, cross_entropy_node, norm_node};
+pub use fused_autodiff::{attention_node, cross_entropy_node, norm_node, qkv_attention_node};
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,
     cross_entropy_forward_reference,
@@ -52,6 +53,7 @@ pub use fused_norm::{
     NormGrads, NormKind, NormSaved, NormSpec, composed_norm, norm, norm_backward_reference,
     norm_forward_reference,
 };
+pub use fused_qkv::{composed_qkv_attention, split_qkv};
 pub use ops::ParallelOps;
 pub use shard::{ParamRole, ShardError, ShardSpec, Split};
 pub use solo::solo;

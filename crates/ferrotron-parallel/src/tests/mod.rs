@@ -5,6 +5,7 @@ mod dispatch;
 mod fused;
 mod fused_loss;
 mod fused_norm;
+mod fused_qkv;
 mod plain;
 mod regions;
 mod shards;

@@ -16,6 +16,7 @@ mod compare;
 mod fused;
 mod fused_loss;
 mod fused_norm;
+mod fused_qkv;
 mod timing;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -392,6 +393,7 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused::rows(&device));
         rows.extend(fused_norm::rows(&device));
         rows.extend(fused_loss::rows(&device));
+        rows.extend(fused_qkv::rows(&device));
     }
     let _ = std::panic::take_hook();
     eprintln!(
@@ -409,6 +411,7 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused::timings(&device));
         println!("\n{}", fused_norm::timings(&device));
         println!("\n{}", fused_loss::timings(&device));
+        println!("\n{}", fused_qkv::timings(&device));
     }
     if ferrotron_cuda::timing::enabled() {
         println!(
