@@ -7,17 +7,18 @@
 //! other head dims always take it (cuDNN's fused attention has no f32 path). With cuDNN
 //! missing, the first fused call stops with an error naming what to install.
 //!
-//! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`) and the softmax cross-entropy
-//! (`kernels::loss`) run on our own kernels, for every float dtype; `FERROTRON_FUSED=composed`
-//! switches all three back to burn's composition.
+//! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`), the softmax cross-entropy
+//! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
+//! bits drawn in the add and again in the backward) run on our own kernels, for every float
+//! dtype; `FERROTRON_FUSED=composed` switches all four back to burn's composition.
 
 use std::sync::OnceLock;
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
-    DeviceScale, FusedOps, NormGrads, NormKind, NormSaved, NormSpec, composed_adamw,
-    composed_attention, composed_qkv_attention,
+    DeviceScale, DropoutMask, DropoutSaved, FusedOps, NormGrads, NormKind, NormSaved, NormSpec,
+    composed_adamw, composed_attention, composed_qkv_attention,
 };
 
 use crate::backend::Cuda;
@@ -26,6 +27,7 @@ use crate::cudnn;
 use crate::dtype::DType;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
+use crate::random;
 
 /// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
 pub(crate) fn fused_attention_enabled() -> bool {
@@ -235,6 +237,35 @@ impl FusedOps for Cuda {
             key: dk,
             value: dv,
         }
+    }
+
+    fn has_dropout_add_kernel(x: &FloatTensor<Self>, prob: f64) -> bool {
+        fused_kernels_enabled() && is_float(x) && (0.0..1.0).contains(&prob)
+    }
+
+    fn dropout_add_kernel_forward(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        prob: f64,
+    ) -> DropoutSaved<Self> {
+        let residual = if residual.dtype() == x.dtype() {
+            residual
+        } else {
+            ok(residual.cast(x.dtype()))
+        };
+        let (output, rng) = ok(random::dropout_add(&x, &residual, prob));
+        DropoutSaved {
+            output,
+            mask: DropoutMask { rng, kept: None },
+        }
+    }
+
+    fn dropout_add_kernel_backward(
+        grad_output: FloatTensor<Self>,
+        prob: f64,
+        mask: DropoutMask<Self>,
+    ) -> FloatTensor<Self> {
+        ok(random::dropout_grad(&grad_output, prob, mask.rng))
     }
 
     fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {

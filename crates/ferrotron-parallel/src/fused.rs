@@ -12,7 +12,8 @@
 //! graph's, and it documents the contract a kernel must meet.
 //!
 //! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V, also
-//! straight from the packed QKV projection (`fused_qkv.rs`),
+//! straight from the packed QKV projection (`fused_qkv.rs`), the residual add with hidden dropout
+//! (`fused_dropout.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
 //! update (`fused_adamw.rs`).
 //!
@@ -25,6 +26,10 @@ use burn::tensor::ops::{AttentionModuleOptions, FloatTensor, IntTensor};
 use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
 
 use crate::fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
+use crate::fused_dropout::{
+    DropoutMask, DropoutSaved, composed_dropout_add, dropout_add_backward_reference,
+    dropout_add_forward_reference,
+};
 use crate::fused_loss::{
     CrossEntropySaved, cross_entropy_backward_reference, cross_entropy_forward_reference,
 };
@@ -162,6 +167,41 @@ pub trait FusedOps: Backend {
         spec: AttentionSpec,
     ) -> FloatTensor<Self> {
         qkv_attention_backward_reference::<Self>(qkv, saved, grad_output, spec)
+    }
+
+    /// `residual + dropout(x)`: the residual connection with hidden dropout (live only under
+    /// autodiff, as burn's `Dropout`; see `fused_dropout.rs`).
+    fn fused_dropout_add(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        prob: f64,
+    ) -> FloatTensor<Self> {
+        composed_dropout_add::<Self>(x, residual, prob)
+    }
+
+    /// Whether [`FusedOps::dropout_add_kernel_forward`] is a real kernel for `x`. Default: no.
+    fn has_dropout_add_kernel(x: &FloatTensor<Self>, prob: f64) -> bool {
+        let _ = (x, prob);
+        false
+    }
+
+    /// Dropout-add forward (dropout live): the output and what regenerates the keep mask.
+    /// Default: the reference, which keeps the mask.
+    fn dropout_add_kernel_forward(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        prob: f64,
+    ) -> DropoutSaved<Self> {
+        dropout_add_forward_reference::<Self>(x, residual, prob)
+    }
+
+    /// The gradient of `x` from the output gradient (the residual's is the output gradient).
+    fn dropout_add_kernel_backward(
+        grad_output: FloatTensor<Self>,
+        prob: f64,
+        mask: DropoutMask<Self>,
+    ) -> FloatTensor<Self> {
+        dropout_add_backward_reference::<Self>(grad_output, prob, mask)
     }
 
     /// Whether [`FusedOps::norm_kernel_forward`] is a real kernel for these inputs. Default: no.

@@ -17,6 +17,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
+use crate::fused_dropout::{DropoutMask, composed_dropout_add};
 use crate::fused_norm::{NormSaved, NormSpec};
 use crate::fused_qkv::composed_qkv_attention;
 
@@ -134,6 +135,52 @@ pub fn qkv_attention_node<B: FusedOps, C: CheckpointStrategy>(
                 ..spec
             };
             prep.finish(B::qkv_attention_kernel_forward(qkv.primitive, spec).output)
+        }
+    }
+}
+
+#[derive(Debug)]
+struct DropoutAddOp;
+
+/// State of one dropout-add node: what regenerates the mask, and the probability.
+type DropoutAddState<B> = (DropoutMask<B>, f64);
+
+/// Parents are `x` (dropped) and the residual.
+impl<B: FusedOps> Backward<B, 2> for DropoutAddOp {
+    type State = DropoutAddState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (mask, prob) = ops.state;
+        let [node_x, node_residual] = ops.parents;
+        if let Some(node) = node_residual {
+            grads.register::<B>(node.id, grad.clone());
+        }
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, B::dropout_add_kernel_backward(grad, prob, mask));
+        }
+    }
+}
+
+/// Records `residual + dropout(x)` (dropout live) as one node whose forward and backward are
+/// `B`'s dropout-add kernels; it keeps no activation. Public so tests can drive the node with a
+/// CPU backend's reference kernels.
+pub fn dropout_add_node<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    residual: FloatTensor<Autodiff<B, C>>,
+    prob: f64,
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = DropoutAddOp
+        .prepare::<C>([x.node.clone(), residual.node.clone()])
+        .compute_bound()
+        .stateful();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let saved = B::dropout_add_kernel_forward(x.primitive, residual.primitive, prob);
+            prep.finish((saved.mask, prob), saved.output)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(B::dropout_add_kernel_forward(x.primitive, residual.primitive, prob).output)
         }
     }
 }
@@ -296,6 +343,18 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             attention_node::<B, C>(query, key, value, spec)
         } else {
             composed_attention::<Self>(query, key, value, spec)
+        }
+    }
+
+    fn fused_dropout_add(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        prob: f64,
+    ) -> FloatTensor<Self> {
+        if prob > 0.0 && B::has_dropout_add_kernel(&x.primitive, prob) {
+            dropout_add_node::<B, C>(x, residual, prob)
+        } else {
+            composed_dropout_add::<Self>(x, residual, prob)
         }
     }
 

@@ -23,6 +23,7 @@ mod context;
 mod fused;
 mod fused_adamw;
 mod fused_autodiff;
+mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
@@ -44,7 +45,10 @@ pub use fused::{
     attention_forward_reference, composed_attention, repeat_groups,
 };
 pub use fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
-pub use fused_autodiff::{attention_node, cross_entropy_node, norm_node, qkv_attention_node};
+pub use fused_autodiff::{
+    attention_node, cross_entropy_node, dropout_add_node, norm_node, qkv_attention_node,
+};
+pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,
     cross_entropy_forward_reference,

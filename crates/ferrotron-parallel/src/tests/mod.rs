@@ -3,6 +3,7 @@
 
 mod dispatch;
 mod fused;
+mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;

@@ -14,6 +14,7 @@ mod autodiff;
 mod cases;
 mod compare;
 mod fused;
+mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
@@ -394,6 +395,7 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_norm::rows(&device));
         rows.extend(fused_loss::rows(&device));
         rows.extend(fused_qkv::rows(&device));
+        rows.extend(fused_dropout::rows(&device));
     }
     let _ = std::panic::take_hook();
     eprintln!(
@@ -412,6 +414,7 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused_norm::timings(&device));
         println!("\n{}", fused_loss::timings(&device));
         println!("\n{}", fused_qkv::timings(&device));
+        println!("\n{}", fused_dropout::timings(&device));
     }
     if ferrotron_cuda::timing::enabled() {
         println!(
