@@ -9,8 +9,9 @@
 //!
 //! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`), the softmax cross-entropy
 //! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
-//! bits drawn in the add and again in the backward) run on our own kernels, for every float
-//! dtype; `FERROTRON_FUSED=composed` switches all four back to burn's composition.
+//! bits drawn in the add and again in the backward) and SwiGLU of the packed projection
+//! (`kernels::swiglu`) run on our own kernels, for every float dtype; `FERROTRON_FUSED=composed`
+//! switches all five back to burn's composition.
 
 use std::sync::OnceLock;
 
@@ -18,7 +19,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FusedOps, NormGrads, NormKind, NormSaved, NormSpec,
-    composed_adamw, composed_attention, composed_qkv_attention,
+    composed_adamw, composed_attention, composed_qkv_attention, composed_swiglu,
 };
 
 use crate::backend::Cuda;
@@ -27,6 +28,7 @@ use crate::cudnn;
 use crate::dtype::DType;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
+use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
 use crate::random;
 
 /// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
@@ -266,6 +268,34 @@ impl FusedOps for Cuda {
         mask: DropoutMask<Self>,
     ) -> FloatTensor<Self> {
         ok(random::dropout_grad(&grad_output, prob, mask.rng))
+    }
+
+    fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        if Self::has_swiglu_kernel(&x) {
+            Self::swiglu_kernel_forward(x)
+        } else {
+            composed_swiglu::<Self>(x)
+        }
+    }
+
+    fn has_swiglu_kernel(x: &FloatTensor<Self>) -> bool {
+        fused_kernels_enabled() && is_float(x) && x.rank() == 2 && x.shape()[1].is_multiple_of(2)
+    }
+
+    fn swiglu_kernel_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        ok(swiglu_forward(&x))
+    }
+
+    fn swiglu_kernel_backward(
+        x: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let grad = if grad_output.dtype() == x.dtype() {
+            grad_output
+        } else {
+            ok(grad_output.cast(x.dtype()))
+        };
+        ok(swiglu_backward(&x, &grad))
     }
 
     fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {

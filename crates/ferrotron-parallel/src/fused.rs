@@ -13,7 +13,7 @@
 //!
 //! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V, also
 //! straight from the packed QKV projection (`fused_qkv.rs`), the residual add with hidden dropout
-//! (`fused_dropout.rs`),
+//! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
 //! update (`fused_adamw.rs`).
 //!
@@ -39,6 +39,7 @@ use crate::fused_norm::{
 use crate::fused_qkv::{
     composed_qkv_attention, qkv_attention_backward_reference, qkv_attention_forward_reference,
 };
+use crate::fused_swiglu::{composed_swiglu, swiglu_backward_reference};
 
 /// One attention call: `softmax(scale · q·kᵀ + mask) · v`, with dropout on the probabilities.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -202,6 +203,31 @@ pub trait FusedOps: Backend {
         mask: DropoutMask<Self>,
     ) -> FloatTensor<Self> {
         dropout_add_backward_reference::<Self>(grad_output, prob, mask)
+    }
+
+    /// `silu(gate) · up` of the packed projection `x [rows, 2f]` (gate first) → `[rows, f]`
+    /// (see `fused_swiglu.rs`).
+    fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_swiglu::<Self>(x)
+    }
+
+    /// Whether [`FusedOps::swiglu_kernel_forward`] is a real kernel for `x`. Default: no.
+    fn has_swiglu_kernel(x: &FloatTensor<Self>) -> bool {
+        let _ = x;
+        false
+    }
+
+    /// SwiGLU forward with the kernel. Default: the composed arithmetic.
+    fn swiglu_kernel_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_swiglu::<Self>(x)
+    }
+
+    /// The packed gradient `[rows, 2f]` from the output gradient.
+    fn swiglu_kernel_backward(
+        x: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        swiglu_backward_reference::<Self>(x, grad_output)
     }
 
     /// Whether [`FusedOps::norm_kernel_forward`] is a real kernel for these inputs. Default: no.

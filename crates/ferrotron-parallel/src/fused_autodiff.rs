@@ -20,6 +20,7 @@ use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_dropout::{DropoutMask, composed_dropout_add};
 use crate::fused_norm::{NormSaved, NormSpec};
 use crate::fused_qkv::composed_qkv_attention;
+use crate::fused_swiglu::composed_swiglu;
 
 #[derive(Debug)]
 struct AttentionOp;
@@ -182,6 +183,39 @@ pub fn dropout_add_node<B: FusedOps, C: CheckpointStrategy>(
         OpsKind::UnTracked(prep) => {
             prep.finish(B::dropout_add_kernel_forward(x.primitive, residual.primitive, prob).output)
         }
+    }
+}
+
+#[derive(Debug)]
+struct SwigluOp;
+
+impl<B: FusedOps> Backward<B, 1> for SwigluOp {
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::swiglu_kernel_backward(ops.state, grad));
+        }
+    }
+}
+
+/// Records SwiGLU of the packed projection as one node whose forward and backward are `B`'s
+/// kernels; it keeps the projection. Public so tests can drive the node with a CPU backend's
+/// reference kernels.
+pub fn swiglu_node<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = SwigluOp
+        .prepare::<C>([x.node.clone()])
+        .compute_bound()
+        .stateful();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let output = B::swiglu_kernel_forward(x.primitive.clone());
+            prep.finish(x.primitive, output)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::swiglu_kernel_forward(x.primitive)),
     }
 }
 
@@ -355,6 +389,14 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             dropout_add_node::<B, C>(x, residual, prob)
         } else {
             composed_dropout_add::<Self>(x, residual, prob)
+        }
+    }
+
+    fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        if B::has_swiglu_kernel(&x.primitive) {
+            swiglu_node::<B, C>(x)
+        } else {
+            composed_swiglu::<Self>(x)
         }
     }
 

@@ -18,6 +18,7 @@ mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
+mod fused_swiglu;
 mod timing;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -396,6 +397,7 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_loss::rows(&device));
         rows.extend(fused_qkv::rows(&device));
         rows.extend(fused_dropout::rows(&device));
+        rows.extend(fused_swiglu::rows(&device));
     }
     let _ = std::panic::take_hook();
     eprintln!(
