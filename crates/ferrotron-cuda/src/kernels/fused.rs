@@ -14,6 +14,7 @@ use ferrotron_parallel::AdamWStep;
 use crate::dtype::DType;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::elementwise::zeros;
+use crate::kernels::norm_rows::{CHUNK, NormRowsForward, ROWS_PER_BLOCK};
 use crate::kernels::{BLOCK, KernelSpec, Params, grid_for, includes, launch};
 use crate::tensor::CudaTensor;
 
@@ -329,8 +330,28 @@ pub fn norm_forward(
         .ptr(rstd.data_ptr())
         .float(epsilon);
     let op = || x.op("norm_forward");
-    if rows > 0 && hidden > 0 {
-        launch(device, &spec, block_rows(rows, &op)?, BLOCK, &params, &op)?;
+    if rows == 0 || hidden == 0 {
+        return Ok(NormForwardOut { output, mean, rstd });
+    }
+    let chunk_aligned = |t: &CudaTensor| {
+        t.data_ptr()
+            .is_multiple_of((CHUNK * t.dtype().size_in_bytes()) as u64)
+    };
+    let warp_rows =
+        NormRowsForward::for_hidden(x.dtype(), gamma.dtype(), rms, beta.is_some(), hidden).filter(
+            |_| {
+                [&x, &gamma, &output]
+                    .into_iter()
+                    .chain(beta.as_ref())
+                    .all(chunk_aligned)
+            },
+        );
+    match warp_rows {
+        Some(warp) => {
+            let blocks = block_rows(rows.div_ceil(ROWS_PER_BLOCK), &op)?;
+            launch(device, &warp, blocks, BLOCK, &params, &op)?;
+        }
+        None => launch(device, &spec, block_rows(rows, &op)?, BLOCK, &params, &op)?,
     }
     Ok(NormForwardOut { output, mean, rstd })
 }

@@ -15,6 +15,7 @@ pub mod fused;
 mod gpu_tests;
 pub mod index;
 pub mod loss;
+mod norm_rows;
 pub mod reduce;
 pub mod scan;
 pub mod sort;
