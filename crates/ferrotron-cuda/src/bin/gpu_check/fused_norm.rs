@@ -223,8 +223,12 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rows = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
         for kind in [NormKind::Layer, NormKind::Rms] {
+            // Warp-per-row forward (whole lanes; a partly filled last lane), then the
+            // block-per-row one (rows past 2,048 elements; not whole chunks of eight).
             rows.push(norm_row(device, &mut rng, [4, 96, 1024], dtype, kind));
             rows.push(norm_row(device, &mut rng, [2, 33, 1000], dtype, kind));
+            rows.push(norm_row(device, &mut rng, [2, 17, 3000], dtype, kind));
+            rows.push(norm_row(device, &mut rng, [2, 9, 1004], dtype, kind));
         }
         for first in [true, false] {
             rows.push(adamw_row(device, &mut rng, dtype, first));
