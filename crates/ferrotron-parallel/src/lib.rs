@@ -25,7 +25,7 @@ mod fused_adamw;
 mod fused_autodiff;
 mod fused_loss;
 mod fused_norm;
-mod host;
+pub mod host;
 mod ops;
 mod shard;
 mod solo;
