@@ -280,7 +280,7 @@ impl Communicator for NcclComm {
         let sent = self.stage(name, input)?;
         let got = self.stage_empty::<T>(name, output.len())?;
         let plan = exchange_plan(send_counts, recv_counts, width);
-        let (src, dst, me) = (sent.ptr(), got.ptr(), self.rank());
+        let (src, dst) = (sent.ptr(), got.ptr());
         // SAFETY: the offsets and counts stay inside `sent` and `got` (their sizes are the
         // count sums, checked above); both live past the wait.
         unsafe {
@@ -289,7 +289,7 @@ impl Communicator for NcclComm {
                 CollectiveKind::AllToAll,
                 sent.bytes.max(got.bytes),
                 true,
-                |comm, s| grouped_exchange(&plan, me, src, dst, dtype, comm, s),
+                |comm, s| grouped_exchange(&plan, src, dst, dtype, comm, s),
             )
         }?;
         self.unstage(name, &got, output)
@@ -348,45 +348,22 @@ pub(crate) fn exchange_plan(
     plan
 }
 
-/// One NCCL group of sends and receives for every peer with a non-zero count, and the rank's
-/// own part copied on the communication stream (NCCL cannot send to itself outside a group,
-/// and a copy is cheaper anyway).
+/// One NCCL group of a send and a receive per peer with a non-zero count, this rank included
+/// (NCCL completes a send to oneself inside a group, as PyTorch's all-to-all relies on).
 ///
 /// # Safety
 /// `src`/`dst` must hold the bytes `plan` addresses (the caller checked the count sums).
 pub(crate) unsafe fn grouped_exchange(
     plan: &[(usize, usize, usize, usize)],
-    me: usize,
     src: u64,
     dst: u64,
     dtype: cudarc::nccl::sys::ncclDataType_t,
     comm: cudarc::nccl::sys::ncclComm_t,
     stream: cudarc::nccl::sys::cudaStream_t,
 ) -> Result<(), cudarc::nccl::result::NcclError> {
-    let width = crate::nccl::types::nccl_width(dtype);
-    let (own_send, own_count, own_recv, _) = plan[me];
-    if own_count > 0 {
-        // SAFETY: both ranges lie inside the caller's buffers; same stream as the exchange.
-        let copied = unsafe {
-            driver::memcpy_dtod_async(
-                dst + own_recv as u64,
-                src + own_send as u64,
-                own_count * width,
-                stream as cudarc::driver::sys::CUstream,
-            )
-        };
-        if copied.is_err() {
-            return Err(cudarc::nccl::result::NcclError(
-                cudarc::nccl::sys::ncclResult_t::ncclUnhandledCudaError,
-            ));
-        }
-    }
     ok(nccl::group_start())?;
     let mut result = Ok(());
     for (peer, &(so, sc, ro, rc)) in plan.iter().enumerate() {
-        if peer == me {
-            continue;
-        }
         // SAFETY: as the function's contract says.
         unsafe {
             if sc > 0 {

@@ -262,7 +262,8 @@ impl NcclComm {
 
     /// Sends and receives as one NCCL group (a pipeline stage's pair, or several): returns the
     /// received tensors in the order of `recvs`. Grouping lets both directions of a pair progress
-    /// together instead of deadlocking on NCCL's blocking sends.
+    /// together instead of deadlocking on NCCL's blocking sends; inside the group a rank may
+    /// also send to itself.
     pub fn send_recv_tensors(
         &self,
         sends: &[(&CudaTensor, usize)],
@@ -275,7 +276,6 @@ impl NcclComm {
             .chain(recvs.iter().map(|r| r.peer))
         {
             arguments::peer(peer, self.size()).map_err(|d| self.invalid_arg(name, d))?;
-            args::not_self(peer, self.rank()).map_err(|d| self.invalid_arg(name, d))?;
         }
         let inputs = sends
             .iter()
@@ -336,13 +336,13 @@ impl NcclComm {
         let recv: Vec<usize> = recv_rows.iter().map(|r| r * per_row).collect();
         let plan = exchange_plan(&send, &recv, x.dtype().size_in_bytes());
         let dtype = tensor_type(x.dtype());
-        let (src, dst, me) = (x.data_ptr(), out.data_ptr(), self.rank());
+        let (src, dst) = (x.data_ptr(), out.data_ptr());
         let bytes = bytes_of(&x).max(bytes_of(&out));
         // SAFETY: the plan's offsets and counts sum to the rows of `x` and `out` (checked
         // above); both live past `launch`.
         unsafe {
             self.launch(name, CollectiveKind::AllToAll, bytes, false, |c, s| {
-                grouped_exchange(&plan, me, src, dst, dtype, c, s)
+                grouped_exchange(&plan, src, dst, dtype, c, s)
             })
         }?;
         Ok(out)

@@ -48,19 +48,6 @@ pub fn reduce_op(op: ReduceOp) -> ncclRedOp_t {
     }
 }
 
-/// Bytes per element of an NCCL data type (the ones this crate uses).
-pub(crate) fn nccl_width(dtype: ncclDataType_t) -> usize {
-    match dtype {
-        ncclDataType_t::ncclInt8
-        | ncclDataType_t::ncclUint8
-        | ncclDataType_t::ncclFloat8e4m3
-        | ncclDataType_t::ncclFloat8e5m2 => 1,
-        ncclDataType_t::ncclFloat16 | ncclDataType_t::ncclBfloat16 => 2,
-        ncclDataType_t::ncclInt32 | ncclDataType_t::ncclUint32 | ncclDataType_t::ncclFloat32 => 4,
-        _ => 8,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,7 @@ mod compare;
 mod fused;
 mod fused_loss;
 mod fused_norm;
+mod nccl;
 mod timing;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -359,9 +360,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
-                     linear overrides against their composed versions, and prints the table.\n\
+                     linear overrides against their composed versions, then the NCCL communicator\n\
+                     (one rank; needs libnccl.so on LD_LIBRARY_PATH), and prints the table.\n\
                      FERROTRON_OP_TIMING=1 adds the per-op GPU time table."
                 );
                 std::process::exit(0);
@@ -393,6 +395,12 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_norm::rows(&device));
         rows.extend(fused_loss::rows(&device));
     }
+    let mut nccl_comm = None;
+    if args.filter.is_empty() || args.filter == "nccl" {
+        let (nccl_rows, comm) = nccl::rows(args.device_index);
+        rows.extend(nccl_rows);
+        nccl_comm = comm;
+    }
     let _ = std::panic::take_hook();
     eprintln!(
         "gpu_check: {} rows in {:.1} s on {}",
@@ -401,7 +409,14 @@ fn main() -> anyhow::Result<()> {
         ferrotron_cuda::Cuda::name(&device)
     );
     print!("{}", render(&rows));
-    if args.timings {
+    if args.timings && args.filter == "nccl" {
+        if let Some(comm) = &nccl_comm {
+            println!("\n{}", nccl::timings(comm));
+        }
+    } else if args.timings {
+        if let Some(comm) = &nccl_comm {
+            println!("\n{}", nccl::timings(comm));
+        }
         println!(
             "\n{}",
             timing::render(&timing::timings::<ferrotron_cuda::Cuda>(&device, 1))
