@@ -606,6 +606,13 @@ impl NcclComm {
         let started = Instant::now();
         let mut polls = 0u32;
         loop {
+            if let Some(reason) = self.inner.aborted.get() {
+                return Err(CommError::Aborted {
+                    op,
+                    group: self.inner.label.clone(),
+                    reason: reason.clone(),
+                });
+            }
             match event.try_is_complete() {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}

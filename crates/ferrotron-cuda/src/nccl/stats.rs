@@ -134,6 +134,10 @@ impl State {
     /// Folds completed pairs into the totals, oldest first; with `wait`, waits for all.
     fn resolve(&mut self, wait: bool) {
         while let Some(front) = self.pending.front() {
+            // Event queries need the event's context current on this thread.
+            if front.end.context().bind_to_thread().is_err() {
+                break;
+            }
             let done = if wait {
                 front.end.synchronize().is_ok()
             } else {
