@@ -116,6 +116,9 @@ pub struct KindStats {
     pub totals: KindTotals,
 }
 
+/// How long [`snapshot`] waits for collectives still in flight.
+const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 struct Pending {
     kind: CollectiveKind,
     bytes: usize,
@@ -131,26 +134,31 @@ struct State {
 }
 
 impl State {
-    /// Folds completed pairs into the totals, oldest first; with `wait`, waits for all.
+    /// Folds completed pairs into the totals, oldest first; with `wait`, polls for the rest
+    /// (up to [`WAIT_LIMIT`] in all: a collective stuck on a dead peer must not hang a report;
+    /// pairs still pending then are dropped).
     fn resolve(&mut self, wait: bool) {
+        let started = std::time::Instant::now();
         while let Some(front) = self.pending.front() {
             // Event queries need the event's context current on this thread.
             if front.end.context().bind_to_thread().is_err() {
                 break;
             }
-            let done = if wait {
-                front.end.synchronize().is_ok()
-            } else {
-                matches!(front.end.try_is_complete(), Ok(true))
+            let done = match front.end.try_is_complete() {
+                Ok(true) => true,
+                Ok(false) if wait && started.elapsed() < WAIT_LIMIT => {
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                    continue;
+                }
+                Ok(false) if !wait => break,
+                // A CUDA error (the communicator reports it) or the wait limit: drop the pair.
+                _ => false,
             };
-            if !done && !wait {
-                break;
-            }
             let Some(pair) = self.pending.pop_front() else {
                 break;
             };
             if !done {
-                continue; // a failed wait: the communicator reports the error, not the stats
+                continue;
             }
             // SAFETY: both events were recorded on the same stream and the end one completed.
             let ms = unsafe { result::event::elapsed(pair.start.cu_event(), pair.end.cu_event()) };
