@@ -238,19 +238,49 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Waits (polling, up to the timeout) until the communication stream ran everything queued
+    /// so far; false when it did not, or NCCL reported an error.
+    fn drain(&self) -> bool {
+        if self.device.bind().is_err() {
+            return false;
+        }
+        let Ok(event) = self.stream.record_event(None) else {
+            return false;
+        };
+        let deadline =
+            Instant::now() + Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed));
+        loop {
+            match event.try_is_complete() {
+                Ok(true) => return true,
+                Ok(false) if Instant::now() < deadline && self.async_error().is_none() => {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                _ => return false,
+            }
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.aborted.get().is_some() {
             return; // ncclCommAbort freed it
         }
-        let failed = self.async_error();
+        // `ncclCommDestroy` flushes and is an intra-node collective: a rank that drops its
+        // communicators while a peer is gone (or drops them in another order) would hang in it.
+        // So a communicator of several ranks first lets its queued work finish (polled, with
+        // the deadline) and is then released by `ncclCommAbort`, which is local; a communicator
+        // of one rank is destroyed normally.
+        let drained = self.drain();
+        let destroy = drained && self.size == 1 && self.async_error().is_none();
         // SAFETY: last use of the handle; the compute stream already waits for every queued
         // collective of this communicator, so no buffer it uses is freed before it finishes.
         let result = unsafe {
-            if failed.is_some() {
-                cudarc::nccl::result::comm_abort(self.raw.0)
-            } else {
+            if destroy {
                 cudarc::nccl::result::comm_destroy(self.raw.0)
+            } else {
+                cudarc::nccl::result::comm_abort(self.raw.0)
             }
         };
         if let Err(err) = result {

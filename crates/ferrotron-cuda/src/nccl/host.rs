@@ -230,13 +230,15 @@ impl Communicator for NcclComm {
         let (dtype, _) = wire_type(T::DTYPE);
         let staged = self.stage(name, buf)?;
         let (ptr, len) = (staged.ptr(), buf.len());
-        // SAFETY: `staged` holds `len` elements and lives past the wait.
+        // Buffered, as the thread transport's send: the host does not wait for the receiver.
+        // SAFETY: `staged` holds `len` elements; it is dropped after `launch` returned, and its
+        // stream-ordered free then queues on the compute stream behind the wait for the send.
         unsafe {
             self.launch(
                 name,
                 CollectiveKind::SendRecv,
                 staged.bytes,
-                true,
+                false,
                 |comm, s| ok(nccl::send(vptr(ptr), len, dtype, peer as i32, comm, s)),
             )
         }
