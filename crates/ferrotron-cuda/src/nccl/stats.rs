@@ -211,6 +211,18 @@ pub(crate) fn record(
 pub fn snapshot() -> Vec<KindStats> {
     let mut st = lock();
     st.resolve(true);
+    totals(&st)
+}
+
+/// Totals per kind of the collectives that already finished, without waiting for any (what a
+/// metrics exporter can call every logged step).
+pub fn current() -> Vec<KindStats> {
+    let mut st = lock();
+    st.resolve(false);
+    totals(&st)
+}
+
+fn totals(st: &State) -> Vec<KindStats> {
     CollectiveKind::ALL
         .iter()
         .zip(st.totals)
