@@ -10,7 +10,9 @@
 #   device run: FERROTRON_DIST=.gpu-dist bash tools/gpu-bench.sh     (carry: [".gpu-dist"])
 #
 # Env: OUT (table and logs), FERROTRON_DIST (the folder holding `recipe`), STEPS (30),
-# ONLY (space-separated model names to run; default all), RUN_TIMEOUT (seconds per run, 300).
+# ONLY (space-separated model names to run; default all), RUN_TIMEOUT (seconds per run, 300),
+# OP_TIMING=1 (each run also writes its per-op GPU time table, FERROTRON_OP_TIMING, to
+# logs/<name>.ops.md; the events around every op slow the run, so its speed is not the bench's).
 set -uo pipefail
 
 root=$(pwd)
@@ -63,7 +65,11 @@ for entry in "${benches[@]}"; do
     "$dist/recipe" plan "$recipe" "${sets[@]}" --nodes 1 --gpus-per-node 1 --gpu h200 --format json \
         >"$OUT/logs/$name.plan.json" 2>"$OUT/logs/$name.plan.err"
     echo "=== $name: micro batch $mb, $steps steps ($(date +%T))"
-    timeout "${RUN_TIMEOUT:-300}" "$dist/recipe" run "$recipe" --backend cuda --world-size 1 \
+    timing=()
+    if [[ ${OP_TIMING:-0} == 1 ]]; then
+        timing=(env "FERROTRON_OP_TIMING=$OUT/logs/$name.ops.md")
+    fi
+    timeout "${RUN_TIMEOUT:-300}" "${timing[@]}" "$dist/recipe" run "$recipe" --backend cuda --world-size 1 \
         --run-dir "/tmp/bench-$name" "${sets[@]}" >"$OUT/logs/$name.log" 2>&1
     echo "exit $?"
     cp "/tmp/bench-$name/metrics.jsonl" "$OUT/logs/$name.metrics.jsonl" 2>/dev/null || true

@@ -1,22 +1,25 @@
 //! [`FusedOps`] for [`Cuda`]: attention on cuDNN's fused flash-attention engines (bf16/f16,
 //! head dims 64 and 128, causal or not, grouped K/V unrepeated, dropout by cuDNN's Philox from
-//! the device's seed and a fresh counter range, regenerated in the backward).
+//! the device's seed and a fresh counter range, regenerated in the backward), also straight
+//! from the packed QKV projection (`cudnn::packed`).
 //!
 //! `FERROTRON_ATTENTION=composed` keeps burn's composition (today's arithmetic); f32 inputs and
 //! other head dims always take it (cuDNN's fused attention has no f32 path). With cuDNN
 //! missing, the first fused call stops with an error naming what to install.
 //!
-//! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`) and the softmax cross-entropy
-//! (`kernels::loss`) run on our own kernels, for every float dtype; `FERROTRON_FUSED=composed`
-//! switches all three back to burn's composition.
+//! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`), the softmax cross-entropy
+//! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
+//! bits drawn in the add and again in the backward) and SwiGLU of the packed projection
+//! (`kernels::swiglu`) run on our own kernels, for every float dtype; `FERROTRON_FUSED=composed`
+//! switches all five back to burn's composition.
 
 use std::sync::OnceLock;
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
-    DeviceScale, FusedOps, NormGrads, NormKind, NormSaved, NormSpec, composed_adamw,
-    composed_attention,
+    DeviceScale, DropoutMask, DropoutSaved, FusedOps, NormGrads, NormKind, NormSaved, NormSpec,
+    composed_adamw, composed_attention, composed_qkv_attention, composed_swiglu,
 };
 
 use crate::backend::Cuda;
@@ -25,6 +28,8 @@ use crate::cudnn;
 use crate::dtype::DType;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
+use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
+use crate::random;
 
 /// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
 pub(crate) fn fused_attention_enabled() -> bool {
@@ -234,5 +239,118 @@ impl FusedOps for Cuda {
             key: dk,
             value: dv,
         }
+    }
+
+    fn has_dropout_add_kernel(x: &FloatTensor<Self>, prob: f64) -> bool {
+        fused_kernels_enabled() && is_float(x) && (0.0..1.0).contains(&prob)
+    }
+
+    fn dropout_add_kernel_forward(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        prob: f64,
+    ) -> DropoutSaved<Self> {
+        let residual = if residual.dtype() == x.dtype() {
+            residual
+        } else {
+            ok(residual.cast(x.dtype()))
+        };
+        let (output, rng) = ok(random::dropout_add(&x, &residual, prob));
+        DropoutSaved {
+            output,
+            mask: DropoutMask { rng, kept: None },
+        }
+    }
+
+    fn dropout_add_kernel_backward(
+        grad_output: FloatTensor<Self>,
+        prob: f64,
+        mask: DropoutMask<Self>,
+    ) -> FloatTensor<Self> {
+        ok(random::dropout_grad(&grad_output, prob, mask.rng))
+    }
+
+    fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        if Self::has_swiglu_kernel(&x) {
+            Self::swiglu_kernel_forward(x)
+        } else {
+            composed_swiglu::<Self>(x)
+        }
+    }
+
+    fn has_swiglu_kernel(x: &FloatTensor<Self>) -> bool {
+        fused_kernels_enabled() && is_float(x) && x.rank() == 2 && x.shape()[1].is_multiple_of(2)
+    }
+
+    fn swiglu_kernel_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        ok(swiglu_forward(&x))
+    }
+
+    fn swiglu_kernel_backward(
+        x: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let grad = if grad_output.dtype() == x.dtype() {
+            grad_output
+        } else {
+            ok(grad_output.cast(x.dtype()))
+        };
+        ok(swiglu_backward(&x, &grad))
+    }
+
+    fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {
+        let spec = AttentionSpec {
+            dropout: 0.0,
+            ..spec
+        };
+        if Self::has_qkv_attention_kernel(&qkv, &spec) {
+            Self::qkv_attention_kernel_forward(qkv, spec).output
+        } else {
+            composed_qkv_attention::<Self>(qkv, spec)
+        }
+    }
+
+    fn has_qkv_attention_kernel(qkv: &FloatTensor<Self>, spec: &AttentionSpec) -> bool {
+        fused_attention_enabled() && spec.dropout < 1.0 && cudnn::supports_packed(qkv)
+    }
+
+    fn qkv_attention_kernel_forward(
+        qkv: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> AttentionSaved<Self> {
+        let scale = spec.scale_for(qkv.shape()[4]) as f32;
+        let f = ok(cudnn::packed_forward(
+            &qkv,
+            spec.causal,
+            scale,
+            spec.dropout as f32,
+        ));
+        AttentionSaved {
+            output: f.output,
+            stats: f.stats,
+            rng: f.rng,
+        }
+    }
+
+    fn qkv_attention_kernel_backward(
+        qkv: FloatTensor<Self>,
+        saved: AttentionSaved<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> FloatTensor<Self> {
+        let scale = spec.scale_for(qkv.shape()[4]) as f32;
+        let forward = cudnn::SdpaForward {
+            output: saved.output,
+            stats: saved.stats,
+            rng: saved.rng,
+        };
+        ok(cudnn::packed_backward(
+            &qkv,
+            &forward,
+            &grad_output,
+            spec.causal,
+            scale,
+            spec.dropout as f32,
+        ))
     }
 }

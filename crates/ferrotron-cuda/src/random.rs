@@ -114,6 +114,70 @@ pub fn random(
     Ok(out)
 }
 
+/// The keep test of element `i` of a dropout with keep probability `sf0`, from (seed `si0`,
+/// counter base `si1`): the same draw as a Bernoulli fill of the same range.
+const KEEP: &str = "(philox_uniform(si0, si1 + i) < sf0)";
+
+/// `x` (`a`) dropped and scaled, plus the residual (`b`).
+fn dropout_add_expr() -> String {
+    format!("(b + {})", dropout_grad_expr())
+}
+
+/// `a` dropped and scaled.
+fn dropout_grad_expr() -> String {
+    format!("({KEEP} ? a * (float)sf1 : 0.f)")
+}
+
+fn dropout_scalars(prob: f64, rng: [u64; 2]) -> MapScalars {
+    MapScalars {
+        f: [1.0 - prob, 1.0 / (1.0 - prob)],
+        i: [rng[0] as i64, rng[1] as i64],
+    }
+}
+
+/// `residual + keep ∘ x / (1 − prob)`, the keep bits drawn from a fresh counter range (one pass,
+/// no mask tensor); returns the output and the (seed, offset) that regenerate the bits.
+pub fn dropout_add(
+    x: &CudaTensor,
+    residual: &CudaTensor,
+    prob: f64,
+) -> Result<(CudaTensor, [u64; 2])> {
+    if x.shape() != residual.shape() || !(0.0..1.0).contains(&prob) {
+        return Err(CudaError::invalid(
+            OpContext::new("dropout_add")
+                .shape(x.shape())
+                .shape(residual.shape()),
+            format!("needs equal shapes and a probability in [0, 1), got {prob}"),
+        ));
+    }
+    let out = CudaTensor::empty(x.device(), x.shape(), x.dtype())?;
+    let rng = x.device().next_rng_offset(x.numel() as u64);
+    run_map(
+        "dropout_add",
+        &out,
+        &[x, residual],
+        dropout_add_expr(),
+        dropout_scalars(prob, [rng.0, rng.1]),
+        PHILOX_HELPERS,
+    )?;
+    Ok((out, [rng.0, rng.1]))
+}
+
+/// The gradient of `x` in [`dropout_add`]: `keep ∘ grad / (1 − prob)`, the keep bits drawn
+/// again from `rng` (the output gradient must have the forward's shape).
+pub fn dropout_grad(grad: &CudaTensor, prob: f64, rng: [u64; 2]) -> Result<CudaTensor> {
+    let out = CudaTensor::empty(grad.device(), grad.shape(), grad.dtype())?;
+    run_map(
+        "dropout_grad",
+        &out,
+        &[grad],
+        dropout_grad_expr(),
+        dropout_scalars(prob, rng),
+        PHILOX_HELPERS,
+    )?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +208,30 @@ mod tests {
             .params(),
             (1.0, 2.0)
         );
+    }
+
+    /// The dropout maps compile for sm_90 (NVRTC, no GPU needed), plain and vectorised, bf16.
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn dropout_sources_compile() {
+        use crate::kernels::elementwise::MapSpec;
+        for (expr, inputs) in [(dropout_add_expr(), 2), (dropout_grad_expr(), 1)] {
+            for vector in [false, true] {
+                let spec = MapSpec {
+                    name: "dropout".into(),
+                    out: DType::BF16,
+                    inputs: vec![DType::BF16; inputs],
+                    expr: expr.clone(),
+                    rank: 1,
+                    contiguous: vec![true; inputs + 1],
+                    helpers: PHILOX_HELPERS.into(),
+                    vector,
+                };
+                let source = spec.source();
+                crate::kernels::cache::compile_for_test(&source, "sm_90")
+                    .unwrap_or_else(|e| panic!("{e}\n{source}"));
+            }
+        }
     }
 
     #[test]

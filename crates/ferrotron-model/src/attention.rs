@@ -11,7 +11,9 @@
 //! dropout included, grouped K/V not repeated): its composed default is exactly the arithmetic
 //! this layer had before (burn's `attention` op, or matmul–softmax–dropout–matmul while dropout
 //! is live), and the CUDA backend replaces it with cuDNN's fused flash attention. The
-//! context-parallel path (gathered K/V, global-position mask) stays composed.
+//! context-parallel path (gathered K/V, global-position mask) stays composed. Without rotary
+//! embeddings the attention takes the packed projection whole (`FusedOps::fused_qkv_attention`),
+//! so a kernel writes the projection's gradient in one piece.
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
@@ -20,7 +22,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::{attention, linear};
 use burn::tensor::{Bool, Tensor, TensorPrimitive};
 use ferrotron_parallel::collectives::gather_from_sequence_region;
-use ferrotron_parallel::{AttentionSpec, Comm, FusedOps, ParallelOps, repeat_groups, solo};
+use ferrotron_parallel::{
+    AttentionSpec, Comm, FusedOps, ParallelOps, repeat_groups, solo, split_qkv,
+};
 use ferrotron_recipe::PositionEmbedding;
 
 use crate::init::{normal_linear, scaled_std};
@@ -126,20 +130,20 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
             .qkv
             .forward(x)
             .reshape([batch, seq, groups, per_group + 2, head_dim]);
-        let query = qkv
-            .clone()
-            .slice_dim(3, 0..per_group)
-            .reshape([batch, seq, heads, head_dim])
-            .swap_dims(1, 2);
-        let key = qkv
-            .clone()
-            .slice_dim(3, per_group..per_group + 1)
-            .reshape([batch, seq, groups, head_dim])
-            .swap_dims(1, 2);
-        let value = qkv
-            .slice_dim(3, per_group + 1..per_group + 2)
-            .reshape([batch, seq, groups, head_dim])
-            .swap_dims(1, 2);
+        let spec = AttentionSpec {
+            causal: true,
+            scale: None,
+            dropout: self.dropout.prob,
+        };
+        if self.rope.is_none() && self.cp.size() == 1 && positions.future().is_none() {
+            // Straight from the packed projection: a kernel hands back one packed gradient
+            // instead of three slices' zero-padded ones (see `fused_qkv.rs`).
+            let context: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(
+                B::fused_qkv_attention(qkv.into_primitive().tensor(), spec),
+            ));
+            return self.project(context.reshape([batch, seq, heads * head_dim]));
+        }
+        let (query, key, value) = split_qkv(qkv);
 
         let (query, key) = match &self.rope {
             Some(rope) => (rope.apply(query, positions), rope.apply(key, positions)),
@@ -157,19 +161,12 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
             // One sequence chunk per rank: causal attention through the fused op (the composed
             // default is the arithmetic this layer always had; a GPU backend runs one kernel
             // on the unrepeated grouped K/V).
-            None => {
-                let spec = AttentionSpec {
-                    causal: true,
-                    scale: None,
-                    dropout: self.dropout.prob,
-                };
-                Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
-                    query.into_primitive().tensor(),
-                    key.into_primitive().tensor(),
-                    value.into_primitive().tensor(),
-                    spec,
-                )))
-            }
+            None => Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
+                query.into_primitive().tensor(),
+                key.into_primitive().tensor(),
+                value.into_primitive().tensor(),
+                spec,
+            ))),
             // Context parallel: keys from every chunk, masked by global position (composed).
             Some(future) => {
                 let key = repeat_groups(key, per_group);
@@ -189,6 +186,11 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
         let context = context
             .swap_dims(1, 2)
             .reshape([batch, seq, heads * head_dim]);
+        self.project(context)
+    }
+
+    /// The output projection of the `[batch, seq, heads·head_dim]` context.
+    fn project(&self, context: Tensor<B, 3>) -> Tensor<B, 3> {
         let output = self.tp.exit(linear(context, self.proj.weight.val(), None));
         match &self.proj.bias {
             Some(bias) => output + bias.val().unsqueeze(),

@@ -4,8 +4,8 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole};
 
 use crate::attention::SelfAttention;
@@ -154,7 +154,7 @@ impl<B: ParallelOps> TransformerBlock<B> {
         let attended = self
             .attention
             .forward(self.input_norm.forward(x.clone()), positions);
-        let x = x + self.hidden_dropout.forward(attended);
+        let x = self.dropout_add(attended, x);
         let normed = self.pre_mlp_norm.forward(x.clone());
         let (transformed, stats) = match &self.feed_forward {
             FeedForward::Dense(mlp) => (mlp.forward(normed), None),
@@ -163,6 +163,15 @@ impl<B: ParallelOps> TransformerBlock<B> {
                 (out, Some(stats))
             }
         };
-        (x + self.hidden_dropout.forward(transformed), stats)
+        (self.dropout_add(transformed, x), stats)
+    }
+
+    /// `residual + dropout(x)` as one fused op (burn's `Dropout` and add, without a kernel).
+    fn dropout_add(&self, x: Tensor<B, 3>, residual: Tensor<B, 3>) -> Tensor<B, 3> {
+        Tensor::from_primitive(TensorPrimitive::Float(B::fused_dropout_add(
+            x.into_primitive().tensor(),
+            residual.into_primitive().tensor(),
+            self.hidden_dropout.prob,
+        )))
     }
 }

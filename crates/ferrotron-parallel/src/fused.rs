@@ -11,7 +11,9 @@
 //! CPU tests drive through the autodiff node to check the node's gradients against the composed
 //! graph's, and it documents the contract a kernel must meet.
 //!
-//! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V,
+//! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V, also
+//! straight from the packed QKV projection (`fused_qkv.rs`), the residual add with hidden dropout
+//! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
 //! update (`fused_adamw.rs`).
 //!
@@ -24,12 +26,20 @@ use burn::tensor::ops::{AttentionModuleOptions, FloatTensor, IntTensor};
 use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
 
 use crate::fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
+use crate::fused_dropout::{
+    DropoutMask, DropoutSaved, composed_dropout_add, dropout_add_backward_reference,
+    dropout_add_forward_reference,
+};
 use crate::fused_loss::{
     CrossEntropySaved, cross_entropy_backward_reference, cross_entropy_forward_reference,
 };
 use crate::fused_norm::{
     NormGrads, NormSaved, NormSpec, norm_backward_reference, norm_forward_reference,
 };
+use crate::fused_qkv::{
+    composed_qkv_attention, qkv_attention_backward_reference, qkv_attention_forward_reference,
+};
+use crate::fused_swiglu::{composed_swiglu, swiglu_backward_reference};
 
 /// One attention call: `softmax(scale · q·kᵀ + mask) · v`, with dropout on the probabilities.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -125,6 +135,99 @@ pub trait FusedOps: Backend {
         spec: AttentionSpec,
     ) -> AttentionGrads<Self> {
         attention_backward_reference::<Self>(query, key, value, saved, grad_output, spec)
+    }
+
+    /// Attention from the packed projection `qkv [b, s, groups, per_group + 2, d]` (see
+    /// `fused_qkv.rs`) → the context `[b, s, groups·per_group, d]`.
+    fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {
+        composed_qkv_attention::<Self>(qkv, spec)
+    }
+
+    /// Whether [`FusedOps::qkv_attention_kernel_forward`] is a real kernel for this packed
+    /// projection (the autodiff impl then records one node). Default: no kernel.
+    fn has_qkv_attention_kernel(qkv: &FloatTensor<Self>, spec: &AttentionSpec) -> bool {
+        let _ = (qkv, spec);
+        false
+    }
+
+    /// Packed forward: the `[b, s, heads, d]` output and what the backward needs. Default: the
+    /// reference (no dropout).
+    fn qkv_attention_kernel_forward(
+        qkv: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> AttentionSaved<Self> {
+        qkv_attention_forward_reference::<Self>(qkv, spec)
+    }
+
+    /// Packed backward: the gradient of the whole packed projection from the `[b, s, heads, d]`
+    /// output gradient.
+    fn qkv_attention_kernel_backward(
+        qkv: FloatTensor<Self>,
+        saved: AttentionSaved<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: AttentionSpec,
+    ) -> FloatTensor<Self> {
+        qkv_attention_backward_reference::<Self>(qkv, saved, grad_output, spec)
+    }
+
+    /// `residual + dropout(x)`: the residual connection with hidden dropout (live only under
+    /// autodiff, as burn's `Dropout`; see `fused_dropout.rs`).
+    fn fused_dropout_add(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        prob: f64,
+    ) -> FloatTensor<Self> {
+        composed_dropout_add::<Self>(x, residual, prob)
+    }
+
+    /// Whether [`FusedOps::dropout_add_kernel_forward`] is a real kernel for `x`. Default: no.
+    fn has_dropout_add_kernel(x: &FloatTensor<Self>, prob: f64) -> bool {
+        let _ = (x, prob);
+        false
+    }
+
+    /// Dropout-add forward (dropout live): the output and what regenerates the keep mask.
+    /// Default: the reference, which keeps the mask.
+    fn dropout_add_kernel_forward(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        prob: f64,
+    ) -> DropoutSaved<Self> {
+        dropout_add_forward_reference::<Self>(x, residual, prob)
+    }
+
+    /// The gradient of `x` from the output gradient (the residual's is the output gradient).
+    fn dropout_add_kernel_backward(
+        grad_output: FloatTensor<Self>,
+        prob: f64,
+        mask: DropoutMask<Self>,
+    ) -> FloatTensor<Self> {
+        dropout_add_backward_reference::<Self>(grad_output, prob, mask)
+    }
+
+    /// `silu(gate) · up` of the packed projection `x [rows, 2f]` (gate first) → `[rows, f]`
+    /// (see `fused_swiglu.rs`).
+    fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_swiglu::<Self>(x)
+    }
+
+    /// Whether [`FusedOps::swiglu_kernel_forward`] is a real kernel for `x`. Default: no.
+    fn has_swiglu_kernel(x: &FloatTensor<Self>) -> bool {
+        let _ = x;
+        false
+    }
+
+    /// SwiGLU forward with the kernel. Default: the composed arithmetic.
+    fn swiglu_kernel_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_swiglu::<Self>(x)
+    }
+
+    /// The packed gradient `[rows, 2f]` from the output gradient.
+    fn swiglu_kernel_backward(
+        x: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        swiglu_backward_reference::<Self>(x, grad_output)
     }
 
     /// Whether [`FusedOps::norm_kernel_forward`] is a real kernel for these inputs. Default: no.

@@ -3,7 +3,9 @@
 //! autodiff backend itself, which records exactly the graph the model recorded before.
 //!
 //! The attention node keeps q, k, v, the output and the f32 softmax statistics (`[b, h, s, 1]`):
-//! never the `[b, h, s, s]` scores or probabilities, which is the memory the fused op saves.
+//! never the `[b, h, s, s]` scores or probabilities, which is the memory the fused op saves. The
+//! packed attention node keeps the packed projection instead of three views of it, and hands
+//! back one packed gradient.
 //! The norm node keeps x, γ and two f32 numbers per row instead of every intermediate; the
 //! cross-entropy node the logits, the labels and one f32 log-sum-exp per row.
 
@@ -15,7 +17,10 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
+use crate::fused_dropout::{DropoutMask, composed_dropout_add};
 use crate::fused_norm::{NormSaved, NormSpec};
+use crate::fused_qkv::composed_qkv_attention;
+use crate::fused_swiglu::composed_swiglu;
 
 #[derive(Debug)]
 struct AttentionOp;
@@ -84,6 +89,133 @@ pub fn attention_node<B: FusedOps, C: CheckpointStrategy>(
                 B::attention_kernel_forward(query.primitive, key.primitive, value.primitive, spec);
             prep.finish(saved.output)
         }
+    }
+}
+
+#[derive(Debug)]
+struct QkvAttentionOp;
+
+/// State of one packed attention node: the packed projection, what the forward saved, the spec.
+type QkvAttentionState<B> = (FloatTensor<B>, AttentionSaved<B>, AttentionSpec);
+
+impl<B: FusedOps> Backward<B, 1> for QkvAttentionOp {
+    type State = QkvAttentionState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (qkv, saved, spec) = ops.state;
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(
+                node.id,
+                B::qkv_attention_kernel_backward(qkv, saved, grad, spec),
+            );
+        }
+    }
+}
+
+/// Records attention from the packed projection as one node whose forward and backward are
+/// `B`'s packed kernels; it keeps the projection, the output and the f32 statistics. Public so
+/// tests can drive the node with a CPU backend's reference kernels.
+pub fn qkv_attention_node<B: FusedOps, C: CheckpointStrategy>(
+    qkv: FloatTensor<Autodiff<B, C>>,
+    spec: AttentionSpec,
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = QkvAttentionOp
+        .prepare::<C>([qkv.node.clone()])
+        .compute_bound()
+        .stateful();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let saved = B::qkv_attention_kernel_forward(qkv.primitive.clone(), spec);
+            let output = saved.output.clone();
+            prep.finish((qkv.primitive, saved, spec), output)
+        }
+        OpsKind::UnTracked(prep) => {
+            let spec = AttentionSpec {
+                dropout: 0.0,
+                ..spec
+            };
+            prep.finish(B::qkv_attention_kernel_forward(qkv.primitive, spec).output)
+        }
+    }
+}
+
+#[derive(Debug)]
+struct DropoutAddOp;
+
+/// State of one dropout-add node: what regenerates the mask, and the probability.
+type DropoutAddState<B> = (DropoutMask<B>, f64);
+
+/// Parents are `x` (dropped) and the residual.
+impl<B: FusedOps> Backward<B, 2> for DropoutAddOp {
+    type State = DropoutAddState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (mask, prob) = ops.state;
+        let [node_x, node_residual] = ops.parents;
+        if let Some(node) = node_residual {
+            grads.register::<B>(node.id, grad.clone());
+        }
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, B::dropout_add_kernel_backward(grad, prob, mask));
+        }
+    }
+}
+
+/// Records `residual + dropout(x)` (dropout live) as one node whose forward and backward are
+/// `B`'s dropout-add kernels; it keeps no activation. Public so tests can drive the node with a
+/// CPU backend's reference kernels.
+pub fn dropout_add_node<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    residual: FloatTensor<Autodiff<B, C>>,
+    prob: f64,
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = DropoutAddOp
+        .prepare::<C>([x.node.clone(), residual.node.clone()])
+        .compute_bound()
+        .stateful();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let saved = B::dropout_add_kernel_forward(x.primitive, residual.primitive, prob);
+            prep.finish((saved.mask, prob), saved.output)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(B::dropout_add_kernel_forward(x.primitive, residual.primitive, prob).output)
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SwigluOp;
+
+impl<B: FusedOps> Backward<B, 1> for SwigluOp {
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::swiglu_kernel_backward(ops.state, grad));
+        }
+    }
+}
+
+/// Records SwiGLU of the packed projection as one node whose forward and backward are `B`'s
+/// kernels; it keeps the projection. Public so tests can drive the node with a CPU backend's
+/// reference kernels.
+pub fn swiglu_node<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = SwigluOp
+        .prepare::<C>([x.node.clone()])
+        .compute_bound()
+        .stateful();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let output = B::swiglu_kernel_forward(x.primitive.clone());
+            prep.finish(x.primitive, output)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::swiglu_kernel_forward(x.primitive)),
     }
 }
 
@@ -245,6 +377,34 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             attention_node::<B, C>(query, key, value, spec)
         } else {
             composed_attention::<Self>(query, key, value, spec)
+        }
+    }
+
+    fn fused_dropout_add(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        prob: f64,
+    ) -> FloatTensor<Self> {
+        if prob > 0.0 && B::has_dropout_add_kernel(&x.primitive, prob) {
+            dropout_add_node::<B, C>(x, residual, prob)
+        } else {
+            composed_dropout_add::<Self>(x, residual, prob)
+        }
+    }
+
+    fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        if B::has_swiglu_kernel(&x.primitive) {
+            swiglu_node::<B, C>(x)
+        } else {
+            composed_swiglu::<Self>(x)
+        }
+    }
+
+    fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {
+        if B::has_qkv_attention_kernel(&qkv.primitive, &spec) {
+            qkv_attention_node::<B, C>(qkv, spec)
+        } else {
+            composed_qkv_attention::<Self>(qkv, spec)
         }
     }
 }

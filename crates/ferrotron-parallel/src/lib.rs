@@ -23,8 +23,11 @@ mod context;
 mod fused;
 mod fused_adamw;
 mod fused_autodiff;
+mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
+mod fused_qkv;
+mod fused_swiglu;
 pub mod host;
 mod ops;
 mod shard;
@@ -43,7 +46,11 @@ pub use fused::{
     attention_forward_reference, composed_attention, repeat_groups,
 };
 pub use fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
-pub use fused_autodiff::{attention_node, cross_entropy_node, norm_node};
+pub use fused_autodiff::{
+    attention_node, cross_entropy_node, dropout_add_node, norm_node, qkv_attention_node,
+    swiglu_node,
+};
+pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,
     cross_entropy_forward_reference,
@@ -52,6 +59,8 @@ pub use fused_norm::{
     NormGrads, NormKind, NormSaved, NormSpec, composed_norm, norm, norm_backward_reference,
     norm_forward_reference,
 };
+pub use fused_qkv::{composed_qkv_attention, split_qkv};
+pub use fused_swiglu::composed_swiglu;
 pub use ops::ParallelOps;
 pub use shard::{ParamRole, ShardError, ShardSpec, Split};
 pub use solo::solo;

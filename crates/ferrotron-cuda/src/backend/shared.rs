@@ -2,8 +2,10 @@
 //! views, copies into views (cat, slice-assign, repeat), selection by mask.
 //!
 //! Views never launch a kernel. Writers (cat, slice-assign) allocate a fresh output and copy
-//! into strided views of it, so no input buffer is ever written: an autodiff graph may still
-//! hold any input.
+//! into strided views of it, so no input buffer another tensor can see is ever written: an
+//! autodiff graph may still hold any input. The one exception is slice-assign into a tensor
+//! whose buffer nothing else holds (autodiff's slice backward assigns into fresh zeros): it
+//! writes in place, since copying a buffer no one else can read is a wasted pass.
 
 use burn::tensor::{Shape, Slice, TensorData};
 
@@ -71,9 +73,14 @@ pub(crate) fn slice(tensor: CudaTensor, slices: &[Slice]) -> CudaTensor {
     ok(tensor.slice(&args))
 }
 
-/// A fresh copy of `tensor` with `value` written over the sliced region.
+/// `tensor` with `value` written over the sliced region: in place when no other tensor shares
+/// `tensor`'s buffer (the slice backward's fresh zeros), else into a fresh copy.
 pub(crate) fn slice_assign(tensor: CudaTensor, slices: &[Slice], value: CudaTensor) -> CudaTensor {
     let args = ok(convert::slice_args(slices, tensor.shape()));
+    if tensor.is_exclusive() && tensor.is_contiguous() && tensor.dtype() == value.dtype() {
+        ok(elementwise::copy_into(&ok(tensor.slice(&args)), &value));
+        return tensor;
+    }
     ok(index::slice_assign(&tensor, &args, &value))
 }
 

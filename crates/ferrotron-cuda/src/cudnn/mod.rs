@@ -11,7 +11,10 @@
 #![allow(unsafe_code)]
 
 pub mod graph;
+mod packed;
 pub mod sdpa;
+
+pub use packed::{packed_backward, packed_forward, supports_packed};
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -790,6 +793,33 @@ pub fn sdpa_backward(
     scale: f32,
     dropout: f32,
 ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+    let op = || OpContext::new("cuDNN attention backward").shape(q.shape());
+    let [b, h, g, sq, skv, d] = sizes(q, k, v, &op)?;
+    let device = q.device();
+    let dq = bshd(device, b, h, sq, d, q.dtype())?;
+    let dk = bshd(device, b, g, skv, d, q.dtype())?;
+    let dv = bshd(device, b, g, skv, d, q.dtype())?;
+    let grads = [dq, dk, dv];
+    sdpa_backward_into(q, k, v, saved, grad, causal, scale, dropout, &grads)?;
+    let [dq, dk, dv] = grads;
+    Ok((dq, dk, dv))
+}
+
+/// [`sdpa_backward`] writing dq, dk and dv into the given `[b, h, s, d]` / `[b, g, s_kv, d]`
+/// views (any strides cuDNN can write in place: unit head-dim stride, 16-byte aligned), e.g.
+/// the slots of one packed gradient.
+#[allow(clippy::too_many_arguments)]
+pub fn sdpa_backward_into(
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    saved: &SdpaForward,
+    grad: &CudaTensor,
+    causal: bool,
+    scale: f32,
+    dropout: f32,
+    grads: &[CudaTensor; 3],
+) -> Result<()> {
     let op = || {
         OpContext::new("cuDNN attention backward")
             .shape(q.shape())
@@ -810,10 +840,20 @@ pub fn sdpa_backward(
         grad.cast(q.dtype())?
     };
     let (d_o, do_s) = readable(&grad)?;
-    let dq = bshd(device, b, h, sq, d, q.dtype())?;
-    let dk = bshd(device, b, g, skv, d, q.dtype())?;
-    let dv = bshd(device, b, g, skv, d, q.dtype())?;
-    let strides = [&dq, &dk, &dv].map(|t| in_place_strides(t).expect("fresh gradient is aligned"));
+    let [dq, dk, dv] = grads;
+    let expected = [[b, h, sq, d], [b, g, skv, d], [b, g, skv, d]];
+    let mut strides = [[0i64; 4]; 3];
+    for ((t, shape), stride) in [dq, dk, dv].iter().zip(expected).zip(&mut strides) {
+        *stride = match in_place_strides(t) {
+            Some(s) if t.shape() == shape && t.dtype() == q.dtype() => s,
+            _ => {
+                return Err(CudaError::invalid(
+                    op().shape(t.shape()),
+                    "a gradient output is not a writable view of the expected shape and dtype",
+                ));
+            }
+        };
+    }
     let softmax_sum = CudaTensor::empty(device, &[b, h, sq, 1], DType::F32)?;
     let accum = CudaTensor::empty(device, &[b, h, sq, d], DType::F32)?;
     let key = SdpaKey {
@@ -844,9 +884,9 @@ pub fn sdpa_backward(
         (sdpa::V, &v),
         (sdpa::O, &o),
         (sdpa::D_O, &d_o),
-        (sdpa::D_Q, &dq),
-        (sdpa::D_K, &dk),
-        (sdpa::D_V, &dv),
+        (sdpa::D_Q, dq),
+        (sdpa::D_K, dk),
+        (sdpa::D_V, dv),
         (sdpa::STATS, &saved.stats),
         (sdpa::SOFTMAX_SUM, &softmax_sum),
         (sdpa::DQ_ACCUM, &accum),
@@ -868,6 +908,5 @@ pub fn sdpa_backward(
         pointers.insert(sdpa::OFFSET, ptr(offset));
     }
     let _timer = crate::timing::scope(device, "attention_bwd(cudnn)");
-    execute(device, handle, &plan, &pointers, &op)?;
-    Ok((dq, dk, dv))
+    execute(device, handle, &plan, &pointers, &op)
 }

@@ -18,6 +18,7 @@ pub mod loss;
 pub mod reduce;
 pub mod scan;
 pub mod sort;
+pub mod swiglu;
 
 use std::ffi::c_void;
 

@@ -3,8 +3,11 @@
 
 mod dispatch;
 mod fused;
+mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
+mod fused_qkv;
+mod fused_swiglu;
 mod plain;
 mod regions;
 mod shards;

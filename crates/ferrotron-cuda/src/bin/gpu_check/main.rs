@@ -14,8 +14,11 @@ mod autodiff;
 mod cases;
 mod compare;
 mod fused;
+mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
+mod fused_qkv;
+mod fused_swiglu;
 mod nccl;
 mod timing;
 
@@ -394,6 +397,9 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused::rows(&device));
         rows.extend(fused_norm::rows(&device));
         rows.extend(fused_loss::rows(&device));
+        rows.extend(fused_qkv::rows(&device));
+        rows.extend(fused_dropout::rows(&device));
+        rows.extend(fused_swiglu::rows(&device));
     }
     let mut nccl_comm = None;
     if args.filter.is_empty() || args.filter == "nccl" {
@@ -424,6 +430,8 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused::timings(&device));
         println!("\n{}", fused_norm::timings(&device));
         println!("\n{}", fused_loss::timings(&device));
+        println!("\n{}", fused_qkv::timings(&device));
+        println!("\n{}", fused_dropout::timings(&device));
     }
     if ferrotron_cuda::timing::enabled() {
         println!(

@@ -1,0 +1,73 @@
+//! Rows for SwiGLU of the packed projection: the fused node in bf16 and f32 against the
+//! composed `silu(gate) · up` in f32 on the same GPU from the same rounded projection: the
+//! output and the packed gradient of a weighted-sum loss (both halves of which the backward
+//! must write: outputs are poisoned).
+
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use ferrotron_cuda::GpuDevice;
+use ferrotron_parallel::{FusedOps, composed_swiglu};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::compare;
+use crate::fused::{A, dtype_label, host, round, upload};
+use crate::{Row, failed, first_line, guarded};
+
+/// Output and packed gradient of `Σ w ∘ swiglu(x)`, fused node (`FUSED`) or composed.
+fn grads<const FUSED: bool>(
+    x: &TensorData,
+    w: &TensorData,
+    dtype: DType,
+    device: &GpuDevice,
+) -> TensorData {
+    let x: Tensor<A, 2> = upload(x, dtype, device);
+    let w = Tensor::<A, 2>::from_data(round(w.clone(), DType::F32), (device, DType::F32));
+    let p = x.clone().into_primitive().tensor();
+    let out = if FUSED {
+        A::fused_swiglu(p)
+    } else {
+        composed_swiglu::<A>(p)
+    };
+    let out: Tensor<A, 2> = Tensor::from_primitive(TensorPrimitive::Float(out));
+    let g = (out.clone().cast(DType::F32) * w).sum().backward();
+    Tensor::cat(
+        vec![
+            out.inner().cast(DType::F32).reshape([-1]),
+            x.grad(&g).expect("dx").cast(DType::F32).reshape([-1]),
+        ],
+        0,
+    )
+    .into_data()
+}
+
+fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
+    let [rows, f] = [512, 688];
+    let x = host(&[rows, 2 * f], rng, dtype);
+    let w = host(&[rows, f], rng, DType::F32);
+    let got = guarded(|| Ok(grads::<true>(&x, &w, dtype, device)));
+    let want = guarded(|| Ok(grads::<false>(&x, &w, DType::F32, device)));
+    let (errors, note) = match (got, want) {
+        (Ok(got), Ok(want)) => (
+            compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
+            "fused vs composed f32; out + packed dx".to_string(),
+        ),
+        (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
+        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
+    };
+    Row {
+        op: "fused_swiglu".into(),
+        dtype: dtype_label(dtype),
+        shape: format!("[{rows}, {}]", 2 * f),
+        errors,
+        note,
+    }
+}
+
+/// Every SwiGLU row.
+pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
+    let mut rng = StdRng::seed_from_u64(23);
+    vec![
+        row(device, &mut rng, DType::F32),
+        row(device, &mut rng, DType::BF16),
+    ]
+}
