@@ -19,6 +19,7 @@ mod fused_ops;
 pub mod kernels;
 pub mod layout;
 pub mod linear;
+pub mod nccl;
 mod parallel_ops;
 pub mod random;
 pub mod tensor;

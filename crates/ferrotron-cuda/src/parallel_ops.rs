@@ -1,10 +1,117 @@
 //! `Autodiff<Cuda>` trains the models, whose layers call the region collectives of
-//! `ferrotron-parallel`. The trait's defaults (identity on a group of one, otherwise a host
-//! round trip in f32 that returns the tensor's own dtype) are correct for our tensors, so one rank
-//! per GPU works now; device-side NCCL overrides replace them later without touching the model.
+//! `ferrotron-parallel`. When a group's communicator is an [`NcclComm`], each region op runs on
+//! the device through NCCL (no host copy; ordered against the compute stream by events, see
+//! `nccl/comm.rs`); any other communicator (thread ranks, TCP) takes the trait's default host
+//! round trip. A group of one is the identity either way. `scatter_to_region` keeps this rank's
+//! slice on the device and needs no communication at all.
+//!
+//! Failures panic with the `CommError` message (group, collective, ranks), as the defaults do:
+//! burn's op traits and autodiff backward cannot return errors. A failed NCCL collective has
+//! already aborted every communicator of the process, so the peers fail too instead of hanging.
+//!
+//! Reductions in bf16 are NCCL's (summed in bf16 along its ring or tree), where the host default
+//! sums in f32 in rank order and rounds once: bit-identical results across transports are not a
+//! promise at bf16, only at a group of one.
+//!
 //! The impl sits in this crate (the trait's crate cannot name our backend without a cycle).
 
-use crate::backend::Cuda;
+use ferrotron_dist::CommError;
+use ferrotron_parallel::{Comm, ReduceOp, host};
 
-impl ferrotron_parallel::ParallelOps for Cuda {}
+use crate::backend::Cuda;
+use crate::nccl::NcclComm;
+use crate::tensor::CudaTensor;
+
+/// The NCCL communicator behind `comm`, if that is what it is.
+fn nccl(comm: &Comm) -> Option<&NcclComm> {
+    comm.as_any().downcast_ref::<NcclComm>()
+}
+
+fn expect(result: Result<CudaTensor, CommError>) -> CudaTensor {
+    result.unwrap_or_else(|err| panic!("{err}"))
+}
+
+impl ferrotron_parallel::ParallelOps for Cuda {
+    fn reduce_from_region(x: CudaTensor, comm: &Comm) -> CudaTensor {
+        if comm.size() == 1 {
+            return x;
+        }
+        match nccl(comm) {
+            Some(nccl) => expect(nccl.all_reduce_tensor(&x, ReduceOp::Sum)),
+            None => host::all_reduce::<Cuda>(x, ReduceOp::Sum, comm),
+        }
+    }
+
+    fn gather_from_region(x: CudaTensor, dim: usize, comm: &Comm) -> CudaTensor {
+        if comm.size() == 1 {
+            return x;
+        }
+        match nccl(comm) {
+            Some(nccl) => expect(nccl.all_gather_along(&x, dim)),
+            None => host::all_gather::<Cuda>(x, dim, comm),
+        }
+    }
+
+    fn scatter_to_region(x: CudaTensor, dim: usize, comm: &Comm) -> CudaTensor {
+        if comm.size() == 1 {
+            return x;
+        }
+        // A slice view on the device for every transport: no communication.
+        host::own_chunk::<Cuda>(x, dim, comm)
+    }
+
+    fn gather_from_sequence_region(x: CudaTensor, dim: usize, comm: &Comm) -> CudaTensor {
+        if comm.size() == 1 {
+            return x;
+        }
+        match nccl(comm) {
+            Some(nccl) => expect(nccl.all_gather_along(&x, dim)),
+            None => host::all_gather::<Cuda>(x, dim, comm),
+        }
+    }
+
+    fn reduce_scatter_to_sequence_region(x: CudaTensor, dim: usize, comm: &Comm) -> CudaTensor {
+        if comm.size() == 1 {
+            return x;
+        }
+        match nccl(comm) {
+            Some(nccl) => expect(nccl.reduce_scatter_along(&x, dim, ReduceOp::Sum)),
+            None => host::reduce_scatter::<Cuda>(x, dim, comm),
+        }
+    }
+
+    fn all_to_all_rows(
+        x: CudaTensor,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        comm: &Comm,
+    ) -> CudaTensor {
+        let rows = x.shape().first().copied();
+        if comm.size() == 1 && send_counts == recv_counts && send_counts.first() == rows.as_ref() {
+            return x;
+        }
+        match nccl(comm) {
+            Some(nccl) => {
+                assert!(
+                    x.rank() == 2,
+                    "all_to_all_rows on group {}: needs a 2-D tensor, got shape {:?}",
+                    comm.label(),
+                    x.shape()
+                );
+                expect(nccl.all_to_all_rows_tensor(&x, send_counts, recv_counts))
+            }
+            None => host::all_to_all_rows::<Cuda>(x, send_counts, recv_counts, comm),
+        }
+    }
+
+    fn all_reduce_detached(x: CudaTensor, op: ReduceOp, comm: &Comm) -> CudaTensor {
+        if comm.size() == 1 {
+            return x;
+        }
+        match nccl(comm) {
+            Some(nccl) => expect(nccl.all_reduce_tensor(&x, op)),
+            None => host::all_reduce::<Cuda>(x, op, comm),
+        }
+    }
+}
 // `FusedOps` (the supertrait) is in `fused_ops.rs`.

@@ -2,7 +2,8 @@
 //!
 //! The set is what the runtime exchanges: `f32`/`bf16` activations and gradients, `f64` for
 //! loss and norm sums, `i64`/`u32`/`i32` for token ids and routing counts. Each maps to one NCCL
-//! data type, so a future NCCL backend can serve the same generic calls. Integer sums wrap, as
+//! data type (`ferrotron_cuda::nccl`'s `wire_type`), so the NCCL communicator serves the same
+//! generic calls. Integer sums wrap, as
 //! NCCL's do, so a reduction never panics.
 
 use std::fmt;

@@ -5,7 +5,8 @@
 //! need. Implementations sit behind it: [`ThreadComm`], one OS thread per rank in one process
 //! (tests, CPU runs, the equivalence tests of every layout); [`TcpComm`], one process per rank
 //! over TCP (Slurm and torchrun-style launches on CPU, keeping the same bit-identical reductions);
-//! and later a NCCL one, one process per GPU. [`ProcessGroups::new`] gives a rank its
+//! and `ferrotron_cuda::nccl::NcclComm`, one process per GPU, which uses [`TcpComm`] to share
+//! its NCCL unique ids. [`ProcessGroups::new`] gives a rank its
 //! tp/pp/dp/cp/ep/edp/embedding communicators from the members of its groups ([`GroupMembers`],
 //! which the runtime takes from the plan: this crate knows nothing of plans).
 //!

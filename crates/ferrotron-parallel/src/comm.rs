@@ -61,6 +61,10 @@ pub trait DynComm: Send + Sync + fmt::Debug {
         recv_counts: &[usize],
     ) -> Result<(), CommError>;
     fn barrier(&self) -> Result<(), CommError>;
+
+    /// The concrete communicator, so a backend can take a faster path for a transport it knows
+    /// (the CUDA backend's device-side NCCL collectives downcast to its `NcclComm`).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// A shared, type-erased communicator: what a [`crate::ParallelContext`] holds.
@@ -184,5 +188,8 @@ impl<C: Communicator + Sync + fmt::Debug + 'static> DynComm for C {
     }
     fn barrier(&self) -> Result<(), CommError> {
         Communicator::barrier(self)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

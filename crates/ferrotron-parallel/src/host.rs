@@ -6,6 +6,9 @@
 //! product of the dims before `d`); these helpers move those blocks so the flat collective does
 //! the right thing. Errors panic with the communicator's message: a collective fails inside an
 //! autodiff op, whose backward cannot return one, and the thread world reports the panicking rank.
+//!
+//! Public so that a backend overriding [`crate::ParallelOps`] for one transport (the CUDA
+//! backend for NCCL communicators) can fall back to exactly these for every other.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -114,11 +117,7 @@ pub(crate) fn tensor_to_rank_major(
     out
 }
 
-pub(crate) fn all_reduce<B: Backend>(
-    x: FloatTensor<B>,
-    op: ReduceOp,
-    comm: &Comm,
-) -> FloatTensor<B> {
+pub fn all_reduce<B: Backend>(x: FloatTensor<B>, op: ReduceOp, comm: &Comm) -> FloatTensor<B> {
     let mut host = Host::<B>::read(x);
     let mut values = std::mem::take(&mut host.values);
     expect_comm(comm.all_reduce_f32(&mut values, op));
@@ -126,7 +125,7 @@ pub(crate) fn all_reduce<B: Backend>(
     host.write(values, shape)
 }
 
-pub(crate) fn all_gather<B: Backend>(x: FloatTensor<B>, dim: usize, comm: &Comm) -> FloatTensor<B> {
+pub fn all_gather<B: Backend>(x: FloatTensor<B>, dim: usize, comm: &Comm) -> FloatTensor<B> {
     let host = Host::<B>::read(x);
     let size = comm.size();
     let (outer, chunk) = blocks(&host.shape, dim, 1, "all_gather", comm);
@@ -138,11 +137,7 @@ pub(crate) fn all_gather<B: Backend>(x: FloatTensor<B>, dim: usize, comm: &Comm)
     host.write(values, shape)
 }
 
-pub(crate) fn reduce_scatter<B: Backend>(
-    x: FloatTensor<B>,
-    dim: usize,
-    comm: &Comm,
-) -> FloatTensor<B> {
+pub fn reduce_scatter<B: Backend>(x: FloatTensor<B>, dim: usize, comm: &Comm) -> FloatTensor<B> {
     let host = Host::<B>::read(x);
     let size = comm.size();
     let (outer, chunk) = blocks(&host.shape, dim, size, "reduce_scatter", comm);
@@ -155,7 +150,7 @@ pub(crate) fn reduce_scatter<B: Backend>(
 }
 
 /// This rank's piece along `dim`, on the device (no communication).
-pub(crate) fn own_chunk<B: Backend>(x: FloatTensor<B>, dim: usize, comm: &Comm) -> FloatTensor<B> {
+pub fn own_chunk<B: Backend>(x: FloatTensor<B>, dim: usize, comm: &Comm) -> FloatTensor<B> {
     let shape = x.shape().to_vec();
     let size = comm.size();
     blocks(&shape, dim, size, "scatter", comm);
@@ -174,7 +169,7 @@ pub(crate) fn own_chunk<B: Backend>(x: FloatTensor<B>, dim: usize, comm: &Comm) 
 }
 
 /// Rows of a 2-D tensor exchanged with uneven counts (in rows).
-pub(crate) fn all_to_all_rows<B: Backend>(
+pub fn all_to_all_rows<B: Backend>(
     x: FloatTensor<B>,
     send_counts: &[usize],
     recv_counts: &[usize],

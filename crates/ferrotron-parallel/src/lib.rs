@@ -28,7 +28,7 @@ mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
 mod fused_swiglu;
-mod host;
+pub mod host;
 mod ops;
 mod shard;
 mod solo;

@@ -2,8 +2,9 @@
 //!
 //! The defaults are the forward computation through a host round trip and serve every plain
 //! backend (they have no graph to record); `Autodiff<B>` overrides each with a tracked op whose
-//! backward is the conjugate collective (see `autodiff.rs`). A GPU backend can later override the
-//! defaults with device-side NCCL calls without the model changing.
+//! backward is the conjugate collective (see `autodiff.rs`). The CUDA backend overrides them with
+//! device-side NCCL calls when the group's communicator is its `NcclComm` (found through
+//! `DynComm::as_any`), without the model changing.
 //!
 //! Every op is the identity on a group of one, without touching the data, so the single-rank
 //! model pays nothing for being written against groups.

@@ -59,6 +59,8 @@ enum Compute {
 pub(crate) struct Launch {
     world: World,
     compute: Compute,
+    /// GPU ranks exchange data through NCCL communicators (ours, `ferrotron_cuda::nccl`).
+    nccl: bool,
 }
 
 impl World {
@@ -93,21 +95,35 @@ impl World {
 
 impl Launch {
     /// `backend` for this world: a GPU backend uses the GPU numbered by the launcher's local
-    /// rank (srun/torchrun), else GPU 0. Fails early, before planning, when the binary lacks the
-    /// backend or the world needs more than one GPU rank per process.
-    pub(crate) fn select(backend: Backend, world: World) -> anyhow::Result<Launch> {
+    /// rank (srun/torchrun, `--nproc-per-node`), else GPU 0. A CUDA world of several processes
+    /// trains over NCCL communicators; `force_nccl` uses them for one GPU too. Fails early,
+    /// before planning, when the binary lacks the backend or the world needs more than one GPU
+    /// rank per process.
+    pub(crate) fn select(
+        backend: Backend,
+        world: World,
+        force_nccl: bool,
+    ) -> anyhow::Result<Launch> {
         let ordinal = match &world {
             World::Process(env) => env.local_rank as usize,
             World::Threads { .. } => 0,
         };
         let compute = match backend {
+            Backend::Cpu if force_nccl => anyhow::bail!(
+                "--comm nccl (FERROTRON_COMM=nccl) needs --backend cuda; CPU ranks talk over \
+                 threads or TCP"
+            ),
             Backend::Cpu => {
                 return Ok(Launch {
                     world,
                     compute: Compute::Cpu,
+                    nccl: false,
                 });
             }
             Backend::Cuda => Compute::Cuda { ordinal },
+            Backend::BurnCuda if force_nccl => anyhow::bail!(
+                "--comm nccl needs --backend cuda (ours): stock burn-cuda runs one rank only"
+            ),
             Backend::BurnCuda if cfg!(feature = "burn-cuda") => Compute::BurnCuda { ordinal },
             Backend::BurnCuda => anyhow::bail!(
                 "this `recipe` binary was built without the stock burn-cuda backend; rebuild with \
@@ -116,14 +132,24 @@ impl Launch {
             ),
         };
         let ranks = world.size();
-        if ranks != 1 {
-            anyhow::bail!(
-                "GPU backends train one rank per process, and a multi-GPU world needs NCCL \
-                 communicators, which are not wired in yet: run one rank (--world-size 1 and \
-                 parallel degrees of 1), or --backend cpu for a {ranks}-rank layout"
-            );
+        match (&world, compute) {
+            (World::Threads { .. }, _) if ranks != 1 => anyhow::bail!(
+                "GPU backends train one rank per process: start {ranks} processes \
+                 (--nproc-per-node {ranks}, srun or torchrun), or --backend cpu for a \
+                 {ranks}-rank layout in threads"
+            ),
+            (World::Process(_), Compute::BurnCuda { .. }) if ranks != 1 => anyhow::bail!(
+                "stock burn-cuda runs one rank only (it has no NCCL collectives here); use \
+                 --backend cuda (ours) for a {ranks}-rank GPU world"
+            ),
+            _ => {}
         }
-        Ok(Launch { world, compute })
+        let nccl = matches!(compute, Compute::Cuda { .. }) && (ranks > 1 || force_nccl);
+        Ok(Launch {
+            world,
+            compute,
+            nccl,
+        })
     }
 
     /// The cluster to plan on: the world's shape (CPU ranks shaped as the recipe's cluster when
@@ -241,6 +267,18 @@ impl Launch {
                 plan, options, &Default::default()
             )?),
             (Compute::Cpu, World::Process(env)) => train_process_rank(plan, env, options),
+            (Compute::Cuda { ordinal }, world) if self.nccl => {
+                let summary = train_gpu_rank_nccl(plan, world, ordinal, options);
+                let stats = ferrotron_cuda::nccl::stats::snapshot();
+                if !stats.is_empty() {
+                    eprintln!(
+                        "{}NCCL collectives (GPU time on the communication stream)\n{}",
+                        self.log_prefix(),
+                        ferrotron_cuda::nccl::stats::render(&stats)
+                    );
+                }
+                summary
+            }
             (Compute::Cuda { ordinal }, _) => {
                 let device = ferrotron_cuda::GpuDevice::new(ordinal);
                 let summary =
@@ -309,6 +347,79 @@ fn train_process_rank(
     }
 }
 
+/// One GPU rank over NCCL: the world communicator (its unique id over the TCP rendezvous of
+/// the launcher's world, or a NCCL communicator of one for a lone GPU), this rank's groups from
+/// the plan as NCCL sub-communicators, then the rank loop with the region collectives on the
+/// device. A failing rank aborts its communicators (and tells its TCP peers) so the others stop
+/// with its reason instead of hanging in NCCL.
+fn train_gpu_rank_nccl(
+    plan: &Plan,
+    world: &World,
+    ordinal: usize,
+    options: &RunOptions,
+) -> anyhow::Result<RunSummary> {
+    use ferrotron_cuda::nccl::NcclComm;
+    type B = Autodiff<ferrotron_cuda::Cuda>;
+    let engine = ferrotron_cuda::CudaDevice::get(ordinal)
+        .with_context(|| format!("opening CUDA device {ordinal}"))?;
+    let (nccl_world, rank, size) = match world {
+        World::Process(env) => {
+            let span = tracing::info_span!("rank", rank = env.rank);
+            let _entered = span.enter();
+            let config = env.tcp_config(COLLECTIVE_TIMEOUT);
+            let tcp = ferrotron_dist::TcpComm::connect(&config).with_context(|| {
+                format!(
+                    "rank {} could not join the world at {}:{}",
+                    env.rank, config.master_addr, config.master_port
+                )
+            })?;
+            let comm = NcclComm::world(tcp, &engine)
+                .with_context(|| format!("rank {}: creating the NCCL world", env.rank))?;
+            (comm, env.rank, env.world_size as usize)
+        }
+        World::Threads { size: 1 } => (
+            NcclComm::solo(&engine, 0).context("creating a NCCL communicator for one GPU")?,
+            0,
+            1,
+        ),
+        World::Threads { size } => {
+            anyhow::bail!("{size} GPU ranks in one process: start one process per GPU")
+        }
+    };
+    nccl_world.set_timeout(COLLECTIVE_TIMEOUT);
+    tracing::info!(
+        group = ?ferrotron_dist::Communicator::label(&nccl_world),
+        gpu = ordinal,
+        nccl = ?ferrotron_cuda::nccl::nccl_version(),
+        "NCCL world ready"
+    );
+    let groups = ferrotron_train::group_members(plan, rank, size)
+        .map_err(anyhow::Error::from)
+        .and_then(|members| Ok(ferrotron_dist::ProcessGroups::new(&members, &nccl_world)?));
+    let groups = match groups {
+        Ok(groups) => groups,
+        Err(err) => {
+            nccl_world.abort(&err.to_string());
+            return Err(err).context("building this rank's NCCL groups");
+        }
+    };
+    let ctx = ferrotron_parallel::ParallelContext::from_groups(
+        groups,
+        plan.recipe.parallel.sequence_parallel,
+    );
+    let device = ferrotron_cuda::GpuDevice::new(ordinal);
+    let dtype = compute_dtype(plan.recipe.precision.dtype)?;
+    use_compute_dtype::<B>(&device, dtype)?;
+    tracing::info!(backend = %<B as burn::tensor::backend::Backend>::name(&device), ?dtype, "training on the GPU over NCCL");
+    match ferrotron_train::train_rank::<B>(plan, ctx, options, &device) {
+        Ok(summary) => Ok(summary),
+        Err(err) => {
+            nccl_world.abort(&err.to_string());
+            Err(flat(err))
+        }
+    }
+}
+
 /// A training error as one message: its display already names its cause, so the caller's
 /// `{:#}` (which appends causes for the rendezvous' context chain) must not repeat it. A
 /// non-finite loss has no cause and keeps its type: the exit code depends on it.
@@ -355,7 +466,7 @@ mod tests {
     use super::*;
 
     fn compute(backend: Backend, size: u32) -> anyhow::Result<Compute> {
-        Launch::select(backend, World::Threads { size }).map(|launch| launch.compute)
+        Launch::select(backend, World::Threads { size }, false).map(|launch| launch.compute)
     }
 
     #[test]
@@ -376,6 +487,19 @@ mod tests {
         assert_eq!(compute(Backend::Cpu, 4).expect("cpu"), Compute::Cpu);
         let err = compute(Backend::Cuda, 2).expect_err("two GPU ranks in one process");
         assert!(err.to_string().contains("one rank per process"), "{err}");
+    }
+
+    #[test]
+    fn nccl_is_forced_only_on_our_cuda_backend() {
+        let one = Launch::select(Backend::Cuda, World::Threads { size: 1 }, true).expect("cuda");
+        assert!(one.nccl);
+        let plain = Launch::select(Backend::Cuda, World::Threads { size: 1 }, false).expect("cuda");
+        assert!(!plain.nccl);
+        let err = Launch::select(Backend::Cpu, World::Threads { size: 1 }, true)
+            .expect_err("nccl on the cpu");
+        assert!(err.to_string().contains("needs --backend cuda"), "{err}");
+        let cpu = Launch::select(Backend::Cpu, World::Threads { size: 4 }, false).expect("cpu");
+        assert!(!cpu.nccl);
     }
 
     #[test]

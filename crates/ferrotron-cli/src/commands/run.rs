@@ -24,6 +24,17 @@ pub(crate) enum BackendArg {
     BurnCuda,
 }
 
+/// How GPU ranks exchange data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub(crate) enum CommArg {
+    /// NCCL for a CUDA world of several processes, none for one rank.
+    #[default]
+    Auto,
+    /// NCCL communicators even for one GPU (world 1: the rank loop over NCCL groups, to compare
+    /// with the plain one-rank run).
+    Nccl,
+}
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The recipe file.
@@ -55,6 +66,10 @@ pub(crate) struct Args {
     /// exits), and when one fails the others are stopped and its error and code are the run's.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub nproc_per_node: Option<u32>,
+    /// Communicators of a `--backend cuda` run: `auto` (NCCL when the world has several
+    /// ranks) or `nccl` (also on one GPU).
+    #[arg(long, value_enum, env = "FERROTRON_COMM", default_value = "auto")]
+    pub comm: CommArg,
     /// Train even when the plan says it does not fit in memory (it may be killed partway).
     #[arg(long)]
     pub force: bool,
@@ -113,7 +128,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     ferrotron_telemetry::init_tracing(recipe.logging.format);
 
     let world = World::detect(args.world_size, recipe)?;
-    let launch = match Launch::select(backend, world) {
+    let launch = match Launch::select(backend, world, args.comm == CommArg::Nccl) {
         Ok(launch) => launch,
         Err(err) => {
             sayln!("error: {}", describe(&err));

@@ -19,6 +19,7 @@ mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
 mod fused_swiglu;
+mod nccl;
 mod timing;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -362,9 +363,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
-                     linear overrides against their composed versions, and prints the table.\n\
+                     linear overrides against their composed versions, then the NCCL communicator\n\
+                     (one rank; needs libnccl.so on LD_LIBRARY_PATH), and prints the table.\n\
                      FERROTRON_OP_TIMING=1 adds the per-op GPU time table."
                 );
                 std::process::exit(0);
@@ -399,6 +401,12 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_dropout::rows(&device));
         rows.extend(fused_swiglu::rows(&device));
     }
+    let mut nccl_comm = None;
+    if args.filter.is_empty() || args.filter == "nccl" {
+        let (nccl_rows, comm) = nccl::rows(args.device_index);
+        rows.extend(nccl_rows);
+        nccl_comm = comm;
+    }
     let _ = std::panic::take_hook();
     eprintln!(
         "gpu_check: {} rows in {:.1} s on {}",
@@ -407,7 +415,14 @@ fn main() -> anyhow::Result<()> {
         ferrotron_cuda::Cuda::name(&device)
     );
     print!("{}", render(&rows));
-    if args.timings {
+    if args.timings && args.filter == "nccl" {
+        if let Some(comm) = &nccl_comm {
+            println!("\n{}", nccl::timings(comm));
+        }
+    } else if args.timings {
+        if let Some(comm) = &nccl_comm {
+            println!("\n{}", nccl::timings(comm));
+        }
         println!(
             "\n{}",
             timing::render(&timing::timings::<ferrotron_cuda::Cuda>(&device, 1))

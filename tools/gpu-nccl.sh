@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# gpu-nccl.sh — the NCCL communicator on the GPU machine (issue 15), one call:
+#   (a) gpu_check --filter nccl: a one-rank NCCL communicator runs every collective (device
+#       tensors f32/bf16, host slices of every element type, split/new_group sub-communicators)
+#       against exact expected results, then a timing row per collective at 1 and 256 MiB;
+#   (b) recipes/shakespeare-tiny.yaml, STEPS (30) steps in bf16 on --backend cuda, once plain
+#       (the one-rank loop) and once with --comm nccl (the rank loop over NCCL groups of one
+#       GPU): both loss columns and their max relative difference, and the per-collective
+#       bandwidth table the NCCL run prints at exit. At world 1 every group has one rank (the
+#       runtime skips collectives of one), so the runs differ only in the training loop (the
+#       rank loop against the one-rank loop): expected equal up to bf16 noise (< 1e-2 relative;
+#       a larger difference is a bug in the rank loop on the GPU, not in NCCL);
+#   (m) only with PARTS containing m and at least two GPUs (2, 4 or 8): the same recipe with
+#       data parallel over every GPU (--nproc-per-node N --set parallel.data=N, the same global
+#       batch of 8), over NCCL, against the one-GPU run's losses (equal up to reduction order).
+#
+# Built here, run there (the GPU machine has no Rust toolchain):
+#   CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo build --workspace --bins
+#   mkdir -p .gpu-dist && strip -o .gpu-dist/recipe target/debug/recipe \
+#       && strip -o .gpu-dist/gpu_check target/debug/gpu_check
+#   device run: bash tools/gpu-nccl.sh        (carry: [".gpu-dist"])
+#
+# NCCL comes from the image's Python (pip's nvidia-nccl wheel). cudarc loads `libnccl.so` and
+# does not try `libnccl.so.2`, so when the wheel has only the latter this makes a folder with a
+# `libnccl.so` symlink and puts it on LD_LIBRARY_PATH.
+#
+# Env: OUT (results, default /tmp/gpu-nccl-out), FERROTRON_DIST (binaries, default .gpu-dist),
+# PARTS (default "ab"; add m for the multi-GPU run), STEPS (30), RUN_TIMEOUT (300).
+# Output: the tables last on stdout and in $OUT/gpu-nccl.md; full logs under $OUT/logs.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+OUT=${OUT:-/tmp/gpu-nccl-out}
+dist=${FERROTRON_DIST:-$root/.gpu-dist}
+parts=${PARTS:-ab}
+steps=${STEPS:-30}
+run_timeout=${RUN_TIMEOUT:-300}
+logs=$OUT/logs
+work=/tmp/ferrotron-gpu-nccl
+rm -rf "$work"
+mkdir -p "$logs" "$work"
+tables=$OUT/gpu-nccl.md
+: >"$tables"
+
+nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
+if [[ -z $nccl_dir || ! -d $nccl_dir ]]; then
+    echo "NCCL: python3 has no nvidia.nccl package (pip install nvidia-nccl-cu13)" | tee -a "$tables"
+fi
+link_dir=$work/nccl-lib
+if [[ -n $nccl_dir && ! -e $nccl_dir/libnccl.so && -e $nccl_dir/libnccl.so.2 ]]; then
+    mkdir -p "$link_dir"
+    ln -sf "$nccl_dir/libnccl.so.2" "$link_dir/libnccl.so"
+    nccl_dir=$link_dir:$nccl_dir
+fi
+cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${nccl_dir:+:$nccl_dir}${cudnn_lib:+:$cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0
+export FERROTRON_KERNEL_CACHE=${FERROTRON_KERNEL_CACHE:-$work/kernels}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/nvidia-smi.txt" 2>&1 || true
+ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >"$logs/env.txt"
+ls -l ${nccl_dir//:/ } >>"$logs/env.txt" 2>&1 || true
+
+for bin in recipe gpu_check; do
+    if [[ ! -x $dist/$bin ]]; then
+        echo "no $bin binary in $dist: build it and carry the folder (see the header)" >&2
+        exit 2
+    fi
+done
+
+# ---- (a) every collective on a one-rank communicator, and its timing rows -------------------
+if [[ $parts == *a* ]]; then
+    timeout "$run_timeout" "$dist/gpu_check" --filter nccl >"$logs/gpu-check-nccl.md" 2>"$logs/gpu-check-nccl.err"
+    echo "gpu_check --filter nccl: exit $?" >>"$logs/runs.txt"
+    {
+        echo "### (a) gpu_check --filter nccl"
+        echo
+        cat "$logs/gpu-check-nccl.md"
+        tail -n 5 "$logs/gpu-check-nccl.err"
+        echo
+    } >>"$tables"
+fi
+
+# train TAG STEPS [recipe args...]: one shakespeare-tiny run in bf16, metrics in $logs/TAG.jsonl.
+train() {
+    local tag=$1
+    shift
+    local start=$SECONDS
+    timeout "$run_timeout" "$dist/recipe" run recipes/shakespeare-tiny.yaml --backend cuda \
+        --run-dir "$work/$tag" \
+        --set "training.train_iters=$steps" \
+        --set training.log_interval=1 \
+        --set training.seed=1234 \
+        --set precision.dtype=bf16 \
+        --set checkpoint.dir=null \
+        --set "logging.jsonl=$logs/$tag.jsonl" "$@" >"$logs/$tag.log" 2>&1
+    local rc=$?
+    echo "$tag: exit $rc in $((SECONDS - start)) s" >>"$logs/runs.txt"
+    return $rc
+}
+
+compare() { # compare TITLE REF OTHER
+    python3 - "$logs" "$steps" "$@" >>"$tables" <<'PY'
+import json, os, sys
+logs, steps, title, ref, other = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+def losses(tag):
+    path = os.path.join(logs, f"{tag}.jsonl")
+    rows = [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
+    return {r["step"]: r["loss"] for r in rows if "loss" in r and "step" in r}
+a, b = losses(ref), losses(other)
+print(f"### {title}\n")
+print(f"| step | {ref} | {other} | rel diff |")
+print("|---|---|---|---|")
+worst = 0.0
+for step in range(1, steps + 1):
+    x, y = a.get(step), b.get(step)
+    if x is None or y is None:
+        print(f"| {step} | {x if x is not None else '—'} | {y if y is not None else '—'} | — |")
+        continue
+    rel = abs(x - y) / abs(x)
+    worst = max(worst, rel)
+    print(f"| {step} | {x:.6f} | {y:.6f} | {rel:.2e} |")
+n = len(set(a) & set(b))
+print(f"\n{ref}: {len(a)} steps, {other}: {len(b)} steps; max relative difference over {n} common "
+      f"steps: {worst:.3e}\n")
+PY
+}
+
+# ---- (b) world 1 with and without NCCL ------------------------------------------------------
+if [[ $parts == *b* ]]; then
+    train tiny-bf16-plain --world-size 1
+    FERROTRON_COMM=nccl train tiny-bf16-nccl --world-size 1
+    compare "(b) shakespeare-tiny, $steps steps bf16, one H200: plain vs --comm nccl" tiny-bf16-plain tiny-bf16-nccl
+    {
+        echo "NCCL run, collectives at exit:"
+        grep -A 9 "NCCL collectives" "$logs/tiny-bf16-nccl.log" || echo "(none recorded: at world 1 the runtime skips groups of one)"
+        grep -E "NCCL world ready|error" "$logs/tiny-bf16-nccl.log" | tail -n 3
+        echo
+    } >>"$tables"
+fi
+
+# ---- (m) data parallel over every GPU, over NCCL --------------------------------------------
+if [[ $parts == *m* && $ngpu -ge 2 ]]; then
+    [[ -e $logs/tiny-bf16-plain.jsonl ]] || train tiny-bf16-plain --world-size 1
+    # The same 8 samples per step, split over the GPUs (8 / N each).
+    train tiny-bf16-dp$ngpu --nproc-per-node "$ngpu" --set parallel.data="$ngpu" \
+        --set training.global_batch_size=8 --set training.micro_batch_size=$((8 / ngpu))
+    compare "(m) data parallel over $ngpu GPUs (NCCL) vs one GPU, same global batch" \
+        tiny-bf16-plain "tiny-bf16-dp$ngpu"
+    grep -A 9 "NCCL collectives" "$logs/tiny-bf16-dp$ngpu.log" >>"$tables" || true
+fi
+
+echo >>"$tables"
+cat "$logs/runs.txt" >>"$tables" 2>/dev/null
+cat "$tables"
