@@ -137,9 +137,7 @@ impl Mesh {
             ));
         };
         let mut writer = link.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        writer
-            .write_all(frame)
-            .map_err(|e| format!("the connection to rank {peer} failed: {e}"))
+        writer.write_all(frame).map_err(|e| lost_peer(peer, &e))
     }
 
     /// The next frame of `group` on `channel` from `peer`, waiting until `deadline`.
@@ -294,22 +292,26 @@ pub(crate) fn connect(config: &TcpConfig, listener: Option<TcpListener>) -> Resu
     })
 }
 
+/// What a failed read or write of `peer`'s connection says. A peer that exits closes its end;
+/// one that is killed may leave unread data behind, and then the kernel resets the connection;
+/// a write racing the peer's death finds the pipe broken. All three are the peer gone.
+fn lost_peer(peer: u32, e: &io::Error) -> String {
+    if matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+    ) {
+        format!("rank {peer} closed its connection (exited or failed)")
+    } else {
+        format!("the connection to rank {peer} failed: {e}")
+    }
+}
+
 /// A reader thread: frames from `peer` into the inbox until the connection ends.
 fn read_frames(mut stream: TcpStream, peer: u32, inbox: &Inbox) {
     let reason = loop {
         let header = match Header::read(&mut stream) {
             Ok(header) => header,
-            // A peer that exits closes its end; one that is killed may leave unread data
-            // behind, and then the kernel resets the connection instead.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                break format!("rank {peer} closed its connection (exited or failed)");
-            }
-            Err(e) => break format!("the connection to rank {peer} failed: {e}"),
+            Err(e) => break lost_peer(peer, &e),
         };
         let mut payload = vec![0u8; header.payload_bytes as usize];
         if let Err(e) = stream.read_exact(&mut payload) {
@@ -647,6 +649,25 @@ mod tests {
                 addr("10.0.0.7:4002"),
                 addr("10.0.0.1:4003")
             ]
+        );
+    }
+
+    #[test]
+    fn a_peer_gone_reads_the_same_whether_read_or_written() {
+        for kind in [
+            io::ErrorKind::UnexpectedEof,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::BrokenPipe,
+        ] {
+            assert_eq!(
+                lost_peer(3, &io::Error::from(kind)),
+                "rank 3 closed its connection (exited or failed)"
+            );
+        }
+        let other = lost_peer(3, &io::Error::from(io::ErrorKind::PermissionDenied));
+        assert!(
+            other.starts_with("the connection to rank 3 failed: "),
+            "{other}"
         );
     }
 }
