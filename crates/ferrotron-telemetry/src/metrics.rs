@@ -212,10 +212,14 @@ impl Metrics {
     }
 }
 
-/// Text exposition of a registry; errors only if the registry holds malformed families.
+/// Text exposition of a registry and of the process's default registry (where other crates put
+/// their series: the NCCL communicator its collective bandwidths); errors only if a registry
+/// holds malformed families.
 pub(crate) fn encode(registry: &Registry) -> Result<String, prometheus::Error> {
+    let mut families = registry.gather();
+    families.extend(prometheus::gather());
     let mut buffer = Vec::new();
-    TextEncoder::new().encode(&registry.gather(), &mut buffer)?;
+    TextEncoder::new().encode(&families, &mut buffer)?;
     String::from_utf8(buffer).map_err(|error| prometheus::Error::Msg(error.to_string()))
 }
 
@@ -267,6 +271,33 @@ mod tests {
             .filter_map(|l| l.split_once(' '))
             .map(|(name, kind)| (name.to_owned(), kind.to_owned()))
             .collect()
+    }
+
+    /// Series another crate put into the process's default registry (the NCCL communicator's
+    /// bandwidths) are served with ours.
+    #[test]
+    fn series_of_the_default_registry_are_served_too() {
+        let gauge = prometheus::Gauge::new("ferrotron_test_default_registry", "a test series")
+            .expect("a gauge");
+        gauge.set(2.5);
+        prometheus::default_registry()
+            .register(Box::new(gauge))
+            .expect("registers");
+        let text = Metrics::new("gpt-tiny", 0).expect("metrics").encode_text();
+        let scrape = parse(&text);
+        assert!(
+            scrape
+                .samples
+                .iter()
+                .any(|s| s.metric == "ferrotron_test_default_registry"),
+            "{text}"
+        );
+        assert!(
+            scrape
+                .samples
+                .iter()
+                .any(|s| s.metric == "ferrotron_iteration")
+        );
     }
 
     #[test]

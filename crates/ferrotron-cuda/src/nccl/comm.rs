@@ -298,6 +298,7 @@ impl NcclComm {
             ranks: vec![global_rank],
         };
         let id = new_unique_id(&label)?;
+        super::exporter::register(global_rank);
         Self::init(device, label, 0, id, Bootstrap::Solo)
     }
 
@@ -307,6 +308,7 @@ impl NcclComm {
         let label = bootstrap.label().clone();
         let rank = bootstrap.rank();
         let id = shared_unique_id(&bootstrap, &label)?;
+        super::exporter::register(bootstrap.global_rank());
         Self::init(device, label, rank, id, Bootstrap::Tcp(bootstrap))
     }
 

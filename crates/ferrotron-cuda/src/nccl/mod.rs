@@ -14,9 +14,11 @@
 //! | `args.rs` | argument checks NCCL itself would not make |
 //! | `types.rs` | element types → NCCL data types, reductions |
 //! | `stats.rs` | bytes and GPU time per collective kind; algorithm and bus bandwidth |
+//! | `exporter.rs` | those bandwidths as Prometheus series in the default registry (served on `/metrics`) |
 
 mod args;
 mod comm;
+mod exporter;
 mod host;
 pub mod stats;
 mod tensor;
