@@ -178,10 +178,14 @@ impl<I: Backend> AdamW<I> {
                 .get(&entry.name)
                 .is_some_and(|d| *d != burn::tensor::DType::F32);
             if let (true, Some(saved)) = (sixteen_bit, tensors.get(&entry.name)) {
-                self.master
-                    .insert(entry.id, fp32_tensor(&saved.values, device));
+                self.restore_master(entry.id, &saved.values, device);
             }
         }
+    }
+
+    /// Parameter `id`'s fp32 master copy from saved (flattened) values.
+    pub(crate) fn restore_master(&mut self, id: ParamId, values: &[f32], device: &I::Device) {
+        self.master.insert(id, fp32_tensor(values, device));
     }
 
     /// The moments named `<param>.exp_avg` / `<param>.exp_avg_sq`, shaped like their parameter.

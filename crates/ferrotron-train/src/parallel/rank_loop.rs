@@ -1,10 +1,13 @@
-//! `train_rank`: the loop of one rank of a parallel world, the same loop as the one-rank
-//! `train` with a [`RankModel`] step. Thread ranks and process ranks (TCP, later NCCL) both call
-//! it; only global rank 0 writes metrics, JSONL, the progress display and the run folder.
+//! `train_rank`: the one entry of a training run on this process, whatever the layout: a rank
+//! alone (`ParallelContext::single()`, one CPU or one GPU), one rank of a process world (TCP,
+//! later NCCL) or, through `train_threads`, every rank as a thread. Each builds its
+//! [`RankModel`] (the whole model when alone), resumes it, and runs the shared loop; only global
+//! rank 0 writes metrics, JSONL, the progress display and the run folder.
 
 use std::path::PathBuf;
 
 use burn::tensor::backend::AutodiffBackend;
+use ferrotron_data::Tokenizer;
 use ferrotron_parallel::{ParallelContext, ParallelOps, ReduceOp, ShardSpec};
 use ferrotron_plan::Plan;
 
@@ -19,10 +22,13 @@ use crate::{
     AdamWConfig, Microbatch, PendingStats, RunOptions, RunSummary, StepContext, TrainError,
 };
 
-/// Train `plan` as the rank `ctx` describes (its groups from the plan's rank grid).
+/// Train `plan` as the rank `ctx` describes (its groups from the plan's rank grid;
+/// `ParallelContext::single()` for a one-rank plan), reading data with `tokenizer` (the one the
+/// plan's `data.tokenizer` names).
 pub fn train_rank<B>(
     plan: &Plan,
     ctx: ParallelContext,
+    tokenizer: &Tokenizer,
     options: &RunOptions,
     device: &B::Device,
 ) -> Result<RunSummary, TrainError>
@@ -31,7 +37,7 @@ where
     B::InnerBackend: ParallelOps,
 {
     use_cpu_threads(plan);
-    let setup = RunSetup::new(plan)?;
+    let setup = RunSetup::new(plan, tokenizer)?;
     run_rank::<B>(plan, ctx, options, &setup, device).map(|outcome| outcome.summary)
 }
 
@@ -87,7 +93,7 @@ where
     let rank = ctx.global_rank();
     let lead = if rank == 0 { Lead::Yes } else { Lead::No };
     let dp = (ctx.dp_rank() as u32, ctx.dp_size() as u32);
-    let mut step = ParallelRank { model: &mut model };
+    let mut step = LoopRank { model: &mut model };
     let summary = run_rank_loop(
         plan,
         setup,
@@ -138,12 +144,12 @@ fn check_context(plan: &Plan, ctx: &ParallelContext) -> Result<(), TrainError> {
     }
 }
 
-/// The loop's view of a parallel rank.
-struct ParallelRank<'a, B: AutodiffBackend> {
+/// The loop's view of a rank.
+struct LoopRank<'a, B: AutodiffBackend> {
     model: &'a mut RankModel<B>,
 }
 
-impl<B> RankStep for ParallelRank<'_, B>
+impl<B> RankStep for LoopRank<'_, B>
 where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
@@ -153,9 +159,7 @@ where
         microbatches: &[Microbatch],
         context: StepContext,
     ) -> Result<PendingStats, TrainError> {
-        self.model
-            .step(microbatches, context)
-            .map(PendingStats::ready)
+        self.model.step(microbatches, context)
     }
 
     fn evaluate(&mut self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
