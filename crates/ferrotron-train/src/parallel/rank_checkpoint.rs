@@ -26,7 +26,7 @@ where
     B::InnerBackend: ParallelOps,
 {
     /// Write this rank's part of a checkpoint (collective over the world).
-    pub(super) fn save(
+    pub(super) fn save_checkpoint(
         &self,
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,

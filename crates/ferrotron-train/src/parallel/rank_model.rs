@@ -10,6 +10,7 @@
 //! read per step). Its numbers are the ones every N-rank layout is tested against.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 
 use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -24,8 +25,10 @@ use super::host::{grads_from_values, param_shapes, param_values, set_param_value
 use super::norm;
 use super::pipeline::{self, evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
+use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::init::seeded_model;
 use crate::rng::with_process_rng;
+use crate::run_loop::RankStep;
 use crate::step::train_step_deferred;
 use crate::{
     AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, StepStats, TrainError,
@@ -167,26 +170,6 @@ where
             optimizer,
             device: device.clone(),
         })
-    }
-
-    /// Queue one optimizer step over this rank's `microbatches` (its data-parallel share).
-    pub(super) fn step(
-        &mut self,
-        microbatches: &[Microbatch],
-        context: StepContext,
-    ) -> Result<PendingStats, TrainError> {
-        let RankOptimizer::Whole(optimizer) = &mut self.optimizer else {
-            return self
-                .exchanged_step(microbatches, context)
-                .map(PendingStats::ready);
-        };
-        let model = self.chunks.pop().ok_or_else(|| {
-            TrainError::Config("the model was lost in an earlier failed step".into())
-        })?;
-        let (model, stats) =
-            train_step_deferred(model, optimizer, microbatches, context, &self.device)?;
-        self.chunks.push(model);
-        Ok(stats)
     }
 
     /// One optimizer step of a rank with peers: the schedule, the gradient exchange, the
@@ -385,10 +368,38 @@ where
         }
         Ok(values)
     }
+}
+
+/// The loop drives a rank through [`RankStep`]: the step, evaluation and checkpoints above, and
+/// the agreement on stopping.
+impl<B> RankStep for RankModel<B>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    /// Queue one optimizer step over this rank's `microbatches` (its data-parallel share).
+    fn step(
+        &mut self,
+        microbatches: &[Microbatch],
+        context: StepContext,
+    ) -> Result<PendingStats, TrainError> {
+        let RankOptimizer::Whole(optimizer) = &mut self.optimizer else {
+            return self
+                .exchanged_step(microbatches, context)
+                .map(PendingStats::ready);
+        };
+        let model = self.chunks.pop().ok_or_else(|| {
+            TrainError::Config("the model was lost in an earlier failed step".into())
+        })?;
+        let (model, stats) =
+            train_step_deferred(model, optimizer, microbatches, context, &self.device)?;
+        self.chunks.push(model);
+        Ok(stats)
+    }
 
     /// Mean LM loss over this rank's share of the validation batches, averaged like the
     /// training loss; every rank returns the same value.
-    pub(super) fn evaluate(&self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
+    fn evaluate(&mut self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
         if microbatches.is_empty() {
             return Ok(f64::NAN);
         }
@@ -402,6 +413,26 @@ where
         )?;
         let [mean] = self.reported_mean([sum / microbatches.len() as f64])?;
         Ok(mean)
+    }
+
+    fn save(
+        &mut self,
+        store: &CheckpointStore,
+        info: &CheckpointInfo<'_>,
+    ) -> Result<PathBuf, TrainError> {
+        self.save_checkpoint(store, info)
+    }
+
+    fn any_rank(&self, local: bool) -> Result<bool, TrainError> {
+        let ctx = &self.ctx;
+        let mut flag = [u64::from(local)];
+        for comm in [&ctx.tp, &ctx.dp_cp, &ctx.pp] {
+            if comm.size() > 1 {
+                comm.all_reduce_u64(&mut flag, ReduceOp::Max)
+                    .map_err(|e| comm_error("agreeing on a stop", e))?;
+            }
+        }
+        Ok(flag[0] != 0)
     }
 }
 
