@@ -290,8 +290,12 @@ impl<B: Backend> ModuleMapper<B> for ShardLoader<'_> {
             return Param::from_mapped_value(id, tensor, mapper);
         }
         let require_grad = tensor.is_require_grad();
-        let mut loaded: Tensor<B, D> =
-            Tensor::from_data(TensorData::new(values, dims), &tensor.device());
+        // made in fp32 and cast by the backend, as the optimizer rounds a master copy into a
+        // 16-bit parameter: a resumed parameter holds the bits the uninterrupted run's holds (a
+        // host-side conversion rounds some ties the other way)
+        let fp32 = TensorData::new(values, dims);
+        let wide: Tensor<B, D> = Tensor::from_data(fp32, (&tensor.device(), DType::F32));
+        let mut loaded = wide.cast(tensor.dtype());
         if require_grad {
             loaded = loaded.require_grad();
         }
