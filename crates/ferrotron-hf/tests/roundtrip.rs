@@ -118,8 +118,11 @@ fn trained(dir: &Path, family: &str, tp: u32, pp: u32) -> (Plan, PathBuf) {
         announce: |_| {},
         memory: ferrotron_telemetry::MemoryProbe::process(),
     };
+    let tokenizer = ferrotron_data::Tokenizer::from_recipe(&plan.recipe.data.tokenizer)
+        .expect("the test tokenizer loads");
     let summary =
-        train_threads::<CpuTrainBackend>(&plan, &options, &Default::default()).expect("trains");
+        train_threads::<CpuTrainBackend>(&plan, &tokenizer, &options, &Default::default())
+            .expect("trains");
     (plan, summary.checkpoint.expect("a checkpoint at the end"))
 }
 

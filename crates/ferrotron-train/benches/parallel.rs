@@ -8,18 +8,18 @@ use std::path::{Path, PathBuf};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ferrotron_data::Tokenizer;
+use ferrotron_parallel::ParallelContext;
 use ferrotron_plan::{Plan, PlanOptions};
 use ferrotron_recipe::Recipe;
-use ferrotron_train::{CpuTrainBackend, RunOptions, StopFlag, train, train_threads};
+use ferrotron_train::{CpuTrainBackend, RunOptions, StopFlag, train_rank, train_threads};
 use serde_json::json;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/parallel")
 }
 
-fn plan(cache: &Path, layout: (u32, u32, u32, u32), zero: bool) -> Plan {
+fn plan(cache: &Path, tokenizer: &Tokenizer, layout: (u32, u32, u32, u32), zero: bool) -> Plan {
     let (tp, pp, vpp, dp) = layout;
-    let tokenizer = fixtures().join("tokenizer.json");
     let recipe: Recipe = serde_json::from_value(json!({
         "version": 1, "name": "parallel-bench",
         "model": {"num_layers": 8, "hidden_size": 16, "num_attention_heads": 4,
@@ -31,22 +31,18 @@ fn plan(cache: &Path, layout: (u32, u32, u32, u32), zero: bool) -> Plan {
         "training": {"micro_batch_size": 1, "global_batch_size": 8, "train_iters": 8,
                      "log_interval": 8, "eval_interval": 0, "seed": 1234,
                      "optimizer": {"lr": 0.01}},
-        "data": {"tokenizer": {"type": "hf", "file": tokenizer},
+        "data": {"tokenizer": {"type": "hf", "file": fixtures().join("tokenizer.json")},
                  "blend": [{"path": fixtures().join("corpus.jsonl")}],
                  "split": "100,0,0", "cache_dir": cache},
         "cluster": {"nodes": 1, "gpus_per_node": tp * pp * dp, "gpu": "cpu"},
         "runtime": {"backend": "cpu"}
     }))
     .expect("the bench recipe parses");
-    let spec = &recipe.data.tokenizer;
-    let vocab_size = Tokenizer::from_recipe(spec)
-        .expect("the fixture tokenizer loads")
-        .vocab_size();
     ferrotron_plan::plan(
         &recipe,
         &PlanOptions {
             cluster: None,
-            vocab_size,
+            vocab_size: tokenizer.vocab_size(),
         },
     )
     .expect("the bench layout plans")
@@ -62,11 +58,18 @@ fn bench_layouts(c: &mut Criterion) {
         memory: ferrotron_telemetry::MemoryProbe::process(),
     };
     let device = Default::default();
+    let tokenizer = Tokenizer::from_tokenizer_json(&fixtures().join("tokenizer.json"))
+        .expect("the fixture tokenizer loads");
+    let cache = dir.path().join("cache");
     let mut group = c.benchmark_group("eight_steps");
     group.sample_size(10);
-    let one = plan(&dir.path().join("cache"), (1, 1, 1, 1), false);
+    let one = plan(&cache, &tokenizer, (1, 1, 1, 1), false);
     group.bench_function("one_rank", |b| {
-        b.iter(|| train::<CpuTrainBackend>(&one, &options, &device).expect("trains"))
+        b.iter(|| {
+            let alone = ParallelContext::single();
+            train_rank::<CpuTrainBackend>(&one, alone, &tokenizer, &options, &device)
+                .expect("trains")
+        })
     });
     let layouts = [
         ("dp2", (1, 1, 1, 2), false),
@@ -77,9 +80,12 @@ fn bench_layouts(c: &mut Criterion) {
         ("tp2_pp2_dp2", (2, 2, 1, 2), true),
     ];
     for (name, layout, zero) in layouts {
-        let plan = plan(&dir.path().join("cache"), layout, zero);
+        let plan = plan(&cache, &tokenizer, layout, zero);
         group.bench_function(name, |b| {
-            b.iter(|| train_threads::<CpuTrainBackend>(&plan, &options, &device).expect("trains"))
+            b.iter(|| {
+                train_threads::<CpuTrainBackend>(&plan, &tokenizer, &options, &device)
+                    .expect("trains")
+            })
         });
     }
     group.finish();

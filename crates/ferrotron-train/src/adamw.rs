@@ -12,7 +12,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{AdamWStep, FusedOps};
 
-use crate::params::{NamedTensor, ParamEntry, named_tensors, param_dtypes, param_entries};
+use crate::params::{NamedTensor, ParamEntry};
 use crate::precision::MasterWeights;
 
 /// AdamW hyper-parameters (the rate comes from the schedule, per step).
@@ -138,50 +138,9 @@ impl<I: Backend> AdamW<I> {
         model.map(&mut mapper)
     }
 
-    /// The parameters of `model` as a checkpoint stores them: a 16-bit parameter's fp32 master
-    /// copy where it has one (what the next update starts from, so a mixed-precision run resumes
-    /// exactly), otherwise its own values.
-    pub fn checkpoint_params<B, M>(&self, model: &M) -> Vec<NamedTensor>
-    where
-        B: AutodiffBackend<InnerBackend = I>,
-        M: AutodiffModule<B>,
-    {
-        let ids: HashMap<String, ParamId> = param_entries::<B, _>(model)
-            .into_iter()
-            .map(|e| (e.name, e.id))
-            .collect();
-        named_tensors::<B, _>(model)
-            .into_iter()
-            .map(|mut tensor| {
-                if let Some(master) = ids.get(&tensor.name).and_then(|id| self.master.get(*id)) {
-                    tensor.values = NamedTensor::from_tensor(String::new(), master).values;
-                }
-                tensor
-            })
-            .collect()
-    }
-
-    /// After a resume: the checkpoint's fp32 values become the master copies of the model's
-    /// 16-bit parameters (the model itself holds them rounded).
-    pub fn restore_master_weights<B, M>(
-        &mut self,
-        model: &M,
-        tensors: &HashMap<String, NamedTensor>,
-        device: &I::Device,
-    ) where
-        B: AutodiffBackend<InnerBackend = I>,
-        M: AutodiffModule<B>,
-    {
-        let dtypes = param_dtypes::<B, _>(model);
-        for entry in param_entries::<B, _>(model) {
-            let sixteen_bit = dtypes
-                .get(&entry.name)
-                .is_some_and(|d| *d != burn::tensor::DType::F32);
-            if let (true, Some(saved)) = (sixteen_bit, tensors.get(&entry.name)) {
-                self.master
-                    .insert(entry.id, fp32_tensor(&saved.values, device));
-            }
-        }
+    /// Parameter `id`'s fp32 master copy from saved (flattened) values.
+    pub(crate) fn restore_master(&mut self, id: ParamId, values: &[f32], device: &I::Device) {
+        self.master.insert(id, fp32_tensor(values, device));
     }
 
     /// The moments named `<param>.exp_avg` / `<param>.exp_avg_sq`, shaped like their parameter.

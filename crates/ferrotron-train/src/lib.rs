@@ -22,7 +22,6 @@ mod run_loop;
 mod setup;
 mod signal;
 mod step;
-mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use error::TrainError;
@@ -33,7 +32,6 @@ pub use resume::{ResumeState, load_for_inference};
 pub use run_loop::{RunOptions, RunSummary, StopReason};
 pub use signal::StopFlag;
 pub use step::{Microbatch, StepContext, StepStats, evaluate, train_step};
-pub use trainer::train;
 
 // Shared between the crate's modules, not part of its API.
 pub(crate) use adamw::{EXP_AVG, EXP_AVG_SQ};

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 /// A float tensor taken off the device: its name, shape and values (f32, row-major).
 #[derive(Debug, Clone, PartialEq)]
@@ -96,33 +96,6 @@ pub fn load_named_tensors<B: Backend, M: Module<B>>(
         Ok(module)
     } else {
         Err(problems)
-    }
-}
-
-/// Each float parameter's dtype, by the names [`param_entries`] gives.
-pub(crate) fn param_dtypes<B: Backend, M: Module<B>>(module: &M) -> HashMap<String, DType> {
-    let mut visitor = DtypeCollector {
-        path: Vec::new(),
-        dtypes: HashMap::new(),
-    };
-    module.visit(&mut visitor);
-    visitor.dtypes
-}
-
-struct DtypeCollector {
-    path: Vec<String>,
-    dtypes: HashMap<String, DType>,
-}
-
-impl<B: Backend> ModuleVisitor<B> for DtypeCollector {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_owned());
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.dtypes.insert(self.path.join("."), param.val().dtype());
     }
 }
 

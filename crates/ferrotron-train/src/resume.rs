@@ -1,22 +1,19 @@
-//! Saving and restoring a run: what goes into a checkpoint folder and how a model, its
-//! optimizer and the loop position come back from one. The loop position is just
-//! (iteration, consumed samples): data order and randomness are functions of those.
+//! Where a run stands and what a checkpoint folder gives back outside training: the loop
+//! position (just iteration and consumed samples: data order and randomness are functions of
+//! those), a one-rank model for inference, the recipe and tokenizer written beside the tensors.
+//! Training ranks save and load their share in `parallel::rank_checkpoint`.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use ferrotron_model::{GptModel, ModelConfig};
-use ferrotron_parallel::{ParallelContext, ShardSpec};
-use ferrotron_plan::Plan;
+use ferrotron_parallel::ShardSpec;
 use ferrotron_recipe::Recipe;
 
-use crate::checkpoint::{
-    CheckpointInfo, CheckpointStore, ModelShape, RECIPE_FILE, ShardKind, ShardTensor,
-    ShardedCheckpoint, save_sharded,
-};
+use crate::checkpoint::{RECIPE_FILE, ShardKind, ShardedCheckpoint};
 use crate::params::{NamedTensor, ParamEntry};
-use crate::{AdamW, TrainError, load_named_tensors, param_entries};
+use crate::{TrainError, load_named_tensors, param_entries};
 
 /// Where the loop stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,62 +31,6 @@ impl ResumeState {
             consumed_tokens: 0,
         }
     }
-}
-
-/// Write the checkpoint of a one-rank `model` and `optimizer` at `state` into `store`
-/// (atomically). It is the sharded format with one rank holding whole tensors, so it loads
-/// into any layout.
-pub(crate) fn save_checkpoint<B: AutodiffBackend>(
-    store: &CheckpointStore,
-    model: &GptModel<B>,
-    optimizer: &AdamW<B::InnerBackend>,
-    state: &ResumeState,
-    plan: &Plan,
-    recipe: &Recipe,
-    shape: &ModelShape,
-) -> Result<PathBuf, TrainError> {
-    let whole = |tensors: Vec<NamedTensor>| -> Vec<ShardTensor> {
-        tensors
-            .into_iter()
-            .map(|t| ShardTensor {
-                spec: ShardSpec::full(t.name, t.shape),
-                values: t.values,
-            })
-            .collect()
-    };
-    let params = whole(optimizer.checkpoint_params::<B, _>(model));
-    let moments = whole(optimizer.state_tensors(&param_entries::<B, _>(model)));
-    let info = CheckpointInfo {
-        state: *state,
-        plan,
-        recipe,
-        shape,
-    };
-    save_sharded(store, &ParallelContext::single(), &info, &params, &moments)
-}
-
-/// Load an opened checkpoint (written by any layout) into a one-rank `model` and
-/// `optimizer`, after checking it was written for the same model shape and seed.
-pub(crate) fn resume_from<B: AutodiffBackend>(
-    checkpoint: &ShardedCheckpoint,
-    model: GptModel<B>,
-    optimizer: &mut AdamW<B::InnerBackend>,
-    shape: &ModelShape,
-    recipe: &Recipe,
-    device: &B::Device,
-) -> Result<(GptModel<B>, ResumeState), TrainError> {
-    let dir = checkpoint.dir();
-    checkpoint.check_compatible(shape, recipe.training.seed)?;
-    let entries = param_entries::<B, _>(&model);
-    let tensors = whole_tensors(checkpoint, ShardKind::Model, &entries)?;
-    let model = load_named_tensors::<B, _>(model, &tensors)
-        .map_err(|problems| TrainError::checkpoint(dir, problems.join("; ")))?;
-    let moments = whole_tensors(checkpoint, ShardKind::Optimizer, &entries)?;
-    optimizer
-        .load_state(&entries, &moments, checkpoint.manifest().iteration, device)
-        .map_err(|problems| TrainError::checkpoint(dir, problems.join("; ")))?;
-    optimizer.restore_master_weights::<B, _>(&model, &tensors, device);
-    Ok((model, checkpoint.resume_state()))
 }
 
 /// A one-rank model for inference from a checkpoint folder alone (manifest + tensors), whatever

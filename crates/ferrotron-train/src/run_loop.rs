@@ -113,7 +113,9 @@ pub(crate) fn run_rank_loop(
     outcome
 }
 
-/// The model side of a rank, as the loop drives it.
+/// The model side of a rank, as the loop drives it. `RankModel` is the one implementation; the
+/// loop takes it as a trait object so that it reads as the algorithm and is compiled once, not
+/// once per backend.
 pub(crate) trait RankStep {
     /// Queue one step; its statistics are read when the loop needs them (see [`PendingStats`]).
     fn step(

@@ -1,6 +1,8 @@
 //! What every rank prepares before its first step, whatever the layout: the runtime recipe, the
 //! data splits, the LR schedule, the checkpoint store and which checkpoint to continue from.
-//! One rank and N ranks share it so they read the same samples in the same order.
+//! One rank and N ranks share it so they read the same samples in the same order. It takes what
+//! the caller already resolved (the plan, with its vocabulary; the tokenizer the caller loaded
+//! for it) and derives nothing twice.
 
 use std::path::{Path, PathBuf};
 
@@ -22,12 +24,11 @@ pub(crate) struct RunSetup {
 }
 
 impl RunSetup {
-    pub(crate) fn new(plan: &Plan) -> Result<Self, TrainError> {
+    pub(crate) fn new(plan: &Plan, tokenizer: &Tokenizer) -> Result<Self, TrainError> {
         let recipe = runtime_recipe(plan);
         let global_batch = u64::from(plan.global_batch_size);
         let train_iters = plan.train_iters;
         let seed = recipe.training.seed;
-        let tokenizer = Tokenizer::from_recipe(&recipe.data.tokenizer)?;
         let eval_samples = if recipe.training.eval_interval > 0 {
             recipe.training.eval_iters * global_batch
         } else {
@@ -42,7 +43,7 @@ impl RunSetup {
                 eval_samples,
                 recipe.training.eval_iters * global_batch,
             ],
-            &tokenizer,
+            tokenizer,
             plan.vocab_size,
         )?;
         let schedule = LrSchedule::from_recipe(&recipe, train_iters)?;

@@ -3,15 +3,22 @@
 //! operands of every op share a dtype, as the CUDA backends require). Its own test binary,
 //! because a device's default dtype is process-wide and fixed on first use.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{DType, FloatDType, bf16};
+use ferrotron_data::Tokenizer;
 use ferrotron_model::{GptModel, ModelConfig};
+use ferrotron_parallel::ParallelContext;
+use ferrotron_plan::{Plan, PlanOptions};
+use ferrotron_recipe::Recipe;
+use ferrotron_telemetry::MemoryProbe;
+use ferrotron_train::checkpoint::{MODEL_FILE, read_safetensors};
 use ferrotron_train::precision::use_compute_dtype;
 use ferrotron_train::{
-    AdamW, AdamWConfig, Microbatch, NamedTensor, StepContext, load_named_tensors, named_tensors,
-    param_entries, train_step,
+    AdamW, AdamWConfig, Microbatch, RunOptions, RunSummary, StepContext, StopFlag, StopReason,
+    named_tensors, train_rank, train_step,
 };
 
 type B = Autodiff<Flex>;
@@ -100,66 +107,39 @@ fn model_dtypes(model: &GptModel<B>) -> Vec<DType> {
     visitor.0
 }
 
-fn optimizer_for(model: &GptModel<B>) -> AdamW<Flex> {
-    AdamW::<Flex>::new(
-        AdamWConfig {
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        },
-        model.no_weight_decay_params(),
-    )
-}
-
-fn train(
-    mut model: GptModel<B>,
-    optimizer: &mut AdamW<Flex>,
-    iterations: std::ops::RangeInclusive<u64>,
-) -> (GptModel<B>, Vec<u64>) {
-    let device = Default::default();
-    let mut losses = Vec::new();
-    for iteration in iterations {
-        let context = StepContext {
-            iteration,
-            seed: 1,
-            lr: 1e-2,
-            clip_grad: 1.0,
-        };
-        let (next, stats) =
-            train_step(model, optimizer, &batch(), context, &device).expect("a bf16 step");
-        model = next;
-        losses.push(stats.loss.to_bits());
-    }
-    (model, losses)
-}
-
-fn by_name(tensors: Vec<NamedTensor>) -> HashMap<String, NamedTensor> {
-    tensors.into_iter().map(|t| (t.name.clone(), t)).collect()
-}
-
-/// A checkpoint of a bf16 run holds the fp32 master weights, so the run resumes where it
-/// stopped: 6 steps straight and 3 + save + restore into a differently initialised model + 3
+/// A bf16 run resumes where it stopped through the runtime's checkpoint path: the checkpoint
+/// holds the fp32 master weights (not their bf16 rounding), which become the masters again on
+/// load. 6 steps straight, and 3 steps + save (the exit interval) + a new run that resumes + 3,
 /// give the same loss bits.
 #[test]
 fn a_bf16_run_resumes_bit_for_bit_from_its_fp32_master_weights() {
     let device = Default::default();
     use_compute_dtype::<B>(&device, FloatDType::BF16).expect("bf16 on a fresh device");
-    let fresh = |seed: u64| -> GptModel<B> {
-        <B as burn::tensor::backend::Backend>::seed(&device, seed);
-        config().init(&device)
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokenizer = Tokenizer::from_tokenizer_json(&fixtures().join("tokenizer.json"))
+        .expect("the fixture tokenizer loads");
+    let run = |name: &str, exit_interval: Option<u64>| -> RunSummary {
+        let plan = plan(dir.path(), name, &tokenizer);
+        let options = RunOptions {
+            run_dir: dir.path().join(name).join("run"),
+            stop: StopFlag::default(),
+            exit_interval,
+            announce: |_| {},
+            memory: MemoryProbe::process(),
+        };
+        let alone = ParallelContext::single();
+        train_rank::<B>(&plan, alone, &tokenizer, &options, &device).expect("a bf16 run")
     };
-    let model = fresh(5);
-    let mut optimizer = optimizer_for(&model);
-    let (_, straight) = train(model, &mut optimizer, 1..=6);
-
-    let model = fresh(5);
-    let mut optimizer = optimizer_for(&model);
-    let (half, mut resumed) = train(model, &mut optimizer, 1..=3);
-    let params = optimizer.checkpoint_params::<B, _>(&half);
-    let moments = optimizer.state_tensors(&param_entries::<B, _>(&half));
-    let off_the_bf16_grid = params
-        .iter()
+    let straight = run("straight", None);
+    let first = run("split", Some(3));
+    assert_eq!(first.stopped, Some(StopReason::ExitInterval));
+    let checkpoint = first
+        .checkpoint
+        .clone()
+        .expect("saved at the exit interval");
+    let saved = read_safetensors(&checkpoint.join(MODEL_FILE)).expect("the model file reads");
+    let off_the_bf16_grid = saved
+        .values()
         .flat_map(|t| &t.values)
         .filter(|v| f32::from(bf16::from_f32(**v)) != **v)
         .count();
@@ -167,22 +147,43 @@ fn a_bf16_run_resumes_bit_for_bit_from_its_fp32_master_weights() {
         off_the_bf16_grid > 0,
         "the checkpoint holds only bf16 values"
     );
-    drop((half, optimizer));
+    let rest = run("split", None);
+    assert_eq!(rest.start_iteration, 3);
+    let bits = |losses: &[f64]| losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+    let resumed: Vec<f64> = first.losses.iter().chain(&rest.losses).copied().collect();
+    assert_eq!(straight.losses.len(), 6);
+    assert_eq!(
+        bits(&straight.losses),
+        bits(&resumed),
+        "loss bits differ after a bf16 resume"
+    );
+}
 
-    let model = fresh(99);
-    let mut optimizer = optimizer_for(&model);
-    let params = by_name(params);
-    let model = load_named_tensors::<B, _>(model, &params).expect("same model loads");
-    optimizer
-        .load_state(
-            &param_entries::<B, _>(&model),
-            &by_name(moments),
-            3,
-            &device,
-        )
-        .expect("moments load");
-    optimizer.restore_master_weights::<B, _>(&model, &params, &device);
-    let (_, rest) = train(model, &mut optimizer, 4..=6);
-    resumed.extend(rest);
-    assert_eq!(straight, resumed, "loss bits differ after a bf16 resume");
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/parallel")
+}
+
+/// A 2-layer GPT on the parallel fixture's corpus, its checkpoints under `dir/name`.
+fn plan(dir: &Path, name: &str, tokenizer: &Tokenizer) -> Plan {
+    let recipe: Recipe = serde_json::from_value(serde_json::json!({
+        "version": 1, "name": "bf16-resume",
+        "model": {"num_layers": 2, "hidden_size": 16, "num_attention_heads": 2,
+                  "seq_length": 16, "make_vocab_size_divisible_by": 32,
+                  "hidden_dropout": 0.0, "attention_dropout": 0.0},
+        "precision": {"dtype": "bf16"},
+        "training": {"micro_batch_size": 2, "global_batch_size": 4, "train_iters": 6,
+                     "log_interval": 1, "eval_interval": 0, "seed": 7,
+                     "optimizer": {"lr": 0.01}},
+        "data": {"tokenizer": {"type": "hf", "file": fixtures().join("tokenizer.json")},
+                 "blend": [{"path": fixtures().join("corpus.jsonl")}],
+                 "split": "100,0,0", "cache_dir": dir.join("cache")},
+        "checkpoint": {"dir": dir.join(name).join("ckpt"), "resume": "auto"},
+        "runtime": {"backend": "cpu"}
+    }))
+    .expect("the test recipe parses");
+    let options = PlanOptions {
+        cluster: None,
+        vocab_size: tokenizer.vocab_size(),
+    };
+    ferrotron_plan::plan(&recipe, &options).expect("the test recipe plans")
 }

@@ -50,7 +50,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             if let Err(code) = report(&loaded, hf.check(&loaded.recipe.model, vocab)) {
                 return Ok(code);
             }
-            match resolve::plan_or_report(&loaded, None) {
+            match resolve::plan_or_report(&loaded, None, ferrotron_data::tokenizer_vocab_size) {
                 Ok(plan) => plan,
                 Err(code) => return Ok(code),
             }

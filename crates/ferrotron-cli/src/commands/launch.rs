@@ -12,7 +12,7 @@
 //! peak, not the recipe's guess), the compute dtype (`precision.dtype` on GPUs, fp32 on the CPU)
 //! and, on our own CUDA backend, the peak device memory reported at the end. Backends are types
 //! in burn, so this is the one place that names them; everything past it is generic
-//! (`ferrotron_train::train::<B>`). `burn-cuda` (the stock burn-cuda 0.21 backend, the reference
+//! (`ferrotron_train::train_rank::<B>`, a rank alone on one device or one rank of a world). `burn-cuda` (the stock burn-cuda 0.21 backend, the reference
 //! our own is checked against) is behind the cargo feature of the same name: it pulls cubecl and
 //! takes minutes to build.
 
@@ -21,13 +21,14 @@ use std::time::Duration;
 use anyhow::Context;
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
-use ferrotron_parallel::ParallelOps;
+use ferrotron_data::Tokenizer;
+use ferrotron_parallel::{ParallelContext, ParallelOps};
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{Backend, Cluster, GpuKind, Recipe};
 use ferrotron_slurm::{LaunchEnv, Launcher};
 use ferrotron_telemetry::MemoryProbe;
 use ferrotron_train::precision::{compute_dtype, use_compute_dtype};
-use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary};
+use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary, train_rank};
 
 /// How long a collective may wait for a peer before the run fails naming the missing ranks.
 const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -37,7 +38,7 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// Which ranks this process trains.
 #[derive(Debug)]
 pub(crate) enum World {
-    /// `size` ranks as threads of this process (1: the plain one-rank loop).
+    /// `size` ranks as threads of this process (1: the rank alone, on this thread).
     Threads { size: u32 },
     /// One rank of a world of processes.
     Process(Box<LaunchEnv>),
@@ -254,21 +255,36 @@ impl Launch {
     }
 
     /// Trains this process's ranks; the summary is rank 0's (a process world: this rank's).
-    pub(crate) fn train(&self, plan: &Plan, options: &RunOptions) -> anyhow::Result<RunSummary> {
+    pub(crate) fn train(
+        &self,
+        plan: &Plan,
+        tokenizer: &Tokenizer,
+        options: &RunOptions,
+    ) -> anyhow::Result<RunSummary> {
         match (self.compute, &self.world) {
-            (Compute::Cpu, World::Threads { size: 1 }) => Ok(ferrotron_train::train::<
-                CpuTrainBackend,
-            >(
-                plan, options, &Default::default()
-            )?),
-            (Compute::Cpu, World::Threads { .. }) => Ok(ferrotron_train::train_threads::<
-                CpuTrainBackend,
-            >(
-                plan, options, &Default::default()
-            )?),
-            (Compute::Cpu, World::Process(env)) => train_process_rank(plan, env, options),
+            (Compute::Cpu, World::Threads { size: 1 }) => {
+                let device = Default::default();
+                Ok(train_rank::<CpuTrainBackend>(
+                    plan,
+                    ParallelContext::single(),
+                    tokenizer,
+                    options,
+                    &device,
+                )?)
+            }
+            (Compute::Cpu, World::Threads { .. }) => {
+                Ok(ferrotron_train::train_threads::<CpuTrainBackend>(
+                    plan,
+                    tokenizer,
+                    options,
+                    &Default::default(),
+                )?)
+            }
+            (Compute::Cpu, World::Process(env)) => {
+                train_process_rank(plan, env, tokenizer, options)
+            }
             (Compute::Cuda { ordinal }, world) if self.nccl => {
-                let summary = train_gpu_rank_nccl(plan, world, ordinal, options);
+                let summary = train_gpu_rank_nccl(plan, world, ordinal, tokenizer, options);
                 let stats = ferrotron_cuda::nccl::stats::snapshot();
                 if !stats.is_empty() {
                     eprintln!(
@@ -281,8 +297,9 @@ impl Launch {
             }
             (Compute::Cuda { ordinal }, _) => {
                 let device = ferrotron_cuda::GpuDevice::new(ordinal);
-                let summary =
-                    train_on_gpu::<Autodiff<ferrotron_cuda::Cuda>>(plan, options, &device);
+                let summary = train_on_gpu::<Autodiff<ferrotron_cuda::Cuda>>(
+                    plan, tokenizer, options, &device,
+                );
                 if let Ok(engine) = ferrotron_cuda::CudaDevice::get(ordinal) {
                     let memory = engine.memory_stats();
                     eprintln!(
@@ -296,7 +313,7 @@ impl Launch {
             #[cfg(feature = "burn-cuda")]
             (Compute::BurnCuda { ordinal }, _) => {
                 let device = burn::backend::cuda::CudaDevice::new(ordinal);
-                train_on_gpu::<Autodiff<burn::backend::Cuda>>(plan, options, &device)
+                train_on_gpu::<Autodiff<burn::backend::Cuda>>(plan, tokenizer, options, &device)
             }
             #[cfg(not(feature = "burn-cuda"))]
             (Compute::BurnCuda { .. }, _) => {
@@ -312,6 +329,7 @@ impl Launch {
 fn train_process_rank(
     plan: &Plan,
     env: &LaunchEnv,
+    tokenizer: &Tokenizer,
     options: &RunOptions,
 ) -> anyhow::Result<RunSummary> {
     let span = tracing::info_span!("rank", rank = env.rank);
@@ -333,12 +351,9 @@ fn train_process_rank(
             return Err(err).context("building this rank's process groups");
         }
     };
-    let ctx = ferrotron_parallel::ParallelContext::from_groups(
-        groups,
-        plan.recipe.parallel.sequence_parallel,
-    );
+    let ctx = ParallelContext::from_groups(groups, plan.recipe.parallel.sequence_parallel);
     let device = Default::default();
-    match ferrotron_train::train_rank::<CpuTrainBackend>(plan, ctx, options, &device) {
+    match train_rank::<CpuTrainBackend>(plan, ctx, tokenizer, options, &device) {
         Ok(summary) => Ok(summary),
         Err(err) => {
             world.abort(&err.to_string());
@@ -356,6 +371,7 @@ fn train_gpu_rank_nccl(
     plan: &Plan,
     world: &World,
     ordinal: usize,
+    tokenizer: &Tokenizer,
     options: &RunOptions,
 ) -> anyhow::Result<RunSummary> {
     use ferrotron_cuda::nccl::NcclComm;
@@ -411,7 +427,7 @@ fn train_gpu_rank_nccl(
     let dtype = compute_dtype(plan.recipe.precision.dtype)?;
     use_compute_dtype::<B>(&device, dtype)?;
     tracing::info!(backend = %<B as burn::tensor::backend::Backend>::name(&device), ?dtype, "training on the GPU over NCCL");
-    match ferrotron_train::train_rank::<B>(plan, ctx, options, &device) {
+    match train_rank::<B>(plan, ctx, tokenizer, options, &device) {
         Ok(summary) => Ok(summary),
         Err(err) => {
             nccl_world.abort(&err.to_string());
@@ -430,10 +446,11 @@ fn flat(err: ferrotron_train::TrainError) -> anyhow::Error {
     }
 }
 
-/// One rank on a GPU backend, computing in the recipe's `precision.dtype` (set as the device's
-/// default float dtype before the model exists; see `ferrotron_train::precision`).
+/// The rank alone on a GPU backend, computing in the recipe's `precision.dtype` (set as the
+/// device's default float dtype before the model exists; see `ferrotron_train::precision`).
 fn train_on_gpu<B>(
     plan: &Plan,
+    tokenizer: &Tokenizer,
     options: &RunOptions,
     device: &B::Device,
 ) -> anyhow::Result<RunSummary>
@@ -444,7 +461,8 @@ where
     let dtype = compute_dtype(plan.recipe.precision.dtype)?;
     use_compute_dtype::<B>(device, dtype)?;
     tracing::info!(backend = %B::name(device), ?dtype, "training on the GPU");
-    Ok(ferrotron_train::train::<B>(plan, options, device)?)
+    let alone = ParallelContext::single();
+    Ok(train_rank::<B>(plan, alone, tokenizer, options, device)?)
 }
 
 /// The planner's GPU kind for a CUDA device name ("NVIDIA H200", "NVIDIA H100 80GB HBM3", ...).

@@ -90,7 +90,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let recipe = &loaded.recipe;
-    let plan = match super::resolve::plan_or_report(&loaded, cluster(recipe, &args)) {
+    let plan = match super::resolve::plan_or_report(
+        &loaded,
+        cluster(recipe, &args),
+        ferrotron_data::tokenizer_vocab_size,
+    ) {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };

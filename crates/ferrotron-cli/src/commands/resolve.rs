@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::exit;
+use ferrotron_data::{DataError, Tokenizer};
 use ferrotron_plan::{Plan, Unplanned};
 use ferrotron_recipe::{Cluster, LoadOptions, LoadedRecipe, Recipe};
 
@@ -63,16 +64,28 @@ pub(crate) fn vocab_size(recipe: &Recipe) -> anyhow::Result<u32> {
     )
 }
 
+/// The recipe's tokenizer, read once by `recipe run` for the vocabulary (when the recipe leaves
+/// it out) and the data. One that cannot be read is unreadable input, exit 2, as in planning.
+pub(crate) fn tokenizer(recipe: &Recipe) -> Result<Tokenizer, ExitCode> {
+    Tokenizer::from_recipe(&recipe.data.tokenizer).map_err(|err| {
+        eprintln!("error: data.tokenizer cannot be read: {err}");
+        exit::code(exit::USAGE)
+    })
+}
+
 /// Plans the loaded recipe on `cluster` (None: the recipe's own) through
-/// [`ferrotron_plan::plan_loaded`]. Layout errors are printed at their lines and turned into the
-/// invalid-recipe exit code; a tokenizer that cannot be read (needed for the vocabulary) is
-/// unreadable input, exit 2, as an unreadable recipe is — for `plan` and `run` alike.
+/// [`ferrotron_plan::plan_loaded`], the vocabulary from `tokenizer_vocab` when the recipe
+/// leaves it out ([`ferrotron_data::tokenizer_vocab_size`] reads the tokenizer). Layout errors
+/// are printed at their lines and turned into the invalid-recipe exit code; a tokenizer that
+/// cannot be read (needed for the vocabulary) is unreadable input, exit 2, as an unreadable
+/// recipe is — for `plan` and `run` alike.
 pub(crate) fn plan_or_report(
     loaded: &LoadedRecipe,
     cluster: Option<Cluster>,
+    tokenizer_vocab: impl FnOnce(&ferrotron_recipe::Tokenizer) -> Result<u32, DataError>,
 ) -> Result<Plan, ExitCode> {
-    ferrotron_plan::plan_loaded(loaded, cluster, ferrotron_data::tokenizer_vocab_size).map_err(
-        |unplanned| match unplanned {
+    ferrotron_plan::plan_loaded(loaded, cluster, tokenizer_vocab).map_err(|unplanned| {
+        match unplanned {
             Unplanned::Vocabulary(_) => {
                 eprintln!(
                     "error: {}",
@@ -91,6 +104,6 @@ pub(crate) fn plan_or_report(
                 }
                 exit::code(exit::FAILED)
             }
-        },
-    )
+        }
+    })
 }

@@ -136,7 +136,12 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         }
     };
     let cluster = launch.cluster(recipe)?;
-    let plan = match super::resolve::plan_or_report(loaded, Some(cluster)) {
+    let tokenizer = match super::resolve::tokenizer(recipe) {
+        Ok(tokenizer) => tokenizer,
+        Err(code) => return Ok(code),
+    };
+    let vocab = Ok(tokenizer.vocab_size());
+    let plan = match super::resolve::plan_or_report(loaded, Some(cluster), |_| vocab) {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };
@@ -188,7 +193,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         announce: announce_metrics,
         memory: launch.memory_probe(),
     };
-    match catching(|| launch.train(&plan, &options)) {
+    match catching(|| launch.train(&plan, &tokenizer, &options)) {
         Ok(summary) => {
             let status = match summary.stopped {
                 Some(_) => RunStatus::Stopped,

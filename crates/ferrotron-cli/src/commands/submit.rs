@@ -121,7 +121,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     });
     cluster.nodes = args.nodes.unwrap_or(cluster.nodes);
     cluster.gpus_per_node = args.gpus_per_node.unwrap_or(cluster.gpus_per_node);
-    let plan = match super::resolve::plan_or_report(&loaded, Some(cluster)) {
+    let plan = match super::resolve::plan_or_report(
+        &loaded,
+        Some(cluster),
+        ferrotron_data::tokenizer_vocab_size,
+    ) {
         Ok(plan) => plan,
         Err(code) => return Ok(code),
     };

@@ -23,6 +23,7 @@ pub use manifest::{
     ManifestFiles, ModelShape, OPTIMIZER_FILE, PLAN_FILE, RECIPE_FILE, RngInfo, ShardFile,
     ShardKind,
 };
+pub(crate) use modules::trained_shards;
 pub use modules::{adamw_shards, is_primary_replica, model_shards, moment_spec};
 pub use save::{CheckpointInfo, save_sharded, shard_file_name, world_size};
 pub use store::{COMMIT_MARKER, CheckpointStore, CommittedCheckpoint, is_committed};

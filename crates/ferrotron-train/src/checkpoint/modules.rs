@@ -3,11 +3,11 @@
 //! matched by [`ParamRole::id`], since a rank's module paths (`layers.0` of the second pipeline
 //! stage) are not the global names (`layers.4`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_parallel::{ParallelContext, ParamRole, ShardSpec};
 
 use super::load::ShardedCheckpoint;
@@ -47,11 +47,40 @@ pub fn model_shards<B: Backend, M: Module<B>>(
     roles: &[ParamRole],
     ctx: &ParallelContext,
 ) -> Result<Vec<ShardTensor>, TrainError> {
-    let roles = roles_by_id(roles);
+    shards_of(param_values(module), roles, ctx)
+}
+
+/// [`model_shards`] of a module that `optimizer` trains: a 16-bit parameter is saved as its
+/// fp32 master copy (what the next update starts from), so a mixed-precision run resumes exactly.
+pub(crate) fn trained_shards<B: Backend, M: Module<B>, I: Backend>(
+    module: &M,
+    roles: &[ParamRole],
+    optimizer: &AdamW<I>,
+    ctx: &ParallelContext,
+) -> Result<Vec<ShardTensor>, TrainError> {
+    let mut values = param_values(module);
+    for (id, values) in &mut values {
+        if let Some(master) = optimizer.master_weights().get(*id) {
+            *values = NamedTensor::from_tensor(String::new(), master).values;
+        }
+    }
+    shards_of(values, roles, ctx)
+}
+
+fn param_values<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, Vec<f32>)> {
     let mut collector = ValueCollector { values: Vec::new() };
     module.visit(&mut collector);
+    collector.values
+}
+
+fn shards_of(
+    values: Vec<(ParamId, Vec<f32>)>,
+    roles: &[ParamRole],
+    ctx: &ParallelContext,
+) -> Result<Vec<ShardTensor>, TrainError> {
+    let roles = roles_by_id(roles);
     let mut shards = Vec::new();
-    for (id, values) in collector.values {
+    for (id, values) in values {
         let role = roles.get(&id).ok_or_else(|| {
             TrainError::Config(format!(
                 "a parameter ({id}) has no ParamRole, so it has no global name to be saved under"
@@ -157,6 +186,25 @@ impl ShardedCheckpoint {
             .load_state(&entries, &moments, self.manifest().iteration, device)
             .map_err(|problems| TrainError::checkpoint(self.dir(), problems.join("; ")))
     }
+
+    /// The fp32 master copies of `module`'s 16-bit parameters, from the saved values (the module
+    /// holds them rounded); an fp32 parameter is its own master and gets none.
+    pub(crate) fn restore_master_weights<B: Backend, M: Module<B>, I: Backend>(
+        &self,
+        optimizer: &mut AdamW<I>,
+        module: &M,
+        roles: &[ParamRole],
+        device: &I::Device,
+    ) -> Result<(), TrainError> {
+        let mut collector = SixteenBit {
+            ids: HashSet::new(),
+        };
+        module.visit(&mut collector);
+        for role in roles.iter().filter(|r| collector.ids.contains(&r.id)) {
+            optimizer.restore_master(role.id, &self.shard(&role.shard)?, device);
+        }
+        Ok(())
+    }
 }
 
 /// AdamW's view of the parameters: named by global name, shaped like the local shard.
@@ -190,6 +238,19 @@ impl<B: Backend> ModuleVisitor<B> for ValueCollector {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let tensor = NamedTensor::from_tensor(String::new(), &param.val());
         self.values.push((param.id, tensor.values));
+    }
+}
+
+/// The parameters stored in a 16-bit dtype.
+struct SixteenBit {
+    ids: HashSet<ParamId>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for SixteenBit {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if param.val().dtype() != DType::F32 {
+            self.ids.insert(param.id);
+        }
     }
 }
 
@@ -229,8 +290,12 @@ impl<B: Backend> ModuleMapper<B> for ShardLoader<'_> {
             return Param::from_mapped_value(id, tensor, mapper);
         }
         let require_grad = tensor.is_require_grad();
-        let mut loaded: Tensor<B, D> =
-            Tensor::from_data(TensorData::new(values, dims), &tensor.device());
+        // made in fp32 and cast by the backend, as the optimizer rounds a master copy into a
+        // 16-bit parameter: a resumed parameter holds the bits the uninterrupted run's holds (a
+        // host-side conversion rounds some ties the other way)
+        let fp32 = TensorData::new(values, dims);
+        let wide: Tensor<B, D> = Tensor::from_data(fp32, (&tensor.device(), DType::F32));
+        let mut loaded = wide.cast(tensor.dtype());
         if require_grad {
             loaded = loaded.require_grad();
         }

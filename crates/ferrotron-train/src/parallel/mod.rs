@@ -1,9 +1,10 @@
 //! The distributed runtime: one rank's share of a parallel training step (pipeline schedule,
 //! gradient synchronisation, global-norm clipping, the ZeRO-1 optimizer) and the loop around it.
 //!
-//! Every piece is written against communicators, never against "how many ranks there are", so a
-//! one-rank context (every group of size 1) runs the same code: that is what makes the N-rank
-//! computation comparable, step by step, with the one-rank one.
+//! Every piece is written against communicators, never against "how many ranks there are", so
+//! any layout of groups runs the same code. A rank alone in its world (every group of size 1,
+//! one chunk) is the exception: it steps its whole model with the one-rank step (`rank_model.rs`
+//! says why), and that run is the reference the N-rank layouts are compared with, step by step.
 
 mod dist_optimizer;
 mod flat;

@@ -2,6 +2,9 @@
 //! (`crate::checkpoint`): parameters and moments under their global names, so any layout can
 //! load what any other wrote. The distributed optimizer's moments are gathered over its group
 //! first, since a checkpoint stores moments shaped like the local parameter, not ZeRO slices.
+//! A 16-bit parameter is saved as its fp32 master copy (what the next update starts from) and
+//! that copy is rebuilt from the saved values on load, so a mixed-precision run resumes exactly.
+//! A rank alone writes whole tensors (`model.safetensors`, `optimizer.safetensors`).
 
 use std::path::PathBuf;
 
@@ -12,7 +15,7 @@ use super::flat::FlatLayout;
 use super::rank_model::{RankModel, RankOptimizer, fill_values, local_params};
 use crate::checkpoint::{
     CheckpointInfo, CheckpointStore, ShardTensor, ShardedCheckpoint, adamw_shards,
-    is_primary_replica, model_shards, moment_spec, save_sharded,
+    is_primary_replica, model_shards, moment_spec, save_sharded, trained_shards,
 };
 use crate::{EXP_AVG, EXP_AVG_SQ, TrainError};
 use burn::tensor::backend::AutodiffBackend;
@@ -23,43 +26,48 @@ where
     B::InnerBackend: ParallelOps,
 {
     /// Write this rank's part of a checkpoint (collective over the world).
-    pub(super) fn save(
+    pub(super) fn save_checkpoint(
         &self,
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,
     ) -> Result<PathBuf, TrainError> {
         let mut params = Vec::new();
-        for (chunk, roles) in self.chunks.iter().zip(&self.roles) {
-            params.extend(model_shards::<B, _>(chunk, roles, &self.ctx)?);
-        }
         let mut moments = Vec::new();
-        match &self.optimizer {
-            RankOptimizer::Plain(optimizers) => {
-                for (optimizer, roles) in optimizers.iter().zip(&self.roles) {
-                    moments.extend(adamw_shards(optimizer, roles, &self.ctx)?);
-                }
+        if let RankOptimizer::Sharded(state) = &self.optimizer {
+            for (chunk, roles) in self.chunks.iter().zip(&self.roles) {
+                params.extend(model_shards::<B, _>(chunk, roles, &self.ctx)?);
             }
-            RankOptimizer::Sharded(state) => {
-                let (dense, expert) = (&state.dense, &state.expert);
-                for (layout, state, comm) in [
-                    (&self.dense, dense, &self.ctx.dp_cp),
-                    (&self.expert, expert, &self.ctx.edp),
-                ] {
-                    let avg = dist_optimizer::gather(comm, layout, &state.exp_avg)?;
-                    let avg_sq = dist_optimizer::gather(comm, layout, &state.exp_avg_sq)?;
-                    for slot in &layout.slots {
-                        if !is_primary_replica(&slot.role, &self.ctx) {
-                            continue;
-                        }
-                        for (suffix, full) in [(EXP_AVG, &avg), (EXP_AVG_SQ, &avg_sq)] {
-                            moments.push(ShardTensor {
-                                spec: moment_spec(&slot.role.shard, suffix),
-                                values: full[slot.range()].to_vec(),
-                            });
-                        }
+            for (layout, state, comm) in [
+                (&self.dense, &state.dense, &self.ctx.dp_cp),
+                (&self.expert, &state.expert, &self.ctx.edp),
+            ] {
+                let avg = dist_optimizer::gather(comm, layout, &state.exp_avg)?;
+                let avg_sq = dist_optimizer::gather(comm, layout, &state.exp_avg_sq)?;
+                for slot in &layout.slots {
+                    if !is_primary_replica(&slot.role, &self.ctx) {
+                        continue;
+                    }
+                    for (suffix, full) in [(EXP_AVG, &avg), (EXP_AVG_SQ, &avg_sq)] {
+                        moments.push(ShardTensor {
+                            spec: moment_spec(&slot.role.shard, suffix),
+                            values: full[slot.range()].to_vec(),
+                        });
                     }
                 }
             }
+        } else {
+            let chunks = self.chunks.iter().zip(&self.roles);
+            for ((chunk, roles), optimizer) in chunks.zip(self.optimizer.per_chunk()) {
+                params.extend(trained_shards::<B, _, _>(
+                    chunk, roles, optimizer, &self.ctx,
+                )?);
+                moments.extend(adamw_shards(optimizer, roles, &self.ctx)?);
+            }
+        }
+        // a split into one piece is the whole dimension: what a rank alone writes are whole
+        // tensors, as one-rank checkpoints always held
+        for shard in params.iter_mut().chain(&mut moments) {
+            shard.spec.splits.retain(|split| split.count > 1);
         }
         save_sharded(store, &self.ctx, info, &params, &moments)
     }
@@ -73,18 +81,17 @@ where
             .map(|(chunk, roles)| checkpoint.load_module::<B, _>(chunk, roles))
             .collect::<Result<Vec<_>, _>>()?;
         let iteration = checkpoint.manifest().iteration;
-        match &mut self.optimizer {
-            RankOptimizer::Plain(optimizers) => {
-                for (optimizer, roles) in optimizers.iter_mut().zip(&self.roles) {
-                    checkpoint.load_adamw(optimizer, roles, &self.device)?;
-                }
-            }
-            RankOptimizer::Sharded(state) => {
-                let params = local_params(&self.chunks);
-                state.dense = restored_shard(&self.dense, &params, checkpoint)?;
-                state.expert = restored_shard(&self.expert, &params, checkpoint)?;
-                state.adam.set_step_count(iteration);
-            }
+        if let RankOptimizer::Sharded(state) = &mut self.optimizer {
+            let params = local_params(&self.chunks);
+            state.dense = restored_shard(&self.dense, &params, checkpoint)?;
+            state.expert = restored_shard(&self.expert, &params, checkpoint)?;
+            state.adam.set_step_count(iteration);
+            return Ok(());
+        }
+        let chunks = self.chunks.iter().zip(&self.roles);
+        for ((chunk, roles), optimizer) in chunks.zip(self.optimizer.per_chunk_mut()) {
+            checkpoint.load_adamw(optimizer, roles, &self.device)?;
+            checkpoint.restore_master_weights::<B, _, _>(optimizer, chunk, roles, &self.device)?;
         }
         Ok(())
     }

@@ -1,28 +1,28 @@
-//! `train_rank`: the loop of one rank of a parallel world, the same loop as the one-rank
-//! `train` with a [`RankModel`] step. Thread ranks and process ranks (TCP, later NCCL) both call
-//! it; only global rank 0 writes metrics, JSONL, the progress display and the run folder.
-
-use std::path::PathBuf;
+//! `train_rank`: the one entry of a training run on this process, whatever the layout: a rank
+//! alone (`ParallelContext::single()`, one CPU or one GPU), one rank of a process world (TCP,
+//! later NCCL) or, through `train_threads`, every rank as a thread. Each builds its
+//! [`RankModel`] (the whole model when alone), resumes it, and runs the shared loop; only global
+//! rank 0 writes metrics, JSONL, the progress display and the run folder.
 
 use burn::tensor::backend::AutodiffBackend;
-use ferrotron_parallel::{ParallelContext, ParallelOps, ReduceOp, ShardSpec};
+use ferrotron_data::Tokenizer;
+use ferrotron_parallel::{ParallelContext, ParallelOps, ShardSpec};
 use ferrotron_plan::Plan;
 
-use super::grad_sync::comm_error;
 use super::host::param_values;
 use super::rank_model::RankModel;
-use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::resume::ResumeState;
-use crate::run_loop::{Lead, RankStep, run_rank_loop};
+use crate::run_loop::{Lead, run_rank_loop};
 use crate::setup::{RunSetup, use_cpu_threads};
-use crate::{
-    AdamWConfig, Microbatch, PendingStats, RunOptions, RunSummary, StepContext, TrainError,
-};
+use crate::{AdamWConfig, RunOptions, RunSummary, TrainError};
 
-/// Train `plan` as the rank `ctx` describes (its groups from the plan's rank grid).
+/// Train `plan` as the rank `ctx` describes (its groups from the plan's rank grid;
+/// `ParallelContext::single()` for a one-rank plan), reading data with `tokenizer` (the one the
+/// plan's `data.tokenizer` names).
 pub fn train_rank<B>(
     plan: &Plan,
     ctx: ParallelContext,
+    tokenizer: &Tokenizer,
     options: &RunOptions,
     device: &B::Device,
 ) -> Result<RunSummary, TrainError>
@@ -31,7 +31,7 @@ where
     B::InnerBackend: ParallelOps,
 {
     use_cpu_threads(plan);
-    let setup = RunSetup::new(plan)?;
+    let setup = RunSetup::new(plan, tokenizer)?;
     run_rank::<B>(plan, ctx, options, &setup, device).map(|outcome| outcome.summary)
 }
 
@@ -87,7 +87,6 @@ where
     let rank = ctx.global_rank();
     let lead = if rank == 0 { Lead::Yes } else { Lead::No };
     let dp = (ctx.dp_rank() as u32, ctx.dp_size() as u32);
-    let mut step = ParallelRank { model: &mut model };
     let summary = run_rank_loop(
         plan,
         setup,
@@ -96,7 +95,7 @@ where
         resumed_from.as_deref(),
         lead,
         dp,
-        &mut step,
+        &mut model,
     )?;
     let mut params = Vec::new();
     for (chunk, roles) in model.chunks.iter().zip(&model.roles) {
@@ -135,50 +134,5 @@ fn check_context(plan: &Plan, ctx: &ParallelContext) -> Result<(), TrainError> {
             "this rank's process groups do not match the plan ({})",
             wrong.join(", ")
         )))
-    }
-}
-
-/// The loop's view of a parallel rank.
-struct ParallelRank<'a, B: AutodiffBackend> {
-    model: &'a mut RankModel<B>,
-}
-
-impl<B> RankStep for ParallelRank<'_, B>
-where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
-{
-    fn step(
-        &mut self,
-        microbatches: &[Microbatch],
-        context: StepContext,
-    ) -> Result<PendingStats, TrainError> {
-        self.model
-            .step(microbatches, context)
-            .map(PendingStats::ready)
-    }
-
-    fn evaluate(&mut self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
-        self.model.evaluate(microbatches)
-    }
-
-    fn save(
-        &mut self,
-        store: &CheckpointStore,
-        info: &CheckpointInfo<'_>,
-    ) -> Result<PathBuf, TrainError> {
-        self.model.save(store, info)
-    }
-
-    fn any_rank(&self, local: bool) -> Result<bool, TrainError> {
-        let ctx = &self.model.ctx;
-        let mut flag = [u64::from(local)];
-        for comm in [&ctx.tp, &ctx.dp_cp, &ctx.pp] {
-            if comm.size() > 1 {
-                comm.all_reduce_u64(&mut flag, ReduceOp::Max)
-                    .map_err(|e| comm_error("agreeing on a stop", e))?;
-            }
-        }
-        Ok(flag[0] != 0)
     }
 }

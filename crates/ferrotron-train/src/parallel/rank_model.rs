@@ -3,8 +3,14 @@
 //! (plain or distributed) AdamW, then the MoE expert-bias update. Every decision that ends a step
 //! early (a non-finite loss or norm) is taken from values all ranks share after their
 //! reductions, so all ranks stop together instead of leaving peers waiting in a collective.
+//!
+//! A rank alone in its world holds the whole model and steps it with the one-rank step
+//! ([`train_step_deferred`]) instead: there is nothing to exchange, the flat gradient buffers
+//! would only copy, and on a GPU that step keeps the loss and the norm on the device (no host
+//! read per step). Its numbers are the ones every N-rank layout is tested against.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 
 use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -19,8 +25,15 @@ use super::host::{grads_from_values, param_shapes, param_values, set_param_value
 use super::norm;
 use super::pipeline::{self, evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
+use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::init::seeded_model;
 use crate::rng::with_process_rng;
-use crate::{AdamW, AdamWConfig, Microbatch, StepContext, StepStats, TrainError, clip_coefficient};
+use crate::run_loop::RankStep;
+use crate::step::train_step_deferred;
+use crate::{
+    AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, StepStats, TrainError,
+    clip_coefficient,
+};
 
 /// This rank's chunks (virtual stages) from the plan's stage table.
 pub(super) fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>, TrainError> {
@@ -48,6 +61,9 @@ pub(super) fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>,
 
 /// The optimizer state a rank keeps.
 pub(super) enum RankOptimizer<I: Backend> {
+    /// The whole model on a rank alone: one AdamW, the one-rank step. A distributed optimizer
+    /// over one rank is this one (its shard is everything).
+    Whole(AdamW<I>),
     /// One AdamW per chunk over full local parameters (gradients all-reduced).
     Plain(Vec<AdamW<I>>),
     /// ZeRO-1: shards of the dense and expert buffers.
@@ -59,6 +75,25 @@ pub(super) struct ShardedState {
     pub adam: ShardedAdamW,
     pub dense: ShardState,
     pub expert: ShardState,
+}
+
+impl<I: Backend> RankOptimizer<I> {
+    /// The AdamW of each chunk; none when the optimizer is sharded.
+    pub(super) fn per_chunk(&self) -> &[AdamW<I>] {
+        match self {
+            RankOptimizer::Whole(optimizer) => std::slice::from_ref(optimizer),
+            RankOptimizer::Plain(optimizers) => optimizers,
+            RankOptimizer::Sharded(_) => &[],
+        }
+    }
+
+    pub(super) fn per_chunk_mut(&mut self) -> &mut [AdamW<I>] {
+        match self {
+            RankOptimizer::Whole(optimizer) => std::slice::from_mut(optimizer),
+            RankOptimizer::Plain(optimizers) => optimizers,
+            RankOptimizer::Sharded(_) => &mut [],
+        }
+    }
 }
 
 /// A rank's model chunks, their parameter layout and optimizer.
@@ -78,7 +113,8 @@ where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
-    /// Build this rank's chunks as cuts of the seeded one-rank model, and its optimizer.
+    /// Build this rank's chunks as cuts of the seeded one-rank model (the model itself on a
+    /// rank alone), and its optimizer.
     pub(super) fn new(
         plan: &Plan,
         ctx: ParallelContext,
@@ -88,26 +124,28 @@ where
         device: &B::Device,
     ) -> Result<Self, TrainError> {
         let specs = chunk_specs(plan, ctx.pp_rank())?;
-        let seed = plan.recipe.training.seed;
-        // every rank draws the same full model from the seed (one at a time: the RNG is per
-        // process), then keeps its cut
-        let full: GptModel<B> = with_process_rng(|| {
-            B::seed(device, seed);
-            config.init(device)
-        });
-        let chunks = specs
-            .iter()
-            .map(|spec| GptModel::shard(&full, &ctx, spec))
-            .collect::<Result<Vec<_>, _>>()?;
-        drop(full);
+        // every rank draws the same full model from the seed, then keeps its cut
+        let full: GptModel<B> = seeded_model(config, plan.recipe.training.seed, device)?;
+        let whole = is_alone(&ctx) && specs.len() == 1;
+        let chunks = if whole {
+            vec![full]
+        } else {
+            specs
+                .iter()
+                .map(|spec| GptModel::shard(&full, &ctx, spec))
+                .collect::<Result<Vec<_>, _>>()?
+        };
         let position = StagePosition {
             stage: ctx.pp_rank(),
             stages: ctx.pp_size(),
             chunks: chunks.len(),
         };
         let roles: Vec<Vec<ParamRole>> = chunks.iter().map(GptModel::param_roles).collect();
-        let (dense, expert) = layouts(&chunks, &roles, &ctx, distributed_optimizer);
-        let optimizer = if distributed_optimizer {
+        let sharded = distributed_optimizer && !whole;
+        let (dense, expert) = layouts(&chunks, &roles, &ctx, sharded);
+        let optimizer = if whole {
+            RankOptimizer::Whole(AdamW::new(adamw, no_decay(&roles[0])))
+        } else if sharded {
             let params = local_params(&chunks);
             RankOptimizer::Sharded(Box::new(ShardedState {
                 adam: ShardedAdamW::new(adamw),
@@ -118,14 +156,7 @@ where
             RankOptimizer::Plain(
                 roles
                     .iter()
-                    .map(|roles| {
-                        let no_decay: HashSet<ParamId> = roles
-                            .iter()
-                            .filter(|r| r.no_weight_decay)
-                            .map(|r| r.id)
-                            .collect();
-                        AdamW::new(adamw, no_decay)
-                    })
+                    .map(|roles| AdamW::new(adamw, no_decay(roles)))
                     .collect(),
             )
         };
@@ -141,8 +172,9 @@ where
         })
     }
 
-    /// One optimizer step over this rank's `microbatches` (its data-parallel share).
-    pub(super) fn step(
+    /// One optimizer step of a rank with peers: the schedule, the gradient exchange, the
+    /// agreed norm and the update of its shards.
+    fn exchanged_step(
         &mut self,
         microbatches: &[Microbatch],
         context: StepContext,
@@ -237,23 +269,8 @@ where
         update: Update,
     ) -> Result<(), TrainError> {
         let chunks = std::mem::take(&mut self.chunks);
+        let buffers = [(&self.dense, dense), (&self.expert, expert)];
         match &mut self.optimizer {
-            RankOptimizer::Plain(optimizers) => {
-                let mut updated = Vec::with_capacity(chunks.len());
-                for (index, (chunk, optimizer)) in chunks.into_iter().zip(optimizers).enumerate() {
-                    let mut values: HashMap<ParamId, &[f32]> = HashMap::new();
-                    for (layout, buffer) in [(&self.dense, dense), (&self.expert, expert)] {
-                        for (slot, has) in layout.slots.iter().zip(&buffer.has_grad) {
-                            if slot.chunk == index && *has != 0.0 {
-                                values.insert(slot.id, &buffer.values[slot.range()]);
-                            }
-                        }
-                    }
-                    let grads = grads_from_values::<B, _>(&chunk, &values);
-                    updated.push(optimizer.step(chunk, grads, update.lr, update.grad_scale));
-                }
-                self.chunks = updated;
-            }
             RankOptimizer::Sharded(state) => {
                 let ShardedState {
                     adam,
@@ -302,6 +319,10 @@ where
                     })
                     .collect();
             }
+            per_chunk => {
+                let optimizers = per_chunk.per_chunk_mut();
+                self.chunks = update_per_chunk(chunks, optimizers, buffers, update);
+            }
         }
         Ok(())
     }
@@ -347,10 +368,38 @@ where
         }
         Ok(values)
     }
+}
+
+/// The loop drives a rank through [`RankStep`]: the step, evaluation and checkpoints above, and
+/// the agreement on stopping.
+impl<B> RankStep for RankModel<B>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    /// Queue one optimizer step over this rank's `microbatches` (its data-parallel share).
+    fn step(
+        &mut self,
+        microbatches: &[Microbatch],
+        context: StepContext,
+    ) -> Result<PendingStats, TrainError> {
+        let RankOptimizer::Whole(optimizer) = &mut self.optimizer else {
+            return self
+                .exchanged_step(microbatches, context)
+                .map(PendingStats::ready);
+        };
+        let model = self.chunks.pop().ok_or_else(|| {
+            TrainError::Config("the model was lost in an earlier failed step".into())
+        })?;
+        let (model, stats) =
+            train_step_deferred(model, optimizer, microbatches, context, &self.device)?;
+        self.chunks.push(model);
+        Ok(stats)
+    }
 
     /// Mean LM loss over this rank's share of the validation batches, averaged like the
     /// training loss; every rank returns the same value.
-    pub(super) fn evaluate(&self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
+    fn evaluate(&mut self, microbatches: &[Microbatch]) -> Result<f64, TrainError> {
         if microbatches.is_empty() {
             return Ok(f64::NAN);
         }
@@ -364,6 +413,26 @@ where
         )?;
         let [mean] = self.reported_mean([sum / microbatches.len() as f64])?;
         Ok(mean)
+    }
+
+    fn save(
+        &mut self,
+        store: &CheckpointStore,
+        info: &CheckpointInfo<'_>,
+    ) -> Result<PathBuf, TrainError> {
+        self.save_checkpoint(store, info)
+    }
+
+    fn any_rank(&self, local: bool) -> Result<bool, TrainError> {
+        let ctx = &self.ctx;
+        let mut flag = [u64::from(local)];
+        for comm in [&ctx.tp, &ctx.dp_cp, &ctx.pp] {
+            if comm.size() > 1 {
+                comm.all_reduce_u64(&mut flag, ReduceOp::Max)
+                    .map_err(|e| comm_error("agreeing on a stop", e))?;
+            }
+        }
+        Ok(flag[0] != 0)
     }
 }
 
@@ -402,6 +471,56 @@ fn layouts<B: Backend>(
         FlatLayout::new(dense, GRAD_BUCKET_ELEMENTS, dense_parts, dense_part),
         FlatLayout::new(expert, GRAD_BUCKET_ELEMENTS, expert_parts, expert_part),
     )
+}
+
+/// Each chunk updated by its own AdamW from the (reduced) gradient buffers.
+fn update_per_chunk<B>(
+    chunks: Vec<GptModel<B>>,
+    optimizers: &mut [AdamW<B::InnerBackend>],
+    buffers: [(&FlatLayout, &GradBuffer); 2],
+    update: Update,
+) -> Vec<GptModel<B>>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    let mut updated = Vec::with_capacity(chunks.len());
+    for (index, (chunk, optimizer)) in chunks.into_iter().zip(optimizers).enumerate() {
+        let mut values: HashMap<ParamId, &[f32]> = HashMap::new();
+        for (layout, buffer) in buffers {
+            for (slot, has) in layout.slots.iter().zip(&buffer.has_grad) {
+                if slot.chunk == index && *has != 0.0 {
+                    values.insert(slot.id, &buffer.values[slot.range()]);
+                }
+            }
+        }
+        let grads = grads_from_values::<B, _>(&chunk, &values);
+        updated.push(optimizer.step(chunk, grads, update.lr, update.grad_scale));
+    }
+    updated
+}
+
+/// Whether every group of `ctx` is this rank alone (then it holds the whole model).
+fn is_alone(ctx: &ParallelContext) -> bool {
+    [
+        ctx.tp_size(),
+        ctx.cp_size(),
+        ctx.ep_size(),
+        ctx.etp_size(),
+        ctx.dp_size(),
+        ctx.pp_size(),
+    ]
+    .iter()
+    .all(|&size| size == 1)
+}
+
+/// The parameters exempt from weight decay (Megatron's rule: every 1-D one).
+fn no_decay(roles: &[ParamRole]) -> HashSet<ParamId> {
+    roles
+        .iter()
+        .filter(|r| r.no_weight_decay)
+        .map(|r| r.id)
+        .collect()
 }
 
 /// Every chunk's parameter values by id.

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use burn::tensor::backend::AutodiffBackend;
+use ferrotron_data::Tokenizer;
 use ferrotron_dist::{World, WorldError};
 use ferrotron_parallel::{ParallelContext, ParallelOps};
 use ferrotron_plan::Plan;
@@ -25,6 +26,7 @@ const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Train `plan` on `plan.world_size` thread ranks; returns rank 0's summary.
 pub fn train_threads<B>(
     plan: &Plan,
+    tokenizer: &Tokenizer,
     options: &RunOptions,
     device: &B::Device,
 ) -> Result<RunSummary, TrainError>
@@ -32,7 +34,7 @@ where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
-    let mut outcomes = train_threads_detailed::<B>(plan, options, device)?;
+    let mut outcomes = train_threads_detailed::<B>(plan, tokenizer, options, device)?;
     if outcomes.is_empty() {
         return Err(TrainError::Config("the world has no ranks".into()));
     }
@@ -43,6 +45,7 @@ where
 /// shard specs) in rank order: what equivalence tests compare with a one-rank run.
 pub(crate) fn train_threads_detailed<B>(
     plan: &Plan,
+    tokenizer: &Tokenizer,
     options: &RunOptions,
     device: &B::Device,
 ) -> Result<Vec<RankOutcome>, TrainError>
@@ -51,7 +54,7 @@ where
     B::InnerBackend: ParallelOps,
 {
     use_cpu_threads(plan);
-    let setup = RunSetup::new(plan)?;
+    let setup = RunSetup::new(plan, tokenizer)?;
     let sequence_parallel = plan.recipe.parallel.sequence_parallel;
     World::new(plan.world_size)
         .with_timeout(COLLECTIVE_TIMEOUT)

@@ -3,10 +3,10 @@
 
 use serde_json::json;
 
-use super::fixture::{Layout, assemble, max_weight_difference, options, plan, write_data};
+use super::fixture::{
+    Layout, assemble, max_weight_difference, options, plan, train_alone, train_world, write_data,
+};
 use super::{LOSS_TOLERANCE, WEIGHT_TOLERANCE};
-use crate::trainer::train_one_rank;
-use crate::{CpuTrainBackend, train_threads_detailed};
 
 const ITERATIONS: u64 = 4;
 
@@ -17,7 +17,6 @@ fn check(layout: Layout, layers: u32) {
 fn check_with(layout: Layout, layers: u32, extra: serde_json::Value, iterations: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     write_data(dir.path());
-    let device = Default::default();
     let single = Layout {
         tp: 1,
         pp: 1,
@@ -31,21 +30,14 @@ fn check_with(layout: Layout, layers: u32, extra: serde_json::Value, iterations:
         settings.remove("parallel");
     }
     let reference_plan = plan(dir.path(), single, layers, iterations, same);
-    let (reference, weights) = train_one_rank::<CpuTrainBackend>(
-        &reference_plan,
-        &options(&dir.path().join("one")),
-        &device,
-    )
-    .expect("the one-rank run trains");
+    let alone = train_alone(&reference_plan, &options(&dir.path().join("one")))
+        .expect("the one-rank run trains");
+    let (reference, weights) = (alone.summary, assemble(alone.params));
 
     let parallel_plan = plan(dir.path(), layout, layers, iterations, extra);
     assert_eq!(parallel_plan.world_size, layout.world());
-    let outcomes = train_threads_detailed::<CpuTrainBackend>(
-        &parallel_plan,
-        &options(&dir.path().join("many")),
-        &device,
-    )
-    .expect("the parallel run trains");
+    let outcomes = train_world(&parallel_plan, &options(&dir.path().join("many")))
+        .expect("the parallel run trains");
     assert_eq!(outcomes.len(), layout.world() as usize);
 
     let losses = &outcomes[0].summary.losses.clone();

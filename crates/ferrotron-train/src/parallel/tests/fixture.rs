@@ -5,12 +5,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ferrotron_parallel::ShardSpec;
+use ferrotron_data::Tokenizer;
+use ferrotron_parallel::{ParallelContext, ShardSpec};
 use ferrotron_plan::{Plan, PlanOptions};
 use ferrotron_recipe::Recipe;
 use serde_json::{Value, json};
 
-use crate::{NamedTensor, RunOptions, StopFlag};
+use super::super::rank_loop::{RankOutcome, run_rank};
+use crate::setup::RunSetup;
+use crate::{CpuTrainBackend, RunOptions, StopFlag, TrainError, train_threads_detailed};
 
 pub(super) const WORDS: u32 = 40;
 
@@ -139,6 +142,26 @@ pub(super) fn options(dir: &Path) -> RunOptions {
     }
 }
 
+/// Every rank of `plan` as a thread, in rank order.
+pub(super) fn train_world(
+    plan: &Plan,
+    options: &RunOptions,
+) -> Result<Vec<RankOutcome>, TrainError> {
+    let tokenizer = tokenizer(plan);
+    train_threads_detailed::<CpuTrainBackend>(plan, &tokenizer, options, &Default::default())
+}
+
+/// A one-rank `plan` as `recipe run` trains it: one rank alone, no thread world.
+pub(super) fn train_alone(plan: &Plan, options: &RunOptions) -> Result<RankOutcome, TrainError> {
+    let setup = RunSetup::new(plan, &tokenizer(plan))?;
+    let device = Default::default();
+    run_rank::<CpuTrainBackend>(plan, ParallelContext::single(), options, &setup, &device)
+}
+
+fn tokenizer(plan: &Plan) -> Tokenizer {
+    Tokenizer::from_recipe(&plan.recipe.data.tokenizer).expect("the test tokenizer loads")
+}
+
 /// Global tensors assembled from every rank's shards.
 pub(super) fn assemble(
     shards: impl IntoIterator<Item = (ShardSpec, Vec<f32>)>,
@@ -155,26 +178,25 @@ pub(super) fn assemble(
     global
 }
 
-/// The largest absolute difference between two sets of named tensors (which must match).
+/// The largest absolute difference between two sets of global tensors (which must match).
 pub(super) fn max_weight_difference(
-    reference: &[NamedTensor],
+    reference: &HashMap<String, Vec<f32>>,
     other: &HashMap<String, Vec<f32>>,
 ) -> f32 {
     assert_eq!(
         reference.len(),
         other.len(),
         "parameter sets differ: {:?} vs {:?}",
-        reference.iter().map(|t| &t.name).collect::<Vec<_>>(),
+        reference.keys().collect::<Vec<_>>(),
         other.keys().collect::<Vec<_>>()
     );
     reference
         .iter()
-        .map(|tensor| {
+        .map(|(name, reference)| {
             let values = other
-                .get(&tensor.name)
-                .unwrap_or_else(|| panic!("{} is missing from the parallel run", tensor.name));
-            tensor
-                .values
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} is missing from the parallel run"));
+            reference
                 .iter()
                 .zip(values)
                 .map(|(a, b)| (a - b).abs())

@@ -12,6 +12,7 @@
 //! gradient counted twice, a wrong shard or microbatch) moves the loss by > 1e-4 already at the
 //! first or second step and the weights by ~lr = 1e-2.
 
+mod alone;
 mod equivalence;
 mod fixture;
 mod optimizer;

@@ -4,14 +4,13 @@
 
 use serde_json::json;
 
-use super::fixture::{Layout, assemble, options, plan, write_data};
-use crate::{CpuTrainBackend, StopReason, train_threads_detailed};
+use super::fixture::{Layout, assemble, options, plan, train_world, write_data};
+use crate::StopReason;
 
 #[test]
 fn resumed_parallel_run_matches_uninterrupted_bit_for_bit() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_data(dir.path());
-    let device = Default::default();
     let layout = Layout {
         tp: 1,
         pp: 2,
@@ -26,26 +25,17 @@ fn resumed_parallel_run_matches_uninterrupted_bit_for_bit() {
         }})
     };
     let straight_plan = plan(dir.path(), layout, 2, 4, with_store("straight"));
-    let straight = train_threads_detailed::<CpuTrainBackend>(
-        &straight_plan,
-        &options(&dir.path().join("straight-run")),
-        &device,
-    )
-    .expect("the straight run trains");
+    let straight = train_world(&straight_plan, &options(&dir.path().join("straight-run")))
+        .expect("the straight run trains");
 
     let split_plan = plan(dir.path(), layout, 2, 4, with_store("split"));
     let mut first_half = options(&dir.path().join("split-run"));
     first_half.exit_interval = Some(2);
-    let stopped = train_threads_detailed::<CpuTrainBackend>(&split_plan, &first_half, &device)
-        .expect("the first half trains");
+    let stopped = train_world(&split_plan, &first_half).expect("the first half trains");
     assert_eq!(stopped[0].summary.stopped, Some(StopReason::ExitInterval));
     assert_eq!(stopped[0].summary.iteration, 2);
-    let resumed = train_threads_detailed::<CpuTrainBackend>(
-        &split_plan,
-        &options(&dir.path().join("split-run")),
-        &device,
-    )
-    .expect("the second half trains");
+    let resumed = train_world(&split_plan, &options(&dir.path().join("split-run")))
+        .expect("the second half trains");
     assert_eq!(resumed[0].summary.start_iteration, 2);
 
     let mut halves = stopped[0].summary.losses.clone();

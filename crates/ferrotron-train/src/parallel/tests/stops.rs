@@ -4,8 +4,8 @@
 
 use serde_json::json;
 
-use super::fixture::{Layout, options, plan, write_data};
-use crate::{CpuTrainBackend, StopReason, TrainError, train_threads_detailed};
+use super::fixture::{Layout, options, plan, train_world, write_data};
+use crate::{StopReason, TrainError};
 
 fn layout() -> Layout {
     Layout {
@@ -28,12 +28,7 @@ fn a_non_finite_loss_stops_every_rank_before_the_update() {
         4,
         json!({"training": {"optimizer": {"lr": 1e30}, "clip_grad": 0.0}}),
     );
-    let err = train_threads_detailed::<CpuTrainBackend>(
-        &exploding,
-        &options(dir.path()),
-        &Default::default(),
-    )
-    .expect_err("the loss explodes");
+    let err = train_world(&exploding, &options(dir.path())).expect_err("the loss explodes");
     let message = err.to_string();
     assert!(matches!(err, TrainError::NonFinite { .. }), "{err:?}");
     assert!(
@@ -60,9 +55,7 @@ fn a_stop_request_stops_every_rank_after_one_checkpoint() {
     let options = options(dir.path());
     // the flag is shared by the thread ranks, as SIGTERM's is; each rank reads it at its own time
     options.stop.request();
-    let outcomes =
-        train_threads_detailed::<CpuTrainBackend>(&stored, &options, &Default::default())
-            .expect("the run stops cleanly");
+    let outcomes = train_world(&stored, &options).expect("the run stops cleanly");
     for outcome in &outcomes {
         assert_eq!(outcome.summary.stopped, Some(StopReason::Signal));
         assert_eq!(outcome.summary.iteration, 1);
