@@ -54,6 +54,24 @@ pub(crate) fn fused_kernels_enabled() -> bool {
     })
 }
 
+/// What an attention node keeps, from cuDNN's forward.
+fn saved_of(f: cudnn::SdpaForward) -> AttentionSaved<Cuda> {
+    AttentionSaved {
+        output: f.output,
+        stats: f.stats,
+        rng: f.rng,
+    }
+}
+
+/// cuDNN's forward state, from what an attention node kept.
+fn forward_of(saved: AttentionSaved<Cuda>) -> cudnn::SdpaForward {
+    cudnn::SdpaForward {
+        output: saved.output,
+        stats: saved.stats,
+        rng: saved.rng,
+    }
+}
+
 fn is_float(t: &FloatTensor<Cuda>) -> bool {
     matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
 }
@@ -203,11 +221,7 @@ impl FusedOps for Cuda {
             scale,
             spec.dropout as f32,
         ));
-        AttentionSaved {
-            output: f.output,
-            stats: f.stats,
-            rng: f.rng,
-        }
+        saved_of(f)
     }
 
     fn attention_kernel_backward(
@@ -219,11 +233,7 @@ impl FusedOps for Cuda {
         spec: AttentionSpec,
     ) -> AttentionGrads<Self> {
         let scale = spec.scale_for(query.shape()[3]) as f32;
-        let forward = cudnn::SdpaForward {
-            output: saved.output,
-            stats: saved.stats,
-            rng: saved.rng,
-        };
+        let forward = forward_of(saved);
         let (dq, dk, dv) = ok(cudnn::sdpa_backward(
             &query,
             &key,
@@ -325,11 +335,7 @@ impl FusedOps for Cuda {
             scale,
             spec.dropout as f32,
         ));
-        AttentionSaved {
-            output: f.output,
-            stats: f.stats,
-            rng: f.rng,
-        }
+        saved_of(f)
     }
 
     fn qkv_attention_kernel_backward(
@@ -339,11 +345,7 @@ impl FusedOps for Cuda {
         spec: AttentionSpec,
     ) -> FloatTensor<Self> {
         let scale = spec.scale_for(qkv.shape()[4]) as f32;
-        let forward = cudnn::SdpaForward {
-            output: saved.output,
-            stats: saved.stats,
-            rng: saved.rng,
-        };
+        let forward = forward_of(saved);
         ok(cudnn::packed_backward(
             &qkv,
             &forward,
