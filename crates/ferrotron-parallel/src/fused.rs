@@ -23,7 +23,7 @@ use burn::nn::DropoutConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::{AttentionModuleOptions, FloatTensor, IntTensor};
-use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
+use burn::tensor::{Bool, DType, Tensor};
 
 use crate::fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
 use crate::fused_dropout::{
@@ -40,6 +40,7 @@ use crate::fused_qkv::{
     composed_qkv_attention, qkv_attention_backward_reference, qkv_attention_forward_reference,
 };
 use crate::fused_swiglu::{composed_swiglu, swiglu_backward_reference};
+use crate::primitive::{unwrap, wrap};
 
 /// One attention call: `softmax(scale · q·kᵀ + mask) · v`, with dropout on the probabilities.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -325,14 +326,6 @@ pub trait FusedOps: Backend {
 }
 
 impl FusedOps for burn::backend::Flex {}
-
-fn wrap<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-fn unwrap<B: Backend, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
-}
 
 /// `[batch, groups, seq, d]` → `[batch, groups·per_group, seq, d]`, each group's key/value
 /// shared by its `per_group` consecutive query heads.

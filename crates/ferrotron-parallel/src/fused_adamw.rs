@@ -8,9 +8,10 @@
 //!
 //! [`FusedOps`]: crate::FusedOps
 
+use crate::primitive::{unwrap, wrap};
+use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
 
 /// The scalars of one update of one parameter.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,14 +41,6 @@ pub struct AdamWTensors<B: Backend> {
     pub exp_avg_sq: FloatTensor<B>,
 }
 
-fn wrap<B: Backend>(x: FloatTensor<B>) -> Tensor<B, 1> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-fn unwrap<B: Backend>(x: Tensor<B, 1>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
-}
-
 /// `g ← g·s`; `m ← β₁m + (1−β₁)g`; `v ← β₂v + (1−β₂)g²` (from zero on the first step);
 /// `p ← p·(1 − lr·wd)`; `p ← p − lr·(m/(1−β₁ᵗ)) / (sqrt(v/(1−β₂ᵗ)) + ε)`, in burn ops.
 pub fn composed_adamw<B: Backend>(
@@ -57,18 +50,19 @@ pub fn composed_adamw<B: Backend>(
     step: AdamWStep,
     device_scale: DeviceScale<B>,
 ) -> AdamWTensors<B> {
-    let mut value = wrap::<B>(value);
-    let mut grad = wrap::<B>(grad).cast(DType::F32);
+    let mut value = wrap::<B, 1>(value);
+    let mut grad = wrap::<B, 1>(grad).cast(DType::F32);
     if step.grad_scale != 1.0 {
         grad = grad.mul_scalar(step.grad_scale);
     }
     if let Some(scale) = device_scale {
-        grad = grad * wrap::<B>(scale);
+        grad = grad * wrap::<B, 1>(scale);
     }
     let (exp_avg, exp_avg_sq) = match moments {
         Some((exp_avg, exp_avg_sq)) => (
-            wrap::<B>(exp_avg).mul_scalar(step.beta1) + grad.clone().mul_scalar(1.0 - step.beta1),
-            wrap::<B>(exp_avg_sq).mul_scalar(step.beta2)
+            wrap::<B, 1>(exp_avg).mul_scalar(step.beta1)
+                + grad.clone().mul_scalar(1.0 - step.beta1),
+            wrap::<B, 1>(exp_avg_sq).mul_scalar(step.beta2)
                 + grad.square().mul_scalar(1.0 - step.beta2),
         ),
         None => (

@@ -11,10 +11,11 @@
 //! numbers bit for bit. The reference kernels keep the mask itself (a CPU backend has no
 //! regenerable generator), which is what the CPU test of the autodiff node drives.
 
+use crate::primitive::{unwrap, wrap};
 use burn::nn::DropoutConfig;
+use burn::tensor::Distribution;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Distribution, Tensor, TensorPrimitive};
 
 /// A dropout-add forward's output and the keep mask's description.
 #[derive(Debug, Clone)]
@@ -31,14 +32,6 @@ pub struct DropoutMask<B: Backend> {
     pub kept: Option<FloatTensor<B>>,
 }
 
-fn wrap<B: Backend>(x: FloatTensor<B>) -> Tensor<B, 1> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-fn unwrap<B: Backend>(x: Tensor<B, 1>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
-}
-
 /// `residual + Dropout(prob).forward(x)`, burn's arithmetic (any rank: the tensors are seen
 /// flat, which element-wise ops do not notice).
 pub fn composed_dropout_add<B: Backend>(
@@ -46,8 +39,8 @@ pub fn composed_dropout_add<B: Backend>(
     residual: FloatTensor<B>,
     prob: f64,
 ) -> FloatTensor<B> {
-    let dropped = DropoutConfig::new(prob).init().forward(wrap::<B>(x));
-    unwrap(wrap::<B>(residual) + dropped)
+    let dropped = DropoutConfig::new(prob).init().forward(wrap::<B, 1>(x));
+    unwrap(wrap::<B, 1>(residual) + dropped)
 }
 
 /// Reference of `FusedOps::dropout_add_kernel_forward`: a Bernoulli(1 − prob) mask, the
@@ -57,10 +50,10 @@ pub(crate) fn dropout_add_forward_reference<B: Backend>(
     residual: FloatTensor<B>,
     prob: f64,
 ) -> DropoutSaved<B> {
-    let x = wrap::<B>(x);
+    let x = wrap::<B, 1>(x);
     let keep = 1.0 - prob;
     let mask = x.random_like(Distribution::Bernoulli(keep));
-    let output = wrap::<B>(residual) + x * mask.clone() * (1.0 / keep);
+    let output = wrap::<B, 1>(residual) + x * mask.clone() * (1.0 / keep);
     DropoutSaved {
         output: unwrap(output),
         mask: DropoutMask {
@@ -79,5 +72,5 @@ pub(crate) fn dropout_add_backward_reference<B: Backend>(
     let mask = mask
         .kept
         .expect("the reference dropout-add keeps its mask for the backward");
-    unwrap(wrap::<B>(grad) * wrap::<B>(mask) * (1.0 / (1.0 - prob)))
+    unwrap(wrap::<B, 1>(grad) * wrap::<B, 1>(mask) * (1.0 / (1.0 - prob)))
 }

@@ -15,9 +15,10 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorPrimitive};
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor};
 
 use crate::fused::FusedOps;
+use crate::primitive::{unwrap, wrap};
 
 /// What a cross-entropy kernel's forward returns: per-row losses and what its backward needs.
 #[derive(Debug, Clone)]
@@ -26,14 +27,6 @@ pub struct CrossEntropySaved<B: Backend> {
     pub losses: FloatTensor<B>,
     /// `log Σ exp(logits)` per row, `[rows]` in f32.
     pub log_sum_exp: FloatTensor<B>,
-}
-
-fn wrap<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-fn unwrap<B: Backend, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
 }
 
 /// Per-row losses `[rows]` (f32) of `logits [rows, vocab]` against `labels [rows]`, through the

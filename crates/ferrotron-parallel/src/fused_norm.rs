@@ -13,9 +13,10 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor};
 
 use crate::fused::FusedOps;
+use crate::primitive::{unwrap, wrap};
 
 /// Which normalisation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,14 +51,6 @@ pub struct NormGrads<B: Backend> {
     pub input: FloatTensor<B>,
     pub gamma: FloatTensor<B>,
     pub beta: Option<FloatTensor<B>>,
-}
-
-fn wrap<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-fn unwrap<B: Backend, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
 }
 
 /// The model's normalisation: burn's modules' arithmetic, or the backend's fused kernel.

@@ -15,22 +15,15 @@
 //!
 //! [`FusedOps::fused_attention`]: crate::FusedOps::fused_attention
 
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
 
 use crate::fused::{
     AttentionSaved, AttentionSpec, FusedOps, attention_backward_reference,
     attention_forward_reference,
 };
-
-fn wrap<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-fn unwrap<B: Backend, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
-}
+use crate::primitive::{unwrap, wrap};
 
 /// `qkv [b, s, groups, per_group + 2, d]` → query `[b, groups·per_group, s, d]`, key and value
 /// `[b, groups, s, d]`, as views (swapped dims, no copy where the backend has views).

@@ -9,18 +9,11 @@
 //! The composed default is exactly the model's arithmetic before the op, so burn-flex keeps
 //! its numbers bit for bit; the reference backward (burn ops) is the contract a kernel meets.
 
+use crate::primitive::{unwrap, wrap};
 use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
-
-fn wrap<B: Backend>(x: FloatTensor<B>) -> Tensor<B, 2> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-fn unwrap<B: Backend>(x: Tensor<B, 2>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
-}
+use burn::tensor::{DType, Tensor};
 
 /// `[rows, 2f]` → the gate `[rows, f]` and the up projection `[rows, f]`.
 fn halves<B: Backend>(x: Tensor<B, 2>) -> [Tensor<B, 2>; 2] {
@@ -35,7 +28,7 @@ fn halves<B: Backend>(x: Tensor<B, 2>) -> [Tensor<B, 2>; 2] {
 
 /// `silu(gate) · up` of `x [rows, 2f]` (gate first), burn's ops: the model's arithmetic.
 pub fn composed_swiglu<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    let [gate, up] = halves(wrap::<B>(x));
+    let [gate, up] = halves(wrap::<B, 2>(x));
     unwrap(silu(gate) * up)
 }
 
@@ -46,10 +39,10 @@ pub(crate) fn swiglu_backward_reference<B: Backend>(
     x: FloatTensor<B>,
     grad_output: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    let x = wrap::<B>(x);
+    let x = wrap::<B, 2>(x);
     let dtype = x.dtype();
     let [gate, up] = halves(x.cast(DType::F32));
-    let grad = wrap::<B>(grad_output).cast(DType::F32);
+    let grad = wrap::<B, 2>(grad_output).cast(DType::F32);
     let s = sigmoid(gate.clone());
     let d_gate = grad.clone() * up * s.clone() * ((gate.clone() * (s.clone().neg() + 1.0)) + 1.0);
     let d_up = grad * gate * s;

@@ -30,6 +30,7 @@ mod fused_qkv;
 mod fused_swiglu;
 pub mod host;
 mod ops;
+mod primitive;
 mod shard;
 mod solo;
 
