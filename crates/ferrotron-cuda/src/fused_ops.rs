@@ -34,24 +34,14 @@ use crate::random;
 /// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
 pub(crate) fn fused_attention_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        !matches!(
-            std::env::var("FERROTRON_ATTENTION").as_deref(),
-            Ok("composed") | Ok("off") | Ok("0")
-        )
-    })
+    crate::switches::enabled(&ON, "FERROTRON_ATTENTION")
 }
 
 /// Whether the norm, cross-entropy and AdamW kernels are switched on (`FERROTRON_FUSED` unset or not
 /// `composed`).
 pub(crate) fn fused_kernels_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        !matches!(
-            std::env::var("FERROTRON_FUSED").as_deref(),
-            Ok("composed") | Ok("off") | Ok("0")
-        )
-    })
+    crate::switches::enabled(&ON, "FERROTRON_FUSED")
 }
 
 /// What an attention node keeps, from cuDNN's forward.

@@ -22,6 +22,7 @@ pub mod linear;
 pub mod nccl;
 mod parallel_ops;
 pub mod random;
+mod switches;
 pub mod tensor;
 pub mod timing;
 

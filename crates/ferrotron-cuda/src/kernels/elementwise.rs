@@ -173,12 +173,7 @@ const VECTOR: usize = 8;
 /// to compare).
 fn vector_maps_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        !matches!(
-            std::env::var("FERROTRON_VECTOR_MAPS").as_deref(),
-            Ok("0") | Ok("off")
-        )
-    })
+    crate::switches::enabled(&ON, "FERROTRON_VECTOR_MAPS")
 }
 
 /// Run-time scalars of a map kernel: `sf0 sf1` (double) and `si0 si1` (long long).
