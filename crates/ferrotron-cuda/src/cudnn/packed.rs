@@ -97,7 +97,6 @@ pub fn packed_backward(
     dropout: f32,
 ) -> Result<CudaTensor> {
     let (q_view, k, v) = views(qkv)?;
-    let copied = q_view.is_none();
     let q = query(qkv, q_view)?;
     let saved = SdpaForward {
         output: saved.output.swap_dims(1, 2)?,
@@ -105,9 +104,11 @@ pub fn packed_backward(
     };
     let grad = grad.swap_dims(1, 2)?;
     let packed = CudaTensor::empty(qkv.device(), qkv.shape(), qkv.dtype())?;
+    // The packed gradient has the projection's shape: its query slot is a view exactly when
+    // the projection's is.
     let (dq, dk, dv) = views(&packed)?;
     match dq {
-        Some(dq) if !copied => {
+        Some(dq) => {
             sdpa_backward_into(
                 &q,
                 &k,
@@ -120,7 +121,7 @@ pub fn packed_backward(
                 &[dq, dk, dv],
             )?;
         }
-        _ => {
+        None => {
             let (dq, dk_fresh, dv_fresh) =
                 sdpa_backward(&q, &k, &v, &saved, &grad, causal, scale, dropout)?;
             let [b, s, g, per, d] = packed_dims(qkv).expect("checked by views");
