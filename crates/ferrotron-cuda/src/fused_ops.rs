@@ -9,9 +9,9 @@
 //!
 //! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`), the softmax cross-entropy
 //! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
-//! bits drawn in the add and again in the backward) and SwiGLU of the packed projection
-//! (`kernels::swiglu`) run on our own kernels, for every float dtype; `FERROTRON_FUSED=composed`
-//! switches all five back to burn's composition.
+//! bits drawn in the add and again in the backward), SwiGLU of the packed projection
+//! (`kernels::swiglu`) and RoPE on it (`kernels::rope`) run on our own kernels, for every float
+//! dtype; `FERROTRON_FUSED=composed` switches all six back to burn's composition.
 
 use std::sync::OnceLock;
 
@@ -19,7 +19,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FusedOps, NormGrads, NormKind, NormSaved, NormSpec,
-    composed_adamw, composed_attention, composed_qkv_attention, composed_swiglu,
+    composed_adamw, composed_attention, composed_qkv_attention, composed_rope_qkv, composed_swiglu,
 };
 
 use crate::backend::Cuda;
@@ -28,6 +28,7 @@ use crate::cudnn;
 use crate::dtype::DType;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
+use crate::kernels::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
 use crate::random;
 
@@ -268,6 +269,38 @@ impl FusedOps for Cuda {
         mask: DropoutMask<Self>,
     ) -> FloatTensor<Self> {
         ok(random::dropout_grad(&grad_output, prob, mask.rng))
+    }
+
+    fn fused_rope_qkv(
+        qkv: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if Self::has_rope_qkv_kernel(&qkv, &cos) {
+            Self::rope_qkv_kernel_forward(qkv, cos, sin)
+        } else {
+            composed_rope_qkv::<Self>(qkv, cos, sin)
+        }
+    }
+
+    fn has_rope_qkv_kernel(qkv: &FloatTensor<Self>, cos: &FloatTensor<Self>) -> bool {
+        fused_kernels_enabled() && is_float(qkv) && is_float(cos) && qkv.rank() == 5
+    }
+
+    fn rope_qkv_kernel_forward(
+        qkv: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        ok(rope_qkv_forward(&qkv, &cos, &sin))
+    }
+
+    fn rope_qkv_kernel_backward(
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        ok(rope_qkv_backward(&grad, &cos, &sin))
     }
 
     fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -11,9 +11,10 @@
 //! dropout included, grouped K/V not repeated): its composed default is exactly the arithmetic
 //! this layer had before (burn's `attention` op, or matmul–softmax–dropout–matmul while dropout
 //! is live), and the CUDA backend replaces it with cuDNN's fused flash attention. The
-//! context-parallel path (gathered K/V, global-position mask) stays composed. Without rotary
-//! embeddings the attention takes the packed projection whole (`FusedOps::fused_qkv_attention`),
-//! so a kernel writes the projection's gradient in one piece.
+//! context-parallel path (gathered K/V, global-position mask) stays composed. Without it the
+//! attention takes the packed projection whole (`FusedOps::fused_qkv_attention`), rotary
+//! embeddings applied to its query and key slots in place (`FusedOps::fused_rope_qkv`), so
+//! kernels write the projection's gradient in one piece.
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
@@ -135,9 +136,14 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
             scale: None,
             dropout: self.dropout.prob,
         };
-        if self.rope.is_none() && self.cp.size() == 1 && positions.future().is_none() {
-            // Straight from the packed projection: a kernel hands back one packed gradient
-            // instead of three slices' zero-padded ones (see `fused_qkv.rs`).
+        if self.cp.size() == 1 && positions.future().is_none() {
+            // Straight from the packed projection, rotated in place where the model has RoPE:
+            // a kernel hands back one packed gradient instead of three slices' zero-padded ones
+            // (see `fused_qkv.rs`, `fused_rope.rs`).
+            let qkv = match &self.rope {
+                Some(rope) => rope.apply_packed(qkv, positions),
+                None => qkv,
+            };
             let context: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(
                 B::fused_qkv_attention(qkv.into_primitive().tensor(), spec),
             ));

@@ -5,7 +5,8 @@
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use ferrotron_parallel::FusedOps;
 
 use crate::parallel::SequencePositions;
 
@@ -51,6 +52,23 @@ impl<B: Backend> RotaryEmbedding<B> {
         let second = x.clone().slice_dim(3, half..head_dim);
         let rotated = Tensor::cat(vec![second.neg(), first], 3);
         x * cos + rotated * sin
+    }
+
+    /// Rotate the query and key slots of the packed projection `[batch, seq, groups, slots,
+    /// head_dim]` in place of splitting it (one node and kernel pair on a GPU; see
+    /// `FusedOps::fused_rope_qkv`), row i by the global position of this rank's token i.
+    pub fn apply_packed(&self, qkv: Tensor<B, 5>, positions: &SequencePositions<B>) -> Tensor<B, 5>
+    where
+        B: FusedOps,
+    {
+        let seq = qkv.dims()[1];
+        let cos = positions.rows(self.cos.clone(), 0..seq);
+        let sin = positions.rows(self.sin.clone(), 0..seq);
+        Tensor::from_primitive(TensorPrimitive::Float(B::fused_rope_qkv(
+            qkv.into_primitive().tensor(),
+            cos.into_primitive().tensor(),
+            sin.into_primitive().tensor(),
+        )))
     }
 
     /// Positions the tables cover.

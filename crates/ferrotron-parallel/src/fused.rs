@@ -13,7 +13,8 @@
 //!
 //! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V, also
 //! straight from the packed QKV projection (`fused_qkv.rs`), the residual add with hidden dropout
-//! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`),
+//! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), rotary
+//! embeddings on the packed projection (`fused_rope.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
 //! update (`fused_adamw.rs`).
 //!
@@ -39,6 +40,7 @@ use crate::fused_norm::{
 use crate::fused_qkv::{
     composed_qkv_attention, qkv_attention_backward_reference, qkv_attention_forward_reference,
 };
+use crate::fused_rope::{composed_rope_qkv, rope_qkv_backward_reference};
 use crate::fused_swiglu::{composed_swiglu, swiglu_backward_reference};
 use crate::primitive::{unwrap, wrap};
 
@@ -229,6 +231,42 @@ pub trait FusedOps: Backend {
         grad_output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         swiglu_backward_reference::<Self>(x, grad_output)
+    }
+
+    /// Rotary embeddings on the query and key slots of the packed projection
+    /// `qkv [b, s, g, slots, d]` with per-row tables `cos`, `sin` `[s, d]` (see
+    /// `fused_rope.rs`); the value slot passes through.
+    fn fused_rope_qkv(
+        qkv: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        composed_rope_qkv::<Self>(qkv, cos, sin)
+    }
+
+    /// Whether [`FusedOps::rope_qkv_kernel_forward`] is a real kernel for these inputs.
+    /// Default: no.
+    fn has_rope_qkv_kernel(qkv: &FloatTensor<Self>, cos: &FloatTensor<Self>) -> bool {
+        let _ = (qkv, cos);
+        false
+    }
+
+    /// The rotated projection with the kernel. Default: the composed arithmetic.
+    fn rope_qkv_kernel_forward(
+        qkv: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        composed_rope_qkv::<Self>(qkv, cos, sin)
+    }
+
+    /// The projection's gradient from the rotated projection's (the transposed rotation).
+    fn rope_qkv_kernel_backward(
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        rope_qkv_backward_reference::<Self>(grad, cos, sin)
     }
 
     /// Whether [`FusedOps::norm_kernel_forward`] is a real kernel for these inputs. Default: no.

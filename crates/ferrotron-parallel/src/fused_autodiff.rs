@@ -20,6 +20,7 @@ use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_dropout::{DropoutMask, composed_dropout_add};
 use crate::fused_norm::{NormSaved, NormSpec};
 use crate::fused_qkv::composed_qkv_attention;
+use crate::fused_rope::composed_rope_qkv;
 use crate::fused_swiglu::composed_swiglu;
 
 #[derive(Debug)]
@@ -220,6 +221,42 @@ pub fn swiglu_node<B: FusedOps, C: CheckpointStrategy>(
 }
 
 #[derive(Debug)]
+struct RopeQkvOp;
+
+impl<B: FusedOps> Backward<B, 1> for RopeQkvOp {
+    /// The tables `cos`, `sin`.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            let (cos, sin) = ops.state;
+            grads.register::<B>(node.id, B::rope_qkv_kernel_backward(grad, cos, sin));
+        }
+    }
+}
+
+/// Records RoPE on the packed projection as one node whose forward and backward are `B`'s
+/// kernels; it keeps only the tables (the rotation is linear). The tables are constants, not
+/// parents. Public so tests can drive the node with a CPU backend's reference kernels.
+pub fn rope_qkv_node<B: FusedOps, C: CheckpointStrategy>(
+    qkv: FloatTensor<Autodiff<B, C>>,
+    cos: FloatTensor<Autodiff<B, C>>,
+    sin: FloatTensor<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = RopeQkvOp
+        .prepare::<C>([qkv.node.clone()])
+        .compute_bound()
+        .stateful();
+    let output =
+        B::rope_qkv_kernel_forward(qkv.primitive, cos.primitive.clone(), sin.primitive.clone());
+    match prepared {
+        OpsKind::Tracked(prep) => prep.finish((cos.primitive, sin.primitive), output),
+        OpsKind::UnTracked(prep) => prep.finish(output),
+    }
+}
+
+#[derive(Debug)]
 struct NormOp;
 
 /// State of one norm node: x, γ and the row statistics.
@@ -397,6 +434,18 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             swiglu_node::<B, C>(x)
         } else {
             composed_swiglu::<Self>(x)
+        }
+    }
+
+    fn fused_rope_qkv(
+        qkv: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if B::has_rope_qkv_kernel(&qkv.primitive, &cos.primitive) {
+            rope_qkv_node::<B, C>(qkv, cos, sin)
+        } else {
+            composed_rope_qkv::<Self>(qkv, cos, sin)
         }
     }
 

@@ -27,6 +27,7 @@ mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
+mod fused_rope;
 mod fused_swiglu;
 pub mod host;
 mod ops;
@@ -49,7 +50,7 @@ pub use fused::{
 pub use fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
 pub use fused_autodiff::{
     attention_node, cross_entropy_node, dropout_add_node, norm_node, qkv_attention_node,
-    swiglu_node,
+    rope_qkv_node, swiglu_node,
 };
 pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
 pub use fused_loss::{
@@ -61,6 +62,7 @@ pub use fused_norm::{
     norm_forward_reference,
 };
 pub use fused_qkv::{composed_qkv_attention, split_qkv};
+pub use fused_rope::composed_rope_qkv;
 pub use fused_swiglu::composed_swiglu;
 pub use ops::ParallelOps;
 pub use shard::{ParamRole, ShardError, ShardSpec, Split};

@@ -2,7 +2,7 @@
 //! copies into strided views, fills, arange and the random fills.
 //!
 //! One generator covers them all: operand 0 is the output, the others are inputs sharing its
-//! (broadcast) shape; each op is a C expression over the inputs `a`, `b`, `c` (already widened
+//! (broadcast) shape; each op is a C expression over the inputs `a` to `d` (already widened
 //! to their compute type), the scalars `sf0 sf1` (double) / `si0 si1` (long long) and the flat
 //! index `i`. Dims that every operand walks contiguously are merged before generation, so the
 //! common all-contiguous case compiles to a flat loop with no index math.
@@ -16,8 +16,9 @@ use crate::kernels::{BLOCK, Params, grid_for, includes, launch};
 use crate::layout::{Layout, broadcast_shapes, coalesce, contiguous_strides};
 use crate::tensor::{CudaTensor, check_rank};
 
-/// Names the generated C gives to inputs 0, 1, 2.
-const INPUT_NAMES: [&str; 3] = ["a", "b", "c"];
+/// Names the generated C gives to inputs 0 to 3 (`d` is also the index loop's counter, scoped
+/// to that loop, which ends before the inputs are loaded).
+const INPUT_NAMES: [&str; 4] = ["a", "b", "c", "d"];
 
 /// Everything that determines one generated map kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -17,6 +17,7 @@ pub mod index;
 pub mod loss;
 mod norm_rows;
 pub mod reduce;
+pub mod rope;
 pub mod scan;
 pub mod sort;
 pub mod swiglu;

@@ -7,6 +7,7 @@ mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
+mod fused_rope;
 mod fused_swiglu;
 mod plain;
 mod regions;

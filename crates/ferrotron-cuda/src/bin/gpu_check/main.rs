@@ -18,6 +18,7 @@ mod fused_dropout;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
+mod fused_rope;
 mod fused_swiglu;
 mod nccl;
 mod timing;
@@ -400,6 +401,7 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_qkv::rows(&device));
         rows.extend(fused_dropout::rows(&device));
         rows.extend(fused_swiglu::rows(&device));
+        rows.extend(fused_rope::rows(&device));
     }
     let mut nccl_comm = None;
     if args.filter.is_empty() || args.filter == "nccl" {
