@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu-bench.sh — one call on the GPU machine: train each benchmark model for a few dozen steps
 # on one GPU and print one table: tokens/s, TFLOP/s, MFU (Megatron's FLOPs against 989 TFLOP/s
-# dense bf16), peak device memory, and the planner's predicted step time and memory for the same
-# layout with the ratio measured / predicted.
+# dense bf16), peak memory (the live tensors, from the allocator, and the whole device, sampled
+# with nvidia-smi), and the planner's predicted step time and memory for the same layout with the
+# ratios measured / predicted (memory: the device's peak, the number a plan must bound).
 #
 # Built here, run there (the GPU machine has no Rust toolchain):
 #   CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo build --workspace --bins
@@ -46,6 +47,7 @@ benches=(
     "gpt2-124m|recipes/gpt2-124m.yaml|16|none"
     "gpt-350m|recipes/gpt-350m.yaml|16|none"
     "gpt-1.3b-mb2|recipes/gpt-1.3b.yaml|2|none"
+    "gpt-1.3b-mb8|recipes/gpt-1.3b.yaml|8|none"
     "gpt-1.3b|recipes/gpt-1.3b.yaml|12|none"
     "gpt-1.3b-nodrop|recipes/gpt-1.3b.yaml|12|nodrop"
     "llama-1b|recipes/llama3-8b.yaml|2|llama_1b"
@@ -69,9 +71,14 @@ for entry in "${benches[@]}"; do
     if [[ ${OP_TIMING:-0} == 1 ]]; then
         timing=(env "FERROTRON_OP_TIMING=$OUT/logs/$name.ops.md")
     fi
+    # What the device holds (context, cuBLAS workspaces and the allocator's pool included),
+    # sampled every 100 ms while the run lasts: the number a plan's memory must be compared with.
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/logs/$name.smi" 2>/dev/null &
+    smi=$!
     timeout "${RUN_TIMEOUT:-300}" "${timing[@]}" "$dist/recipe" run "$recipe" --backend cuda --world-size 1 \
         --run-dir "/tmp/bench-$name" "${sets[@]}" >"$OUT/logs/$name.log" 2>&1
     echo "exit $?"
+    kill "$smi" 2>/dev/null
     cp "/tmp/bench-$name/metrics.jsonl" "$OUT/logs/$name.metrics.jsonl" 2>/dev/null || true
     grep -i "error\|peak device memory" "$OUT/logs/$name.log" | tail -3 | cut -c1-300
     unset -n more
@@ -100,13 +107,16 @@ for plan_path in sorted(glob.glob(f"{out}/logs/*.plan.json")):
     pred_mem = plan["memory"]["per_gpu_bytes"]["total"] / 2**30 if plan else float("nan")
     step_s = med("step_seconds")
     peak_gib = float(peak[-1]) if peak else float("nan")
+    smi_path = f"{out}/logs/{name}.smi"
+    smi = [float(l) for l in open(smi_path) if l.strip().replace(".", "").isdigit()] if os.path.exists(smi_path) else []
+    device_gib = max(smi) / 1024 if smi else float("nan")  # nvidia-smi reports MiB
     rows.append((name, med("tokens_per_second"), med("tflops_per_gpu"), 100 * med("mfu"), peak_gib,
-                 step_s, pred_s, step_s / pred_s if pred_s else float("nan"), pred_mem,
-                 peak_gib / pred_mem if pred_mem else float("nan"), len(steps)))
-table = ["| model | tokens/s | TFLOP/s | MFU % | peak GiB | step s | predicted s | measured/predicted | predicted GiB | peak/predicted | steps |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 device_gib, step_s, pred_s, step_s / pred_s if pred_s else float("nan"), pred_mem,
+                 device_gib / pred_mem if pred_mem else float("nan"), len(steps)))
+table = ["| model | tokens/s | TFLOP/s | MFU % | tensors peak GiB | device peak GiB | step s | predicted s | measured/predicted | predicted GiB | device/predicted | steps |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for r in rows:
-    table.append("| {} | {:,.0f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} | {} |".format(*r))
+    table.append("| {} | {:,.0f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} | {} |".format(*r))
 text = "\n".join(table)
 open(f"{out}/gpu-bench.md", "w").write(text + "\n")
 print(text)

@@ -7,11 +7,13 @@
 //! other head dims always take it (cuDNN's fused attention has no f32 path). With cuDNN
 //! missing, the first fused call stops with an error naming what to install.
 //!
-//! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`), the softmax cross-entropy
+//! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`, writing the 16-bit parameter's
+//! rounded copy in the same pass), the gradient norm's sums of squares (`kernels::reduce`,
+//! reading 16-bit gradients as they are), the softmax cross-entropy
 //! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
 //! bits drawn in the add and again in the backward), SwiGLU of the packed projection
 //! (`kernels::swiglu`) and RoPE on it (`kernels::rope`) run on our own kernels, for every float
-//! dtype; `FERROTRON_FUSED=composed` switches all six back to burn's composition.
+//! dtype; `FERROTRON_FUSED=composed` switches all seven back to burn's composition.
 
 use std::sync::OnceLock;
 
@@ -19,7 +21,8 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FusedOps, NormGrads, NormKind, NormSaved, NormSpec,
-    composed_adamw, composed_attention, composed_qkv_attention, composed_rope_qkv, composed_swiglu,
+    composed_adamw, composed_attention, composed_qkv_attention, composed_rope_qkv,
+    composed_sum_of_squares, composed_swiglu,
 };
 
 use crate::backend::Cuda;
@@ -28,6 +31,7 @@ use crate::cudnn;
 use crate::dtype::DType;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
+use crate::kernels::reduce::{ReduceOp, reduce_all};
 use crate::kernels::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
 use crate::random;
@@ -156,18 +160,30 @@ impl FusedOps for Cuda {
         {
             return composed_adamw::<Self>(value, grad, moments, step, device_scale);
         }
-        let (value, exp_avg, exp_avg_sq) = ok(adamw(
+        let rounded = step
+            .rounded
+            .map(|dtype| ok(crate::backend::convert::engine_dtype(dtype)));
+        let out = ok(adamw(
             &value,
             &grad,
             moments.as_ref().map(|(m, v)| (m, v)),
             step,
             device_scale.as_ref(),
+            rounded,
         ));
         AdamWTensors {
-            value,
-            exp_avg,
-            exp_avg_sq,
+            value: out.value,
+            exp_avg: out.exp_avg,
+            exp_avg_sq: out.exp_avg_sq,
+            rounded: out.rounded,
         }
+    }
+
+    fn sum_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        if !(fused_kernels_enabled() && is_float(&x)) {
+            return composed_sum_of_squares::<Self>(x);
+        }
+        ok(reduce_all(&x, ReduceOp::SumSquares))
     }
 
     fn fused_attention(

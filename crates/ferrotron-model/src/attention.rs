@@ -20,7 +20,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::module::{attention, linear};
+use burn::tensor::module::attention;
 use burn::tensor::{Bool, Tensor, TensorPrimitive};
 use ferrotron_parallel::collectives::gather_from_sequence_region;
 use ferrotron_parallel::{
@@ -197,11 +197,11 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
 
     /// The output projection of the `[batch, seq, heads·head_dim]` context.
     fn project(&self, context: Tensor<B, 3>) -> Tensor<B, 3> {
-        let output = self.tp.exit(linear(context, self.proj.weight.val(), None));
-        match &self.proj.bias {
-            Some(bias) => output + bias.val().unsqueeze(),
-            None => output,
-        }
+        self.tp.row_parallel(
+            context,
+            self.proj.weight.val(),
+            self.proj.bias.as_ref().map(|b| b.val()),
+        )
     }
 
     /// Attention over gathered keys with a global-position mask and live dropout.

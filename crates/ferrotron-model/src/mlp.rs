@@ -9,7 +9,6 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::activation::gelu;
 use burn::tensor::backend::Backend;
-use burn::tensor::module::linear;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{FusedOps, ParallelOps};
 use ferrotron_recipe::Activation;
@@ -101,12 +100,11 @@ impl<B: ParallelOps> Mlp<B> {
         } else {
             gelu(hidden)
         };
-        let partial = linear(activated, self.fc2.weight.val(), None);
-        let output = self.tp.exit(partial);
-        match &self.fc2.bias {
-            Some(bias) => output + bias.val().unsqueeze(),
-            None => output,
-        }
+        self.tp.row_parallel(
+            activated,
+            self.fc2.weight.val(),
+            self.fc2.bias.as_ref().map(|b| b.val()),
+        )
     }
 }
 

@@ -26,7 +26,9 @@ use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::{AttentionModuleOptions, FloatTensor, IntTensor};
 use burn::tensor::{Bool, DType, Tensor};
 
-use crate::fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
+use crate::fused_adamw::{
+    AdamWStep, AdamWTensors, DeviceScale, composed_adamw, composed_sum_of_squares,
+};
 use crate::fused_dropout::{
     DropoutMask, DropoutSaved, composed_dropout_add, dropout_add_backward_reference,
     dropout_add_forward_reference,
@@ -353,6 +355,12 @@ pub trait FusedOps: Backend {
         device_scale: DeviceScale<Self>,
     ) -> AdamWTensors<Self> {
         composed_adamw::<Self>(value, grad, moments, step, device_scale)
+    }
+
+    /// `Σ x²` of a flat gradient (any float dtype) as `[1]` f32, accumulated in f32: one
+    /// parameter's share of the global gradient norm. Called on the inner backend.
+    fn sum_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_sum_of_squares::<Self>(x)
     }
 
     /// Whether a training step should keep its loss, gradient norm and clipping on the device

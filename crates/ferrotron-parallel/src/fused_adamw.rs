@@ -27,6 +27,9 @@ pub struct AdamWStep {
     pub bias_correction2: f64,
     /// Factor on the gradient first (the clipping coefficient); exactly 1 skips it.
     pub grad_scale: f64,
+    /// The parameter's own 16-bit dtype, whose rounded copy of the new value the update also
+    /// writes (the model's weight after the step); `None` for an fp32 parameter.
+    pub rounded: Option<DType>,
 }
 
 /// A gradient factor that lives on the device (`[1]`, f32): the clipping coefficient of a step
@@ -39,6 +42,8 @@ pub struct AdamWTensors<B: Backend> {
     pub value: FloatTensor<B>,
     pub exp_avg: FloatTensor<B>,
     pub exp_avg_sq: FloatTensor<B>,
+    /// The new value in [`AdamWStep::rounded`]'s dtype, when asked for.
+    pub rounded: Option<FloatTensor<B>>,
 }
 
 /// `g ← g·s`; `m ← β₁m + (1−β₁)g`; `v ← β₂v + (1−β₂)g²` (from zero on the first step);
@@ -78,8 +83,16 @@ pub fn composed_adamw<B: Backend>(
     let update = m_hat.div(v_hat.sqrt().add_scalar(step.eps));
     value = value - update.mul_scalar(step.lr);
     AdamWTensors {
+        rounded: step.rounded.map(|dtype| unwrap(value.clone().cast(dtype))),
         value: unwrap(value),
         exp_avg: unwrap(exp_avg),
         exp_avg_sq: unwrap(exp_avg_sq),
     }
+}
+
+/// `Σ x²` of a gradient as `[1]` f32, the global norm's share of one parameter: widened to
+/// f32 first, so a 16-bit gradient is summed as exactly as an fp32 one (and an fp32 one goes
+/// through the arithmetic the norm always had).
+pub fn composed_sum_of_squares<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+    unwrap(wrap::<B, 1>(x).cast(DType::F32).square().sum())
 }

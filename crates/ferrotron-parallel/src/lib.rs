@@ -47,7 +47,9 @@ pub use fused::{
     AttentionGrads, AttentionSaved, AttentionSpec, FusedOps, attention_backward_reference,
     attention_forward_reference, composed_attention, repeat_groups,
 };
-pub use fused_adamw::{AdamWStep, AdamWTensors, DeviceScale, composed_adamw};
+pub use fused_adamw::{
+    AdamWStep, AdamWTensors, DeviceScale, composed_adamw, composed_sum_of_squares,
+};
 pub use fused_autodiff::{
     attention_node, cross_entropy_node, dropout_add_node, norm_node, qkv_attention_node,
     rope_qkv_node, swiglu_node,

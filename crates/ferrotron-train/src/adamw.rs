@@ -257,6 +257,8 @@ where
             bias_correction1: self.bias_correction1,
             bias_correction2: self.bias_correction2,
             grad_scale: self.grad_scale,
+            rounded: MasterWeights::<B::InnerBackend>::needs_master(param_dtype)
+                .then_some(param_dtype),
         };
         let moments = self
             .optimizer
@@ -277,10 +279,12 @@ where
                 exp_avg_sq: from_primitive(updated.exp_avg_sq),
             },
         );
-        let value = self
-            .optimizer
-            .master
-            .keep(id, from_primitive(updated.value), param_dtype);
+        let value = self.optimizer.master.keep(
+            id,
+            from_primitive(updated.value),
+            updated.rounded.map(from_primitive),
+            param_dtype,
+        );
         let updated = Tensor::<B, D>::from_inner(value.reshape(dims)).require_grad();
         Param::from_mapped_value(id, updated, mapper)
     }

@@ -132,18 +132,25 @@ impl<I: Backend> MasterWeights<I> {
         }
     }
 
-    /// Keep the updated fp32 `value` of parameter `id` and return it in the parameter's dtype.
-    /// An fp32 parameter is its own master: nothing is kept and `value` comes back as it is.
+    /// Whether a parameter of `dtype` has an fp32 master copy (every dtype but fp32).
+    pub fn needs_master(dtype: burn::tensor::DType) -> bool {
+        !is_fp32(dtype)
+    }
+
+    /// Keep the updated fp32 `value` of parameter `id` and return it in the parameter's dtype:
+    /// `rounded` where the update already wrote that copy, else `value` cast. An fp32
+    /// parameter is its own master: nothing is kept and `value` comes back as it is.
     pub fn keep(
         &mut self,
         id: ParamId,
         value: Tensor<I, 1>,
+        rounded: Option<Tensor<I, 1>>,
         dtype: burn::tensor::DType,
     ) -> Tensor<I, 1> {
         if is_fp32(dtype) {
             return value;
         }
-        let rounded = value.clone().cast(dtype);
+        let rounded = rounded.unwrap_or_else(|| value.clone().cast(dtype));
         self.weights.insert(id, value);
         rounded
     }

@@ -225,11 +225,20 @@ where
         losses.push(output.loss.clone().inner());
         lm_losses.push(output.lm_loss.inner());
         loads.accumulate(&output.expert_loads);
-        let gradients = output.loss.mul_scalar(scale).backward();
-        // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed precision).
         let gradients =
-            crate::precision::grads_to_fp32(model, GradientsParams::from_grads(gradients, model));
-        accumulator.accumulate(model, gradients);
+            GradientsParams::from_grads(output.loss.mul_scalar(scale).backward(), model);
+        if let [_] = microbatches {
+            // Nothing to sum: the norm and the optimizer read a 16-bit gradient as it is and
+            // widen it in their own arithmetic, so a copy in fp32 would only cost a pass.
+            return Pass {
+                grads: gradients,
+                loads,
+                losses,
+                lm_losses,
+            };
+        }
+        // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed precision).
+        accumulator.accumulate(model, crate::precision::grads_to_fp32(model, gradients));
     }
     Pass {
         grads: accumulator.grads(),

@@ -35,8 +35,9 @@ pub struct MapSpec {
     pub contiguous: Vec<bool>,
     /// Extra device functions the expression calls.
     pub helpers: String,
-    /// Every operand contiguous and aligned to `VECTOR` elements: the vectorised loop, then a
-    /// scalar tail.
+    /// `VECTOR` elements per thread and iteration: every operand contiguous and aligned (then
+    /// a scalar tail), or every operand's last dim contiguous in whole aligned vectors (see
+    /// `rows_of_vectors`; no tail).
     pub vector: bool,
 }
 
@@ -92,17 +93,32 @@ impl MapSpec {
 
     /// One element `i` of the grid-stride loop: its operands' offsets, loads and the store.
     fn element_body(&self) -> String {
+        let mut s = self.offsets_of("i");
+        for (j, d) in self.inputs.iter().enumerate() {
+            let n = INPUT_NAMES[j];
+            s += &format!(
+                "    const {} {n} = {};\n",
+                d.compute_c(),
+                d.load_expr(&format!("in_{n}[off{}]", j + 1))
+            );
+        }
+        s += &format!("    out[off0] = {};\n", self.out.store_expr(&self.expr));
+        s
+    }
+
+    /// `off0`.. : each operand's buffer offset of flat element `index`.
+    fn offsets_of(&self, index: &str) -> String {
         let k = self.inputs.len() + 1;
         let mut s = String::new();
         for op in 0..k {
             if self.contiguous[op] {
-                s += &format!("    long long off{op} = p.offsets[{op}] + i;\n");
+                s += &format!("    long long off{op} = p.offsets[{op}] + {index};\n");
             } else {
                 s += &format!("    long long off{op} = p.offsets[{op}];\n");
             }
         }
         if self.contiguous.iter().any(|c| !c) {
-            s += "    long long rem = i;\n";
+            s += &format!("    long long rem = {index};\n");
             s += "#pragma unroll\n";
             s += &format!("    for (int d = {} - 1; d >= 0; --d) {{\n", self.rank);
             s += "      const long long coord = rem % p.shape[d];\n";
@@ -114,15 +130,6 @@ impl MapSpec {
             }
             s += "    }\n";
         }
-        for (j, d) in self.inputs.iter().enumerate() {
-            let n = INPUT_NAMES[j];
-            s += &format!(
-                "    const {} {n} = {};\n",
-                d.compute_c(),
-                d.load_expr(&format!("in_{n}[off{}]", j + 1))
-            );
-        }
-        s += &format!("    out[off0] = {};\n", self.out.store_expr(&self.expr));
         s
     }
 
@@ -141,12 +148,26 @@ impl MapSpec {
             );
         }
         s += "  for (long long t = first; t < p.n / VECTOR; t += step) {\n";
+        let strided = self.contiguous.iter().any(|c| !c);
+        if strided {
+            // Every operand walks its last dim contiguously and that dim holds whole vectors,
+            // so one offset per operand and vector, from the vector's first element.
+            s += "    const long long i0 = t * VECTOR;\n";
+            s += &self.offsets_of("i0");
+        }
         for (j, _) in self.inputs.iter().enumerate() {
             let n = INPUT_NAMES[j];
-            s += &format!(
-                "    const V_{n} v_{n} = ((const V_{n}*)(in_{n} + p.offsets[{}]))[t];\n",
-                j + 1
-            );
+            s += &if strided {
+                format!(
+                    "    const V_{n} v_{n} = *(const V_{n}*)(in_{n} + off{});\n",
+                    j + 1
+                )
+            } else {
+                format!(
+                    "    const V_{n} v_{n} = ((const V_{n}*)(in_{n} + p.offsets[{}]))[t];\n",
+                    j + 1
+                )
+            };
         }
         s += "    V_out v_out;\n#pragma unroll\n    for (int e = 0; e < VECTOR; ++e) {\n";
         s += "      const long long i = t * VECTOR + e;\n      (void)i;\n";
@@ -162,9 +183,29 @@ impl MapSpec {
             "      v_out.v[e] = {};\n    }}\n",
             self.out.store_expr(&self.expr)
         );
-        s += "    ((V_out*)(out + p.offsets[0]))[t] = v_out;\n  }\n";
+        s += if strided {
+            "    *(V_out*)(out + off0) = v_out;\n  }\n"
+        } else {
+            "    ((V_out*)(out + p.offsets[0]))[t] = v_out;\n  }\n"
+        };
         s
     }
+}
+
+/// Whether a strided map can still move whole vectors: every operand walks the last dim
+/// contiguously (a slice of a packed projection, a broadcast table), that dim holds whole
+/// vectors, and every other stride keeps them aligned. Broadcast along the last dim is out.
+fn rows_of_vectors(shape: &[usize], strides: &[Vec<isize>]) -> bool {
+    let Some(&inner) = shape.last() else {
+        return false;
+    };
+    inner % VECTOR == 0
+        && strides.iter().all(|s| match s.split_last() {
+            Some((&last, outer)) => {
+                last == 1 && outer.iter().all(|x| x.unsigned_abs() % VECTOR == 0)
+            }
+            None => false,
+        })
 }
 
 /// Elements per thread and iteration of a vectorised map.
@@ -239,10 +280,13 @@ pub(crate) fn run_map(
     let row_major = contiguous_strides(&merged.shape);
     let contiguous: Vec<bool> = merged.strides.iter().map(|s| *s == row_major).collect();
     let vector = vector_maps_enabled()
-        && merged.shape.len() == 1
         && n >= VECTOR
-        && contiguous.iter().all(|c| *c)
-        && layouts.iter().all(|l| l.offset % VECTOR == 0);
+        && layouts.iter().all(|l| l.offset % VECTOR == 0)
+        && if contiguous.iter().all(|c| *c) {
+            merged.shape.len() == 1
+        } else {
+            rows_of_vectors(&merged.shape, &merged.strides)
+        };
     let spec = MapSpec {
         name: name.to_string(),
         out: out.dtype(),
@@ -826,6 +870,33 @@ mod tests {
         insta::assert_snapshot!("map_add_bf16_vector", s.source());
     }
 
+    /// SwiGLU's halves of a packed `[rows, 2f]` projection: one offset per operand and vector.
+    #[test]
+    fn strided_halves_move_whole_vectors_from_one_offset_each() {
+        let mut s = spec(
+            &BinaryOp::Mul.expr(DType::BF16).unwrap(),
+            vec![DType::BF16, DType::BF16],
+            DType::BF16,
+            2,
+            vec![true, false, false],
+        );
+        s.vector = true;
+        insta::assert_snapshot!("map_mul_bf16_strided_vector", s.source());
+    }
+
+    #[test]
+    fn rows_of_vectors_need_a_contiguous_aligned_last_dim() {
+        // The gate half of [4096, 2·8192] and a broadcast [8192] row, into a [4096, 8192] output.
+        let half = vec![vec![8192, 1], vec![16384, 1], vec![0, 1]];
+        assert!(rows_of_vectors(&[4096, 8192], &half));
+        // A row of 12 elements straddles vectors; a column stride of 2 is not contiguous; a row
+        // stride of 12 misaligns every other row; broadcast along the last dim moves no vector.
+        assert!(!rows_of_vectors(&[4, 12], &[vec![12, 1], vec![24, 1]]));
+        assert!(!rows_of_vectors(&[4, 16], &[vec![16, 1], vec![32, 2]]));
+        assert!(!rows_of_vectors(&[4, 16], &[vec![16, 1], vec![12, 1]]));
+        assert!(!rows_of_vectors(&[4, 16], &[vec![16, 1], vec![1, 0]]));
+    }
+
     /// Vectorised sources compile for sm_90 (NVRTC, no GPU needed): mixed widths (a cast), an
     /// expression of the index (arange), no inputs (a fill).
     #[test]
@@ -849,6 +920,18 @@ mod tests {
             crate::kernels::cache::compile_for_test(&source, "sm_90")
                 .unwrap_or_else(|e| panic!("{e}\n{source}"));
         }
+        // Rows of vectors: strided inputs, an index expression, four inputs (RoPE's shape).
+        let mut s = spec(
+            "(a * c - b * d + 0 * i)",
+            vec![DType::BF16; 4],
+            DType::BF16,
+            3,
+            vec![false, false, false, false, true],
+        );
+        s.vector = true;
+        let source = s.source();
+        crate::kernels::cache::compile_for_test(&source, "sm_90")
+            .unwrap_or_else(|e| panic!("{e}\n{source}"));
     }
 
     #[test]

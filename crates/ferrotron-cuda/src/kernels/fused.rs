@@ -438,14 +438,18 @@ struct AdamW {
     scale: bool,
     /// A factor read from device memory (`[1]` f32: a clipping coefficient the host never saw).
     device_scale: bool,
+    /// The parameter's 16-bit dtype, whose rounded copy of the new value is also written.
+    rounded: Option<DType>,
 }
 
 impl KernelSpec for AdamW {
     fn source(&self) -> String {
         let g = self.grad;
         let mut s = format!("// adamw f32 grad {g}\n");
-        s += includes(uses_half(&[g]));
-        s += "struct Params { long long n; unsigned long long value, grad, m, v, out_value, out_m, out_v, device_scale; double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, bc1, bc2, scale; };\n";
+        let mut dtypes = vec![g];
+        dtypes.extend(self.rounded);
+        s += includes(uses_half(&dtypes));
+        s += "struct Params { long long n; unsigned long long value, grad, m, v, out_value, out_m, out_v, device_scale, out_rounded; double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, bc1, bc2, scale; };\n";
         s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
         s += &format!(
             "  const {gs}* grad = (const {gs}*)p.grad;\n",
@@ -476,20 +480,39 @@ impl KernelSpec for AdamW {
         }
         s += "    const float m_hat = m / (float)p.bc1, v_hat = v / (float)p.bc2;\n";
         s += "    w = w - (m_hat / (sqrtf(v_hat) + (float)p.eps)) * (float)p.lr;\n";
-        s += "    out_value[i] = w; out_m[i] = m; out_v[i] = v;\n  }\n}\n";
+        s += "    out_value[i] = w; out_m[i] = m; out_v[i] = v;\n";
+        if let Some(r) = self.rounded {
+            s += &format!(
+                "    (({t}*)p.out_rounded)[i] = {};\n",
+                r.store_expr("w"),
+                t = r.storage_c()
+            );
+        }
+        s += "  }\n}\n";
         s
     }
 }
 
-/// One AdamW update of a flat fp32 `value` from `grad` and the moments: new value and moments.
-/// `device_scale` (`[1]`, f32) multiplies the gradient after `s.grad_scale`.
+/// What one AdamW update writes: the new fp32 value, both moments, and the value rounded to
+/// the parameter's dtype where `AdamWStep::rounded` asks for it.
+pub struct AdamWOutput {
+    pub value: CudaTensor,
+    pub exp_avg: CudaTensor,
+    pub exp_avg_sq: CudaTensor,
+    pub rounded: Option<CudaTensor>,
+}
+
+/// One AdamW update of a flat fp32 `value` from `grad` and the moments.
+/// `device_scale` (`[1]`, f32) multiplies the gradient after `s.grad_scale`; `rounded` asks
+/// for the new value in that dtype too (the 16-bit parameter's own copy).
 pub fn adamw(
     value: &CudaTensor,
     grad: &CudaTensor,
     moments: Option<(&CudaTensor, &CudaTensor)>,
     s: AdamWStep,
     device_scale: Option<&CudaTensor>,
-) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+    rounded: Option<DType>,
+) -> Result<AdamWOutput> {
     let op = || value.op("adamw");
     let n = value.numel();
     let flat = |t: &CudaTensor, dtype: Option<DType>| -> Result<CudaTensor> {
@@ -520,12 +543,16 @@ pub fn adamw(
     let device = value.device();
     let out = || CudaTensor::empty(device, &[n], DType::F32);
     let (out_value, out_m, out_v) = (out()?, out()?, out()?);
+    let rounded = rounded
+        .map(|dtype| CudaTensor::empty(device, &[n], dtype))
+        .transpose()?;
     let spec = AdamW {
         grad: grad.dtype(),
         first: moments.is_none(),
         decay: s.decay.is_some(),
         scale: s.grad_scale != 1.0,
         device_scale: device_scale.is_some(),
+        rounded: rounded.as_ref().map(CudaTensor::dtype),
     };
     let mut params = Params::new();
     params
@@ -538,6 +565,7 @@ pub fn adamw(
         .ptr(out_m.data_ptr())
         .ptr(out_v.data_ptr())
         .ptr(device_scale.as_ref().map_or(0, CudaTensor::data_ptr))
+        .ptr(rounded.as_ref().map_or(0, CudaTensor::data_ptr))
         .float(s.lr)
         .float(s.beta1)
         .float(1.0 - s.beta1)
@@ -558,7 +586,12 @@ pub fn adamw(
             &op,
         )?;
     }
-    Ok((out_value, out_m, out_v))
+    Ok(AdamWOutput {
+        value: out_value,
+        exp_avg: out_m,
+        exp_avg_sq: out_v,
+        rounded,
+    })
 }
 
 #[cfg(test)]
@@ -608,6 +641,7 @@ mod tests {
                         decay: !first,
                         scale: first,
                         device_scale: !first,
+                        rounded: first.then_some(DType::BF16),
                     }
                     .source(),
                 );

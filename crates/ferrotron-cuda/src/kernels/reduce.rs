@@ -26,6 +26,9 @@ pub enum ReduceOp {
     Min,
     /// max(|x|)
     MaxAbs,
+    /// Σ x², accumulated and returned in the accumulator type (f32 for 16-bit floats): a
+    /// gradient's share of the global norm in one pass, without an fp32 copy of it.
+    SumSquares,
     /// Any element non-zero (bool result).
     Any,
     /// All elements non-zero (bool result).
@@ -43,13 +46,16 @@ impl ReduceOp {
     pub fn output_dtype(self, input: DType) -> DType {
         match self {
             ReduceOp::Any | ReduceOp::All => DType::Bool,
+            ReduceOp::SumSquares => self.partial_dtype(input),
             _ => input,
         }
     }
 
     fn acc_c(self, input: DType) -> &'static str {
         match self {
-            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod => input.accumulate_c(),
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::SumSquares => {
+                input.accumulate_c()
+            }
             ReduceOp::Max | ReduceOp::Min | ReduceOp::MaxAbs => input.compute_c(),
             ReduceOp::Any | ReduceOp::All => "bool",
         }
@@ -68,7 +74,7 @@ impl ReduceOp {
 
     fn init(self, input: DType) -> &'static str {
         match self {
-            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::MaxAbs => "0",
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::MaxAbs | ReduceOp::SumSquares => "0",
             ReduceOp::Prod => "1",
             ReduceOp::Max => input.min_value_c(),
             ReduceOp::Min => input.max_value_c(),
@@ -85,6 +91,7 @@ impl ReduceOp {
             ReduceOp::MaxAbs if input == DType::U8 || input.is_bool() => "v".into(),
             ReduceOp::MaxAbs => "(v < 0 ? -v : v)".into(),
             ReduceOp::Any | ReduceOp::All => "(v != 0)".into(),
+            ReduceOp::SumSquares => format!("(({acc})v * ({acc})v)"),
             _ => format!("(({acc})v)"),
         }
     }
@@ -92,7 +99,7 @@ impl ReduceOp {
     /// Combines two accumulators `x` and `y`.
     fn combine(self) -> &'static str {
         match self {
-            ReduceOp::Sum | ReduceOp::Mean => "(x + y)",
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::SumSquares => "(x + y)",
             ReduceOp::Prod => "(x * y)",
             ReduceOp::Max | ReduceOp::MaxAbs => "(y > x ? y : x)",
             ReduceOp::Min => "(y < x ? y : x)",
@@ -419,6 +426,7 @@ pub fn reduce_all(x: &CudaTensor, op: ReduceOp) -> Result<CudaTensor> {
     // Second pass: the same op over the partials (Mean divides by the original count).
     let second = match op {
         ReduceOp::Any | ReduceOp::All | ReduceOp::Mean | ReduceOp::Sum | ReduceOp::Prod => op,
+        ReduceOp::SumSquares => ReduceOp::Sum,
         ReduceOp::Max | ReduceOp::MaxAbs => ReduceOp::Max,
         ReduceOp::Min => ReduceOp::Min,
     };
@@ -522,6 +530,45 @@ mod tests {
             rank: 2,
         };
         insta::assert_snapshot!("argmax_i64", spec.source());
+    }
+
+    /// A bf16 gradient's Σ x²: squared after widening, summed and stored in f32, both passes.
+    #[test]
+    fn sum_of_squares_widens_before_squaring() {
+        assert_eq!(ReduceOp::SumSquares.output_dtype(DType::BF16), DType::F32);
+        for strategy in [Strategy::SplitPartials, Strategy::BlockPerOutput] {
+            let spec = ReduceSpec {
+                op: ReduceOp::SumSquares,
+                input: DType::BF16,
+                out: DType::F32,
+                rank: 1,
+                strategy,
+            };
+            let src = spec.source();
+            assert!(src.contains("((float)v * (float)v)"), "{src}");
+            assert!(src.contains("float* out = (float*)"), "{src}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn sum_of_squares_sources_compile() {
+        for (input, strategy) in [
+            (DType::BF16, Strategy::SplitPartials),
+            (DType::BF16, Strategy::BlockPerOutput),
+            (DType::F32, Strategy::SplitPartials),
+        ] {
+            let spec = ReduceSpec {
+                op: ReduceOp::SumSquares,
+                input,
+                out: DType::F32,
+                rank: 1,
+                strategy,
+            };
+            let source = spec.source();
+            crate::kernels::cache::compile_for_test(&source, "sm_90")
+                .unwrap_or_else(|e| panic!("{e}\n{source}"));
+        }
     }
 
     #[test]

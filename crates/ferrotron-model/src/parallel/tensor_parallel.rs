@@ -7,6 +7,7 @@
 //! make it the same way, and on one rank every operator is the identity.
 
 use burn::tensor::Tensor;
+use burn::tensor::module::linear;
 use ferrotron_parallel::collectives::{
     copy_to_region, gather_from_sequence_region, reduce_from_region,
     reduce_scatter_to_sequence_region,
@@ -66,6 +67,26 @@ impl TensorParallel {
             reduce_scatter_to_sequence_region(y, D - 2, &self.comm)
         } else {
             reduce_from_region(y, &self.comm)
+        }
+    }
+
+    /// A row-parallel layer: `x · weight` joined over the group by [`exit`](Self::exit), then
+    /// the bias, once. On one rank there is nothing to join, so the bias goes into the linear
+    /// op itself: the same sum on the CPU, and on the GPU the GEMM's epilogue and a GEMV for
+    /// its gradient instead of an add over the output and a reduction in backward.
+    pub fn row_parallel<B: ParallelOps, const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+        weight: Tensor<B, 2>,
+        bias: Option<Tensor<B, 1>>,
+    ) -> Tensor<B, D> {
+        if self.size() == 1 {
+            return linear(x, weight, bias);
+        }
+        let output = self.exit(linear(x, weight, None));
+        match bias {
+            Some(bias) => output + bias.unsqueeze(),
+            None => output,
         }
     }
 }

@@ -136,6 +136,7 @@ fn adamw_step(first: bool, decay: bool, scale: f64) -> AdamWStep {
         bias_correction1: 1.0 - 0.9f64.powi(t),
         bias_correction2: 1.0 - 0.95f64.powi(t),
         grad_scale: scale,
+        rounded: None,
     }
 }
 
