@@ -21,6 +21,7 @@ mod model;
 pub mod moe;
 mod norm;
 mod parallel;
+mod recompute;
 mod rope;
 
 pub use config::{Capacity, GroupLimit, ModelConfig, MoeConfig};
@@ -28,6 +29,7 @@ pub use error::ModelError;
 pub use expert_loads::ExpertLoads;
 pub use generate::generate;
 pub use model::{GptModel, LossOutput, ModelOutput};
+pub use recompute::RecomputePolicy;
 pub use parallel::{
     ChunkData, ChunkInput, ChunkOutput, ChunkSpec, TensorParallel, TokensAndLabels,
     context_parallel_positions, context_parallel_slice, split_for_context_parallel,

@@ -11,7 +11,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_model::{ExpertLoads, GptModel};
-use ferrotron_parallel::ParallelOps;
+use ferrotron_parallel::{ParallelOps, recompute};
 
 use crate::clip::{device_clip_coefficient, grad_sum_of_squares};
 use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
@@ -165,7 +165,7 @@ where
         return device_step(model, optimizer, microbatches, context, device);
     }
     let scale = 1.0 / microbatches.len() as f64;
-    let pass = forward_backward(&model, microbatches, context, device);
+    let pass = forward_backward(&model, microbatches, context, device)?;
     let read = |values: &[Tensor<B::InnerBackend, 1>]| {
         values
             .iter()
@@ -207,7 +207,7 @@ fn forward_backward<B>(
     microbatches: &[Microbatch],
     context: StepContext,
     device: &B::Device,
-) -> Pass<B>
+) -> Result<Pass<B>, TrainError>
 where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
@@ -222,21 +222,29 @@ where
     for microbatch in microbatches {
         let (inputs, labels) = microbatch.tensors::<B>(device);
         let output = model.loss(inputs, labels);
+        let tape = recompute::take::<B>();
         losses.push(output.loss.clone().inner());
         lm_losses.push(output.lm_loss.inner());
         loads.accumulate(&output.expert_loads);
-        let gradients = output.loss.mul_scalar(scale).backward();
+        let gradients = crate::backward::backward(
+            output.loss.mul_scalar(scale),
+            tape,
+            model,
+            &[],
+            model.has_dropout(),
+            &mut || Ok(()),
+        )?;
         // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed precision).
         let gradients =
             crate::precision::grads_to_fp32(model, GradientsParams::from_grads(gradients, model));
         accumulator.accumulate(model, gradients);
     }
-    Pass {
+    Ok(Pass {
         grads: accumulator.grads(),
         loads,
         losses,
         lm_losses,
-    }
+    })
 }
 
 fn check_finite(value: f64, iteration: u64, what: &'static str) -> Result<(), TrainError> {
@@ -270,7 +278,7 @@ where
         loads,
         losses,
         lm_losses,
-    } = forward_backward(&model, microbatches, context, device);
+    } = forward_backward(&model, microbatches, context, device)?;
     let squares = grad_sum_of_squares::<B, _>(&model, &grads);
     let clip = squares
         .as_ref()
