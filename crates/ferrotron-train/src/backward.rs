@@ -136,3 +136,7 @@ fn transfer_params<B: AutodiffBackend, M: Module<B>>(
     }
     module.visit(&mut Transfer::<B> { from, into });
 }
+
+#[cfg(test)]
+#[path = "backward_tests.rs"]
+mod tests;
