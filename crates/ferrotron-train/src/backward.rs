@@ -13,7 +13,7 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_parallel::recompute::{Segment, Tape};
 
