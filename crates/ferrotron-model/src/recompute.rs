@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::rc::Rc;
 
-use burn::module::Module;
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::ParallelOps;
@@ -125,6 +125,11 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
     mark: RngMark,
 ) -> LayersOut<B> {
     let has_moe = layers.iter().any(|layer| layer.moe().is_some());
+    // A lazily initialised parameter (burn's norm initialisers) cloned before its first read
+    // would initialise in each clone: another tensor, another autodiff leaf than the model's.
+    for layer in layers {
+        layer.visit(&mut Materialize);
+    }
     let tracked = Rc::new(layers.to_vec());
     let positions = positions.clone();
     let loads = Rc::new(RefCell::new(Vec::new()));
@@ -178,6 +183,14 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
         hidden,
         aux_loss,
         loads: all_loads,
+    }
+}
+
+struct Materialize;
+
+impl<B: Backend> ModuleVisitor<B> for Materialize {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        param.val();
     }
 }
 

@@ -63,7 +63,7 @@ fn one_rank_with_dropout_recomputes_bit_identically() {
 
 #[test]
 fn moe_recomputes_bit_identically() {
-    let moe = json!({"model": {"moe": {"num_experts": 2, "router_topk": 1}}});
+    let moe = json!({"model": {"moe": {"num_experts": 2, "router_topk": 2}}});
     check(alone(), 2, moe, full("uniform", 1));
 }
 
