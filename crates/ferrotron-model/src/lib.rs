@@ -29,11 +29,11 @@ pub use error::ModelError;
 pub use expert_loads::ExpertLoads;
 pub use generate::generate;
 pub use model::{GptModel, LossOutput, ModelOutput};
-pub use recompute::RecomputePolicy;
 pub use parallel::{
     ChunkData, ChunkInput, ChunkOutput, ChunkSpec, TensorParallel, TokensAndLabels,
     context_parallel_positions, context_parallel_slice, split_for_context_parallel,
 };
+pub use recompute::RecomputePolicy;
 
 #[cfg(test)]
 mod tests;

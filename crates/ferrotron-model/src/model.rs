@@ -22,11 +22,11 @@ use ferrotron_recipe::PositionEmbedding;
 use crate::block::TransformerBlock;
 use crate::init::{normal_embedding, normal_linear};
 use crate::norm::Norm;
-use crate::recompute::{LayersOut, RecomputePolicy, run_plain, run_recomputed};
 use crate::parallel::{
     ChunkData, ChunkInput, ChunkOutput, ChunkSpec, Placement, SequencePositions, TensorParallel,
     VocabShard, cut_module, roles_of, vocab_parallel_cross_entropy, vocab_parallel_lookup,
 };
+use crate::recompute::{LayersOut, RecomputePolicy, run_plain, run_recomputed};
 use crate::{ExpertLoads, ModelConfig, ModelError};
 
 #[derive(Module, Debug)]
@@ -588,7 +588,13 @@ impl<B: ParallelOps> GptModel<B> {
         };
         let mut next = 0;
         for range in ranges {
-            out = run_plain(&self.layers[next..range.start], out, positions, marks, false);
+            out = run_plain(
+                &self.layers[next..range.start],
+                out,
+                positions,
+                marks,
+                false,
+            );
             let mark = if marks { B::rng_mark(device) } else { [0, 0] };
             out = run_recomputed(&self.layers[range.clone()], out, positions, marks, mark);
             next = range.end;

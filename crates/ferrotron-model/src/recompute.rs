@@ -48,7 +48,9 @@ impl RecomputePolicy {
                 .map(|n| n as usize)
                 .filter(|&n| n > 0)
                 .ok_or_else(|| {
-                    ModelError::Incompatible("recompute: full needs num_layers of at least 1".to_owned())
+                    ModelError::Incompatible(
+                        "recompute: full needs num_layers of at least 1".to_owned(),
+                    )
                 })
         };
         match (recompute.granularity, recompute.method) {
@@ -137,7 +139,9 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
     let rerun: Rerun<B> = Rc::new(move |inputs, track| {
         let mut inputs = inputs.into_iter();
         let hidden = Tensor::from_primitive(TensorPrimitive::Float(
-            inputs.next().expect("a range's first input is the hidden states"),
+            inputs
+                .next()
+                .expect("a range's first input is the hidden states"),
         ));
         let aux_loss = match inputs.next() {
             Some(aux) => Tensor::from_primitive(TensorPrimitive::Float(aux)),
@@ -147,7 +151,10 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
         let layers = if track {
             tracked.as_slice()
         } else {
-            untracked = tracked.iter().map(|layer| layer.clone().no_grad()).collect();
+            untracked = tracked
+                .iter()
+                .map(|layer| layer.clone().no_grad())
+                .collect();
             untracked.as_slice()
         };
         let input = LayersOut {
@@ -209,6 +216,9 @@ mod tests {
             RecomputePolicy::Block { layers: 2 }.ranges(5),
             vec![0..1, 1..2]
         );
-        assert_eq!(RecomputePolicy::Block { layers: 9 }.ranges(2), vec![0..1, 1..2]);
+        assert_eq!(
+            RecomputePolicy::Block { layers: 9 }.ranges(2),
+            vec![0..1, 1..2]
+        );
     }
 }

@@ -58,7 +58,9 @@ where
         }
         let fresh: Vec<_> = inputs
             .iter()
-            .map(|(x, tracked)| B::float_set_require_grad(B::from_inner(B::inner(x.clone())), *tracked))
+            .map(|(x, tracked)| {
+                B::float_set_require_grad(B::from_inner(B::inner(x.clone())), *tracked)
+            })
             .collect();
         let rerun = rerun(fresh.clone(), true);
         fence()?;
@@ -97,9 +99,7 @@ fn surrogate<B: AutodiffBackend>(
     pairs: impl Iterator<Item = (FloatTensor<B>, Option<FloatTensor<B::InnerBackend>>)>,
 ) -> FloatTensor<B> {
     pairs
-        .filter_map(|(y, grad)| {
-            grad.map(|grad| B::float_sum(B::float_mul(y, B::from_inner(grad))))
-        })
+        .filter_map(|(y, grad)| grad.map(|grad| B::float_sum(B::float_mul(y, B::from_inner(grad)))))
         .reduce(B::float_add)
         .expect("a surrogate over at least one gradient")
 }

@@ -50,7 +50,8 @@ fn gradients(policy: RecomputePolicy, restore: bool) -> (Vec<Option<Vec<f32>>>, 
     impl ModuleVisitor<B> for Read<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let grad = param.val().grad(self.grads);
-            self.out.push(grad.map(|g| g.into_data().to_vec::<f32>().expect("f32")));
+            self.out
+                .push(grad.map(|g| g.into_data().to_vec::<f32>().expect("f32")));
         }
     }
     let mut read = Read {
@@ -73,7 +74,10 @@ fn recomputed_gradients_are_bit_identical_with_dropout() {
         let (grads, after, cut) = gradients(policy, true);
         assert_eq!(cut, ranges, "{policy:?} cuts {ranges} ranges");
         assert_eq!(grads, kept, "{policy:?}: gradients differ");
-        assert_eq!(after, kept_after, "{policy:?}: the generator moved differently");
+        assert_eq!(
+            after, kept_after,
+            "{policy:?}: the generator moved differently"
+        );
     }
 }
 

@@ -26,7 +26,10 @@ fn check(layout: Layout, layers: u32, extra: Value, recompute: Value) {
             train_world(&plan, &options).expect("the parallel run trains")
         };
         let losses = outcomes[0].summary.losses.clone();
-        (losses, assemble(outcomes.into_iter().flat_map(|o| o.params)))
+        (
+            losses,
+            assemble(outcomes.into_iter().flat_map(|o| o.params)),
+        )
     };
     let (kept_losses, kept_weights) = run("kept", json!({"granularity": "none"}));
     let (losses, weights) = run("recomputed", recompute.clone());
@@ -35,7 +38,10 @@ fn check(layout: Layout, layers: u32, extra: Value, recompute: Value) {
         "{layout:?} with {recompute}: losses differ from the run that keeps activations"
     );
     let difference = max_weight_difference(&kept_weights, &weights);
-    assert_eq!(difference, 0.0, "{layout:?} with {recompute}: weights differ");
+    assert_eq!(
+        difference, 0.0,
+        "{layout:?} with {recompute}: weights differ"
+    );
 }
 
 fn full(method: &str, layers: u32) -> Value {
