@@ -13,6 +13,9 @@
 //! sums in f32 in rank order and rounds once: bit-identical results across transports are not a
 //! promise at bf16, only at a group of one.
 //!
+//! `rng_mark`/`rng_restore` read and set the device's counter-based generator, so recomputed
+//! layers (`ferrotron_parallel::recompute`) draw their dropout again exactly.
+//!
 //! The impl sits in this crate (the trait's crate cannot name our backend without a cycle).
 
 use ferrotron_dist::CommError;
