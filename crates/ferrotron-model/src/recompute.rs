@@ -221,4 +221,30 @@ mod tests {
             vec![0..1, 1..2]
         );
     }
+
+    #[test]
+    fn the_recipe_section_maps_to_a_policy() {
+        use RecomputeGranularity::{Auto, Full, None as Off, Selective};
+        let policy = |granularity, method, num_layers| {
+            RecomputePolicy::from_recipe(&Recompute {
+                granularity,
+                method,
+                num_layers,
+            })
+            .ok()
+        };
+        assert_eq!(policy(Off, None, None), Some(RecomputePolicy::Keep));
+        assert_eq!(policy(Selective, None, None), Some(RecomputePolicy::Keep));
+        assert_eq!(
+            policy(Full, Some(RecomputeMethod::Uniform), Some(2)),
+            Some(RecomputePolicy::Uniform { layers: 2 })
+        );
+        assert_eq!(
+            policy(Full, Some(RecomputeMethod::Block), Some(1)),
+            Some(RecomputePolicy::Block { layers: 1 })
+        );
+        assert_eq!(policy(Full, None, Some(1)), None);
+        assert_eq!(policy(Full, Some(RecomputeMethod::Block), None), None);
+        assert_eq!(policy(Auto, None, None), None);
+    }
 }
