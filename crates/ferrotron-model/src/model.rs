@@ -244,7 +244,6 @@ impl<B: Backend> GptModel<B> {
         }
     }
 
-    /// The configuration the model was built from.
     /// The same model recomputing `policy`'s layers in the backward pass.
     pub fn with_recompute(self, policy: RecomputePolicy) -> Self {
         GptModel {
@@ -259,6 +258,7 @@ impl<B: Backend> GptModel<B> {
         self.config.hidden_dropout > 0.0 || self.config.attention_dropout > 0.0
     }
 
+    /// The configuration the model was built from.
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
