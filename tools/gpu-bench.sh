@@ -50,10 +50,14 @@ benches=(
     "gpt-1.3b-mb8|recipes/gpt-1.3b.yaml|8|none"
     "gpt-1.3b|recipes/gpt-1.3b.yaml|12|none"
     "gpt-1.3b-nodrop|recipes/gpt-1.3b.yaml|12|nodrop"
+    "gpt-1.3b-full|recipes/gpt-1.3b.yaml|12|full"
+    "gpt-1.3b-full-mb24|recipes/gpt-1.3b.yaml|24|full"
     "llama-1b|recipes/llama3-8b.yaml|2|llama_1b"
     "moe-8x|recipes/mixtral-8x7b.yaml|4|moe_small"
 )
 nodrop=(--set model.attention_dropout=0.0 --set model.hidden_dropout=0.0)
+# Full recomputation, every layer its own range (Megatron's uniform, num_layers 1).
+full=(--set recompute.granularity=full --set recompute.method=uniform --set recompute.num_layers=1)
 none=()
 
 for entry in "${benches[@]}"; do

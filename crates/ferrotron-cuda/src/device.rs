@@ -234,6 +234,20 @@ impl CudaDevice {
         self.rng_offset.store(0, Ordering::SeqCst);
     }
 
+    /// Where the generator stands: (seed, next counter). Setting it back with
+    /// [`Self::set_rng_state`] replays the same draws (a recomputed layer's dropout masks).
+    pub fn rng_state(&self) -> [u64; 2] {
+        [
+            self.rng_seed.load(Ordering::SeqCst),
+            self.rng_offset.load(Ordering::SeqCst),
+        ]
+    }
+
+    pub fn set_rng_state(&self, [seed, offset]: [u64; 2]) {
+        self.rng_seed.store(seed, Ordering::SeqCst);
+        self.rng_offset.store(offset, Ordering::SeqCst);
+    }
+
     /// Reserves `count` random draws: returns (seed, first counter). Each call gets a fresh
     /// counter range, so successive random tensors differ and the sequence is reproducible.
     pub(crate) fn next_rng_offset(&self, count: u64) -> (u64, u64) {

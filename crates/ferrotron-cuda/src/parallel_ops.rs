@@ -13,12 +13,16 @@
 //! sums in f32 in rank order and rounds once: bit-identical results across transports are not a
 //! promise at bf16, only at a group of one.
 //!
+//! `rng_mark`/`rng_restore` read and set the device's counter-based generator, so recomputed
+//! layers (`ferrotron_parallel::recompute`) draw their dropout again exactly.
+//!
 //! The impl sits in this crate (the trait's crate cannot name our backend without a cycle).
 
 use ferrotron_dist::CommError;
+use ferrotron_parallel::recompute::RngMark;
 use ferrotron_parallel::{Comm, ReduceOp, host};
 
-use crate::backend::Cuda;
+use crate::backend::{Cuda, GpuDevice};
 use crate::nccl::NcclComm;
 use crate::tensor::CudaTensor;
 
@@ -32,6 +36,16 @@ fn expect(result: Result<CudaTensor, CommError>) -> CudaTensor {
 }
 
 impl ferrotron_parallel::ParallelOps for Cuda {
+    /// The counter-based generator's (seed, counter): reading it changes nothing, so marks cost
+    /// a run without recomputation nothing either.
+    fn rng_mark(device: &GpuDevice) -> RngMark {
+        device.engine().rng_state()
+    }
+
+    fn rng_restore(device: &GpuDevice, mark: RngMark) {
+        device.engine().set_rng_state(mark);
+    }
+
     fn reduce_from_region(x: CudaTensor, comm: &Comm) -> CudaTensor {
         if comm.size() == 1 {
             return x;

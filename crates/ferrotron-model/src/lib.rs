@@ -21,6 +21,7 @@ mod model;
 pub mod moe;
 mod norm;
 mod parallel;
+mod recompute;
 mod rope;
 
 pub use config::{Capacity, GroupLimit, ModelConfig, MoeConfig};
@@ -32,6 +33,7 @@ pub use parallel::{
     ChunkData, ChunkInput, ChunkOutput, ChunkSpec, TensorParallel, TokensAndLabels,
     context_parallel_positions, context_parallel_slice, split_for_context_parallel,
 };
+pub use recompute::RecomputePolicy;
 
 #[cfg(test)]
 mod tests;

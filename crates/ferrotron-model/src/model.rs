@@ -26,6 +26,7 @@ use crate::parallel::{
     ChunkData, ChunkInput, ChunkOutput, ChunkSpec, Placement, SequencePositions, TensorParallel,
     VocabShard, cut_module, roles_of, vocab_parallel_cross_entropy, vocab_parallel_lookup,
 };
+use crate::recompute::{LayersOut, RecomputePolicy, run_plain, run_recomputed};
 use crate::{ExpertLoads, ModelConfig, ModelError};
 
 #[derive(Module, Debug)]
@@ -49,6 +50,9 @@ pub struct GptModel<B: Backend> {
     chunk: ChunkSpec,
     #[module(skip)]
     parallel: ParallelContext,
+    /// Which layers the backward pass recomputes.
+    #[module(skip)]
+    recompute: RecomputePolicy,
 }
 
 /// The forward pass's results.
@@ -115,6 +119,7 @@ impl<B: Backend> GptModel<B> {
             config: config.clone(),
             chunk: ChunkSpec::whole(config),
             parallel: ParallelContext::single(),
+            recompute: RecomputePolicy::Keep,
         }
     }
 
@@ -179,6 +184,7 @@ impl<B: Backend> GptModel<B> {
             config: config.clone(),
             chunk: chunk.clone(),
             parallel: ctx.clone(),
+            recompute: full.recompute,
         })
     }
 
@@ -236,6 +242,20 @@ impl<B: Backend> GptModel<B> {
         } else {
             Err(ModelError::Layout(loader.problems.join("; ")))
         }
+    }
+
+    /// The same model recomputing `policy`'s layers in the backward pass.
+    pub fn with_recompute(self, policy: RecomputePolicy) -> Self {
+        GptModel {
+            recompute: policy,
+            ..self
+        }
+    }
+
+    /// Whether a training forward draws dropout masks (the backward driver then keeps the
+    /// generator where a run without recomputation would have it).
+    pub fn has_dropout(&self) -> bool {
+        self.config.hidden_dropout > 0.0 || self.config.attention_dropout > 0.0
     }
 
     /// The configuration the model was built from.
@@ -545,23 +565,42 @@ impl<B: ParallelOps> GptModel<B> {
         self.embedding_dropout.forward(hidden)
     }
 
+    /// The chunk's layers, the policy's ranges cut out for recomputation. Under a training
+    /// forward with dropout every layer start marks the generator, recomputed or not, so both
+    /// draw the same masks (`ferrotron_parallel::recompute`).
     fn run_layers(
         &self,
-        mut hidden: Tensor<B, 3>,
+        hidden: Tensor<B, 3>,
         positions: &SequencePositions<B>,
         device: &B::Device,
     ) -> (Tensor<B, 3>, Tensor<B, 1>, ExpertLoads) {
-        let mut aux_loss = Tensor::<B, 1>::zeros([1], device);
-        let mut loads = Vec::new();
-        for layer in &self.layers {
-            let (next, stats) = layer.forward(hidden, positions);
-            hidden = next;
-            if let Some(stats) = stats {
-                aux_loss = aux_loss + stats.aux_loss;
-                loads.push(stats.loads);
-            }
+        let training = B::ad_enabled(device);
+        let marks = training && self.has_dropout();
+        let ranges = if training {
+            self.recompute.ranges(self.layers.len())
+        } else {
+            Vec::new()
+        };
+        let mut out = LayersOut {
+            hidden,
+            aux_loss: Tensor::<B, 1>::zeros([1], device),
+            loads: Vec::new(),
+        };
+        let mut next = 0;
+        for range in ranges {
+            out = run_plain(
+                &self.layers[next..range.start],
+                out,
+                positions,
+                marks,
+                false,
+            );
+            let mark = if marks { B::rng_mark(device) } else { [0, 0] };
+            out = run_recomputed(&self.layers[range.clone()], out, positions, marks, mark);
+            next = range.end;
         }
-        (hidden, aux_loss, ExpertLoads { layers: loads })
+        let out = run_plain(&self.layers[next..], out, positions, marks, false);
+        (out.hidden, out.aux_loss, ExpertLoads { layers: out.loads })
     }
 
     /// Final norm and this rank's vocabulary columns of the logits, `[batch, seq, vocab/tp]`

@@ -16,6 +16,8 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::comm::Comm;
 use crate::ops::ParallelOps;
+use crate::recompute::{Rerun, RngMark};
+use crate::recompute_autodiff;
 use ferrotron_dist::ReduceOp;
 
 /// What the backward of a region operator does with the incoming gradient.
@@ -150,5 +152,21 @@ impl<B: ParallelOps, C: CheckpointStrategy> ParallelOps for Autodiff<B, C> {
     fn all_reduce_detached(x: FloatTensor<Self>, op: ReduceOp, comm: &Comm) -> FloatTensor<Self> {
         let inner = <Self as AutodiffBackend>::inner(x);
         <Self as AutodiffBackend>::from_inner(B::all_reduce_detached(inner, op, comm))
+    }
+
+    fn rng_mark(device: &Self::Device) -> RngMark {
+        B::rng_mark(device)
+    }
+
+    fn rng_restore(device: &Self::Device, mark: RngMark) {
+        B::rng_restore(device, mark);
+    }
+
+    fn recompute(
+        inputs: Vec<FloatTensor<Self>>,
+        mark: RngMark,
+        rerun: Rerun<Self>,
+    ) -> Vec<FloatTensor<Self>> {
+        recompute_autodiff::cut::<B, C>(inputs, mark, rerun)
     }
 }

@@ -81,11 +81,9 @@ pub fn attention_node<B: FusedOps, C: CheckpointStrategy>(
             prep.finish(state, output)
         }
         OpsKind::UnTracked(prep) => {
-            // No gradient wanted: dropout is off outside training, as in the composed path.
-            let spec = AttentionSpec {
-                dropout: 0.0,
-                ..spec
-            };
+            // Dropout stays live, as in the composed path (burn's `Dropout` asks `ad_enabled`,
+            // not whether a gradient is wanted): a recomputed range's untracked forward must
+            // draw what its tracked re-run draws.
             let saved =
                 B::attention_kernel_forward(query.primitive, key.primitive, value.primitive, spec);
             prep.finish(saved.output)
@@ -132,10 +130,7 @@ pub fn qkv_attention_node<B: FusedOps, C: CheckpointStrategy>(
             prep.finish((qkv.primitive, saved, spec), output)
         }
         OpsKind::UnTracked(prep) => {
-            let spec = AttentionSpec {
-                dropout: 0.0,
-                ..spec
-            };
+            // Dropout live, as in `attention_node`.
             prep.finish(B::qkv_attention_kernel_forward(qkv.primitive, spec).output)
         }
     }

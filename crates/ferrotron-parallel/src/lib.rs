@@ -12,6 +12,7 @@
 //!   its gradient is reduced, the contract between model, optimizer and checkpoints;
 //! - [`ParallelOps`] and [`collectives`]: Megatron's conjugate region operators as autodiff
 //!   ops with their own backward;
+//! - [`recompute`]: activation recomputation as graph cuts the trainer's backward re-runs;
 //! - [`FusedOps`]: fused operators (attention first) by the same mechanism: composed defaults,
 //!   kernels a GPU backend overrides, one autodiff node each (attention, norms, the AdamW update).
 
@@ -32,6 +33,8 @@ mod fused_swiglu;
 pub mod host;
 mod ops;
 mod primitive;
+pub mod recompute;
+mod recompute_autodiff;
 mod shard;
 mod solo;
 

@@ -9,12 +9,13 @@
 //! Every op is the identity on a group of one, without touching the data, so the single-rank
 //! model pays nothing for being written against groups.
 
-use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Distribution, FloatDType, TensorMetadata};
 
 use crate::comm::Comm;
 use crate::fused::FusedOps;
-use crate::host;
+use crate::host::{self, Host};
+use crate::recompute::{Rerun, RngMark};
 use ferrotron_dist::ReduceOp;
 
 /// `FusedOps` is a supertrait so every place generic over `ParallelOps` (the model, the
@@ -95,6 +96,38 @@ pub trait ParallelOps: FusedOps {
             return x;
         }
         host::all_reduce::<Self>(x, op, comm)
+    }
+
+    /// Where dropout's generator stands, for [`ParallelOps::rng_restore`] (see `recompute.rs`).
+    ///
+    /// Default, for generators whose state cannot be read (burn-flex keeps its generator in a
+    /// private static): re-key the stream with a seed drawn from it and return that seed. The
+    /// stream after a mark is then not the unmarked one, which is why the model marks at every
+    /// layer start whether or not it recomputes: runs with and without recomputation draw the
+    /// same masks.
+    fn rng_mark(device: &Self::Device) -> RngMark {
+        let draw = Self::float_random([2].into(), Distribution::Default, device, FloatDType::F32);
+        let bits = Host::<Self>::read(draw).values;
+        let seed = (u64::from(bits[0].to_bits()) << 32) | u64::from(bits[1].to_bits());
+        Self::seed(device, seed);
+        [seed, 0]
+    }
+
+    /// Sends dropout's generator back to `mark`.
+    fn rng_restore(device: &Self::Device, mark: RngMark) {
+        Self::seed(device, mark[0]);
+    }
+
+    /// Runs the range `rerun` on `inputs`, recomputed in the backward pass where the backend
+    /// records a graph (`Autodiff`; see `recompute.rs`), from the generator position `mark`.
+    /// Default, without a graph: the plain forward.
+    fn recompute(
+        inputs: Vec<FloatTensor<Self>>,
+        mark: RngMark,
+        rerun: Rerun<Self>,
+    ) -> Vec<FloatTensor<Self>> {
+        let _ = mark;
+        rerun(inputs, true)
     }
 }
 

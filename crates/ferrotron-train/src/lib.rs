@@ -7,6 +7,7 @@
 //! every step: resuming needs nothing beyond the iteration, and CPU runs are bit-reproducible.
 
 mod adamw;
+mod backward;
 pub mod checkpoint;
 mod clip;
 mod error;

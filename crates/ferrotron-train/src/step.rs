@@ -11,7 +11,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_model::{ExpertLoads, GptModel};
-use ferrotron_parallel::ParallelOps;
+use ferrotron_parallel::{ParallelOps, recompute};
 
 use crate::clip::{device_clip_coefficient, grad_sum_of_squares};
 use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
@@ -165,7 +165,7 @@ where
         return device_step(model, optimizer, microbatches, context, device);
     }
     let scale = 1.0 / microbatches.len() as f64;
-    let pass = forward_backward(&model, microbatches, context, device);
+    let pass = forward_backward(&model, microbatches, context, device)?;
     let read = |values: &[Tensor<B::InnerBackend, 1>]| {
         values
             .iter()
@@ -207,7 +207,7 @@ fn forward_backward<B>(
     microbatches: &[Microbatch],
     context: StepContext,
     device: &B::Device,
-) -> Pass<B>
+) -> Result<Pass<B>, TrainError>
 where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
@@ -222,30 +222,38 @@ where
     for microbatch in microbatches {
         let (inputs, labels) = microbatch.tensors::<B>(device);
         let output = model.loss(inputs, labels);
+        let tape = recompute::take::<B>();
         losses.push(output.loss.clone().inner());
         lm_losses.push(output.lm_loss.inner());
         loads.accumulate(&output.expert_loads);
-        let gradients =
-            GradientsParams::from_grads(output.loss.mul_scalar(scale).backward(), model);
+        let gradients = crate::backward::backward(
+            output.loss.mul_scalar(scale),
+            tape,
+            model,
+            &[],
+            model.has_dropout(),
+            &mut || Ok(()),
+        )?;
+        let gradients = GradientsParams::from_grads(gradients, model);
         if let [_] = microbatches {
             // Nothing to sum: the norm and the optimizer read a 16-bit gradient as it is and
             // widen it in their own arithmetic, so a copy in fp32 would only cost a pass.
-            return Pass {
+            return Ok(Pass {
                 grads: gradients,
                 loads,
                 losses,
                 lm_losses,
-            };
+            });
         }
         // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed precision).
         accumulator.accumulate(model, crate::precision::grads_to_fp32(model, gradients));
     }
-    Pass {
+    Ok(Pass {
         grads: accumulator.grads(),
         loads,
         losses,
         lm_losses,
-    }
+    })
 }
 
 fn check_finite(value: f64, iteration: u64, what: &'static str) -> Result<(), TrainError> {
@@ -279,7 +287,7 @@ where
         loads,
         losses,
         lm_losses,
-    } = forward_backward(&model, microbatches, context, device);
+    } = forward_backward(&model, microbatches, context, device)?;
     let squares = grad_sum_of_squares::<B, _>(&model, &grads);
     let clip = squares
         .as_ref()

@@ -24,11 +24,13 @@ use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_model::{
     ChunkData, ChunkInput, ChunkOutput, ExpertLoads, GptModel, split_for_context_parallel,
 };
+use ferrotron_parallel::recompute::{self, Tape};
 use ferrotron_parallel::{ParallelContext, ParallelOps};
 
 use super::grad_sync::comm_error;
 use super::host::{grad_values, private_leaves, to_vec};
 use super::schedule::{self, Op, StagePosition};
+use crate::backward::backward;
 use crate::{Microbatch, TrainError};
 
 /// What a stage's step produced.
@@ -56,6 +58,8 @@ struct InFlight<B: AutodiffBackend> {
     chunk: GptModel<B>,
     input: Option<Tensor<B, 3>>,
     output: Forwarded<B>,
+    /// Its recomputed ranges, for its backward.
+    tape: Tape<B>,
 }
 
 /// `[batch, seq]` token ids and their next-token labels.
@@ -173,7 +177,9 @@ where
                     chunk_input = chunk_input.with_labels(labels, None);
                 }
                 let chunk = private_leaves(&chunks[compute.chunk]);
-                let output = match chunk.forward_chunk(chunk_input)? {
+                let forwarded = chunk.forward_chunk(chunk_input)?;
+                let tape = recompute::take::<B>();
+                let output = match forwarded {
                     ChunkOutput::Hidden {
                         hidden,
                         aux_loss,
@@ -195,6 +201,7 @@ where
                         chunk,
                         input,
                         output,
+                        tape,
                     },
                 );
             }
@@ -204,6 +211,7 @@ where
                     chunk,
                     input,
                     output,
+                    tape,
                 } = in_flight
                     .remove(&key)
                     .ok_or_else(|| schedule_bug("backward", key.0, key.1))?;
@@ -216,8 +224,14 @@ where
                         (hidden * grad).sum() + aux_loss.mul_scalar(scale)
                     }
                 };
-                backward_fence(ctx)?;
-                let gradients = surrogate.backward();
+                let gradients = backward(
+                    surrogate,
+                    tape,
+                    &chunk,
+                    input.as_slice(),
+                    chunk.has_dropout(),
+                    &mut || backward_fence(ctx),
+                )?;
                 if let Some(input) = input {
                     let shape = input.dims();
                     let grad = match input.grad(&gradients) {

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig};
+use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig, RecomputePolicy};
 use ferrotron_parallel::{Comm, ParallelContext, ParallelOps, ParamRole, ReduceOp};
 use ferrotron_plan::Plan;
 
@@ -135,6 +135,12 @@ where
                 .map(|spec| GptModel::shard(&full, &ctx, spec))
                 .collect::<Result<Vec<_>, _>>()?
         };
+        // Megatron's recompute ranges count per chunk, as the planner's memory terms do.
+        let policy = RecomputePolicy::from_recipe(&plan.recipe.recompute)?;
+        let chunks: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| chunk.with_recompute(policy))
+            .collect();
         let position = StagePosition {
             stage: ctx.pp_rank(),
             stages: ctx.pp_size(),

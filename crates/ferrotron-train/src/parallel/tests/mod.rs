@@ -17,6 +17,7 @@ mod equivalence;
 mod fixture;
 mod optimizer;
 mod plan_groups;
+mod recompute;
 mod resume;
 mod stops;
 

@@ -1,0 +1,90 @@
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Distribution, Int, Tensor, TensorData};
+use ferrotron_model::{GptModel, ModelConfig, RecomputePolicy};
+use ferrotron_parallel::recompute;
+
+use super::backward;
+use crate::CpuTrainBackend;
+
+type B = CpuTrainBackend;
+
+const LAYERS: usize = 3;
+
+/// A tiny GPT with dropout everywhere (tied embeddings, learned positions).
+fn model(policy: RecomputePolicy) -> GptModel<B> {
+    let device = Default::default();
+    <B as Backend>::seed(&device, 5);
+    let section: ferrotron_recipe::Model = serde_json::from_value(serde_json::json!({
+        "num_layers": LAYERS, "hidden_size": 16, "num_attention_heads": 2, "seq_length": 8,
+        "vocab_size": 64, "hidden_dropout": 0.2, "attention_dropout": 0.2
+    }))
+    .expect("model section parses");
+    let model: GptModel<B> = ModelConfig::from_model(&section, 64)
+        .expect("valid tiny model")
+        .init(&device);
+    model.with_recompute(policy)
+}
+
+/// Every parameter's gradient after one forward and backward, and a draw from the generator
+/// after it; the number of ranges the forward cut. `restore` false skips putting the generator
+/// back for the re-runs (what the test must be able to see).
+fn gradients(policy: RecomputePolicy, restore: bool) -> (Vec<Option<Vec<f32>>>, Vec<f32>, usize) {
+    let device = Default::default();
+    let model = model(policy);
+    let tokens = |offset: i64| {
+        let values: Vec<i64> = (0..16).map(|i| (i * 7 + offset) % 64).collect();
+        Tensor::<B, 2, Int>::from_data(TensorData::new(values, [2, 8]), &device)
+    };
+    <B as Backend>::seed(&device, 9);
+    let loss = model.loss(tokens(0), tokens(1)).loss;
+    let tape = recompute::take::<B>();
+    let ranges = tape.segments.len();
+    let grads = backward(loss, tape, &model, &[], restore, &mut || Ok(())).expect("backward");
+    let after = Tensor::<B, 1>::random([4], Distribution::Default, &device);
+    let after = after.into_data().to_vec::<f32>().expect("f32");
+    struct Read<'a> {
+        grads: &'a <B as AutodiffBackend>::Gradients,
+        out: Vec<Option<Vec<f32>>>,
+    }
+    impl ModuleVisitor<B> for Read<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let grad = param.val().grad(self.grads);
+            self.out
+                .push(grad.map(|g| g.into_data().to_vec::<f32>().expect("f32")));
+        }
+    }
+    let mut read = Read {
+        grads: &grads,
+        out: Vec::new(),
+    };
+    model.visit(&mut read);
+    (read.out, after, ranges)
+}
+
+#[test]
+fn recomputed_gradients_are_bit_identical_with_dropout() {
+    let (kept, kept_after, none) = gradients(RecomputePolicy::Keep, true);
+    assert_eq!(none, 0);
+    for (policy, ranges) in [
+        (RecomputePolicy::Uniform { layers: 1 }, 3),
+        (RecomputePolicy::Uniform { layers: 2 }, 2),
+        (RecomputePolicy::Block { layers: 2 }, 2),
+    ] {
+        let (grads, after, cut) = gradients(policy, true);
+        assert_eq!(cut, ranges, "{policy:?} cuts {ranges} ranges");
+        assert_eq!(grads, kept, "{policy:?}: gradients differ");
+        assert_eq!(
+            after, kept_after,
+            "{policy:?}: the generator moved differently"
+        );
+    }
+}
+
+/// Without restoring the generator the re-runs draw other masks: the comparison above sees it.
+#[test]
+fn recomputing_without_the_generator_mark_changes_the_gradients() {
+    let (kept, _, _) = gradients(RecomputePolicy::Keep, true);
+    let (grads, _, _) = gradients(RecomputePolicy::Uniform { layers: 1 }, false);
+    assert_ne!(grads, kept);
+}
