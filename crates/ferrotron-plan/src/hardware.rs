@@ -27,6 +27,9 @@ pub struct GpuSpec {
     pub gemm_efficiency: f64,
     /// Fraction of peak reached by fused (flash) attention, forward and backward together.
     pub attention_efficiency: f64,
+    /// Fraction of HBM bandwidth the element-wise passes reach, as `time.rs` counts their bytes
+    /// (it counts the main passes; the fit folds in the ones it leaves out and small kernels).
+    pub memory_bound_efficiency: f64,
     /// All-reduce bus bandwidth inside a node, bytes/s.
     pub intra_node_bus_bandwidth: f64,
     /// Per-GPU network bandwidth across nodes, bytes/s (after protocol efficiency).
@@ -51,6 +54,7 @@ impl GpuSpec {
                 memory_bandwidth: 2.0e12,
                 gemm_efficiency: 0.80,
                 attention_efficiency: 0.55,
+                memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 230e9,
                 inter_node_bandwidth: 0.8 * 25e9,
                 collective_latency: 20e-6,
@@ -67,6 +71,7 @@ impl GpuSpec {
                 memory_bandwidth: 3.35e12,
                 gemm_efficiency: 0.75,
                 attention_efficiency: 0.50,
+                memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 356e9,
                 inter_node_bandwidth: 0.8 * 50e9,
                 collective_latency: 20e-6,
@@ -81,15 +86,24 @@ impl GpuSpec {
                 peak_fp32: 67e12,
                 memory_bytes: 140.0 * GIB,
                 memory_bandwidth: 4.8e12,
-                gemm_efficiency: 0.80,
-                attention_efficiency: 0.50,
+                // Fitted 2026-12-02 to `tools/gpu-bench.sh` on one H200 (eight dense rows:
+                // gpt2-124m, gpt-350m, gpt-1.3b at micro batch 2/8/12 and with full recompute
+                // at 12/24, the LLaMA-style 1B; every predicted step within 10 % of measured):
+                // GEMMs 750 TFLOP/s and cuDNN attention 0.36 of peak as the per-op timing of
+                // gpt-1.3b measured them, the element-wise passes least squares on the rest.
+                // The overhead is the device's peak (nvidia-smi) less weights, states and
+                // activations, one GPU, no NCCL.
+                gemm_efficiency: 0.76,
+                attention_efficiency: 0.36,
+                memory_bound_efficiency: 0.23,
                 intra_node_bus_bandwidth: 356e9,
                 inter_node_bandwidth: 0.8 * 50e9,
                 collective_latency: 20e-6,
-                framework_overhead_bytes: 3.0 * GIB,
-                source: "H200 SXM datasheet; measured here: cuBLASLt bf16 760-830 TFLOP/s (0.80 of \
-                         peak), NCCL all-reduce bus bandwidth 356 GB/s on 4 GPUs; 400 Gb/s \
-                         InfiniBand per GPU at 80%",
+                framework_overhead_bytes: 1.5 * GIB,
+                source: "H200 SXM datasheet; fitted here 2026-12-02 (tools/gpu-bench.sh, one H200): \
+                         training GEMMs 0.76 of peak, fused attention 0.36, element-wise passes \
+                         0.23 of HBM bandwidth, 1.5 GiB outside the tensors; NCCL all-reduce bus \
+                         bandwidth 356 GB/s on 4 GPUs; 400 Gb/s InfiniBand per GPU at 80%",
             },
             GpuKind::B200 => GpuSpec {
                 kind,
@@ -100,6 +114,7 @@ impl GpuSpec {
                 memory_bandwidth: 8.0e12,
                 gemm_efficiency: 0.75,
                 attention_efficiency: 0.50,
+                memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 700e9,
                 inter_node_bandwidth: 0.8 * 100e9,
                 collective_latency: 20e-6,
@@ -116,6 +131,7 @@ impl GpuSpec {
                 memory_bandwidth: 20e9,
                 gemm_efficiency: 0.5,
                 attention_efficiency: 0.3,
+                memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 5e9,
                 inter_node_bandwidth: 1e9,
                 collective_latency: 50e-6,
@@ -188,9 +204,11 @@ mod tests {
     }
 
     #[test]
-    fn measured_h200_gemm_rate_is_inside_the_measured_band() {
+    fn fitted_h200_gemm_rate_is_what_training_gemms_reach() {
+        // gpt-1.3b's GEMMs over a step, per-op timing 2026-12-02: 750 TFLOP/s; cuBLASLt alone
+        // on one large square product reaches 760-830.
         let spec = GpuSpec::of(GpuKind::H200);
         let rate = spec.peak_bf16 * spec.gemm_efficiency;
-        assert!((760e12..=830e12).contains(&rate), "{rate}");
+        assert!((740e12..=760e12).contains(&rate), "{rate}");
     }
 }

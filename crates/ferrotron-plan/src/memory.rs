@@ -2,7 +2,8 @@
 //!
 //! Weights, gradients and optimizer states follow Megatron's `theoretical_memory_usage.py`:
 //! 18 bytes per parameter in bf16/fp16 (2 weight + 4 fp32 gradient + 4 fp32 master + 4 + 4
-//! Adam moments), or 6 + 12/d with the distributed optimizer, where d is the group the states
+//! Adam moments; the gradient only where microbatches are summed, see `stage_memory`), or
+//! 6 + 12/d with the distributed optimizer, where d is the group the states
 //! are sharded over (data × context for dense parameters, expert-data for experts).
 //! Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation"), Table 2,
 //! generalised to GQA, SwiGLU, MoE and flash attention, term by term; every term is returned
@@ -322,6 +323,14 @@ fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<
     let activation_terms = stage_activation_terms(setup, stage);
     let activations = sum(&activation_terms);
     let overhead = setup.spec.framework_overhead_bytes;
+    // The fp32 gradients persist from one microbatch to the next; with a single microbatch the
+    // runtime hands backward's 16-bit gradients straight to the norm and the optimizer, and they
+    // appear as backward frees the activations, so the peak (backward's start) holds none.
+    let gradient = if setup.num_microbatches > 1 {
+        gradient
+    } else {
+        0.0
+    };
     let bytes = MemoryBytes {
         weights: (weight * params) as u64,
         gradients: (gradient * params) as u64,
@@ -348,7 +357,11 @@ fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<
         setup.term(
             "gradients",
             gradient * params,
-            || format!("{gradient} B (fp32 main gradients) × {params:.0} parameters"),),
+            || if gradient > 0.0 {
+                format!("{gradient} B (fp32 main gradients, summed over microbatches) × {params:.0} parameters")
+            } else {
+                "none at the peak: one microbatch, whose gradients replace activations as backward frees them".to_owned()
+            },),
         setup.term(
             "optimizer states",
             optimizer_bytes,
@@ -475,6 +488,26 @@ mod tests {
         assert_eq!(m.parameters_per_gpu, params.total);
         let state = (b.weights + b.gradients + b.optimizer) as f64;
         assert!((state / params.total as f64 - 18.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn one_microbatch_holds_no_gradients_at_its_peak() {
+        // 8 ranks × micro batch 1: a global batch of 8 is one microbatch each, so the 16-bit
+        // gradients go straight to the optimizer; 16 needs two, summed in fp32.
+        let mut recipe = llama3_8b();
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        let bytes = |recipe: &ferrotron_recipe::Recipe| {
+            let s = setup(recipe, &c, layout(1, 1, 8, 1), params, 128256, false);
+            memory(&s).per_gpu_bytes
+        };
+        recipe.training.global_batch_size = 8;
+        let one = bytes(&recipe);
+        recipe.training.global_batch_size = 16;
+        let two = bytes(&recipe);
+        assert_eq!(one.gradients, 0);
+        assert_eq!(two.gradients as f64, 4.0 * params.total as f64);
+        assert_eq!(one.weights + one.optimizer, two.weights + two.optimizer);
     }
 
     #[test]

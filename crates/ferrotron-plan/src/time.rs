@@ -124,9 +124,10 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     let compute = gemm / gemm_rate + attention / attention_rate;
 
     // Memory-bound work: ~36 passes over the hidden state (norms, residuals, dropout, RoPE,
-    // forward and backward) and 6 over the FFN activations, 2 bytes each.
+    // forward and backward) and 6 over the FFN activations, 2 bytes each, at the fraction of
+    // HBM bandwidth the GPU kind's fit found.
     let elementwise_bytes = layers * tokens * (36.0 * 2.0 * h / sp + 6.0 * 2.0 * f / tp);
-    let memory_bound = elementwise_bytes / spec.memory_bandwidth;
+    let memory_bound = elementwise_bytes / (spec.memory_bandwidth * spec.memory_bound_efficiency);
 
     let activation_bytes = 2.0 * tokens * h;
     let latency = spec.collective_latency;
@@ -183,8 +184,9 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
             "memory-bound element-wise work",
             memory_bound,
             || format!(
-                "L·s·b·(72·h/sp + 12·f/tp) bytes / HBM = {elementwise_bytes:.4e} / {:.3e}",
-                spec.memory_bandwidth
+                "L·s·b·(72·h/sp + 12·f/tp) bytes / (HBM × efficiency) = {elementwise_bytes:.4e} / ({:.3e} × {})",
+                spec.memory_bandwidth,
+                spec.memory_bound_efficiency
             ),),
         setup.term(
             "tensor-parallel collectives",
