@@ -14,6 +14,7 @@ use std::time::Instant;
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, bf16, f16};
 use ferrotron_cuda::{Cuda, GpuDevice};
 use ferrotron_parallel::{AttentionSpec, FusedOps, composed_attention};
@@ -53,6 +54,25 @@ pub(crate) fn upload<const D: usize>(
     device: &GpuDevice,
 ) -> Tensor<A, D> {
     Tensor::<A, D>::from_data(round(d.clone(), dtype), (device, dtype)).require_grad()
+}
+
+/// A fused op's output and its input's gradient under a fixed weighting `w` (f32), flattened
+/// into one f32 tensor: what its rows compare against the composed version.
+pub(crate) fn output_and_grad<const D: usize>(
+    out: FloatTensor<A>,
+    x: &Tensor<A, D>,
+    w: Tensor<A, D>,
+) -> TensorData {
+    let out: Tensor<A, D> = Tensor::from_primitive(TensorPrimitive::Float(out));
+    let g = (out.clone().cast(DType::F32) * w).sum().backward();
+    Tensor::cat(
+        vec![
+            out.inner().cast(DType::F32).reshape([-1]),
+            x.grad(&g).expect("dx").cast(DType::F32).reshape([-1]),
+        ],
+        0,
+    )
+    .into_data()
 }
 
 fn attention_on<const FUSED: bool>(

@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::compare;
-use crate::fused::{A, dtype_label, host, round, upload};
+use crate::fused::{A, dtype_label, host, output_and_grad, round, upload};
 use crate::{Row, failed, first_line, guarded};
 
 /// `cos`, `sin` `[seq, dim]` of RoPE with base 10000, positions starting at `first`.
@@ -50,16 +50,7 @@ fn grads<const FUSED: bool>(
     } else {
         composed_rope_qkv::<A>(p, c, s)
     };
-    let out: Tensor<A, 5> = Tensor::from_primitive(TensorPrimitive::Float(out));
-    let g = (out.clone().cast(DType::F32) * w).sum().backward();
-    Tensor::cat(
-        vec![
-            out.inner().cast(DType::F32).reshape([-1]),
-            x.grad(&g).expect("dx").cast(DType::F32).reshape([-1]),
-        ],
-        0,
-    )
-    .into_data()
+    output_and_grad(out, &x, w)
 }
 
 fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {

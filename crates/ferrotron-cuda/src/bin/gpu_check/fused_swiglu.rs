@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::compare;
-use crate::fused::{A, dtype_label, host, round, upload};
+use crate::fused::{A, dtype_label, host, output_and_grad, round, upload};
 use crate::{Row, failed, first_line, guarded};
 
 /// Output and packed gradient of `Σ w ∘ swiglu(x)`, fused node (`FUSED`) or composed.
@@ -28,16 +28,7 @@ fn grads<const FUSED: bool>(
     } else {
         composed_swiglu::<A>(p)
     };
-    let out: Tensor<A, 2> = Tensor::from_primitive(TensorPrimitive::Float(out));
-    let g = (out.clone().cast(DType::F32) * w).sum().backward();
-    Tensor::cat(
-        vec![
-            out.inner().cast(DType::F32).reshape([-1]),
-            x.grad(&g).expect("dx").cast(DType::F32).reshape([-1]),
-        ],
-        0,
-    )
-    .into_data()
+    output_and_grad(out, &x, w)
 }
 
 fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {

@@ -6,23 +6,13 @@ use serde_json::json;
 use super::fixture::{Layout, options, plan, train_alone, write_data};
 use crate::checkpoint::{MODEL_FILE, OPTIMIZER_FILE, read_shard_specs};
 
-fn alone() -> Layout {
-    Layout {
-        tp: 1,
-        pp: 1,
-        vpp: 1,
-        dp: 1,
-        ..Layout::default()
-    }
-}
-
 #[test]
 fn a_rank_alone_writes_whole_tensors_in_the_one_rank_files() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_data(dir.path());
     let stored = plan(
         dir.path(),
-        alone(),
+        Layout::alone(),
         2,
         2,
         json!({"checkpoint": {"dir": dir.path().join("ckpt")}}),

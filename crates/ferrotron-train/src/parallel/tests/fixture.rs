@@ -70,6 +70,17 @@ pub(super) struct Layout {
 }
 
 impl Layout {
+    /// One rank: no parallelism at all.
+    pub(super) fn alone() -> Layout {
+        Layout {
+            tp: 1,
+            pp: 1,
+            vpp: 1,
+            dp: 1,
+            ..Layout::default()
+        }
+    }
+
     pub(super) fn world(&self) -> u32 {
         self.tp * self.cp.max(1) * self.pp * self.dp
     }

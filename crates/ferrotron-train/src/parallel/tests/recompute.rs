@@ -48,40 +48,30 @@ fn full(method: &str, layers: u32) -> Value {
     json!({"granularity": "full", "method": method, "num_layers": layers})
 }
 
-fn alone() -> Layout {
-    Layout {
-        tp: 1,
-        pp: 1,
-        vpp: 1,
-        dp: 1,
-        ..Layout::default()
-    }
-}
-
 /// Dropout on: each recomputed layer must draw its masks again, and the draws after the
 /// backward must be the ones a run without recomputation makes.
 #[test]
 fn one_rank_with_dropout_recomputes_bit_identically() {
     let dropout = json!({"model": {"hidden_dropout": 0.1, "attention_dropout": 0.1}});
-    check(alone(), 3, dropout.clone(), full("uniform", 2));
-    check(alone(), 3, dropout, full("block", 2));
+    check(Layout::alone(), 3, dropout.clone(), full("uniform", 2));
+    check(Layout::alone(), 3, dropout, full("block", 2));
 }
 
 #[test]
 fn moe_recomputes_bit_identically() {
     let moe = json!({"model": {"moe": {"num_experts": 2, "router_topk": 2}}});
-    check(alone(), 2, moe, full("uniform", 1));
+    check(Layout::alone(), 2, moe, full("uniform", 1));
 }
 
 #[test]
 fn tensor_and_sequence_parallel_recompute_bit_identically() {
-    let tp2 = Layout { tp: 2, ..alone() };
+    let tp2 = Layout { tp: 2, ..Layout::alone() };
     let sp = json!({"parallel": {"sequence_parallel": true}});
     check(tp2, 2, sp, full("uniform", 1));
 }
 
 #[test]
 fn pipeline_stages_recompute_bit_identically() {
-    let pp2 = Layout { pp: 2, ..alone() };
+    let pp2 = Layout { pp: 2, ..Layout::alone() };
     check(pp2, 4, json!({}), full("block", 1));
 }
