@@ -9,6 +9,7 @@
 mod adamw;
 pub mod checkpoint;
 mod clip;
+mod cpu_threads;
 mod error;
 mod fault;
 mod init;
