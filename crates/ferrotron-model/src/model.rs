@@ -612,11 +612,19 @@ impl<B: ParallelOps> GptModel<B> {
             .as_ref()
             .expect("a post_process chunk holds the final norm");
         let hidden = tp.enter(norm.forward(hidden));
-        match (&self.output_layer, &self.embedding) {
-            (Some(output), _) => output.forward(hidden),
-            (None, Some(embedding)) => linear(hidden, embedding.weight.val().transpose(), None),
+        // One [batch·seq, hidden] × [hidden, vocab] product rather than a batch of them: the
+        // CPU GEMM then packs the vocabulary-sized weight once instead of once per sequence and
+        // splits the whole product over its threads, and the weight gradient is one product
+        // instead of a product per sequence summed afterwards.
+        let [batch, seq, width] = hidden.dims();
+        let rows = hidden.reshape([batch * seq, width]);
+        let logits = match (&self.output_layer, &self.embedding) {
+            (Some(output), _) => output.forward(rows),
+            (None, Some(embedding)) => linear(rows, embedding.weight.val().transpose(), None),
             (None, None) => unreachable!("a tied post_process chunk holds the embedding"),
-        }
+        };
+        let vocab = logits.dims()[1];
+        logits.reshape([batch, seq, vocab])
     }
 }
 

@@ -371,8 +371,6 @@ pub trait FusedOps: Backend {
     }
 }
 
-impl FusedOps for burn::backend::Flex {}
-
 /// `[batch, groups, seq, d]` → `[batch, groups·per_group, seq, d]`, each group's key/value
 /// shared by its `per_group` consecutive query heads.
 pub fn repeat_groups<B: Backend>(x: Tensor<B, 4>, per_group: usize) -> Tensor<B, 4> {

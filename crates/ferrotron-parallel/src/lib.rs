@@ -21,6 +21,7 @@ mod autodiff;
 mod burn_cuda;
 mod comm;
 mod context;
+mod flex;
 mod fused;
 mod fused_adamw;
 mod fused_autodiff;

@@ -10,6 +10,7 @@ mod adamw;
 mod backward;
 pub mod checkpoint;
 mod clip;
+mod cpu_threads;
 mod error;
 mod fault;
 mod init;

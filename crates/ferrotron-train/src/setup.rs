@@ -137,21 +137,6 @@ fn runtime_recipe(plan: &Plan) -> Recipe {
     recipe
 }
 
-/// Size the CPU backend's worker pool (`runtime.threads`), once per process. The pool is
-/// process-wide and can be sized only before its first use; a later request is reported and
-/// ignored.
-pub(crate) fn use_cpu_threads(plan: &Plan) {
-    let Some(threads) = plan.recipe.runtime.threads else {
-        return;
-    };
-    if let Err(e) = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads as usize)
-        .build_global()
-    {
-        tracing::warn!("runtime.threads = {threads} not applied: {e}");
-    }
-}
-
 /// `plan.json` and the resolved recipe beside the checkpoints, so a run directory explains
 /// itself without the recipe file that started it.
 pub(crate) fn write_run_dir(

@@ -1,6 +1,6 @@
-//! The cross-entropy op on burn-flex: without a kernel, `cross_entropy` declines (the model keeps
-//! its composed loss); the node driven with the reference kernels gives the composed graph's
-//! losses and logits gradient, which is `softmax − one_hot` scaled per row.
+//! The cross-entropy op on burn-flex: its kernel takes f32 logits (so `cross_entropy` answers)
+//! and declines 16-bit ones (the model keeps its composed loss); the node gives the composed
+//! graph's losses and logits gradient, which is `softmax − one_hot` scaled per row.
 
 use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
@@ -24,12 +24,13 @@ fn logits() -> Tensor<B, 2> {
 }
 
 #[test]
-fn flex_has_no_cross_entropy_kernel_so_the_model_keeps_its_loss() {
+fn flex_has_an_f32_cross_entropy_kernel_and_declines_16_bit_logits() {
     let x = logits();
-    assert!(!Flex::has_cross_entropy_kernel(
+    assert!(Flex::has_cross_entropy_kernel(
         &x.clone().inner().into_primitive().tensor()
     ));
-    assert!(cross_entropy(x, labels()).is_none());
+    assert!(cross_entropy(x.clone(), labels()).is_some());
+    assert!(cross_entropy(x.cast(burn::tensor::DType::BF16), labels()).is_none());
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! gradient; shard specs; the size-1 group.
 
 mod dispatch;
+mod flex;
 mod fused;
 mod fused_dropout;
 mod fused_loss;

@@ -11,9 +11,10 @@ use ferrotron_plan::Plan;
 
 use super::host::param_values;
 use super::rank_model::RankModel;
+use crate::cpu_threads::use_cpu_threads;
 use crate::resume::ResumeState;
 use crate::run_loop::{Lead, run_rank_loop};
-use crate::setup::{RunSetup, use_cpu_threads};
+use crate::setup::RunSetup;
 use crate::{AdamWConfig, RunOptions, RunSummary, TrainError};
 
 /// Train `plan` as the rank `ctx` describes (its groups from the plan's rank grid;

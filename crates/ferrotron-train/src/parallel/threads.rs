@@ -14,7 +14,8 @@ use ferrotron_plan::Plan;
 use super::grad_sync::comm_error;
 use super::plan_groups::group_members;
 use super::rank_loop::{RankOutcome, run_rank};
-use crate::setup::{RunSetup, use_cpu_threads};
+use crate::cpu_threads::{rank_pool, threads_per_rank};
+use crate::setup::RunSetup;
 use crate::{RunOptions, RunSummary, TrainError};
 
 /// How long a thread rank waits in a collective or a pipeline receive. A peer legitimately
@@ -53,20 +54,22 @@ where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
-    use_cpu_threads(plan);
     let setup = RunSetup::new(plan, tokenizer)?;
     let sequence_parallel = plan.recipe.parallel.sequence_parallel;
+    let threads = threads_per_rank(plan, plan.world_size);
     World::new(plan.world_size)
         .with_timeout(COLLECTIVE_TIMEOUT)
         .run(|rank| {
             let span = tracing::info_span!("rank", rank = rank.rank());
-            let _entered = span.enter();
             let members = group_members(plan, rank.rank(), rank.world_size() as usize)?;
             let groups = rank
                 .groups(&members)
                 .map_err(|e| comm_error("building this rank's process groups", e))?;
             let ctx = ParallelContext::from_groups(groups, sequence_parallel);
-            run_rank::<B>(plan, ctx, options, &setup, device)
+            rank_pool(rank.rank(), threads)?.install(|| {
+                let _entered = span.enter();
+                run_rank::<B>(plan, ctx, options, &setup, device)
+            })
         })
         .map_err(world_error)
 }

@@ -1,0 +1,121 @@
+//! burn-flex's fused kernels against the composed ops they replace, at the quick start's shapes
+//! (shakespeare-tiny: 512 rows × 50,304 words of logits; the tied 50,304 × 64 embedding):
+//! the cross-entropy forward + backward through autodiff (the model's loss, mean over rows) and
+//! one AdamW update. Each on the process's rayon pool (`RAYON_NUM_THREADS` sizes it).
+//!
+//!     RAYON_NUM_THREADS=1 cargo bench -p ferrotron-parallel --bench flex_kernels
+
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Distribution, Int, Tensor};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use ferrotron_parallel::{AdamWStep, FusedOps, composed_adamw, cross_entropy};
+
+type B = Autodiff<Flex>;
+const ROWS: usize = 512;
+const VOCAB: usize = 50_304;
+const HIDDEN: usize = 64;
+
+fn logits() -> Tensor<B, 2> {
+    Tensor::<B, 2>::random(
+        [ROWS, VOCAB],
+        Distribution::Normal(0.0, 2.0),
+        &Default::default(),
+    )
+}
+
+fn labels() -> Tensor<B, 1, Int> {
+    Tensor::<B, 1, Int>::random(
+        [ROWS],
+        Distribution::Uniform(0.0, VOCAB as f64),
+        &Default::default(),
+    )
+}
+
+/// The model's composed loss on one rank: max-shifted log-sum-exp minus the target logit.
+fn composed_loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+    let logits = logits.cast(DType::F32);
+    let max = logits.clone().detach().max_dim(1);
+    let shifted = logits - max;
+    let sum_exp = shifted.clone().exp().sum_dim(1);
+    let target = shifted.gather(1, labels.reshape([ROWS, 1]));
+    (sum_exp.log() - target).reshape([ROWS])
+}
+
+fn cross_entropy_bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cross_entropy_512x50304_fwd_bwd");
+    group.sample_size(10);
+    let labels = labels();
+    // Fresh logits per iteration (as the output layer makes them), drawn outside the timing.
+    group.bench_function("composed", |b| {
+        b.iter_batched(
+            logits,
+            |x| {
+                let x = x.require_grad();
+                let grads = composed_loss(x.clone(), labels.clone()).mean().backward();
+                x.grad(&grads).expect("d logits")
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("flex_kernel", |b| {
+        b.iter_batched(
+            logits,
+            |x| {
+                let x = x.require_grad();
+                let loss = cross_entropy(x.clone(), labels.clone()).expect("a Flex kernel");
+                let grads = loss.mean().backward();
+                x.grad(&grads).expect("d logits")
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+fn flat(n: usize, positive: bool) -> FloatTensor<Flex> {
+    let x = Tensor::<Flex, 1>::random([n], Distribution::Normal(0.0, 0.1), &Default::default());
+    let x = if positive { x.abs() } else { x };
+    x.into_primitive().tensor()
+}
+
+fn adamw_bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("adamw_50304x64");
+    group.sample_size(20);
+    let n = VOCAB * HIDDEN;
+    let step = AdamWStep {
+        lr: 5e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        decay: Some(1.0 - 5e-3 * 0.1),
+        bias_correction1: 0.1,
+        bias_correction2: 0.05,
+        grad_scale: 0.5,
+    };
+    let inputs = || {
+        (
+            flat(n, false),
+            flat(n, false),
+            Some((flat(n, false), flat(n, true))),
+        )
+    };
+    group.bench_function("composed", |b| {
+        b.iter_batched(
+            inputs,
+            |(p, g, m)| composed_adamw::<Flex>(p, g, m, step, None),
+            BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("flex_kernel", |b| {
+        b.iter_batched(
+            inputs,
+            |(p, g, m)| Flex::adamw_step(p, g, m, step, None),
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, cross_entropy_bench, adamw_bench);
+criterion_main!(benches);

@@ -1,0 +1,185 @@
+//! burn-flex's kernels against the composed ops: the cross-entropy within float tolerance (its
+//! exponential and summation order are its own), the AdamW update bit for bit, and both the
+//! same bit for bit whatever the size of the thread pool they run on.
+
+use burn::backend::Flex;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+
+use super::{assert_close, flat, values};
+use crate::{
+    AdamWStep, AdamWTensors, FusedOps, composed_adamw, cross_entropy_backward_reference,
+    cross_entropy_forward_reference,
+};
+
+/// Rows long enough that a row is one task and a pool of several threads splits the rows.
+const ROWS: usize = 24;
+const VOCAB: usize = 40_003;
+
+fn floats<const D: usize>(shape: [usize; D], seed: f32, scale: f32) -> FloatTensor<Flex> {
+    let data: Vec<f32> = values(&shape, seed)
+        .into_iter()
+        .map(|v| v * scale)
+        .collect();
+    Tensor::<Flex, D>::from_data(TensorData::new(data, shape), &Default::default())
+        .into_primitive()
+        .tensor()
+}
+
+fn labels() -> Tensor<Flex, 1, Int> {
+    let labels: Vec<i64> = (0..ROWS as i64)
+        .map(|r| (r * 7919) % VOCAB as i64)
+        .collect();
+    Tensor::from_data(TensorData::new(labels, [ROWS]), &Default::default())
+}
+
+fn back<const D: usize>(t: FloatTensor<Flex>) -> Vec<f32> {
+    flat(Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(t)))
+}
+
+fn on_threads<R: Send>(threads: usize, body: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a test pool")
+        .install(body)
+}
+
+/// Losses, log-sum-exps and the logits' gradient from the kernels.
+fn kernel_cross_entropy() -> [Vec<f32>; 3] {
+    let logits = floats([ROWS, VOCAB], 0.2, 8.0);
+    assert!(Flex::has_cross_entropy_kernel(&logits));
+    let saved = Flex::cross_entropy_kernel_forward(logits.clone(), labels().into_primitive());
+    let lse = saved.log_sum_exp.clone();
+    let grad = Flex::cross_entropy_kernel_backward(
+        logits,
+        labels().into_primitive(),
+        saved.log_sum_exp,
+        floats([ROWS], 0.9, 1.0),
+    );
+    [back::<1>(saved.losses), back::<1>(lse), back::<2>(grad)]
+}
+
+#[test]
+fn flex_cross_entropy_kernel_equals_the_composed_reference() {
+    let [losses, lse, grad] = kernel_cross_entropy();
+    let logits = floats([ROWS, VOCAB], 0.2, 8.0);
+    let want = cross_entropy_forward_reference::<Flex>(logits.clone(), labels().into_primitive());
+    assert_close(&losses, &back::<1>(want.losses), "losses");
+    assert_close(&lse, &back::<1>(want.log_sum_exp.clone()), "log-sum-exp");
+    let want_grad = cross_entropy_backward_reference::<Flex>(
+        logits,
+        labels().into_primitive(),
+        want.log_sum_exp,
+        floats([ROWS], 0.9, 1.0),
+    );
+    assert_close(&grad, &back::<2>(want_grad), "d logits");
+}
+
+#[test]
+fn flex_cross_entropy_is_the_same_on_any_number_of_threads() {
+    let one = on_threads(1, kernel_cross_entropy);
+    let three = on_threads(3, kernel_cross_entropy);
+    assert!(
+        one == three,
+        "the kernels' results depend on the thread count"
+    );
+}
+
+#[test]
+fn flex_cross_entropy_backward_leaves_shared_logits_alone() {
+    let logits = floats([ROWS, VOCAB], 0.2, 8.0);
+    let before = back::<2>(logits.clone());
+    let saved = Flex::cross_entropy_kernel_forward(logits.clone(), labels().into_primitive());
+    let shared = logits.clone();
+    let _grad = Flex::cross_entropy_kernel_backward(
+        logits,
+        labels().into_primitive(),
+        saved.log_sum_exp,
+        floats([ROWS], 0.9, 1.0),
+    );
+    assert!(
+        back::<2>(shared) == before,
+        "the backward wrote into a shared buffer"
+    );
+}
+
+#[test]
+#[should_panic(expected = "outside the vocabulary")]
+fn flex_cross_entropy_refuses_a_label_outside_the_vocabulary() {
+    let logits = floats([2, 5], 0.2, 1.0);
+    let labels =
+        Tensor::<Flex, 1, Int>::from_data(TensorData::new(vec![1i64, 5], [2]), &Default::default());
+    Flex::cross_entropy_kernel_forward(logits, labels.into_primitive());
+}
+
+const PARAMS: usize = 70_001;
+
+fn adamw_step(decay: Option<f64>, grad_scale: f64) -> AdamWStep {
+    AdamWStep {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        decay,
+        bias_correction1: 1.0 - 0.9f64.powi(3),
+        bias_correction2: 1.0 - 0.95f64.powi(3),
+        grad_scale,
+    }
+}
+
+fn adamw_bits(out: AdamWTensors<Flex>) -> Vec<Vec<u32>> {
+    [out.value, out.exp_avg, out.exp_avg_sq]
+        .into_iter()
+        .map(|t| back::<1>(t).into_iter().map(f32::to_bits).collect())
+        .collect()
+}
+
+#[test]
+fn flex_adamw_is_the_composed_update_bit_for_bit_on_any_number_of_threads() {
+    let moments = || {
+        let exp_avg_sq: Vec<f32> = values(&[PARAMS], 0.5).iter().map(|v| v * v * 0.1).collect();
+        (
+            floats([PARAMS], 0.3, 0.05),
+            Tensor::<Flex, 1>::from_floats(exp_avg_sq.as_slice(), &Default::default())
+                .into_primitive()
+                .tensor(),
+        )
+    };
+    let scale = || {
+        Some(
+            Tensor::<Flex, 1>::from_floats([0.75f32], &Default::default())
+                .into_primitive()
+                .tensor(),
+        )
+    };
+    for (decay, grad_scale, with_moments, device_scale) in [
+        (Some(1.0 - 3e-3 * 0.1), 1.0, true, false),
+        (None, 0.37, true, false),
+        (Some(0.999), 1.0, false, false),
+        (None, 1.0, true, true),
+    ] {
+        let step = adamw_step(decay, grad_scale);
+        let args = || {
+            (
+                floats([PARAMS], 0.1, 1.0),
+                floats([PARAMS], 0.7, 0.3),
+                with_moments.then(moments),
+                if device_scale { scale() } else { None },
+            )
+        };
+        let (value, grad, m, s) = args();
+        let want = adamw_bits(composed_adamw::<Flex>(value, grad, m, step, s));
+        for threads in [1, 3] {
+            let got = on_threads(threads, || {
+                let (value, grad, m, s) = args();
+                adamw_bits(Flex::adamw_step(value, grad, m, step, s))
+            });
+            assert!(
+                got == want,
+                "AdamW on {threads} threads differs from the composed update \
+                 (decay {decay:?}, grad scale {grad_scale}, moments {with_moments}, device scale {device_scale})"
+            );
+        }
+    }
+}
