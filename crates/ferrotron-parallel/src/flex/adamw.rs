@@ -35,7 +35,8 @@ pub(super) fn supports(
         && device_scale.is_none_or(f32s)
 }
 
-/// The update (see [`supports`] for what it takes).
+/// The update (see [`supports`] for what it takes; a parameter that also wants a 16-bit
+/// copy, which the CPU never computes in, takes the composed update).
 pub(super) fn step(
     value: FlexTensor,
     grad: FlexTensor,
@@ -74,6 +75,7 @@ pub(super) fn step(
         value,
         exp_avg,
         exp_avg_sq,
+        rounded: None,
     }
 }
 

@@ -52,7 +52,9 @@ impl FusedOps for Flex {
         step: AdamWStep,
         device_scale: DeviceScale<Self>,
     ) -> AdamWTensors<Self> {
-        if adamw::supports(&value, &grad, moments.as_ref(), device_scale.as_ref()) {
+        if step.rounded.is_none()
+            && adamw::supports(&value, &grad, moments.as_ref(), device_scale.as_ref())
+        {
             adamw::step(value, grad, moments, step, device_scale)
         } else {
             composed_adamw::<Self>(value, grad, moments, step, device_scale)

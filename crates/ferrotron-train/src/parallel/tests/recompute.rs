@@ -65,13 +65,19 @@ fn moe_recomputes_bit_identically() {
 
 #[test]
 fn tensor_and_sequence_parallel_recompute_bit_identically() {
-    let tp2 = Layout { tp: 2, ..Layout::alone() };
+    let tp2 = Layout {
+        tp: 2,
+        ..Layout::alone()
+    };
     let sp = json!({"parallel": {"sequence_parallel": true}});
     check(tp2, 2, sp, full("uniform", 1));
 }
 
 #[test]
 fn pipeline_stages_recompute_bit_identically() {
-    let pp2 = Layout { pp: 2, ..Layout::alone() };
+    let pp2 = Layout {
+        pp: 2,
+        ..Layout::alone()
+    };
     check(pp2, 4, json!({}), full("block", 1));
 }
