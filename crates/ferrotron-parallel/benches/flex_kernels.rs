@@ -92,6 +92,7 @@ fn adamw_bench(c: &mut Criterion) {
         bias_correction1: 0.1,
         bias_correction2: 0.05,
         grad_scale: 0.5,
+        rounded: None,
     };
     let inputs = || {
         (

@@ -3,7 +3,7 @@
 //! projection and the packed gradient of a weighted-sum loss (every slot of which the kernels
 //! must write: outputs are poisoned). GQA shape (4 query heads per group) and real RoPE tables.
 
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_cuda::GpuDevice;
 use ferrotron_parallel::{FusedOps, composed_rope_qkv};
 use rand::SeedableRng;

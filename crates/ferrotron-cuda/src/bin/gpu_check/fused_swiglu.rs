@@ -3,7 +3,7 @@
 //! output and the packed gradient of a weighted-sum loss (both halves of which the backward
 //! must write: outputs are poisoned).
 
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_cuda::GpuDevice;
 use ferrotron_parallel::{FusedOps, composed_swiglu};
 use rand::SeedableRng;
