@@ -75,6 +75,32 @@ pub(crate) fn output_and_grad<const D: usize>(
     .into_data()
 }
 
+/// The row of an op whose output and packed input gradient, kernel (`got`, in `dtype`) and
+/// composed in f32 (`want`), are compared after rounding both to `dtype`.
+pub(crate) fn packed_grad_row(
+    op: &str,
+    dtype: DType,
+    shape: String,
+    got: Result<TensorData, String>,
+    want: Result<TensorData, String>,
+) -> Row {
+    let (errors, note) = match (got, want) {
+        (Ok(got), Ok(want)) => (
+            compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
+            "fused vs composed f32; out + packed dx".to_string(),
+        ),
+        (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
+        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
+    };
+    Row {
+        op: op.into(),
+        dtype: dtype_label(dtype),
+        shape,
+        errors,
+        note,
+    }
+}
+
 fn attention_on<const FUSED: bool>(
     q: Tensor<A, 4>,
     k: Tensor<A, 4>,

@@ -9,9 +9,8 @@ use ferrotron_parallel::{FusedOps, composed_rope_qkv};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use crate::compare;
-use crate::fused::{A, dtype_label, host, output_and_grad, round, upload};
-use crate::{Row, failed, first_line, guarded};
+use crate::fused::{A, host, output_and_grad, packed_grad_row, round, upload};
+use crate::{Row, guarded};
 
 /// `cos`, `sin` `[seq, dim]` of RoPE with base 10000, positions starting at `first`.
 fn tables(seq: usize, dim: usize, first: usize) -> [TensorData; 2] {
@@ -61,21 +60,7 @@ fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
     let t = tables(256, 64, 1000).map(|table| round(table, dtype));
     let got = guarded(|| Ok(grads::<true>(&x, &w, &t, dtype, device)));
     let want = guarded(|| Ok(grads::<false>(&x, &w, &t, DType::F32, device)));
-    let (errors, note) = match (got, want) {
-        (Ok(got), Ok(want)) => (
-            compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
-            "fused vs composed f32; out + packed dx".to_string(),
-        ),
-        (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
-        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
-    };
-    Row {
-        op: "fused_rope_qkv".into(),
-        dtype: dtype_label(dtype),
-        shape: format!("{shape:?}"),
-        errors,
-        note,
-    }
+    packed_grad_row("fused_rope_qkv", dtype, format!("{shape:?}"), got, want)
 }
 
 /// Every RoPE row.

@@ -9,9 +9,8 @@ use ferrotron_parallel::{FusedOps, composed_swiglu};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use crate::compare;
-use crate::fused::{A, dtype_label, host, output_and_grad, round, upload};
-use crate::{Row, failed, first_line, guarded};
+use crate::fused::{A, host, output_and_grad, packed_grad_row, round, upload};
+use crate::{Row, guarded};
 
 /// Output and packed gradient of `Σ w ∘ swiglu(x)`, fused node (`FUSED`) or composed.
 fn grads<const FUSED: bool>(
@@ -37,21 +36,13 @@ fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
     let w = host(&[rows, f], rng, DType::F32);
     let got = guarded(|| Ok(grads::<true>(&x, &w, dtype, device)));
     let want = guarded(|| Ok(grads::<false>(&x, &w, DType::F32, device)));
-    let (errors, note) = match (got, want) {
-        (Ok(got), Ok(want)) => (
-            compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
-            "fused vs composed f32; out + packed dx".to_string(),
-        ),
-        (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
-        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
-    };
-    Row {
-        op: "fused_swiglu".into(),
-        dtype: dtype_label(dtype),
-        shape: format!("[{rows}, {}]", 2 * f),
-        errors,
-        note,
-    }
+    packed_grad_row(
+        "fused_swiglu",
+        dtype,
+        format!("[{rows}, {}]", 2 * f),
+        got,
+        want,
+    )
 }
 
 /// Every SwiGLU row.
