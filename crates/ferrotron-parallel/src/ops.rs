@@ -106,16 +106,21 @@ pub trait ParallelOps: FusedOps {
     /// layer start whether or not it recomputes: runs with and without recomputation draw the
     /// same masks.
     fn rng_mark(device: &Self::Device) -> RngMark {
-        let draw = Self::float_random([2].into(), Distribution::Default, device, FloatDType::F32);
-        let bits = Host::<Self>::read(draw).values;
-        let seed = (u64::from(bits[0].to_bits()) << 32) | u64::from(bits[1].to_bits());
-        Self::seed(device, seed);
-        [seed, 0]
+        // Under the process lock: another thread rank's seeded initialisation must not see
+        // its stream re-keyed halfway.
+        crate::with_process_rng(|| {
+            let draw =
+                Self::float_random([2].into(), Distribution::Default, device, FloatDType::F32);
+            let bits = Host::<Self>::read(draw).values;
+            let seed = (u64::from(bits[0].to_bits()) << 32) | u64::from(bits[1].to_bits());
+            Self::seed(device, seed);
+            [seed, 0]
+        })
     }
 
     /// Sends dropout's generator back to `mark`.
     fn rng_restore(device: &Self::Device, mark: RngMark) {
-        Self::seed(device, mark[0]);
+        crate::with_process_rng(|| Self::seed(device, mark[0]));
     }
 
     /// Runs the range `rerun` on `inputs`, recomputed in the backward pass where the backend

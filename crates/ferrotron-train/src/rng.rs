@@ -1,17 +1,4 @@
-//! The CPU backend's random generator is one per process (`burn-flex` keeps it in a static), so
-//! thread ranks — and tests running side by side — would otherwise interleave their draws. Every
-//! seeding and every seeded initialisation goes through this lock, so a model built from a seed
-//! is the same model whatever else the process is doing. (Dropout draws during a step are not
-//! covered: with dropout > 0 thread ranks are valid but not bit-reproducible.)
-
-use std::sync::Mutex;
-
-static PROCESS_RNG: Mutex<()> = Mutex::new(());
-
-/// Run `body` (seeding, or seeding and drawing) with the process RNG to itself.
-pub(crate) fn with_process_rng<R>(body: impl FnOnce() -> R) -> R {
-    let _alone = PROCESS_RNG
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    body()
-}
+//! Seeding and seeded initialisation go through the process-wide RNG lock of
+//! `ferrotron-parallel` (see its `process_rng.rs`), which the CPU backend's dropout marks take
+//! too.
+pub(crate) use ferrotron_parallel::with_process_rng;

@@ -7,13 +7,13 @@
 //! (split matmuls, all-reduces), so values agree to float tolerance, not bit for bit.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_dist::{Communicator, RankContext, World};
-use ferrotron_parallel::{ParallelContext, ParamRole, ReduceOp, ShardSpec};
+use ferrotron_parallel::{ParallelContext, ParamRole, ReduceOp, ShardSpec, with_process_rng};
 
 use super::*;
 use crate::{ChunkInput, ChunkOutput, ChunkSpec, ModelError, split_for_context_parallel};
@@ -21,8 +21,6 @@ use crate::{ChunkInput, ChunkOutput, ChunkSpec, ModelError, split_for_context_pa
 type Train = CpuAutodiff;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Flex's RNG is process-global: ranks build their full models one at a time after seeding.
-static INIT: Mutex<()> = Mutex::new(());
 const SEED: u64 = 17;
 const BATCH: usize = 2;
 const SEQ: usize = 16;
@@ -53,8 +51,9 @@ fn llama_small() -> Model {
 }
 
 fn init(model: &Model) -> GptModel<Train> {
-    let _guard = INIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    build::<Train>(model, SEED)
+    // Flex's RNG is process-global: ranks build their full models one at a time after seeding,
+    // under the lock the dropout marks of other ranks' forwards take too.
+    with_process_rng(|| build::<Train>(model, SEED))
 }
 
 /// A fixed batch: `[BATCH, SEQ]` tokens and their next-token labels, all below the vocabulary.
@@ -207,11 +206,10 @@ fn run_rank(
     let ctx = context(&rank, layout)?;
     let config = config(model);
     let device = Default::default();
-    let full = {
-        let _guard = INIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let full = with_process_rng(|| {
         <Train as Backend>::seed(&device, SEED);
         config.init::<Train>(&device)
-    };
+    });
     let chunks = pipeline_chunks(&config, stages)
         .iter()
         .map(|chunk| GptModel::shard(&full, &ctx, chunk))
@@ -397,10 +395,7 @@ fn cp2_inference_logits_are_the_one_rank_logits_at_global_positions() {
     let config = config(&model);
     let (inputs, _) = batch();
     let inputs = Tensor::<Cpu, 2, Int>::from_data(inputs.into_data(), &Default::default());
-    let full = {
-        let _guard = INIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        build::<Cpu>(&model, SEED)
-    };
+    let full = with_process_rng(|| build::<Cpu>(&model, SEED));
     let expected = full.forward(inputs.clone()).logits;
     let vocab = config.padded_vocab_size;
     let ranks = World::new(2)
@@ -629,15 +624,14 @@ fn boundary_shape_divides_the_sequence_by_cp_and_by_tp_with_sequence_parallelism
     let shapes = World::new(4)
         .run(|rank| -> Result<[usize; 3], BoxError> {
             let ctx = context(&rank, TP2_CP2_SP)?;
-            let gpt = {
-                let _guard = INIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let gpt = with_process_rng(|| {
                 GptModel::<Cpu>::new_parallel(
                     &config,
                     &ctx,
                     &ChunkSpec::whole(&config),
                     &Default::default(),
-                )?
-            };
+                )
+            })?;
             Ok(gpt.boundary_shape(3))
         })
         .expect("every rank builds");
