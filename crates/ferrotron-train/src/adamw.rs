@@ -257,8 +257,7 @@ where
             bias_correction1: self.bias_correction1,
             bias_correction2: self.bias_correction2,
             grad_scale: self.grad_scale,
-            rounded: MasterWeights::<B::InnerBackend>::needs_master(param_dtype)
-                .then_some(param_dtype),
+            rounded: MasterWeights::<B::InnerBackend>::rounded_dtype(param_dtype),
         };
         let moments = self
             .optimizer
@@ -283,7 +282,6 @@ where
             id,
             from_primitive(updated.value),
             updated.rounded.map(from_primitive),
-            param_dtype,
         );
         let updated = Tensor::<B, D>::from_inner(value.reshape(dims)).require_grad();
         Param::from_mapped_value(id, updated, mapper)

@@ -132,27 +132,28 @@ impl<I: Backend> MasterWeights<I> {
         }
     }
 
-    /// Whether a parameter of `dtype` has an fp32 master copy (every dtype but fp32).
-    pub fn needs_master(dtype: burn::tensor::DType) -> bool {
-        !is_fp32(dtype)
+    /// The dtype of the rounded copy an update of a `dtype` parameter must also write: its own
+    /// for a 16-bit parameter (which has an fp32 master), none for an fp32 one (its own master).
+    pub fn rounded_dtype(dtype: burn::tensor::DType) -> Option<burn::tensor::DType> {
+        (!is_fp32(dtype)).then_some(dtype)
     }
 
-    /// Keep the updated fp32 `value` of parameter `id` and return it in the parameter's dtype:
-    /// `rounded` where the update already wrote that copy, else `value` cast. An fp32
-    /// parameter is its own master: nothing is kept and `value` comes back as it is.
+    /// Keep the updated fp32 `value` of parameter `id` and return the parameter's new value:
+    /// the `rounded` copy the update wrote for a 16-bit parameter (then `value` becomes its
+    /// master), or `value` itself for an fp32 parameter, which is its own master.
     pub fn keep(
         &mut self,
         id: ParamId,
         value: Tensor<I, 1>,
         rounded: Option<Tensor<I, 1>>,
-        dtype: burn::tensor::DType,
     ) -> Tensor<I, 1> {
-        if is_fp32(dtype) {
-            return value;
+        match rounded {
+            Some(rounded) => {
+                self.weights.insert(id, value);
+                rounded
+            }
+            None => value,
         }
-        let rounded = rounded.unwrap_or_else(|| value.clone().cast(dtype));
-        self.weights.insert(id, value);
-        rounded
     }
 
     /// How many parameters have an fp32 master copy (0 in an fp32 run).

@@ -6,7 +6,7 @@
 //! Composed, the same rotation was six passes per rotated tensor and needed q and k split out.
 
 use crate::error::{CudaError, OpContext, Result};
-use crate::kernels::elementwise::{MapScalars, run_map};
+use crate::kernels::elementwise::{MapScalars, copy_into, run_map};
 use crate::layout::SliceArg;
 use crate::tensor::CudaTensor;
 
@@ -100,49 +100,23 @@ fn rotate(
     let [o1, o2] = rotated_halves(out)?;
     let [c1, c2] = table_halves(cos)?;
     let [s1, s2] = table_halves(sin)?;
-    if transpose {
-        run_map(
-            "rope_grad_first",
-            &o1,
-            &[&x1, &x2, &c1, &s2],
-            PLUS.into(),
-            NONE,
-            "",
-        )?;
-        run_map(
-            "rope_grad_second",
-            &o2,
-            &[&x2, &x1, &c2, &s1],
-            MINUS.into(),
-            NONE,
-            "",
-        )?;
+    // Each half: (kernel name, expression, its cos and sin halves).
+    let [first, second] = if transpose {
+        [
+            ("rope_grad_first", PLUS, [&c1, &s2]),
+            ("rope_grad_second", MINUS, [&c2, &s1]),
+        ]
     } else {
-        run_map(
-            "rope_first",
-            &o1,
-            &[&x1, &x2, &c1, &s1],
-            MINUS.into(),
-            NONE,
-            "",
-        )?;
-        run_map(
-            "rope_second",
-            &o2,
-            &[&x2, &x1, &c2, &s2],
-            PLUS.into(),
-            NONE,
-            "",
-        )?;
+        [
+            ("rope_first", MINUS, [&c1, &s1]),
+            ("rope_second", PLUS, [&c2, &s2]),
+        ]
+    };
+    for ((name, expr, [c, s]), out, [a, b]) in [(first, &o1, [&x1, &x2]), (second, &o2, [&x2, &x1])]
+    {
+        run_map(name, out, &[a, b, c, s], expr.into(), NONE, "")?;
     }
-    run_map(
-        "rope_value",
-        &value_slot(out)?,
-        &[&value_slot(x)?],
-        "a".into(),
-        NONE,
-        "",
-    )
+    copy_into(&value_slot(out)?, &value_slot(x)?)
 }
 
 /// The packed projection with its query and key slots rotated.
