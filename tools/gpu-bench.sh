@@ -13,7 +13,10 @@
 # Env: OUT (table and logs), FERROTRON_DIST (the folder holding `recipe`), STEPS (30),
 # ONLY (space-separated model names to run; default all), RUN_TIMEOUT (seconds per run, 300),
 # OP_TIMING=1 (each run also writes its per-op GPU time table, FERROTRON_OP_TIMING, to
-# logs/<name>.ops.md; the events around every op slow the run, so its speed is not the bench's).
+# logs/<name>.ops.md; the events around every op slow the run, so its speed is not the bench's),
+# LOG_INTERVAL (1: every step's statistics are read, so the host waits for the GPU once a step;
+# a larger interval lets the host queue the next step while the GPU runs, as a real run logging
+# every 10–100 steps does; each logged row is the mean over its interval).
 set -uo pipefail
 
 root=$(pwd)
@@ -27,7 +30,7 @@ export LD_LIBRARY_PATH="/usr/local/cuda/lib64${cudnn_lib:+:$cudnn_lib}${LD_LIBRA
 export FERROTRON_KERNEL_CACHE=${FERROTRON_KERNEL_CACHE:-/tmp/ferrotron-kernels}
 
 common=(--set checkpoint.dir=null --set parallel.data=1 --set parallel.distributed_optimizer=false
-    --set training.train_tokens=null --set training.schedule.warmup_iters=3 --set training.log_interval=1
+    --set training.train_tokens=null --set training.schedule.warmup_iters=3 --set training.log_interval=${LOG_INTERVAL:-1}
     --set training.eval_interval=100000 --set 'data.blend=[{path: recipes/data/shakespeare.jsonl}]'
     --set data.split=98,2,0)  # the presets' 969,30,1 leaves the small corpus no test document
 # The LLaMA and MoE shapes read the shipped corpus with the GPT-2 tokenizer.
