@@ -16,7 +16,8 @@
 # logs/<name>.ops.md; the events around every op slow the run, so its speed is not the bench's),
 # LOG_INTERVAL (1: every step's statistics are read, so the host waits for the GPU once a step;
 # a larger interval lets the host queue the next step while the GPU runs, as a real run logging
-# every 10–100 steps does; each logged row is the mean over its interval).
+# every 10–100 steps does; each logged row is the mean over its interval), EXTRA_SETS (more
+# `--set key=value` words for every run, e.g. "--set model.activation=gelu" to compare).
 set -uo pipefail
 
 root=$(pwd)
@@ -71,6 +72,8 @@ for entry in "${benches[@]}"; do
     declare -n more=$extra
     sets=("${common[@]}" "${more[@]}" --set training.global_batch_size=$mb --set training.micro_batch_size=$mb
         --set training.train_iters=$steps --set "logging.jsonl=/tmp/bench-$name/metrics.jsonl")
+    # shellcheck disable=SC2206 # words on purpose
+    sets+=(${EXTRA_SETS:-})
     "$dist/recipe" plan "$recipe" "${sets[@]}" --nodes 1 --gpus-per-node 1 --gpu h200 --format json \
         >"$OUT/logs/$name.plan.json" 2>"$OUT/logs/$name.plan.err"
     echo "=== $name: micro batch $mb, $steps steps ($(date +%T))"

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use ferrotron_recipe::{Finding, Model};
+use ferrotron_recipe::{Activation, Finding, Model};
 use serde_json::{Value, json};
 
 use crate::HfError;
@@ -22,8 +22,10 @@ pub(crate) fn write_config(model: &Model, dims: &Dims, dtype: OutDtype, eod: Opt
         Family::Gpt2 => json!({
             "n_layer": dims.layers, "n_embd": dims.hidden, "n_head": dims.heads,
             "n_inner": dims.ffn, "n_positions": dims.positions,
-            // exact GELU, as our MLP computes (GPT-2's default `gelu_new` is the tanh approximation)
-            "activation_function": "gelu",
+            "activation_function": match model.activation {
+                Activation::GeluTanh => "gelu_new",
+                _ => "gelu",
+            },
             "layer_norm_epsilon": model.norm_epsilon,
             "resid_pdrop": model.hidden_dropout, "embd_pdrop": model.hidden_dropout,
             "attn_pdrop": model.attention_dropout,
@@ -145,22 +147,18 @@ fn gpt2(get: &Getter<'_>) -> Result<(Value, Vec<Finding>), HfError> {
     let positions = get.u64("n_positions", 1024)?;
     let mut problems = Vec::new();
     let activation = get.or("activation_function", json!("gelu_new"));
-    match activation.as_str() {
-        Some("gelu") => {}
-        Some("gelu_new" | "gelu_pytorch_tanh") => problems.push(Finding::warning(
-            "hf::approximate-gelu",
-            "model.activation",
-            format!(
-                "config.json's activation_function {activation} is the tanh approximation of \
-                     GELU; this model computes exact GELU, so logits differ slightly (about 1e-3)"
-            ),
-        )),
-        _ => problems.push(Finding::error(
-            "hf::inexpressible",
-            "model.activation",
-            format!("config.json's activation_function {activation} is not GELU"),
-        )),
-    }
+    let ours = match activation.as_str() {
+        Some("gelu") => "gelu",
+        Some("gelu_new" | "gelu_pytorch_tanh") => "gelu_tanh",
+        _ => {
+            problems.push(Finding::error(
+                "hf::inexpressible",
+                "model.activation",
+                format!("config.json's activation_function {activation} is not GELU"),
+            ));
+            "gelu"
+        }
+    };
     for (key, expressible) in [
         ("scale_attn_weights", true),
         ("scale_attn_by_inverse_layer_idx", false),
@@ -180,7 +178,7 @@ fn gpt2(get: &Getter<'_>) -> Result<(Value, Vec<Finding>), HfError> {
         "num_attention_heads": get.u64("n_head", 12)?,
         "vocab_size": get.u64("vocab_size", 50257)?,
         "seq_length": positions, "max_position_embeddings": positions,
-        "position_embedding": "learned", "normalization": "layernorm", "activation": "gelu",
+        "position_embedding": "learned", "normalization": "layernorm", "activation": ours,
         "norm_epsilon": get.or("layer_norm_epsilon", json!(1e-5)),
         "tie_embeddings": get.or("tie_word_embeddings", json!(true)),
         "add_bias_linear": true,

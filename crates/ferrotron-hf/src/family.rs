@@ -79,7 +79,7 @@ impl Family {
                 if model.normalization != Normalization::Layernorm {
                     refuse("model.normalization", format!("{class} uses LayerNorm"));
                 }
-                if model.activation != Activation::Gelu {
+                if !matches!(model.activation, Activation::Gelu | Activation::GeluTanh) {
                     refuse("model.activation", format!("{class} has a GELU MLP"));
                 }
                 if model.num_query_groups() != model.num_attention_heads {

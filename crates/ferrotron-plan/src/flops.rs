@@ -36,7 +36,7 @@ const FMA: f64 = 2.0;
 /// GEMM stack factor of an MLP: h→ffn and ffn→h (GELU), h→2·ffn and ffn→h (SwiGLU).
 fn ffn_expansion(model: &Model) -> f64 {
     match model.activation {
-        Activation::Gelu => 2.0,
+        Activation::Gelu | Activation::GeluTanh => 2.0,
         Activation::Swiglu => 3.0,
     }
 }

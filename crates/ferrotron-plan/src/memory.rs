@@ -160,7 +160,7 @@ pub(crate) fn layer_activation_terms(setup: &Setup<'_>, moe_layer: bool) -> Vec<
         ));
     }
     let per_ffn = match model.activation {
-        Activation::Gelu => 4.0,
+        Activation::Gelu | Activation::GeluTanh => 4.0,
         Activation::Swiglu => 6.0,
     };
     match (&model.moe, moe_layer) {

@@ -66,7 +66,7 @@ pub(crate) fn norm_parameters(model: &Model, width: u64) -> u64 {
 pub(crate) fn mlp_parameters(model: &Model, ffn: u64) -> u64 {
     let h = u64::from(model.hidden_size);
     let fc1_out = match model.activation {
-        Activation::Gelu => ffn,
+        Activation::Gelu | Activation::GeluTanh => ffn,
         Activation::Swiglu => 2 * ffn,
     };
     let biases = if model.add_bias_linear {

@@ -143,11 +143,15 @@ pub enum Normalization {
     Rmsnorm,
 }
 
+/// The MLP's activation. `gelu` is the exact (erf) GELU; `gelu_tanh` its tanh approximation,
+/// which GPT-2 trained with (Hugging Face's `gelu_new`), Megatron's fused bias-GELU computes
+/// and cuBLASLt's GELU epilogue implements, so on a GPU it runs inside the MLP's GEMMs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Activation {
     #[default]
     Gelu,
+    GeluTanh,
     Swiglu,
 }
 

@@ -14,7 +14,7 @@ use ferrotron_recipe::Activation;
 
 use crate::error::ModelError;
 use crate::init::normal_linear;
-use crate::mlp::MlpShape;
+use crate::mlp::{MlpShape, gelu_tanh};
 use crate::parallel::{Placement, cut_module, roles_of};
 
 #[derive(Module, Debug)]
@@ -23,7 +23,8 @@ pub struct Expert<B: Backend> {
     fc1: Linear<B>,
     /// `[ffn, hidden]` (this rank's rows when cut); its bias is whole on every rank.
     fc2: Linear<B>,
-    swiglu: bool,
+    #[module(skip)]
+    activation: Activation,
     /// Which etp piece this is ([`Piece::WHOLE`] on one rank).
     #[module(skip)]
     piece: Piece,
@@ -43,8 +44,11 @@ impl Piece {
 impl<B: Backend> Expert<B> {
     /// Draws fc1 then fc2, in the dense `Mlp`'s order, so seeded models are unchanged.
     pub fn new(shape: &MlpShape, device: &B::Device) -> Self {
-        let swiglu = shape.activation == Activation::Swiglu;
-        let fc1_out = if swiglu { 2 * shape.ffn } else { shape.ffn };
+        let fc1_out = if shape.activation == Activation::Swiglu {
+            2 * shape.ffn
+        } else {
+            shape.ffn
+        };
         Expert {
             fc1: normal_linear(shape.hidden, fc1_out, shape.std, shape.bias, device),
             fc2: normal_linear(
@@ -54,7 +58,7 @@ impl<B: Backend> Expert<B> {
                 shape.bias,
                 device,
             ),
-            swiglu,
+            activation: shape.activation,
             piece: Piece::WHOLE,
         }
     }
@@ -75,13 +79,15 @@ impl<B: Backend> Expert<B> {
 
     fn activated(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let hidden = self.fc1.forward(x);
-        if self.swiglu {
-            let width = hidden.dims()[1];
-            let gate = hidden.clone().slice_dim(1, 0..width / 2);
-            let linear = hidden.slice_dim(1, width / 2..width);
-            silu(gate) * linear
-        } else {
-            gelu(hidden)
+        match self.activation {
+            Activation::Swiglu => {
+                let width = hidden.dims()[1];
+                let gate = hidden.clone().slice_dim(1, 0..width / 2);
+                let linear = hidden.slice_dim(1, width / 2..width);
+                silu(gate) * linear
+            }
+            Activation::Gelu => gelu(hidden),
+            Activation::GeluTanh => gelu_tanh(hidden),
         }
     }
 
@@ -111,7 +117,11 @@ impl<B: Backend> Expert<B> {
     /// fc1 by output columns (`parts: 2` for SwiGLU's fused halves), fc2 by input rows, fc2's
     /// bias whole. Every parameter is an expert's: reduced over edp.
     fn placement(&self, name: &str, piece: Piece) -> Placement {
-        let parts = if self.swiglu { 2 } else { 1 };
+        let parts = if self.activation == Activation::Swiglu {
+            2
+        } else {
+            1
+        };
         let split = match name {
             "fc1.weight" => Some(Split::fused(1, parts, piece.index, piece.count)),
             "fc1.bias" => Some(Split::fused(0, parts, piece.index, piece.count)),

@@ -146,7 +146,7 @@ fn every_dense_switch_combination_builds_runs_and_matches_the_planner() {
         PositionEmbedding::None,
     ];
     let norms = [Normalization::Layernorm, Normalization::Rmsnorm];
-    let activations = [Activation::Gelu, Activation::Swiglu];
+    let activations = [Activation::Gelu, Activation::GeluTanh, Activation::Swiglu];
     for position_embedding in positions {
         for normalization in norms {
             for activation in activations {
