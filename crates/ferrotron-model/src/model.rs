@@ -13,10 +13,11 @@ use std::collections::{HashMap, HashSet};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::backend::Backend;
-use burn::tensor::module::linear;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ferrotron_parallel::collectives::gather_from_region;
-use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ShardSpec, cross_entropy};
+use ferrotron_parallel::{
+    ParallelContext, ParallelOps, ParamRole, ShardSpec, cross_entropy, tied_logits,
+};
 use ferrotron_recipe::PositionEmbedding;
 
 use crate::block::TransformerBlock;
@@ -615,12 +616,13 @@ impl<B: ParallelOps> GptModel<B> {
         // One [batch·seq, hidden] × [hidden, vocab] product rather than a batch of them: the
         // CPU GEMM then packs the vocabulary-sized weight once instead of once per sequence and
         // splits the whole product over its threads, and the weight gradient is one product
-        // instead of a product per sequence summed afterwards.
+        // instead of a product per sequence summed afterwards. Tied, the backend's tied-logits
+        // kernel writes the logits and the embedding's gradient once (`fused_logits.rs`).
         let [batch, seq, width] = hidden.dims();
         let rows = hidden.reshape([batch * seq, width]);
         let logits = match (&self.output_layer, &self.embedding) {
             (Some(output), _) => output.forward(rows),
-            (None, Some(embedding)) => linear(rows, embedding.weight.val().transpose(), None),
+            (None, Some(embedding)) => tied_logits(rows, embedding.weight.val()),
             (None, None) => unreachable!("a tied post_process chunk holds the embedding"),
         };
         let vocab = logits.dims()[1];

@@ -1,7 +1,9 @@
 //! burn-flex's fused kernels against the composed ops they replace, at the quick start's shapes
 //! (shakespeare-tiny: 512 rows × 50,304 words of logits; the tied 50,304 × 64 embedding):
-//! the cross-entropy forward + backward through autodiff (the model's loss, mean over rows) and
-//! one AdamW update. Each on the process's rayon pool (`RAYON_NUM_THREADS` sizes it).
+//! the cross-entropy forward + backward through autodiff (the model's loss, mean over rows), one
+//! AdamW update, and the whole tied output layer (its three GEMMs around the loss kernel), the
+//! bulk of a quick-start step's arithmetic. Each on the process's rayon pool
+//! (`RAYON_NUM_THREADS` sizes it).
 //!
 //!     RAYON_NUM_THREADS=1 cargo bench -p ferrotron-parallel --bench flex_kernels
 
@@ -118,5 +120,38 @@ fn adamw_bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, cross_entropy_bench, adamw_bench);
+/// The tied output layer as the model runs it: `[rows, hidden] · embeddingᵀ`, the loss kernel,
+/// and the backward's two GEMMs (`d rows`, `d embedding`).
+fn output_layer_bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("tied_output_layer_512x64x50304_fwd_bwd");
+    group.sample_size(10);
+    let labels = labels();
+    let inputs = || {
+        let init = Distribution::Normal(0.0, 0.02);
+        (
+            Tensor::<B, 2>::random([ROWS, HIDDEN], init, &Default::default()).require_grad(),
+            Tensor::<B, 2>::random([VOCAB, HIDDEN], init, &Default::default()).require_grad(),
+        )
+    };
+    group.bench_function("flex", |b| {
+        b.iter_batched(
+            inputs,
+            |(rows, embedding)| {
+                let logits = rows.clone().matmul(embedding.clone().transpose());
+                let loss = cross_entropy(logits, labels.clone()).expect("a Flex kernel");
+                let grads = loss.mean().backward();
+                (rows.grad(&grads), embedding.grad(&grads))
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    cross_entropy_bench,
+    adamw_bench,
+    output_layer_bench
+);
 criterion_main!(benches);

@@ -33,6 +33,7 @@ use crate::fused_dropout::{
     DropoutMask, DropoutSaved, composed_dropout_add, dropout_add_backward_reference,
     dropout_add_forward_reference,
 };
+use crate::fused_logits::{composed_tied_logits, tied_logits_backward_reference};
 use crate::fused_loss::{
     CrossEntropySaved, cross_entropy_backward_reference, cross_entropy_forward_reference,
 };
@@ -343,6 +344,40 @@ pub trait FusedOps: Backend {
         grad_losses: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         cross_entropy_backward_reference::<Self>(logits, labels, log_sum_exp, grad_losses)
+    }
+
+    /// The tied output layer's logits `rows [n, hidden] · embeddingᵀ` for `embedding [vocab,
+    /// hidden]` (see `fused_logits.rs`).
+    fn fused_tied_logits(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        composed_tied_logits::<Self>(rows, embedding)
+    }
+
+    /// Whether [`FusedOps::tied_logits_kernel_forward`] is a real kernel for these operands.
+    /// Default: no.
+    fn has_tied_logits_kernel(rows: &FloatTensor<Self>, embedding: &FloatTensor<Self>) -> bool {
+        let _ = (rows, embedding);
+        false
+    }
+
+    /// Tied logits with the kernel. Default: the composed product.
+    fn tied_logits_kernel_forward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        composed_tied_logits::<Self>(rows, embedding)
+    }
+
+    /// `(d rows, d embedding)` from the logits' gradient, `d embedding` laid out as the
+    /// embedding. Default: the reference.
+    fn tied_logits_kernel_backward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        tied_logits_backward_reference::<Self>(rows, embedding, grad)
     }
 
     /// One AdamW update of a flat fp32 parameter from its gradient (any float dtype) and

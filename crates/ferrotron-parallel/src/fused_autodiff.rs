@@ -7,7 +7,8 @@
 //! packed attention node keeps the packed projection instead of three views of it, and hands
 //! back one packed gradient.
 //! The norm node keeps x, γ and two f32 numbers per row instead of every intermediate; the
-//! cross-entropy node the logits, the labels and one f32 log-sum-exp per row.
+//! cross-entropy node the logits, the labels and one f32 log-sum-exp per row; the tied-logits
+//! node its two operands, as burn's matmul does.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -18,6 +19,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_dropout::{DropoutMask, composed_dropout_add};
+use crate::fused_logits::composed_tied_logits;
 use crate::fused_norm::{NormSaved, NormSpec};
 use crate::fused_qkv::composed_qkv_attention;
 use crate::fused_rope::composed_rope_qkv;
@@ -370,7 +372,62 @@ pub fn cross_entropy_node<B: FusedOps, C: CheckpointStrategy>(
     }
 }
 
+#[derive(Debug)]
+struct TiedLogitsOp;
+
+/// Parents are the rows and the embedding; the state is both operands.
+impl<B: FusedOps> Backward<B, 2> for TiedLogitsOp {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (rows, embedding) = ops.state;
+        let [node_rows, node_embedding] = ops.parents;
+        let (d_rows, d_embedding) = B::tied_logits_kernel_backward(rows, embedding, grad);
+        if let Some(node) = node_rows {
+            grads.register::<B>(node.id, d_rows);
+        }
+        if let Some(node) = node_embedding {
+            grads.register::<B>(node.id, d_embedding);
+        }
+    }
+}
+
+/// Records `rows · embeddingᵀ` as one node whose forward and backward are `B`'s tied-logits
+/// kernels. Public so tests can drive the node with a CPU backend's reference kernels.
+pub fn tied_logits_node<B: FusedOps, C: CheckpointStrategy>(
+    rows: FloatTensor<Autodiff<B, C>>,
+    embedding: FloatTensor<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = TiedLogitsOp
+        .prepare::<C>([rows.node.clone(), embedding.node.clone()])
+        .compute_bound()
+        .stateful();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let logits =
+                B::tied_logits_kernel_forward(rows.primitive.clone(), embedding.primitive.clone());
+            prep.finish((rows.primitive, embedding.primitive), logits)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::tied_logits_kernel_forward(
+            rows.primitive,
+            embedding.primitive,
+        )),
+    }
+}
+
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fused_tied_logits(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if B::has_tied_logits_kernel(&rows.primitive, &embedding.primitive) {
+            tied_logits_node::<B, C>(rows, embedding)
+        } else {
+            composed_tied_logits::<Self>(rows, embedding)
+        }
+    }
+
     fn device_resident_step() -> bool {
         B::device_resident_step()
     }

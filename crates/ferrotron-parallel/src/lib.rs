@@ -26,6 +26,7 @@ mod fused;
 mod fused_adamw;
 mod fused_autodiff;
 mod fused_dropout;
+mod fused_logits;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
@@ -57,9 +58,10 @@ pub use fused_adamw::{
 };
 pub use fused_autodiff::{
     attention_node, cross_entropy_node, dropout_add_node, norm_node, qkv_attention_node,
-    rope_qkv_node, swiglu_node,
+    rope_qkv_node, swiglu_node, tied_logits_node,
 };
 pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
+pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,
     cross_entropy_forward_reference,

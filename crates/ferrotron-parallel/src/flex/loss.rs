@@ -71,13 +71,7 @@ pub(super) fn backward(
         .par_chunks_mut(vocab.max(1))
         .zip(labels.par_iter().zip(lse.par_iter().zip(grad.par_iter())))
         .with_min_len(min_rows(vocab))
-        .for_each(|(row, (&label, (&lse, &g)))| {
-            let target = row[label];
-            for x in row.iter_mut() {
-                *x = exp::exp(*x - lse) * g;
-            }
-            row[label] = (exp::exp(target - lse) - 1.0) * g;
-        });
+        .for_each(|(row, (&label, (&lse, &g)))| exp::softmax_grad(row, label, lse, g));
     out
 }
 

@@ -1,8 +1,9 @@
 //! [`FusedOps`] for burn-flex, the CPU backend: kernels where the composed ops cost most.
 //!
 //! burn-flex runs element-wise ops one thread at a time and allocates every result, so on the
-//! quick-start model the softmax cross-entropy over the 50,304-word vocabulary and the AdamW
-//! update of the tied embedding took most of a step however many threads the run had. The
+//! quick-start model the softmax cross-entropy over the 50,304-word vocabulary, the AdamW
+//! update of the tied embedding and the allocation of the output layer's logits took most of a
+//! step however many threads the run had. The
 //! kernels here run on the rayon pool the run sizes (`runtime.threads`), split work so results
 //! do not depend on the thread count, and fall back to the composed defaults for inputs they do
 //! not take (16-bit dtypes, odd layouts).
@@ -11,6 +12,7 @@
 
 mod adamw;
 mod exp;
+mod logits;
 mod loss;
 
 use burn::backend::Flex;
@@ -43,6 +45,25 @@ impl FusedOps for Flex {
         grad_losses: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         loss::backward(logits, labels, log_sum_exp, grad_losses)
+    }
+
+    fn has_tied_logits_kernel(rows: &FloatTensor<Self>, embedding: &FloatTensor<Self>) -> bool {
+        logits::supports(rows, embedding)
+    }
+
+    fn tied_logits_kernel_forward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        logits::forward(&rows, &embedding)
+    }
+
+    fn tied_logits_kernel_backward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        logits::backward(&rows, &embedding, grad)
     }
 
     fn adamw_step(

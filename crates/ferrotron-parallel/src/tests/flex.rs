@@ -1,15 +1,16 @@
 //! burn-flex's kernels against the composed ops: the cross-entropy within float tolerance (its
-//! exponential and summation order are its own), the AdamW update bit for bit, and both the
-//! same bit for bit whatever the size of the thread pool they run on.
+//! exponential and summation order are its own), the AdamW update and the tied logits (with
+//! their gradients, through autodiff) bit for bit, and all the same bit for bit whatever the size
+//! of the thread pool they run on.
 
-use burn::backend::Flex;
+use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
 use super::{assert_close, flat, values};
 use crate::{
-    AdamWStep, AdamWTensors, FusedOps, composed_adamw, cross_entropy_backward_reference,
-    cross_entropy_forward_reference,
+    AdamWStep, AdamWTensors, FusedOps, composed_adamw, composed_tied_logits,
+    cross_entropy_backward_reference, cross_entropy_forward_reference, tied_logits,
 };
 
 /// Rows long enough that a row is one task and a pool of several threads splits the rows.
@@ -180,6 +181,60 @@ fn flex_adamw_is_the_composed_update_bit_for_bit_on_any_number_of_threads() {
                 got == want,
                 "AdamW on {threads} threads differs from the composed update \
                  (decay {decay:?}, grad scale {grad_scale}, moments {with_moments}, device scale {device_scale})"
+            );
+        }
+    }
+}
+
+/// Large enough (`n · vocab · hidden` ≥ 192³) that the GEMMs run on the pool.
+const LOGIT_ROWS: usize = 96;
+const LOGIT_VOCAB: usize = 5_003;
+const LOGIT_HIDDEN: usize = 32;
+
+/// Logits, `d rows` and `d embedding` of `Σ logits · c` for a fixed `c`, through autodiff: with
+/// the kernel node, or the composed product.
+fn tied_logits_and_grads(kernel: bool) -> [Vec<u32>; 3] {
+    type A = Autodiff<Flex>;
+    let leaf = |shape: [usize; 2], seed: f32| {
+        let data: Vec<f32> = values(&shape, seed).into_iter().map(|v| v * 0.5).collect();
+        Tensor::<A, 2>::from_data(TensorData::new(data, shape), &Default::default()).require_grad()
+    };
+    let rows = leaf([LOGIT_ROWS, LOGIT_HIDDEN], 0.4);
+    let embedding = leaf([LOGIT_VOCAB, LOGIT_HIDDEN], 0.8);
+    let logits = if kernel {
+        assert!(Flex::has_tied_logits_kernel(
+            &floats([LOGIT_ROWS, LOGIT_HIDDEN], 0.4, 0.5),
+            &floats([LOGIT_VOCAB, LOGIT_HIDDEN], 0.8, 0.5),
+        ));
+        tied_logits(rows.clone(), embedding.clone())
+    } else {
+        Tensor::from_primitive(TensorPrimitive::Float(composed_tied_logits::<A>(
+            rows.clone().into_primitive().tensor(),
+            embedding.clone().into_primitive().tensor(),
+        )))
+    };
+    let weights = leaf([LOGIT_ROWS, LOGIT_VOCAB], 0.6).detach();
+    let grads = (logits.clone() * weights).sum().backward();
+    let bits = |t: Tensor<Flex, 2>| flat(t).into_iter().map(f32::to_bits).collect();
+    [
+        bits(logits.inner()),
+        bits(rows.grad(&grads).expect("d rows")),
+        bits(embedding.grad(&grads).expect("d embedding")),
+    ]
+}
+
+#[test]
+fn flex_tied_logits_are_the_composed_product_bit_for_bit_on_any_number_of_threads() {
+    let want = tied_logits_and_grads(false);
+    for threads in [1, 3] {
+        let got = on_threads(threads, || tied_logits_and_grads(true));
+        for (name, (got, want)) in ["logits", "d rows", "d embedding"]
+            .iter()
+            .zip(got.iter().zip(&want))
+        {
+            assert!(
+                got == want,
+                "tied logits on {threads} threads: {name} differs from the composed product"
             );
         }
     }
