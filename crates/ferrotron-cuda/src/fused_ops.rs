@@ -8,8 +8,9 @@
 //! missing, the first fused call stops with an error naming what to install.
 //!
 //! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`, writing the 16-bit parameter's
-//! rounded copy in the same pass), the gradient norm's sums of squares (`kernels::reduce`,
-//! reading 16-bit gradients as they are), the softmax cross-entropy
+//! rounded copy in the same pass, in place on state nothing else holds), the gradient norm's
+//! sums of squares (`kernels::reduce`, reading 16-bit gradients as they are), the gathering of
+//! gradients into the optimizer's flat buffers (`kernels::flat`), the softmax cross-entropy
 //! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
 //! bits drawn in the add and again in the backward), SwiGLU of the packed projection
 //! (`kernels::swiglu`) and RoPE on it (`kernels::rope`) run on our own kernels, for every float
@@ -17,18 +18,19 @@
 
 use std::sync::OnceLock;
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
-    DeviceScale, DropoutMask, DropoutSaved, FusedOps, NormGrads, NormKind, NormSaved, NormSpec,
-    composed_adamw, composed_attention, composed_qkv_attention, composed_rope_qkv,
-    composed_sum_of_squares, composed_swiglu,
+    DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, FusedOps, NormGrads, NormKind,
+    NormSaved, NormSpec, composed_adamw, composed_attention, composed_gather_flat,
+    composed_qkv_attention, composed_rope_qkv, composed_sum_of_squares, composed_swiglu,
 };
 
 use crate::backend::Cuda;
 use crate::backend::convert::ok;
 use crate::cudnn;
 use crate::dtype::DType;
+use crate::kernels::flat;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
@@ -170,6 +172,7 @@ impl FusedOps for Cuda {
             step,
             device_scale.as_ref(),
             rounded,
+            true,
         ));
         AdamWTensors {
             value: out.value,
@@ -184,6 +187,44 @@ impl FusedOps for Cuda {
             return composed_sum_of_squares::<Self>(x);
         }
         ok(reduce_all(&x, ReduceOp::SumSquares))
+    }
+
+    fn gather_flat(
+        pieces: Vec<FlatPiece<Self>>,
+        into: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        let floats = pieces.iter().filter_map(|p| p.grad.as_ref()).all(is_float);
+        let device = pieces
+            .iter()
+            .find_map(|p| p.grad.as_ref())
+            .or(into.as_ref())
+            .map(|t| t.device().clone());
+        let (true, Some(device)) = (fused_kernels_enabled() && floats, device) else {
+            return composed_gather_flat::<Self>(pieces, into);
+        };
+        let laid: Vec<_> = pieces
+            .iter()
+            .map(|p| flat::Piece {
+                len: p.len,
+                grad: p.grad.as_ref(),
+            })
+            .collect();
+        ok(flat::gather_flat(&device, &laid, into))
+    }
+
+    fn segment_sum_of_squares(
+        buffers: &[FloatTensor<Self>],
+        segments: &[FlatSegment],
+    ) -> Option<FloatTensor<Self>> {
+        if segments.is_empty() {
+            return None;
+        }
+        // Each buffer whole: what its segments leave out is zero, and a GPU sum has no order
+        // to keep.
+        buffers
+            .iter()
+            .map(|b| Self::sum_of_squares(b.clone()))
+            .reduce(Self::float_add)
     }
 
     fn fused_attention(

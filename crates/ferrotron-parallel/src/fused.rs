@@ -16,7 +16,7 @@
 //! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), rotary
 //! embeddings on the packed projection (`fused_rope.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
-//! update (`fused_adamw.rs`).
+//! update (`fused_adamw.rs`) with its flat gradient buffers (`fused_flat.rs`).
 //!
 //! [`ParallelOps`]: crate::ParallelOps
 
@@ -32,6 +32,9 @@ use crate::fused_adamw::{
 use crate::fused_dropout::{
     DropoutMask, DropoutSaved, composed_dropout_add, dropout_add_backward_reference,
     dropout_add_forward_reference,
+};
+use crate::fused_flat::{
+    FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
 };
 use crate::fused_logits::{composed_tied_logits, tied_logits_backward_reference};
 use crate::fused_loss::{
@@ -396,6 +399,26 @@ pub trait FusedOps: Backend {
     /// parameter's share of the global gradient norm. Called on the inner backend.
     fn sum_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
         composed_sum_of_squares::<Self>(x)
+    }
+
+    /// `into + cat(pieces)`, flat f32 (see `fused_flat.rs`): a step's gradients gathered into
+    /// the optimizer's flat buffer, summed over microbatches there. `into` is given up (a GPU
+    /// adds in place when nothing else holds it).
+    fn gather_flat(
+        pieces: Vec<FlatPiece<Self>>,
+        into: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        composed_gather_flat::<Self>(pieces, into)
+    }
+
+    /// `Σ x²` over segments of flat f32 buffers as `[1]` f32 (`None`: no segments). The default
+    /// sums segment by segment in the order given; a backend whose numbers no test pins may sum
+    /// each buffer whole, so what the segments leave out must be zero.
+    fn segment_sum_of_squares(
+        buffers: &[FloatTensor<Self>],
+        segments: &[FlatSegment],
+    ) -> Option<FloatTensor<Self>> {
+        composed_segment_sum_of_squares::<Self>(buffers, segments)
     }
 
     /// Whether a training step should keep its loss, gradient norm and clipping on the device

@@ -26,6 +26,7 @@ mod fused;
 mod fused_adamw;
 mod fused_autodiff;
 mod fused_dropout;
+mod fused_flat;
 mod fused_logits;
 mod fused_loss;
 mod fused_norm;
@@ -61,6 +62,9 @@ pub use fused_autodiff::{
     rope_qkv_node, swiglu_node, tied_logits_node,
 };
 pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
+pub use fused_flat::{
+    FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
+};
 pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,

@@ -2,6 +2,10 @@
 //! burn-optim because burn 0.21's AdamW decays every parameter (Megatron exempts norms and
 //! biases), and because its state is keyed by `ParamId`s that change between processes. Here the
 //! moments live flat per parameter and are exported under the parameter's stable name.
+//!
+//! The device-resident step keeps the same state in flat buffers instead (`flat_adamw.rs`); the
+//! state moves between the two forms when a caller of the other form needs it (a checkpoint
+//! reads slices of the flat buffers without moving anything).
 
 use std::collections::{HashMap, HashSet};
 
@@ -12,6 +16,8 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{AdamWStep, FusedOps};
 
+use crate::TrainError;
+use crate::flat_adamw::{self, FlatGrads, FlatState, Layout, ViewMapper};
 use crate::params::{NamedTensor, ParamEntry};
 use crate::precision::MasterWeights;
 
@@ -52,6 +58,9 @@ pub struct AdamW<I: Backend> {
     no_decay: HashSet<ParamId>,
     /// fp32 copies of 16-bit parameters (mixed precision); empty in an fp32 run.
     master: MasterWeights<I>,
+    /// The state of the parameters the device-resident step updates, in flat buffers (their
+    /// entries are then absent from `moments` and `master`).
+    flat: Option<FlatState<I>>,
 }
 
 /// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
@@ -66,12 +75,27 @@ impl<I: Backend> AdamW<I> {
             moments: HashMap::new(),
             no_decay,
             master: MasterWeights::default(),
+            flat: None,
         }
     }
 
-    /// The fp32 master copies of the model's 16-bit parameters (see `precision`).
+    /// The fp32 master copies of the model's 16-bit parameters (see `precision`) updated by the
+    /// per-parameter step (the flat state's are read through [`AdamW::master_value`]).
     pub fn master_weights(&self) -> &MasterWeights<I> {
         &self.master
+    }
+
+    /// Parameter `id`'s fp32 master copy, flattened, wherever the state lives; `None` for an
+    /// fp32 parameter (its own master) or one never updated.
+    pub fn master_value(&self, id: ParamId) -> Option<Tensor<I, 1>> {
+        if let Some(flat) = &self.flat
+            && let Some(slot) = flat.layout.slots.get(&id)
+        {
+            let sixteen_bit =
+                MasterWeights::<I>::rounded_dtype(flat.layout.groups[slot.group].dtype);
+            return sixteen_bit.and_then(|_| flat.slice(&flat.master, id));
+        }
+        self.master.get(id).cloned()
     }
 
     /// Optimizer steps taken (the `t` of the bias correction).
@@ -89,32 +113,95 @@ impl<I: Backend> AdamW<I> {
         I: FusedOps,
         M: AutodiffModule<B>,
     {
-        self.apply(model, grads, lr, grad_scale, None)
+        self.apply(model, grads, lr, grad_scale)
     }
 
-    /// [`AdamW::step`] with the gradient factor on the device (`[1]`, f32: a clipping
-    /// coefficient computed there), so the update never waits for the host.
-    pub fn step_scaled_on_device<B, M>(
-        &mut self,
-        model: M,
-        grads: GradientsParams,
-        lr: f64,
-        scale: Tensor<I, 1>,
-    ) -> M
+    fn apply<B, M>(&mut self, model: M, grads: GradientsParams, lr: f64, grad_scale: f64) -> M
     where
         B: AutodiffBackend<InnerBackend = I>,
         I: FusedOps,
         M: AutodiffModule<B>,
     {
-        self.apply(model, grads, lr, 1.0, Some(scale))
+        self.unflatten();
+        let (bias_correction1, bias_correction2) = self.next_bias_corrections();
+        let mut mapper = UpdateMapper {
+            optimizer: self,
+            grads,
+            lr,
+            grad_scale,
+            bias_correction1,
+            bias_correction2,
+        };
+        model.map(&mut mapper)
     }
 
-    fn apply<B, M>(
+    /// Count the step; `1 − β₁ᵗ` and `1 − β₂ᵗ` of it.
+    fn next_bias_corrections(&mut self) -> (f64, f64) {
+        self.step += 1;
+        let step = i32::try_from(self.step).unwrap_or(i32::MAX);
+        (
+            1.0 - self.config.beta1.powi(step),
+            1.0 - self.config.beta2.powi(step),
+        )
+    }
+
+    /// Parameter `id`'s fp32 master copy from saved (flattened) values.
+    pub(crate) fn restore_master(&mut self, id: ParamId, values: &[f32], device: &I::Device) {
+        self.unflatten();
+        self.master.insert(id, fp32_tensor(values, device));
+    }
+
+    /// Add one microbatch's gradients of `model` to the step's flat buffers `into` (a fresh set
+    /// for the step's first microbatch, which also lays the state out flat, or anew when the
+    /// parameters with gradients changed).
+    pub(crate) fn gather_flat<B, M>(
+        &mut self,
+        model: &M,
+        grads: GradientsParams,
+        into: Option<FlatGrads<I>>,
+    ) -> Result<FlatGrads<I>, TrainError>
+    where
+        B: AutodiffBackend<InnerBackend = I>,
+        I: FusedOps,
+        M: AutodiffModule<B>,
+    {
+        let taken = flat_adamw::take_grads::<B, M>(model, grads);
+        if into.is_none() {
+            let same = self.flat.as_ref().is_some_and(|flat| {
+                flat.layout.order.len() == taken.params.len()
+                    && flat
+                        .layout
+                        .order
+                        .iter()
+                        .zip(&taken.params)
+                        .all(|(a, b)| *a == b.0)
+            });
+            if !same {
+                self.unflatten();
+                self.flatten(taken.params);
+            }
+        }
+        let layout = &self.flat.as_ref().expect("laid out above").layout;
+        flat_adamw::gather(layout, taken.grads, into)
+    }
+
+    /// `Σ x²` of a step's flat gradients (`[1]` f32; `None`: no gradients).
+    pub(crate) fn flat_sum_of_squares(&self, grads: &FlatGrads<I>) -> Option<Tensor<I, 1>>
+    where
+        I: FusedOps,
+    {
+        let layout = &self.flat.as_ref()?.layout;
+        flat_adamw::sum_of_squares(layout, grads)
+    }
+
+    /// [`AdamW::step`] over the flat state and a step's flat gradients (from
+    /// [`AdamW::gather_flat`]): one update per group, with the gradient factor on the device
+    /// when given; the model's parameters become views of the updated buffers.
+    pub(crate) fn step_flat<B, M>(
         &mut self,
         model: M,
-        grads: GradientsParams,
+        grads: FlatGrads<I>,
         lr: f64,
-        grad_scale: f64,
         device_scale: Option<Tensor<I, 1>>,
     ) -> M
     where
@@ -122,38 +209,130 @@ impl<I: Backend> AdamW<I> {
         I: FusedOps,
         M: AutodiffModule<B>,
     {
-        self.step += 1;
-        let step = i32::try_from(self.step).unwrap_or(i32::MAX);
-        let bias_correction1 = 1.0 - self.config.beta1.powi(step);
-        let bias_correction2 = 1.0 - self.config.beta2.powi(step);
-        let mut mapper = UpdateMapper {
-            optimizer: self,
-            grads,
+        let (bias_correction1, bias_correction2) = self.next_bias_corrections();
+        let config = self.config;
+        let Some(flat) = self.flat.as_mut() else {
+            return model;
+        };
+        let step = |group: &flat_adamw::Group| AdamWStep {
             lr,
-            grad_scale,
-            device_scale,
+            beta1: config.beta1,
+            beta2: config.beta2,
+            eps: config.eps,
+            decay: group.decays.then_some(1.0 - lr * config.weight_decay),
             bias_correction1,
             bias_correction2,
+            grad_scale: 1.0,
+            rounded: MasterWeights::<I>::rounded_dtype(group.dtype),
+        };
+        let values = flat_adamw::update(flat, grads, step, device_scale);
+        let mut mapper = ViewMapper {
+            slots: &flat.layout.slots,
+            values: &values,
         };
         model.map(&mut mapper)
     }
 
-    /// Parameter `id`'s fp32 master copy from saved (flattened) values.
-    pub(crate) fn restore_master(&mut self, id: ParamId, values: &[f32], device: &I::Device) {
-        self.master.insert(id, fp32_tensor(values, device));
+    /// Move the per-parameter state of `params` (`(id, dtype, len, value)` in visiting order)
+    /// into flat buffers; a parameter without a master copy starts from its own value widened,
+    /// one without moments (when others have them) from zero moments, which the update treats
+    /// exactly as a first step (`0·β + x` is `x`), as it keeps the alignment gaps at zero.
+    fn flatten(&mut self, params: Vec<(ParamId, burn::tensor::DType, usize, Tensor<I, 1>)>) {
+        let facts: Vec<_> = params
+            .iter()
+            .map(|(id, dtype, len, _)| (*id, *dtype, *len, self.decays(*id)))
+            .collect();
+        let layout = Layout::new(&facts);
+        let mut values: HashMap<ParamId, Tensor<I, 1>> = params
+            .into_iter()
+            .map(|(id, _, _, value)| (id, self.master.take(id, value)))
+            .collect();
+        let mut master = Vec::with_capacity(layout.groups.len());
+        let mut moments = Vec::with_capacity(layout.groups.len());
+        for index in 0..layout.groups.len() {
+            let runs = layout.runs(index);
+            let first = runs
+                .iter()
+                .find_map(|(id, _)| *id)
+                .expect("a group has members");
+            let device = values[&first].device();
+            let zeros = |len| fp32_zeros::<I>(len, &device);
+            let parts: Vec<_> = runs
+                .iter()
+                .map(|&(id, len)| match id {
+                    Some(id) => values.remove(&id).expect("every member has a value"),
+                    None => zeros(len),
+                })
+                .collect();
+            master.push(Tensor::cat(parts, 0));
+            let saved: Vec<_> = runs
+                .iter()
+                .map(|&(id, len)| (id.and_then(|id| self.moments.remove(&id)), len))
+                .collect();
+            moments.push(saved.iter().any(|(m, _)| m.is_some()).then(|| {
+                let (m, v): (Vec<_>, Vec<_>) = saved
+                    .into_iter()
+                    .map(|(saved, len)| match saved {
+                        Some(Moments {
+                            exp_avg,
+                            exp_avg_sq,
+                        }) => (exp_avg, exp_avg_sq),
+                        None => (zeros(len), zeros(len)),
+                    })
+                    .unzip();
+                (Tensor::cat(m, 0), Tensor::cat(v, 0))
+            }));
+        }
+        self.flat = Some(FlatState {
+            layout,
+            master,
+            moments,
+        });
+    }
+
+    /// Move the flat state back into per-parameter entries (slices of the flat buffers).
+    fn unflatten(&mut self) {
+        let Some(flat) = self.flat.take() else {
+            return;
+        };
+        for (id, slot) in &flat.layout.slots {
+            let group = &flat.layout.groups[slot.group];
+            if MasterWeights::<I>::rounded_dtype(group.dtype).is_some()
+                && let Some(master) = flat.slice(&flat.master, *id)
+            {
+                self.master.insert(*id, master);
+            }
+            if let Some((exp_avg, exp_avg_sq)) = flat.moments_of(*id) {
+                self.moments.insert(
+                    *id,
+                    Moments {
+                        exp_avg,
+                        exp_avg_sq,
+                    },
+                );
+            }
+        }
+    }
+
+    fn decays(&self, id: ParamId) -> bool {
+        self.config.weight_decay > 0.0 && !self.no_decay.contains(&id)
     }
 
     /// The moments named `<param>.exp_avg` / `<param>.exp_avg_sq`, shaped like their parameter.
     pub fn state_tensors(&self, params: &[ParamEntry]) -> Vec<NamedTensor> {
         let mut out = Vec::with_capacity(params.len() * 2);
         for entry in params {
-            let Some(moments) = self.moments.get(&entry.id) else {
+            let flat = self
+                .flat
+                .as_ref()
+                .and_then(|flat| flat.moments_of(entry.id));
+            let Some((exp_avg, exp_avg_sq)) = flat.or_else(|| {
+                let m = self.moments.get(&entry.id)?;
+                Some((m.exp_avg.clone(), m.exp_avg_sq.clone()))
+            }) else {
                 continue;
             };
-            for (suffix, tensor) in [
-                (EXP_AVG, &moments.exp_avg),
-                (EXP_AVG_SQ, &moments.exp_avg_sq),
-            ] {
+            for (suffix, tensor) in [(EXP_AVG, &exp_avg), (EXP_AVG_SQ, &exp_avg_sq)] {
                 let mut named =
                     NamedTensor::from_tensor(format!("{}.{suffix}", entry.name), tensor);
                 named.shape.clone_from(&entry.shape);
@@ -172,6 +351,7 @@ impl<I: Backend> AdamW<I> {
         step: u64,
         device: &I::Device,
     ) -> Result<(), Vec<String>> {
+        self.unflatten();
         let mut problems = Vec::new();
         let mut moments = HashMap::new();
         for entry in params {
@@ -214,6 +394,10 @@ impl<I: Backend> AdamW<I> {
     }
 }
 
+fn fp32_zeros<I: Backend>(len: usize, device: &I::Device) -> Tensor<I, 1> {
+    Tensor::zeros([len], (device, burn::tensor::DType::F32))
+}
+
 /// Moments are fp32 whatever the device's default float dtype (mixed precision computes in bf16).
 fn fp32_tensor<I: Backend>(values: &[f32], device: &I::Device) -> Tensor<I, 1> {
     let data = burn::tensor::TensorData::new(values.to_vec(), [values.len()]);
@@ -225,7 +409,6 @@ struct UpdateMapper<'a, I: Backend> {
     grads: GradientsParams,
     lr: f64,
     grad_scale: f64,
-    device_scale: Option<Tensor<I, 1>>,
     bias_correction1: f64,
     bias_correction2: f64,
 }
@@ -247,7 +430,7 @@ where
             .optimizer
             .master
             .take(id, tensor.inner().reshape([numel]));
-        let decays = config.weight_decay > 0.0 && !self.optimizer.no_decay.contains(&id);
+        let decays = self.optimizer.decays(id);
         let step = AdamWStep {
             lr: self.lr,
             beta1: config.beta1,
@@ -269,7 +452,7 @@ where
             primitive(grad.reshape([numel])),
             moments,
             step,
-            self.device_scale.clone().map(primitive),
+            None,
         );
         self.optimizer.moments.insert(
             id,

@@ -13,6 +13,7 @@ mod clip;
 mod cpu_threads;
 mod error;
 mod fault;
+mod flat_adamw;
 mod init;
 mod lr_schedule;
 mod parallel;

@@ -13,7 +13,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_model::{ExpertLoads, GptModel};
 use ferrotron_parallel::{ParallelOps, recompute};
 
-use crate::clip::{device_clip_coefficient, grad_sum_of_squares};
+use crate::clip::device_clip_coefficient;
 use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
 
 /// Token ids of one microbatch: `batch` samples of `seq_length + 1` tokens, row-major.
@@ -165,7 +165,21 @@ where
         return device_step(model, optimizer, microbatches, context, device);
     }
     let scale = 1.0 / microbatches.len() as f64;
-    let pass = forward_backward(&model, microbatches, context, device)?;
+    let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
+    let mut single = None;
+    let pass = forward_backward(&model, microbatches, context, device, |grads| {
+        if let [_] = microbatches {
+            // Nothing to sum: the norm and the optimizer read a 16-bit gradient as it is and
+            // widen it in their own arithmetic, so a copy in fp32 would only cost a pass.
+            single = Some(grads);
+        } else {
+            // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed
+            // precision).
+            accumulator.accumulate(&model, crate::precision::grads_to_fp32(&model, grads));
+        }
+        Ok(())
+    })?;
+    let grads = single.unwrap_or_else(|| accumulator.grads());
     let read = |values: &[Tensor<B::InnerBackend, 1>]| {
         values
             .iter()
@@ -175,10 +189,10 @@ where
     let loss = read(&pass.losses);
     let lm_loss = read(&pass.lm_losses);
     check_finite(loss, context.iteration, "the loss")?;
-    let grad_norm = global_grad_norm::<B, _>(&model, &pass.grads);
+    let grad_norm = global_grad_norm::<B, _>(&model, &grads);
     check_finite(grad_norm, context.iteration, "the gradient norm")?;
     let clip = clip_coefficient(grad_norm, context.clip_grad);
-    let mut model = optimizer.step(model, pass.grads, context.lr, clip);
+    let mut model = optimizer.step(model, grads, context.lr, clip);
     if !model.expert_biases().is_empty() {
         model = model.update_expert_bias(&pass.loads)?;
     }
@@ -192,21 +206,22 @@ where
     Ok((model, PendingStats::ready(stats)))
 }
 
-/// What the forward and backward passes over a step's microbatches leave: the gradients
-/// (summed, fp32), the MoE expert loads, and each microbatch's losses, still on the device.
+/// What the forward and backward passes over a step's microbatches leave besides the
+/// gradients: the MoE expert loads and each microbatch's losses, still on the device.
 struct Pass<B: AutodiffBackend> {
-    grads: GradientsParams,
     loads: ExpertLoads,
     losses: Vec<Tensor<B::InnerBackend, 1>>,
     lm_losses: Vec<Tensor<B::InnerBackend, 1>>,
 }
 
-/// Each microbatch's loss divided by their count, so the accumulated gradient is the mean's.
+/// Each microbatch's loss divided by their count, so the summed gradient is the mean's; each
+/// microbatch's gradients go to `absorb`, which sums them.
 fn forward_backward<B>(
     model: &GptModel<B>,
     microbatches: &[Microbatch],
     context: StepContext,
     device: &B::Device,
+    mut absorb: impl FnMut(GradientsParams) -> Result<(), TrainError>,
 ) -> Result<Pass<B>, TrainError>
 where
     B: AutodiffBackend + ParallelOps,
@@ -215,7 +230,6 @@ where
     // Dropout (the only randomness in a step) depends on nothing but seed and iteration.
     crate::rng::with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
     let scale = 1.0 / microbatches.len() as f64;
-    let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
     let mut loads = ExpertLoads::default();
     let mut losses = Vec::with_capacity(microbatches.len());
     let mut lm_losses = Vec::with_capacity(microbatches.len());
@@ -234,22 +248,9 @@ where
             model.has_dropout(),
             &mut || Ok(()),
         )?;
-        let gradients = GradientsParams::from_grads(gradients, model);
-        if let [_] = microbatches {
-            // Nothing to sum: the norm and the optimizer read a 16-bit gradient as it is and
-            // widen it in their own arithmetic, so a copy in fp32 would only cost a pass.
-            return Ok(Pass {
-                grads: gradients,
-                loads,
-                losses,
-                lm_losses,
-            });
-        }
-        // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed precision).
-        accumulator.accumulate(model, crate::precision::grads_to_fp32(model, gradients));
+        absorb(GradientsParams::from_grads(gradients, model))?;
     }
     Ok(Pass {
-        grads: accumulator.grads(),
         loads,
         losses,
         lm_losses,
@@ -270,6 +271,8 @@ fn check_finite(value: f64, iteration: u64, what: &'static str) -> Result<(), Tr
 
 /// The device-resident step: the same arithmetic, with the statistics left on the device and
 /// the clipping coefficient computed there (in f32) and handed to the optimizer as a tensor.
+/// The gradients are gathered into the optimizer's flat buffers as backward produces them
+/// (summed there over microbatches), and norm and update run over those buffers.
 pub(crate) fn device_step<B>(
     model: GptModel<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
@@ -282,20 +285,21 @@ where
     B::InnerBackend: ParallelOps,
 {
     let scale = 1.0 / microbatches.len() as f64;
+    let mut flat = None;
     let Pass {
-        grads,
         loads,
         losses,
         lm_losses,
-    } = forward_backward(&model, microbatches, context, device)?;
-    let squares = grad_sum_of_squares::<B, _>(&model, &grads);
+    } = forward_backward(&model, microbatches, context, device, |grads| {
+        flat = Some(optimizer.gather_flat(&model, grads, flat.take())?);
+        Ok(())
+    })?;
+    let flat = flat.expect("a step has at least one microbatch");
+    let squares = optimizer.flat_sum_of_squares(&flat);
     let clip = squares
         .as_ref()
         .and_then(|s| device_clip_coefficient(s, context.clip_grad));
-    let mut model = match clip.clone() {
-        Some(clip) => optimizer.step_scaled_on_device(model, grads, context.lr, clip),
-        None => optimizer.step(model, grads, context.lr, 1.0),
-    };
+    let mut model = optimizer.step_flat(model, flat, context.lr, clip.clone());
     if !model.expert_biases().is_empty() {
         model = model.update_expert_bias(&loads)?;
     }

@@ -504,7 +504,9 @@ pub struct AdamWOutput {
 
 /// One AdamW update of a flat fp32 `value` from `grad` and the moments.
 /// `device_scale` (`[1]`, f32) multiplies the gradient after `s.grad_scale`; `rounded` asks
-/// for the new value in that dtype too (the 16-bit parameter's own copy).
+/// for the new value in that dtype too (the 16-bit parameter's own copy). With `give_up`, the
+/// caller will not read `value` and the moments again: each that nothing else holds (a flat
+/// optimizer buffer, a moment) is written in place instead of into a new buffer.
 pub fn adamw(
     value: &CudaTensor,
     grad: &CudaTensor,
@@ -512,9 +514,23 @@ pub fn adamw(
     s: AdamWStep,
     device_scale: Option<&CudaTensor>,
     rounded: Option<DType>,
+    give_up: bool,
 ) -> Result<AdamWOutput> {
     let op = || value.op("adamw");
     let n = value.numel();
+    let reusable = |t: &CudaTensor| {
+        give_up
+            && t.is_exclusive()
+            && t.is_contiguous()
+            && t.offset() == 0
+            && t.dtype() == DType::F32
+            && t.numel() == n
+    };
+    let reuse = [
+        Some(value).filter(|t| reusable(t)).cloned(),
+        moments.and_then(|(m, _)| Some(m).filter(|t| reusable(t)).cloned()),
+        moments.and_then(|(_, v)| Some(v).filter(|t| reusable(t)).cloned()),
+    ];
     let flat = |t: &CudaTensor, dtype: Option<DType>| -> Result<CudaTensor> {
         if t.numel() != n || dtype.is_some_and(|d| t.dtype() != d) {
             return Err(CudaError::invalid(
@@ -541,8 +557,11 @@ pub fn adamw(
         None => None,
     };
     let device = value.device();
-    let out = || CudaTensor::empty(device, &[n], DType::F32);
-    let (out_value, out_m, out_v) = (out()?, out()?, out()?);
+    let [out_value, out_m, out_v] = reuse.map(|t| match t {
+        Some(t) => Ok(t),
+        None => CudaTensor::empty(device, &[n], DType::F32),
+    });
+    let (out_value, out_m, out_v) = (out_value?, out_m?, out_v?);
     let rounded = rounded
         .map(|dtype| CudaTensor::empty(device, &[n], dtype))
         .transpose()?;

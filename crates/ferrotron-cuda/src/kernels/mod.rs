@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod elementwise;
+pub mod flat;
 pub mod fused;
 #[cfg(test)]
 mod gpu_tests;

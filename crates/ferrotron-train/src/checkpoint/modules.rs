@@ -60,8 +60,8 @@ pub(crate) fn trained_shards<B: Backend, M: Module<B>, I: Backend>(
 ) -> Result<Vec<ShardTensor>, TrainError> {
     let mut values = param_values(module);
     for (id, values) in &mut values {
-        if let Some(master) = optimizer.master_weights().get(*id) {
-            *values = NamedTensor::from_tensor(String::new(), master).values;
+        if let Some(master) = optimizer.master_value(*id) {
+            *values = NamedTensor::from_tensor(String::new(), &master).values;
         }
     }
     shards_of(values, roles, ctx)

@@ -1,0 +1,153 @@
+//! Rows for the flat optimizer buffers: gathering gradients into one flat f32 buffer (many
+//! pieces per launch, across the launch's piece limit, a missing piece, a second dtype, summed
+//! into an earlier buffer in place and into one that is shared) and `Σ x²` over the buffers,
+//! each against the composed version on the same GPU. Allocations are poisoned, so an element
+//! the gather never wrote shows up as a NaN.
+
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use ferrotron_cuda::{Cuda, GpuDevice};
+use ferrotron_parallel::{
+    FlatPiece, FusedOps, composed_gather_flat, composed_segment_sum_of_squares,
+};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::compare;
+use crate::fused::{dtype_label, host};
+use crate::{Row, failed, first_line, guarded};
+
+/// Piece lengths: more pieces than one launch takes (64), a 1 M one that takes many blocks,
+/// and odd sizes.
+fn lengths() -> Vec<usize> {
+    let mut lens: Vec<usize> = (0..70).map(|i| 1 + i * 37).collect();
+    lens[3] = 1_000_003;
+    lens
+}
+
+fn tensor(p: FloatTensor<Cuda>) -> Tensor<Cuda, 1> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+fn upload(data: &TensorData, dtype: DType, device: &GpuDevice) -> FloatTensor<Cuda> {
+    Tensor::<Cuda, 1>::from_data(data.clone(), (device, dtype))
+        .into_primitive()
+        .tensor()
+}
+
+/// The pieces of one microbatch: piece 5 missing, piece 7 in f32 (a second run of launches).
+fn pieces(data: &[TensorData], dtype: DType, device: &GpuDevice) -> Vec<FlatPiece<Cuda>> {
+    data.iter()
+        .enumerate()
+        .map(|(i, d)| FlatPiece {
+            len: d.num_elements(),
+            grad: (i != 5).then(|| upload(d, if i == 7 { DType::F32 } else { dtype }, device)),
+        })
+        .collect()
+}
+
+/// Two microbatches gathered, the second into the first (`shared`: while another handle holds
+/// the first, so the sum goes to a new buffer), kernel (`FUSED`) or composed; the first
+/// buffer and the sum, concatenated.
+fn gather<const FUSED: bool>(
+    data: &[Vec<TensorData>; 2],
+    dtype: DType,
+    shared: bool,
+    device: &GpuDevice,
+) -> TensorData {
+    let run = |pieces, into| {
+        if FUSED {
+            Cuda::gather_flat(pieces, into)
+        } else {
+            composed_gather_flat::<Cuda>(pieces, into)
+        }
+    };
+    let first = run(pieces(&data[0], dtype, device), None);
+    let kept = tensor(first.clone()).into_data();
+    let held = shared.then(|| first.clone());
+    let sum = run(pieces(&data[1], dtype, device), Some(first));
+    drop(held);
+    Tensor::<Cuda, 1>::cat(
+        vec![Tensor::from_data(kept, (device, DType::F32)), tensor(sum)],
+        0,
+    )
+    .into_data()
+}
+
+fn gather_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, shared: bool) -> Row {
+    let lens = lengths();
+    let data = [0, 1].map(|_| {
+        lens.iter()
+            .map(|&n| host(&[n], rng, dtype))
+            .collect::<Vec<_>>()
+    });
+    let got = guarded(|| Ok(gather::<true>(&data, dtype, shared, device)));
+    let want = guarded(|| Ok(gather::<false>(&data, dtype, shared, device)));
+    let (errors, note) = match (got, want) {
+        (Ok(g), Ok(w)) => (
+            compare::compare(&g, &w, 1.0),
+            format!(
+                "70 pieces (one missing, one f32), then summed into the first {}",
+                if shared {
+                    "(held elsewhere: new buffer)"
+                } else {
+                    "in place"
+                }
+            ),
+        ),
+        (Err(e), _) => (failed(), format!("kernel: {}", first_line(&e))),
+        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
+    };
+    Row {
+        op: "gather_flat".into(),
+        dtype: dtype_label(dtype),
+        shape: format!("[{}]", lens.iter().sum::<usize>()),
+        errors,
+        note,
+    }
+}
+
+fn norm_row(device: &GpuDevice, rng: &mut StdRng) -> Row {
+    let lens = [3_000_017usize, 4097];
+    let data: Vec<TensorData> = lens.iter().map(|&n| host(&[n], rng, DType::F32)).collect();
+    let segments = vec![(1, 0, 4000), (0, 0, 3_000_017), (1, 4000, 97)];
+    let run = |fused: bool| {
+        let buffers: Vec<_> = data.iter().map(|d| upload(d, DType::F32, device)).collect();
+        let total = if fused {
+            Cuda::segment_sum_of_squares(&buffers, &segments)
+        } else {
+            composed_segment_sum_of_squares::<Cuda>(&buffers, &segments)
+        };
+        let total = total.ok_or_else(|| "no segments".to_string())?;
+        Ok(tensor(total).into_data())
+    };
+    let (errors, note) = match (guarded(|| run(true)), guarded(|| run(false))) {
+        // A sum of 3 M squares in f32, summed in two orders.
+        (Ok(g), Ok(w)) => (
+            compare::compare(&g, &w, 10.0),
+            "each buffer whole vs per segment in order".to_string(),
+        ),
+        (Err(e), _) => (failed(), format!("kernel: {}", first_line(&e))),
+        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
+    };
+    Row {
+        op: "segment_sum_of_squares".into(),
+        dtype: "f32",
+        shape: format!("{lens:?}"),
+        errors,
+        note,
+    }
+}
+
+/// Every flat-buffer row.
+pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
+    let mut rng = StdRng::seed_from_u64(23);
+    let mut rows = Vec::new();
+    for dtype in [DType::BF16, DType::F32] {
+        for shared in [false, true] {
+            rows.push(gather_row(device, &mut rng, dtype, shared));
+        }
+    }
+    rows.push(norm_row(device, &mut rng));
+    rows
+}

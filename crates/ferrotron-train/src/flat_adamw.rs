@@ -1,0 +1,477 @@
+//! The optimizer's state as flat fp32 buffers, one per group of parameters that share an
+//! update rule (weight decay or not) and a dtype: master weights, both moments, and the step's
+//! gradients gathered into a buffer of the same layout.
+//!
+//! Kept per parameter, a step on a GPU is ~200 AdamW launches, ~200 norm reductions and, with
+//! several microbatches, ~200 casts and adds per microbatch. Over flat buffers it is a few
+//! gather launches per microbatch, one norm reduction per group and one AdamW launch per group,
+//! and the model's new parameters are views into the update's output (the rounded 16-bit copy,
+//! or the fp32 master itself). The same buffers are what a data-parallel reduce would work on.
+//!
+//! The arithmetic per element is the per-parameter path's (the update is element-wise; the
+//! norm's default sums per parameter in the model's order), so on the CPU the two agree to the
+//! bit. One difference in meaning: a parameter that gets no gradient in a later microbatch of a
+//! step is summed as zero there (exact); the layout is the set of parameters with a gradient in
+//! a step's first microbatch, rebuilt when that set changes.
+
+use std::collections::HashMap;
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorPrimitive};
+use ferrotron_parallel::{AdamWStep, FlatPiece, FlatSegment, FusedOps};
+
+use crate::TrainError;
+
+/// Every parameter starts at a multiple of this many elements (128 bytes of bf16), so the
+/// views the model computes with are as aligned as their own allocations were (cuBLASLt picks
+/// its kernels by pointer alignment). The gaps hold zeros in every buffer.
+const ALIGN: usize = 64;
+
+/// Where one parameter lives: its group and its range there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub group: usize,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// The parameters of one group in buffer order.
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    pub decays: bool,
+    /// The parameters' own dtype (16-bit ones also get a rounded copy written by the update).
+    pub dtype: DType,
+    pub members: Vec<ParamId>,
+    pub len: usize,
+}
+
+/// Which parameters the flat buffers hold, where, and in what order the model visits them.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    pub groups: Vec<Group>,
+    pub slots: HashMap<ParamId, Slot>,
+    /// Every parameter in the model's visiting order (the per-parameter norm's order).
+    pub order: Vec<ParamId>,
+}
+
+impl Layout {
+    /// Group the parameters `(id, dtype, len, decays)` given in visiting order.
+    pub(crate) fn new(params: &[(ParamId, DType, usize, bool)]) -> Self {
+        let mut groups: Vec<Group> = Vec::new();
+        let mut slots = HashMap::with_capacity(params.len());
+        for &(id, dtype, len, decays) in params {
+            let index = match groups
+                .iter()
+                .position(|g| g.decays == decays && g.dtype == dtype)
+            {
+                Some(index) => index,
+                None => {
+                    groups.push(Group {
+                        decays,
+                        dtype,
+                        members: Vec::new(),
+                        len: 0,
+                    });
+                    groups.len() - 1
+                }
+            };
+            let group = &mut groups[index];
+            let offset = group.len.next_multiple_of(ALIGN);
+            slots.insert(
+                id,
+                Slot {
+                    group: index,
+                    offset,
+                    len,
+                },
+            );
+            group.members.push(id);
+            group.len = offset + len;
+        }
+        Layout {
+            groups,
+            slots,
+            order: params.iter().map(|p| p.0).collect(),
+        }
+    }
+
+    /// Group `group` front to back: each member's id and length, and `(None, len)` for the
+    /// zero gap before a member that alignment leaves.
+    pub(crate) fn runs(&self, group: usize) -> Vec<(Option<ParamId>, usize)> {
+        let mut runs = Vec::with_capacity(self.groups[group].members.len() * 2);
+        let mut end = 0;
+        for id in &self.groups[group].members {
+            let slot = self.slots[id];
+            if slot.offset > end {
+                runs.push((None, slot.offset - end));
+            }
+            runs.push((Some(*id), slot.len));
+            end = slot.offset + slot.len;
+        }
+        runs
+    }
+
+    /// The segments of the gradient buffers in visiting order (the gaps, zero, left out).
+    pub(crate) fn segments(&self) -> Vec<FlatSegment> {
+        self.order
+            .iter()
+            .map(|id| {
+                let slot = self.slots[id];
+                (slot.group, slot.offset, slot.len)
+            })
+            .collect()
+    }
+}
+
+/// Master weights and moments of every group, flat fp32 (moments absent before the first step).
+#[derive(Debug)]
+pub(crate) struct FlatState<I: Backend> {
+    pub layout: Layout,
+    pub master: Vec<Tensor<I, 1>>,
+    pub moments: Vec<Option<(Tensor<I, 1>, Tensor<I, 1>)>>,
+}
+
+impl<I: Backend> FlatState<I> {
+    /// Parameter `id`'s range of a group buffer, flattened.
+    pub(crate) fn slice(&self, buffers: &[Tensor<I, 1>], id: ParamId) -> Option<Tensor<I, 1>> {
+        let slot = self.layout.slots.get(&id)?;
+        Some(
+            buffers[slot.group]
+                .clone()
+                .slice(slot.offset..slot.offset + slot.len),
+        )
+    }
+
+    /// Parameter `id`'s two moments, flattened.
+    pub(crate) fn moments_of(&self, id: ParamId) -> Option<(Tensor<I, 1>, Tensor<I, 1>)> {
+        let slot = self.layout.slots.get(&id)?;
+        let (m, v) = self.moments[slot.group].as_ref()?;
+        let range = slot.offset..slot.offset + slot.len;
+        Some((m.clone().slice(range.clone()), v.clone().slice(range)))
+    }
+}
+
+/// A step's gradients, one flat f32 buffer per group, summed over the microbatches so far.
+#[derive(Debug)]
+pub(crate) struct FlatGrads<I: Backend> {
+    pub buffers: Vec<FloatTensor<I>>,
+}
+
+/// The gradients of a microbatch by parameter, flattened; the parameters' facts in visiting
+/// order.
+pub(crate) struct TakenGrads<I: Backend> {
+    pub grads: HashMap<ParamId, Tensor<I, 1>>,
+    /// `(id, dtype, len, value)` of every parameter with a gradient, in visiting order.
+    pub params: Vec<(ParamId, DType, usize, Tensor<I, 1>)>,
+}
+
+/// Take every gradient of `model` out of `grads`, flattened.
+pub(crate) fn take_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    mut grads: GradientsParams,
+) -> TakenGrads<B::InnerBackend> {
+    let mut visitor = TakeGrads::<B::InnerBackend> {
+        grads: &mut grads,
+        taken: TakenGrads {
+            grads: HashMap::new(),
+            params: Vec::new(),
+        },
+    };
+    model.visit(&mut visitor);
+    visitor.taken
+}
+
+struct TakeGrads<'a, I: Backend> {
+    grads: &'a mut GradientsParams,
+    taken: TakenGrads<I>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B::InnerBackend> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
+            return;
+        };
+        let value = param.val().inner();
+        let len = value.shape().num_elements();
+        self.taken
+            .params
+            .push((param.id, value.dtype(), len, value.reshape([len])));
+        self.taken.grads.insert(param.id, grad.reshape([len]));
+    }
+}
+
+/// `into + this microbatch's gradients` in `layout` (a fresh buffer set without `into`); fails
+/// for a gradient of a parameter outside the layout.
+pub(crate) fn gather<I: FusedOps>(
+    layout: &Layout,
+    mut taken: HashMap<ParamId, Tensor<I, 1>>,
+    into: Option<FlatGrads<I>>,
+) -> Result<FlatGrads<I>, TrainError> {
+    let mut into = into.map(|g| g.buffers.into_iter().map(Some).collect::<Vec<_>>());
+    let mut buffers = Vec::with_capacity(layout.groups.len());
+    for index in 0..layout.groups.len() {
+        let pieces = layout
+            .runs(index)
+            .into_iter()
+            .map(|(id, len)| FlatPiece {
+                len,
+                grad: id
+                    .and_then(|id| taken.remove(&id))
+                    .map(|g| g.into_primitive().tensor()),
+            })
+            .collect();
+        let previous = into.as_mut().and_then(|buffers| buffers[index].take());
+        buffers.push(I::gather_flat(pieces, previous));
+    }
+    if !taken.is_empty() {
+        return Err(TrainError::Config(format!(
+            "{} parameters received a gradient in a later microbatch but none in the step's \
+             first; the flat optimizer state is laid out from the first",
+            taken.len()
+        )));
+    }
+    Ok(FlatGrads { buffers })
+}
+
+/// `Σ x²` of a step's gradients as `[1]` f32, the norm's sum in the model's order.
+pub(crate) fn sum_of_squares<I: FusedOps>(
+    layout: &Layout,
+    grads: &FlatGrads<I>,
+) -> Option<Tensor<I, 1>> {
+    I::segment_sum_of_squares(&grads.buffers, &layout.segments()).map(from_primitive)
+}
+
+/// One AdamW update of every group; returns each group's new parameter values (the rounded
+/// copy of a 16-bit group, the master of an fp32 one).
+pub(crate) fn update<I: FusedOps>(
+    state: &mut FlatState<I>,
+    grads: FlatGrads<I>,
+    step: impl Fn(&Group) -> AdamWStep,
+    device_scale: Option<Tensor<I, 1>>,
+) -> Vec<Tensor<I, 1>> {
+    let mut values = Vec::with_capacity(state.layout.groups.len());
+    for (index, grad) in grads.buffers.into_iter().enumerate() {
+        let group = &state.layout.groups[index];
+        // The state is given up to the update (a GPU writes it in place where nothing else
+        // holds it): no handle stays behind here.
+        let device = state.master[index].device();
+        let master = std::mem::replace(
+            &mut state.master[index],
+            Tensor::empty([0], (&device, DType::F32)),
+        );
+        let moments = state.moments[index]
+            .take()
+            .map(|(m, v)| (primitive(m), primitive(v)));
+        let out = I::adamw_step(
+            primitive(master),
+            grad,
+            moments,
+            step(group),
+            device_scale.clone().map(primitive),
+        );
+        state.master[index] = from_primitive(out.value);
+        state.moments[index] = Some((from_primitive(out.exp_avg), from_primitive(out.exp_avg_sq)));
+        values.push(match out.rounded {
+            Some(rounded) => from_primitive(rounded),
+            None => state.master[index].clone(),
+        });
+    }
+    values
+}
+
+/// Gives every parameter in `slots` its new value: a view of its group's buffer.
+pub(crate) struct ViewMapper<'a, I: Backend> {
+    pub slots: &'a HashMap<ParamId, Slot>,
+    pub values: &'a [Tensor<I, 1>],
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for ViewMapper<'_, B::InnerBackend> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(slot) = self.slots.get(&param.id).copied() else {
+            return param;
+        };
+        let (id, tensor, mapper) = param.consume();
+        let dims = tensor.dims();
+        let view = self.values[slot.group]
+            .clone()
+            .slice(slot.offset..slot.offset + slot.len)
+            .reshape(dims);
+        Param::from_mapped_value(id, Tensor::from_inner(view).require_grad(), mapper)
+    }
+}
+
+pub(crate) fn primitive<I: Backend>(x: Tensor<I, 1>) -> FloatTensor<I> {
+    x.into_primitive().tensor()
+}
+
+pub(crate) fn from_primitive<I: Backend>(x: FloatTensor<I>) -> Tensor<I, 1> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use burn::backend::{Autodiff, Flex};
+    use burn::module::Module;
+    use burn::optim::GradientsAccumulator;
+    use burn::tensor::TensorData;
+
+    use super::*;
+    use crate::clip::grad_sum_of_squares;
+    use crate::precision::grads_to_fp32;
+    use crate::{AdamW, AdamWConfig, named_tensors, param_entries};
+
+    type Cpu = Flex;
+    type Ad = Autodiff<Flex>;
+
+    /// 16-bit weights in both groups (decay and not) and an fp32 one.
+    #[derive(Module, Debug)]
+    struct Mixed<B: Backend> {
+        weight: Param<Tensor<B, 2>>,
+        bias: Param<Tensor<B, 1>>,
+        gain: Param<Tensor<B, 1>>,
+    }
+
+    fn param<const D: usize>(
+        values: Vec<f32>,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> Param<Tensor<Ad, D>> {
+        let data = TensorData::new(values, shape);
+        Param::from_tensor(Tensor::from_data(data, (&Default::default(), dtype)))
+    }
+
+    fn mixed() -> Mixed<Ad> {
+        Mixed {
+            weight: param(
+                (0..12).map(|i| (i as f32 - 5.5) / 4.0).collect(),
+                vec![3, 4],
+                DType::BF16,
+            ),
+            bias: param(vec![0.5, -0.25, 1.0, 2.0], vec![4], DType::BF16),
+            gain: param(vec![1.5, -0.75], vec![2], DType::F32),
+        }
+    }
+
+    /// A loss whose gradients depend on the values (so every step differs), scaled per
+    /// microbatch.
+    fn grads(model: &Mixed<Ad>, microbatch: usize) -> GradientsParams {
+        let k = 1.0 + microbatch as f64;
+        let f32 = |t: Tensor<Ad, 1>| t.cast(DType::F32);
+        let loss = f32(model
+            .weight
+            .val()
+            .powi_scalar(2)
+            .reshape([12])
+            .mul_scalar(k))
+        .sum()
+            + f32(model.bias.val().mul_scalar(-k)).sum()
+            + model.gain.val().powi_scalar(3).sum();
+        GradientsParams::from_grads(loss.backward(), model)
+    }
+
+    fn optimizer(model: &Mixed<Ad>) -> AdamW<Cpu> {
+        let config = AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        };
+        AdamW::new(config, HashSet::from([model.bias.id]))
+    }
+
+    /// The per-parameter step: microbatches summed in fp32, then one update per parameter.
+    fn per_parameter(model: Mixed<Ad>, optimizer: &mut AdamW<Cpu>) -> (Mixed<Ad>, f32) {
+        let mut sum = GradientsAccumulator::<Mixed<Ad>>::new();
+        for microbatch in 0..2 {
+            sum.accumulate(&model, grads_to_fp32(&model, grads(&model, microbatch)));
+        }
+        let grads = sum.grads();
+        let squares = grad_sum_of_squares::<Ad, _>(&model, &grads).expect("gradients");
+        (
+            optimizer.step(model, grads, 1e-2, 1.0),
+            squares.into_scalar(),
+        )
+    }
+
+    fn flat(model: Mixed<Ad>, optimizer: &mut AdamW<Cpu>) -> (Mixed<Ad>, f32) {
+        let mut sum = None;
+        for microbatch in 0..2 {
+            let grads = grads(&model, microbatch);
+            sum = Some(optimizer.gather_flat(&model, grads, sum).expect("laid out"));
+        }
+        let sum = sum.expect("two microbatches");
+        let squares = optimizer.flat_sum_of_squares(&sum).expect("gradients");
+        (
+            optimizer.step_flat(model, sum, 1e-2, None),
+            squares.into_scalar(),
+        )
+    }
+
+    fn snapshot(model: &Mixed<Ad>, optimizer: &AdamW<Cpu>) -> Vec<(String, Vec<f32>)> {
+        let entries = param_entries::<Ad, _>(model);
+        let mut all: Vec<_> = named_tensors::<Ad, _>(model)
+            .into_iter()
+            .chain(optimizer.state_tensors(&entries))
+            .map(|t| (t.name, t.values))
+            .collect();
+        for (entry, id) in entries
+            .iter()
+            .zip([model.weight.id, model.bias.id, model.gain.id])
+        {
+            let master = optimizer
+                .master_value(id)
+                .map(|m| m.into_data().to_vec().expect("f32"));
+            all.push((format!("{}.master", entry.name), master.unwrap_or_default()));
+        }
+        all
+    }
+
+    #[test]
+    fn flat_steps_give_the_per_parameter_steps_numbers() {
+        let mut model = mixed();
+        let mut reference = mixed();
+        let (mut opt, mut opt_ref) = (optimizer(&model), optimizer(&reference));
+        // Flat, flat, back to per parameter (the state unflattens), flat again (it flattens
+        // with moments): every step against per-parameter steps, to the bit.
+        for step in 0..4 {
+            let (next, squares) = if step == 2 {
+                per_parameter(model, &mut opt)
+            } else {
+                flat(model, &mut opt)
+            };
+            let (next_ref, squares_ref) = per_parameter(reference, &mut opt_ref);
+            assert_eq!(squares, squares_ref, "step {step}: Σ g²");
+            assert_eq!(
+                snapshot(&next, &opt),
+                snapshot(&next_ref, &opt_ref),
+                "step {step}"
+            );
+            assert_eq!(next.weight.val().dtype(), DType::BF16);
+            (model, reference) = (next, next_ref);
+        }
+        assert!(opt.master_value(model.weight.id).is_some());
+        assert!(
+            opt.master_value(model.gain.id).is_none(),
+            "fp32: its own master"
+        );
+    }
+
+    #[test]
+    fn a_gradient_outside_the_first_microbatchs_set_is_refused() {
+        let model = mixed();
+        let mut opt = optimizer(&model);
+        let f32 = |t: Tensor<Ad, 1>| t.cast(DType::F32);
+        let only_bias = f32(model.bias.val()).sum();
+        let first = GradientsParams::from_grads(only_bias.backward(), &model);
+        let sum = opt.gather_flat(&model, first, None).expect("laid out");
+        let err = opt
+            .gather_flat(&model, grads(&model, 1), Some(sum))
+            .expect_err("weight and gain were not in the first microbatch");
+        assert!(err.to_string().contains("2 parameters"), "{err}");
+    }
+}
