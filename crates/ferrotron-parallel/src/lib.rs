@@ -26,6 +26,7 @@ mod fused;
 mod fused_adamw;
 mod fused_autodiff;
 mod fused_dropout;
+mod fused_grouped;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
@@ -56,10 +57,11 @@ pub use fused_adamw::{
     AdamWStep, AdamWTensors, DeviceScale, composed_adamw, composed_sum_of_squares,
 };
 pub use fused_autodiff::{
-    attention_node, cross_entropy_node, dropout_add_node, norm_node, qkv_attention_node,
-    rope_qkv_node, swiglu_node,
+    attention_node, cross_entropy_node, dropout_add_node, grouped_matmul_node, norm_node,
+    qkv_attention_node, rope_qkv_node, swiglu_node,
 };
 pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
+pub use fused_grouped::{GroupedMatmulGrads, composed_grouped_matmul};
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,
     cross_entropy_forward_reference,
