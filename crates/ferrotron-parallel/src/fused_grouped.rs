@@ -7,13 +7,15 @@
 //! numbers), which on a GPU is one small GEMM per expert and per pass plus the slicing around
 //! it; a kernel runs each pass (forward, input gradient, weight gradient) as one grouped GEMM.
 //!
-//! Every group appears in the composed graph, an empty one as a zero-row product, so the graph
-//! has the same shape whatever the routing (the token dispatchers need that; see
-//! `ferrotron-model`'s `moe/dispatch.rs`).
+//! Every group appears in the composed graph, an empty one as a zero-row product added into the
+//! output, so the graph has the same shape and stays connected to `x` whatever the routing (the
+//! token dispatchers need that; see `ferrotron-model`'s `moe/dispatch.rs`). Hence the
+//! scatter-add of each block: `Tensor::cat` drops empty blocks, and with every block empty
+//! returns a tensor cut off from the graph.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::primitive::{unwrap, wrap};
 
@@ -49,16 +51,10 @@ pub(crate) fn grouped_dims(x: &[usize], weight: &[usize], group_rows: &[usize]) 
     (weight[1], weight[2])
 }
 
-/// The rows `start..start + len` of `x`; an empty block through an empty selection (burn's
-/// slices need a non-empty range).
-fn row_block<B: Backend>(x: Tensor<B, 2>, start: usize, len: usize) -> Tensor<B, 2> {
-    if len == 0 {
-        let none =
-            Tensor::<B, 1, Int>::from_data(TensorData::new(Vec::<i64>::new(), [0]), &x.device());
-        x.select(0, none)
-    } else {
-        x.slice_dim(0, start..start + len)
-    }
+/// The row indices `start..start + len`.
+fn row_index<B: Backend>(start: usize, len: usize, device: &B::Device) -> Tensor<B, 1, Int> {
+    let rows: Vec<i64> = (start..start + len).map(|row| row as i64).collect();
+    Tensor::from_data(TensorData::new(rows, [len]), device)
 }
 
 /// `weight[g]` as `[k, n]`.
@@ -67,7 +63,8 @@ fn group_weight<B: Backend>(weight: Tensor<B, 3>, group: usize) -> Tensor<B, 2> 
     weight.slice_dim(0, group..group + 1).reshape([k, n])
 }
 
-/// Burn's ops, group by group: the model's arithmetic.
+/// Burn's ops, group by group: the model's arithmetic (gather the group's rows, multiply,
+/// scatter-add into the output).
 pub fn composed_grouped_matmul<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
@@ -75,18 +72,20 @@ pub fn composed_grouped_matmul<B: Backend>(
 ) -> FloatTensor<B> {
     let x = wrap::<B, 2>(x);
     let weight = wrap::<B, 3>(weight);
-    grouped_dims(&x.dims(), &weight.dims(), group_rows);
+    let (_, n) = grouped_dims(&x.dims(), &weight.dims(), group_rows);
+    let device = x.device();
+    let mut out = Tensor::<B, 2>::zeros([x.dims()[0], n], &device).cast(x.dtype());
     let mut start = 0;
-    let blocks = group_rows
-        .iter()
-        .enumerate()
-        .map(|(group, &len)| {
-            let block = row_block(x.clone(), start, len);
-            start += len;
-            block.matmul(group_weight(weight.clone(), group))
-        })
-        .collect();
-    unwrap(Tensor::cat(blocks, 0))
+    for (group, &len) in group_rows.iter().enumerate() {
+        let rows = row_index::<B>(start, len, &device);
+        let block = x
+            .clone()
+            .select(0, rows.clone())
+            .matmul(group_weight(weight.clone(), group));
+        out = out.select_assign(0, rows, block, IndexingUpdateOp::Add);
+        start += len;
+    }
+    unwrap(out)
 }
 
 /// Reference of `FusedOps::grouped_matmul_kernel_backward`: `dx` block `g` = `grad_g ·

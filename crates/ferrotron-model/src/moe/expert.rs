@@ -20,10 +20,10 @@ use crate::parallel::{Placement, cut_module, roles_of};
 #[derive(Module, Debug)]
 pub struct Expert<B: Backend> {
     /// `[hidden, ffn]` for GELU, `[hidden, 2·ffn]` for SwiGLU (this rank's columns when cut).
-    fc1: Linear<B>,
+    pub(super) fc1: Linear<B>,
     /// `[ffn, hidden]` (this rank's rows when cut); its bias is whole on every rank.
-    fc2: Linear<B>,
-    swiglu: bool,
+    pub(super) fc2: Linear<B>,
+    pub(super) swiglu: bool,
     /// Which etp piece this is ([`Piece::WHOLE`] on one rank).
     #[module(skip)]
     piece: Piece,
