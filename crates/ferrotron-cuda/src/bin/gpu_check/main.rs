@@ -15,6 +15,7 @@ mod cases;
 mod compare;
 mod fused;
 mod fused_dropout;
+mod fused_grouped;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
@@ -402,6 +403,9 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_dropout::rows(&device));
         rows.extend(fused_swiglu::rows(&device));
         rows.extend(fused_rope::rows(&device));
+    }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "fused_grouped" {
+        rows.extend(fused_grouped::rows(&device));
     }
     let mut nccl_comm = None;
     if args.filter.is_empty() || args.filter == "nccl" {
