@@ -13,8 +13,9 @@
 //! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
 //! bits drawn in the add and again in the backward), SwiGLU of the packed projection
 //! (`kernels::swiglu`) and RoPE on it (`kernels::rope`) run on our own kernels, for every float
-//! dtype; the MoE experts' grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`);
-//! `FERROTRON_FUSED=composed` switches all eight back to burn's composition.
+//! dtype; the MoE experts' grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also
+//! switched off alone by `FERROTRON_GROUPED_GEMM=composed`); `FERROTRON_FUSED=composed`
+//! switches all eight back to burn's composition.
 
 use std::sync::OnceLock;
 
