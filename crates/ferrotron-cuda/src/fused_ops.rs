@@ -14,22 +14,26 @@
 //! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
 //! bits drawn in the add and again in the backward), SwiGLU of the packed projection
 //! (`kernels::swiglu`) and RoPE on it (`kernels::rope`) run on our own kernels, for every float
-//! dtype; `FERROTRON_FUSED=composed` switches all seven back to burn's composition.
+//! dtype; the MoE experts' grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also
+//! switched off alone by `FERROTRON_GROUPED_GEMM=composed`); `FERROTRON_FUSED=composed`
+//! switches all eight back to burn's composition.
 
 use std::sync::OnceLock;
 
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
-    DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, FusedOps, NormGrads, NormKind,
-    NormSaved, NormSpec, composed_adamw, composed_attention, composed_gather_flat,
-    composed_qkv_attention, composed_rope_qkv, composed_sum_of_squares, composed_swiglu,
+    DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, FusedOps, GroupedMatmulGrads,
+    NormGrads, NormKind, NormSaved, NormSpec, composed_adamw, composed_attention,
+    composed_gather_flat, composed_grouped_matmul, composed_qkv_attention, composed_rope_qkv,
+    composed_sum_of_squares, composed_swiglu,
 };
 
 use crate::backend::Cuda;
 use crate::backend::convert::ok;
 use crate::cudnn;
 use crate::dtype::DType;
+use crate::grouped_blas::{self, grouped_matmul, grouped_matmul_backward};
 use crate::kernels::flat;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
@@ -386,6 +390,48 @@ impl FusedOps for Cuda {
             ok(grad_output.cast(x.dtype()))
         };
         ok(swiglu_backward(&x, &grad))
+    }
+
+    fn fused_grouped_matmul(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        group_rows: &[usize],
+    ) -> FloatTensor<Self> {
+        if Self::has_grouped_matmul_kernel(&x, &weight) {
+            Self::grouped_matmul_kernel_forward(x, weight, group_rows)
+        } else {
+            composed_grouped_matmul::<Self>(x, weight, group_rows)
+        }
+    }
+
+    fn has_grouped_matmul_kernel(x: &FloatTensor<Self>, weight: &FloatTensor<Self>) -> bool {
+        fused_kernels_enabled()
+            && x.rank() == 2
+            && weight.rank() == 3
+            && grouped_blas::supports(x.dtype(), weight.dtype())
+    }
+
+    fn grouped_matmul_kernel_forward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        group_rows: &[usize],
+    ) -> FloatTensor<Self> {
+        ok(grouped_matmul(&x, &weight, group_rows))
+    }
+
+    fn grouped_matmul_kernel_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        group_rows: &[usize],
+    ) -> GroupedMatmulGrads<Self> {
+        let (x, weight) = ok(grouped_matmul_backward(
+            &x,
+            &weight,
+            &grad_output,
+            group_rows,
+        ));
+        GroupedMatmulGrads { x, weight }
     }
 
     fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {

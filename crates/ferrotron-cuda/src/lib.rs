@@ -16,6 +16,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 mod fused_ops;
+pub mod grouped_blas;
 pub mod kernels;
 pub mod layout;
 pub mod linear;

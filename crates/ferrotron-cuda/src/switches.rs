@@ -1,5 +1,6 @@
 //! The environment switches that turn one of the backend's own paths back to burn's
-//! composition (`FERROTRON_ATTENTION`, `FERROTRON_FUSED`, `FERROTRON_VECTOR_MAPS`): each read
+//! composition (`FERROTRON_ATTENTION`, `FERROTRON_FUSED`, `FERROTRON_VECTOR_MAPS`,
+//! `FERROTRON_GROUPED_GEMM`): each read
 //! once per process, on first use, and off for the values `composed`, `off` or `0`.
 
 use std::sync::OnceLock;

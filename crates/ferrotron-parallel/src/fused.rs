@@ -15,7 +15,8 @@
 //! straight from the packed QKV projection (`fused_qkv.rs`), the residual add with hidden dropout
 //! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), rotary
 //! embeddings on the packed projection (`fused_rope.rs`),
-//! LayerNorm/RMSNorm (`fused_norm.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
+//! LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
+//! (`fused_grouped.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
 //! update (`fused_adamw.rs`) with its flat gradient buffers (`fused_flat.rs`).
 //!
 //! [`ParallelOps`]: crate::ParallelOps
@@ -35,6 +36,9 @@ use crate::fused_dropout::{
 };
 use crate::fused_flat::{
     FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
+};
+use crate::fused_grouped::{
+    GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_backward_reference,
 };
 use crate::fused_logits::{composed_tied_logits, tied_logits_backward_reference};
 use crate::fused_loss::{
@@ -237,6 +241,43 @@ pub trait FusedOps: Backend {
         grad_output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         swiglu_backward_reference::<Self>(x, grad_output)
+    }
+
+    /// Row block `g` of `x [rows, k]` (`group_rows[g]` consecutive rows) times `weight[g]` of
+    /// `weight [groups, k, n]` → `[rows, n]`: one MoE projection for all local experts (see
+    /// `fused_grouped.rs`).
+    fn fused_grouped_matmul(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        group_rows: &[usize],
+    ) -> FloatTensor<Self> {
+        composed_grouped_matmul::<Self>(x, weight, group_rows)
+    }
+
+    /// Whether [`FusedOps::grouped_matmul_kernel_forward`] is a real kernel for these inputs.
+    /// Default: no.
+    fn has_grouped_matmul_kernel(x: &FloatTensor<Self>, weight: &FloatTensor<Self>) -> bool {
+        let _ = (x, weight);
+        false
+    }
+
+    /// Grouped matmul with the kernel. Default: the composed arithmetic.
+    fn grouped_matmul_kernel_forward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        group_rows: &[usize],
+    ) -> FloatTensor<Self> {
+        composed_grouped_matmul::<Self>(x, weight, group_rows)
+    }
+
+    /// The gradients of `x` and `weight` from the output gradient.
+    fn grouped_matmul_kernel_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        group_rows: &[usize],
+    ) -> GroupedMatmulGrads<Self> {
+        grouped_matmul_backward_reference::<Self>(x, weight, grad_output, group_rows)
     }
 
     /// Rotary embeddings on the query and key slots of the packed projection

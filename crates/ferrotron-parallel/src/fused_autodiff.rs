@@ -19,6 +19,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_dropout::{DropoutMask, composed_dropout_add};
+use crate::fused_grouped::composed_grouped_matmul;
 use crate::fused_logits::composed_tied_logits;
 use crate::fused_norm::{NormSaved, NormSpec};
 use crate::fused_qkv::composed_qkv_attention;
@@ -214,6 +215,59 @@ pub fn swiglu_node<B: FusedOps, C: CheckpointStrategy>(
             prep.finish(x.primitive, output)
         }
         OpsKind::UnTracked(prep) => prep.finish(B::swiglu_kernel_forward(x.primitive)),
+    }
+}
+
+#[derive(Debug)]
+struct GroupedMatmulOp;
+
+/// State of one grouped-matmul node: `x`, `weight` and the group sizes.
+type GroupedMatmulState<B> = (FloatTensor<B>, FloatTensor<B>, Vec<usize>);
+
+/// Parents are `x` and `weight`.
+impl<B: FusedOps> Backward<B, 2> for GroupedMatmulOp {
+    type State = GroupedMatmulState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, weight, group_rows) = ops.state;
+        let out = B::grouped_matmul_kernel_backward(x, weight, grad, &group_rows);
+        let [node_x, node_weight] = ops.parents;
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, out.x);
+        }
+        if let Some(node) = node_weight {
+            grads.register::<B>(node.id, out.weight);
+        }
+    }
+}
+
+/// Records a grouped matmul as one node whose forward and backward are `B`'s kernels; it keeps
+/// `x` and `weight` (as the composed matmuls do). Public so tests can drive the node with a CPU
+/// backend's reference kernels.
+pub fn grouped_matmul_node<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    group_rows: &[usize],
+) -> FloatTensor<Autodiff<B, C>> {
+    let prepared = GroupedMatmulOp
+        .prepare::<C>([x.node.clone(), weight.node.clone()])
+        .compute_bound()
+        .stateful();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let output = B::grouped_matmul_kernel_forward(
+                x.primitive.clone(),
+                weight.primitive.clone(),
+                group_rows,
+            );
+            prep.finish((x.primitive, weight.primitive, group_rows.to_vec()), output)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::grouped_matmul_kernel_forward(
+            x.primitive,
+            weight.primitive,
+            group_rows,
+        )),
     }
 }
 
@@ -486,6 +540,18 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             swiglu_node::<B, C>(x)
         } else {
             composed_swiglu::<Self>(x)
+        }
+    }
+
+    fn fused_grouped_matmul(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        group_rows: &[usize],
+    ) -> FloatTensor<Self> {
+        if B::has_grouped_matmul_kernel(&x.primitive, &weight.primitive) {
+            grouped_matmul_node::<B, C>(x, weight, group_rows)
+        } else {
+            composed_grouped_matmul::<Self>(x, weight, group_rows)
         }
     }
 

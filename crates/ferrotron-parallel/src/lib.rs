@@ -27,6 +27,7 @@ mod fused_adamw;
 mod fused_autodiff;
 mod fused_dropout;
 mod fused_flat;
+mod fused_grouped;
 mod fused_logits;
 mod fused_loss;
 mod fused_norm;
@@ -58,13 +59,14 @@ pub use fused_adamw::{
     AdamWStep, AdamWTensors, DeviceScale, composed_adamw, composed_sum_of_squares,
 };
 pub use fused_autodiff::{
-    attention_node, cross_entropy_node, dropout_add_node, norm_node, qkv_attention_node,
-    rope_qkv_node, swiglu_node, tied_logits_node,
+    attention_node, cross_entropy_node, dropout_add_node, grouped_matmul_node, norm_node,
+    qkv_attention_node, rope_qkv_node, swiglu_node, tied_logits_node,
 };
 pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
 pub use fused_flat::{
     FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
 };
+pub use fused_grouped::{GroupedMatmulGrads, composed_grouped_matmul};
 pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,

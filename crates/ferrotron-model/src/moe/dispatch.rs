@@ -21,6 +21,7 @@ use ferrotron_parallel::collectives::all_to_all_rows;
 use ferrotron_parallel::{Comm, ParallelOps};
 
 use super::expert::Expert;
+use super::grouped::grouped_experts;
 use super::routing::Routing;
 
 /// The expert-parallel groups of a rank and the experts it holds.
@@ -193,6 +194,9 @@ struct ExpertRows {
 /// runs nodes by depth, so a data-dependent shape could order this layer's exchanges
 /// differently from a peer's collectives on another branch (the shared expert's tp
 /// all-reduce) and deadlock; and the inputs' exchange must be back-propagated on every rank.
+///
+/// Whole experts whose rows arrive unweighted (the all-to-all dispatcher without etp) run as
+/// grouped matmuls over the rows sorted by expert (`grouped.rs`): one node whatever the routing.
 fn run_experts<B: ParallelOps>(
     inputs: Tensor<B, 2>,
     gates: Option<Tensor<B, 2>>,
@@ -201,6 +205,9 @@ fn run_experts<B: ParallelOps>(
     groups: &ExpertGroups,
 ) -> Tensor<B, 2> {
     let etp_size = groups.etp.size();
+    if etp_size == 1 && gates.is_none() {
+        return grouped_in_received_order(inputs, assignments, experts, groups.ep.size() == 1);
+    }
     let mut outputs = inputs.clone().mul_scalar(0.0);
     for (expert, assigned) in experts.iter().zip(assignments) {
         let selected = select_rows(inputs.clone(), &assigned.rows);
@@ -223,6 +230,46 @@ fn run_experts<B: ParallelOps>(
         outputs = scatter_add_rows(outputs, &assigned.rows, out);
     }
     outputs
+}
+
+/// Every received row (each belongs to exactly one local expert) through its expert, in the
+/// order received: sorted by expert first, unless they come from one ep rank and so already are
+/// (then no peer waits on this rank's exchanges). Which it is depends on the layout, never on the
+/// routing, so the graph's shape stays the same on every rank.
+fn grouped_in_received_order<B: ParallelOps>(
+    inputs: Tensor<B, 2>,
+    assignments: &[ExpertRows],
+    experts: &[Expert<B>],
+    one_source: bool,
+) -> Tensor<B, 2> {
+    let order: Vec<usize> = assignments
+        .iter()
+        .flat_map(|assigned| assigned.rows.iter().copied())
+        .collect();
+    let group_rows: Vec<usize> = assignments.iter().map(|a| a.rows.len()).collect();
+    assert_eq!(
+        order.len(),
+        inputs.dims()[0],
+        "MoE dispatch: every received row belongs to one local expert"
+    );
+    if one_source {
+        debug_assert!(
+            order
+                .iter()
+                .enumerate()
+                .all(|(position, &row)| position == row)
+        );
+        return grouped_experts(experts, inputs, &group_rows);
+    }
+    // As in `run_experts`: `0 · inputs` keeps the inputs' exchange in the graph when this rank
+    // received no rows (burn's ops on empty tensors can drop the link).
+    let zero = inputs.clone().mul_scalar(0.0);
+    let outputs = grouped_experts(experts, select_rows(inputs, &order), &group_rows);
+    let mut received_order = vec![0; order.len()];
+    for (position, &row) in order.iter().enumerate() {
+        received_order[row] = position;
+    }
+    zero + select_rows(outputs, &received_order)
 }
 
 /// Uneven all-gather of rows (`counts[j]` rows from rank `j`), as an all-to-all that sends this
@@ -302,12 +349,12 @@ fn block_sums(values: &[usize], block: usize) -> Vec<usize> {
     values.chunks(block).map(|b| b.iter().sum()).collect()
 }
 
-fn select_rows<B: Backend>(x: Tensor<B, 2>, rows: &[usize]) -> Tensor<B, 2> {
+pub(super) fn select_rows<B: Backend>(x: Tensor<B, 2>, rows: &[usize]) -> Tensor<B, 2> {
     let device = x.device();
     x.select(0, index_tensor::<B>(rows, &device))
 }
 
-fn scatter_add_rows<B: Backend>(
+pub(super) fn scatter_add_rows<B: Backend>(
     x: Tensor<B, 2>,
     rows: &[usize],
     values: Tensor<B, 2>,

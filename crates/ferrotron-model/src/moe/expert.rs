@@ -20,11 +20,11 @@ use crate::parallel::{Placement, cut_module, roles_of};
 #[derive(Module, Debug)]
 pub struct Expert<B: Backend> {
     /// `[hidden, ffn]` for GELU, `[hidden, 2·ffn]` for SwiGLU (this rank's columns when cut).
-    fc1: Linear<B>,
+    pub(super) fc1: Linear<B>,
     /// `[ffn, hidden]` (this rank's rows when cut); its bias is whole on every rank.
-    fc2: Linear<B>,
+    pub(super) fc2: Linear<B>,
     #[module(skip)]
-    activation: Activation,
+    pub(super) activation: Activation,
     /// Which etp piece this is ([`Piece::WHOLE`] on one rank).
     #[module(skip)]
     piece: Piece,

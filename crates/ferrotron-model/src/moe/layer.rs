@@ -1,6 +1,7 @@
 //! One MoE feed-forward layer: router, routed experts, optional shared expert, balancing losses.
-//! Tokens are gathered per expert, run through that expert's MLP, weighted and scatter-added
-//! back, so compute is proportional to the tokens each expert really receives. A layer cut for
+//! Kept (token, slot) rows are gathered sorted by expert, run through all experts as grouped
+//! matmuls (`grouped.rs`), weighted and scatter-added back, so compute is proportional to the
+//! tokens each expert really receives. A layer cut for
 //! a parallel layout (see `parallel.rs`) routes the same way and lets a token dispatcher carry
 //! the tokens to the ranks holding their experts.
 
@@ -8,12 +9,13 @@ use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{IndexingUpdateOp, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
-use super::dispatch::index_tensor;
+use super::dispatch::{Permutation, index_tensor, scatter_add_rows, select_rows};
 use super::expert::Expert;
+use super::grouped::grouped_experts;
 use super::loss::{balancing_probabilities, sequence_aux_loss, switch_aux_loss, z_loss};
 use super::parallel::MoeParallel;
 use super::routing::{Routing, aux_loss_counts, route};
@@ -67,19 +69,12 @@ impl<B: ParallelOps> MoeLayer<B> {
         let routing = self.route(&host_logits, training);
         let weights = self.combine_weights(logits.clone(), &routing);
 
-        let mut output = Tensor::<B, 2>::zeros([batch * seq, hidden], &tokens.device());
-        for (index, expert) in self.experts.iter().enumerate() {
-            let (token_ids, slot_ids) = routing.assignments(index);
-            if token_ids.is_empty() {
-                continue;
-            }
-            let device = tokens.device();
-            let token_ids = index_tensor::<B>(&token_ids, &device);
-            let slot_ids = index_tensor::<B>(&slot_ids, &device);
-            let gate = weights.clone().select(0, slot_ids).unsqueeze_dim::<2>(1);
-            let expert_out = expert.forward(tokens.clone().select(0, token_ids.clone())) * gate;
-            output = output.select_assign(0, token_ids, expert_out, IndexingUpdateOp::Add);
-        }
+        let permutation = Permutation::new(&routing, self.config.num_experts);
+        let sorted = select_rows(tokens.clone(), &permutation.tokens);
+        let expert_out = grouped_experts(&self.experts, sorted, &permutation.per_expert);
+        let gate = select_rows(weights.unsqueeze_dim::<2>(1), &permutation.slots);
+        let zeros = Tensor::<B, 2>::zeros([batch * seq, hidden], &tokens.device());
+        let mut output = scatter_add_rows(zeros, &permutation.tokens, expert_out * gate);
         if let Some(shared) = &self.shared_expert {
             output = output + shared.forward(tokens);
         }

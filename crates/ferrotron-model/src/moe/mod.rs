@@ -5,6 +5,7 @@
 
 mod dispatch;
 mod expert;
+mod grouped;
 mod layer;
 pub(crate) mod loss;
 mod microbatch;

@@ -16,6 +16,7 @@ mod compare;
 mod fused;
 mod fused_dropout;
 mod fused_flat;
+mod fused_grouped;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;
@@ -404,6 +405,9 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_swiglu::rows(&device));
         rows.extend(fused_rope::rows(&device));
         rows.extend(fused_flat::rows(&device));
+    }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "fused_grouped" {
+        rows.extend(fused_grouped::rows(&device));
     }
     let mut nccl_comm = None;
     if args.filter.is_empty() || args.filter == "nccl" {

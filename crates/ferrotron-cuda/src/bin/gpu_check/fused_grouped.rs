@@ -1,0 +1,92 @@
+//! Rows for the MoE experts' grouped matmul: the fused node (cuBLAS grouped GEMMs) in bf16 and
+//! f32 against the composed per-group matmuls in f32 on the same GPU from the same rounded
+//! inputs: the output and both gradients (x and the stacked weight) of a weighted-sum loss,
+//! with uneven groups and one empty group (whose weight gradient must come back zero: outputs
+//! are poisoned).
+
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use ferrotron_cuda::GpuDevice;
+use ferrotron_parallel::{FusedOps, composed_grouped_matmul};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::fused::{A, dtype_label, host, round, upload};
+use crate::{Row, compare, failed, first_line, guarded};
+
+/// Rows per expert: uneven, the fourth empty (a Mixtral-sized layer's shape, fewer rows).
+const GROUPS: [usize; 8] = [300, 129, 512, 0, 77, 256, 1, 200];
+
+/// Output, x gradient and weight gradient of `Σ w ∘ grouped(x, weight)`, flattened in f32:
+/// fused node (`FUSED`) or composed.
+fn grads<const FUSED: bool>(
+    x: &TensorData,
+    weight: &TensorData,
+    w: &TensorData,
+    dtype: DType,
+    device: &GpuDevice,
+) -> TensorData {
+    let x: Tensor<A, 2> = upload(x, dtype, device);
+    let weight: Tensor<A, 3> = upload(weight, dtype, device);
+    let w = Tensor::<A, 2>::from_data(round(w.clone(), DType::F32), (device, DType::F32));
+    let (px, pw) = (
+        x.clone().into_primitive().tensor(),
+        weight.clone().into_primitive().tensor(),
+    );
+    let out = if FUSED {
+        A::fused_grouped_matmul(px, pw, &GROUPS)
+    } else {
+        composed_grouped_matmul::<A>(px, pw, &GROUPS)
+    };
+    let out: Tensor<A, 2> = Tensor::from_primitive(TensorPrimitive::Float(out));
+    let g = (out.clone().cast(DType::F32) * w).sum().backward();
+    Tensor::cat(
+        vec![
+            out.inner().cast(DType::F32).reshape([-1]),
+            x.grad(&g).expect("dx").cast(DType::F32).reshape([-1]),
+            weight
+                .grad(&g)
+                .expect("dweight")
+                .cast(DType::F32)
+                .reshape([-1]),
+        ],
+        0,
+    )
+    .into_data()
+}
+
+fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, [k, n]: [usize; 2]) -> Row {
+    let rows: usize = GROUPS.iter().sum();
+    let x = host(&[rows, k], rng, dtype);
+    let weight = host(&[GROUPS.len(), k, n], rng, dtype);
+    let w = host(&[rows, n], rng, DType::F32);
+    let got = guarded(|| Ok(grads::<true>(&x, &weight, &w, dtype, device)));
+    let want = guarded(|| Ok(grads::<false>(&x, &weight, &w, DType::F32, device)));
+    let (errors, note) = match (got, want) {
+        // The inner dims are up to a few hundred long: the scale allows bf16's rounding of
+        // sums of that many products.
+        (Ok(got), Ok(want)) => (
+            compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
+            "fused vs composed f32; out + dx + dweight".to_string(),
+        ),
+        (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
+        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
+    };
+    Row {
+        op: "fused_grouped_matmul".into(),
+        dtype: dtype_label(dtype),
+        shape: format!("[{rows}, {k}] x [{}, {k}, {n}]", GROUPS.len()),
+        errors,
+        note,
+    }
+}
+
+/// Every grouped-matmul row: fc1-like (k < n) and fc2-like (k > n) shapes.
+pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
+    let mut rng = StdRng::seed_from_u64(29);
+    let mut rows = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        rows.push(row(device, &mut rng, dtype, [128, 352]));
+        rows.push(row(device, &mut rng, dtype, [176, 128]));
+    }
+    rows
+}
