@@ -59,8 +59,9 @@ pub struct AdamW<I: Backend> {
     /// fp32 copies of 16-bit parameters (mixed precision); empty in an fp32 run.
     master: MasterWeights<I>,
     /// The state of the parameters the device-resident step updates, in flat buffers (their
-    /// entries are then absent from `moments` and `master`).
-    flat: Option<FlatState<I>>,
+    /// entries are then absent from `moments` and `master`); boxed, as most optimizers of a
+    /// parallel layout never have one.
+    flat: Option<Box<FlatState<I>>>,
 }
 
 /// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
@@ -283,11 +284,11 @@ impl<I: Backend> AdamW<I> {
                 (Tensor::cat(m, 0), Tensor::cat(v, 0))
             }));
         }
-        self.flat = Some(FlatState {
+        self.flat = Some(Box::new(FlatState {
             layout,
             master,
             moments,
-        });
+        }));
     }
 
     /// Move the flat state back into per-parameter entries (slices of the flat buffers).
