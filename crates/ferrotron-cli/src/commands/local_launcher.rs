@@ -121,6 +121,17 @@ pub(crate) fn launch(nproc: u32, args: &[OsString]) -> anyhow::Result<ExitCode> 
     })
 }
 
+/// Of the ranks found failed in one poll (rank order), the one to blame: a rank killed by a
+/// signal before one that exited with an error, since a peer's death makes the others exit with
+/// an error (a closed connection) within the same poll interval, never die of a signal.
+fn root_cause(failed: &[(u32, ExitStatus)]) -> Option<u32> {
+    failed
+        .iter()
+        .find(|(_, status)| status.signal().is_some())
+        .or(failed.first())
+        .map(|(rank, _)| *rank)
+}
+
 /// Wait for every rank; the first unsuccessful one, if any.
 fn supervise(ranks: &mut [Rank], signalled: &AtomicBool) -> Option<Failure> {
     let mut first_failure: Option<u32> = None;
@@ -131,12 +142,18 @@ fn supervise(ranks: &mut [Rank], signalled: &AtomicBool) -> Option<Failure> {
                 rank.signal(Signal::TERM);
             }
         }
+        let mut failed_now = Vec::new();
         for rank in ranks.iter_mut() {
             let Some(status) = rank.poll() else { continue };
-            if !status.success() && first_failure.is_none() {
-                first_failure = Some(rank.rank);
-                kill_at = Some(Instant::now() + FAILURE_GRACE);
+            if !status.success() {
+                failed_now.push((rank.rank, status));
             }
+        }
+        if first_failure.is_none()
+            && let Some(rank) = root_cause(&failed_now)
+        {
+            first_failure = Some(rank);
+            kill_at = Some(Instant::now() + FAILURE_GRACE);
         }
         if kill_at.is_some_and(|at| Instant::now() >= at) {
             kill_at = None;
@@ -328,6 +345,14 @@ mod tests {
 
     fn args(list: &[&str]) -> Vec<OsString> {
         list.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn a_rank_killed_by_a_signal_is_blamed_before_one_that_exited_in_the_same_poll() {
+        let (exited, killed) = (ExitStatus::from_raw(1 << 8), ExitStatus::from_raw(9));
+        assert_eq!(root_cause(&[(0, exited), (1, killed)]), Some(1));
+        assert_eq!(root_cause(&[(0, exited), (2, exited)]), Some(0));
+        assert_eq!(root_cause(&[]), None);
     }
 
     #[test]
