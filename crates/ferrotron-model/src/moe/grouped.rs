@@ -30,7 +30,15 @@ pub(super) fn grouped_experts<B: ParallelOps>(
         .map_or(Activation::Gelu, |expert| expert.activation);
     let fc1 = Tensor::stack(experts.iter().map(|e| e.fc1.weight.val()).collect(), 0);
     let fc1_bias = biases(experts.iter().map(|e| e.fc1.bias.as_ref().map(|b| b.val())));
-    let hidden = with_bias(grouped_matmul(x, fc1, group_rows), fc1_bias, group_rows);
+    let fc2_bias = biases(experts.iter().map(|e| e.fc2.bias.as_ref().map(|b| b.val())));
+    // Which expert each row is for, uploaded once for both biases.
+    let row_experts = (fc1_bias.is_some() || fc2_bias.is_some())
+        .then(|| row_experts::<B>(group_rows, &x.device()));
+    let hidden = with_bias(
+        grouped_matmul(x, fc1, group_rows),
+        fc1_bias,
+        row_experts.clone(),
+    );
     let activated = match activation {
         Activation::Swiglu => Tensor::from_primitive(TensorPrimitive::Float(B::fused_swiglu(
             hidden.into_primitive().tensor(),
@@ -39,11 +47,10 @@ pub(super) fn grouped_experts<B: ParallelOps>(
         Activation::GeluTanh => gelu_tanh(hidden),
     };
     let fc2 = Tensor::stack(experts.iter().map(|e| e.fc2.weight.val()).collect(), 0);
-    let fc2_bias = biases(experts.iter().map(|e| e.fc2.bias.as_ref().map(|b| b.val())));
     with_bias(
         grouped_matmul(activated, fc2, group_rows),
         fc2_bias,
-        group_rows,
+        row_experts,
     )
 }
 
@@ -67,23 +74,27 @@ fn biases<B: FusedOps>(biases: impl Iterator<Item = Option<Tensor<B, 1>>>) -> Op
         .map(|b| Tensor::stack(b, 0))
 }
 
-/// Each row plus its expert's bias.
-fn with_bias<B: FusedOps>(
-    x: Tensor<B, 2>,
-    bias: Option<Tensor<B, 2>>,
-    group_rows: &[usize],
-) -> Tensor<B, 2> {
-    let Some(bias) = bias else {
-        return x;
-    };
-    let expert_of_row: Vec<i64> = group_rows
+/// The expert of each row, `[rows]`, for the groups' row counts.
+fn row_experts<B: FusedOps>(group_rows: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
+    let experts: Vec<i64> = group_rows
         .iter()
         .enumerate()
         .flat_map(|(expert, &rows)| std::iter::repeat_n(expert as i64, rows))
         .collect();
-    let rows = expert_of_row.len();
-    let index = Tensor::<B, 1, Int>::from_data(TensorData::new(expert_of_row, [rows]), &x.device());
-    x + bias.select(0, index)
+    let rows = experts.len();
+    Tensor::from_data(TensorData::new(experts, [rows]), device)
+}
+
+/// Each row plus its expert's bias (`row_experts` is present whenever a bias is).
+fn with_bias<B: FusedOps>(
+    x: Tensor<B, 2>,
+    bias: Option<Tensor<B, 2>>,
+    row_experts: Option<Tensor<B, 1, Int>>,
+) -> Tensor<B, 2> {
+    match (bias, row_experts) {
+        (Some(bias), Some(index)) => x + bias.select(0, index),
+        _ => x,
+    }
 }
 
 #[cfg(test)]
