@@ -53,11 +53,8 @@ if [[ ! -x "$recipe_bin" ]]; then
 fi
 
 # The same family variants as gpu-train.sh (b).
-llama_sets=(--set model.position_embedding=rope --set model.normalization=rmsnorm
-    --set model.activation=swiglu --set model.tie_embeddings=false --set model.add_bias_linear=false
-    --set model.num_query_groups=2 --set model.ffn_hidden_size=176)
-moe_sets=("${llama_sets[@]}"
-    --set 'model.moe={num_experts: 4, router_topk: 2, load_balancing: aux_loss, aux_loss_coeff: 0.01}')
+# shellcheck source=tools/gpu-families.sh
+source "$root/tools/gpu-families.sh"
 
 # args DIR FAMILY: the run's command line (without `run`), its checkpoints and metrics in DIR.
 args() {

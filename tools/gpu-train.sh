@@ -75,15 +75,9 @@ train() {
 tables=$OUT/gpu-train.md
 : >"$tables"
 
-# ---- (b) shakespeare-tiny: loss curves, for every model family --------------------------------
-# gpt: the recipe as shipped (learned positions, LayerNorm, GELU, biases, tied embeddings);
-# llama: the same size LLaMA-style (RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases,
-# untied output); moe: llama with 4 SwiGLU experts, top-2 softmax routing and the aux loss.
-llama_sets=(--set model.position_embedding=rope --set model.normalization=rmsnorm
-    --set model.activation=swiglu --set model.tie_embeddings=false --set model.add_bias_linear=false
-    --set model.num_query_groups=2 --set model.ffn_hidden_size=176)
-moe_sets=("${llama_sets[@]}"
-    --set 'model.moe={num_experts: 4, router_topk: 2, load_balancing: aux_loss, aux_loss_coeff: 0.01}')
+# ---- (b) shakespeare-tiny: loss curves, for every model family (tools/gpu-families.sh) --------
+# shellcheck source=tools/gpu-families.sh
+source "$root/tools/gpu-families.sh"
 if [[ $parts == *b* ]]; then
     tiny=recipes/shakespeare-tiny.yaml
     for family in ${FAMILIES:-gpt llama moe}; do
