@@ -20,7 +20,7 @@
 
 use ferrotron_dist::CommError;
 use ferrotron_parallel::recompute::RngMark;
-use ferrotron_parallel::{Comm, ReduceOp, host};
+use ferrotron_parallel::{Comm, InFlight, ReduceOp, host};
 
 use crate::backend::{Cuda, GpuDevice};
 use crate::nccl::NcclComm;
@@ -31,7 +31,7 @@ fn nccl(comm: &Comm) -> Option<&NcclComm> {
     comm.as_any().downcast_ref::<NcclComm>()
 }
 
-fn expect(result: Result<CudaTensor, CommError>) -> CudaTensor {
+fn expect<T>(result: Result<T, CommError>) -> T {
     result.unwrap_or_else(|err| panic!("{err}"))
 }
 
@@ -115,6 +115,21 @@ impl ferrotron_parallel::ParallelOps for Cuda {
                 expect(nccl.all_to_all_rows_tensor(&x, send_counts, recv_counts))
             }
             None => host::all_to_all_rows::<Cuda>(x, send_counts, recv_counts, comm),
+        }
+    }
+
+    /// On a NCCL communicator the compute stream is ordered after the all-reduce only at
+    /// `finish`, so the kernels queued in between (the rest of a backward) overlap it.
+    fn all_reduce_started(x: CudaTensor, comm: &Comm) -> InFlight<Cuda> {
+        if comm.size() == 1 {
+            return InFlight::ready(x);
+        }
+        match nccl(comm) {
+            Some(nccl) => {
+                let (out, started) = expect(nccl.all_reduce_tensor_started(&x, ReduceOp::Sum));
+                InFlight::pending(out, Box::new(move || expect(started.wait())))
+            }
+            None => InFlight::ready(host::all_reduce::<Cuda>(x, ReduceOp::Sum, comm)),
         }
     }
 

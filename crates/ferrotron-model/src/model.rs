@@ -27,7 +27,7 @@ use crate::parallel::{
     ChunkData, ChunkInput, ChunkOutput, ChunkSpec, Placement, SequencePositions, TensorParallel,
     VocabShard, cut_module, roles_of, vocab_parallel_cross_entropy, vocab_parallel_lookup,
 };
-use crate::recompute::{LayersOut, RecomputePolicy, run_plain, run_recomputed};
+use crate::recompute::{LayersOut, RecomputePolicy, run_kept, run_plain, run_recomputed};
 use crate::{ExpertLoads, ModelConfig, ModelError};
 
 #[derive(Module, Debug)]
@@ -54,6 +54,10 @@ pub struct GptModel<B: Backend> {
     /// Which layers the backward pass recomputes.
     #[module(skip)]
     recompute: RecomputePolicy,
+    /// Whether a training forward cuts the graph after every layer it does not recompute
+    /// (`ferrotron_parallel::recompute`'s kept cuts), so the backward runs layer by layer.
+    #[module(skip)]
+    cut_layers: bool,
 }
 
 /// The forward pass's results.
@@ -121,6 +125,7 @@ impl<B: Backend> GptModel<B> {
             chunk: ChunkSpec::whole(config),
             parallel: ParallelContext::single(),
             recompute: RecomputePolicy::Keep,
+            cut_layers: false,
         }
     }
 
@@ -186,6 +191,7 @@ impl<B: Backend> GptModel<B> {
             chunk: chunk.clone(),
             parallel: ctx.clone(),
             recompute: full.recompute,
+            cut_layers: full.cut_layers,
         })
     }
 
@@ -251,6 +257,14 @@ impl<B: Backend> GptModel<B> {
             recompute: policy,
             ..self
         }
+    }
+
+    /// The same model with its training backward taken layer by layer (or not): every layer
+    /// outside a recomputed range becomes a range of its own that keeps its activations, so the
+    /// trainer sees each layer's parameter gradients final before the layers in front of it are
+    /// differentiated (the data-parallel reduction's overlap). The numbers do not change.
+    pub fn with_layer_cuts(self, cut_layers: bool) -> Self {
+        GptModel { cut_layers, ..self }
     }
 
     /// Whether a training forward draws dropout masks (the backward driver then keeps the
@@ -587,20 +601,24 @@ impl<B: ParallelOps> GptModel<B> {
             aux_loss: Tensor::<B, 1>::zeros([1], device),
             loads: Vec::new(),
         };
+        let cut = training && self.cut_layers;
+        let kept = |layers: &[TransformerBlock<B>], out| {
+            if cut {
+                layers
+                    .iter()
+                    .fold(out, |out, layer| run_kept(layer, out, positions, marks))
+            } else {
+                run_plain(layers, out, positions, marks, false)
+            }
+        };
         let mut next = 0;
         for range in ranges {
-            out = run_plain(
-                &self.layers[next..range.start],
-                out,
-                positions,
-                marks,
-                false,
-            );
+            out = kept(&self.layers[next..range.start], out);
             let mark = if marks { B::rng_mark(device) } else { [0, 0] };
             out = run_recomputed(&self.layers[range.clone()], out, positions, marks, mark);
             next = range.end;
         }
-        let out = run_plain(&self.layers[next..], out, positions, marks, false);
+        let out = kept(&self.layers[next..], out);
         (out.hidden, out.aux_loss, ExpertLoads { layers: out.loads })
     }
 

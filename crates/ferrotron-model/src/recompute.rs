@@ -20,7 +20,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::ParallelOps;
-use ferrotron_parallel::recompute::{Rerun, RngMark};
+use ferrotron_parallel::recompute::{Rerun, RngMark, Run};
 use ferrotron_recipe::{Recompute, RecomputeGranularity, RecomputeMethod};
 
 use crate::ModelError;
@@ -179,6 +179,72 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
     let mut outputs = B::recompute(inputs, mark, rerun).into_iter();
     let hidden = Tensor::from_primitive(TensorPrimitive::Float(
         outputs.next().expect("a range outputs the hidden states"),
+    ));
+    let aux_loss = match outputs.next() {
+        Some(aux) => Tensor::from_primitive(TensorPrimitive::Float(aux)),
+        None => input.aux_loss,
+    };
+    let mut all_loads = input.loads;
+    all_loads.extend(loads.take());
+    LayersOut {
+        hidden,
+        aux_loss,
+        loads: all_loads,
+    }
+}
+
+/// Runs `layer` as a kept cut of the graph (`ferrotron_parallel::recompute`): tracked, with its
+/// activations, but differentiated by the trainer's driver on its own. The running auxiliary
+/// loss goes through the cut as through a recomputed range.
+pub(crate) fn run_kept<B: ParallelOps>(
+    layer: &TransformerBlock<B>,
+    input: LayersOut<B>,
+    positions: &SequencePositions<B>,
+    marks: bool,
+) -> LayersOut<B> {
+    let has_moe = layer.moe().is_some();
+    layer.visit(&mut Materialize);
+    let tracked = layer.clone();
+    let positions = positions.clone();
+    let loads = Rc::new(RefCell::new(Vec::new()));
+    let loads_out = loads.clone();
+    let run: Run<B> = Box::new(move |inputs| {
+        let mut inputs = inputs.into_iter();
+        let hidden = Tensor::from_primitive(TensorPrimitive::Float(
+            inputs
+                .next()
+                .expect("a cut's first input is the hidden states"),
+        ));
+        let aux_loss = match inputs.next() {
+            Some(aux) => Tensor::from_primitive(TensorPrimitive::Float(aux)),
+            None => Tensor::zeros([1], &hidden.device()),
+        };
+        let input = LayersOut {
+            hidden,
+            aux_loss,
+            loads: Vec::new(),
+        };
+        let out = run_plain(
+            std::slice::from_ref(&tracked),
+            input,
+            &positions,
+            marks,
+            false,
+        );
+        *loads_out.borrow_mut() = out.loads;
+        let mut outputs = vec![out.hidden.into_primitive().tensor()];
+        if has_moe {
+            outputs.push(out.aux_loss.into_primitive().tensor());
+        }
+        outputs
+    });
+    let mut inputs = vec![input.hidden.into_primitive().tensor()];
+    if has_moe {
+        inputs.push(input.aux_loss.clone().into_primitive().tensor());
+    }
+    let mut outputs = B::cut_kept(inputs, run).into_iter();
+    let hidden = Tensor::from_primitive(TensorPrimitive::Float(
+        outputs.next().expect("a cut outputs the hidden states"),
     ));
     let aux_loss = match outputs.next() {
         Some(aux) => Tensor::from_primitive(TensorPrimitive::Float(aux)),

@@ -16,7 +16,7 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::comm::Comm;
 use crate::ops::ParallelOps;
-use crate::recompute::{Rerun, RngMark};
+use crate::recompute::{Rerun, RngMark, Run};
 use crate::recompute_autodiff;
 use ferrotron_dist::ReduceOp;
 
@@ -168,5 +168,9 @@ impl<B: ParallelOps, C: CheckpointStrategy> ParallelOps for Autodiff<B, C> {
         rerun: Rerun<Self>,
     ) -> Vec<FloatTensor<Self>> {
         recompute_autodiff::cut::<B, C>(inputs, mark, rerun)
+    }
+
+    fn cut_kept(inputs: Vec<FloatTensor<Self>>, run: Run<Self>) -> Vec<FloatTensor<Self>> {
+        recompute_autodiff::cut_kept::<B, C>(inputs, run)
     }
 }

@@ -15,8 +15,38 @@ use burn::tensor::{Distribution, FloatDType, TensorMetadata};
 use crate::comm::Comm;
 use crate::fused::FusedOps;
 use crate::host::{self, Host};
-use crate::recompute::{Rerun, RngMark};
+use crate::recompute::{Rerun, RngMark, Run};
 use ferrotron_dist::ReduceOp;
+
+/// A collective's result that later work must not read before [`InFlight::finish`].
+pub struct InFlight<B: burn::tensor::backend::Backend> {
+    result: FloatTensor<B>,
+    wait: Option<Box<dyn FnOnce()>>,
+}
+
+impl<B: burn::tensor::backend::Backend> InFlight<B> {
+    /// A result already ordered before any later work.
+    pub fn ready(result: FloatTensor<B>) -> Self {
+        InFlight { result, wait: None }
+    }
+
+    /// A result that later work may read once `wait` (which orders it, and keeps what the
+    /// collective reads alive until then) has run.
+    pub fn pending(result: FloatTensor<B>, wait: Box<dyn FnOnce()>) -> Self {
+        InFlight {
+            result,
+            wait: Some(wait),
+        }
+    }
+
+    /// The result, ordered before everything queued from now on.
+    pub fn finish(self) -> FloatTensor<B> {
+        if let Some(wait) = self.wait {
+            wait();
+        }
+        self.result
+    }
+}
 
 /// `FusedOps` is a supertrait so every place generic over `ParallelOps` (the model, the
 /// trainer) can call the fused ops without a second bound.
@@ -98,6 +128,13 @@ pub trait ParallelOps: FusedOps {
         host::all_reduce::<Self>(x, op, comm)
     }
 
+    /// A sum all-reduce (no gradient) whose result later work waits for only when it is
+    /// [`InFlight::finish`]ed, so the computation queued in between overlaps the transfer (the
+    /// data-parallel gradient buckets). Default: [`ParallelOps::all_reduce_detached`], done at once.
+    fn all_reduce_started(x: FloatTensor<Self>, comm: &Comm) -> InFlight<Self> {
+        InFlight::ready(Self::all_reduce_detached(x, ReduceOp::Sum, comm))
+    }
+
     /// Where dropout's generator stands, for [`ParallelOps::rng_restore`] (see `recompute.rs`).
     ///
     /// Default, for generators whose state cannot be read (burn-flex keeps its generator in a
@@ -133,6 +170,15 @@ pub trait ParallelOps: FusedOps {
     ) -> Vec<FloatTensor<Self>> {
         let _ = mark;
         rerun(inputs, true)
+    }
+
+    /// Runs the range `run` on `inputs` as a cut of the graph whose backward the trainer's driver
+    /// takes range by range, keeping its activations (see `recompute.rs`, [`Replay::Kept`]).
+    /// Default, without a graph: the plain forward.
+    ///
+    /// [`Replay::Kept`]: crate::recompute::Replay::Kept
+    fn cut_kept(inputs: Vec<FloatTensor<Self>>, run: Run<Self>) -> Vec<FloatTensor<Self>> {
+        run(inputs)
     }
 }
 

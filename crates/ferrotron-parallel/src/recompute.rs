@@ -36,16 +36,31 @@ pub type RngMark = [u64; 2];
 /// backward re-runs it.
 pub type Rerun<B> = Rc<dyn Fn(Vec<FloatTensor<B>>, bool) -> Vec<FloatTensor<B>>>;
 
-/// One recomputed range as the backward driver needs it.
+/// How the backward driver gets a range's tracked outputs back.
+pub enum Replay<B: AutodiffBackend> {
+    /// Re-run the range from the generator position at its start (recomputation).
+    Rerun { mark: RngMark, rerun: Rerun<B> },
+    /// The range ran tracked in the forward on `inputs` (fresh leaves) and its graph to
+    /// `outputs` was kept: a cut without recomputation, so that the backward proceeds range by
+    /// range and what a range's parameters need can start as soon as their gradients are final
+    /// (the data-parallel reduction's overlap).
+    Kept {
+        inputs: Vec<FloatTensor<B>>,
+        outputs: Vec<FloatTensor<B>>,
+    },
+}
+
+/// One cut range as the backward driver needs it.
 pub struct Segment<B: AutodiffBackend> {
     /// The range's inputs as the graph holds them, each with whether it carries a gradient.
     pub inputs: Vec<(FloatTensor<B>, bool)>,
     /// The leaves standing for its outputs in the graph.
     pub outputs: Vec<FloatTensor<B>>,
-    /// The generator position at the range's start.
-    pub mark: RngMark,
-    pub rerun: Rerun<B>,
+    pub replay: Replay<B>,
 }
+
+/// A range's forward run once, tracked, for [`Replay::Kept`].
+pub type Run<B> = Box<dyn FnOnce(Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>>>;
 
 /// A forward pass's recomputed ranges, in forward order.
 pub struct Tape<B: AutodiffBackend> {
@@ -56,7 +71,8 @@ thread_local! {
     static TAPE: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Records a range on this thread's tape (called by `Autodiff`'s [`crate::ParallelOps::recompute`]).
+/// Records a range on this thread's tape (called by `Autodiff`'s [`crate::ParallelOps::recompute`]
+/// and [`crate::ParallelOps::cut_kept`]).
 pub(crate) fn record<B: AutodiffBackend>(segment: Segment<B>) {
     TAPE.with(|tape| tape.borrow_mut().push(Box::new(segment)));
 }

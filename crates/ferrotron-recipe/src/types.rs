@@ -303,6 +303,12 @@ pub struct Parallel {
     /// Overlap the data-parallel gradient reduce with the backward pass.
     #[serde(default = "defaults::yes")]
     pub overlap_grad_reduce: bool,
+    /// Parameter elements per data-parallel gradient bucket (Megatron's `--ddp-bucket-size`);
+    /// a bucket is reduced as soon as the backward has produced all of its gradients. Default
+    /// 40,000,000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub ddp_bucket_size: Option<u64>,
     /// Overlap the distributed optimizer's parameter all-gather with the forward pass.
     #[serde(default = "defaults::yes")]
     pub overlap_param_gather: bool,
@@ -326,6 +332,7 @@ impl Default for Parallel {
             num_layers_in_first_pipeline_stage: None,
             num_layers_in_last_pipeline_stage: None,
             overlap_grad_reduce: true,
+            ddp_bucket_size: None,
             overlap_param_gather: true,
         }
     }

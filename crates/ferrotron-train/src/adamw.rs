@@ -62,6 +62,9 @@ pub struct AdamW<I: Backend> {
     /// entries are then absent from `moments` and `master`); boxed, as most optimizers of a
     /// parallel layout never have one.
     flat: Option<Box<FlatState<I>>>,
+    /// Each parameter's data-parallel reduction bucket, which the flat layout keeps in groups
+    /// of their own (`replicas.rs`); empty: one bucket.
+    buckets: HashMap<ParamId, usize>,
 }
 
 /// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
@@ -77,6 +80,40 @@ impl<I: Backend> AdamW<I> {
             no_decay,
             master: MasterWeights::default(),
             flat: None,
+            buckets: HashMap::new(),
+        }
+    }
+
+    /// Keep each bucket's parameters in flat groups of their own from the next layout on.
+    pub(crate) fn set_buckets(&mut self, buckets: HashMap<ParamId, usize>) {
+        self.buckets = buckets;
+    }
+
+    /// The flat layout of every parameter of `model` (laid out now unless it already is), for a
+    /// step that gathers its gradients bucket by bucket.
+    pub(crate) fn flat_layout_of<B, M>(&mut self, model: &M) -> &Layout
+    where
+        B: AutodiffBackend<InnerBackend = I>,
+        M: AutodiffModule<B>,
+    {
+        self.lay_out(flat_adamw::all_params::<B, M>(model));
+        &self.flat.as_ref().expect("laid out above").layout
+    }
+
+    /// The flat state laid out for `params` (in visiting order), unless it already is.
+    fn lay_out(&mut self, params: Vec<(ParamId, burn::tensor::DType, usize, Tensor<I, 1>)>) {
+        let same = self.flat.as_ref().is_some_and(|flat| {
+            flat.layout.order.len() == params.len()
+                && flat
+                    .layout
+                    .order
+                    .iter()
+                    .zip(&params)
+                    .all(|(a, b)| *a == b.0)
+        });
+        if !same {
+            self.unflatten();
+            self.flatten(params);
         }
     }
 
@@ -168,19 +205,7 @@ impl<I: Backend> AdamW<I> {
     {
         let taken = flat_adamw::take_grads::<B, M>(model, grads);
         if into.is_none() {
-            let same = self.flat.as_ref().is_some_and(|flat| {
-                flat.layout.order.len() == taken.params.len()
-                    && flat
-                        .layout
-                        .order
-                        .iter()
-                        .zip(&taken.params)
-                        .all(|(a, b)| *a == b.0)
-            });
-            if !same {
-                self.unflatten();
-                self.flatten(taken.params);
-            }
+            self.lay_out(taken.params);
         }
         let layout = &self.flat.as_ref().expect("laid out above").layout;
         flat_adamw::gather(layout, taken.grads, into)
@@ -241,7 +266,10 @@ impl<I: Backend> AdamW<I> {
     fn flatten(&mut self, params: Vec<(ParamId, burn::tensor::DType, usize, Tensor<I, 1>)>) {
         let facts: Vec<_> = params
             .iter()
-            .map(|(id, dtype, len, _)| (*id, *dtype, *len, self.decays(*id)))
+            .map(|(id, dtype, len, _)| {
+                let bucket = self.buckets.get(id).copied().unwrap_or(0);
+                (*id, *dtype, *len, self.decays(*id), bucket)
+            })
             .collect();
         let layout = Layout::new(&facts);
         let mut values: HashMap<ParamId, Tensor<I, 1>> = params

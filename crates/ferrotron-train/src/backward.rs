@@ -15,7 +15,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use ferrotron_parallel::ParallelOps;
-use ferrotron_parallel::recompute::{Segment, Tape};
+use ferrotron_parallel::recompute::{Replay, Segment, Tape};
 
 use crate::TrainError;
 
@@ -34,6 +34,24 @@ where
     B: AutodiffBackend + ParallelOps,
     M: Module<B>,
 {
+    backward_by_range(root, tape, module, leaves, dropout, fence, &mut |_| Ok(()))
+}
+
+/// [`backward`] calling `done` after each range (every parameter used only after that range's
+/// start then has its final gradient in the container `done` is given).
+pub(crate) fn backward_by_range<B, M>(
+    root: Tensor<B, 1>,
+    tape: Tape<B>,
+    module: &M,
+    leaves: &[Tensor<B, 3>],
+    dropout: bool,
+    fence: &mut dyn FnMut() -> Result<(), TrainError>,
+    done: &mut dyn FnMut(&mut B::Gradients) -> Result<(), TrainError>,
+) -> Result<B::Gradients, TrainError>
+where
+    B: AutodiffBackend + ParallelOps,
+    M: Module<B>,
+{
     let device = root.device();
     let end = dropout.then(|| B::rng_mark(&device));
     fence()?;
@@ -42,8 +60,7 @@ where
     while let Some(Segment {
         inputs,
         outputs,
-        mark,
-        rerun,
+        replay,
     }) = segments.pop()
     {
         let seeds: Vec<_> = outputs
@@ -51,20 +68,27 @@ where
             .map(|output| B::grad_remove(output, &mut grads))
             .collect();
         if seeds.iter().all(Option::is_none) {
+            done(&mut grads)?;
             continue;
         }
-        if dropout {
-            B::rng_restore(&device, mark);
-        }
-        let fresh: Vec<_> = inputs
-            .iter()
-            .map(|(x, tracked)| {
-                B::float_set_require_grad(B::from_inner(B::inner(x.clone())), *tracked)
-            })
-            .collect();
-        let rerun = rerun(fresh.clone(), true);
+        let (fresh, tracked_outputs) = match replay {
+            Replay::Rerun { mark, rerun } => {
+                if dropout {
+                    B::rng_restore(&device, mark);
+                }
+                let fresh: Vec<_> = inputs
+                    .iter()
+                    .map(|(x, tracked)| {
+                        B::float_set_require_grad(B::from_inner(B::inner(x.clone())), *tracked)
+                    })
+                    .collect();
+                let outputs = rerun(fresh.clone(), true);
+                (fresh, outputs)
+            }
+            Replay::Kept { inputs, outputs } => (inputs, outputs),
+        };
         fence()?;
-        let mut part = B::backward(surrogate::<B>(rerun.into_iter().zip(seeds)));
+        let mut part = B::backward(surrogate::<B>(tracked_outputs.into_iter().zip(seeds)));
         transfer_params(module, &mut part, &mut grads);
         let upstream: Vec<_> = inputs
             .into_iter()
@@ -73,6 +97,7 @@ where
             .map(|((x, _), leaf)| (x, B::grad_remove(leaf, &mut part)))
             .collect();
         if upstream.iter().all(|(_, grad)| grad.is_none()) {
+            done(&mut grads)?;
             continue;
         }
         fence()?;
@@ -86,6 +111,7 @@ where
         for leaf in leaves {
             transfer::<B>(&leaf.clone().into_primitive().tensor(), &mut up, &mut grads);
         }
+        done(&mut grads)?;
     }
     if let Some(end) = end {
         B::rng_restore(&device, end);

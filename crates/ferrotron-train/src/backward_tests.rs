@@ -12,7 +12,7 @@ type B = CpuTrainBackend;
 const LAYERS: usize = 3;
 
 /// A tiny GPT with dropout everywhere (tied embeddings, learned positions).
-fn model(policy: RecomputePolicy) -> GptModel<B> {
+fn model(policy: RecomputePolicy, cut_layers: bool) -> GptModel<B> {
     let device = Default::default();
     <B as Backend>::seed(&device, 5);
     let section: ferrotron_recipe::Model = serde_json::from_value(serde_json::json!({
@@ -23,15 +23,24 @@ fn model(policy: RecomputePolicy) -> GptModel<B> {
     let model: GptModel<B> = ModelConfig::from_model(&section, 64)
         .expect("valid tiny model")
         .init(&device);
-    model.with_recompute(policy)
+    model.with_recompute(policy).with_layer_cuts(cut_layers)
 }
 
 /// Every parameter's gradient after one forward and backward, and a draw from the generator
 /// after it; the number of ranges the forward cut. `restore` false skips putting the generator
 /// back for the re-runs (what the test must be able to see).
 fn gradients(policy: RecomputePolicy, restore: bool) -> (Vec<Option<Vec<f32>>>, Vec<f32>, usize) {
+    gradients_cut(policy, false, restore)
+}
+
+/// [`gradients`] of the model with its layers cut or not (`GptModel::with_layer_cuts`).
+fn gradients_cut(
+    policy: RecomputePolicy,
+    cut_layers: bool,
+    restore: bool,
+) -> (Vec<Option<Vec<f32>>>, Vec<f32>, usize) {
     let device = Default::default();
-    let model = model(policy);
+    let model = model(policy, cut_layers);
     let tokens = |offset: i64| {
         let values: Vec<i64> = (0..16).map(|i| (i * 7 + offset) % 64).collect();
         Tensor::<B, 2, Int>::from_data(TensorData::new(values, [2, 8]), &device)
@@ -87,4 +96,24 @@ fn recomputing_without_the_generator_mark_changes_the_gradients() {
     let (kept, _, _) = gradients(RecomputePolicy::Keep, true);
     let (grads, _, _) = gradients(RecomputePolicy::Uniform { layers: 1 }, false);
     assert_ne!(grads, kept);
+}
+
+/// Layers cut and kept (the data-parallel overlap's ranges), alone or between recomputed ones:
+/// the same gradients and generator position as one backward over the whole graph.
+#[test]
+fn layer_cuts_give_the_same_gradients_with_dropout() {
+    let (kept, kept_after, _) = gradients(RecomputePolicy::Keep, true);
+    for (policy, ranges) in [
+        (RecomputePolicy::Keep, 3),
+        (RecomputePolicy::Block { layers: 1 }, 3),
+        (RecomputePolicy::Uniform { layers: 2 }, 2),
+    ] {
+        let (grads, after, cut) = gradients_cut(policy, true, true);
+        assert_eq!(cut, ranges, "{policy:?} with cuts: {ranges} ranges");
+        assert_eq!(grads, kept, "{policy:?} with cuts: gradients differ");
+        assert_eq!(
+            after, kept_after,
+            "{policy:?} with cuts: the generator moved"
+        );
+    }
 }

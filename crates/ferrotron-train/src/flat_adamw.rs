@@ -41,6 +41,8 @@ pub(crate) struct Slot {
 /// The parameters of one group in buffer order.
 #[derive(Debug, Clone)]
 pub(crate) struct Group {
+    /// The data-parallel reduction bucket its members belong to (`replicas.rs`; 0 without).
+    pub bucket: usize,
     pub decays: bool,
     /// The parameters' own dtype (16-bit ones also get a rounded copy written by the update).
     pub dtype: DType,
@@ -58,18 +60,19 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// Group the parameters `(id, dtype, len, decays)` given in visiting order.
-    pub(crate) fn new(params: &[(ParamId, DType, usize, bool)]) -> Self {
+    /// Group the parameters `(id, dtype, len, decays, bucket)` given in visiting order.
+    pub(crate) fn new(params: &[(ParamId, DType, usize, bool, usize)]) -> Self {
         let mut groups: Vec<Group> = Vec::new();
         let mut slots = HashMap::with_capacity(params.len());
-        for &(id, dtype, len, decays) in params {
+        for &(id, dtype, len, decays, bucket) in params {
             let index = match groups
                 .iter()
-                .position(|g| g.decays == decays && g.dtype == dtype)
+                .position(|g| g.decays == decays && g.dtype == dtype && g.bucket == bucket)
             {
                 Some(index) => index,
                 None => {
                     groups.push(Group {
+                        bucket,
                         decays,
                         dtype,
                         members: Vec::new(),
@@ -213,18 +216,13 @@ pub(crate) fn gather<I: FusedOps>(
     let mut into = into.map(|g| g.buffers.into_iter().map(Some).collect::<Vec<_>>());
     let mut buffers = Vec::with_capacity(layout.groups.len());
     for index in 0..layout.groups.len() {
-        let pieces = layout
-            .runs(index)
-            .into_iter()
-            .map(|(id, len)| FlatPiece {
-                len,
-                grad: id
-                    .and_then(|id| taken.remove(&id))
-                    .map(|g| g.into_primitive().tensor()),
-            })
-            .collect();
         let previous = into.as_mut().and_then(|buffers| buffers[index].take());
-        buffers.push(I::gather_flat(pieces, previous));
+        buffers.push(gather_group(
+            layout,
+            index,
+            |id| taken.remove(&id),
+            previous,
+        ));
     }
     if !taken.is_empty() {
         return Err(TrainError::Config(format!(
@@ -234,6 +232,46 @@ pub(crate) fn gather<I: FusedOps>(
         )));
     }
     Ok(FlatGrads { buffers })
+}
+
+/// `previous + this microbatch's gradients` of group `index` (zeros without `previous`), each
+/// member's flattened gradient taken from `grad` (none: zero).
+pub(crate) fn gather_group<I: FusedOps>(
+    layout: &Layout,
+    index: usize,
+    mut grad: impl FnMut(ParamId) -> Option<Tensor<I, 1>>,
+    previous: Option<FloatTensor<I>>,
+) -> FloatTensor<I> {
+    let pieces = layout
+        .runs(index)
+        .into_iter()
+        .map(|(id, len)| FlatPiece {
+            len,
+            grad: id.and_then(&mut grad).map(primitive),
+        })
+        .collect();
+    I::gather_flat(pieces, previous)
+}
+
+/// Every parameter of `model` as [`TakenGrads::params`] lists those with a gradient:
+/// `(id, dtype, len, value)` in visiting order.
+pub(crate) fn all_params<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+) -> Vec<(ParamId, DType, usize, Tensor<B::InnerBackend, 1>)> {
+    struct Collect<I: Backend> {
+        params: Vec<(ParamId, DType, usize, Tensor<I, 1>)>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<B::InnerBackend> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let value = param.val().inner();
+            let len = value.shape().num_elements();
+            self.params
+                .push((param.id, value.dtype(), len, value.reshape([len])));
+        }
+    }
+    let mut collect = Collect { params: Vec::new() };
+    model.visit(&mut collect);
+    collect.params
 }
 
 /// `Σ x²` of a step's gradients as `[1]` f32, the norm's sum in the model's order.

@@ -19,6 +19,7 @@ mod lr_schedule;
 mod parallel;
 mod params;
 pub mod precision;
+mod replicas;
 mod resume;
 mod rng;
 mod run_loop;

@@ -6,6 +6,8 @@
 //! Everything it touches is rank-local; the parallel layouts add their collectives (gradient
 //! all-reduce, pipeline send/receive) around these same calls.
 
+use std::cell::RefCell;
+
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
@@ -14,6 +16,8 @@ use ferrotron_model::{ExpertLoads, GptModel};
 use ferrotron_parallel::{ParallelOps, recompute};
 
 use crate::clip::device_clip_coefficient;
+use crate::flat_adamw::{FlatGrads, take_grads};
+use crate::replicas::{BucketReduction, Replicas};
 use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
 
 /// Token ids of one microbatch: `batch` samples of `seq_length + 1` tokens, row-major.
@@ -162,12 +166,12 @@ where
         ));
     }
     if B::device_resident_step() {
-        return device_step(model, optimizer, microbatches, context, device);
+        return device_step(model, optimizer, microbatches, context, device, None);
     }
     let scale = 1.0 / microbatches.len() as f64;
     let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
     let mut single = None;
-    let pass = forward_backward(&model, microbatches, context, device, |grads| {
+    let pass = forward_backward(&model, microbatches, context, device, None, |grads| {
         if let [_] = microbatches {
             // Nothing to sum: the norm and the optimizer read a 16-bit gradient as it is and
             // widen it in their own arithmetic, so a copy in fp32 would only cost a pass.
@@ -214,13 +218,19 @@ struct Pass<B: AutodiffBackend> {
     lm_losses: Vec<Tensor<B::InnerBackend, 1>>,
 }
 
+/// What sees a backward's gradients after each of its ranges (`backward::backward_by_range`).
+type RangeDone<'a, B> = dyn FnMut(&mut <B as AutodiffBackend>::Gradients) + 'a;
+
 /// Each microbatch's loss divided by their count, so the summed gradient is the mean's; each
-/// microbatch's gradients go to `absorb`, which sums them.
+/// microbatch's gradients go to `absorb`, which sums them. With `by_range`, the last
+/// microbatch's backward is taken layer by layer and `by_range` sees the gradients after each
+/// layer (it may take the final ones out; `absorb` gets the rest).
 fn forward_backward<B>(
     model: &GptModel<B>,
     microbatches: &[Microbatch],
     context: StepContext,
     device: &B::Device,
+    mut by_range: Option<&mut RangeDone<'_, B>>,
     mut absorb: impl FnMut(GradientsParams) -> Result<(), TrainError>,
 ) -> Result<Pass<B>, TrainError>
 where
@@ -233,20 +243,33 @@ where
     let mut loads = ExpertLoads::default();
     let mut losses = Vec::with_capacity(microbatches.len());
     let mut lm_losses = Vec::with_capacity(microbatches.len());
-    for microbatch in microbatches {
+    for (index, microbatch) in microbatches.iter().enumerate() {
+        let last = index + 1 == microbatches.len();
         let (inputs, labels) = microbatch.tensors::<B>(device);
-        let output = model.loss(inputs, labels);
+        let output = match by_range {
+            Some(_) if last => model.clone().with_layer_cuts(true).loss(inputs, labels),
+            _ => model.loss(inputs, labels),
+        };
         let tape = recompute::take::<B>();
         losses.push(output.loss.clone().inner());
         lm_losses.push(output.lm_loss.inner());
         loads.accumulate(&output.expert_loads);
-        let gradients = crate::backward::backward(
+        let mut no_ranges = |_: &mut B::Gradients| {};
+        let done: &mut dyn FnMut(&mut B::Gradients) = match by_range.as_mut() {
+            Some(by_range) if last => *by_range,
+            _ => &mut no_ranges,
+        };
+        let gradients = crate::backward::backward_by_range(
             output.loss.mul_scalar(scale),
             tape,
             model,
             &[],
             model.has_dropout(),
             &mut || Ok(()),
+            &mut |grads| {
+                done(grads);
+                Ok(())
+            },
         )?;
         absorb(GradientsParams::from_grads(gradients, model))?;
     }
@@ -272,29 +295,56 @@ fn check_finite(value: f64, iteration: u64, what: &'static str) -> Result<(), Tr
 /// The device-resident step: the same arithmetic, with the statistics left on the device and
 /// the clipping coefficient computed there (in f32) and handed to the optimizer as a tensor.
 /// The gradients are gathered into the optimizer's flat buffers as backward produces them
-/// (summed there over microbatches), and norm and update run over those buffers.
+/// (summed there over microbatches), and norm and update run over those buffers. With
+/// `replicas` (data parallelism with the whole model on every rank, `replicas.rs`) the buffers,
+/// the losses and the expert loads are averaged over the group first, on the device.
 pub(crate) fn device_step<B>(
     model: GptModel<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
     microbatches: &[Microbatch],
     context: StepContext,
     device: &B::Device,
+    replicas: Option<&Replicas>,
 ) -> Result<(GptModel<B>, PendingStats), TrainError>
 where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
     let scale = 1.0 / microbatches.len() as f64;
-    let mut flat = None;
-    let Pass {
-        loads,
-        losses,
-        lm_losses,
-    } = forward_backward(&model, microbatches, context, device, |grads| {
-        flat = Some(optimizer.gather_flat(&model, grads, flat.take())?);
-        Ok(())
-    })?;
-    let flat = flat.expect("a step has at least one microbatch");
+    let overlap = replicas.filter(|r| r.overlap && r.comm.size() > 1);
+    let (
+        Pass {
+            mut loads,
+            losses,
+            lm_losses,
+        },
+        flat,
+    ) = match overlap {
+        None => {
+            let mut flat = None;
+            let pass = forward_backward(&model, microbatches, context, device, None, |grads| {
+                flat = Some(optimizer.gather_flat(&model, grads, flat.take())?);
+                Ok(())
+            })?;
+            let mut flat = flat.expect("a step has at least one microbatch");
+            if let Some(replicas) = replicas {
+                flat.buffers = flat
+                    .buffers
+                    .into_iter()
+                    .map(|buffer| replicas.mean::<B::InnerBackend>(buffer))
+                    .collect();
+            }
+            (pass, flat)
+        }
+        Some(replicas) => overlapped(&model, optimizer, microbatches, context, device, replicas)?,
+    };
+    let count = losses.len();
+    let f32 = |t: Tensor<B::InnerBackend, 1>| t.cast(DType::F32);
+    let mut losses = Tensor::cat(losses.into_iter().chain(lm_losses).map(f32).collect(), 0);
+    if let Some(replicas) = replicas {
+        losses = replicas.mean_tensor(losses);
+        replicas.sum_loads(&mut loads)?;
+    }
     let squares = optimizer.flat_sum_of_squares(&flat);
     let clip = squares
         .as_ref()
@@ -306,14 +356,13 @@ where
     let iteration = context.iteration;
     let lr = context.lr;
     let read = move || {
-        let count = losses.len();
-        let f32 = |t: Tensor<B::InnerBackend, 1>| t.cast(DType::F32);
-        let mut parts: Vec<_> = losses.into_iter().map(f32).collect();
-        parts.extend(lm_losses.into_iter().map(f32));
-        let inner_device = parts[0].device();
+        let inner_device = losses.device();
         let zero = || Tensor::<B::InnerBackend, 1>::zeros([1], (&inner_device, DType::F32));
-        parts.push(squares.map_or_else(zero, |s| s.cast(DType::F32)));
-        parts.push(clip.unwrap_or_else(|| zero().add_scalar(1.0)));
+        let parts = vec![
+            losses,
+            squares.map_or_else(zero, |s| s.cast(DType::F32)),
+            clip.unwrap_or_else(|| zero().add_scalar(1.0)),
+        ];
         let values = Tensor::cat(parts, 0)
             .into_data()
             .convert::<f32>()
@@ -339,6 +388,55 @@ where
             read: Box::new(read),
         },
     ))
+}
+
+/// The forward and backward passes of a replicated rank whose last microbatch's gradients are
+/// reduced bucket by bucket during its backward (`replicas.rs`); the step's averaged buffers.
+fn overlapped<B>(
+    model: &GptModel<B>,
+    optimizer: &mut AdamW<B::InnerBackend>,
+    microbatches: &[Microbatch],
+    context: StepContext,
+    device: &B::Device,
+    replicas: &Replicas,
+) -> Result<(Pass<B>, FlatGrads<B::InnerBackend>), TrainError>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
+    let layout = optimizer.flat_layout_of(model).clone();
+    let earlier = RefCell::new(None);
+    let reduction = RefCell::new(None);
+    let start = || BucketReduction::new(replicas, &layout, model, earlier.borrow_mut().take());
+    let mut by_range = |grads: &mut B::Gradients| {
+        reduction
+            .borrow_mut()
+            .get_or_insert_with(start)
+            .range_done(grads);
+    };
+    let mut reduced = None;
+    let mut seen = 0;
+    let pass = forward_backward(
+        model,
+        microbatches,
+        context,
+        device,
+        Some(&mut by_range),
+        |grads| {
+            seen += 1;
+            if seen < microbatches.len() {
+                let sum = earlier.borrow_mut().take();
+                *earlier.borrow_mut() = Some(optimizer.gather_flat(model, grads, sum)?);
+            } else {
+                let reduction = reduction.borrow_mut().take().unwrap_or_else(start);
+                let rest = take_grads::<B, _>(model, grads).grads;
+                reduced = Some(reduction.finish(rest));
+            }
+            Ok(())
+        },
+    )?;
+    let reduced = reduced.expect("a step has at least one microbatch");
+    Ok((pass, reduced))
 }
 
 /// Mean language-model loss of `model` (without autodiff: no dropout, no graph) over batches.
@@ -427,6 +525,7 @@ mod tests {
                     &batches(iteration),
                     context(iteration, clip_grad),
                     &device,
+                    None,
                 )
             } else {
                 train_step_deferred(
@@ -467,9 +566,15 @@ mod tests {
     fn a_non_finite_device_resident_step_is_reported_when_read() {
         let device = Default::default();
         let (model, mut optimizer) = model();
-        let (model, first) =
-            device_step(model, &mut optimizer, &batches(1), context(1, 1.0), &device)
-                .expect("queued");
+        let (model, first) = device_step(
+            model,
+            &mut optimizer,
+            &batches(1),
+            context(1, 1.0),
+            &device,
+            None,
+        )
+        .expect("queued");
         // A NaN learning rate poisons every weight: step 2's loss is NaN.
         let (model, _) = device_step(
             model,
@@ -477,10 +582,18 @@ mod tests {
             &batches(2),
             context(2, f64::NAN),
             &device,
+            None,
         )
         .expect("queued");
-        let (_, third) = device_step(model, &mut optimizer, &batches(3), context(3, 1.0), &device)
-            .expect("queued: the host has not looked");
+        let (_, third) = device_step(
+            model,
+            &mut optimizer,
+            &batches(3),
+            context(3, 1.0),
+            &device,
+            None,
+        )
+        .expect("queued: the host has not looked");
         assert!(first.read().is_ok());
         match third.read() {
             Err(TrainError::NonFinite { iteration, .. }) => assert_eq!(iteration, 3),

@@ -64,6 +64,11 @@ pub(crate) struct Events {
     done: CudaEvent,
 }
 
+/// A queued collective, its communicator's events still held.
+pub(crate) struct Queued<'a> {
+    guard: std::sync::MutexGuard<'a, Events>,
+}
+
 pub(crate) struct Inner {
     raw: RawComm,
     /// Why this communicator was aborted; set once (also by another communicator's failure).
@@ -586,6 +591,62 @@ impl NcclComm {
         wait: bool,
         call: impl FnOnce(ncclComm_t, sys::cudaStream_t) -> Result<(), NcclError>,
     ) -> Result<(), CommError> {
+        // SAFETY: the caller's promise, passed on.
+        let queued = unsafe { self.queue(op, kind, bytes, call) }?;
+        let done = &queued.guard.done;
+        self.inner.device.stream().wait(done).map_err(|e| {
+            self.fail(
+                op,
+                format!("CUDA error while ordering the compute stream: {e:?}"),
+            )
+        })?;
+        if wait {
+            self.wait_for(op, done)?;
+        }
+        Ok(())
+    }
+
+    /// [`NcclComm::launch`] without ordering the compute stream after the collective: the
+    /// returned event is recorded after it, and the compute stream must wait for that event
+    /// before it reads the results (or frees what the collective reads or writes).
+    ///
+    /// # Safety
+    /// As [`NcclComm::launch`], and every buffer `call` passes must stay allocated until the
+    /// compute stream waits for the returned event.
+    pub(crate) unsafe fn launch_deferred(
+        &self,
+        op: &'static str,
+        kind: CollectiveKind,
+        bytes: usize,
+        call: impl FnOnce(ncclComm_t, sys::cudaStream_t) -> Result<(), NcclError>,
+    ) -> Result<CudaEvent, CommError> {
+        // SAFETY: the caller's promise, passed on. The events stay locked until `finished` is
+        // recorded, so no other call queues in between.
+        let _queued = unsafe { self.queue(op, kind, bytes, call) }?;
+        let finished = self
+            .inner
+            .device
+            .context()
+            .new_event(None)
+            .map_err(|e| self.fail(op, format!("CUDA error while creating an event: {e:?}")))?;
+        finished
+            .record(&self.inner.stream)
+            .map_err(|e| self.fail(op, format!("CUDA error while recording an event: {e:?}")))?;
+        Ok(finished)
+    }
+
+    /// `call` on the communication stream after the compute stream's work so far, timed, with
+    /// the communicator's `done` event recorded after it (held by the returned guard).
+    ///
+    /// # Safety
+    /// As [`NcclComm::launch`].
+    unsafe fn queue(
+        &self,
+        op: &'static str,
+        kind: CollectiveKind,
+        bytes: usize,
+        call: impl FnOnce(ncclComm_t, sys::cudaStream_t) -> Result<(), NcclError>,
+    ) -> Result<Queued<'_>, CommError> {
         let guard = self.lock(op)?;
         let inner = &self.inner;
         let device = &inner.device;
@@ -621,15 +682,8 @@ impl NcclComm {
             .done
             .record(&inner.stream)
             .map_err(|e| cuda("recording the done event", e))?;
-        device
-            .stream()
-            .wait(&guard.done)
-            .map_err(|e| cuda("ordering the compute stream", e))?;
         stats::record(kind, bytes, inner.size, start, end);
-        if wait {
-            self.wait_for(op, &guard.done)?;
-        }
-        Ok(())
+        Ok(Queued { guard })
     }
 
     /// Polls `event` until it completed, NCCL reports an error, or the deadline passes.

@@ -29,5 +29,5 @@ pub use comm::{
     DEFAULT_TIMEOUT, NcclComm, abort_all, id_to_words, nccl_available, nccl_version, words_to_id,
 };
 pub use stats::{CollectiveKind, KindStats, KindTotals};
-pub use tensor::RecvSpec;
+pub use tensor::{RecvSpec, StartedCollective};
 pub use types::{reduce_op, reducible_type, tensor_type, wire_type};

@@ -27,6 +27,30 @@ pub struct RecvSpec {
     pub peer: usize,
 }
 
+/// A collective queued on the communication stream that the compute stream has not been
+/// ordered after yet (see [`NcclComm::all_reduce_tensor_started`]).
+pub struct StartedCollective {
+    comm: NcclComm,
+    finished: cudarc::driver::CudaEvent,
+    _input: CudaTensor,
+}
+
+impl StartedCollective {
+    /// Orders the compute stream after the collective; what it read may then be freed.
+    pub fn wait(self) -> Result<(), CommError> {
+        self.comm
+            .device()
+            .stream()
+            .wait(&self.finished)
+            .map_err(|e| {
+                self.comm.fail(
+                    "all_reduce",
+                    format!("CUDA error while ordering the compute stream: {e:?}"),
+                )
+            })
+    }
+}
+
 fn vptr(p: u64) -> *mut c_void {
     p as *mut c_void
 }
@@ -112,6 +136,42 @@ impl NcclComm {
             )
         }?;
         Ok(out)
+    }
+
+    /// [`NcclComm::all_reduce_tensor`] whose result the compute stream does not wait for yet:
+    /// work queued before [`StartedCollective::wait`] overlaps the transfer. The input is
+    /// kept (allocated) by the returned handle until then.
+    pub fn all_reduce_tensor_started(
+        &self,
+        x: &CudaTensor,
+        op: ReduceOp,
+    ) -> Result<(CudaTensor, StartedCollective), CommError> {
+        let name = "all_reduce";
+        let dtype = reducible_type(x.dtype()).map_err(|d| self.invalid_arg(name, d))?;
+        let x = self.input(name, x)?;
+        let out = self.output(name, x.shape(), x.dtype())?;
+        let (src, dst, len) = (x.data_ptr(), out.data_ptr(), x.numel());
+        // SAFETY: `x` and `out` hold `len` elements; the handle keeps `x` and the caller `out`
+        // allocated until the compute stream waits for the returned event.
+        let finished = unsafe {
+            self.launch_deferred(name, CollectiveKind::AllReduce, bytes_of(&x), |c, s| {
+                ok(nccl::all_reduce(
+                    vptr(src),
+                    vptr(dst),
+                    len,
+                    dtype,
+                    reduce_op(op),
+                    c,
+                    s,
+                ))
+            })
+        }?;
+        let started = StartedCollective {
+            comm: self.clone(),
+            finished,
+            _input: x,
+        };
+        Ok((out, started))
     }
 
     /// The members' tensors concatenated along the leading dim, in rank order.

@@ -27,9 +27,10 @@ use super::pipeline::{self, evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::init::seeded_model;
+use crate::replicas::{Replicas, layer_buckets};
 use crate::rng::with_process_rng;
 use crate::run_loop::RankStep;
-use crate::step::train_step_deferred;
+use crate::step::{device_step, train_step_deferred};
 use crate::{
     AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, StepStats, TrainError,
     clip_coefficient,
@@ -64,6 +65,10 @@ pub(super) enum RankOptimizer<I: Backend> {
     /// The whole model on a rank alone: one AdamW, the one-rank step. A distributed optimizer
     /// over one rank is this one (its shard is everything).
     Whole(AdamW<I>),
+    /// The whole model on every rank of a data-parallel group, nothing else split: the
+    /// one-rank device step with its flat gradient buffers averaged over the group on the
+    /// device (`crate::replicas`).
+    Replicated(AdamW<I>, Replicas),
     /// One AdamW per chunk over full local parameters (gradients all-reduced).
     Plain(Vec<AdamW<I>>),
     /// ZeRO-1: shards of the dense and expert buffers.
@@ -81,7 +86,9 @@ impl<I: Backend> RankOptimizer<I> {
     /// The AdamW of each chunk; none when the optimizer is sharded.
     pub(super) fn per_chunk(&self) -> &[AdamW<I>] {
         match self {
-            RankOptimizer::Whole(optimizer) => std::slice::from_ref(optimizer),
+            RankOptimizer::Whole(optimizer) | RankOptimizer::Replicated(optimizer, _) => {
+                std::slice::from_ref(optimizer)
+            }
             RankOptimizer::Plain(optimizers) => optimizers,
             RankOptimizer::Sharded(_) => &[],
         }
@@ -89,7 +96,9 @@ impl<I: Backend> RankOptimizer<I> {
 
     pub(super) fn per_chunk_mut(&mut self) -> &mut [AdamW<I>] {
         match self {
-            RankOptimizer::Whole(optimizer) => std::slice::from_mut(optimizer),
+            RankOptimizer::Whole(optimizer) | RankOptimizer::Replicated(optimizer, _) => {
+                std::slice::from_mut(optimizer)
+            }
             RankOptimizer::Plain(optimizers) => optimizers,
             RankOptimizer::Sharded(_) => &mut [],
         }
@@ -148,9 +157,35 @@ where
         };
         let roles: Vec<Vec<ParamRole>> = chunks.iter().map(GptModel::param_roles).collect();
         let sharded = distributed_optimizer && !whole;
-        let (dense, expert) = layouts(&chunks, &roles, &ctx, sharded);
+        // Experts no token reached have no gradient on one rank but may on another, which the
+        // host exchange's has-gradient flags settle; the replicated step lays out every
+        // parameter, so it takes dense models only.
+        let replicated = !whole
+            && !sharded
+            && only_data_parallel(&ctx)
+            && chunks.len() == 1
+            && config.moe.is_none();
+        let bucket_elements = plan
+            .recipe
+            .parallel
+            .ddp_bucket_size
+            .map_or(GRAD_BUCKET_ELEMENTS, |n| {
+                usize::try_from(n).unwrap_or(usize::MAX)
+            });
+        let (dense, expert) = layouts(&chunks, &roles, &ctx, sharded, bucket_elements);
         let optimizer = if whole {
             RankOptimizer::Whole(AdamW::new(adamw, no_decay(&roles[0])))
+        } else if replicated {
+            let replicas = Replicas {
+                comm: ctx.dp_cp.clone(),
+                overlap: plan.recipe.parallel.overlap_grad_reduce,
+            };
+            let mut optimizer = AdamW::new(adamw, no_decay(&roles[0]));
+            if replicas.overlap {
+                let buckets = layer_buckets::<B, _>(&chunks[0], bucket_elements);
+                optimizer.set_buckets(buckets.into_iter().collect());
+            }
+            RankOptimizer::Replicated(optimizer, replicas)
         } else if sharded {
             let params = local_params(&chunks);
             RankOptimizer::Sharded(Box::new(ShardedState {
@@ -389,16 +424,29 @@ where
         microbatches: &[Microbatch],
         context: StepContext,
     ) -> Result<PendingStats, TrainError> {
-        let RankOptimizer::Whole(optimizer) = &mut self.optimizer else {
-            return self
-                .exchanged_step(microbatches, context)
-                .map(PendingStats::ready);
+        let (optimizer, replicas) = match &mut self.optimizer {
+            RankOptimizer::Whole(optimizer) => (optimizer, None),
+            RankOptimizer::Replicated(optimizer, replicas) => (optimizer, Some(&*replicas)),
+            _ => {
+                return self
+                    .exchanged_step(microbatches, context)
+                    .map(PendingStats::ready);
+            }
         };
         let model = self.chunks.pop().ok_or_else(|| {
             TrainError::Config("the model was lost in an earlier failed step".into())
         })?;
-        let (model, stats) =
-            train_step_deferred(model, optimizer, microbatches, context, &self.device)?;
+        let (model, stats) = match replicas {
+            None => train_step_deferred(model, optimizer, microbatches, context, &self.device)?,
+            Some(replicas) => device_step(
+                model,
+                optimizer,
+                microbatches,
+                context,
+                &self.device,
+                Some(replicas),
+            )?,
+        };
         self.chunks.push(model);
         Ok(stats)
     }
@@ -448,6 +496,7 @@ fn layouts<B: Backend>(
     roles: &[Vec<ParamRole>],
     ctx: &ParallelContext,
     sharded: bool,
+    bucket_elements: usize,
 ) -> (FlatLayout, FlatLayout) {
     let mut dense = Vec::new();
     let mut expert = Vec::new();
@@ -474,8 +523,8 @@ fn layouts<B: Backend>(
         (1, 0, 1, 0)
     };
     (
-        FlatLayout::new(dense, GRAD_BUCKET_ELEMENTS, dense_parts, dense_part),
-        FlatLayout::new(expert, GRAD_BUCKET_ELEMENTS, expert_parts, expert_part),
+        FlatLayout::new(dense, bucket_elements, dense_parts, dense_part),
+        FlatLayout::new(expert, bucket_elements, expert_parts, expert_part),
     )
 }
 
@@ -508,12 +557,17 @@ where
 
 /// Whether every group of `ctx` is this rank alone (then it holds the whole model).
 fn is_alone(ctx: &ParallelContext) -> bool {
+    only_data_parallel(ctx) && ctx.dp_size() == 1
+}
+
+/// Whether every group of `ctx` but the data-parallel one is this rank alone (then every rank
+/// holds the whole model).
+fn only_data_parallel(ctx: &ParallelContext) -> bool {
     [
         ctx.tp_size(),
         ctx.cp_size(),
         ctx.ep_size(),
         ctx.etp_size(),
-        ctx.dp_size(),
         ctx.pp_size(),
     ]
     .iter()

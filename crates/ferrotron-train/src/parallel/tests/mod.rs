@@ -18,6 +18,7 @@ mod fixture;
 mod optimizer;
 mod plan_groups;
 mod recompute;
+mod replicated;
 mod resume;
 mod stops;
 

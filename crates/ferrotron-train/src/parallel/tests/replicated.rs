@@ -1,0 +1,90 @@
+//! Data parallelism with the whole model on every rank (`crate::replicas`): the gradient
+//! reduction overlapped with the last microbatch's backward, bucket by bucket, gives the numbers
+//! of the reduction after the backward bit for bit, with any bucket size; both match one rank
+//! (`equivalence.rs`'s tolerances); and a non-finite loss still stops every rank.
+
+use serde_json::{Value, json};
+
+use super::super::rank_loop::RankOutcome;
+use super::fixture::{Layout, assemble, options, plan, train_world, write_data};
+use crate::TrainError;
+
+fn dp2() -> Layout {
+    Layout {
+        tp: 1,
+        pp: 1,
+        vpp: 1,
+        dp: 2,
+        ..Layout::default()
+    }
+}
+
+fn run(layers: u32, extra: Value) -> Vec<RankOutcome> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_data(dir.path());
+    let plan = plan(dir.path(), dp2(), layers, 3, extra);
+    train_world(&plan, &options(dir.path())).expect("the data-parallel run trains")
+}
+
+fn losses_and_weights(outcomes: Vec<RankOutcome>) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
+    let losses = outcomes[0].summary.losses.clone();
+    for outcome in &outcomes {
+        assert_eq!(outcome.summary.losses, losses, "rank {}", outcome.rank);
+    }
+    let mut weights: Vec<_> = assemble(outcomes.into_iter().flat_map(|o| o.params))
+        .into_iter()
+        .collect();
+    weights.sort_by(|a, b| a.0.cmp(&b.0));
+    (losses, weights)
+}
+
+/// 3 layers, one bucket per layer (`ddp_bucket_size: 1`) and one for all of them: the same
+/// bits as no overlap. (Without dropout: thread ranks share burn-flex's generator, so their
+/// draws are not reproducible; `backward_tests.rs` shows cut layers draw the uncut masks.)
+#[test]
+fn overlapped_reduction_gives_the_reduction_after_backwards_numbers() {
+    let settings = |overlap: bool, bucket: u64| json!({"parallel": {"overlap_grad_reduce": overlap, "ddp_bucket_size": bucket}});
+    let after = losses_and_weights(run(3, settings(false, 40_000_000)));
+    for bucket in [1, 40_000_000] {
+        let overlapped = losses_and_weights(run(3, settings(true, bucket)));
+        assert_eq!(overlapped.0, after.0, "losses, bucket size {bucket}");
+        assert!(
+            overlapped.1 == after.1,
+            "final weights differ with bucket size {bucket}"
+        );
+    }
+}
+
+/// With recomputation the recomputed ranges are the backward's ranges; layers outside them
+/// (`block` of 1 of 3 layers) are cut and kept.
+#[test]
+fn overlapped_reduction_with_recomputation_gives_the_same_numbers() {
+    let settings = |overlap: bool| {
+        json!({
+            "recompute": {"granularity": "full", "method": "block", "num_layers": 1},
+            "parallel": {"overlap_grad_reduce": overlap, "ddp_bucket_size": 1}
+        })
+    };
+    let after = losses_and_weights(run(3, settings(false)));
+    let overlapped = losses_and_weights(run(3, settings(true)));
+    assert_eq!(overlapped.0, after.0);
+    assert!(overlapped.1 == after.1, "final weights differ");
+}
+
+#[test]
+fn a_non_finite_loss_stops_every_replicated_rank() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_data(dir.path());
+    let exploding = plan(
+        dir.path(),
+        dp2(),
+        2,
+        4,
+        json!({
+            "training": {"optimizer": {"lr": 1e30}, "clip_grad": 0.0},
+            "parallel": {"ddp_bucket_size": 1}
+        }),
+    );
+    let err = train_world(&exploding, &options(dir.path())).expect_err("the loss explodes");
+    assert!(matches!(err, TrainError::NonFinite { .. }), "{err:?}");
+}

@@ -1,0 +1,262 @@
+//! Data parallelism with the whole model on every rank (tensor, pipeline, context and expert
+//! degrees all 1, the plain optimizer): each rank runs the one-rank device step over its share
+//! of the microbatches, and the step's flat fp32 gradient buffers are averaged over the
+//! data-parallel group before the norm and the update. The buffers are what the optimizer
+//! already owns (`flat_adamw.rs`), so the reduction is one collective per buffer on the device
+//! (NCCL on a GPU, no host copy) instead of the host exchange the general layouts take, and
+//! every rank then computes the same norm, clipping factor and update.
+//!
+//! With `parallel.overlap_grad_reduce` the last microbatch's backward runs layer by layer
+//! (`ferrotron_parallel::recompute`'s kept cuts) and each bucket of layers is reduced as soon
+//! as its gradients are final, on the communication stream, while the backward of the layers
+//! in front of it is still being queued (Megatron's DDP overlap). The buckets are groups of the
+//! flat layout, so the numbers are the same with and without overlap.
+
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
+use burn::tensor::{Shape, Tensor, TensorMetadata};
+use ferrotron_model::ExpertLoads;
+use ferrotron_parallel::{Comm, InFlight, ParallelOps, ReduceOp};
+
+use crate::TrainError;
+use crate::flat_adamw::{FlatGrads, Layout, from_primitive, gather_group, primitive};
+
+/// The data-parallel group a replicated rank averages its step over.
+#[derive(Clone)]
+pub(crate) struct Replicas {
+    pub comm: Comm,
+    /// Reduce buckets during the last microbatch's backward (`parallel.overlap_grad_reduce`).
+    pub overlap: bool,
+}
+
+impl std::fmt::Debug for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Replicas({}, overlap {})",
+            self.comm.label(),
+            self.overlap
+        )
+    }
+}
+
+impl Replicas {
+    /// The group mean of `x` (every rank ends with the same values): summed over the group in
+    /// rank order, then multiplied by `1/size` in f32, as the host exchange averages.
+    pub(crate) fn mean<I: ParallelOps>(&self, x: FloatTensor<I>) -> FloatTensor<I> {
+        let size = self.comm.size();
+        if size == 1 {
+            return x;
+        }
+        let sum = I::all_reduce_detached(x, ReduceOp::Sum, &self.comm);
+        let scale = 1.0 / size as f32;
+        primitive(from_primitive::<I>(sum).mul_scalar(scale))
+    }
+
+    /// The group mean of a 1-D tensor.
+    pub(crate) fn mean_tensor<I: ParallelOps>(&self, x: Tensor<I, 1>) -> Tensor<I, 1> {
+        from_primitive(self.mean::<I>(primitive(x)))
+    }
+
+    /// Every rank's expert loads summed (exact, u64), for the bias update every rank applies.
+    pub(crate) fn sum_loads(&self, loads: &mut ExpertLoads) -> Result<(), TrainError> {
+        if self.comm.size() == 1 || loads.layers.is_empty() {
+            return Ok(());
+        }
+        let mut flat: Vec<u64> = loads.layers.iter().flatten().copied().collect();
+        self.comm
+            .all_reduce_u64(&mut flat, ReduceOp::Sum)
+            .map_err(|source| TrainError::Collective {
+                what: "expert-load all-reduce",
+                source: Box::new(source),
+            })?;
+        let mut at = 0;
+        for layer in &mut loads.layers {
+            let len = layer.len();
+            layer.copy_from_slice(&flat[at..at + len]);
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+/// One step's overlapped reduction: the flat groups of each bucket gathered and their
+/// all-reduce started as soon as every member's gradient is final, in bucket order (the same on
+/// every rank, as NCCL needs), then all finished and averaged before the norm.
+pub(crate) struct BucketReduction<'a, B: AutodiffBackend> {
+    replicas: &'a Replicas,
+    layout: Layout,
+    params: HashMap<ParamId, FloatTensor<B>>,
+    /// Group indices of each bucket, in bucket order.
+    buckets: Vec<Vec<usize>>,
+    next: usize,
+    /// Per group: the sum of the step's earlier microbatches, until gathered.
+    earlier: Vec<Option<FloatTensor<B::InnerBackend>>>,
+    started: Vec<Option<InFlight<B::InnerBackend>>>,
+}
+
+impl<'a, B> BucketReduction<'a, B>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: ParallelOps,
+{
+    /// For `model`'s last microbatch, on top of the earlier microbatches' sums `earlier`.
+    pub(crate) fn new<M: Module<B>>(
+        replicas: &'a Replicas,
+        layout: &Layout,
+        model: &M,
+        earlier: Option<FlatGrads<B::InnerBackend>>,
+    ) -> Self {
+        let groups = layout.groups.len();
+        let count = layout
+            .groups
+            .iter()
+            .map(|g| g.bucket + 1)
+            .max()
+            .unwrap_or(0);
+        let mut buckets = vec![Vec::new(); count];
+        for (index, group) in layout.groups.iter().enumerate() {
+            buckets[group.bucket].push(index);
+        }
+        let earlier = match earlier {
+            Some(sums) => sums.buffers.into_iter().map(Some).collect(),
+            None => (0..groups).map(|_| None).collect(),
+        };
+        BucketReduction {
+            replicas,
+            layout: layout.clone(),
+            params: param_tensors(model).into_iter().collect(),
+            buckets,
+            next: 0,
+            earlier,
+            started: (0..groups).map(|_| None).collect(),
+        }
+    }
+
+    /// After a range of the backward: start every bucket, in order, whose members all have
+    /// their gradient in `grads` (a layer's parameters get theirs only from its own range, so
+    /// present means final; the last bucket, used outside the layers, waits for [`Self::finish`]).
+    pub(crate) fn range_done(&mut self, grads: &mut B::Gradients) {
+        while self.next + 1 < self.buckets.len() {
+            let members = self.buckets[self.next]
+                .iter()
+                .flat_map(|&group| &self.layout.groups[group].members);
+            let ready = members
+                .clone()
+                .all(|id| B::grad(&self.params[id], grads).is_some());
+            if !ready {
+                return;
+            }
+            let params = std::mem::take(&mut self.params);
+            self.start(self.next, |id| {
+                B::grad_remove(&params[&id], grads).map(|g| {
+                    let len = g.shape().num_elements();
+                    from_primitive(B::InnerBackend::float_reshape(g, Shape::new([len])))
+                })
+            });
+            self.params = params;
+            self.next += 1;
+        }
+    }
+
+    /// The step's reduced buffers: the buckets not started yet gathered from `rest` (the
+    /// backward's remaining gradients, flattened) and started, then all of them finished and
+    /// averaged.
+    pub(crate) fn finish(
+        mut self,
+        mut rest: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
+    ) -> FlatGrads<B::InnerBackend> {
+        while self.next < self.buckets.len() {
+            self.start(self.next, |id| rest.remove(&id));
+            self.next += 1;
+        }
+        let scale = 1.0 / self.replicas.comm.size() as f32;
+        let buffers = self
+            .started
+            .into_iter()
+            .map(|started| {
+                let sum = started.expect("every bucket was started").finish();
+                primitive(from_primitive::<B::InnerBackend>(sum).mul_scalar(scale))
+            })
+            .collect();
+        FlatGrads { buffers }
+    }
+
+    fn start(
+        &mut self,
+        bucket: usize,
+        mut grad: impl FnMut(ParamId) -> Option<Tensor<B::InnerBackend, 1>>,
+    ) {
+        for &group in &self.buckets[bucket] {
+            let previous = self.earlier[group].take();
+            let sum = gather_group(&self.layout, group, &mut grad, previous);
+            self.started[group] = Some(B::InnerBackend::all_reduce_started(
+                sum,
+                &self.replicas.comm,
+            ));
+        }
+    }
+}
+
+/// The bucket of every parameter for an overlapped reduction: the transformer layers' parameters
+/// (found by their `layers.<n>.` names) in buckets of consecutive layers of about
+/// `bucket_elements` each, counted from the last layer (backward produces those first); every
+/// other parameter (embeddings, final norm, output layer: used outside the layers, the tied
+/// embedding twice) in the last bucket, reduced after the backward.
+pub(crate) fn layer_buckets<B: Backend, M: Module<B>>(
+    model: &M,
+    bucket_elements: usize,
+) -> Vec<(ParamId, usize)> {
+    let params = crate::param_entries::<B, M>(model);
+    let layer_of = |name: &str| -> Option<usize> {
+        let rest = name.split("layers.").nth(1)?;
+        rest.split('.').next()?.parse().ok()
+    };
+    let mut sizes = std::collections::BTreeMap::<usize, usize>::new();
+    for entry in &params {
+        if let Some(layer) = layer_of(&entry.name) {
+            *sizes.entry(layer).or_default() += entry.shape.iter().product::<usize>();
+        }
+    }
+    // from the last layer down: a bucket closes once it holds `bucket_elements`
+    let mut bucket_of_layer = std::collections::HashMap::new();
+    let (mut bucket, mut held) = (0, 0);
+    for (&layer, &size) in sizes.iter().rev() {
+        if held > 0 && held + size > bucket_elements {
+            bucket += 1;
+            held = 0;
+        }
+        bucket_of_layer.insert(layer, bucket);
+        held += size;
+    }
+    let last = if sizes.is_empty() { 0 } else { bucket + 1 };
+    params
+        .iter()
+        .map(|entry| {
+            let bucket = layer_of(&entry.name).map_or(last, |layer| bucket_of_layer[&layer]);
+            (entry.id, bucket)
+        })
+        .collect()
+}
+
+/// Every float parameter of `module` by id, as the autodiff graph knows it (to look its
+/// gradient up in a backward's container).
+pub(crate) fn param_tensors<B: AutodiffBackend, M: Module<B>>(
+    module: &M,
+) -> Vec<(ParamId, FloatTensor<B>)> {
+    struct Collect<B: AutodiffBackend> {
+        out: Vec<(ParamId, FloatTensor<B>)>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.out
+                .push((param.id, param.val().into_primitive().tensor()));
+        }
+    }
+    let mut collect = Collect { out: Vec::new() };
+    module.visit(&mut collect);
+    collect.out
+}
