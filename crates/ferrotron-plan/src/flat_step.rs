@@ -1,0 +1,168 @@
+//! Memory of the one-rank GPU step, whose optimizer state is flat fp32 buffers.
+//!
+//! That step (ferrotron-train `device_step`) keeps per group one fp32 master buffer and two
+//! moment buffers, gathers every microbatch's gradients into one fp32 buffer as its backward
+//! ends, and updates in place, writing a new 16-bit copy of the parameters (the model keeps
+//! reading the old one until the update returns). Its device memory has two phases and the
+//! peak is the larger:
+//!
+//! - the activations phase (the last microbatch's forward and backward): weights, master and
+//!   moments, the activations, and the fp32 gradient sum of the earlier microbatches when
+//!   there are any;
+//! - the update phase (after the last backward): the fp32 gradient buffer (gathered while the
+//!   16-bit gradients are still held) and the new copy are allocated while the memory pool still
+//!   keeps what the activations used. The pool hands freed activation memory to these buffers
+//!   only where a free range is long enough, and the backward's gradients are scattered through
+//!   it, so only a fraction [`POOL_REUSE`] of it is counted as reusable.
+//!
+//! With `POOL_REUSE = 1` the update phase would be its live bytes; the fraction is what the
+//! H200 measurements need (see the constant). Megatron's theoretical numbers stay for the
+//! multi-rank layouts, whose runtime keeps a persistent fp32 gradient buffer as Megatron does,
+//! and for the `cpu` kind, whose step is the per-parameter host step.
+
+use ferrotron_recipe::GpuKind;
+
+use crate::memory::MemoryBytes;
+use crate::setup::Setup;
+use crate::term::Term;
+
+/// Fraction of the activations' freed memory the pool hands to the update's new buffers.
+///
+/// Fitted 2026-12-02 to the one row of `tools/gpu-bench.sh` (one H200, flat optimizer state,
+/// 17:26 UTC call) whose device peak is its update: llama-1b 2 × 4096 peaked at 31.8 GiB, its
+/// activations phase is 26.2 GiB and the buffers after the backward 6.6 GiB (6 bytes per
+/// parameter), so 1.6 GiB of its 10.9 GiB of activations were reused: 0.15. The rows whose
+/// peak is the activations phase bound it from above: at 0.17 or more gpt-1.3b 12 × 2048 would
+/// reuse all 7.4 GiB of its new buffers.
+pub(crate) const POOL_REUSE: f64 = 0.15;
+
+/// Whether `setup` runs the flat-state step: one GPU rank.
+pub(crate) fn applies(setup: &Setup<'_>) -> bool {
+    setup.cluster.gpu != GpuKind::Cpu && setup.layout.degrees.world_size() == 1
+}
+
+/// Bytes per parameter of the step's state and the parameters on the GPU.
+pub(crate) struct State {
+    pub params: f64,
+    /// The 16-bit (or fp32) weights.
+    pub weight: f64,
+    /// The fp32 gradient buffer.
+    pub gradient: f64,
+    /// fp32 master (16-bit weights only) and both moments.
+    pub optimizer: f64,
+}
+
+/// The larger phase's bytes (overhead included) and both phases' terms, phase named.
+pub(crate) fn peak(
+    setup: &Setup<'_>,
+    state: &State,
+    activation_terms: Vec<Term>,
+    overhead: f64,
+) -> (MemoryBytes, Vec<Term>) {
+    let State {
+        params,
+        weight,
+        gradient,
+        optimizer,
+    } = *state;
+    let activations: f64 = activation_terms.iter().map(|t| t.value).sum();
+    let several = setup.num_microbatches > 1;
+    let held_gradient = if several { gradient } else { 0.0 };
+    let activations_phase = MemoryBytes {
+        weights: (weight * params) as u64,
+        gradients: (held_gradient * params) as u64,
+        optimizer: (optimizer * params) as u64,
+        activations: activations as u64,
+        framework_overhead: overhead as u64,
+        total: 0,
+    };
+    // Allocated after the last backward: the gradient buffer (one microbatch: gathered then),
+    // and the update's new copy of the parameters.
+    let new_per_param = gradient - held_gradient + weight;
+    let new_buffers = new_per_param * params;
+    let reused = (POOL_REUSE * activations).min(new_buffers);
+    let kept = activations - reused;
+    let update_phase = MemoryBytes {
+        weights: (2.0 * weight * params) as u64,
+        gradients: (gradient * params) as u64,
+        optimizer: (optimizer * params) as u64,
+        activations: kept as u64,
+        framework_overhead: overhead as u64,
+        total: 0,
+    };
+    let (activations_phase, update_phase) =
+        (with_total(activations_phase), with_total(update_phase));
+
+    let mut terms = vec![
+        setup.term("activations phase: weights", weight * params, || {
+            format!("{weight} B × {params:.0} parameters")
+        }),
+        setup.term(
+            "activations phase: fp32 gradient buffer",
+            held_gradient * params,
+            || {
+                if several {
+                    format!(
+                        "{gradient} B (flat fp32, summed over the earlier microbatches) × {params:.0} parameters"
+                    )
+                } else {
+                    "none yet: one microbatch, gathered when its backward ends".to_owned()
+                }
+            },
+        ),
+        setup.term("activations phase: optimizer states", optimizer * params, || {
+            format!("{optimizer} B (flat fp32 master where 16-bit, Adam m and v) × {params:.0} parameters")
+        }),
+    ];
+    terms.extend(activation_terms.into_iter().map(|t| Term {
+        name: format!("activations phase: activations: {}", t.name),
+        ..t
+    }));
+    terms.push(phase_total(setup, "activations phase", &activations_phase));
+    terms.extend([
+        setup.term(
+            "update phase: weights and the update's new copy",
+            2.0 * weight * params,
+            || format!("2 × {weight} B × {params:.0} parameters (the model reads the old copy until the update returns)"),
+        ),
+        setup.term("update phase: fp32 gradient buffer", gradient * params, || {
+            format!("{gradient} B (flat fp32, every microbatch summed) × {params:.0} parameters")
+        }),
+        setup.term("update phase: optimizer states", optimizer * params, || {
+            format!("{optimizer} B × {params:.0} parameters, updated in place")
+        }),
+        setup.term(
+            "update phase: activation memory the pool keeps and cannot reuse",
+            kept,
+            || format!(
+                "A − min({POOL_REUSE}·A, new buffers {new_per_param} B × {params:.0}) = {activations:.0} − {reused:.0}"
+            ),
+        ),
+    ]);
+    terms.push(phase_total(setup, "update phase", &update_phase));
+    let peak = if update_phase.total > activations_phase.total {
+        update_phase
+    } else {
+        activations_phase
+    };
+    (peak, terms)
+}
+
+fn with_total(bytes: MemoryBytes) -> MemoryBytes {
+    MemoryBytes {
+        total: bytes.weights
+            + bytes.gradients
+            + bytes.optimizer
+            + bytes.activations
+            + bytes.framework_overhead,
+        ..bytes
+    }
+}
+
+fn phase_total(setup: &Setup<'_>, phase: &str, bytes: &MemoryBytes) -> Term {
+    setup.term(
+        &format!("{phase}: total with the framework overhead"),
+        bytes.total as f64,
+        || "the device peak is the larger phase".to_owned(),
+    )
+}
