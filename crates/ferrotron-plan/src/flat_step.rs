@@ -166,3 +166,128 @@ fn phase_total(setup: &Setup<'_>, phase: &str, bytes: &MemoryBytes) -> Term {
         || "the device peak is the larger phase".to_owned(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use ferrotron_recipe::{Cluster, GpuKind, Recipe};
+    use serde_json::json;
+
+    use crate::layout::{Degrees, Layout};
+    use crate::memory::{Memory, memory};
+    use crate::params::parameter_count;
+    use crate::search::setup;
+    use crate::testing::recipe;
+
+    /// A LLaMA-style 1.2B with `micro_batch` × `seq` tokens a microbatch, `microbatches` a step.
+    fn llama(seq: u32, micro_batch: u32, microbatches: u32) -> Recipe {
+        recipe(
+            json!({"num_layers": 16, "hidden_size": 2048, "ffn_hidden_size": 8192,
+                   "num_attention_heads": 32, "num_query_groups": 8, "seq_length": seq,
+                   "position_embedding": "rope", "normalization": "rmsnorm",
+                   "activation": "swiglu", "tie_embeddings": false, "add_bias_linear": false}),
+            json!({"data": 1}),
+            json!({"micro_batch_size": micro_batch,
+                   "global_batch_size": micro_batch * microbatches, "train_iters": 10}),
+        )
+    }
+
+    fn plan_memory(recipe: &Recipe, micro_batch: u32, gpu: GpuKind) -> Memory {
+        let params = parameter_count(&recipe.model, 50304);
+        let cluster = Cluster {
+            nodes: 1,
+            gpus_per_node: 1,
+            gpu,
+        };
+        let layout = Layout {
+            degrees: Degrees {
+                tp: 1,
+                pp: 1,
+                vpp: 1,
+                cp: 1,
+                ep: 1,
+                etp: 1,
+                dp: 1,
+                edp: 1,
+            },
+            micro_batch_size: micro_batch,
+        };
+        memory(&setup(recipe, &cluster, layout, params, 50304, false))
+    }
+
+    /// (parameters, activations, overhead) of a plan, from its terms.
+    fn facts(m: &Memory) -> (f64, f64, f64) {
+        let term = |name: &str| {
+            m.terms
+                .iter()
+                .find(|t| t.name == name)
+                .unwrap_or_else(|| panic!("no term {name}"))
+                .value
+        };
+        let activations = m
+            .terms
+            .iter()
+            .filter(|t| t.name.starts_with("activations phase: activations: "))
+            .map(|t| t.value)
+            .sum();
+        (
+            term("parameters on this GPU"),
+            activations,
+            term("framework overhead"),
+        )
+    }
+
+    fn near(actual: u64, expected: f64) -> bool {
+        (actual as f64 - expected).abs() < 8.0
+    }
+
+    #[test]
+    fn the_update_phase_holds_the_gradient_buffer_and_the_new_copy() {
+        // 2 × 4096 tokens: 11 GiB of activations against 6 bytes per parameter (6.6 GiB)
+        // allocated after the backward, of which the pool reuses 15 % of the activations.
+        let m = plan_memory(&llama(4096, 2, 1), 2, GpuKind::H200);
+        let (p, a, overhead) = facts(&m);
+        let b = m.per_gpu_bytes;
+        assert!(near(b.gradients, 4.0 * p), "{b:?}");
+        assert!(near(b.weights, 4.0 * p), "old and new 16-bit copies: {b:?}");
+        assert!(near(b.optimizer, 12.0 * p), "{b:?}");
+        let expected = 14.0 * p + a + (6.0 * p - super::POOL_REUSE * a) + overhead;
+        assert!(near(b.total, expected), "{} vs {expected}", b.total);
+    }
+
+    #[test]
+    fn a_large_micro_batch_peaks_in_its_activations() {
+        // 16 × 4096 tokens: the freed activations host everything the update allocates.
+        let m = plan_memory(&llama(4096, 16, 1), 16, GpuKind::H200);
+        let (p, a, overhead) = facts(&m);
+        let b = m.per_gpu_bytes;
+        assert_eq!(
+            b.gradients, 0,
+            "one microbatch: gathered after its backward"
+        );
+        assert!(near(b.weights, 2.0 * p), "{b:?}");
+        assert!(near(b.total, 14.0 * p + a + overhead), "{b:?}");
+    }
+
+    #[test]
+    fn several_microbatches_hold_the_gradient_sum_in_their_activations() {
+        let one = plan_memory(&llama(4096, 16, 1), 16, GpuKind::H200);
+        let two = plan_memory(&llama(4096, 16, 2), 16, GpuKind::H200);
+        let (p, _, _) = facts(&two);
+        assert!(near(two.per_gpu_bytes.gradients, 4.0 * p));
+        assert!(near(
+            two.per_gpu_bytes.total - one.per_gpu_bytes.total,
+            4.0 * p
+        ));
+    }
+
+    #[test]
+    fn the_cpu_rank_keeps_the_host_steps_bytes() {
+        // The CPU step is per parameter: one microbatch holds no fp32 gradients, no new copy.
+        let m = plan_memory(&llama(256, 1, 1), 1, GpuKind::Cpu);
+        let b = m.per_gpu_bytes;
+        let p = m.parameters_per_gpu as f64;
+        assert_eq!(b.gradients, 0);
+        assert!(near(b.weights, 2.0 * p));
+        assert!(m.terms.iter().all(|t| !t.name.contains("phase")));
+    }
+}
