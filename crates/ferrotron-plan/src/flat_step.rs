@@ -36,6 +36,25 @@ use crate::term::Term;
 /// reuse all 7.4 GiB of its new buffers.
 pub(crate) const POOL_REUSE: f64 = 0.15;
 
+/// The names the terms give the two phases.
+pub(crate) const ACTIVATIONS_PHASE: &str = "activations phase";
+pub(crate) const UPDATE_PHASE: &str = "update phase";
+const TOTAL: &str = "total with the framework overhead";
+
+/// The phase whose total is the peak, from a plan's memory terms (None: not the flat step).
+pub(crate) fn peak_phase(terms: &[Term]) -> Option<&'static str> {
+    let total = |phase: &str| {
+        let name = format!("{phase}: {TOTAL}");
+        terms.iter().find(|t| t.name == name).map(|t| t.value)
+    };
+    let (activations, update) = (total(ACTIVATIONS_PHASE)?, total(UPDATE_PHASE)?);
+    Some(if update > activations {
+        UPDATE_PHASE
+    } else {
+        ACTIVATIONS_PHASE
+    })
+}
+
 /// Whether `setup` runs the flat-state step: one GPU rank.
 pub(crate) fn applies(setup: &Setup<'_>) -> bool {
     setup.cluster.gpu != GpuKind::Cpu && setup.layout.degrees.world_size() == 1
@@ -118,7 +137,7 @@ pub(crate) fn peak(
         name: format!("activations phase: activations: {}", t.name),
         ..t
     }));
-    terms.push(phase_total(setup, "activations phase", &activations_phase));
+    terms.push(phase_total(setup, ACTIVATIONS_PHASE, &activations_phase));
     terms.extend([
         setup.term(
             "update phase: weights and the update's new copy",
@@ -139,7 +158,7 @@ pub(crate) fn peak(
             ),
         ),
     ]);
-    terms.push(phase_total(setup, "update phase", &update_phase));
+    terms.push(phase_total(setup, UPDATE_PHASE, &update_phase));
     let peak = if update_phase.total > activations_phase.total {
         update_phase
     } else {
@@ -160,11 +179,9 @@ fn with_total(bytes: MemoryBytes) -> MemoryBytes {
 }
 
 fn phase_total(setup: &Setup<'_>, phase: &str, bytes: &MemoryBytes) -> Term {
-    setup.term(
-        &format!("{phase}: total with the framework overhead"),
-        bytes.total as f64,
-        || "the device peak is the larger phase".to_owned(),
-    )
+    setup.term(&format!("{phase}: {TOTAL}"), bytes.total as f64, || {
+        "the device peak is the larger phase".to_owned()
+    })
 }
 
 #[cfg(test)]

@@ -222,3 +222,25 @@ fn every_measured_bench_row_is_within_ten_percent_of_its_device_peak() {
     }
     assert!(misses.is_empty(), "{misses:#?}");
 }
+
+#[test]
+fn the_report_names_the_phase_of_the_peak() {
+    let plan_of = |name: &str| bench_plan(BENCHES.iter().find(|b| b.name == name).expect(name));
+    let llama = plan_of("llama-1b");
+    let human = ferrotron_plan::render_human(&llama);
+    assert!(human.contains("; peak in the update phase)"), "{human}");
+    assert!(human.contains("weights + new copy"), "{human}");
+    let explain = ferrotron_plan::render_explain(&llama);
+    for needle in [
+        "activations phase: fp32 gradient buffer",
+        "update phase: fp32 gradient buffer",
+        "update phase: activation memory the pool keeps and cannot reuse",
+    ] {
+        assert!(explain.contains(needle), "missing {needle:?} in\n{explain}");
+    }
+    let small = ferrotron_plan::render_human(&plan_of("gpt2-124m"));
+    assert!(
+        small.contains("; peak in the activations phase)"),
+        "{small}"
+    );
+}
