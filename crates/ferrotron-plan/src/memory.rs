@@ -1,8 +1,14 @@
 //! Memory per GPU: weights, gradients, optimizer states, activations and framework overhead.
 //!
+//! Two models, because two runtimes: the one-rank GPU step keeps flat fp32 optimizer state and
+//! peaks in either its activations or its update (`flat_step`, fitted to the H200 bench rows);
+//! the multi-rank layouts and the `cpu` rank hold everything at once, as Megatron counts it.
+//! Megatron's numbers stay for them because their runtime has not been measured against a
+//! refined model yet, and they are the numbers users compare with Megatron's logs.
+//!
 //! Weights, gradients and optimizer states follow Megatron's `theoretical_memory_usage.py`:
 //! 18 bytes per parameter in bf16/fp16 (2 weight + 4 fp32 gradient + 4 fp32 master + 4 + 4
-//! Adam moments; the gradient only where microbatches are summed, see `stage_memory`), or
+//! Adam moments; the gradient only where microbatches are summed, see `megatron_memory`), or
 //! 6 + 12/d with the distributed optimizer, where d is the group the states
 //! are sharded over (data × context for dense parameters, expert-data for experts).
 //! Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation"), Table 2,
