@@ -17,8 +17,9 @@
 //!
 //! With `POOL_REUSE = 1` the update phase would be its live bytes; the fraction is what the
 //! H200 measurements need (see the constant). Megatron's theoretical numbers stay for the
-//! multi-rank layouts, whose runtime keeps a persistent fp32 gradient buffer as Megatron does,
-//! and for the `cpu` kind, whose step is the per-parameter host step.
+//! multi-rank layouts, whose runtime reduces gradients through buffers of its own and has not
+//! been measured against this model, and for the `cpu` kind, whose step is the per-parameter
+//! host step.
 
 use ferrotron_recipe::GpuKind;
 
