@@ -91,18 +91,25 @@ impl GpuSpec {
                 // at 12/24, the LLaMA-style 1B; every predicted step within 10 % of measured):
                 // GEMMs 750 TFLOP/s and cuDNN attention 0.36 of peak as the per-op timing of
                 // gpt-1.3b measured them, the element-wise passes least squares on the rest.
-                // The overhead is the device's peak (nvidia-smi) less weights, states and
-                // activations, one GPU, no NCCL.
+                // The overhead was refitted 2026-12-02 after the flat optimizer state: the
+                // device's peak (nvidia-smi, 17:26 UTC call) less the allocator's peak of live
+                // tensors (13:01 call; the activations phase holds the same tensors with the flat
+                // state) on the two rows whose peak is their activations, gpt-1.3b 12 × 2048
+                // (58.7 − 58.1) and gpt-350m 16 × 2048 (35.7 − 35.1): 0.6 GiB each, the CUDA
+                // context, cuBLAS/cuDNN workspaces and module images. One GPU, no NCCL. The
+                // first fit's 1.5 GiB also held the pool's slack around the per-parameter
+                // update's transient copies (those rows' device peaks fell 3.4 and 1.5 GiB with
+                // the flat state).
                 gemm_efficiency: 0.76,
                 attention_efficiency: 0.36,
                 memory_bound_efficiency: 0.23,
                 intra_node_bus_bandwidth: 356e9,
                 inter_node_bandwidth: 0.8 * 50e9,
                 collective_latency: 20e-6,
-                framework_overhead_bytes: 1.5 * GIB,
+                framework_overhead_bytes: 0.6 * GIB,
                 source: "H200 SXM datasheet; fitted here 2026-12-02 (tools/gpu-bench.sh, one H200): \
                          training GEMMs 0.76 of peak, fused attention 0.36, element-wise passes \
-                         0.23 of HBM bandwidth, 1.5 GiB outside the tensors; NCCL all-reduce bus \
+                         0.23 of HBM bandwidth, 0.6 GiB outside the tensors; NCCL all-reduce bus \
                          bandwidth 356 GB/s on 4 GPUs; 400 Gb/s InfiniBand per GPU at 80%",
             },
             GpuKind::B200 => GpuSpec {

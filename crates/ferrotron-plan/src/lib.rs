@@ -5,6 +5,7 @@
 //! runtime consumes a [`Plan`]; users read it (`recipe plan`) before they ask for GPUs.
 
 mod bounds;
+mod flat_step;
 mod flops;
 mod hardware;
 mod layout;

@@ -1,8 +1,14 @@
 //! Memory per GPU: weights, gradients, optimizer states, activations and framework overhead.
 //!
+//! Two models, because two runtimes: the one-rank GPU step keeps flat fp32 optimizer state and
+//! peaks in either its activations or its update (`flat_step`, fitted to the H200 bench rows);
+//! the multi-rank layouts and the `cpu` rank hold everything at once, as Megatron counts it.
+//! Megatron's numbers stay for them because their runtime has not been measured against a
+//! refined model yet, and they are the numbers users compare with Megatron's logs.
+//!
 //! Weights, gradients and optimizer states follow Megatron's `theoretical_memory_usage.py`:
 //! 18 bytes per parameter in bf16/fp16 (2 weight + 4 fp32 gradient + 4 fp32 master + 4 + 4
-//! Adam moments; the gradient only where microbatches are summed, see `stage_memory`), or
+//! Adam moments; the gradient only where microbatches are summed, see `megatron_memory`), or
 //! 6 + 12/d with the distributed optimizer, where d is the group the states
 //! are sharded over (data × context for dense parameters, expert-data for experts).
 //! Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation"), Table 2,
@@ -12,6 +18,7 @@
 use ferrotron_recipe::{Activation, Dtype, Model, RecomputeGranularity, RecomputeMethod};
 use serde::{Deserialize, Serialize};
 
+use crate::flat_step;
 use crate::setup::Setup;
 use crate::stages::StageInfo;
 use crate::term::Term;
@@ -307,8 +314,48 @@ fn stage_activation_terms(setup: &Setup<'_>, stage: &StageInfo) -> Vec<Term> {
 
 /// Memory of one GPU of `stage`, with terms.
 fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<Term>) {
-    let d = setup.layout.degrees;
     let local = local_parameters(setup, stage);
+    let (weight, gradient, optimizer) = bytes_per_parameter(setup.recipe.precision.dtype);
+    let params = local.dense + local.expert;
+    let activation_terms = stage_activation_terms(setup, stage);
+    let overhead = setup.spec.framework_overhead_bytes;
+    let mut terms = vec![setup.term("parameters on this GPU", params, || {
+        format!(
+            "dense (sharded over tp) {:.0} + expert (sharded over ep·etp) {:.0}",
+            local.dense, local.expert
+        )
+    })];
+    let (bytes, state_terms) = if flat_step::applies(setup) {
+        let state = flat_step::State {
+            params,
+            weight,
+            gradient,
+            optimizer,
+        };
+        flat_step::peak(setup, &state, activation_terms, overhead)
+    } else {
+        megatron_memory(setup, &local, activation_terms, overhead)
+    };
+    terms.extend(state_terms);
+    terms.push(setup.term("framework overhead", overhead, || {
+        format!(
+            "fixed allowance for {}: CUDA context, NCCL buffers, workspaces",
+            crate::hardware::gpu_name(setup.cluster.gpu)
+        )
+    }));
+    (bytes, params, terms)
+}
+
+/// Megatron's theoretical bytes (multi-rank layouts and the `cpu` kind): weights, fp32
+/// gradients where microbatches are summed, optimizer states sharded by the distributed
+/// optimizer, activations, and the overhead, all held at once.
+fn megatron_memory(
+    setup: &Setup<'_>,
+    local: &LocalParameters,
+    activation_terms: Vec<Term>,
+    overhead: f64,
+) -> (MemoryBytes, Vec<Term>) {
+    let d = setup.layout.degrees;
     let (weight, gradient, optimizer) = bytes_per_parameter(setup.recipe.precision.dtype);
     let distributed = setup.recipe.parallel.distributed_optimizer;
     let dense_shards = if distributed {
@@ -320,9 +367,7 @@ fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<
     let expert_shards = if distributed { f64::from(d.edp) } else { 1.0 };
     let params = local.dense + local.expert;
     let optimizer_bytes = optimizer * (local.dense / dense_shards + local.expert / expert_shards);
-    let activation_terms = stage_activation_terms(setup, stage);
     let activations = sum(&activation_terms);
-    let overhead = setup.spec.framework_overhead_bytes;
     // The fp32 gradients persist from one microbatch to the next; with a single microbatch the
     // runtime hands backward's 16-bit gradients straight to the norm and the optimizer, and they
     // appear as backward frees the activations, so the peak (backward's start) holds none.
@@ -346,13 +391,6 @@ fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<
         + bytes.framework_overhead;
     let bytes = MemoryBytes { total, ..bytes };
     let mut terms = vec![
-        setup.term(
-            "parameters on this GPU",
-            params,
-            || format!(
-                "dense (sharded over tp) {:.0} + expert (sharded over ep·etp) {:.0}",
-                local.dense, local.expert
-            ),),
         setup.term("weights", weight * params, || format!("{weight} B × {params:.0} parameters")),
         setup.term(
             "gradients",
@@ -378,13 +416,7 @@ fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<
         name: format!("activations: {}", t.name),
         ..t
     }));
-    terms.push(setup.term("framework overhead", overhead, || {
-        format!(
-            "fixed allowance for {}: CUDA context, NCCL buffers, workspaces",
-            crate::hardware::gpu_name(setup.cluster.gpu)
-        )
-    }));
-    (bytes, params, terms)
+    (bytes, terms)
 }
 
 /// Memory of every stage; the report names the most loaded one.

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use ferrotron_recipe::GpuKind;
 
+use crate::flat_step;
 use crate::hardware::gpu_name;
 use crate::memory::MemoryBytes;
 use crate::plan::Plan;
@@ -171,15 +172,28 @@ pub fn render_human(plan: &Plan) -> String {
     }
 
     let m = &plan.memory;
+    let phase = flat_step::peak_phase(&m.terms);
     let _ = writeln!(
         out,
-        "memory per GPU (most loaded: stage {}, rank {}; {} parameters on it)",
+        "memory per GPU (most loaded: stage {}, rank {}; {} parameters on it{})",
         m.most_loaded_stage,
         m.most_loaded_rank,
-        count(m.parameters_per_gpu)
+        count(m.parameters_per_gpu),
+        phase
+            .map(|p| format!("; peak in the {p}"))
+            .unwrap_or_default()
     );
     let b: MemoryBytes = m.per_gpu_bytes;
-    memory_row(&mut out, "weights", b.weights);
+    let update = phase == Some(flat_step::UPDATE_PHASE);
+    memory_row(
+        &mut out,
+        if update {
+            "weights + new copy"
+        } else {
+            "weights"
+        },
+        b.weights,
+    );
     memory_row(&mut out, "gradients", b.gradients);
     memory_row(
         &mut out,
@@ -190,7 +204,15 @@ pub fn render_human(plan: &Plan) -> String {
         },
         b.optimizer,
     );
-    memory_row(&mut out, "activations", b.activations);
+    memory_row(
+        &mut out,
+        if update {
+            "activations (pool)"
+        } else {
+            "activations"
+        },
+        b.activations,
+    );
     memory_row(&mut out, "framework overhead", b.framework_overhead);
     let _ = writeln!(
         out,
