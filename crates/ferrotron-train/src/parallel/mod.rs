@@ -5,6 +5,8 @@
 //! any layout of groups runs the same code. A rank alone in its world (every group of size 1,
 //! one chunk) is the exception: it steps its whole model with the one-rank step (`rank_model.rs`
 //! says why), and that run is the reference the N-rank layouts are compared with, step by step.
+//! Pure data parallelism of a dense model is the one-rank device step too, with its flat gradient
+//! buffers averaged over the group on the device (`crate::replicas`).
 
 mod dist_optimizer;
 mod flat;

@@ -7,7 +7,9 @@
 //! A rank alone in its world holds the whole model and steps it with the one-rank step
 //! ([`train_step_deferred`]) instead: there is nothing to exchange, the flat gradient buffers
 //! would only copy, and on a GPU that step keeps the loss and the norm on the device (no host
-//! read per step). Its numbers are the ones every N-rank layout is tested against.
+//! read per step). Its numbers are the ones every N-rank layout is tested against. A rank of
+//! pure data parallelism over a dense model takes that step too, averaged over its group on the
+//! device (`crate::replicas`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;

@@ -146,6 +146,19 @@ fn tensor_rows(comm: &NcclComm, rng: &mut StdRng, dtype: DType) -> Vec<Row> {
             run(&|t| comm.all_reduce_tensor(t, ReduceOp::Sum).map_err(err)),
         ),
         row(
+            "all_reduce_started",
+            dt,
+            sh.clone(),
+            "tensor, compute stream ordered at wait",
+            run(&|t| {
+                let (y, started) = comm
+                    .all_reduce_tensor_started(t, ReduceOp::Sum)
+                    .map_err(err)?;
+                started.wait().map_err(err)?;
+                Ok(y)
+            }),
+        ),
+        row(
             "all_reduce_max",
             dt,
             sh.clone(),
@@ -507,6 +520,17 @@ pub(crate) fn timings(comm: &NcclComm) -> String {
                     comm.all_reduce_tensor(&x, ReduceOp::Sum)
                         .map(drop)
                         .map_err(err)
+                }),
+            ),
+            (
+                "all_reduce_started",
+                Box::new(|| {
+                    let (y, started) = comm
+                        .all_reduce_tensor_started(&x, ReduceOp::Sum)
+                        .map_err(err)?;
+                    started.wait().map_err(err)?;
+                    drop(y);
+                    Ok(())
                 }),
             ),
             (
