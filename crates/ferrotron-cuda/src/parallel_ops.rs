@@ -23,7 +23,7 @@ use ferrotron_parallel::recompute::RngMark;
 use ferrotron_parallel::{Comm, InFlight, ReduceOp, host};
 
 use crate::backend::{Cuda, GpuDevice};
-use crate::nccl::NcclComm;
+use crate::nccl::{NcclComm, StartedCollective};
 use crate::tensor::CudaTensor;
 
 /// The NCCL communicator behind `comm`, if that is what it is.
@@ -33,6 +33,26 @@ fn nccl(comm: &Comm) -> Option<&NcclComm> {
 
 fn expect<T>(result: Result<T, CommError>) -> T {
     result.unwrap_or_else(|err| panic!("{err}"))
+}
+
+/// A collective of `comm` on `x`: through NCCL ordered at `finish` (`device`), else through the
+/// host (`host`, done at once); the identity on a group of one.
+fn started(
+    x: CudaTensor,
+    comm: &Comm,
+    device: impl FnOnce(&NcclComm, &CudaTensor) -> Result<(CudaTensor, StartedCollective), CommError>,
+    host: impl FnOnce(CudaTensor) -> CudaTensor,
+) -> InFlight<Cuda> {
+    if comm.size() == 1 {
+        return InFlight::ready(x);
+    }
+    match nccl(comm) {
+        Some(nccl) => {
+            let (out, started) = expect(device(nccl, &x));
+            InFlight::pending(out, Box::new(move || expect(started.wait())))
+        }
+        None => InFlight::ready(host(x)),
+    }
 }
 
 impl ferrotron_parallel::ParallelOps for Cuda {
@@ -121,16 +141,30 @@ impl ferrotron_parallel::ParallelOps for Cuda {
     /// On a NCCL communicator the compute stream is ordered after the all-reduce only at
     /// `finish`, so the kernels queued in between (the rest of a backward) overlap it.
     fn all_reduce_started(x: CudaTensor, comm: &Comm) -> InFlight<Cuda> {
-        if comm.size() == 1 {
-            return InFlight::ready(x);
-        }
-        match nccl(comm) {
-            Some(nccl) => {
-                let (out, started) = expect(nccl.all_reduce_tensor_started(&x, ReduceOp::Sum));
-                InFlight::pending(out, Box::new(move || expect(started.wait())))
-            }
-            None => InFlight::ready(host::all_reduce::<Cuda>(x, ReduceOp::Sum, comm)),
-        }
+        started(
+            x,
+            comm,
+            |nccl, x| nccl.all_reduce_tensor_started(x, ReduceOp::Sum),
+            |x| host::all_reduce::<Cuda>(x, ReduceOp::Sum, comm),
+        )
+    }
+
+    fn reduce_scatter_started(x: CudaTensor, comm: &Comm) -> InFlight<Cuda> {
+        started(
+            x,
+            comm,
+            |nccl, x| nccl.reduce_scatter_tensor_started(x, ReduceOp::Sum),
+            |x| host::reduce_scatter::<Cuda>(x, 0, comm),
+        )
+    }
+
+    fn all_gather_started(x: CudaTensor, comm: &Comm) -> InFlight<Cuda> {
+        started(
+            x,
+            comm,
+            |nccl, x| nccl.all_gather_tensor_started(x),
+            |x| host::all_gather::<Cuda>(x, 0, comm),
+        )
     }
 
     fn all_reduce_detached(x: CudaTensor, op: ReduceOp, comm: &Comm) -> CudaTensor {

@@ -602,23 +602,33 @@ impl<B: ParallelOps> GptModel<B> {
             loads: Vec::new(),
         };
         let cut = training && self.cut_layers;
-        let kept = |layers: &[TransformerBlock<B>], out| {
+        let offset = self.chunk.layers.start;
+        let kept = |range: std::ops::Range<usize>, out| {
             if cut {
-                layers
-                    .iter()
-                    .fold(out, |out, layer| run_kept(layer, out, positions, marks))
+                range.fold(out, |out, i| {
+                    run_kept(&self.layers[i], offset + i, out, positions, marks)
+                })
             } else {
-                run_plain(layers, out, positions, marks, false)
+                let first = offset + range.start;
+                run_plain(&self.layers[range], first, out, positions, marks, false)
             }
         };
         let mut next = 0;
         for range in ranges {
-            out = kept(&self.layers[next..range.start], out);
+            out = kept(next..range.start, out);
             let mark = if marks { B::rng_mark(device) } else { [0, 0] };
-            out = run_recomputed(&self.layers[range.clone()], out, positions, marks, mark);
+            let first = offset + range.start;
+            out = run_recomputed(
+                &self.layers[range.clone()],
+                first,
+                out,
+                positions,
+                marks,
+                mark,
+            );
             next = range.end;
         }
-        let out = kept(&self.layers[next..], out);
+        let out = kept(next..self.layers.len(), out);
         (out.hidden, out.aux_loss, ExpertLoads { layers: out.loads })
     }
 

@@ -19,8 +19,8 @@ use std::rc::Rc;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::ParallelOps;
 use ferrotron_parallel::recompute::{Rerun, RngMark, Run};
+use ferrotron_parallel::{ParallelOps, prefetch};
 use ferrotron_recipe::{Recompute, RecomputeGranularity, RecomputeMethod};
 
 use crate::ModelError;
@@ -91,11 +91,13 @@ pub(crate) struct LayersOut<B: Backend> {
     pub loads: Vec<Vec<u64>>,
 }
 
-/// Runs `layers` in order after `input`, marking dropout's generator at each layer start when
-/// `marks` (see `ferrotron_parallel::recompute`); the first layer's mark is the caller's when
-/// `first_marked`.
+/// Runs `layers` (the model's layers `first..`) in order after `input`, marking dropout's
+/// generator at each layer start when `marks` (see `ferrotron_parallel::recompute`); the first
+/// layer's mark is the caller's when `first_marked`. Each layer start runs the waits registered
+/// for it (`ferrotron_parallel::prefetch`: parameters still being gathered).
 pub(crate) fn run_plain<B: ParallelOps>(
     layers: &[TransformerBlock<B>],
+    first: usize,
     input: LayersOut<B>,
     positions: &SequencePositions<B>,
     marks: bool,
@@ -103,6 +105,7 @@ pub(crate) fn run_plain<B: ParallelOps>(
 ) -> LayersOut<B> {
     let mut out = input;
     for (index, layer) in layers.iter().enumerate() {
+        prefetch::entering_layer(first + index);
         if marks && !(first_marked && index == 0) {
             B::rng_mark(&out.hidden.device());
         }
@@ -121,6 +124,7 @@ pub(crate) fn run_plain<B: ParallelOps>(
 /// run without recomputation; a dense range leaves it outside.
 pub(crate) fn run_recomputed<B: ParallelOps>(
     layers: &[TransformerBlock<B>],
+    first: usize,
     input: LayersOut<B>,
     positions: &SequencePositions<B>,
     marks: bool,
@@ -162,7 +166,7 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
             aux_loss,
             loads: Vec::new(),
         };
-        let out = run_plain(layers, input, &positions, marks, true);
+        let out = run_plain(layers, first, input, &positions, marks, true);
         if !track {
             *loads_out.borrow_mut() = out.loads;
         }
@@ -198,6 +202,7 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
 /// loss goes through the cut as through a recomputed range.
 pub(crate) fn run_kept<B: ParallelOps>(
     layer: &TransformerBlock<B>,
+    index: usize,
     input: LayersOut<B>,
     positions: &SequencePositions<B>,
     marks: bool,
@@ -226,6 +231,7 @@ pub(crate) fn run_kept<B: ParallelOps>(
         };
         let out = run_plain(
             std::slice::from_ref(&tracked),
+            index,
             input,
             &positions,
             marks,

@@ -36,6 +36,7 @@ mod fused_rope;
 mod fused_swiglu;
 pub mod host;
 mod ops;
+pub mod prefetch;
 mod primitive;
 mod process_rng;
 pub mod recompute;
@@ -79,7 +80,7 @@ pub use fused_norm::{
 pub use fused_qkv::{composed_qkv_attention, split_qkv};
 pub use fused_rope::composed_rope_qkv;
 pub use fused_swiglu::composed_swiglu;
-pub use ops::{InFlight, ParallelOps};
+pub use ops::{InFlight, ParallelOps, Wait};
 pub use process_rng::with_process_rng;
 pub use shard::{ParamRole, ShardError, ShardSpec, Split};
 pub use solo::solo;

@@ -18,10 +18,13 @@ use crate::host::{self, Host};
 use crate::recompute::{Rerun, RngMark, Run};
 use ferrotron_dist::ReduceOp;
 
+/// What orders later work after a collective (and keeps its buffers allocated until then).
+pub type Wait = Box<dyn FnOnce()>;
+
 /// A collective's result that later work must not read before [`InFlight::finish`].
 pub struct InFlight<B: burn::tensor::backend::Backend> {
     result: FloatTensor<B>,
-    wait: Option<Box<dyn FnOnce()>>,
+    wait: Option<Wait>,
 }
 
 impl<B: burn::tensor::backend::Backend> InFlight<B> {
@@ -32,7 +35,7 @@ impl<B: burn::tensor::backend::Backend> InFlight<B> {
 
     /// A result that later work may read once `wait` (which orders it, and keeps what the
     /// collective reads alive until then) has run.
-    pub fn pending(result: FloatTensor<B>, wait: Box<dyn FnOnce()>) -> Self {
+    pub fn pending(result: FloatTensor<B>, wait: Wait) -> Self {
         InFlight {
             result,
             wait: Some(wait),
@@ -45,6 +48,11 @@ impl<B: burn::tensor::backend::Backend> InFlight<B> {
             wait();
         }
         self.result
+    }
+
+    /// The result now, and what must run before anything reads it (none: nothing).
+    pub fn split(self) -> (FloatTensor<B>, Option<Wait>) {
+        (self.result, self.wait)
     }
 }
 
@@ -132,7 +140,30 @@ pub trait ParallelOps: FusedOps {
     /// [`InFlight::finish`]ed, so the computation queued in between overlaps the transfer (the
     /// data-parallel gradient buckets). Default: [`ParallelOps::all_reduce_detached`], done at once.
     fn all_reduce_started(x: FloatTensor<Self>, comm: &Comm) -> InFlight<Self> {
-        InFlight::ready(Self::all_reduce_detached(x, ReduceOp::Sum, comm))
+        if comm.size() == 1 {
+            return InFlight::ready(x);
+        }
+        InFlight::ready(host::all_reduce::<Self>(x, ReduceOp::Sum, comm))
+    }
+
+    /// Sum over the group of `x` (1-D, length divisible by the group size), this rank keeping
+    /// its chunk: a reduce-scatter ordered like [`ParallelOps::all_reduce_started`] (the
+    /// distributed optimizer's gradient buckets).
+    fn reduce_scatter_started(x: FloatTensor<Self>, comm: &Comm) -> InFlight<Self> {
+        if comm.size() == 1 {
+            return InFlight::ready(x);
+        }
+        InFlight::ready(host::reduce_scatter::<Self>(x, 0, comm))
+    }
+
+    /// Every member's `x` (1-D) concatenated in rank order: an all-gather ordered like
+    /// [`ParallelOps::all_reduce_started`] (the distributed optimizer's parameters, needed only
+    /// when the next forward reaches them).
+    fn all_gather_started(x: FloatTensor<Self>, comm: &Comm) -> InFlight<Self> {
+        if comm.size() == 1 {
+            return InFlight::ready(x);
+        }
+        InFlight::ready(host::all_gather::<Self>(x, 0, comm))
     }
 
     /// Where dropout's generator stands, for [`ParallelOps::rng_restore`] (see `recompute.rs`).

@@ -14,10 +14,10 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{AdamWStep, FusedOps};
+use ferrotron_parallel::{AdamWStep, Comm, FusedOps, ParallelOps};
 
 use crate::TrainError;
-use crate::flat_adamw::{self, FlatGrads, FlatState, Layout, ViewMapper};
+use crate::flat_adamw::{self, FlatGrads, FlatState, Layout, Shard, ViewMapper};
 use crate::params::{NamedTensor, ParamEntry};
 use crate::precision::MasterWeights;
 
@@ -65,6 +65,8 @@ pub struct AdamW<I: Backend> {
     /// Each parameter's data-parallel reduction bucket, which the flat layout keeps in groups
     /// of their own (`replicas.rs`); empty: one bucket.
     buckets: HashMap<ParamId, usize>,
+    /// The part of the flat state this rank keeps (the distributed optimizer's).
+    shard: Option<Shard>,
 }
 
 /// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
@@ -81,6 +83,24 @@ impl<I: Backend> AdamW<I> {
             master: MasterWeights::default(),
             flat: None,
             buckets: HashMap::new(),
+            shard: None,
+        }
+    }
+
+    /// Keep only part `part` of `parts` of the flat state from the next step on (ZeRO-1); the
+    /// step's gradients are then that part, and [`AdamW::step_flat`] expands the new values.
+    pub(crate) fn set_shard(&mut self, part: usize, parts: usize) {
+        self.shard = Some(Shard { part, parts });
+    }
+
+    /// The flat state whole again (all-gathered over `comm`, collective), for a checkpoint; the
+    /// next step keeps its part only again.
+    pub(crate) fn join_shards(&mut self, comm: &Comm)
+    where
+        I: ParallelOps,
+    {
+        if let Some(flat) = self.flat.as_mut() {
+            flat.join(comm);
         }
     }
 
@@ -217,18 +237,21 @@ impl<I: Backend> AdamW<I> {
         I: FusedOps,
     {
         let layout = &self.flat.as_ref()?.layout;
-        flat_adamw::sum_of_squares(layout, grads)
+        flat_adamw::sum_of_squares(layout, grads, self.shard)
     }
 
     /// [`AdamW::step`] over the flat state and a step's flat gradients (from
     /// [`AdamW::gather_flat`]): one update per group, with the gradient factor on the device
-    /// when given; the model's parameters become views of the updated buffers.
+    /// when given; the model's parameters become views of the updated buffers. With a shard
+    /// (ZeRO-1) the gradients and the update are this rank's part and `expand` makes each
+    /// group's new values whole (the identity otherwise).
     pub(crate) fn step_flat<B, M>(
         &mut self,
         model: M,
         grads: FlatGrads<I>,
         lr: f64,
         device_scale: Option<Tensor<I, 1>>,
+        mut expand: impl FnMut(&flat_adamw::Group, Tensor<I, 1>) -> Tensor<I, 1>,
     ) -> M
     where
         B: AutodiffBackend<InnerBackend = I>,
@@ -251,7 +274,14 @@ impl<I: Backend> AdamW<I> {
             grad_scale: 1.0,
             rounded: MasterWeights::<I>::rounded_dtype(group.dtype),
         };
-        let values = flat_adamw::update(flat, grads, step, device_scale);
+        if let Some(shard) = self.shard {
+            flat.cut(shard);
+        }
+        let values: Vec<_> = flat_adamw::update(flat, grads, step, device_scale)
+            .into_iter()
+            .zip(&flat.layout.groups)
+            .map(|(values, group)| expand(group, values))
+            .collect();
         let mut mapper = ViewMapper {
             slots: &flat.layout.slots,
             values: &values,
@@ -271,7 +301,7 @@ impl<I: Backend> AdamW<I> {
                 (*id, *dtype, *len, self.decays(*id), bucket)
             })
             .collect();
-        let layout = Layout::new(&facts);
+        let layout = Layout::new(&facts, self.shard.map_or(1, |s| s.parts));
         let mut values: HashMap<ParamId, Tensor<I, 1>> = params
             .into_iter()
             .map(|(id, _, _, value)| (id, self.master.take(id, value)))
@@ -312,11 +342,16 @@ impl<I: Backend> AdamW<I> {
                 (Tensor::cat(m, 0), Tensor::cat(v, 0))
             }));
         }
-        self.flat = Some(Box::new(FlatState {
+        let mut flat = FlatState {
             layout,
             master,
             moments,
-        }));
+            shard: None,
+        };
+        if let Some(shard) = self.shard {
+            flat.cut(shard);
+        }
+        self.flat = Some(Box::new(flat));
     }
 
     /// Move the flat state back into per-parameter entries (slices of the flat buffers).
@@ -324,6 +359,11 @@ impl<I: Backend> AdamW<I> {
         let Some(flat) = self.flat.take() else {
             return;
         };
+        assert!(
+            flat.shard.is_none(),
+            "the distributed optimizer's flat state is joined (`join_shards`) before it leaves \
+             the flat form"
+        );
         for (id, slot) in &flat.layout.slots {
             let group = &flat.layout.groups[slot.group];
             if MasterWeights::<I>::rounded_dtype(group.dtype).is_some()

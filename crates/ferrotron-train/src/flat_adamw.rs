@@ -21,7 +21,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
-use ferrotron_parallel::{AdamWStep, FlatPiece, FlatSegment, FusedOps};
+use ferrotron_parallel::{AdamWStep, Comm, FlatPiece, FlatSegment, FusedOps, ParallelOps};
 
 use crate::TrainError;
 
@@ -60,8 +60,9 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// Group the parameters `(id, dtype, len, decays, bucket)` given in visiting order.
-    pub(crate) fn new(params: &[(ParamId, DType, usize, bool, usize)]) -> Self {
+    /// Group the parameters `(id, dtype, len, decays, bucket)` given in visiting order; with
+    /// `parts` > 1 (the distributed optimizer) every group is padded with zeros to equal parts.
+    pub(crate) fn new(params: &[(ParamId, DType, usize, bool, usize)], parts: usize) -> Self {
         let mut groups: Vec<Group> = Vec::new();
         let mut slots = HashMap::with_capacity(params.len());
         for &(id, dtype, len, decays, bucket) in params {
@@ -94,6 +95,11 @@ impl Layout {
             group.members.push(id);
             group.len = offset + len;
         }
+        if parts > 1 {
+            for group in &mut groups {
+                group.len = group.len.next_multiple_of(ALIGN * parts);
+            }
+        }
         Layout {
             groups,
             slots,
@@ -114,6 +120,10 @@ impl Layout {
             runs.push((Some(*id), slot.len));
             end = slot.offset + slot.len;
         }
+        let len = self.groups[group].len;
+        if len > end {
+            runs.push((None, len - end));
+        }
         runs
     }
 
@@ -127,14 +137,89 @@ impl Layout {
             })
             .collect()
     }
+
+    /// [`Layout::segments`] of `shard`'s part of every group, offsets within the part.
+    pub(crate) fn shard_segments(&self, shard: Shard) -> Vec<FlatSegment> {
+        self.order
+            .iter()
+            .filter_map(|id| {
+                let slot = self.slots[id];
+                let part = shard.range(self.groups[slot.group].len);
+                let start = slot.offset.max(part.start);
+                let end = (slot.offset + slot.len).min(part.end);
+                (start < end).then(|| (slot.group, start - part.start, end - start))
+            })
+            .collect()
+    }
 }
 
-/// Master weights and moments of every group, flat fp32 (moments absent before the first step).
+/// This rank's part of every flat buffer under the distributed optimizer: part `part` of
+/// `parts` equal ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shard {
+    pub part: usize,
+    pub parts: usize,
+}
+
+impl Shard {
+    /// The part's range of a buffer of `len` elements (a multiple of `parts`).
+    pub(crate) fn range(&self, len: usize) -> std::ops::Range<usize> {
+        let size = len / self.parts;
+        self.part * size..(self.part + 1) * size
+    }
+
+    /// The part of `full`, in a buffer of its own (a view would keep the whole alive).
+    pub(crate) fn cut<I: Backend>(&self, full: Tensor<I, 1>) -> Tensor<I, 1> {
+        let range = self.range(full.dims()[0]);
+        full.slice(range).mul_scalar(1.0)
+    }
+}
+
+/// Master weights and moments of every group, flat fp32 (moments absent before the first step);
+/// with `shard`, only that part of each group (the distributed optimizer's).
 #[derive(Debug)]
 pub(crate) struct FlatState<I: Backend> {
     pub layout: Layout,
     pub master: Vec<Tensor<I, 1>>,
     pub moments: Vec<Option<(Tensor<I, 1>, Tensor<I, 1>)>>,
+    pub shard: Option<Shard>,
+}
+
+impl<I: Backend> FlatState<I> {
+    /// Keep only `shard`'s part of every buffer (a no-op when that is what it holds).
+    pub(crate) fn cut(&mut self, shard: Shard) {
+        if self.shard.is_some() {
+            return;
+        }
+        for master in &mut self.master {
+            *master = shard.cut(master.clone());
+        }
+        for (m, v) in self.moments.iter_mut().flatten() {
+            *m = shard.cut(m.clone());
+            *v = shard.cut(v.clone());
+        }
+        self.shard = Some(shard);
+    }
+
+    /// Every buffer whole again, its parts all-gathered over `comm` (collective).
+    pub(crate) fn join(&mut self, comm: &Comm)
+    where
+        I: ParallelOps,
+    {
+        if self.shard.take().is_none() {
+            return;
+        }
+        let gather = |x: &Tensor<I, 1>| {
+            from_primitive(I::all_gather_started(primitive(x.clone()), comm).finish())
+        };
+        for master in &mut self.master {
+            *master = gather(master);
+        }
+        for (m, v) in self.moments.iter_mut().flatten() {
+            *m = gather(m);
+            *v = gather(v);
+        }
+    }
 }
 
 impl<I: Backend> FlatState<I> {
@@ -274,12 +359,18 @@ pub(crate) fn all_params<B: AutodiffBackend, M: AutodiffModule<B>>(
     collect.params
 }
 
-/// `Σ x²` of a step's gradients as `[1]` f32, the norm's sum in the model's order.
+/// `Σ x²` of a step's gradients as `[1]` f32, the norm's sum in the model's order (of `shard`'s
+/// part only, when the gradients are that part).
 pub(crate) fn sum_of_squares<I: FusedOps>(
     layout: &Layout,
     grads: &FlatGrads<I>,
+    shard: Option<Shard>,
 ) -> Option<Tensor<I, 1>> {
-    I::segment_sum_of_squares(&grads.buffers, &layout.segments()).map(from_primitive)
+    let segments = match shard {
+        Some(shard) => layout.shard_segments(shard),
+        None => layout.segments(),
+    };
+    I::segment_sum_of_squares(&grads.buffers, &segments).map(from_primitive)
 }
 
 /// One AdamW update of every group; returns each group's new parameter values (the rounded
@@ -441,7 +532,7 @@ mod tests {
         let sum = sum.expect("two microbatches");
         let squares = optimizer.flat_sum_of_squares(&sum).expect("gradients");
         (
-            optimizer.step_flat(model, sum, 1e-2, None),
+            optimizer.step_flat(model, sum, 1e-2, None, |_, values| values),
             squares.into_scalar(),
         )
     }
@@ -492,6 +583,31 @@ mod tests {
         assert!(
             opt.master_value(model.gain.id).is_none(),
             "fp32: its own master"
+        );
+    }
+
+    /// ZeRO-1's layout: groups padded to equal parts (aligned), and each part's segments the
+    /// pieces of the parameters inside it, in visiting order, offsets within the part.
+    #[test]
+    fn shard_segments_cover_each_part_of_the_padded_groups() {
+        let (a, b, c) = (ParamId::new(), ParamId::new(), ParamId::new());
+        let layout = Layout::new(
+            &[
+                (a, DType::F32, 100, true, 0),
+                (b, DType::F32, 30, false, 0),
+                (c, DType::F32, 20, true, 0),
+            ],
+            2,
+        );
+        // decay group: a at 0, c at 128 (aligned), padded to 2 × 64 × 2 = 256; no-decay: b
+        assert_eq!(layout.groups[0].len, 256);
+        assert_eq!(layout.groups[1].len, 128);
+        let part = |part| layout.shard_segments(Shard { part, parts: 2 });
+        assert_eq!(part(0), vec![(0, 0, 100), (1, 0, 30)]);
+        assert_eq!(part(1), vec![(0, 0, 20)]);
+        assert_eq!(
+            layout.runs(0),
+            vec![(Some(a), 100), (None, 28), (Some(c), 20), (None, 108)]
         );
     }
 

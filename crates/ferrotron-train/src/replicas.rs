@@ -19,10 +19,10 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Shape, Tensor, TensorMetadata};
 use ferrotron_model::ExpertLoads;
-use ferrotron_parallel::{Comm, InFlight, ParallelOps, ReduceOp};
+use ferrotron_parallel::{Comm, InFlight, ParallelOps, ReduceOp, prefetch};
 
 use crate::TrainError;
-use crate::flat_adamw::{FlatGrads, Layout, from_primitive, gather_group, primitive};
+use crate::flat_adamw::{FlatGrads, Group, Layout, from_primitive, gather_group, primitive};
 
 /// The data-parallel group a replicated rank averages its step over.
 #[derive(Clone)]
@@ -30,6 +30,13 @@ pub(crate) struct Replicas {
     pub comm: Comm,
     /// Reduce buckets during the last microbatch's backward (`parallel.overlap_grad_reduce`).
     pub overlap: bool,
+    /// ZeRO-1 (`parallel.distributed_optimizer`): gradients reduce-scattered, the optimizer
+    /// state and update this rank's part of every flat buffer, the new values all-gathered.
+    pub shard: bool,
+    /// With `shard` and `parallel.overlap_param_gather`: per bucket, the first layer that reads
+    /// its parameters (none: read before the layers); the next forward waits for a bucket's
+    /// all-gather only there (`ferrotron_parallel::prefetch`).
+    pub gather_before: Option<Vec<Option<usize>>>,
 }
 
 impl std::fmt::Debug for Replicas {
@@ -54,6 +61,53 @@ impl Replicas {
         let sum = I::all_reduce_detached(x, ReduceOp::Sum, &self.comm);
         let scale = 1.0 / size as f32;
         primitive(from_primitive::<I>(sum).mul_scalar(scale))
+    }
+
+    /// Starts the reduction of one flat gradient buffer over the group: an all-reduce, or with
+    /// `shard` a reduce-scatter to this rank's part.
+    pub(crate) fn start<I: ParallelOps>(&self, buffer: FloatTensor<I>) -> InFlight<I> {
+        if self.shard {
+            I::reduce_scatter_started(buffer, &self.comm)
+        } else {
+            I::all_reduce_started(buffer, &self.comm)
+        }
+    }
+
+    /// A started reduction's sum divided by the group size (in f32, as the host exchange does).
+    pub(crate) fn average<I: ParallelOps>(&self, started: InFlight<I>) -> FloatTensor<I> {
+        let sum = started.finish();
+        let scale = 1.0 / self.comm.size() as f32;
+        primitive(from_primitive::<I>(sum).mul_scalar(scale))
+    }
+
+    /// The group sum of `x` (a ZeRO-1 rank's part of Σg²).
+    pub(crate) fn sum<I: ParallelOps>(&self, x: Tensor<I, 1>) -> Tensor<I, 1> {
+        from_primitive(I::all_reduce_detached(
+            primitive(x),
+            ReduceOp::Sum,
+            &self.comm,
+        ))
+    }
+
+    /// With `shard`: `part` (a group's new values, this rank's part) all-gathered whole, the
+    /// compute stream ordered after the gather now, or (with `gather_before`) when the next
+    /// forward reaches the first layer reading it. Without: `part` itself.
+    pub(crate) fn expand<I: ParallelOps>(&self, group: &Group, part: Tensor<I, 1>) -> Tensor<I, 1> {
+        if !self.shard {
+            return part;
+        }
+        let (whole, wait) = I::all_gather_started(primitive(part), &self.comm).split();
+        if let Some(wait) = wait {
+            let layer = self
+                .gather_before
+                .as_ref()
+                .and_then(|first| first.get(group.bucket).copied().flatten());
+            match layer {
+                Some(layer) => prefetch::before_layer_run(layer, wait),
+                None => wait(),
+            }
+        }
+        from_primitive(whole)
     }
 
     /// The group mean of a 1-D tensor.
@@ -173,13 +227,12 @@ where
             self.start(self.next, |id| rest.remove(&id));
             self.next += 1;
         }
-        let scale = 1.0 / self.replicas.comm.size() as f32;
         let buffers = self
             .started
             .into_iter()
             .map(|started| {
-                let sum = started.expect("every bucket was started").finish();
-                primitive(from_primitive::<B::InnerBackend>(sum).mul_scalar(scale))
+                self.replicas
+                    .average(started.expect("every bucket was started"))
             })
             .collect();
         FlatGrads { buffers }
@@ -193,23 +246,26 @@ where
         for &group in &self.buckets[bucket] {
             let previous = self.earlier[group].take();
             let sum = gather_group(&self.layout, group, &mut grad, previous);
-            self.started[group] = Some(B::InnerBackend::all_reduce_started(
-                sum,
-                &self.replicas.comm,
-            ));
+            self.started[group] = Some(self.replicas.start(sum));
         }
     }
 }
 
-/// The bucket of every parameter for an overlapped reduction: the transformer layers' parameters
-/// (found by their `layers.<n>.` names) in buckets of consecutive layers of about
-/// `bucket_elements` each, counted from the last layer (backward produces those first); every
-/// other parameter (embeddings, final norm, output layer: used outside the layers, the tied
-/// embedding twice) in the last bucket, reduced after the backward.
+/// Parameters in buckets for an overlapped reduction: the transformer layers' parameters (found
+/// by their `layers.<n>.` names) in buckets of consecutive layers of about `bucket_elements`
+/// each, counted from the last layer (backward produces those first); every other parameter
+/// (embeddings, final norm, output layer: used outside the layers, the tied embedding twice) in
+/// the last bucket, reduced after the backward.
+pub(crate) struct Buckets {
+    pub of_param: Vec<(ParamId, usize)>,
+    /// Per bucket, its first layer (none: the last bucket's parameters, read before the layers).
+    pub first_layer: Vec<Option<usize>>,
+}
+
 pub(crate) fn layer_buckets<B: Backend, M: Module<B>>(
     model: &M,
     bucket_elements: usize,
-) -> Vec<(ParamId, usize)> {
+) -> Buckets {
     let params = crate::param_entries::<B, M>(model);
     let layer_of = |name: &str| -> Option<usize> {
         let rest = name.split("layers.").nth(1)?;
@@ -222,24 +278,32 @@ pub(crate) fn layer_buckets<B: Backend, M: Module<B>>(
         }
     }
     // from the last layer down: a bucket closes once it holds `bucket_elements`
-    let mut bucket_of_layer = std::collections::HashMap::new();
-    let (mut bucket, mut held) = (0, 0);
+    let mut bucket_of_layer = HashMap::new();
+    let mut first_layer = Vec::new();
+    let mut held = 0;
     for (&layer, &size) in sizes.iter().rev() {
-        if held > 0 && held + size > bucket_elements {
-            bucket += 1;
+        if first_layer.is_empty() || held > 0 && held + size > bucket_elements {
+            first_layer.push(Some(layer));
             held = 0;
         }
+        let bucket = first_layer.len() - 1;
+        first_layer[bucket] = Some(layer);
         bucket_of_layer.insert(layer, bucket);
         held += size;
     }
-    let last = if sizes.is_empty() { 0 } else { bucket + 1 };
-    params
+    let last = first_layer.len();
+    first_layer.push(None);
+    let of_param = params
         .iter()
         .map(|entry| {
             let bucket = layer_of(&entry.name).map_or(last, |layer| bucket_of_layer[&layer]);
             (entry.id, bucket)
         })
-        .collect()
+        .collect();
+    Buckets {
+        of_param,
+        first_layer,
+    }
 }
 
 /// Every float parameter of `module` by id, as the autodiff graph knows it (to look its

@@ -13,7 +13,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_model::{ExpertLoads, GptModel};
-use ferrotron_parallel::{ParallelOps, recompute};
+use ferrotron_parallel::{ParallelOps, prefetch, recompute};
 
 use crate::clip::device_clip_coefficient;
 use crate::flat_adamw::{FlatGrads, take_grads};
@@ -331,7 +331,7 @@ where
                 flat.buffers = flat
                     .buffers
                     .into_iter()
-                    .map(|buffer| replicas.mean::<B::InnerBackend>(buffer))
+                    .map(|buffer| replicas.average(replicas.start::<B::InnerBackend>(buffer)))
                     .collect();
             }
             (pass, flat)
@@ -345,11 +345,28 @@ where
         losses = replicas.mean_tensor(losses);
         replicas.sum_loads(&mut loads)?;
     }
-    let squares = optimizer.flat_sum_of_squares(&flat);
+    // the next forward's waits, if one did not reach them all, before the parameters change
+    prefetch::settle();
+    let mut squares = optimizer.flat_sum_of_squares(&flat);
+    if let Some(replicas) = replicas.filter(|r| r.shard) {
+        // every rank's part of Σg², also from a rank whose part holds no gradient
+        let part = squares.unwrap_or_else(|| Tensor::zeros([1], (&losses.device(), DType::F32)));
+        squares = Some(replicas.sum(part));
+    }
     let clip = squares
         .as_ref()
         .and_then(|s| device_clip_coefficient(s, context.clip_grad));
-    let mut model = optimizer.step_flat(model, flat, context.lr, clip.clone());
+    let mut model =
+        optimizer.step_flat(
+            model,
+            flat,
+            context.lr,
+            clip.clone(),
+            |group, part| match replicas {
+                Some(replicas) => replicas.expand(group, part),
+                None => part,
+            },
+        );
     if !model.expert_biases().is_empty() {
         model = model.update_expert_bias(&loads)?;
     }

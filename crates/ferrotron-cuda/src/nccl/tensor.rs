@@ -44,11 +44,31 @@ impl StartedCollective {
             .wait(&self.finished)
             .map_err(|e| {
                 self.comm.fail(
-                    "all_reduce",
+                    "a started collective's wait",
                     format!("CUDA error while ordering the compute stream: {e:?}"),
                 )
             })
     }
+}
+
+/// When the compute stream is ordered after a tensor collective.
+#[derive(Debug, Clone, Copy)]
+enum Order {
+    /// Before anything queued after the call.
+    Now,
+    /// At the returned [`StartedCollective`]'s `wait`.
+    Later,
+}
+
+/// The output and handle of a collective submitted with [`Order::Later`].
+fn started(
+    result: Result<(CudaTensor, Option<StartedCollective>), CommError>,
+) -> Result<(CudaTensor, StartedCollective), CommError> {
+    let (out, handle) = result?;
+    Ok((
+        out,
+        handle.expect("a deferred collective returns its handle"),
+    ))
 }
 
 fn vptr(p: u64) -> *mut c_void {
@@ -110,32 +130,8 @@ impl NcclComm {
 
     /// Element-wise reduction across the group; every member gets the result.
     pub fn all_reduce_tensor(&self, x: &CudaTensor, op: ReduceOp) -> Result<CudaTensor, CommError> {
-        let name = "all_reduce";
-        let dtype = reducible_type(x.dtype()).map_err(|d| self.invalid_arg(name, d))?;
-        let x = self.input(name, x)?;
-        let out = self.output(name, x.shape(), x.dtype())?;
-        let (src, dst, len) = (x.data_ptr(), out.data_ptr(), x.numel());
-        // SAFETY: `x` and `out` hold `len` elements and live until `launch` returned.
-        unsafe {
-            self.launch(
-                name,
-                CollectiveKind::AllReduce,
-                bytes_of(&x),
-                false,
-                |c, s| {
-                    ok(nccl::all_reduce(
-                        vptr(src),
-                        vptr(dst),
-                        len,
-                        dtype,
-                        reduce_op(op),
-                        c,
-                        s,
-                    ))
-                },
-            )
-        }?;
-        Ok(out)
+        self.all_reduce_ordered(x, op, Order::Now)
+            .map(|(out, _)| out)
     }
 
     /// [`NcclComm::all_reduce_tensor`] whose result the compute stream does not wait for yet:
@@ -146,15 +142,25 @@ impl NcclComm {
         x: &CudaTensor,
         op: ReduceOp,
     ) -> Result<(CudaTensor, StartedCollective), CommError> {
+        started(self.all_reduce_ordered(x, op, Order::Later))
+    }
+
+    fn all_reduce_ordered(
+        &self,
+        x: &CudaTensor,
+        op: ReduceOp,
+        order: Order,
+    ) -> Result<(CudaTensor, Option<StartedCollective>), CommError> {
         let name = "all_reduce";
         let dtype = reducible_type(x.dtype()).map_err(|d| self.invalid_arg(name, d))?;
         let x = self.input(name, x)?;
         let out = self.output(name, x.shape(), x.dtype())?;
         let (src, dst, len) = (x.data_ptr(), out.data_ptr(), x.numel());
-        // SAFETY: `x` and `out` hold `len` elements; the handle keeps `x` and the caller `out`
-        // allocated until the compute stream waits for the returned event.
-        let finished = unsafe {
-            self.launch_deferred(name, CollectiveKind::AllReduce, bytes_of(&x), |c, s| {
+        let bytes = bytes_of(&x);
+        // SAFETY: `x` and `out` hold `len` elements; `submit` keeps `x` and the caller `out`
+        // allocated until the compute stream is ordered after the collective.
+        let started = unsafe {
+            self.submit(name, CollectiveKind::AllReduce, bytes, x, order, |c, s| {
                 ok(nccl::all_reduce(
                     vptr(src),
                     vptr(dst),
@@ -166,16 +172,64 @@ impl NcclComm {
                 ))
             })
         }?;
-        let started = StartedCollective {
-            comm: self.clone(),
-            finished,
-            _input: x,
-        };
         Ok((out, started))
+    }
+
+    /// Queues `call` reading `input`, ordered against the compute stream now or, with
+    /// [`Order::Later`], by the returned handle (which keeps `input` allocated until then).
+    ///
+    /// # Safety
+    /// As [`NcclComm::launch`]; with [`Order::Later`] the caller keeps every other buffer `call`
+    /// passes allocated until the handle's `wait`.
+    unsafe fn submit(
+        &self,
+        name: &'static str,
+        kind: CollectiveKind,
+        bytes: usize,
+        input: CudaTensor,
+        order: Order,
+        call: impl FnOnce(
+            cudarc::nccl::sys::ncclComm_t,
+            cudarc::nccl::sys::cudaStream_t,
+        ) -> Result<(), cudarc::nccl::result::NcclError>,
+    ) -> Result<Option<StartedCollective>, CommError> {
+        match order {
+            Order::Now => {
+                // SAFETY: the caller's promise; `input` lives past `launch`.
+                unsafe { self.launch(name, kind, bytes, false, call) }?;
+                Ok(None)
+            }
+            Order::Later => {
+                // SAFETY: the caller's promise; the handle keeps `input`.
+                let finished = unsafe { self.launch_deferred(name, kind, bytes, call) }?;
+                Ok(Some(StartedCollective {
+                    comm: self.clone(),
+                    finished,
+                    _input: input,
+                }))
+            }
+        }
     }
 
     /// The members' tensors concatenated along the leading dim, in rank order.
     pub fn all_gather_tensor(&self, x: &CudaTensor) -> Result<CudaTensor, CommError> {
+        self.all_gather_ordered(x, Order::Now).map(|(out, _)| out)
+    }
+
+    /// [`NcclComm::all_gather_tensor`], ordered at [`StartedCollective::wait`] (see
+    /// [`NcclComm::all_reduce_tensor_started`]).
+    pub fn all_gather_tensor_started(
+        &self,
+        x: &CudaTensor,
+    ) -> Result<(CudaTensor, StartedCollective), CommError> {
+        started(self.all_gather_ordered(x, Order::Later))
+    }
+
+    fn all_gather_ordered(
+        &self,
+        x: &CudaTensor,
+        order: Order,
+    ) -> Result<(CudaTensor, Option<StartedCollective>), CommError> {
         let name = "all_gather";
         args::has_leading_dim(x.shape()).map_err(|d| self.invalid_arg(name, d))?;
         let x = self.input(name, x)?;
@@ -184,17 +238,14 @@ impl NcclComm {
         let out = self.output(name, &shape, x.dtype())?;
         let dtype = tensor_type(x.dtype());
         let (src, dst, len) = (x.data_ptr(), out.data_ptr(), x.numel());
-        // SAFETY: `x` holds `len` elements, `out` `size × len`; both live past `launch`.
-        unsafe {
-            self.launch(
-                name,
-                CollectiveKind::AllGather,
-                bytes_of(&out),
-                false,
-                |c, s| ok(nccl::all_gather(vptr(src), vptr(dst), len, dtype, c, s)),
-            )
+        let bytes = bytes_of(&out);
+        // SAFETY: `x` holds `len` elements, `out` `size × len`; see `all_reduce_ordered`.
+        let started = unsafe {
+            self.submit(name, CollectiveKind::AllGather, bytes, x, order, |c, s| {
+                ok(nccl::all_gather(vptr(src), vptr(dst), len, dtype, c, s))
+            })
         }?;
-        Ok(out)
+        Ok((out, started))
     }
 
     /// All-gather along the leading dim where member `r` holds `rows[r]` rows (every member
@@ -257,6 +308,26 @@ impl NcclComm {
         x: &CudaTensor,
         op: ReduceOp,
     ) -> Result<CudaTensor, CommError> {
+        self.reduce_scatter_ordered(x, op, Order::Now)
+            .map(|(out, _)| out)
+    }
+
+    /// [`NcclComm::reduce_scatter_tensor`], ordered at [`StartedCollective::wait`] (see
+    /// [`NcclComm::all_reduce_tensor_started`]).
+    pub fn reduce_scatter_tensor_started(
+        &self,
+        x: &CudaTensor,
+        op: ReduceOp,
+    ) -> Result<(CudaTensor, StartedCollective), CommError> {
+        started(self.reduce_scatter_ordered(x, op, Order::Later))
+    }
+
+    fn reduce_scatter_ordered(
+        &self,
+        x: &CudaTensor,
+        op: ReduceOp,
+        order: Order,
+    ) -> Result<(CudaTensor, Option<StartedCollective>), CommError> {
         let name = "reduce_scatter";
         let dtype = reducible_type(x.dtype()).map_err(|d| self.invalid_arg(name, d))?;
         args::has_leading_dim(x.shape()).map_err(|d| self.invalid_arg(name, d))?;
@@ -266,13 +337,15 @@ impl NcclComm {
         shape[0] /= self.size();
         let out = self.output(name, &shape, x.dtype())?;
         let (src, dst, len) = (x.data_ptr(), out.data_ptr(), out.numel());
-        // SAFETY: `x` holds `size × len` elements, `out` `len`; both live past `launch`.
-        unsafe {
-            self.launch(
+        let bytes = bytes_of(&x);
+        // SAFETY: `x` holds `size × len` elements, `out` `len`; see `all_reduce_ordered`.
+        let started = unsafe {
+            self.submit(
                 name,
                 CollectiveKind::ReduceScatter,
-                bytes_of(&x),
-                false,
+                bytes,
+                x,
+                order,
                 |c, s| {
                     ok(nccl::reduce_scatter(
                         vptr(src),
@@ -286,7 +359,7 @@ impl NcclComm {
                 },
             )
         }?;
-        Ok(out)
+        Ok((out, started))
     }
 
     /// `root`'s tensor on every member (`x` gives the shape and dtype elsewhere).

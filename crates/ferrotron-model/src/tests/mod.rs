@@ -6,6 +6,7 @@ mod init;
 mod moe;
 mod moe_parallel;
 mod parallel;
+mod prefetch;
 mod presets;
 mod sampling;
 mod training;

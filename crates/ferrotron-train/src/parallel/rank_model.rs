@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig, RecomputePolicy};
-use ferrotron_parallel::{Comm, ParallelContext, ParallelOps, ParamRole, ReduceOp};
+use ferrotron_parallel::{Comm, ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch};
 use ferrotron_plan::Plan;
 
 use super::dist_optimizer::{self, ShardState, ShardedAdamW, Update};
@@ -158,15 +158,12 @@ where
             chunks: chunks.len(),
         };
         let roles: Vec<Vec<ParamRole>> = chunks.iter().map(GptModel::param_roles).collect();
-        let sharded = distributed_optimizer && !whole;
         // Experts no token reached have no gradient on one rank but may on another, which the
         // host exchange's has-gradient flags settle; the replicated step lays out every
         // parameter, so it takes dense models only.
-        let replicated = !whole
-            && !sharded
-            && only_data_parallel(&ctx)
-            && chunks.len() == 1
-            && config.moe.is_none();
+        let replicated =
+            !whole && only_data_parallel(&ctx) && chunks.len() == 1 && config.moe.is_none();
+        let sharded = distributed_optimizer && !whole && !replicated;
         let bucket_elements = plan
             .recipe
             .parallel
@@ -178,16 +175,20 @@ where
         let optimizer = if whole {
             RankOptimizer::Whole(AdamW::new(adamw, no_decay(&roles[0])))
         } else if replicated {
+            let parallel = &plan.recipe.parallel;
             let replicas = Replicas {
                 comm: ctx.dp_cp.clone(),
-                overlap: plan.recipe.parallel.overlap_grad_reduce,
+                overlap: parallel.overlap_grad_reduce,
+                shard: distributed_optimizer,
+                gather_before: None,
             };
-            let mut optimizer = AdamW::new(adamw, no_decay(&roles[0]));
-            if replicas.overlap {
-                let buckets = layer_buckets::<B, _>(&chunks[0], bucket_elements);
-                optimizer.set_buckets(buckets.into_iter().collect());
-            }
-            RankOptimizer::Replicated(optimizer, replicas)
+            replicated_optimizer(
+                &chunks[0],
+                AdamW::new(adamw, no_decay(&roles[0])),
+                replicas,
+                parallel.overlap_param_gather,
+                bucket_elements,
+            )
         } else if sharded {
             let params = local_params(&chunks);
             RankOptimizer::Sharded(Box::new(ShardedState {
@@ -413,6 +414,13 @@ where
     }
 }
 
+/// Gathers still in flight are waited for before their buffers can go.
+impl<B: AutodiffBackend> Drop for RankModel<B> {
+    fn drop(&mut self) {
+        prefetch::settle();
+    }
+}
+
 /// The loop drives a rank through [`RankStep`]: the step, evaluation and checkpoints above, and
 /// the agreement on stopping.
 impl<B> RankStep for RankModel<B>
@@ -459,6 +467,8 @@ where
         if microbatches.is_empty() {
             return Ok(f64::NAN);
         }
+        // parameters still being gathered (ZeRO-1 with `overlap_param_gather`) are read now
+        prefetch::settle();
         let chunks = valid_chunks(&self.chunks);
         let sum = evaluate_stage::<B::InnerBackend>(
             &chunks,
@@ -476,6 +486,11 @@ where
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,
     ) -> Result<PathBuf, TrainError> {
+        prefetch::settle();
+        if let RankOptimizer::Replicated(optimizer, replicas) = &mut self.optimizer {
+            // a checkpoint holds whole moments and masters, whatever the layout that reads it
+            optimizer.join_shards(&replicas.comm);
+        }
         self.save_checkpoint(store, info)
     }
 
@@ -555,6 +570,30 @@ where
         updated.push(optimizer.step(chunk, grads, update.lr, update.grad_scale));
     }
     updated
+}
+
+/// The optimizer of a rank of pure data parallelism: its flat layout cut into buckets where the
+/// reduction overlaps the backward or the parameter gather the forward, and with ZeRO-1 only
+/// this rank's part of the state.
+fn replicated_optimizer<B: AutodiffBackend>(
+    model: &GptModel<B>,
+    mut optimizer: AdamW<B::InnerBackend>,
+    mut replicas: Replicas,
+    overlap_param_gather: bool,
+    bucket_elements: usize,
+) -> RankOptimizer<B::InnerBackend> {
+    let gather_overlap = replicas.shard && overlap_param_gather;
+    // ZeRO-1 cuts every bucket into parts (as Megatron's distributed optimizer does), so its
+    // numbers depend on the bucket size, never on whether the collectives overlap.
+    if replicas.overlap || replicas.shard {
+        let buckets = layer_buckets::<B, _>(model, bucket_elements);
+        optimizer.set_buckets(buckets.of_param.into_iter().collect());
+        replicas.gather_before = gather_overlap.then_some(buckets.first_layer);
+    }
+    if replicas.shard {
+        optimizer.set_shard(replicas.comm.rank(), replicas.comm.size());
+    }
+    RankOptimizer::Replicated(optimizer, replicas)
 }
 
 /// Whether every group of `ctx` is this rank alone (then it holds the whole model).

@@ -150,13 +150,21 @@ fn tensor_rows(comm: &NcclComm, rng: &mut StdRng, dtype: DType) -> Vec<Row> {
             dt,
             sh.clone(),
             "tensor, compute stream ordered at wait",
-            run(&|t| {
-                let (y, started) = comm
-                    .all_reduce_tensor_started(t, ReduceOp::Sum)
-                    .map_err(err)?;
-                started.wait().map_err(err)?;
-                Ok(y)
-            }),
+            run(&|t| waited(comm.all_reduce_tensor_started(t, ReduceOp::Sum))),
+        ),
+        row(
+            "all_gather_started",
+            dt,
+            sh.clone(),
+            "tensor, compute stream ordered at wait",
+            run(&|t| waited(comm.all_gather_tensor_started(t))),
+        ),
+        row(
+            "reduce_scatter_started",
+            dt,
+            sh.clone(),
+            "tensor, compute stream ordered at wait",
+            run(&|t| waited(comm.reduce_scatter_tensor_started(t, ReduceOp::Sum))),
         ),
         row(
             "all_reduce_max",
@@ -524,13 +532,16 @@ pub(crate) fn timings(comm: &NcclComm) -> String {
             ),
             (
                 "all_reduce_started",
+                Box::new(|| waited(comm.all_reduce_tensor_started(&x, ReduceOp::Sum)).map(drop)),
+            ),
+            (
+                "all_gather_started",
+                Box::new(|| waited(comm.all_gather_tensor_started(&x)).map(drop)),
+            ),
+            (
+                "reduce_scatter_started",
                 Box::new(|| {
-                    let (y, started) = comm
-                        .all_reduce_tensor_started(&x, ReduceOp::Sum)
-                        .map_err(err)?;
-                    started.wait().map_err(err)?;
-                    drop(y);
-                    Ok(())
+                    waited(comm.reduce_scatter_tensor_started(&x, ReduceOp::Sum)).map(drop)
                 }),
             ),
             (
@@ -596,4 +607,13 @@ pub(crate) fn timings(comm: &NcclComm) -> String {
         }
     }
     out
+}
+
+/// A started collective's output once the compute stream waited for it.
+fn waited(
+    started: Result<(CudaTensor, nccl::StartedCollective), ferrotron_dist::CommError>,
+) -> Result<CudaTensor, String> {
+    let (out, started) = started.map_err(err)?;
+    started.wait().map_err(err)?;
+    Ok(out)
 }

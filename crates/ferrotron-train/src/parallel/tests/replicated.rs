@@ -1,6 +1,7 @@
 //! Data parallelism with the whole model on every rank (`crate::replicas`): the gradient
 //! reduction overlapped with the last microbatch's backward, bucket by bucket, gives the numbers
-//! of the reduction after the backward bit for bit, with any bucket size; both match one rank
+//! of the reduction after the backward bit for bit, with any bucket size, and so does ZeRO-1's
+//! parameter all-gather waited for layer by layer in the next forward; each matches one rank
 //! (`equivalence.rs`'s tolerances); and a non-finite loss still stops every rank.
 
 use serde_json::{Value, json};
@@ -20,9 +21,13 @@ fn dp2() -> Layout {
 }
 
 fn run(layers: u32, extra: Value) -> Vec<RankOutcome> {
+    run_layout(dp2(), layers, extra)
+}
+
+fn run_layout(layout: Layout, layers: u32, extra: Value) -> Vec<RankOutcome> {
     let dir = tempfile::tempdir().expect("tempdir");
     write_data(dir.path());
-    let plan = plan(dir.path(), dp2(), layers, 3, extra);
+    let plan = plan(dir.path(), layout, layers, 3, extra);
     train_world(&plan, &options(dir.path())).expect("the data-parallel run trains")
 }
 
@@ -69,6 +74,33 @@ fn overlapped_reduction_with_recomputation_gives_the_same_numbers() {
     let overlapped = losses_and_weights(run(3, settings(true)));
     assert_eq!(overlapped.0, after.0);
     assert!(overlapped.1 == after.1, "final weights differ");
+}
+
+/// ZeRO-1 over 4 ranks (parts of every padded flat buffer), 3 layers, buckets of one layer:
+/// overlapping the gradient reduce-scatter and the parameter all-gather changes nothing.
+#[test]
+fn distributed_optimizer_overlaps_give_the_same_numbers() {
+    let dp4 = Layout { dp: 4, ..dp2() };
+    let settings = |grad: bool, param: bool| {
+        json!({
+            "parallel": {
+                "distributed_optimizer": true, "ddp_bucket_size": 1,
+                "overlap_grad_reduce": grad, "overlap_param_gather": param
+            }
+        })
+    };
+    let none = losses_and_weights(run_layout(dp4, 3, settings(false, false)));
+    for (grad, param) in [(true, false), (false, true), (true, true)] {
+        let overlapped = losses_and_weights(run_layout(dp4, 3, settings(grad, param)));
+        assert_eq!(
+            overlapped.0, none.0,
+            "losses, overlap grad {grad} param {param}"
+        );
+        assert!(
+            overlapped.1 == none.1,
+            "final weights differ, overlap grad {grad} param {param}"
+        );
+    }
 }
 
 #[test]

@@ -9,16 +9,35 @@ use crate::StopReason;
 
 #[test]
 fn resumed_parallel_run_matches_uninterrupted_bit_for_bit() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_data(dir.path());
-    let layout = Layout {
+    check(Layout {
         tp: 1,
         pp: 2,
         vpp: 1,
         dp: 2,
         distributed_optimizer: true,
         ..Layout::default()
-    };
+    });
+}
+
+/// Pure data parallelism runs the replicated device step (`crate::replicas`): plain, and ZeRO-1
+/// whose parts of the flat state are joined for the checkpoint and cut again after it.
+#[test]
+fn resumed_data_parallel_run_matches_uninterrupted_bit_for_bit() {
+    for distributed_optimizer in [false, true] {
+        check(Layout {
+            tp: 1,
+            pp: 1,
+            vpp: 1,
+            dp: 2,
+            distributed_optimizer,
+            ..Layout::default()
+        });
+    }
+}
+
+fn check(layout: Layout) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_data(dir.path());
     let with_store = |name: &str| {
         json!({"checkpoint": {
             "dir": dir.path().join(name), "interval": 2, "keep_last": 2, "resume": "auto"
