@@ -10,6 +10,11 @@
 #       runtime skips collectives of one), so the runs differ only in the training loop (the
 #       rank loop against the one-rank loop): expected equal up to bf16 noise (< 1e-2 relative;
 #       a larger difference is a bug in the rank loop on the GPU, not in NCCL);
+#   (t) two ranks of pure data parallelism on ONE GPU over TCP (--nproc-per-node 2 --comm tcp:
+#       the host carries the collectives, NCCL refuses two ranks on one GPU): the replicated
+#       device step (flat gradient buffers averaged per bucket during the last backward; ZeRO-1
+#       parts with reduce-scatter and all-gather) against one GPU with the same global batch,
+#       and each overlap switched off against on (expected: the same losses, bit for bit);
 #   (m) only with PARTS containing m and at least two GPUs (2, 4 or 8): the same recipe with
 #       data parallel over every GPU (--nproc-per-node N --set parallel.data=N, the same global
 #       batch of 8), over NCCL, against the one-GPU run's losses (equal up to reduction order).
@@ -25,7 +30,8 @@
 # `libnccl.so` symlink and puts it on LD_LIBRARY_PATH.
 #
 # Env: OUT (results, default /tmp/gpu-nccl-out), FERROTRON_DIST (binaries, default .gpu-dist),
-# PARTS (default "ab"; add m for the multi-GPU run), STEPS (30), RUN_TIMEOUT (300).
+# PARTS (default "ab"; t for two ranks on one GPU over TCP, m for the multi-GPU run), STEPS
+# (30), RUN_TIMEOUT (300).
 # Output: the tables last on stdout and in $OUT/gpu-nccl.md; full logs under $OUT/logs.
 set -uo pipefail
 
@@ -138,6 +144,24 @@ if [[ $parts == *b* ]]; then
         grep -E "NCCL world ready|error" "$logs/tiny-bf16-nccl.log" | tail -n 3
         echo
     } >>"$tables"
+fi
+
+# ---- (t) two data-parallel ranks on one GPU over TCP ----------------------------------------
+if [[ $parts == *t* ]]; then
+    # 8 samples per step: 2 microbatches of 4 on one rank, one of 4 on each of the two ranks
+    mb=(--set training.global_batch_size=8 --set training.micro_batch_size=4)
+    dp2=(--nproc-per-node 2 --set parallel.data=2 "${mb[@]}")
+    train tiny-bf16-mb4 --world-size 1 "${mb[@]}"
+    FERROTRON_COMM=tcp train tiny-bf16-dp2 "${dp2[@]}"
+    FERROTRON_COMM=tcp train tiny-bf16-dp2-after "${dp2[@]}" --set parallel.overlap_grad_reduce=false
+    FERROTRON_COMM=tcp train tiny-bf16-zero1 "${dp2[@]}" --set parallel.distributed_optimizer=true
+    FERROTRON_COMM=tcp train tiny-bf16-zero1-after "${dp2[@]}" --set parallel.distributed_optimizer=true \
+        --set parallel.overlap_grad_reduce=false --set parallel.overlap_param_gather=false
+    compare "(t) data parallel, 2 ranks on one GPU over TCP, vs one GPU (same global batch)" \
+        tiny-bf16-mb4 tiny-bf16-dp2
+    compare "(t) overlapped reduction vs after the backward" tiny-bf16-dp2 tiny-bf16-dp2-after
+    compare "(t) ZeRO-1, 2 ranks, vs one GPU" tiny-bf16-mb4 tiny-bf16-zero1
+    compare "(t) ZeRO-1: both overlaps vs neither" tiny-bf16-zero1 tiny-bf16-zero1-after
 fi
 
 # ---- (m) data parallel over every GPU, over NCCL --------------------------------------------

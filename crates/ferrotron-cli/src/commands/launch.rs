@@ -30,6 +30,8 @@ use ferrotron_telemetry::MemoryProbe;
 use ferrotron_train::precision::{compute_dtype, use_compute_dtype};
 use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary, train_rank};
 
+use super::run::CommArg;
+
 /// How long a collective may wait for a peer before the run fails naming the missing ranks.
 const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -97,15 +99,20 @@ impl World {
 impl Launch {
     /// `backend` for this world: a GPU backend uses the GPU numbered by the launcher's local
     /// rank (srun/torchrun, `--nproc-per-node`), else GPU 0. A CUDA world of several processes
-    /// trains over NCCL communicators; `force_nccl` uses them for one GPU too. Fails early,
+    /// trains over NCCL communicators; `comm` nccl uses them for one GPU too, and tcp replaces
+    /// them by the host's TCP mesh (ranks beyond the GPU count then share GPUs). Fails early,
     /// before planning, when the binary lacks the backend or the world needs more than one GPU
     /// rank per process.
-    pub(crate) fn select(
-        backend: Backend,
-        world: World,
-        force_nccl: bool,
-    ) -> anyhow::Result<Launch> {
+    pub(crate) fn select(backend: Backend, world: World, comm: CommArg) -> anyhow::Result<Launch> {
+        let force_nccl = comm == CommArg::Nccl;
         let ordinal = match &world {
+            // over TCP, ranks may outnumber the GPUs: they take them round-robin
+            World::Process(env) if comm == CommArg::Tcp && backend == Backend::Cuda => {
+                let gpus = ferrotron_cuda::device_count()
+                    .context("counting the GPUs for --comm tcp")?
+                    .max(1);
+                env.local_rank as usize % gpus
+            }
             World::Process(env) => env.local_rank as usize,
             World::Threads { .. } => 0,
         };
@@ -122,8 +129,8 @@ impl Launch {
                 });
             }
             Backend::Cuda => Compute::Cuda { ordinal },
-            Backend::BurnCuda if force_nccl => anyhow::bail!(
-                "--comm nccl needs --backend cuda (ours): stock burn-cuda runs one rank only"
+            Backend::BurnCuda if comm != CommArg::Auto => anyhow::bail!(
+                "--comm nccl and tcp need --backend cuda (ours): stock burn-cuda runs one rank only"
             ),
             Backend::BurnCuda if cfg!(feature = "burn-cuda") => Compute::BurnCuda { ordinal },
             Backend::BurnCuda => anyhow::bail!(
@@ -145,7 +152,9 @@ impl Launch {
             ),
             _ => {}
         }
-        let nccl = matches!(compute, Compute::Cuda { .. }) && (ranks > 1 || force_nccl);
+        let nccl = matches!(compute, Compute::Cuda { .. })
+            && comm != CommArg::Tcp
+            && (ranks > 1 || force_nccl);
         Ok(Launch {
             world,
             compute,
@@ -280,8 +289,21 @@ impl Launch {
                     &Default::default(),
                 )?)
             }
-            (Compute::Cpu, World::Process(env)) => {
-                train_process_rank(plan, env, tokenizer, options)
+            (Compute::Cpu, World::Process(env)) => train_process_rank::<CpuTrainBackend>(
+                plan,
+                env,
+                tokenizer,
+                options,
+                &Default::default(),
+            ),
+            (Compute::Cuda { ordinal }, World::Process(env)) if !self.nccl => {
+                train_process_rank::<Autodiff<ferrotron_cuda::Cuda>>(
+                    plan,
+                    env,
+                    tokenizer,
+                    options,
+                    &ferrotron_cuda::GpuDevice::new(ordinal),
+                )
             }
             (Compute::Cuda { ordinal }, world) if self.nccl => {
                 let summary = train_gpu_rank_nccl(plan, world, ordinal, tokenizer, options);
@@ -323,15 +345,20 @@ impl Launch {
     }
 }
 
-/// One CPU rank of a process world: rendezvous over TCP, build this rank's groups from the plan,
-/// train. A failing rank tells its peers before it exits, so they stop with its reason instead
-/// of timing out.
-fn train_process_rank(
+/// One rank of a process world over TCP (a CPU rank, or a GPU rank with `--comm tcp`):
+/// rendezvous, build this rank's groups from the plan, train. A failing rank tells its peers
+/// before it exits, so they stop with its reason instead of timing out.
+fn train_process_rank<B>(
     plan: &Plan,
     env: &LaunchEnv,
     tokenizer: &Tokenizer,
     options: &RunOptions,
-) -> anyhow::Result<RunSummary> {
+    device: &B::Device,
+) -> anyhow::Result<RunSummary>
+where
+    B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
+{
     let span = tracing::info_span!("rank", rank = env.rank);
     let _entered = span.enter();
     let config = env.tcp_config(COLLECTIVE_TIMEOUT);
@@ -352,8 +379,7 @@ fn train_process_rank(
         }
     };
     let ctx = ParallelContext::from_groups(groups, plan.recipe.parallel.sequence_parallel);
-    let device = Default::default();
-    match train_rank::<CpuTrainBackend>(plan, ctx, tokenizer, options, &device) {
+    match train_rank::<B>(plan, ctx, tokenizer, options, device) {
         Ok(summary) => Ok(summary),
         Err(err) => {
             world.abort(&err.to_string());
@@ -484,7 +510,7 @@ mod tests {
     use super::*;
 
     fn compute(backend: Backend, size: u32) -> anyhow::Result<Compute> {
-        Launch::select(backend, World::Threads { size }, false).map(|launch| launch.compute)
+        Launch::select(backend, World::Threads { size }, CommArg::Auto).map(|launch| launch.compute)
     }
 
     #[test]
@@ -509,15 +535,31 @@ mod tests {
 
     #[test]
     fn nccl_is_forced_only_on_our_cuda_backend() {
-        let one = Launch::select(Backend::Cuda, World::Threads { size: 1 }, true).expect("cuda");
+        let one =
+            Launch::select(Backend::Cuda, World::Threads { size: 1 }, CommArg::Nccl).expect("cuda");
         assert!(one.nccl);
-        let plain = Launch::select(Backend::Cuda, World::Threads { size: 1 }, false).expect("cuda");
+        let plain =
+            Launch::select(Backend::Cuda, World::Threads { size: 1 }, CommArg::Auto).expect("cuda");
         assert!(!plain.nccl);
-        let err = Launch::select(Backend::Cpu, World::Threads { size: 1 }, true)
+        let err = Launch::select(Backend::Cpu, World::Threads { size: 1 }, CommArg::Nccl)
             .expect_err("nccl on the cpu");
         assert!(err.to_string().contains("needs --backend cuda"), "{err}");
-        let cpu = Launch::select(Backend::Cpu, World::Threads { size: 4 }, false).expect("cpu");
+        let cpu =
+            Launch::select(Backend::Cpu, World::Threads { size: 4 }, CommArg::Auto).expect("cpu");
         assert!(!cpu.nccl);
+    }
+
+    #[test]
+    fn tcp_keeps_gpu_ranks_off_nccl() {
+        let one =
+            Launch::select(Backend::Cuda, World::Threads { size: 1 }, CommArg::Tcp).expect("cuda");
+        assert!(!one.nccl);
+        let err = Launch::select(Backend::BurnCuda, World::Threads { size: 1 }, CommArg::Tcp)
+            .expect_err("stock burn-cuda has no rank loop over TCP");
+        assert!(err.to_string().contains("need --backend cuda"), "{err}");
+        let err = Launch::select(Backend::Cuda, World::Threads { size: 2 }, CommArg::Tcp)
+            .expect_err("GPU ranks are processes");
+        assert!(err.to_string().contains("one rank per process"), "{err}");
     }
 
     #[test]

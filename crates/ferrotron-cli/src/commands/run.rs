@@ -33,6 +33,10 @@ pub(crate) enum CommArg {
     /// NCCL communicators even for one GPU (world 1: the rank loop over NCCL groups, to compare
     /// with the plain one-rank run).
     Nccl,
+    /// TCP through the host, as CPU ranks talk: a layout of more ranks than GPUs (they share the
+    /// GPUs round-robin; NCCL refuses two ranks on one GPU), to try it where only one GPU is;
+    /// far slower than NCCL.
+    Tcp,
 }
 
 #[derive(Debug, clap::Args)]
@@ -67,7 +71,7 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub nproc_per_node: Option<u32>,
     /// Communicators of a `--backend cuda` run: `auto` (NCCL when the world has several
-    /// ranks) or `nccl` (also on one GPU).
+    /// ranks), `nccl` (also on one GPU) or `tcp` (through the host; ranks may share a GPU).
     #[arg(long, value_enum, env = "FERROTRON_COMM", default_value = "auto")]
     pub comm: CommArg,
     /// Train even when the plan says it does not fit in memory (it may be killed partway).
@@ -128,7 +132,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
     ferrotron_telemetry::init_tracing(recipe.logging.format);
 
     let world = World::detect(args.world_size, recipe)?;
-    let launch = match Launch::select(backend, world, args.comm == CommArg::Nccl) {
+    let launch = match Launch::select(backend, world, args.comm) {
         Ok(launch) => launch,
         Err(err) => {
             sayln!("error: {}", describe(&err));
