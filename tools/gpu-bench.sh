@@ -57,6 +57,8 @@ benches=(
     "gpt-1.3b-full|recipes/gpt-1.3b.yaml|12|full"
     "gpt-1.3b-full-mb24|recipes/gpt-1.3b.yaml|24|full"
     "llama-1b|recipes/llama3-8b.yaml|2|llama_1b"
+    "llama-1b-mb4|recipes/llama3-8b.yaml|4|llama_1b"
+    "llama-1b-mb6|recipes/llama3-8b.yaml|6|llama_1b"
     "moe-8x|recipes/mixtral-8x7b.yaml|4|moe_small"
 )
 nodrop=(--set model.attention_dropout=0.0 --set model.hidden_dropout=0.0)

@@ -14,7 +14,8 @@
 #       the host carries the collectives, NCCL refuses two ranks on one GPU): the replicated
 #       device step (flat gradient buffers averaged per bucket during the last backward; ZeRO-1
 #       parts with reduce-scatter and all-gather) against one GPU with the same global batch,
-#       and each overlap switched off against on (expected: the same losses, bit for bit);
+#       and each overlap switched off against on (expected: the same losses up to bf16 sums);
+#       and two pipeline stages the same way (the pipeline's sends and receives);
 #   (m) only with PARTS containing m and at least two GPUs (2, 4 or 8): the same recipe with
 #       data parallel over every GPU (--nproc-per-node N --set parallel.data=N, the same global
 #       batch of 8), over NCCL, against the one-GPU run's losses (equal up to reduction order).
@@ -162,6 +163,10 @@ if [[ $parts == *t* ]]; then
     compare "(t) overlapped reduction vs after the backward" tiny-bf16-dp2 tiny-bf16-dp2-after
     compare "(t) ZeRO-1, 2 ranks, vs one GPU" tiny-bf16-mb4 tiny-bf16-zero1
     compare "(t) ZeRO-1: both overlaps vs neither" tiny-bf16-zero1 tiny-bf16-zero1-after
+    # two pipeline stages (2 layers each) on one GPU, 2 microbatches through 1F1B
+    FERROTRON_COMM=tcp train tiny-bf16-pp2 --nproc-per-node 2 --set parallel.pipeline=2 \
+        --set parallel.data=1 "${mb[@]}"
+    compare "(t) two pipeline stages on one GPU over TCP vs one GPU" tiny-bf16-mb4 tiny-bf16-pp2
 fi
 
 # ---- (m) data parallel over every GPU, over NCCL --------------------------------------------

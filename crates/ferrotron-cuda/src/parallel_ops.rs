@@ -23,7 +23,11 @@ use ferrotron_parallel::recompute::RngMark;
 use ferrotron_parallel::{Comm, InFlight, ReduceOp, host};
 
 use crate::backend::{Cuda, GpuDevice};
-use crate::nccl::{NcclComm, StartedCollective};
+use burn::tensor::get_device_settings;
+use burn::tensor::ops::FloatTensorOps;
+
+use crate::backend::convert::float_dtype;
+use crate::nccl::{NcclComm, RecvSpec, StartedCollective};
 use crate::tensor::CudaTensor;
 
 /// The NCCL communicator behind `comm`, if that is what it is.
@@ -165,6 +169,40 @@ impl ferrotron_parallel::ParallelOps for Cuda {
             |nccl, x| nccl.all_gather_tensor_started(x),
             |x| host::all_gather::<Cuda>(x, 0, comm),
         )
+    }
+
+    /// Through NCCL the tensor keeps its device and the run's float dtype (bf16 in a bf16 run,
+    /// half the bytes of the host path's f32); the compute stream waits for the send.
+    fn send_to(x: CudaTensor, peer: usize, comm: &Comm) -> Result<(), CommError> {
+        match nccl(comm) {
+            Some(nccl) => {
+                let dtype = get_device_settings::<Cuda>(&Cuda::float_device(&x)).float_dtype;
+                let x = Cuda::float_cast(x, dtype);
+                nccl.send_recv_tensors(&[(&x, peer)], &[]).map(drop)
+            }
+            None => host::send_to::<Cuda>(x, peer, comm),
+        }
+    }
+
+    fn recv_from(
+        shape: &[usize],
+        peer: usize,
+        comm: &Comm,
+        device: &GpuDevice,
+    ) -> Result<CudaTensor, CommError> {
+        match nccl(comm) {
+            Some(nccl) => {
+                let dtype = get_device_settings::<Cuda>(device).float_dtype;
+                let spec = RecvSpec {
+                    shape: shape.to_vec(),
+                    dtype: float_dtype(dtype),
+                    peer,
+                };
+                let mut received = nccl.send_recv_tensors(&[], &[spec])?;
+                Ok(received.remove(0))
+            }
+            None => host::recv_from::<Cuda>(shape, peer, comm, device),
+        }
     }
 
     fn all_reduce_detached(x: CudaTensor, op: ReduceOp, comm: &Comm) -> CudaTensor {

@@ -18,7 +18,7 @@ use crate::comm::Comm;
 use crate::ops::ParallelOps;
 use crate::recompute::{Rerun, RngMark, Run};
 use crate::recompute_autodiff;
-use ferrotron_dist::ReduceOp;
+use ferrotron_dist::{CommError, ReduceOp};
 
 /// What the backward of a region operator does with the incoming gradient.
 #[derive(Debug, Clone)]
@@ -168,6 +168,22 @@ impl<B: ParallelOps, C: CheckpointStrategy> ParallelOps for Autodiff<B, C> {
         rerun: Rerun<Self>,
     ) -> Vec<FloatTensor<Self>> {
         recompute_autodiff::cut::<B, C>(inputs, mark, rerun)
+    }
+
+    /// Sends the values (no gradient flows back through a pipeline send; the schedule sends
+    /// the gradient itself).
+    fn send_to(x: FloatTensor<Self>, peer: usize, comm: &Comm) -> Result<(), CommError> {
+        B::send_to(x.primitive, peer, comm)
+    }
+
+    /// A fresh leaf (the stage makes it require a gradient where it needs one).
+    fn recv_from(
+        shape: &[usize],
+        peer: usize,
+        comm: &Comm,
+        device: &Self::Device,
+    ) -> Result<FloatTensor<Self>, CommError> {
+        Ok(Self::from_inner(B::recv_from(shape, peer, comm, device)?))
     }
 
     fn cut_kept(inputs: Vec<FloatTensor<Self>>, run: Run<Self>) -> Vec<FloatTensor<Self>> {

@@ -197,6 +197,29 @@ pub fn all_to_all_rows<B: Backend>(
     host.write(values, vec![received, cols])
 }
 
+/// Sends `x` to group rank `peer` through the host, as f32 (pipeline activations and gradients).
+pub fn send_to<B: Backend>(x: FloatTensor<B>, peer: usize, comm: &Comm) -> Result<(), CommError> {
+    comm.send_f32(&Host::<B>::read(x).values, peer)
+}
+
+/// Receives a `shape` tensor from group rank `peer` through the host (f32 on the wire), in the
+/// device's float dtype.
+pub fn recv_from<B: Backend>(
+    shape: &[usize],
+    peer: usize,
+    comm: &Comm,
+    device: &B::Device,
+) -> Result<FloatTensor<B>, CommError> {
+    let len = shape.iter().product();
+    let mut buffer = vec![0.0; len];
+    comm.recv_f32(&mut buffer, peer)?;
+    let flat = burn::tensor::Tensor::<B, 1>::from_data(TensorData::new(buffer, [len]), device);
+    Ok(B::float_reshape(
+        flat.into_primitive().tensor(),
+        shape.to_vec().into(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use crate::comm::Comm;
 use crate::fused::FusedOps;
 use crate::host::{self, Host};
 use crate::recompute::{Rerun, RngMark, Run};
-use ferrotron_dist::ReduceOp;
+use ferrotron_dist::{CommError, ReduceOp};
 
 /// What orders later work after a collective (and keeps its buffers allocated until then).
 pub type Wait = Box<dyn FnOnce()>;
@@ -164,6 +164,23 @@ pub trait ParallelOps: FusedOps {
             return InFlight::ready(x);
         }
         InFlight::ready(host::all_gather::<Self>(x, 0, comm))
+    }
+
+    /// Sends `x` to group rank `peer` of `comm` (a pipeline stage's activation or input
+    /// gradient). Default: through the host as f32.
+    fn send_to(x: FloatTensor<Self>, peer: usize, comm: &Comm) -> Result<(), CommError> {
+        host::send_to::<Self>(x, peer, comm)
+    }
+
+    /// Receives a `shape` tensor from group rank `peer` of `comm` (what its [`Self::send_to`]
+    /// sent), in the device's float dtype. Default: through the host as f32.
+    fn recv_from(
+        shape: &[usize],
+        peer: usize,
+        comm: &Comm,
+        device: &Self::Device,
+    ) -> Result<FloatTensor<Self>, CommError> {
+        host::recv_from::<Self>(shape, peer, comm, device)
     }
 
     /// Where dropout's generator stands, for [`ParallelOps::rng_restore`] (see `recompute.rs`).

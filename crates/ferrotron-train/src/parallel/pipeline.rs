@@ -20,7 +20,7 @@ use burn::module::{AutodiffModule, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::cast::ToElement;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorPrimitive};
 use ferrotron_model::{
     ChunkData, ChunkInput, ChunkOutput, ExpertLoads, GptModel, split_for_context_parallel,
 };
@@ -28,7 +28,7 @@ use ferrotron_parallel::recompute::{self, Tape};
 use ferrotron_parallel::{ParallelContext, ParallelOps};
 
 use super::grad_sync::comm_error;
-use super::host::{grad_values, private_leaves, to_vec};
+use super::host::{grad_values, private_leaves};
 use super::schedule::{self, Op, StagePosition};
 use crate::backward::backward;
 use crate::{Microbatch, TrainError};
@@ -80,30 +80,25 @@ pub(super) fn rank_tensors<B: burn::tensor::backend::Backend>(
     )?)
 }
 
-fn tensor3<B: burn::tensor::backend::Backend>(
-    values: Vec<f32>,
-    shape: [usize; 3],
-    device: &B::Device,
-) -> Tensor<B, 3> {
-    Tensor::from_data(TensorData::new(values, shape), device)
-}
-
-fn recv<B: burn::tensor::backend::Backend>(
+/// An activation or gradient from `peer` over the pipeline group (on a GPU with NCCL: device to
+/// device, in the run's float dtype; elsewhere through the host as f32).
+fn recv<B: ParallelOps>(
     ctx: &ParallelContext,
     shape: [usize; 3],
     peer: usize,
     device: &B::Device,
 ) -> Result<Tensor<B, 3>, TrainError> {
-    let mut buffer = vec![0.0; shape.iter().product()];
-    ctx.pp
-        .recv_f32(&mut buffer, peer)
+    let received = B::recv_from(&shape, peer, &ctx.pp, device)
         .map_err(|e| comm_error("pipeline receive", e))?;
-    Ok(tensor3(buffer, shape, device))
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(received)))
 }
 
-fn send(ctx: &ParallelContext, values: &[f32], peer: usize) -> Result<(), TrainError> {
-    ctx.pp
-        .send_f32(values, peer)
+fn send<B: ParallelOps>(
+    ctx: &ParallelContext,
+    values: Tensor<B, 3>,
+    peer: usize,
+) -> Result<(), TrainError> {
+    B::send_to(values.into_primitive().tensor(), peer, &ctx.pp)
         .map_err(|e| comm_error("pipeline send", e))
 }
 
@@ -117,6 +112,7 @@ pub(super) fn run_step<B>(
 ) -> Result<PipelineOutcome, TrainError>
 where
     B: AutodiffBackend + ParallelOps,
+    B::InnerBackend: ParallelOps,
 {
     let ops = schedule::build(position, microbatches.len())?;
     let scale = 1.0 / microbatches.len() as f64;
@@ -125,7 +121,7 @@ where
     let mut loads = vec![ExpertLoads::default(); chunks.len()];
     let mut received: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
     let mut grads_in: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
-    let mut grads_out: HashMap<(usize, usize), Vec<f32>> = HashMap::new();
+    let mut grads_out: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
     let mut in_flight: HashMap<(usize, usize), InFlight<B>> = HashMap::new();
     let (mut loss_sum, mut lm_loss_sum) = (0.0, 0.0);
     for op in ops {
@@ -148,13 +144,13 @@ where
                 else {
                     return Err(schedule_bug("send an activation", chunk, microbatch));
                 };
-                send(ctx, &to_vec(hidden.clone()), position.next_stage())?;
+                send(ctx, hidden.clone(), position.next_stage())?;
             }
             Op::SendGrad { chunk, microbatch } => {
                 let grad = grads_out
                     .remove(&(chunk, microbatch))
                     .ok_or_else(|| schedule_bug("send a gradient", chunk, microbatch))?;
-                send(ctx, &grad, position.previous_stage())?;
+                send(ctx, grad, position.previous_stage())?;
             }
             Op::Compute(compute) if compute.forward => {
                 let key = (compute.chunk, compute.microbatch);
@@ -233,10 +229,9 @@ where
                     &mut || backward_fence(ctx),
                 )?;
                 if let Some(input) = input {
-                    let shape = input.dims();
                     let grad = match input.grad(&gradients) {
-                        Some(grad) => to_vec(grad),
-                        None => vec![0.0; shape.iter().product()],
+                        Some(grad) => Tensor::from_inner(grad),
+                        None => Tensor::zeros(input.dims(), &input.device()),
                     };
                     grads_out.insert(key, grad);
                 }
@@ -314,7 +309,7 @@ where
             }
             match chunk.forward_chunk(input)? {
                 ChunkOutput::Hidden { hidden, .. } => {
-                    send(ctx, &to_vec(hidden), position.next_stage())?;
+                    send(ctx, hidden, position.next_stage())?;
                 }
                 ChunkOutput::Loss(loss) => {
                     lm_loss_sum += loss.lm_loss.into_scalar().to_f64();
