@@ -15,7 +15,8 @@
 #       device step (flat gradient buffers averaged per bucket during the last backward; ZeRO-1
 #       parts with reduce-scatter and all-gather) against one GPU with the same global batch,
 #       and each overlap switched off against on (expected: the same losses up to bf16 sums);
-#       and two pipeline stages the same way (the pipeline's sends and receives);
+#       and two pipeline stages the same way (the pipeline's sends and receives); tensor
+#       parallel 2 with sequence parallelism, alone and as tp 2 × dp 2 with ZeRO-1 (4 ranks);
 #   (m) only with PARTS containing m and at least two GPUs (2, 4 or 8): the same recipe with
 #       data parallel over every GPU (--nproc-per-node N --set parallel.data=N, the same global
 #       batch of 8), over NCCL, against the one-GPU run's losses (equal up to reduction order).
@@ -167,6 +168,17 @@ if [[ $parts == *t* ]]; then
     FERROTRON_COMM=tcp train tiny-bf16-pp2 --nproc-per-node 2 --set parallel.pipeline=2 \
         --set parallel.data=1 "${mb[@]}"
     compare "(t) two pipeline stages on one GPU over TCP vs one GPU" tiny-bf16-mb4 tiny-bf16-pp2
+    # tensor parallel 2 with sequence parallelism through the replicated device step (partial
+    # norm gradients summed over tp, tp collectives on the compute path), alone and under dp 2
+    FERROTRON_COMM=tcp train tiny-bf16-tp2 --nproc-per-node 2 --set parallel.tensor=2 \
+        --set parallel.sequence_parallel=true --set parallel.data=1 "${mb[@]}"
+    compare "(t) tensor parallel 2 (sequence parallel) on one GPU over TCP vs one GPU" \
+        tiny-bf16-mb4 tiny-bf16-tp2
+    FERROTRON_COMM=tcp train tiny-bf16-tp2-dp2-zero1 --nproc-per-node 4 --set parallel.tensor=2 \
+        --set parallel.sequence_parallel=true --set parallel.data=2 \
+        --set parallel.distributed_optimizer=true "${mb[@]}"
+    compare "(t) tp 2 × dp 2 with ZeRO-1, four ranks on one GPU over TCP, vs one GPU" \
+        tiny-bf16-mb4 tiny-bf16-tp2-dp2-zero1
 fi
 
 # ---- (m) data parallel over every GPU, over NCCL --------------------------------------------

@@ -80,4 +80,10 @@ pub trait Communicator: Send + Sized {
 
     /// Returns once every member has called it.
     fn barrier(&self) -> Result<(), CommError>;
+
+    /// Whether the members are threads of this one process (they then share process-wide
+    /// state, such as burn-autodiff's graph registry, that ranks of their own never do).
+    fn members_are_threads(&self) -> bool {
+        false
+    }
 }

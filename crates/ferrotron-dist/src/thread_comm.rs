@@ -309,6 +309,10 @@ impl Communicator for ThreadComm {
         };
         self.exchange(signature, ()).map(drop)
     }
+
+    fn members_are_threads(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -61,6 +61,8 @@ pub trait DynComm: Send + Sync + fmt::Debug {
         recv_counts: &[usize],
     ) -> Result<(), CommError>;
     fn barrier(&self) -> Result<(), CommError>;
+    /// [`Communicator::members_are_threads`].
+    fn members_are_threads(&self) -> bool;
 
     /// The concrete communicator, so a backend can take a faster path for a transport it knows
     /// (the CUDA backend's device-side NCCL collectives downcast to its `NcclComm`).
@@ -188,6 +190,9 @@ impl<C: Communicator + Sync + fmt::Debug + 'static> DynComm for C {
     }
     fn barrier(&self) -> Result<(), CommError> {
         Communicator::barrier(self)
+    }
+    fn members_are_threads(&self) -> bool {
+        Communicator::members_are_threads(self)
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

@@ -211,33 +211,40 @@ impl<I: Backend> AdamW<I> {
 
     /// Add one microbatch's gradients of `model` to the step's flat buffers `into` (a fresh set
     /// for the step's first microbatch, which also lays the state out flat, or anew when the
-    /// parameters with gradients changed).
+    /// parameters with gradients changed); `complete` may change the flattened gradients first
+    /// (tensor-parallel partial ones summed over their group).
     pub(crate) fn gather_flat<B, M>(
         &mut self,
         model: &M,
         grads: GradientsParams,
         into: Option<FlatGrads<I>>,
+        complete: impl FnOnce(&mut HashMap<ParamId, Tensor<I, 1>>),
     ) -> Result<FlatGrads<I>, TrainError>
     where
         B: AutodiffBackend<InnerBackend = I>,
         I: FusedOps,
         M: AutodiffModule<B>,
     {
-        let taken = flat_adamw::take_grads::<B, M>(model, grads);
+        let mut taken = flat_adamw::take_grads::<B, M>(model, grads);
         if into.is_none() {
             self.lay_out(taken.params);
         }
+        complete(&mut taken.grads);
         let layout = &self.flat.as_ref().expect("laid out above").layout;
         flat_adamw::gather(layout, taken.grads, into)
     }
 
     /// `Σ x²` of a step's flat gradients (`[1]` f32; `None`: no gradients).
-    pub(crate) fn flat_sum_of_squares(&self, grads: &FlatGrads<I>) -> Option<Tensor<I, 1>>
+    pub(crate) fn flat_sum_of_squares(
+        &self,
+        grads: &FlatGrads<I>,
+        counted: impl Fn(ParamId) -> bool,
+    ) -> Option<Tensor<I, 1>>
     where
         I: FusedOps,
     {
         let layout = &self.flat.as_ref()?.layout;
-        flat_adamw::sum_of_squares(layout, grads, self.shard)
+        flat_adamw::sum_of_squares(layout, grads, self.shard, counted)
     }
 
     /// [`AdamW::step`] over the flat state and a step's flat gradients (from

@@ -14,8 +14,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
-use ferrotron_parallel::ParallelOps;
 use ferrotron_parallel::recompute::{Replay, Segment, Tape};
+use ferrotron_parallel::{Comm, ParallelOps};
 
 use crate::TrainError;
 
@@ -35,6 +35,25 @@ where
     M: Module<B>,
 {
     backward_by_range(root, tape, module, leaves, dropout, fence, &mut |_| Ok(()))
+}
+
+/// A `fence` for a backward that communicates with `peers` (the tensor, context and expert
+/// groups): waits until every thread rank among them has finished its previous backward.
+/// burn-autodiff ends each backward by locking every graph of the process in turn to prune
+/// orphans; a thread rank still in that cleanup would wait for the graph lock of a peer that
+/// already started its next backward and sits in a collective waiting for it, a deadlock no
+/// schedule order avoids. Starting each backward together removes the cycle. Ranks of their
+/// own processes share no graphs, so they skip the barrier (on NCCL it would stall the host).
+pub(crate) fn fence_peers(peers: &[&Comm]) -> Result<(), TrainError> {
+    for comm in peers {
+        if comm.size() > 1 && comm.members_are_threads() {
+            comm.barrier().map_err(|source| TrainError::Collective {
+                what: "barrier before a backward pass",
+                source: Box::new(source),
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// [`backward`] calling `done` after each range (every parameter used only after that range's

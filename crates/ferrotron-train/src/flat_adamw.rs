@@ -127,10 +127,12 @@ impl Layout {
         runs
     }
 
-    /// The segments of the gradient buffers in visiting order (the gaps, zero, left out).
-    pub(crate) fn segments(&self) -> Vec<FlatSegment> {
+    /// The segments of the gradient buffers of the parameters `counted` selects, in visiting
+    /// order (the gaps, zero, left out).
+    pub(crate) fn segments(&self, counted: impl Fn(ParamId) -> bool) -> Vec<FlatSegment> {
         self.order
             .iter()
+            .filter(|id| counted(**id))
             .map(|id| {
                 let slot = self.slots[id];
                 (slot.group, slot.offset, slot.len)
@@ -139,9 +141,14 @@ impl Layout {
     }
 
     /// [`Layout::segments`] of `shard`'s part of every group, offsets within the part.
-    pub(crate) fn shard_segments(&self, shard: Shard) -> Vec<FlatSegment> {
+    pub(crate) fn shard_segments(
+        &self,
+        shard: Shard,
+        counted: impl Fn(ParamId) -> bool,
+    ) -> Vec<FlatSegment> {
         self.order
             .iter()
+            .filter(|id| counted(**id))
             .filter_map(|id| {
                 let slot = self.slots[id];
                 let part = shard.range(self.groups[slot.group].len);
@@ -360,15 +367,16 @@ pub(crate) fn all_params<B: AutodiffBackend, M: AutodiffModule<B>>(
 }
 
 /// `Σ x²` of a step's gradients as `[1]` f32, the norm's sum in the model's order (of `shard`'s
-/// part only, when the gradients are that part).
+/// part only, when the gradients are that part), over the parameters `counted` selects.
 pub(crate) fn sum_of_squares<I: FusedOps>(
     layout: &Layout,
     grads: &FlatGrads<I>,
     shard: Option<Shard>,
+    counted: impl Fn(ParamId) -> bool,
 ) -> Option<Tensor<I, 1>> {
     let segments = match shard {
-        Some(shard) => layout.shard_segments(shard),
-        None => layout.segments(),
+        Some(shard) => layout.shard_segments(shard, counted),
+        None => layout.segments(counted),
     };
     I::segment_sum_of_squares(&grads.buffers, &segments).map(from_primitive)
 }
@@ -527,10 +535,16 @@ mod tests {
         let mut sum = None;
         for microbatch in 0..2 {
             let grads = grads(&model, microbatch);
-            sum = Some(optimizer.gather_flat(&model, grads, sum).expect("laid out"));
+            sum = Some(
+                optimizer
+                    .gather_flat(&model, grads, sum, |_| {})
+                    .expect("laid out"),
+            );
         }
         let sum = sum.expect("two microbatches");
-        let squares = optimizer.flat_sum_of_squares(&sum).expect("gradients");
+        let squares = optimizer
+            .flat_sum_of_squares(&sum, |_| true)
+            .expect("gradients");
         (
             optimizer.step_flat(model, sum, 1e-2, None, |_, values| values),
             squares.into_scalar(),
@@ -602,7 +616,7 @@ mod tests {
         // decay group: a at 0, c at 128 (aligned), padded to 2 × 64 × 2 = 256; no-decay: b
         assert_eq!(layout.groups[0].len, 256);
         assert_eq!(layout.groups[1].len, 128);
-        let part = |part| layout.shard_segments(Shard { part, parts: 2 });
+        let part = |part| layout.shard_segments(Shard { part, parts: 2 }, |_| true);
         assert_eq!(part(0), vec![(0, 0, 100), (1, 0, 30)]);
         assert_eq!(part(1), vec![(0, 0, 20)]);
         assert_eq!(
@@ -618,9 +632,11 @@ mod tests {
         let f32 = |t: Tensor<Ad, 1>| t.cast(DType::F32);
         let only_bias = f32(model.bias.val()).sum();
         let first = GradientsParams::from_grads(only_bias.backward(), &model);
-        let sum = opt.gather_flat(&model, first, None).expect("laid out");
+        let sum = opt
+            .gather_flat(&model, first, None, |_| {})
+            .expect("laid out");
         let err = opt
-            .gather_flat(&model, grads(&model, 0), Some(sum))
+            .gather_flat(&model, grads(&model, 0), Some(sum), |_| {})
             .expect_err("weight and gain were not in the first microbatch");
         assert!(err.to_string().contains("2 parameters"), "{err}");
     }

@@ -37,6 +37,51 @@ pub(crate) struct Replicas {
     /// its parameters (none: read before the layers); the next forward waits for a bucket's
     /// all-gather only there (`ferrotron_parallel::prefetch`).
     pub gather_before: Option<Vec<Option<usize>>>,
+    /// The tensor-parallel group and what its ranks hold in common.
+    pub tensor: TensorReplicas,
+}
+
+/// What a tensor-parallel rank's gradients need before the data-parallel average: the partial
+/// ones (sequence parallelism's norms and row-parallel biases, in the model's order) summed over
+/// the group, and the parameters every member holds whole counted in the norm once.
+#[derive(Clone)]
+pub(crate) struct TensorReplicas {
+    pub comm: Comm,
+    pub partial: Vec<ParamId>,
+    pub duplicate: std::collections::HashSet<ParamId>,
+}
+
+impl TensorReplicas {
+    /// Sums the partial gradients present in `grads` over the group (one all-reduce).
+    pub(crate) fn complete<I: ParallelOps>(&self, grads: &mut HashMap<ParamId, Tensor<I, 1>>) {
+        if self.comm.size() == 1 {
+            return;
+        }
+        let present: Vec<ParamId> = self
+            .partial
+            .iter()
+            .copied()
+            .filter(|id| grads.contains_key(id))
+            .collect();
+        if present.is_empty() {
+            return;
+        }
+        let parts: Vec<Tensor<I, 1>> = present.iter().map(|id| grads[id].clone()).collect();
+        let lens: Vec<usize> = parts.iter().map(|p| p.dims()[0]).collect();
+        let summed =
+            I::all_reduce_detached(primitive(Tensor::cat(parts, 0)), ReduceOp::Sum, &self.comm);
+        let summed = from_primitive::<I>(summed);
+        let mut at = 0;
+        for (id, len) in present.into_iter().zip(lens) {
+            grads.insert(id, summed.clone().slice(at..at + len));
+            at += len;
+        }
+    }
+
+    /// Whether this rank counts `id`'s gradient in the norm.
+    pub(crate) fn counts(&self, id: ParamId) -> bool {
+        self.comm.rank() == 0 || !self.duplicate.contains(&id)
+    }
 }
 
 impl std::fmt::Debug for Replicas {
@@ -80,13 +125,27 @@ impl Replicas {
         primitive(from_primitive::<I>(sum).mul_scalar(scale))
     }
 
-    /// The group sum of `x` (a ZeRO-1 rank's part of Σg²).
-    pub(crate) fn sum<I: ParallelOps>(&self, x: Tensor<I, 1>) -> Tensor<I, 1> {
-        from_primitive(I::all_reduce_detached(
-            primitive(x),
-            ReduceOp::Sum,
-            &self.comm,
-        ))
+    /// The world's Σg² from this rank's `part` (none: it counts no gradient): summed over the
+    /// tensor-parallel group, and over the data-parallel one with ZeRO-1's parts.
+    pub(crate) fn total_squares<I: ParallelOps>(
+        &self,
+        part: Option<Tensor<I, 1>>,
+        device: &I::Device,
+    ) -> Option<Tensor<I, 1>> {
+        let tp = self.tensor.comm.size() > 1;
+        if !tp && !self.shard {
+            return part;
+        }
+        let mut sum =
+            part.unwrap_or_else(|| Tensor::zeros([1], (device, burn::tensor::DType::F32)));
+        let groups = [
+            tp.then_some(&self.tensor.comm),
+            self.shard.then_some(&self.comm),
+        ];
+        for comm in groups.into_iter().flatten() {
+            sum = from_primitive(I::all_reduce_detached(primitive(sum), ReduceOp::Sum, comm));
+        }
+        Some(sum)
     }
 
     /// With `shard`: `part` (a group's new values, this rank's part) all-gathered whole, the
@@ -243,9 +302,15 @@ where
         bucket: usize,
         mut grad: impl FnMut(ParamId) -> Option<Tensor<B::InnerBackend, 1>>,
     ) {
+        let mut grads: HashMap<ParamId, Tensor<B::InnerBackend, 1>> = self.buckets[bucket]
+            .iter()
+            .flat_map(|&group| &self.layout.groups[group].members)
+            .filter_map(|&id| grad(id).map(|g| (id, g)))
+            .collect();
+        self.replicas.tensor.complete(&mut grads);
         for &group in &self.buckets[bucket] {
             let previous = self.earlier[group].take();
-            let sum = gather_group(&self.layout, group, &mut grad, previous);
+            let sum = gather_group(&self.layout, group, |id| grads.remove(&id), previous);
             self.started[group] = Some(self.replicas.start(sum));
         }
     }

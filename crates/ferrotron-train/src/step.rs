@@ -13,8 +13,9 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_model::{ExpertLoads, GptModel};
-use ferrotron_parallel::{ParallelOps, prefetch, recompute};
+use ferrotron_parallel::{Comm, ParallelOps, prefetch, recompute};
 
+use crate::backward::fence_peers;
 use crate::clip::device_clip_coefficient;
 use crate::flat_adamw::{FlatGrads, take_grads};
 use crate::replicas::{BucketReduction, Replicas};
@@ -171,7 +172,7 @@ where
     let scale = 1.0 / microbatches.len() as f64;
     let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
     let mut single = None;
-    let pass = forward_backward(&model, microbatches, context, device, None, |grads| {
+    let pass = forward_backward(&model, microbatches, context, device, None, &[], |grads| {
         if let [_] = microbatches {
             // Nothing to sum: the norm and the optimizer read a 16-bit gradient as it is and
             // widen it in their own arithmetic, so a copy in fp32 would only cost a pass.
@@ -231,6 +232,7 @@ fn forward_backward<B>(
     context: StepContext,
     device: &B::Device,
     mut by_range: Option<&mut RangeDone<'_, B>>,
+    peers: &[&Comm],
     mut absorb: impl FnMut(GradientsParams) -> Result<(), TrainError>,
 ) -> Result<Pass<B>, TrainError>
 where
@@ -265,7 +267,7 @@ where
             model,
             &[],
             model.has_dropout(),
-            &mut || Ok(()),
+            &mut || fence_peers(peers),
             &mut |grads| {
                 done(grads);
                 Ok(())
@@ -322,10 +324,24 @@ where
     ) = match overlap {
         None => {
             let mut flat = None;
-            let pass = forward_backward(&model, microbatches, context, device, None, |grads| {
-                flat = Some(optimizer.gather_flat(&model, grads, flat.take())?);
-                Ok(())
-            })?;
+            let peers: Vec<&Comm> = replicas.iter().map(|r| &r.tensor.comm).collect();
+            let pass = forward_backward(
+                &model,
+                microbatches,
+                context,
+                device,
+                None,
+                &peers,
+                |grads| {
+                    let sum = flat.take();
+                    flat = Some(optimizer.gather_flat(&model, grads, sum, |grads| {
+                        if let Some(replicas) = replicas {
+                            replicas.tensor.complete(grads);
+                        }
+                    })?);
+                    Ok(())
+                },
+            )?;
             let mut flat = flat.expect("a step has at least one microbatch");
             if let Some(replicas) = replicas {
                 flat.buffers = flat
@@ -347,11 +363,12 @@ where
     }
     // the next forward's waits, if one did not reach them all, before the parameters change
     prefetch::settle();
-    let mut squares = optimizer.flat_sum_of_squares(&flat);
-    if let Some(replicas) = replicas.filter(|r| r.shard) {
-        // every rank's part of Σg², also from a rank whose part holds no gradient
-        let part = squares.unwrap_or_else(|| Tensor::zeros([1], (&losses.device(), DType::F32)));
-        squares = Some(replicas.sum(part));
+    let mut squares = optimizer.flat_sum_of_squares(&flat, |id| {
+        replicas.is_none_or(|replicas| replicas.tensor.counts(id))
+    });
+    if let Some(replicas) = replicas {
+        // every rank's part of Σg², also from a rank that counts none
+        squares = replicas.total_squares(squares, &losses.device());
     }
     let clip = squares
         .as_ref()
@@ -439,13 +456,18 @@ where
         context,
         device,
         Some(&mut by_range),
+        &[&replicas.tensor.comm],
         |grads| {
             seen += 1;
             if seen < microbatches.len() {
                 let sum = earlier.borrow_mut().take();
-                *earlier.borrow_mut() = Some(optimizer.gather_flat(model, grads, sum)?);
+                let gathered = optimizer.gather_flat(model, grads, sum, |grads| {
+                    replicas.tensor.complete(grads);
+                })?;
+                *earlier.borrow_mut() = Some(gathered);
             } else {
                 let reduction = reduction.borrow_mut().take().unwrap_or_else(start);
+                // `finish` sums the partial ones over the tensor-parallel group, bucket by bucket
                 let rest = take_grads::<B, _>(model, grads).grads;
                 reduced = Some(reduction.finish(rest));
             }

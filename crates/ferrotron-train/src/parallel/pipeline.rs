@@ -30,7 +30,7 @@ use ferrotron_parallel::{ParallelContext, ParallelOps};
 use super::grad_sync::comm_error;
 use super::host::{grad_values, private_leaves};
 use super::schedule::{self, Op, StagePosition};
-use crate::backward::backward;
+use crate::backward::{backward, fence_peers};
 use crate::{Microbatch, TrainError};
 
 /// What a stage's step produced.
@@ -226,7 +226,7 @@ where
                     &chunk,
                     input.as_slice(),
                     chunk.has_dropout(),
-                    &mut || backward_fence(ctx),
+                    &mut || fence_peers(&[&ctx.tp, &ctx.cp, &ctx.ep, &ctx.etp]),
                 )?;
                 if let Some(input) = input {
                     let grad = match input.grad(&gradients) {
@@ -251,23 +251,6 @@ where
         lm_loss_sum,
         loads,
     })
-}
-
-/// Wait until every peer this chunk's backward communicates with (tp, cp, ep, etp) has finished
-/// its previous backward. burn-autodiff ends each backward by locking every graph of the process
-/// in turn to prune orphans; a thread rank that is still in that cleanup would wait for the
-/// graph lock of a peer that already started its next backward and sits in a collective waiting
-/// for it — a deadlock of thread ranks that no schedule order avoids. Starting each backward
-/// together removes the cycle (process ranks do not share graphs; the fence is then only a
-/// cheap barrier).
-fn backward_fence(ctx: &ParallelContext) -> Result<(), TrainError> {
-    for comm in [&ctx.tp, &ctx.cp, &ctx.ep, &ctx.etp] {
-        if comm.size() > 1 {
-            comm.barrier()
-                .map_err(|e| comm_error("barrier before a backward pass", e))?;
-        }
-    }
-    Ok(())
 }
 
 fn schedule_bug(what: &str, chunk: usize, microbatch: usize) -> TrainError {

@@ -29,7 +29,7 @@ use super::pipeline::{self, evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::init::seeded_model;
-use crate::replicas::{Replicas, layer_buckets};
+use crate::replicas::{Replicas, TensorReplicas, layer_buckets};
 use crate::rng::with_process_rng;
 use crate::run_loop::RankStep;
 use crate::step::{device_step, train_step_deferred};
@@ -162,7 +162,7 @@ where
         // host exchange's has-gradient flags settle; the replicated step lays out every
         // parameter, so it takes dense models only.
         let replicated =
-            !whole && only_data_parallel(&ctx) && chunks.len() == 1 && config.moe.is_none();
+            !whole && one_stage_dense(&ctx) && chunks.len() == 1 && config.moe.is_none();
         let sharded = distributed_optimizer && !whole && !replicated;
         let bucket_elements = plan
             .recipe
@@ -181,6 +181,19 @@ where
                 overlap: parallel.overlap_grad_reduce,
                 shard: distributed_optimizer,
                 gather_before: None,
+                tensor: TensorReplicas {
+                    comm: ctx.tp.clone(),
+                    partial: roles[0]
+                        .iter()
+                        .filter(|r| r.tp_partial)
+                        .map(|r| r.id)
+                        .collect(),
+                    duplicate: roles[0]
+                        .iter()
+                        .filter(|r| r.tp_duplicate)
+                        .map(|r| r.id)
+                        .collect(),
+                },
             };
             replicated_optimizer(
                 &chunks[0],
@@ -598,21 +611,16 @@ fn replicated_optimizer<B: AutodiffBackend>(
 
 /// Whether every group of `ctx` is this rank alone (then it holds the whole model).
 fn is_alone(ctx: &ParallelContext) -> bool {
-    only_data_parallel(ctx) && ctx.dp_size() == 1
+    one_stage_dense(ctx) && [ctx.tp_size(), ctx.dp_size()] == [1, 1]
 }
 
-/// Whether every group of `ctx` but the data-parallel one is this rank alone (then every rank
-/// holds the whole model).
-fn only_data_parallel(ctx: &ParallelContext) -> bool {
-    [
-        ctx.tp_size(),
-        ctx.cp_size(),
-        ctx.ep_size(),
-        ctx.etp_size(),
-        ctx.pp_size(),
-    ]
-    .iter()
-    .all(|&size| size == 1)
+/// Whether the layout has one pipeline stage, whole sequences and no expert parallelism (the
+/// expert tensor-parallel size, tp's by default, does not matter to a dense model): every
+/// rank then holds all layers (split over tp) and the microbatches' whole sequences, and its
+/// gradients need sums over tp and dp only, which the replicated device step does
+/// (`crate::replicas`).
+fn one_stage_dense(ctx: &ParallelContext) -> bool {
+    [ctx.cp_size(), ctx.ep_size(), ctx.pp_size()] == [1, 1, 1]
 }
 
 /// The parameters exempt from weight decay (Megatron's rule: every 1-D one).

@@ -103,6 +103,33 @@ fn distributed_optimizer_overlaps_give_the_same_numbers() {
     }
 }
 
+/// Tensor parallelism (2, with sequence parallelism: its partial norm gradients summed over tp
+/// before the data-parallel reduction, the replicated norms counted once in the clip norm)
+/// under data parallelism (2): overlapping the reductions, with and without ZeRO-1, changes
+/// nothing, the backward's tp collectives and the buckets' dp ones interleaving alike on
+/// every rank.
+#[test]
+fn tensor_parallel_replicas_overlap_with_the_same_numbers() {
+    let tp2_dp2 = Layout { tp: 2, ..dp2() };
+    let settings = |overlap: bool, zero: bool| {
+        json!({
+            "parallel": {
+                "sequence_parallel": true, "distributed_optimizer": zero, "ddp_bucket_size": 1,
+                "overlap_grad_reduce": overlap, "overlap_param_gather": overlap && zero
+            }
+        })
+    };
+    for zero in [false, true] {
+        let after = losses_and_weights(run_layout(tp2_dp2, 3, settings(false, zero)));
+        let overlapped = losses_and_weights(run_layout(tp2_dp2, 3, settings(true, zero)));
+        assert_eq!(overlapped.0, after.0, "losses, ZeRO-1 {zero}");
+        assert!(
+            overlapped.1 == after.1,
+            "final weights differ, ZeRO-1 {zero}"
+        );
+    }
+}
+
 #[test]
 fn a_non_finite_loss_stops_every_replicated_rank() {
     let dir = tempfile::tempdir().expect("tempdir");
