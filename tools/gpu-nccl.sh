@@ -169,16 +169,27 @@ if [[ $parts == *t* ]]; then
         --set parallel.data=1 "${mb[@]}"
     compare "(t) two pipeline stages on one GPU over TCP vs one GPU" tiny-bf16-mb4 tiny-bf16-pp2
     # tensor parallel 2 with sequence parallelism through the replicated device step (partial
-    # norm gradients summed over tp, tp collectives on the compute path), alone and under dp 2
-    FERROTRON_COMM=tcp train tiny-bf16-tp2 --nproc-per-node 2 --set parallel.tensor=2 \
-        --set parallel.sequence_parallel=true --set parallel.data=1 "${mb[@]}"
+    # norm gradients summed over tp, tp collectives on the compute path), alone and under dp 2.
+    # Megatron pads the vocabulary to a multiple of 128 × tp: 50432 at tp 2, so the reference
+    # one-GPU runs pad to a multiple of 256 to hold the same model.
+    same_vocab=(--set model.make_vocab_size_divisible_by=256)
+    tp2=(--set parallel.tensor=2 --set parallel.sequence_parallel=true)
+    train tiny-bf16-mb4-v256 --world-size 1 "${mb[@]}" "${same_vocab[@]}"
+    FERROTRON_COMM=tcp train tiny-bf16-tp2 --nproc-per-node 2 "${tp2[@]}" --set parallel.data=1 "${mb[@]}"
     compare "(t) tensor parallel 2 (sequence parallel) on one GPU over TCP vs one GPU" \
-        tiny-bf16-mb4 tiny-bf16-tp2
-    FERROTRON_COMM=tcp train tiny-bf16-tp2-dp2-zero1 --nproc-per-node 4 --set parallel.tensor=2 \
-        --set parallel.sequence_parallel=true --set parallel.data=2 \
-        --set parallel.distributed_optimizer=true "${mb[@]}"
+        tiny-bf16-mb4-v256 tiny-bf16-tp2
+    FERROTRON_COMM=tcp train tiny-bf16-tp2-dp2-zero1 --nproc-per-node 4 "${tp2[@]}" \
+        --set parallel.data=2 --set parallel.distributed_optimizer=true "${mb[@]}"
     compare "(t) tp 2 × dp 2 with ZeRO-1, four ranks on one GPU over TCP, vs one GPU" \
-        tiny-bf16-mb4 tiny-bf16-tp2-dp2-zero1
+        tiny-bf16-mb4-v256 tiny-bf16-tp2-dp2-zero1
+    # the same tp 2 in fp32: the layout's own arithmetic without bf16's roundings of partial sums
+    fp32=(--set precision.dtype=fp32)
+    train tiny-f32-mb4-v256 --world-size 1 "${mb[@]}" "${same_vocab[@]}" "${fp32[@]}"
+    FERROTRON_COMM=tcp train tiny-f32-tp2 --nproc-per-node 2 "${tp2[@]}" --set parallel.data=1 "${mb[@]}" "${fp32[@]}"
+    compare "(t) tensor parallel 2 in fp32 vs one GPU in fp32" tiny-f32-mb4-v256 tiny-f32-tp2
+    compare "(t) tensor parallel 2: bf16 vs fp32 (must differ: the TCP ranks train in the recipe's dtype)" \
+        tiny-f32-tp2 tiny-bf16-tp2
+    grep -h "training on the GPU" "$logs"/tiny-*-tp2.log "$logs/tiny-bf16-dp2.log" | cut -c1-200 >>"$tables"
 fi
 
 # ---- (m) data parallel over every GPU, over NCCL --------------------------------------------

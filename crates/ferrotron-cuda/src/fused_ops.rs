@@ -40,6 +40,7 @@ use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
 use crate::kernels::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
+use crate::layout::SliceArg;
 use crate::random;
 
 /// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
@@ -220,14 +221,20 @@ impl FusedOps for Cuda {
         buffers: &[FloatTensor<Self>],
         segments: &[FlatSegment],
     ) -> Option<FloatTensor<Self>> {
-        if segments.is_empty() {
-            return None;
-        }
-        // Each buffer whole: what its segments leave out is zero, and a GPU sum has no order
-        // to keep.
-        buffers
-            .iter()
-            .map(|b| Self::sum_of_squares(b.clone()))
+        // A GPU sum has no order to keep: one reduction per contiguous run of segments (with
+        // every parameter counted, about one per buffer; a tensor-parallel rank that leaves
+        // out the parameters its group holds in common breaks a buffer at each of them).
+        segment_runs(segments)
+            .into_iter()
+            .map(|(group, offset, len)| {
+                let buffer = buffers[group].clone();
+                let part = if offset == 0 && len == buffer.numel() {
+                    buffer
+                } else {
+                    ok(buffer.slice(&[SliceArg::range(offset, offset + len)]))
+                };
+                Self::sum_of_squares(part)
+            })
             .reduce(Self::float_add)
     }
 
@@ -480,5 +487,35 @@ impl FusedOps for Cuda {
             scale,
             spec.dropout as f32,
         ))
+    }
+}
+
+/// `segments` sorted by buffer and offset, each merged with the next where it ends where that
+/// one starts.
+fn segment_runs(segments: &[FlatSegment]) -> Vec<FlatSegment> {
+    let mut sorted = segments.to_vec();
+    sorted.sort_unstable();
+    let mut runs: Vec<FlatSegment> = Vec::with_capacity(sorted.len());
+    for (group, offset, len) in sorted {
+        match runs.last_mut() {
+            Some((g, o, l)) if *g == group && *o + *l == offset => *l += len,
+            _ => runs.push((group, offset, len)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::segment_runs;
+
+    #[test]
+    fn segment_runs_merge_touching_segments_of_a_buffer_and_keep_the_gaps() {
+        // model order, not buffer order; buffer 0 has a gap at 10..16
+        let segments = [(1, 0, 5), (0, 16, 4), (0, 0, 10), (1, 5, 3), (0, 20, 2)];
+        assert_eq!(
+            segment_runs(&segments),
+            vec![(0, 0, 10), (0, 16, 6), (1, 0, 8)]
+        );
     }
 }

@@ -297,13 +297,13 @@ impl Launch {
                 &Default::default(),
             ),
             (Compute::Cuda { ordinal }, World::Process(env)) if !self.nccl => {
-                train_process_rank::<Autodiff<ferrotron_cuda::Cuda>>(
-                    plan,
-                    env,
-                    tokenizer,
-                    options,
-                    &ferrotron_cuda::GpuDevice::new(ordinal),
-                )
+                type Gpu = Autodiff<ferrotron_cuda::Cuda>;
+                let device = ferrotron_cuda::GpuDevice::new(ordinal);
+                // the recipe's dtype, as on every GPU path (the device's default is fp32)
+                let dtype = compute_dtype(plan.recipe.precision.dtype)?;
+                use_compute_dtype::<Gpu>(&device, dtype)?;
+                tracing::info!(?dtype, "training on the GPU over TCP");
+                train_process_rank::<Gpu>(plan, env, tokenizer, options, &device)
             }
             (Compute::Cuda { ordinal }, world) if self.nccl => {
                 let summary = train_gpu_rank_nccl(plan, world, ordinal, tokenizer, options);

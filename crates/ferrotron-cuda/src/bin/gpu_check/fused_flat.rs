@@ -8,7 +8,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
 use ferrotron_parallel::{
-    FlatPiece, FusedOps, composed_gather_flat, composed_segment_sum_of_squares,
+    FlatPiece, FlatSegment, FusedOps, composed_gather_flat, composed_segment_sum_of_squares,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -107,16 +107,17 @@ fn gather_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, shared: bool) 
     }
 }
 
-fn norm_row(device: &GpuDevice, rng: &mut StdRng) -> Row {
+/// Σx² over `segments` of two random buffers: every element (`segments` covering both), or
+/// with stretches left out (a tensor-parallel rank skipping the parameters its group shares).
+fn norm_row(device: &GpuDevice, rng: &mut StdRng, segments: &[FlatSegment], what: &str) -> Row {
     let lens = [3_000_017usize, 4097];
     let data: Vec<TensorData> = lens.iter().map(|&n| host(&[n], rng, DType::F32)).collect();
-    let segments = vec![(1, 0, 4000), (0, 0, 3_000_017), (1, 4000, 97)];
     let run = |fused: bool| {
         let buffers: Vec<_> = data.iter().map(|d| upload(d, DType::F32, device)).collect();
         let total = if fused {
-            Cuda::segment_sum_of_squares(&buffers, &segments)
+            Cuda::segment_sum_of_squares(&buffers, segments)
         } else {
-            composed_segment_sum_of_squares::<Cuda>(&buffers, &segments)
+            composed_segment_sum_of_squares::<Cuda>(&buffers, segments)
         };
         let total = total.ok_or_else(|| "no segments".to_string())?;
         Ok(tensor(total).into_data())
@@ -125,7 +126,7 @@ fn norm_row(device: &GpuDevice, rng: &mut StdRng) -> Row {
         // A sum of 3 M squares in f32, summed in two orders.
         (Ok(g), Ok(w)) => (
             compare::compare(&g, &w, 10.0),
-            "each buffer whole vs per segment in order".to_string(),
+            format!("{what}: runs of segments vs per segment in order"),
         ),
         (Err(e), _) => (failed(), format!("kernel: {}", first_line(&e))),
         (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
@@ -148,6 +149,14 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             rows.push(gather_row(device, &mut rng, dtype, shared));
         }
     }
-    rows.push(norm_row(device, &mut rng));
+    let whole = [(1, 0, 4000), (0, 0, 3_000_017), (1, 4000, 97)];
+    rows.push(norm_row(device, &mut rng, &whole, "every element"));
+    let some = [
+        (1, 0, 1000),
+        (0, 0, 2_000_000),
+        (1, 4000, 97),
+        (0, 2_500_000, 500_017),
+    ];
+    rows.push(norm_row(device, &mut rng, &some, "stretches left out"));
     rows
 }
