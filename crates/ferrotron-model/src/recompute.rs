@@ -18,6 +18,7 @@ use std::rc::Rc;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::recompute::{Rerun, RngMark, Run};
 use ferrotron_parallel::{ParallelOps, prefetch};
@@ -141,16 +142,7 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
     let loads = Rc::new(RefCell::new(Vec::new()));
     let loads_out = loads.clone();
     let rerun: Rerun<B> = Rc::new(move |inputs, track| {
-        let mut inputs = inputs.into_iter();
-        let hidden = Tensor::from_primitive(TensorPrimitive::Float(
-            inputs
-                .next()
-                .expect("a range's first input is the hidden states"),
-        ));
-        let aux_loss = match inputs.next() {
-            Some(aux) => Tensor::from_primitive(TensorPrimitive::Float(aux)),
-            None => Tensor::zeros([1], &hidden.device()),
-        };
+        let (hidden, aux_loss) = split_inputs(inputs);
         let untracked: Vec<_>;
         let layers = if track {
             tracked.as_slice()
@@ -180,21 +172,8 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
     if has_moe {
         inputs.push(input.aux_loss.clone().into_primitive().tensor());
     }
-    let mut outputs = B::recompute(inputs, mark, rerun).into_iter();
-    let hidden = Tensor::from_primitive(TensorPrimitive::Float(
-        outputs.next().expect("a range outputs the hidden states"),
-    ));
-    let aux_loss = match outputs.next() {
-        Some(aux) => Tensor::from_primitive(TensorPrimitive::Float(aux)),
-        None => input.aux_loss,
-    };
-    let mut all_loads = input.loads;
-    all_loads.extend(loads.take());
-    LayersOut {
-        hidden,
-        aux_loss,
-        loads: all_loads,
-    }
+    let outputs = B::recompute(inputs, mark, rerun);
+    joined(outputs, input.aux_loss, input.loads, loads.take())
 }
 
 /// Runs `layer` as a kept cut of the graph (`ferrotron_parallel::recompute`): tracked, with its
@@ -214,16 +193,7 @@ pub(crate) fn run_kept<B: ParallelOps>(
     let loads = Rc::new(RefCell::new(Vec::new()));
     let loads_out = loads.clone();
     let run: Run<B> = Box::new(move |inputs| {
-        let mut inputs = inputs.into_iter();
-        let hidden = Tensor::from_primitive(TensorPrimitive::Float(
-            inputs
-                .next()
-                .expect("a cut's first input is the hidden states"),
-        ));
-        let aux_loss = match inputs.next() {
-            Some(aux) => Tensor::from_primitive(TensorPrimitive::Float(aux)),
-            None => Tensor::zeros([1], &hidden.device()),
-        };
+        let (hidden, aux_loss) = split_inputs(inputs);
         let input = LayersOut {
             hidden,
             aux_loss,
@@ -248,16 +218,45 @@ pub(crate) fn run_kept<B: ParallelOps>(
     if has_moe {
         inputs.push(input.aux_loss.clone().into_primitive().tensor());
     }
-    let mut outputs = B::cut_kept(inputs, run).into_iter();
+    let outputs = B::cut_kept(inputs, run);
+    joined(outputs, input.aux_loss, input.loads, loads.take())
+}
+
+/// A range's or cut's inputs as the layers take them: the hidden states, and the auxiliary loss
+/// so far (with MoE; zero without).
+fn split_inputs<B: Backend>(inputs: Vec<FloatTensor<B>>) -> (Tensor<B, 3>, Tensor<B, 1>) {
+    let mut inputs = inputs.into_iter();
     let hidden = Tensor::from_primitive(TensorPrimitive::Float(
-        outputs.next().expect("a cut outputs the hidden states"),
+        inputs
+            .next()
+            .expect("a range's first input is the hidden states"),
+    ));
+    let aux_loss = match inputs.next() {
+        Some(aux) => Tensor::from_primitive(TensorPrimitive::Float(aux)),
+        None => Tensor::zeros([1], &hidden.device()),
+    };
+    (hidden, aux_loss)
+}
+
+/// The layers' result after a range or cut: its `outputs` (hidden states, then the auxiliary
+/// loss with MoE; without, the input's `aux_loss` passes through), and the input's expert
+/// loads `earlier` followed by the range's own `loads`.
+fn joined<B: Backend>(
+    outputs: Vec<FloatTensor<B>>,
+    aux_loss: Tensor<B, 1>,
+    earlier: Vec<Vec<u64>>,
+    loads: Vec<Vec<u64>>,
+) -> LayersOut<B> {
+    let mut outputs = outputs.into_iter();
+    let hidden = Tensor::from_primitive(TensorPrimitive::Float(
+        outputs.next().expect("a range outputs the hidden states"),
     ));
     let aux_loss = match outputs.next() {
         Some(aux) => Tensor::from_primitive(TensorPrimitive::Float(aux)),
-        None => input.aux_loss,
+        None => aux_loss,
     };
-    let mut all_loads = input.loads;
-    all_loads.extend(loads.take());
+    let mut all_loads = earlier;
+    all_loads.extend(loads);
     LayersOut {
         hidden,
         aux_loss,

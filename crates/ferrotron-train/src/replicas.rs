@@ -176,23 +176,7 @@ impl Replicas {
 
     /// Every rank's expert loads summed (exact, u64), for the bias update every rank applies.
     pub(crate) fn sum_loads(&self, loads: &mut ExpertLoads) -> Result<(), TrainError> {
-        if self.comm.size() == 1 || loads.layers.is_empty() {
-            return Ok(());
-        }
-        let mut flat: Vec<u64> = loads.layers.iter().flatten().copied().collect();
-        self.comm
-            .all_reduce_u64(&mut flat, ReduceOp::Sum)
-            .map_err(|source| TrainError::Collective {
-                what: "expert-load all-reduce",
-                source: Box::new(source),
-            })?;
-        let mut at = 0;
-        for layer in &mut loads.layers {
-            let len = layer.len();
-            layer.copy_from_slice(&flat[at..at + len]);
-            at += len;
-        }
-        Ok(())
+        sum_loads(&self.comm, loads)
     }
 }
 
@@ -388,4 +372,24 @@ pub(crate) fn param_tensors<B: AutodiffBackend, M: Module<B>>(
     let mut collect = Collect { out: Vec::new() };
     module.visit(&mut collect);
     collect.out
+}
+
+/// Sums expert loads over `comm` (u64, exact).
+pub(crate) fn sum_loads(comm: &Comm, loads: &mut ExpertLoads) -> Result<(), TrainError> {
+    if comm.size() == 1 || loads.layers.is_empty() {
+        return Ok(());
+    }
+    let mut flat: Vec<u64> = loads.layers.iter().flatten().copied().collect();
+    comm.all_reduce_u64(&mut flat, ReduceOp::Sum)
+        .map_err(|source| TrainError::Collective {
+            what: "expert-load all-reduce",
+            source: Box::new(source),
+        })?;
+    let mut at = 0;
+    for layer in &mut loads.layers {
+        let len = layer.len();
+        layer.copy_from_slice(&flat[at..at + len]);
+        at += len;
+    }
+    Ok(())
 }

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig, RecomputePolicy};
-use ferrotron_parallel::{Comm, ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch};
+use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch};
 use ferrotron_plan::Plan;
 
 use super::dist_optimizer::{self, ShardState, ShardedAdamW, Update};
@@ -29,7 +29,7 @@ use super::pipeline::{self, evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::init::seeded_model;
-use crate::replicas::{Replicas, TensorReplicas, layer_buckets};
+use crate::replicas::{Replicas, TensorReplicas, layer_buckets, sum_loads};
 use crate::rng::with_process_rng;
 use crate::run_loop::RankStep;
 use crate::step::{device_step, train_step_deferred};
@@ -640,21 +640,4 @@ pub(super) fn local_params<B: Backend>(chunks: &[GptModel<B>]) -> Vec<HashMap<Pa
 /// The full local buffer of `layout` from per-chunk values.
 pub(super) fn fill_values(layout: &FlatLayout, values: &[HashMap<ParamId, Vec<f32>>]) -> Vec<f32> {
     grad_sync::fill(layout, values).values
-}
-
-/// Sum expert loads over `comm` (u64, exact).
-fn sum_loads(comm: &Comm, loads: &mut ExpertLoads) -> Result<(), TrainError> {
-    if comm.size() == 1 {
-        return Ok(());
-    }
-    let mut flat: Vec<u64> = loads.layers.iter().flatten().copied().collect();
-    comm.all_reduce_u64(&mut flat, ReduceOp::Sum)
-        .map_err(|e| comm_error("expert-load all-reduce", e))?;
-    let mut at = 0;
-    for layer in &mut loads.layers {
-        let len = layer.len();
-        layer.copy_from_slice(&flat[at..at + len]);
-        at += len;
-    }
-    Ok(())
 }
