@@ -18,6 +18,7 @@ use ferrotron_parallel::recompute::{Replay, Segment, Tape};
 use ferrotron_parallel::{Comm, ParallelOps};
 
 use crate::TrainError;
+use crate::error::comm_error;
 
 /// Gradients of `root` (a scalar) through its graph and `tape`'s ranges, for every parameter of
 /// `module` and for `leaves` (tensors whose gradients the caller reads: a pipeline stage's
@@ -47,10 +48,8 @@ where
 pub(crate) fn fence_peers(peers: &[&Comm]) -> Result<(), TrainError> {
     for comm in peers {
         if comm.size() > 1 && comm.members_are_threads() {
-            comm.barrier().map_err(|source| TrainError::Collective {
-                what: "barrier before a backward pass",
-                source: Box::new(source),
-            })?;
+            comm.barrier()
+                .map_err(|e| comm_error("barrier before a backward pass", e))?;
         }
     }
     Ok(())

@@ -75,3 +75,11 @@ impl TrainError {
         }
     }
 }
+
+/// The error of a failed collective, saying what it was for.
+pub(crate) fn comm_error(what: &'static str, source: ferrotron_parallel::CommError) -> TrainError {
+    TrainError::Collective {
+        what,
+        source: Box::new(source),
+    }
+}

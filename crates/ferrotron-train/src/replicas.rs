@@ -22,6 +22,7 @@ use ferrotron_model::ExpertLoads;
 use ferrotron_parallel::{Comm, InFlight, ParallelOps, ReduceOp, prefetch};
 
 use crate::TrainError;
+use crate::error::comm_error;
 use crate::flat_adamw::{FlatGrads, Group, Layout, from_primitive, gather_group, primitive};
 
 /// The data-parallel group a replicated rank averages its step over.
@@ -381,10 +382,7 @@ pub(crate) fn sum_loads(comm: &Comm, loads: &mut ExpertLoads) -> Result<(), Trai
     }
     let mut flat: Vec<u64> = loads.layers.iter().flatten().copied().collect();
     comm.all_reduce_u64(&mut flat, ReduceOp::Sum)
-        .map_err(|source| TrainError::Collective {
-            what: "expert-load all-reduce",
-            source: Box::new(source),
-        })?;
+        .map_err(|e| comm_error("expert-load all-reduce", e))?;
     let mut at = 0;
     for layer in &mut loads.layers {
         let len = layer.len();

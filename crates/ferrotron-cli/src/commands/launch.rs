@@ -299,10 +299,7 @@ impl Launch {
             (Compute::Cuda { ordinal }, World::Process(env)) if !self.nccl => {
                 type Gpu = Autodiff<ferrotron_cuda::Cuda>;
                 let device = ferrotron_cuda::GpuDevice::new(ordinal);
-                // the recipe's dtype, as on every GPU path (the device's default is fp32)
-                let dtype = compute_dtype(plan.recipe.precision.dtype)?;
-                use_compute_dtype::<Gpu>(&device, dtype)?;
-                tracing::info!(?dtype, "training on the GPU over TCP");
+                use_recipe_dtype::<Gpu>(plan, &device, "over TCP")?;
                 train_process_rank::<Gpu>(plan, env, tokenizer, options, &device)
             }
             (Compute::Cuda { ordinal }, world) if self.nccl => {
@@ -450,9 +447,7 @@ fn train_gpu_rank_nccl(
         plan.recipe.parallel.sequence_parallel,
     );
     let device = ferrotron_cuda::GpuDevice::new(ordinal);
-    let dtype = compute_dtype(plan.recipe.precision.dtype)?;
-    use_compute_dtype::<B>(&device, dtype)?;
-    tracing::info!(backend = %<B as burn::tensor::backend::Backend>::name(&device), ?dtype, "training on the GPU over NCCL");
+    use_recipe_dtype::<B>(plan, &device, "over NCCL")?;
     match train_rank::<B>(plan, ctx, tokenizer, options, &device) {
         Ok(summary) => Ok(summary),
         Err(err) => {
@@ -472,8 +467,21 @@ fn flat(err: ferrotron_train::TrainError) -> anyhow::Error {
     }
 }
 
-/// The rank alone on a GPU backend, computing in the recipe's `precision.dtype` (set as the
-/// device's default float dtype before the model exists; see `ferrotron_train::precision`).
+/// Makes the recipe's `precision.dtype` the GPU `device`'s default float dtype, before the model
+/// exists (every GPU path: the device's own default is fp32; see `ferrotron_train::precision`),
+/// and says so with `how` the rank trains.
+fn use_recipe_dtype<B: burn::tensor::backend::Backend>(
+    plan: &Plan,
+    device: &B::Device,
+    how: &str,
+) -> anyhow::Result<()> {
+    let dtype = compute_dtype(plan.recipe.precision.dtype)?;
+    use_compute_dtype::<B>(device, dtype)?;
+    tracing::info!(backend = %B::name(device), ?dtype, "training on the GPU {how}");
+    Ok(())
+}
+
+/// The rank alone on a GPU backend, computing in the recipe's `precision.dtype`.
 fn train_on_gpu<B>(
     plan: &Plan,
     tokenizer: &Tokenizer,
@@ -484,9 +492,7 @@ where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
-    let dtype = compute_dtype(plan.recipe.precision.dtype)?;
-    use_compute_dtype::<B>(device, dtype)?;
-    tracing::info!(backend = %B::name(device), ?dtype, "training on the GPU");
+    use_recipe_dtype::<B>(plan, device, "alone")?;
     let alone = ParallelContext::single();
     Ok(train_rank::<B>(plan, alone, tokenizer, options, device)?)
 }

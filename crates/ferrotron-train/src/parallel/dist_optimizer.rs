@@ -10,7 +10,7 @@ use std::ops::Range;
 use ferrotron_parallel::Comm;
 
 use super::flat::FlatLayout;
-use super::grad_sync::comm_error;
+use crate::error::comm_error;
 use crate::{AdamWConfig, TrainError};
 
 /// A run of shard elements belonging to one parameter slot.

@@ -13,6 +13,7 @@ use ferrotron_parallel::{Comm, ReduceOp};
 
 use super::flat::FlatLayout;
 use crate::TrainError;
+use crate::error::comm_error;
 
 /// A flat gradient buffer and, per slot, whether any rank produced a gradient for it (a
 /// parameter without one — an expert no token reached — is skipped by the optimizer, as on one
@@ -21,14 +22,6 @@ use crate::TrainError;
 pub(super) struct GradBuffer {
     pub values: Vec<f32>,
     pub has_grad: Vec<f32>,
-}
-
-/// The error of a failed collective, saying what it was for.
-pub(super) fn comm_error(what: &'static str, source: ferrotron_parallel::CommError) -> TrainError {
-    TrainError::Collective {
-        what,
-        source: Box::new(source),
-    }
 }
 
 /// Copy the chunks' gradients into `layout`'s buffer (missing ones stay zero).

@@ -8,8 +8,8 @@
 use ferrotron_parallel::{ParallelContext, ParamRole, ReduceOp};
 
 use super::flat::FlatLayout;
-use super::grad_sync::comm_error;
 use crate::TrainError;
+use crate::error::comm_error;
 
 /// Whether this rank counts `role`'s elements (`sharded`: each data-parallel rank holds a
 /// disjoint shard of the reduced gradient rather than a full replica).

@@ -27,10 +27,10 @@ use ferrotron_model::{
 use ferrotron_parallel::recompute::{self, Tape};
 use ferrotron_parallel::{ParallelContext, ParallelOps};
 
-use super::grad_sync::comm_error;
 use super::host::{grad_values, private_leaves};
 use super::schedule::{self, Op, StagePosition};
 use crate::backward::{backward, fence_peers};
+use crate::error::comm_error;
 use crate::{Microbatch, TrainError};
 
 /// What a stage's step produced.

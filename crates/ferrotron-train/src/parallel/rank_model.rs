@@ -22,12 +22,13 @@ use ferrotron_plan::Plan;
 
 use super::dist_optimizer::{self, ShardState, ShardedAdamW, Update};
 use super::flat::{FlatLayout, GRAD_BUCKET_ELEMENTS};
-use super::grad_sync::{self, GradBuffer, comm_error};
+use super::grad_sync::{self, GradBuffer};
 use super::host::{grads_from_values, param_shapes, param_values, set_param_values};
 use super::norm;
 use super::pipeline::{self, evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::error::comm_error;
 use crate::init::seeded_model;
 use crate::replicas::{Replicas, TensorReplicas, layer_buckets, sum_loads};
 use crate::rng::with_process_rng;

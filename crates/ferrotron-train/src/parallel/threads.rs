@@ -11,10 +11,10 @@ use ferrotron_dist::{World, WorldError};
 use ferrotron_parallel::{ParallelContext, ParallelOps};
 use ferrotron_plan::Plan;
 
-use super::grad_sync::comm_error;
 use super::plan_groups::group_members;
 use super::rank_loop::{RankOutcome, run_rank};
 use crate::cpu_threads::{rank_pool, threads_per_rank};
+use crate::error::comm_error;
 use crate::setup::RunSetup;
 use crate::{RunOptions, RunSummary, TrainError};
 
