@@ -17,6 +17,10 @@
 #       and each overlap switched off against on (expected: the same losses up to bf16 sums);
 #       and two pipeline stages the same way (the pipeline's sends and receives); tensor
 #       parallel 2 with sequence parallelism, alone and as tp 2 × dp 2 with ZeRO-1 (4 ranks);
+#   (x) the device exchange of every other layout (`device_exchange.rs`), ranks on ONE GPU over
+#       TCP against one GPU with the same global batch: pipeline 2 × data 2 with ZeRO-1 (bf16
+#       and fp32), context parallel 2, and MoE (4 experts, top-2) over data 2 and over expert 2 ×
+#       data 4 with ZeRO-1 (expert groups cut over expert-dp, dense ones over dp);
 #   (m) only with PARTS containing m and at least two GPUs (2, 4 or 8): the same recipe with
 #       data parallel over every GPU (--nproc-per-node N --set parallel.data=N, the same global
 #       batch of 8), over NCCL, against the one-GPU run's losses (equal up to reduction order).
@@ -32,7 +36,8 @@
 # `libnccl.so` symlink and puts it on LD_LIBRARY_PATH.
 #
 # Env: OUT (results, default /tmp/gpu-nccl-out), FERROTRON_DIST (binaries, default .gpu-dist),
-# PARTS (default "ab"; t for two ranks on one GPU over TCP, m for the multi-GPU run), STEPS
+# PARTS (default "ab"; t for two ranks on one GPU over TCP, x for the device exchange's
+# layouts on one GPU over TCP, m for the multi-GPU run), STEPS
 # (30), RUN_TIMEOUT (300).
 # Output: the tables last on stdout and in $OUT/gpu-nccl.md; full logs under $OUT/logs.
 set -uo pipefail
@@ -190,6 +195,38 @@ if [[ $parts == *t* ]]; then
     compare "(t) tensor parallel 2: bf16 vs fp32 (must differ: the TCP ranks train in the recipe's dtype)" \
         tiny-f32-tp2 tiny-bf16-tp2
     grep -h "training on the GPU" "$logs"/tiny-*-tp2.log "$logs/tiny-bf16-dp2.log" | cut -c1-200 >>"$tables"
+fi
+
+# ---- (x) the device exchange: pipeline × data with ZeRO-1, context parallel, MoE ------------
+if [[ $parts == *x* ]]; then
+    mb=(--set training.global_batch_size=8 --set training.micro_batch_size=4)
+    fp32=(--set precision.dtype=fp32)
+    pp2dp2=(--nproc-per-node 4 --set parallel.pipeline=2 --set parallel.data=2
+        --set parallel.distributed_optimizer=true)
+    [[ -e $logs/tiny-bf16-mb4.jsonl ]] || train tiny-bf16-mb4 --world-size 1 "${mb[@]}"
+    train tiny-f32-mb4 --world-size 1 "${mb[@]}" "${fp32[@]}"
+    FERROTRON_COMM=tcp train tiny-bf16-pp2-dp2-zero1 "${pp2dp2[@]}" "${mb[@]}"
+    FERROTRON_COMM=tcp train tiny-f32-pp2-dp2-zero1 "${pp2dp2[@]}" "${mb[@]}" "${fp32[@]}"
+    compare "(x) pipeline 2 × data 2 with ZeRO-1, four ranks on one GPU over TCP, vs one GPU" \
+        tiny-bf16-mb4 tiny-bf16-pp2-dp2-zero1
+    compare "(x) the same in fp32" tiny-f32-mb4 tiny-f32-pp2-dp2-zero1
+    FERROTRON_COMM=tcp train tiny-bf16-cp2 --nproc-per-node 2 --set parallel.context=2 \
+        --set parallel.data=1 "${mb[@]}"
+    compare "(x) context parallel 2 on one GPU over TCP vs one GPU" tiny-bf16-mb4 tiny-bf16-cp2
+    # MoE: routing decisions flip on bf16 noise and part the curves later (gpu-train.sh)
+    # shellcheck source=tools/gpu-families.sh
+    source "$root/tools/gpu-families.sh"
+    train tiny-f32-moe --world-size 1 "${mb[@]}" "${fp32[@]}" "${moe_sets[@]}"
+    FERROTRON_COMM=tcp train tiny-f32-moe-dp2 --nproc-per-node 2 --set parallel.data=2 \
+        "${mb[@]}" "${fp32[@]}" "${moe_sets[@]}"
+    FERROTRON_COMM=tcp train tiny-f32-moe-ep2-dp4-zero1 --nproc-per-node 4 --set parallel.data=4 \
+        --set parallel.expert=2 --set parallel.distributed_optimizer=true \
+        --set training.global_batch_size=8 --set training.micro_batch_size=2 "${fp32[@]}" "${moe_sets[@]}"
+    compare "(x) MoE over data 2, fp32, on one GPU over TCP vs one GPU" tiny-f32-moe tiny-f32-moe-dp2
+    compare "(x) MoE over expert 2 × data 4 with ZeRO-1, fp32, vs one GPU" tiny-f32-moe \
+        tiny-f32-moe-ep2-dp4-zero1
+    grep -h "training on the GPU" "$logs"/tiny-*-zero1.log "$logs/tiny-bf16-cp2.log" | cut -c1-200 >>"$tables"
+    grep -h -i "error" "$logs"/tiny-*-{zero1,cp2,dp2}.log 2>/dev/null | head -n 5 >>"$tables"
 fi
 
 # ---- (m) data parallel over every GPU, over NCCL --------------------------------------------

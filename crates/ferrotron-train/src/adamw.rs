@@ -17,7 +17,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{AdamWStep, Comm, FusedOps, ParallelOps};
 
 use crate::TrainError;
-use crate::flat_adamw::{self, FlatGrads, FlatState, Layout, Shard, ViewMapper};
+use crate::flat_adamw::{self, FlatGrads, FlatState, Group, Layout, Sharding, ViewMapper};
 use crate::params::{NamedTensor, ParamEntry};
 use crate::precision::MasterWeights;
 
@@ -66,7 +66,7 @@ pub struct AdamW<I: Backend> {
     /// of their own (`replicas.rs`); empty: one bucket.
     buckets: HashMap<ParamId, usize>,
     /// The part of the flat state this rank keeps (the distributed optimizer's).
-    shard: Option<Shard>,
+    sharding: Option<Sharding>,
 }
 
 /// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
@@ -83,19 +83,20 @@ impl<I: Backend> AdamW<I> {
             master: MasterWeights::default(),
             flat: None,
             buckets: HashMap::new(),
-            shard: None,
+            sharding: None,
         }
     }
 
-    /// Keep only part `part` of `parts` of the flat state from the next step on (ZeRO-1); the
-    /// step's gradients are then that part, and [`AdamW::step_flat`] expands the new values.
-    pub(crate) fn set_shard(&mut self, part: usize, parts: usize) {
-        self.shard = Some(Shard { part, parts });
+    /// Keep only this rank's part of each group of the flat state from the next step on
+    /// (ZeRO-1); the step's gradients are then those parts, and [`AdamW::step_flat`] expands
+    /// the new values.
+    pub(crate) fn set_sharding(&mut self, sharding: Sharding) {
+        self.sharding = Some(sharding);
     }
 
-    /// The flat state whole again (all-gathered over `comm`, collective), for a checkpoint; the
-    /// next step keeps its part only again.
-    pub(crate) fn join_shards(&mut self, comm: &Comm)
+    /// The flat state whole again (each group all-gathered over its `comm`, collective), for a
+    /// checkpoint; the next step keeps its parts only again.
+    pub(crate) fn join_shards<'a>(&mut self, comm: impl Fn(&Group) -> &'a Comm)
     where
         I: ParallelOps,
     {
@@ -234,6 +235,27 @@ impl<I: Backend> AdamW<I> {
         flat_adamw::gather(layout, taken.grads, into)
     }
 
+    /// [`AdamW::gather_flat`] into the layout of every trainable parameter of `model`
+    /// ([`AdamW::flat_layout_of`]) whatever this microbatch's set: a parameter without a gradient
+    /// is summed as zero. Ranks whose sets differ (an expert that only some data ranks' tokens
+    /// reached) so still hold buffers of one layout, which a collective over them needs; every
+    /// parameter is then updated, a zero gradient too, as Megatron's contiguous buffers do.
+    pub(crate) fn gather_flat_whole<B, M>(
+        &mut self,
+        model: &M,
+        grads: GradientsParams,
+        into: Option<FlatGrads<I>>,
+    ) -> Result<FlatGrads<I>, TrainError>
+    where
+        B: AutodiffBackend<InnerBackend = I>,
+        I: FusedOps,
+        M: AutodiffModule<B>,
+    {
+        let taken = flat_adamw::take_grads::<B, M>(model, grads);
+        let layout = self.flat_layout_of(model);
+        flat_adamw::gather(layout, taken.grads, into)
+    }
+
     /// `Σ x²` of a step's flat gradients (`[1]` f32; `None`: no gradients).
     pub(crate) fn flat_sum_of_squares(
         &self,
@@ -244,7 +266,7 @@ impl<I: Backend> AdamW<I> {
         I: FusedOps,
     {
         let layout = &self.flat.as_ref()?.layout;
-        flat_adamw::sum_of_squares(layout, grads, self.shard, counted)
+        flat_adamw::sum_of_squares(layout, grads, self.sharding.is_some(), counted)
     }
 
     /// [`AdamW::step`] over the flat state and a step's flat gradients (from
@@ -281,8 +303,8 @@ impl<I: Backend> AdamW<I> {
             grad_scale: 1.0,
             rounded: MasterWeights::<I>::rounded_dtype(group.dtype),
         };
-        if let Some(shard) = self.shard {
-            flat.cut(shard);
+        if self.sharding.is_some() {
+            flat.cut();
         }
         let values: Vec<_> = flat_adamw::update(flat, grads, step, device_scale)
             .into_iter()
@@ -308,7 +330,7 @@ impl<I: Backend> AdamW<I> {
                 (*id, *dtype, *len, self.decays(*id), bucket)
             })
             .collect();
-        let layout = Layout::new(&facts, self.shard.map_or(1, |s| s.parts));
+        let layout = Layout::new(&facts, self.sharding);
         let mut values: HashMap<ParamId, Tensor<I, 1>> = params
             .into_iter()
             .map(|(id, _, _, value)| (id, self.master.take(id, value)))
@@ -353,10 +375,10 @@ impl<I: Backend> AdamW<I> {
             layout,
             master,
             moments,
-            shard: None,
+            cut: false,
         };
-        if let Some(shard) = self.shard {
-            flat.cut(shard);
+        if self.sharding.is_some() {
+            flat.cut();
         }
         self.flat = Some(Box::new(flat));
     }
@@ -367,7 +389,7 @@ impl<I: Backend> AdamW<I> {
             return;
         };
         assert!(
-            flat.shard.is_none(),
+            !flat.cut,
             "the distributed optimizer's flat state is joined (`join_shards`) before it leaves \
              the flat form"
         );

@@ -21,7 +21,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
-use ferrotron_parallel::{AdamWStep, Comm, FlatPiece, FlatSegment, FusedOps, ParallelOps};
+use ferrotron_parallel::{
+    AdamWStep, Comm, FlatPiece, FlatSegment, FusedOps, ParallelOps, ReduceOp,
+};
 
 use crate::TrainError;
 
@@ -43,6 +45,8 @@ pub(crate) struct Slot {
 pub(crate) struct Group {
     /// The data-parallel reduction bucket its members belong to (`replicas.rs`; 0 without).
     pub bucket: usize,
+    /// The part of it this rank keeps under the distributed optimizer (none: all of it).
+    pub shard: Option<Shard>,
     pub decays: bool,
     /// The parameters' own dtype (16-bit ones also get a rounded copy written by the update).
     pub dtype: DType,
@@ -60,9 +64,12 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// Group the parameters `(id, dtype, len, decays, bucket)` given in visiting order; with
-    /// `parts` > 1 (the distributed optimizer) every group is padded with zeros to equal parts.
-    pub(crate) fn new(params: &[(ParamId, DType, usize, bool, usize)], parts: usize) -> Self {
+    /// Group the parameters `(id, dtype, len, decays, bucket)` given in visiting order; under
+    /// `sharding` (the distributed optimizer) every group is padded with zeros to equal parts.
+    pub(crate) fn new(
+        params: &[(ParamId, DType, usize, bool, usize)],
+        sharding: Option<Sharding>,
+    ) -> Self {
         let mut groups: Vec<Group> = Vec::new();
         let mut slots = HashMap::with_capacity(params.len());
         for &(id, dtype, len, decays, bucket) in params {
@@ -74,6 +81,7 @@ impl Layout {
                 None => {
                     groups.push(Group {
                         bucket,
+                        shard: sharding.map(|sharding| sharding.of(bucket)),
                         decays,
                         dtype,
                         members: Vec::new(),
@@ -95,9 +103,9 @@ impl Layout {
             group.members.push(id);
             group.len = offset + len;
         }
-        if parts > 1 {
-            for group in &mut groups {
-                group.len = group.len.next_multiple_of(ALIGN * parts);
+        for group in &mut groups {
+            if let Some(shard) = group.shard {
+                group.len = group.len.next_multiple_of(ALIGN * shard.parts);
             }
         }
         Layout {
@@ -140,18 +148,17 @@ impl Layout {
             .collect()
     }
 
-    /// [`Layout::segments`] of `shard`'s part of every group, offsets within the part.
-    pub(crate) fn shard_segments(
-        &self,
-        shard: Shard,
-        counted: impl Fn(ParamId) -> bool,
-    ) -> Vec<FlatSegment> {
+    /// [`Layout::segments`] of this rank's part of every group, offsets within the part.
+    pub(crate) fn shard_segments(&self, counted: impl Fn(ParamId) -> bool) -> Vec<FlatSegment> {
         self.order
             .iter()
             .filter(|id| counted(**id))
             .filter_map(|id| {
                 let slot = self.slots[id];
-                let part = shard.range(self.groups[slot.group].len);
+                let group = &self.groups[slot.group];
+                let part = group
+                    .shard
+                    .map_or(0..group.len, |shard| shard.range(group.len));
                 let start = slot.offset.max(part.start);
                 let end = (slot.offset + slot.len).min(part.end);
                 (start < end).then(|| (slot.group, start - part.start, end - start))
@@ -160,8 +167,28 @@ impl Layout {
     }
 }
 
-/// This rank's part of every flat buffer under the distributed optimizer: part `part` of
-/// `parts` equal ones.
+/// The distributed optimizer's parts: each group's by its bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sharding {
+    /// The part of every group but `other`'s.
+    pub shard: Shard,
+    /// A bucket whose groups are cut into another number of parts (the experts', over the
+    /// expert-data-parallel group rather than the data-parallel one).
+    pub other: Option<(usize, Shard)>,
+}
+
+impl Sharding {
+    /// The part of a group of `bucket`.
+    pub(crate) fn of(&self, bucket: usize) -> Shard {
+        match self.other {
+            Some((other, shard)) if other == bucket => shard,
+            _ => self.shard,
+        }
+    }
+}
+
+/// This rank's part of a flat buffer under the distributed optimizer: part `part` of `parts`
+/// equal ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shard {
     pub part: usize,
@@ -183,48 +210,53 @@ impl Shard {
 }
 
 /// Master weights and moments of every group, flat fp32 (moments absent before the first step);
-/// with `shard`, only that part of each group (the distributed optimizer's).
+/// when `cut`, only this rank's part of each group (the distributed optimizer's).
 #[derive(Debug)]
 pub(crate) struct FlatState<I: Backend> {
     pub layout: Layout,
     pub master: Vec<Tensor<I, 1>>,
     pub moments: Vec<Option<(Tensor<I, 1>, Tensor<I, 1>)>>,
-    pub shard: Option<Shard>,
+    pub cut: bool,
 }
 
 impl<I: Backend> FlatState<I> {
-    /// Keep only `shard`'s part of every buffer (a no-op when that is what it holds).
-    pub(crate) fn cut(&mut self, shard: Shard) {
-        if self.shard.is_some() {
+    /// Keep only this rank's part of every buffer (a no-op when that is what it holds).
+    pub(crate) fn cut(&mut self) {
+        if self.cut {
             return;
         }
-        for master in &mut self.master {
-            *master = shard.cut(master.clone());
+        for (index, group) in self.layout.groups.iter().enumerate() {
+            let Some(shard) = group.shard else { continue };
+            self.master[index] = shard.cut(self.master[index].clone());
+            if let Some((m, v)) = self.moments[index].as_mut() {
+                *m = shard.cut(m.clone());
+                *v = shard.cut(v.clone());
+            }
         }
-        for (m, v) in self.moments.iter_mut().flatten() {
-            *m = shard.cut(m.clone());
-            *v = shard.cut(v.clone());
-        }
-        self.shard = Some(shard);
+        self.cut = true;
     }
 
-    /// Every buffer whole again, its parts all-gathered over `comm` (collective).
-    pub(crate) fn join(&mut self, comm: &Comm)
+    /// Every buffer whole again, its parts all-gathered over the group's `comm` (collective).
+    pub(crate) fn join<'a>(&mut self, comm: impl Fn(&Group) -> &'a Comm)
     where
         I: ParallelOps,
     {
-        if self.shard.take().is_none() {
+        if !std::mem::take(&mut self.cut) {
             return;
         }
-        let gather = |x: &Tensor<I, 1>| {
-            from_primitive(I::all_gather_started(primitive(x.clone()), comm).finish())
-        };
-        for master in &mut self.master {
-            *master = gather(master);
-        }
-        for (m, v) in self.moments.iter_mut().flatten() {
-            *m = gather(m);
-            *v = gather(v);
+        for (index, group) in self.layout.groups.iter().enumerate() {
+            if group.shard.is_none() {
+                continue;
+            }
+            let comm = comm(group);
+            let gather = |x: &Tensor<I, 1>| {
+                from_primitive(I::all_gather_started(primitive(x.clone()), comm).finish())
+            };
+            self.master[index] = gather(&self.master[index]);
+            if let Some((m, v)) = self.moments[index].as_mut() {
+                *m = gather(m);
+                *v = gather(v);
+            }
         }
     }
 }
@@ -345,8 +377,9 @@ pub(crate) fn gather_group<I: FusedOps>(
     I::gather_flat(pieces, previous)
 }
 
-/// Every parameter of `model` as [`TakenGrads::params`] lists those with a gradient:
-/// `(id, dtype, len, value)` in visiting order.
+/// Every trainable parameter of `model` (not the MoE expert bias, moved by its own rule) as
+/// [`TakenGrads::params`] lists those with a gradient: `(id, dtype, len, value)` in visiting
+/// order.
 pub(crate) fn all_params<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
 ) -> Vec<(ParamId, DType, usize, Tensor<B::InnerBackend, 1>)> {
@@ -355,7 +388,11 @@ pub(crate) fn all_params<B: AutodiffBackend, M: AutodiffModule<B>>(
     }
     impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<B::InnerBackend> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let value = param.val().inner();
+            let value = param.val();
+            if !value.is_require_grad() {
+                return;
+            }
+            let value = value.inner();
             let len = value.shape().num_elements();
             self.params
                 .push((param.id, value.dtype(), len, value.reshape([len])));
@@ -366,17 +403,58 @@ pub(crate) fn all_params<B: AutodiffBackend, M: AutodiffModule<B>>(
     collect.params
 }
 
-/// `Σ x²` of a step's gradients as `[1]` f32, the norm's sum in the model's order (of `shard`'s
-/// part only, when the gradients are that part), over the parameters `counted` selects.
+/// Sums the gradients of `ids` (those the layout holds) over `comm` in place: one all-reduce
+/// of their concatenation.
+pub(crate) fn sum_params_over<I: ParallelOps>(
+    layout: &Layout,
+    grads: &mut FlatGrads<I>,
+    ids: impl IntoIterator<Item = ParamId>,
+    comm: &Comm,
+) {
+    if comm.size() == 1 {
+        return;
+    }
+    let slots: Vec<Slot> = ids
+        .into_iter()
+        .filter_map(|id| layout.slots.get(&id).copied())
+        .collect();
+    if slots.is_empty() {
+        return;
+    }
+    let range = |slot: &Slot| slot.offset..slot.offset + slot.len;
+    let buffer =
+        |grads: &FlatGrads<I>, slot: &Slot| from_primitive::<I>(grads.buffers[slot.group].clone());
+    let parts = slots
+        .iter()
+        .map(|slot| buffer(grads, slot).slice(range(slot)))
+        .collect();
+    let summed: Tensor<I, 1> = from_primitive(I::all_reduce_detached(
+        primitive(Tensor::cat(parts, 0)),
+        ReduceOp::Sum,
+        comm,
+    ));
+    let mut at = 0;
+    for slot in &slots {
+        let part = summed.clone().slice(at..at + slot.len);
+        let whole = buffer(grads, slot).slice_assign(range(slot), part);
+        grads.buffers[slot.group] = primitive(whole);
+        at += slot.len;
+    }
+}
+
+/// `Σ x²` of a step's gradients as `[1]` f32, the norm's sum in the model's order (of this
+/// rank's parts only, when the gradients are those, `parts`), over the parameters `counted`
+/// selects.
 pub(crate) fn sum_of_squares<I: FusedOps>(
     layout: &Layout,
     grads: &FlatGrads<I>,
-    shard: Option<Shard>,
+    parts: bool,
     counted: impl Fn(ParamId) -> bool,
 ) -> Option<Tensor<I, 1>> {
-    let segments = match shard {
-        Some(shard) => layout.shard_segments(shard, counted),
-        None => layout.segments(counted),
+    let segments = if parts {
+        layout.shard_segments(counted)
+    } else {
+        layout.segments(counted)
     };
     I::segment_sum_of_squares(&grads.buffers, &segments).map(from_primitive)
 }
@@ -611,12 +689,21 @@ mod tests {
                 (b, DType::F32, 30, false, 0),
                 (c, DType::F32, 20, true, 0),
             ],
-            2,
+            Some(Sharding {
+                shard: Shard { part: 0, parts: 2 },
+                other: None,
+            }),
         );
         // decay group: a at 0, c at 128 (aligned), padded to 2 × 64 × 2 = 256; no-decay: b
         assert_eq!(layout.groups[0].len, 256);
         assert_eq!(layout.groups[1].len, 128);
-        let part = |part| layout.shard_segments(Shard { part, parts: 2 }, |_| true);
+        let part = |part| {
+            let mut layout = layout.clone();
+            for group in &mut layout.groups {
+                group.shard = Some(Shard { part, parts: 2 });
+            }
+            layout.shard_segments(|_| true)
+        };
         assert_eq!(part(0), vec![(0, 0, 100), (1, 0, 30)]);
         assert_eq!(part(1), vec![(0, 0, 20)]);
         assert_eq!(

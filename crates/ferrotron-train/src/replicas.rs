@@ -25,6 +25,9 @@ use crate::TrainError;
 use crate::error::comm_error;
 use crate::flat_adamw::{FlatGrads, Group, Layout, from_primitive, gather_group, primitive};
 
+/// Elements per gradient bucket (Megatron's `--ddp-bucket-size` default of 40M).
+pub(crate) const GRAD_BUCKET_ELEMENTS: usize = 40_000_000;
+
 /// The data-parallel group a replicated rank averages its step over.
 #[derive(Clone)]
 pub(crate) struct Replicas {

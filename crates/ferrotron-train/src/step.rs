@@ -282,7 +282,11 @@ where
     })
 }
 
-fn check_finite(value: f64, iteration: u64, what: &'static str) -> Result<(), TrainError> {
+pub(crate) fn check_finite(
+    value: f64,
+    iteration: u64,
+    what: &'static str,
+) -> Result<(), TrainError> {
     if value.is_finite() {
         Ok(())
     } else {

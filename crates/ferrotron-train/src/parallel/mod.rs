@@ -8,11 +8,8 @@
 //! Pure data parallelism of a dense model is the one-rank device step too, with its flat gradient
 //! buffers averaged over the group on the device (`crate::replicas`).
 
-mod dist_optimizer;
-mod flat;
-mod grad_sync;
+mod device_exchange;
 mod host;
-mod norm;
 mod pipeline;
 mod plan_groups;
 mod rank_checkpoint;

@@ -16,8 +16,8 @@
 
 use std::collections::HashMap;
 
-use burn::module::{AutodiffModule, ParamId};
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::cast::ToElement;
 use burn::tensor::{Int, Tensor, TensorPrimitive};
@@ -27,17 +27,15 @@ use ferrotron_model::{
 use ferrotron_parallel::recompute::{self, Tape};
 use ferrotron_parallel::{ParallelContext, ParallelOps};
 
-use super::host::{grad_values, private_leaves};
+use super::host::private_leaves;
 use super::schedule::{self, Op, StagePosition};
 use crate::backward::{backward, fence_peers};
 use crate::error::comm_error;
 use crate::{Microbatch, TrainError};
 
-/// What a stage's step produced.
+/// What a stage's step produced besides the gradients (which went to `absorb`).
 #[derive(Debug)]
 pub(super) struct PipelineOutcome {
-    /// Per local chunk: the accumulated gradients (already divided by the microbatch count).
-    pub grads: Vec<HashMap<ParamId, Vec<f32>>>,
     /// Sum over microbatches of the objective and of the LM loss (last stage only; 0 elsewhere).
     pub loss_sum: f64,
     pub lm_loss_sum: f64,
@@ -102,13 +100,16 @@ fn send<B: ParallelOps>(
         .map_err(|e| comm_error("pipeline send", e))
 }
 
-/// Forward and backward of `microbatches` through `chunks` by the stage's schedule.
+/// Forward and backward of `microbatches` through `chunks` by the stage's schedule; each
+/// backward's parameter gradients (of the loss divided by the microbatch count) go to
+/// `absorb` with the index of their chunk, which sums them.
 pub(super) fn run_step<B>(
     chunks: &[GptModel<B>],
     position: StagePosition,
     ctx: &ParallelContext,
     microbatches: &[Microbatch],
     device: &B::Device,
+    mut absorb: impl FnMut(usize, &GptModel<B>, GradientsParams) -> Result<(), TrainError>,
 ) -> Result<PipelineOutcome, TrainError>
 where
     B: AutodiffBackend + ParallelOps,
@@ -116,8 +117,6 @@ where
 {
     let ops = schedule::build(position, microbatches.len())?;
     let scale = 1.0 / microbatches.len() as f64;
-    let mut accumulators: Vec<GradientsAccumulator<GptModel<B>>> =
-        chunks.iter().map(|_| GradientsAccumulator::new()).collect();
     let mut loads = vec![ExpertLoads::default(); chunks.len()];
     let mut received: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
     let mut grads_in: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
@@ -235,18 +234,12 @@ where
                     };
                     grads_out.insert(key, grad);
                 }
-                accumulators[compute.chunk]
-                    .accumulate(&chunk, GradientsParams::from_grads(gradients, &chunk));
+                let grads = GradientsParams::from_grads(gradients, &chunk);
+                absorb(compute.chunk, &chunk, grads)?;
             }
         }
     }
-    let grads = chunks
-        .iter()
-        .zip(accumulators.iter_mut())
-        .map(|(chunk, accumulator)| grad_values::<B, _>(chunk, &accumulator.grads()))
-        .collect();
     Ok(PipelineOutcome {
-        grads,
         loss_sum,
         lm_loss_sum,
         loads,

@@ -11,7 +11,7 @@
 //! pure data parallelism over a dense model takes that step too, averaged over its group on the
 //! device (`crate::replicas`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use burn::module::ParamId;
@@ -20,24 +20,17 @@ use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig, RecomputePo
 use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch};
 use ferrotron_plan::Plan;
 
-use super::dist_optimizer::{self, ShardState, ShardedAdamW, Update};
-use super::flat::{FlatLayout, GRAD_BUCKET_ELEMENTS};
-use super::grad_sync::{self, GradBuffer};
-use super::host::{grads_from_values, param_shapes, param_values, set_param_values};
-use super::norm;
-use super::pipeline::{self, evaluate_stage, valid_chunks};
+use super::device_exchange::{data_group, per_chunk_optimizer};
+use super::pipeline::{evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::error::comm_error;
+use crate::flat_adamw::{Shard, Sharding};
 use crate::init::seeded_model;
-use crate::replicas::{Replicas, TensorReplicas, layer_buckets, sum_loads};
-use crate::rng::with_process_rng;
+use crate::replicas::{GRAD_BUCKET_ELEMENTS, Replicas, TensorReplicas, layer_buckets, sum_loads};
 use crate::run_loop::RankStep;
 use crate::step::{device_step, train_step_deferred};
-use crate::{
-    AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, StepStats, TrainError,
-    clip_coefficient,
-};
+use crate::{AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, TrainError};
 
 /// This rank's chunks (virtual stages) from the plan's stage table.
 pub(super) fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>, TrainError> {
@@ -72,28 +65,19 @@ pub(super) enum RankOptimizer<I: Backend> {
     /// one-rank device step with its flat gradient buffers averaged over the group on the
     /// device (`crate::replicas`).
     Replicated(AdamW<I>, Replicas),
-    /// One AdamW per chunk over full local parameters (gradients all-reduced).
-    Plain(Vec<AdamW<I>>),
-    /// ZeRO-1: shards of the dense and expert buffers.
-    Sharded(Box<ShardedState>),
-}
-
-/// The distributed optimizer's state: the update rule and this rank's two shards.
-pub(super) struct ShardedState {
-    pub adam: ShardedAdamW,
-    pub dense: ShardState,
-    pub expert: ShardState,
+    /// One AdamW per chunk (with ZeRO-1: over this rank's parts of its flat groups), the
+    /// gradients exchanged on the device (`device_exchange.rs`).
+    PerChunk(Vec<AdamW<I>>),
 }
 
 impl<I: Backend> RankOptimizer<I> {
-    /// The AdamW of each chunk; none when the optimizer is sharded.
+    /// The AdamW of each chunk.
     pub(super) fn per_chunk(&self) -> &[AdamW<I>] {
         match self {
             RankOptimizer::Whole(optimizer) | RankOptimizer::Replicated(optimizer, _) => {
                 std::slice::from_ref(optimizer)
             }
-            RankOptimizer::Plain(optimizers) => optimizers,
-            RankOptimizer::Sharded(_) => &[],
+            RankOptimizer::PerChunk(optimizers) => optimizers,
         }
     }
 
@@ -102,8 +86,7 @@ impl<I: Backend> RankOptimizer<I> {
             RankOptimizer::Whole(optimizer) | RankOptimizer::Replicated(optimizer, _) => {
                 std::slice::from_mut(optimizer)
             }
-            RankOptimizer::Plain(optimizers) => optimizers,
-            RankOptimizer::Sharded(_) => &mut [],
+            RankOptimizer::PerChunk(optimizers) => optimizers,
         }
     }
 }
@@ -114,8 +97,6 @@ pub(super) struct RankModel<B: AutodiffBackend> {
     pub position: StagePosition,
     pub chunks: Vec<GptModel<B>>,
     pub roles: Vec<Vec<ParamRole>>,
-    pub(super) dense: FlatLayout,
-    pub(super) expert: FlatLayout,
     pub(super) optimizer: RankOptimizer<B::InnerBackend>,
     pub(super) device: B::Device,
 }
@@ -159,12 +140,11 @@ where
             chunks: chunks.len(),
         };
         let roles: Vec<Vec<ParamRole>> = chunks.iter().map(GptModel::param_roles).collect();
-        // Experts no token reached have no gradient on one rank but may on another, which the
-        // host exchange's has-gradient flags settle; the replicated step lays out every
-        // parameter, so it takes dense models only.
+        // The replicated step lays its flat buffers out from the first microbatch's gradients,
+        // which an expert no token reached lacks on one data rank but not another: it takes
+        // dense models only, and MoE the per-chunk exchange (`device_exchange.rs`).
         let replicated =
             !whole && one_stage_dense(&ctx) && chunks.len() == 1 && config.moe.is_none();
-        let sharded = distributed_optimizer && !whole && !replicated;
         let bucket_elements = plan
             .recipe
             .parallel
@@ -172,7 +152,6 @@ where
             .map_or(GRAD_BUCKET_ELEMENTS, |n| {
                 usize::try_from(n).unwrap_or(usize::MAX)
             });
-        let (dense, expert) = layouts(&chunks, &roles, &ctx, sharded, bucket_elements);
         let optimizer = if whole {
             RankOptimizer::Whole(AdamW::new(adamw, no_decay(&roles[0])))
         } else if replicated {
@@ -203,18 +182,14 @@ where
                 parallel.overlap_param_gather,
                 bucket_elements,
             )
-        } else if sharded {
-            let params = local_params(&chunks);
-            RankOptimizer::Sharded(Box::new(ShardedState {
-                adam: ShardedAdamW::new(adamw),
-                dense: ShardState::new(&dense, &fill_values(&dense, &params)),
-                expert: ShardState::new(&expert, &fill_values(&expert, &params)),
-            }))
         } else {
-            RankOptimizer::Plain(
+            RankOptimizer::PerChunk(
                 roles
                     .iter()
-                    .map(|roles| AdamW::new(adamw, no_decay(roles)))
+                    .map(|roles| {
+                        let optimizer = AdamW::new(adamw, no_decay(roles));
+                        per_chunk_optimizer(optimizer, roles, &ctx, distributed_optimizer)
+                    })
                     .collect(),
             )
         };
@@ -223,170 +198,13 @@ where
             position,
             chunks,
             roles,
-            dense,
-            expert,
             optimizer,
             device: device.clone(),
         })
     }
 
-    /// One optimizer step of a rank with peers: the schedule, the gradient exchange, the
-    /// agreed norm and the update of its shards.
-    fn exchanged_step(
-        &mut self,
-        microbatches: &[Microbatch],
-        context: StepContext,
-    ) -> Result<StepStats, TrainError> {
-        if microbatches.is_empty() {
-            return Err(TrainError::Config(
-                "a step needs at least one microbatch".into(),
-            ));
-        }
-        // dropout's stream, seeded as the one-rank step seeds it
-        with_process_rng(|| B::seed(&self.device, context.seed ^ context.iteration));
-        let outcome = pipeline::run_step(
-            &self.chunks,
-            self.position,
-            &self.ctx,
-            microbatches,
-            &self.device,
-        )?;
-        let scale = 1.0 / microbatches.len() as f64;
-        let [loss, lm_loss] =
-            self.reported_mean([outcome.loss_sum * scale, outcome.lm_loss_sum * scale])?;
-        if !loss.is_finite() {
-            return Err(TrainError::NonFinite {
-                iteration: context.iteration,
-                what: "the loss",
-                value: loss,
-            });
-        }
-        let sharded = matches!(self.optimizer, RankOptimizer::Sharded(_));
-        let mut dense = grad_sync::fill(&self.dense, &outcome.grads);
-        let mut expert = grad_sync::fill(&self.expert, &outcome.grads);
-        for (layout, buffer) in [(&self.dense, &mut dense), (&self.expert, &mut expert)] {
-            grad_sync::reduce_tp_partial(&self.ctx.tp, layout, buffer)?;
-            grad_sync::reduce_tied_embedding(self.ctx.embedding.as_ref(), layout, buffer)?;
-        }
-        let data_ranks = self.ctx.dp_cp_size();
-        let dense_shard = grad_sync::average(
-            &self.ctx.dp_cp,
-            &self.dense,
-            &mut dense,
-            sharded,
-            data_ranks,
-        )?;
-        let expert_shard = grad_sync::average(
-            &self.ctx.edp,
-            &self.expert,
-            &mut expert,
-            sharded,
-            data_ranks,
-        )?;
-        let local = norm::local_sum_of_squares(
-            &self.dense,
-            dense_shard.as_deref().unwrap_or(&dense.values),
-            &self.ctx,
-            sharded,
-        ) + norm::local_sum_of_squares(
-            &self.expert,
-            expert_shard.as_deref().unwrap_or(&expert.values),
-            &self.ctx,
-            sharded,
-        );
-        let grad_norm = norm::global_norm(&self.ctx, local)?;
-        if !grad_norm.is_finite() {
-            return Err(TrainError::NonFinite {
-                iteration: context.iteration,
-                what: "the gradient norm",
-                value: grad_norm,
-            });
-        }
-        let clip = clip_coefficient(grad_norm, context.clip_grad);
-        let update = Update {
-            lr: context.lr,
-            grad_scale: clip,
-        };
-        self.apply(&dense, &expert, dense_shard, expert_shard, update)?;
-        self.update_expert_bias(outcome.loads)?;
-        Ok(StepStats {
-            loss,
-            lm_loss,
-            grad_norm,
-            clip_coefficient: clip,
-            lr: context.lr,
-        })
-    }
-
-    fn apply(
-        &mut self,
-        dense: &GradBuffer,
-        expert: &GradBuffer,
-        dense_shard: Option<Vec<f32>>,
-        expert_shard: Option<Vec<f32>>,
-        update: Update,
-    ) -> Result<(), TrainError> {
-        let chunks = std::mem::take(&mut self.chunks);
-        let buffers = [(&self.dense, dense), (&self.expert, expert)];
-        match &mut self.optimizer {
-            RankOptimizer::Sharded(state) => {
-                let ShardedState {
-                    adam,
-                    dense: dense_state,
-                    expert: expert_state,
-                } = &mut **state;
-                adam.begin_step();
-                let shards = [
-                    (
-                        &self.dense,
-                        dense_state,
-                        dense_shard,
-                        dense,
-                        &self.ctx.dp_cp,
-                    ),
-                    (
-                        &self.expert,
-                        expert_state,
-                        expert_shard,
-                        expert,
-                        &self.ctx.edp,
-                    ),
-                ];
-                let mut full = Vec::with_capacity(2);
-                for (layout, state, shard, buffer, comm) in shards {
-                    let grad = shard.unwrap_or_default();
-                    adam.update(state, &grad, &buffer.has_grad, update);
-                    let params = dist_optimizer::gather(comm, layout, &state.master)?;
-                    full.push((layout, params, &buffer.has_grad));
-                }
-                // only what the optimizer updated: a parameter without gradients (the MoE expert
-                // bias, moved by its own rule) keeps the value the model holds
-                self.chunks = chunks
-                    .into_iter()
-                    .enumerate()
-                    .map(|(index, chunk)| {
-                        let mut values: HashMap<ParamId, &[f32]> = HashMap::new();
-                        for (layout, params, has_grad) in &full {
-                            for (slot, has) in layout.slots.iter().zip(has_grad.iter()) {
-                                if slot.chunk == index && *has != 0.0 {
-                                    values.insert(slot.id, &params[slot.range()]);
-                                }
-                            }
-                        }
-                        set_param_values(chunk, &values)
-                    })
-                    .collect();
-            }
-            per_chunk => {
-                let optimizers = per_chunk.per_chunk_mut();
-                self.chunks = update_per_chunk(chunks, optimizers, buffers, update);
-            }
-        }
-        Ok(())
-    }
-
     /// DeepSeek-V3's bias update from the loads of every data-parallel rank's tokens.
-    fn update_expert_bias(&mut self, loads: Vec<ExpertLoads>) -> Result<(), TrainError> {
+    pub(super) fn update_expert_bias(&mut self, loads: Vec<ExpertLoads>) -> Result<(), TrainError> {
         if self.chunks.iter().all(|c| c.expert_biases().is_empty()) {
             return Ok(());
         }
@@ -406,7 +224,10 @@ where
 
     /// `values` (this rank's per-microbatch means) as every rank reports them: the last
     /// stage's, averaged over the data- and context-parallel ranks.
-    fn reported_mean<const N: usize>(&self, mut values: [f64; N]) -> Result<[f64; N], TrainError> {
+    pub(super) fn reported_mean<const N: usize>(
+        &self,
+        mut values: [f64; N],
+    ) -> Result<[f64; N], TrainError> {
         if !self.ctx.is_last_stage() {
             values = [0.0; N];
         }
@@ -451,9 +272,9 @@ where
         let (optimizer, replicas) = match &mut self.optimizer {
             RankOptimizer::Whole(optimizer) => (optimizer, None),
             RankOptimizer::Replicated(optimizer, replicas) => (optimizer, Some(&*replicas)),
-            _ => {
+            RankOptimizer::PerChunk(_) => {
                 return self
-                    .exchanged_step(microbatches, context)
+                    .device_exchanged_step(microbatches, context)
                     .map(PendingStats::ready);
             }
         };
@@ -501,9 +322,17 @@ where
         info: &CheckpointInfo<'_>,
     ) -> Result<PathBuf, TrainError> {
         prefetch::settle();
-        if let RankOptimizer::Replicated(optimizer, replicas) = &mut self.optimizer {
-            // a checkpoint holds whole moments and masters, whatever the layout that reads it
-            optimizer.join_shards(&replicas.comm);
+        // a checkpoint holds whole moments and masters, whatever the layout that reads it
+        match &mut self.optimizer {
+            RankOptimizer::Whole(_) => {}
+            RankOptimizer::Replicated(optimizer, replicas) => {
+                optimizer.join_shards(|_| &replicas.comm);
+            }
+            RankOptimizer::PerChunk(optimizers) => {
+                for optimizer in optimizers {
+                    optimizer.join_shards(|group| data_group(&self.ctx, group));
+                }
+            }
         }
         self.save_checkpoint(store, info)
     }
@@ -519,71 +348,6 @@ where
         }
         Ok(flag[0] != 0)
     }
-}
-
-/// The dense and expert buffers of a rank's chunks, in parameter-visiting order.
-fn layouts<B: Backend>(
-    chunks: &[GptModel<B>],
-    roles: &[Vec<ParamRole>],
-    ctx: &ParallelContext,
-    sharded: bool,
-    bucket_elements: usize,
-) -> (FlatLayout, FlatLayout) {
-    let mut dense = Vec::new();
-    let mut expert = Vec::new();
-    for (index, (chunk, roles)) in chunks.iter().zip(roles).enumerate() {
-        let shapes = param_shapes::<B, _>(chunk);
-        for role in roles {
-            let numel = shapes.get(&role.id).map_or(0, |s| s.iter().product());
-            let entry = (index, role.clone(), numel);
-            if role.expert {
-                expert.push(entry);
-            } else {
-                dense.push(entry);
-            }
-        }
-    }
-    let (dense_parts, dense_part, expert_parts, expert_part) = if sharded {
-        (
-            ctx.dp_cp_size(),
-            ctx.dp_cp_rank(),
-            ctx.edp_size(),
-            ctx.edp_rank(),
-        )
-    } else {
-        (1, 0, 1, 0)
-    };
-    (
-        FlatLayout::new(dense, bucket_elements, dense_parts, dense_part),
-        FlatLayout::new(expert, bucket_elements, expert_parts, expert_part),
-    )
-}
-
-/// Each chunk updated by its own AdamW from the (reduced) gradient buffers.
-fn update_per_chunk<B>(
-    chunks: Vec<GptModel<B>>,
-    optimizers: &mut [AdamW<B::InnerBackend>],
-    buffers: [(&FlatLayout, &GradBuffer); 2],
-    update: Update,
-) -> Vec<GptModel<B>>
-where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
-{
-    let mut updated = Vec::with_capacity(chunks.len());
-    for (index, (chunk, optimizer)) in chunks.into_iter().zip(optimizers).enumerate() {
-        let mut values: HashMap<ParamId, &[f32]> = HashMap::new();
-        for (layout, buffer) in buffers {
-            for (slot, has) in layout.slots.iter().zip(&buffer.has_grad) {
-                if slot.chunk == index && *has != 0.0 {
-                    values.insert(slot.id, &buffer.values[slot.range()]);
-                }
-            }
-        }
-        let grads = grads_from_values::<B, _>(&chunk, &values);
-        updated.push(optimizer.step(chunk, grads, update.lr, update.grad_scale));
-    }
-    updated
 }
 
 /// The optimizer of a rank of pure data parallelism: its flat layout cut into buckets where the
@@ -605,7 +369,13 @@ fn replicated_optimizer<B: AutodiffBackend>(
         replicas.gather_before = gather_overlap.then_some(buckets.first_layer);
     }
     if replicas.shard {
-        optimizer.set_shard(replicas.comm.rank(), replicas.comm.size());
+        optimizer.set_sharding(Sharding {
+            shard: Shard {
+                part: replicas.comm.rank(),
+                parts: replicas.comm.size(),
+            },
+            other: None,
+        });
     }
     RankOptimizer::Replicated(optimizer, replicas)
 }
@@ -631,14 +401,4 @@ fn no_decay(roles: &[ParamRole]) -> HashSet<ParamId> {
         .filter(|r| r.no_weight_decay)
         .map(|r| r.id)
         .collect()
-}
-
-/// Every chunk's parameter values by id.
-pub(super) fn local_params<B: Backend>(chunks: &[GptModel<B>]) -> Vec<HashMap<ParamId, Vec<f32>>> {
-    chunks.iter().map(param_values::<B, _>).collect()
-}
-
-/// The full local buffer of `layout` from per-chunk values.
-pub(super) fn fill_values(layout: &FlatLayout, values: &[HashMap<ParamId, Vec<f32>>]) -> Vec<f32> {
-    grad_sync::fill(layout, values).values
 }

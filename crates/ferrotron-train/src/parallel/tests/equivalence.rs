@@ -173,6 +173,25 @@ fn tensor_parallel_with_sequence_parallel_matches_one_rank() {
     );
 }
 
+/// The device exchange's tp sum of sequence-parallel partial gradients beside pipeline stages
+/// and the tied embedding between them (the plain optimizer: nothing crosses the host).
+#[test]
+fn tensor_and_pipeline_parallel_with_sequence_parallel_match_one_rank() {
+    check_with(
+        Layout {
+            tp: 2,
+            pp: 2,
+            vpp: 1,
+            dp: 1,
+            distributed_optimizer: false,
+            ..Layout::default()
+        },
+        4,
+        json!({"parallel": {"sequence_parallel": true}}),
+        ITERATIONS,
+    );
+}
+
 /// Eight ranks, every reduction at once: tp partial sums, pipeline send/receive, the tied
 /// embedding between stages, ZeRO-1 over dp.
 #[test]
@@ -221,6 +240,45 @@ fn expert_parallel_moe_matches_one_rank() {
             pp: 1,
             vpp: 1,
             dp: 2,
+            ..Layout::default()
+        },
+        2,
+        json!({"model": {"moe": {"num_experts": 2, "router_topk": 2}}}),
+        ITERATIONS,
+    );
+}
+
+/// Whole experts on both data ranks (ep 1): their flat groups averaged over expert-dp, which is
+/// then the data-parallel group itself.
+#[test]
+fn data_parallel_moe_matches_one_rank() {
+    check_with(
+        Layout {
+            tp: 1,
+            pp: 1,
+            vpp: 1,
+            dp: 2,
+            ..Layout::default()
+        },
+        2,
+        json!({"model": {"moe": {"num_experts": 2, "router_topk": 2}}}),
+        ITERATIONS,
+    );
+}
+
+/// ZeRO-1 with two kinds of parts: dense groups cut over the four data ranks, expert groups over
+/// the two expert-data ranks (ep 2 of dp 4), each reduce-scattered and all-gathered over its own
+/// group.
+#[test]
+fn expert_parallel_moe_with_distributed_optimizer_matches_one_rank() {
+    check_with(
+        Layout {
+            tp: 1,
+            ep: 2,
+            pp: 1,
+            vpp: 1,
+            dp: 4,
+            distributed_optimizer: true,
             ..Layout::default()
         },
         2,

@@ -15,7 +15,6 @@
 mod alone;
 mod equivalence;
 mod fixture;
-mod optimizer;
 mod plan_groups;
 mod recompute;
 mod replicated;
