@@ -210,6 +210,10 @@ if [[ $parts == *x* ]]; then
     compare "(x) pipeline 2 × data 2 with ZeRO-1, four ranks on one GPU over TCP, vs one GPU" \
         tiny-bf16-mb4 tiny-bf16-pp2-dp2-zero1
     compare "(x) the same in fp32" tiny-f32-mb4 tiny-f32-pp2-dp2-zero1
+    FERROTRON_COMM=tcp train tiny-bf16-pp2-dp2-zero1-after "${pp2dp2[@]}" "${mb[@]}" \
+        --set parallel.overlap_grad_reduce=false --set parallel.overlap_param_gather=false
+    compare "(x) pipeline × data with ZeRO-1: both overlaps vs neither (expected: 0)" \
+        tiny-bf16-pp2-dp2-zero1 tiny-bf16-pp2-dp2-zero1-after
     FERROTRON_COMM=tcp train tiny-bf16-cp2 --nproc-per-node 2 --set parallel.context=2 \
         --set parallel.data=1 "${mb[@]}"
     compare "(x) context parallel 2 on one GPU over TCP vs one GPU" tiny-bf16-mb4 tiny-bf16-cp2
@@ -219,11 +223,15 @@ if [[ $parts == *x* ]]; then
     train tiny-f32-moe --world-size 1 "${mb[@]}" "${fp32[@]}" "${moe_sets[@]}"
     FERROTRON_COMM=tcp train tiny-f32-moe-dp2 --nproc-per-node 2 --set parallel.data=2 \
         "${mb[@]}" "${fp32[@]}" "${moe_sets[@]}"
+    # micro batches of 2 on both sides: the load-balancing loss is a function of each
+    # microbatch's routing, so other microbatch sizes are another objective
+    mb2=(--set training.global_batch_size=8 --set training.micro_batch_size=2)
+    train tiny-f32-moe-mb2 --world-size 1 "${mb2[@]}" "${fp32[@]}" "${moe_sets[@]}"
     FERROTRON_COMM=tcp train tiny-f32-moe-ep2-dp4-zero1 --nproc-per-node 4 --set parallel.data=4 \
-        --set parallel.expert=2 --set parallel.distributed_optimizer=true \
-        --set training.global_batch_size=8 --set training.micro_batch_size=2 "${fp32[@]}" "${moe_sets[@]}"
+        --set parallel.expert=2 --set parallel.distributed_optimizer=true "${mb2[@]}" "${fp32[@]}" \
+        "${moe_sets[@]}"
     compare "(x) MoE over data 2, fp32, on one GPU over TCP vs one GPU" tiny-f32-moe tiny-f32-moe-dp2
-    compare "(x) MoE over expert 2 × data 4 with ZeRO-1, fp32, vs one GPU" tiny-f32-moe \
+    compare "(x) MoE over expert 2 × data 4 with ZeRO-1, fp32, vs one GPU" tiny-f32-moe-mb2 \
         tiny-f32-moe-ep2-dp4-zero1
     grep -h "training on the GPU" "$logs"/tiny-*-zero1.log "$logs/tiny-bf16-cp2.log" | cut -c1-200 >>"$tables"
     grep -h -i "error" "$logs"/tiny-*-{zero1,cp2,dp2}.log 2>/dev/null | head -n 5 >>"$tables"

@@ -17,7 +17,9 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{AdamWStep, Comm, FusedOps, ParallelOps};
 
 use crate::TrainError;
-use crate::flat_adamw::{self, FlatGrads, FlatState, Group, Layout, Sharding, ViewMapper};
+use crate::flat_adamw::{
+    self, Family, FlatGrads, FlatState, Group, Layout, ParamFacts, Sharding, ViewMapper,
+};
 use crate::params::{NamedTensor, ParamEntry};
 use crate::precision::MasterWeights;
 
@@ -65,6 +67,8 @@ pub struct AdamW<I: Backend> {
     /// Each parameter's data-parallel reduction bucket, which the flat layout keeps in groups
     /// of their own (`replicas.rs`); empty: one bucket.
     buckets: HashMap<ParamId, usize>,
+    /// The parameters not of the dense family, kept in groups of their own too.
+    families: HashMap<ParamId, Family>,
     /// The part of the flat state this rank keeps (the distributed optimizer's).
     sharding: Option<Sharding>,
 }
@@ -83,6 +87,7 @@ impl<I: Backend> AdamW<I> {
             master: MasterWeights::default(),
             flat: None,
             buckets: HashMap::new(),
+            families: HashMap::new(),
             sharding: None,
         }
     }
@@ -108,6 +113,12 @@ impl<I: Backend> AdamW<I> {
     /// Keep each bucket's parameters in flat groups of their own from the next layout on.
     pub(crate) fn set_buckets(&mut self, buckets: HashMap<ParamId, usize>) {
         self.buckets = buckets;
+    }
+
+    /// Keep each family's parameters in flat groups of their own from the next layout on
+    /// (absent: dense).
+    pub(crate) fn set_families(&mut self, families: HashMap<ParamId, Family>) {
+        self.families = families;
     }
 
     /// The flat layout of every parameter of `model` (laid out now unless it already is), for a
@@ -245,13 +256,15 @@ impl<I: Backend> AdamW<I> {
         model: &M,
         grads: GradientsParams,
         into: Option<FlatGrads<I>>,
+        complete: impl FnOnce(&mut HashMap<ParamId, Tensor<I, 1>>),
     ) -> Result<FlatGrads<I>, TrainError>
     where
         B: AutodiffBackend<InnerBackend = I>,
         I: FusedOps,
         M: AutodiffModule<B>,
     {
-        let taken = flat_adamw::take_grads::<B, M>(model, grads);
+        let mut taken = flat_adamw::take_grads::<B, M>(model, grads);
+        complete(&mut taken.grads);
         let layout = self.flat_layout_of(model);
         flat_adamw::gather(layout, taken.grads, into)
     }
@@ -325,9 +338,13 @@ impl<I: Backend> AdamW<I> {
     fn flatten(&mut self, params: Vec<(ParamId, burn::tensor::DType, usize, Tensor<I, 1>)>) {
         let facts: Vec<_> = params
             .iter()
-            .map(|(id, dtype, len, _)| {
-                let bucket = self.buckets.get(id).copied().unwrap_or(0);
-                (*id, *dtype, *len, self.decays(*id), bucket)
+            .map(|&(id, dtype, len, _)| ParamFacts {
+                id,
+                dtype,
+                len,
+                decays: self.decays(id),
+                bucket: self.buckets.get(&id).copied().unwrap_or(0),
+                family: self.families.get(&id).copied().unwrap_or_default(),
             })
             .collect();
         let layout = Layout::new(&facts, self.sharding);

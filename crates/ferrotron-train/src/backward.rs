@@ -20,24 +20,6 @@ use ferrotron_parallel::{Comm, ParallelOps};
 use crate::TrainError;
 use crate::error::comm_error;
 
-/// Gradients of `root` (a scalar) through its graph and `tape`'s ranges, for every parameter of
-/// `module` and for `leaves` (tensors whose gradients the caller reads: a pipeline stage's
-/// input). `fence` runs before every backward (see `parallel/pipeline.rs`).
-pub(crate) fn backward<B, M>(
-    root: Tensor<B, 1>,
-    tape: Tape<B>,
-    module: &M,
-    leaves: &[Tensor<B, 3>],
-    dropout: bool,
-    fence: &mut dyn FnMut() -> Result<(), TrainError>,
-) -> Result<B::Gradients, TrainError>
-where
-    B: AutodiffBackend + ParallelOps,
-    M: Module<B>,
-{
-    backward_by_range(root, tape, module, leaves, dropout, fence, &mut |_| Ok(()))
-}
-
 /// A `fence` for a backward that communicates with `peers` (the tensor, context and expert
 /// groups): waits until every thread rank among them has finished its previous backward.
 /// burn-autodiff ends each backward by locking every graph of the process in turn to prune
@@ -55,8 +37,11 @@ pub(crate) fn fence_peers(peers: &[&Comm]) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// [`backward`] calling `done` after each range (every parameter used only after that range's
-/// start then has its final gradient in the container `done` is given).
+/// Gradients of `root` (a scalar) through its graph and `tape`'s ranges, for every parameter of
+/// `module` and for `leaves` (tensors whose gradients the caller reads: a pipeline stage's
+/// input), calling `done` after each range (every parameter used only after that range's start
+/// then has its final gradient in the container `done` is given). `fence` runs before every
+/// backward (see `parallel/pipeline.rs`).
 pub(crate) fn backward_by_range<B, M>(
     root: Tensor<B, 1>,
     tape: Tape<B>,

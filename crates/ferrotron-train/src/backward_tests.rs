@@ -4,7 +4,7 @@ use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use ferrotron_model::{GptModel, ModelConfig, RecomputePolicy};
 use ferrotron_parallel::recompute;
 
-use super::backward;
+use super::backward_by_range;
 use crate::CpuTrainBackend;
 
 type B = CpuTrainBackend;
@@ -49,7 +49,16 @@ fn gradients_cut(
     let loss = model.loss(tokens(0), tokens(1)).loss;
     let tape = recompute::take::<B>();
     let ranges = tape.segments.len();
-    let grads = backward(loss, tape, &model, &[], restore, &mut || Ok(())).expect("backward");
+    let grads = backward_by_range(
+        loss,
+        tape,
+        &model,
+        &[],
+        restore,
+        &mut || Ok(()),
+        &mut |_| Ok(()),
+    )
+    .expect("backward");
     let after = Tensor::<B, 1>::random([4], Distribution::Default, &device);
     let after = after.into_data().to_vec::<f32>().expect("f32");
     struct Read<'a> {

@@ -21,9 +21,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
-use ferrotron_parallel::{
-    AdamWStep, Comm, FlatPiece, FlatSegment, FusedOps, ParallelOps, ReduceOp,
-};
+use ferrotron_parallel::{AdamWStep, Comm, FlatPiece, FlatSegment, FusedOps, ParallelOps};
 
 use crate::TrainError;
 
@@ -40,11 +38,24 @@ pub(crate) struct Slot {
     pub len: usize,
 }
 
+/// Which ranks share a parameter's gradient, and so which collectives its group takes
+/// (`parallel/device_exchange.rs`): a dense parameter's data-parallel ranks, an expert's
+/// expert-data-parallel ones, and the word embedding tied between first and last stage is
+/// summed between those stages first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Family {
+    #[default]
+    Dense,
+    Expert,
+    TiedEmbedding,
+}
+
 /// The parameters of one group in buffer order.
 #[derive(Debug, Clone)]
 pub(crate) struct Group {
     /// The data-parallel reduction bucket its members belong to (`replicas.rs`; 0 without).
     pub bucket: usize,
+    pub family: Family,
     /// The part of it this rank keeps under the distributed optimizer (none: all of it).
     pub shard: Option<Shard>,
     pub decays: bool,
@@ -52,6 +63,17 @@ pub(crate) struct Group {
     pub dtype: DType,
     pub members: Vec<ParamId>,
     pub len: usize,
+}
+
+/// What the layout needs of one parameter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ParamFacts {
+    pub id: ParamId,
+    pub dtype: DType,
+    pub len: usize,
+    pub decays: bool,
+    pub bucket: usize,
+    pub family: Family,
 }
 
 /// Which parameters the flat buffers hold, where, and in what order the model visits them.
@@ -64,24 +86,29 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// Group the parameters `(id, dtype, len, decays, bucket)` given in visiting order; under
-    /// `sharding` (the distributed optimizer) every group is padded with zeros to equal parts.
-    pub(crate) fn new(
-        params: &[(ParamId, DType, usize, bool, usize)],
-        sharding: Option<Sharding>,
-    ) -> Self {
+    /// Group the parameters given in visiting order; under `sharding` (the distributed
+    /// optimizer) every group is padded with zeros to equal parts.
+    pub(crate) fn new(params: &[ParamFacts], sharding: Option<Sharding>) -> Self {
         let mut groups: Vec<Group> = Vec::new();
         let mut slots = HashMap::with_capacity(params.len());
-        for &(id, dtype, len, decays, bucket) in params {
-            let index = match groups
-                .iter()
-                .position(|g| g.decays == decays && g.dtype == dtype && g.bucket == bucket)
-            {
+        for &ParamFacts {
+            id,
+            dtype,
+            len,
+            decays,
+            bucket,
+            family,
+        } in params
+        {
+            let index = match groups.iter().position(|g| {
+                g.decays == decays && g.dtype == dtype && g.bucket == bucket && g.family == family
+            }) {
                 Some(index) => index,
                 None => {
                     groups.push(Group {
                         bucket,
-                        shard: sharding.map(|sharding| sharding.of(bucket)),
+                        family,
+                        shard: sharding.map(|sharding| sharding.of(family)),
                         decays,
                         dtype,
                         members: Vec::new(),
@@ -111,7 +138,7 @@ impl Layout {
         Layout {
             groups,
             slots,
-            order: params.iter().map(|p| p.0).collect(),
+            order: params.iter().map(|p| p.id).collect(),
         }
     }
 
@@ -167,21 +194,20 @@ impl Layout {
     }
 }
 
-/// The distributed optimizer's parts: each group's by its bucket.
+/// The distributed optimizer's parts: each group's by its family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sharding {
-    /// The part of every group but `other`'s.
+    /// The part of every group but the experts'.
     pub shard: Shard,
-    /// A bucket whose groups are cut into another number of parts (the experts', over the
-    /// expert-data-parallel group rather than the data-parallel one).
-    pub other: Option<(usize, Shard)>,
+    /// The experts' part, over the expert-data-parallel group (none: `shard`).
+    pub expert: Option<Shard>,
 }
 
 impl Sharding {
-    /// The part of a group of `bucket`.
-    pub(crate) fn of(&self, bucket: usize) -> Shard {
-        match self.other {
-            Some((other, shard)) if other == bucket => shard,
+    /// The part of a group of `family`.
+    pub(crate) fn of(&self, family: Family) -> Shard {
+        match (family, self.expert) {
+            (Family::Expert, Some(expert)) => expert,
             _ => self.shard,
         }
     }
@@ -401,45 +427,6 @@ pub(crate) fn all_params<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut collect = Collect { params: Vec::new() };
     model.visit(&mut collect);
     collect.params
-}
-
-/// Sums the gradients of `ids` (those the layout holds) over `comm` in place: one all-reduce
-/// of their concatenation.
-pub(crate) fn sum_params_over<I: ParallelOps>(
-    layout: &Layout,
-    grads: &mut FlatGrads<I>,
-    ids: impl IntoIterator<Item = ParamId>,
-    comm: &Comm,
-) {
-    if comm.size() == 1 {
-        return;
-    }
-    let slots: Vec<Slot> = ids
-        .into_iter()
-        .filter_map(|id| layout.slots.get(&id).copied())
-        .collect();
-    if slots.is_empty() {
-        return;
-    }
-    let range = |slot: &Slot| slot.offset..slot.offset + slot.len;
-    let buffer =
-        |grads: &FlatGrads<I>, slot: &Slot| from_primitive::<I>(grads.buffers[slot.group].clone());
-    let parts = slots
-        .iter()
-        .map(|slot| buffer(grads, slot).slice(range(slot)))
-        .collect();
-    let summed: Tensor<I, 1> = from_primitive(I::all_reduce_detached(
-        primitive(Tensor::cat(parts, 0)),
-        ReduceOp::Sum,
-        comm,
-    ));
-    let mut at = 0;
-    for slot in &slots {
-        let part = summed.clone().slice(at..at + slot.len);
-        let whole = buffer(grads, slot).slice_assign(range(slot), part);
-        grads.buffers[slot.group] = primitive(whole);
-        at += slot.len;
-    }
 }
 
 /// `Σ x²` of a step's gradients as `[1]` f32, the norm's sum in the model's order (of this
@@ -683,15 +670,19 @@ mod tests {
     #[test]
     fn shard_segments_cover_each_part_of_the_padded_groups() {
         let (a, b, c) = (ParamId::new(), ParamId::new(), ParamId::new());
+        let facts = |id, len, decays| ParamFacts {
+            id,
+            dtype: DType::F32,
+            len,
+            decays,
+            bucket: 0,
+            family: Family::Dense,
+        };
         let layout = Layout::new(
-            &[
-                (a, DType::F32, 100, true, 0),
-                (b, DType::F32, 30, false, 0),
-                (c, DType::F32, 20, true, 0),
-            ],
+            &[facts(a, 100, true), facts(b, 30, false), facts(c, 20, true)],
             Some(Sharding {
                 shard: Shard { part: 0, parts: 2 },
-                other: None,
+                expert: None,
             }),
         );
         // decay group: a at 0, c at 128 (aligned), padded to 2 × 64 × 2 = 256; no-decay: b

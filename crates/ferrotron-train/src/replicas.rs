@@ -184,11 +184,41 @@ impl Replicas {
     }
 }
 
+/// How a step's flat groups are summed over the ranks holding their parameters: the replicated
+/// step's (every group over its data-parallel group) and the per-chunk exchange's
+/// (`parallel/device_exchange.rs`: by the group's family).
+pub(crate) trait GroupReduction<I: Backend> {
+    /// A group's reduction under way.
+    type Pending;
+    /// Sums the partial gradients present in `grads` over the tensor-parallel group.
+    fn complete(&self, grads: &mut HashMap<ParamId, Tensor<I, 1>>);
+    /// Starts the reduction of a group's gradient sum.
+    fn begin(&self, group: &Group, sum: FloatTensor<I>) -> Self::Pending;
+    /// The group's average (this rank's part of it under ZeRO-1).
+    fn end(&self, group: &Group, pending: Self::Pending) -> FloatTensor<I>;
+}
+
+impl<I: ParallelOps> GroupReduction<I> for Replicas {
+    type Pending = InFlight<I>;
+
+    fn complete(&self, grads: &mut HashMap<ParamId, Tensor<I, 1>>) {
+        self.tensor.complete(grads);
+    }
+
+    fn begin(&self, _group: &Group, sum: FloatTensor<I>) -> InFlight<I> {
+        self.start(sum)
+    }
+
+    fn end(&self, _group: &Group, pending: InFlight<I>) -> FloatTensor<I> {
+        self.average(pending)
+    }
+}
+
 /// One step's overlapped reduction: the flat groups of each bucket gathered and their
-/// all-reduce started as soon as every member's gradient is final, in bucket order (the same on
+/// reduction started as soon as every member's gradient is final, in bucket order (the same on
 /// every rank, as NCCL needs), then all finished and averaged before the norm.
-pub(crate) struct BucketReduction<'a, B: AutodiffBackend> {
-    replicas: &'a Replicas,
+pub(crate) struct BucketReduction<'a, B: AutodiffBackend, R: GroupReduction<B::InnerBackend>> {
+    reduction: &'a R,
     layout: Layout,
     params: HashMap<ParamId, FloatTensor<B>>,
     /// Group indices of each bucket, in bucket order.
@@ -196,17 +226,18 @@ pub(crate) struct BucketReduction<'a, B: AutodiffBackend> {
     next: usize,
     /// Per group: the sum of the step's earlier microbatches, until gathered.
     earlier: Vec<Option<FloatTensor<B::InnerBackend>>>,
-    started: Vec<Option<InFlight<B::InnerBackend>>>,
+    started: Vec<Option<R::Pending>>,
 }
 
-impl<'a, B> BucketReduction<'a, B>
+impl<'a, B, R> BucketReduction<'a, B, R>
 where
     B: AutodiffBackend,
     B::InnerBackend: ParallelOps,
+    R: GroupReduction<B::InnerBackend>,
 {
     /// For `model`'s last microbatch, on top of the earlier microbatches' sums `earlier`.
     pub(crate) fn new<M: Module<B>>(
-        replicas: &'a Replicas,
+        reduction: &'a R,
         layout: &Layout,
         model: &M,
         earlier: Option<FlatGrads<B::InnerBackend>>,
@@ -227,7 +258,7 @@ where
             None => (0..groups).map(|_| None).collect(),
         };
         BucketReduction {
-            replicas,
+            reduction,
             layout: layout.clone(),
             params: param_tensors(model).into_iter().collect(),
             buckets,
@@ -267,22 +298,30 @@ where
     /// backward's remaining gradients, flattened) and started, then all of them finished and
     /// averaged.
     pub(crate) fn finish(
+        self,
+        rest: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
+    ) -> FlatGrads<B::InnerBackend> {
+        self.launch(rest).finish()
+    }
+
+    /// [`Self::finish`]'s first half: every bucket started, none waited for.
+    pub(crate) fn launch(
         mut self,
         mut rest: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
-    ) -> FlatGrads<B::InnerBackend> {
+    ) -> Launched<'a, B::InnerBackend, R> {
         while self.next < self.buckets.len() {
             self.start(self.next, |id| rest.remove(&id));
             self.next += 1;
         }
-        let buffers = self
-            .started
-            .into_iter()
-            .map(|started| {
-                self.replicas
-                    .average(started.expect("every bucket was started"))
-            })
-            .collect();
-        FlatGrads { buffers }
+        Launched {
+            reduction: self.reduction,
+            layout: self.layout,
+            started: self
+                .started
+                .into_iter()
+                .map(|started| started.expect("every bucket was started"))
+                .collect(),
+        }
     }
 
     fn start(
@@ -295,12 +334,32 @@ where
             .flat_map(|&group| &self.layout.groups[group].members)
             .filter_map(|&id| grad(id).map(|g| (id, g)))
             .collect();
-        self.replicas.tensor.complete(&mut grads);
+        self.reduction.complete(&mut grads);
         for &group in &self.buckets[bucket] {
             let previous = self.earlier[group].take();
             let sum = gather_group(&self.layout, group, |id| grads.remove(&id), previous);
-            self.started[group] = Some(self.replicas.start(sum));
+            self.started[group] = Some(self.reduction.begin(&self.layout.groups[group], sum));
         }
+    }
+}
+
+/// A step's reductions, every group started.
+pub(crate) struct Launched<'a, I: Backend, R: GroupReduction<I>> {
+    reduction: &'a R,
+    layout: Layout,
+    started: Vec<R::Pending>,
+}
+
+impl<I: Backend, R: GroupReduction<I>> Launched<'_, I, R> {
+    /// Every group's reduction finished: the step's averaged buffers.
+    pub(crate) fn finish(self) -> FlatGrads<I> {
+        let buffers = self
+            .started
+            .into_iter()
+            .zip(&self.layout.groups)
+            .map(|(pending, group)| self.reduction.end(group, pending))
+            .collect();
+        FlatGrads { buffers }
     }
 }
 

@@ -9,67 +9,104 @@
 //! whole. On a GPU with NCCL no gradient or parameter crosses to the host; the norm's one scalar
 //! is read to decide clipping and finiteness before the update, as every rank must decide alike.
 //!
+//! The flat groups are cut into buckets of layers (`parallel.ddp_bucket_size`, as the
+//! replicated step's), and a chunk's last microbatch runs its backward layer by layer: with
+//! `parallel.overlap_grad_reduce` each bucket's reductions start as soon as its gradients are
+//! final, under the rest of that backward and of the schedule (`crate::replicas`'s
+//! `BucketReduction`, shared with the replicated step); without, they start after the chunk's
+//! last backward — the same collectives, so the same numbers. The tied embedding's group is
+//! held until the schedule is over: a stage may block on the other end of the pipeline only
+//! once its own part of the schedule is done, while tp and data-parallel peers run the same
+//! schedule and reach their collectives at the same point. With `overlap_param_gather` the next
+//! forward waits for a bucket's ZeRO-1 all-gather only at the first layer reading it.
+//!
 //! Every trainable parameter is laid out, with or without a gradient this step, so the buffers
 //! of peers always match; an expert no token reached then takes its AdamW step with a zero
 //! gradient, as under Megatron's contiguous gradient buffers (the expert-parallel dispatch
 //! already gave it a zero gradient on N ranks).
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 
 use burn::module::ParamId;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor};
-use ferrotron_parallel::{Comm, ParallelContext, ParallelOps, ParamRole, ReduceOp};
+use ferrotron_model::GptModel;
+use ferrotron_parallel::{
+    Comm, InFlight, ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch,
+};
 
 use super::pipeline;
 use super::rank_model::{RankModel, RankOptimizer};
 use crate::flat_adamw::{
-    FlatGrads, Group, Layout, Shard, Sharding, from_primitive, primitive, sum_params_over,
+    Family, FlatGrads, Group, Layout, Shard, Sharding, from_primitive, primitive, take_grads,
 };
+use crate::replicas::{BucketReduction, GroupReduction, Launched, TensorReplicas, layer_buckets};
 use crate::rng::with_process_rng;
 use crate::step::check_finite;
 use crate::{AdamW, Microbatch, StepContext, StepStats, TrainError, clip_coefficient};
 
-/// The flat-layout bucket of expert parameters: their groups are averaged over expert-dp.
-const EXPERT_BUCKET: usize = 1;
+/// How a rank's per-chunk exchange runs.
+pub(super) struct ExchangeSettings {
+    /// Start a chunk's bucket reductions during its last backward
+    /// (`parallel.overlap_grad_reduce`).
+    pub overlap_grad_reduce: bool,
+    /// Per chunk and bucket, the first (global) layer reading the bucket's parameters, where the
+    /// next forward waits for its ZeRO-1 all-gather (`parallel.overlap_param_gather`; none:
+    /// every gather is waited for at once).
+    pub gather_before: Option<Vec<Vec<Option<usize>>>>,
+}
 
-/// A chunk's optimizer: its expert parameters in flat groups of their own, apart from the dense
-/// ones, and with the distributed optimizer each group cut over its data-parallel group.
-pub(super) fn per_chunk_optimizer<I: burn::tensor::backend::Backend>(
-    mut optimizer: AdamW<I>,
+/// A chunk's optimizer: its parameters in buckets of layers, its expert parameters and its tied
+/// embedding in flat groups of their own, and with the distributed optimizer each group cut over
+/// its data-parallel group. Also the first global layer of each bucket (the chunk's layers
+/// begin at `first_layer`).
+pub(super) fn per_chunk_optimizer<B: AutodiffBackend>(
+    chunk: &GptModel<B>,
+    mut optimizer: AdamW<B::InnerBackend>,
     roles: &[ParamRole],
     ctx: &ParallelContext,
     distributed: bool,
-) -> AdamW<I> {
-    let buckets = roles
+    bucket_elements: usize,
+    first_layer: usize,
+) -> (AdamW<B::InnerBackend>, Vec<Option<usize>>) {
+    let buckets = layer_buckets::<B, _>(chunk, bucket_elements);
+    optimizer.set_buckets(buckets.of_param.into_iter().collect());
+    let families = roles
         .iter()
-        .filter(|role| role.expert)
-        .map(|role| (role.id, EXPERT_BUCKET))
+        .filter_map(|role| match role {
+            _ if role.expert => Some((role.id, Family::Expert)),
+            _ if role.tied_embedding => Some((role.id, Family::TiedEmbedding)),
+            _ => None,
+        })
         .collect();
-    optimizer.set_buckets(buckets);
+    optimizer.set_families(families);
     if distributed {
         optimizer.set_sharding(Sharding {
             shard: Shard {
                 part: ctx.dp_cp_rank(),
                 parts: ctx.dp_cp_size(),
             },
-            other: Some((
-                EXPERT_BUCKET,
-                Shard {
-                    part: ctx.edp_rank(),
-                    parts: ctx.edp_size(),
-                },
-            )),
+            expert: Some(Shard {
+                part: ctx.edp_rank(),
+                parts: ctx.edp_size(),
+            }),
         });
     }
-    optimizer
+    let first = buckets
+        .first_layer
+        .into_iter()
+        .map(|layer| layer.map(|layer| first_layer + layer))
+        .collect();
+    (optimizer, first)
 }
 
 /// The ranks holding the same parameters as a flat group's: dense ones over dp×cp, experts over
 /// expert-dp.
 pub(super) fn data_group<'a>(ctx: &'a ParallelContext, group: &Group) -> &'a Comm {
-    if group.bucket == EXPERT_BUCKET {
+    if group.family == Family::Expert {
         &ctx.edp
     } else {
         &ctx.dp_cp
@@ -97,13 +134,100 @@ fn counts_here(role: &ParamRole, ctx: &ParallelContext, sharded: bool) -> bool {
     }
 }
 
+/// One chunk's reductions: partial gradients over tp, each group over its data-parallel ranks,
+/// the tied embedding's first between first and last stage (held until [`Launched::finish`],
+/// after the schedule).
+struct ChunkExchange<'a> {
+    ctx: &'a ParallelContext,
+    tensor: TensorReplicas,
+}
+
+enum Pending<I: Backend> {
+    Started(InFlight<I>),
+    Held(FloatTensor<I>),
+}
+
+impl<I: ParallelOps> GroupReduction<I> for ChunkExchange<'_> {
+    type Pending = Pending<I>;
+
+    fn complete(&self, grads: &mut HashMap<ParamId, Tensor<I, 1>>) {
+        self.tensor.complete(grads);
+    }
+
+    fn begin(&self, group: &Group, sum: FloatTensor<I>) -> Pending<I> {
+        if group.family == Family::TiedEmbedding && self.ctx.embedding.is_some() {
+            Pending::Held(sum)
+        } else {
+            Pending::Started(start(self.ctx, group, sum))
+        }
+    }
+
+    /// Experts are divided by the data × context size too: reduced over the smaller expert-dp
+    /// group, they already saw their expert-parallel peers' tokens through the all-to-all
+    /// (Megatron's `expert_gradient_scaling_factor`).
+    fn end(&self, group: &Group, pending: Pending<I>) -> FloatTensor<I> {
+        let started = match pending {
+            Pending::Started(started) => started,
+            Pending::Held(sum) => {
+                // the group holds the tied embedding only (and zero padding)
+                let embedding = self.ctx.embedding.as_ref().expect("held for the embedding");
+                start(
+                    self.ctx,
+                    group,
+                    I::all_reduce_detached(sum, ReduceOp::Sum, embedding),
+                )
+            }
+        };
+        let sum = started.finish();
+        let data_ranks = self.ctx.dp_cp_size();
+        if data_ranks > 1 {
+            primitive(from_primitive::<I>(sum).mul_scalar(1.0 / data_ranks as f32))
+        } else {
+            sum
+        }
+    }
+}
+
+/// A group's sum over its data-parallel ranks, started: all-reduced, or reduce-scattered to this
+/// rank's part under ZeRO-1.
+fn start<I: ParallelOps>(ctx: &ParallelContext, group: &Group, sum: FloatTensor<I>) -> InFlight<I> {
+    let comm = data_group(ctx, group);
+    match group.shard {
+        Some(_) => I::reduce_scatter_started(sum, comm),
+        None => I::all_reduce_started(sum, comm),
+    }
+}
+
+/// A group's new values whole: its parts all-gathered over its data-parallel group under ZeRO-1,
+/// the compute stream ordered after the gather now or, with `before`, when the next forward
+/// reaches that layer.
+fn gathered<I: ParallelOps>(
+    ctx: &ParallelContext,
+    group: &Group,
+    part: Tensor<I, 1>,
+    before: Option<usize>,
+) -> Tensor<I, 1> {
+    let comm = data_group(ctx, group);
+    if group.shard.is_none() || comm.size() == 1 {
+        return part;
+    }
+    let (whole, wait) = I::all_gather_started(primitive(part), comm).split();
+    if let Some(wait) = wait {
+        match before {
+            Some(layer) => prefetch::before_layer_run(layer, wait),
+            None => wait(),
+        }
+    }
+    from_primitive(whole)
+}
+
 impl<B> RankModel<B>
 where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
-    /// One optimizer step of a rank with peers and one AdamW per chunk: the schedule, the
-    /// exchange on the flat buffers, the agreed norm and the update.
+    /// One optimizer step of a rank with peers and one AdamW per chunk: the schedule with the
+    /// reductions started as the chunks' gradients become final, the agreed norm and the update.
     pub(super) fn device_exchanged_step(
         &mut self,
         microbatches: &[Microbatch],
@@ -114,19 +238,71 @@ where
                 "the device exchange needs one optimizer per chunk".into(),
             ));
         };
+        let ctx = &self.ctx;
+        // every chunk's flat state laid out before its gradients are gathered into it
+        let layouts: Vec<Layout> = optimizers
+            .iter_mut()
+            .zip(&self.chunks)
+            .map(|(optimizer, chunk)| optimizer.flat_layout_of(chunk).clone())
+            .collect();
+        let exchanges: Vec<ChunkExchange<'_>> = self
+            .roles
+            .iter()
+            .map(|roles| ChunkExchange {
+                ctx,
+                tensor: TensorReplicas {
+                    comm: ctx.tp.clone(),
+                    partial: roles
+                        .iter()
+                        .filter(|r| r.tp_partial)
+                        .map(|r| r.id)
+                        .collect(),
+                    duplicate: HashSet::new(),
+                },
+            })
+            .collect();
+        let count = self.chunks.len();
+        let earlier: RefCell<Vec<Option<FlatGrads<B::InnerBackend>>>> =
+            RefCell::new((0..count).map(|_| None).collect());
+        let reductions: RefCell<Vec<Option<BucketReduction<'_, B, ChunkExchange<'_>>>>> =
+            RefCell::new((0..count).map(|_| None).collect());
+        let reduction = |index: usize, chunk: &GptModel<B>| {
+            let earlier = earlier.borrow_mut()[index].take();
+            BucketReduction::new(&exchanges[index], &layouts[index], chunk, earlier)
+        };
+        let mut by_range = |index: usize, chunk: &GptModel<B>, grads: &mut B::Gradients| {
+            reductions.borrow_mut()[index]
+                .get_or_insert_with(|| reduction(index, chunk))
+                .range_done(grads);
+        };
+        let mut launched: Vec<Option<Launched<'_, B::InnerBackend, ChunkExchange<'_>>>> =
+            (0..count).map(|_| None).collect();
+        let mut absorbed = vec![0; count];
         // dropout's stream, seeded as the one-rank step seeds it
         with_process_rng(|| B::seed(&self.device, context.seed ^ context.iteration));
-        let mut flats: Vec<Option<FlatGrads<B::InnerBackend>>> =
-            (0..self.chunks.len()).map(|_| None).collect();
         let outcome = pipeline::run_step(
             &self.chunks,
             self.position,
-            &self.ctx,
+            ctx,
             microbatches,
             &self.device,
+            self.exchange
+                .overlap_grad_reduce
+                .then_some(&mut by_range as &mut pipeline::ChunkRangeDone<'_, B>),
             |index, chunk, grads| {
-                let sum = flats[index].take();
-                flats[index] = Some(optimizers[index].gather_flat_whole(chunk, grads, sum)?);
+                absorbed[index] += 1;
+                if absorbed[index] < microbatches.len() {
+                    let sum = earlier.borrow_mut()[index].take();
+                    // partial gradients summed over tp per microbatch, as the last one's are
+                    let complete = |grads: &mut _| exchanges[index].tensor.complete(grads);
+                    let sum = optimizers[index].gather_flat_whole(chunk, grads, sum, complete)?;
+                    earlier.borrow_mut()[index] = Some(sum);
+                } else {
+                    let taken = reductions.borrow_mut()[index].take();
+                    let reduction = taken.unwrap_or_else(|| reduction(index, chunk));
+                    let rest = take_grads::<B, _>(chunk, grads).grads;
+                    launched[index] = Some(reduction.launch(rest));
+                }
                 Ok(())
             },
         )?;
@@ -134,24 +310,25 @@ where
         let [loss, lm_loss] =
             self.reported_mean([outcome.loss_sum * scale, outcome.lm_loss_sum * scale])?;
         check_finite(loss, context.iteration, "the loss")?;
-        let RankOptimizer::PerChunk(optimizers) = &mut self.optimizer else {
-            unreachable!("matched above");
-        };
-        let mut squares: Option<Tensor<B::InnerBackend, 1>> = None;
-        let mut reduced = Vec::with_capacity(self.chunks.len());
-        for ((chunk, roles), (optimizer, flat)) in self
-            .chunks
-            .iter()
-            .zip(&self.roles)
-            .zip(optimizers.iter_mut().zip(flats))
-        {
-            let mut flat = flat.ok_or_else(|| {
+        let mut reduced = Vec::with_capacity(count);
+        for launched in launched {
+            let launched = launched.ok_or_else(|| {
                 TrainError::Config("a pipeline chunk ran no backward this step".into())
             })?;
-            let layout = optimizer.flat_layout_of(chunk);
-            let sharded = exchange(&self.ctx, layout, roles, &mut flat);
+            reduced.push(launched.finish());
+        }
+        let mut squares: Option<Tensor<B::InnerBackend, 1>> = None;
+        let RankOptimizer::PerChunk(optimizers) = &self.optimizer else {
+            unreachable!("matched above");
+        };
+        for ((optimizer, flat), (roles, layout)) in optimizers
+            .iter()
+            .zip(&reduced)
+            .zip(self.roles.iter().zip(&layouts))
+        {
+            let sharded = layout.groups.iter().any(|group| group.shard.is_some());
             let by_id: HashMap<ParamId, &ParamRole> = roles.iter().map(|r| (r.id, r)).collect();
-            let part = optimizer.flat_sum_of_squares(&flat, |id| {
+            let part = optimizer.flat_sum_of_squares(flat, |id| {
                 by_id
                     .get(&id)
                     .is_some_and(|role| counts_here(role, &self.ctx, sharded))
@@ -160,27 +337,34 @@ where
                 (Some(sum), Some(part)) => Some(sum + part),
                 (sum, part) => sum.or(part),
             };
-            reduced.push(flat);
         }
         let grad_norm = self.world_norm(squares);
-        check_finite(grad_norm, context.iteration, "the gradient norm")?;
-        let clip = clip_coefficient(grad_norm, context.clip_grad);
-        let chunks = std::mem::take(&mut self.chunks);
         let RankOptimizer::PerChunk(optimizers) = &mut self.optimizer else {
             unreachable!("matched above");
         };
+        check_finite(grad_norm, context.iteration, "the gradient norm")?;
+        let clip = clip_coefficient(grad_norm, context.clip_grad);
         let device_clip =
             Tensor::<B::InnerBackend, 1>::from_data([clip as f32], &self.device).cast(DType::F32);
+        // the next forward's waits, if one did not reach them all, before the parameters change
+        prefetch::settle();
+        let chunks = std::mem::take(&mut self.chunks);
+        let gather_before = self.exchange.gather_before.as_ref();
         self.chunks = chunks
             .into_iter()
             .zip(optimizers.iter_mut().zip(reduced))
-            .map(|(chunk, (optimizer, flat))| {
+            .enumerate()
+            .map(|(index, (chunk, (optimizer, flat)))| {
+                let before = |group: &Group| {
+                    gather_before
+                        .and_then(|chunks| chunks[index].get(group.bucket).copied().flatten())
+                };
                 optimizer.step_flat(
                     chunk,
                     flat,
                     context.lr,
                     Some(device_clip.clone()),
-                    |group, part| gathered(&self.ctx, group, part),
+                    |group, part| gathered(&self.ctx, group, part, before(group)),
                 )
             })
             .collect();
@@ -211,61 +395,4 @@ where
         }
         sum.into_scalar().to_f64().sqrt()
     }
-}
-
-/// The exchange on one chunk's flat gradients: partial ones summed over tp, the tied embedding
-/// over the embedding group, then every group averaged over its data-parallel ranks (into this
-/// rank's part of it, under ZeRO-1). Experts are divided by the data × context size too:
-/// reduced over the smaller expert-dp group, they already saw their expert-parallel peers'
-/// tokens through the all-to-all (Megatron's `expert_gradient_scaling_factor`). Returns whether
-/// the buffers are now parts.
-fn exchange<I: ParallelOps>(
-    ctx: &ParallelContext,
-    layout: &Layout,
-    roles: &[ParamRole],
-    flat: &mut FlatGrads<I>,
-) -> bool {
-    let ids = |pick: fn(&ParamRole) -> bool| {
-        roles
-            .iter()
-            .filter(move |role| pick(role))
-            .map(|role| role.id)
-    };
-    sum_params_over(layout, flat, ids(|role| role.tp_partial), &ctx.tp);
-    if let Some(embedding) = ctx.embedding.as_ref() {
-        sum_params_over(layout, flat, ids(|role| role.tied_embedding), embedding);
-    }
-    let data_ranks = ctx.dp_cp_size();
-    let buffers = std::mem::take(&mut flat.buffers);
-    flat.buffers = buffers
-        .into_iter()
-        .zip(&layout.groups)
-        .map(|(buffer, group)| {
-            let comm = data_group(ctx, group);
-            let sum = match group.shard {
-                _ if comm.size() == 1 => buffer,
-                Some(_) => I::reduce_scatter_started(buffer, comm).finish(),
-                None => I::all_reduce_detached(buffer, ReduceOp::Sum, comm),
-            };
-            if data_ranks > 1 {
-                primitive(from_primitive::<I>(sum).mul_scalar(1.0 / data_ranks as f32))
-            } else {
-                sum
-            }
-        })
-        .collect();
-    layout.groups.iter().any(|group| group.shard.is_some())
-}
-
-/// A group's new values whole: its parts all-gathered over its data-parallel group under ZeRO-1.
-fn gathered<I: ParallelOps>(
-    ctx: &ParallelContext,
-    group: &Group,
-    part: Tensor<I, 1>,
-) -> Tensor<I, 1> {
-    let comm = data_group(ctx, group);
-    if group.shard.is_none() || comm.size() == 1 {
-        return part;
-    }
-    from_primitive(I::all_gather_started(primitive(part), comm).finish())
 }

@@ -29,7 +29,7 @@ use ferrotron_parallel::{ParallelContext, ParallelOps};
 
 use super::host::private_leaves;
 use super::schedule::{self, Op, StagePosition};
-use crate::backward::{backward, fence_peers};
+use crate::backward::{backward_by_range, fence_peers};
 use crate::error::comm_error;
 use crate::{Microbatch, TrainError};
 
@@ -100,15 +100,24 @@ fn send<B: ParallelOps>(
         .map_err(|e| comm_error("pipeline send", e))
 }
 
+/// What sees a chunk's last backward's gradients after each of its ranges: the chunk's index,
+/// the chunk as that forward ran (its private leaves) and the gradients so far.
+pub(super) type ChunkRangeDone<'a, B> =
+    dyn FnMut(usize, &GptModel<B>, &mut <B as AutodiffBackend>::Gradients) + 'a;
+
 /// Forward and backward of `microbatches` through `chunks` by the stage's schedule; each
 /// backward's parameter gradients (of the loss divided by the microbatch count) go to
-/// `absorb` with the index of their chunk, which sums them.
+/// `absorb` with the index of their chunk, which sums them. With `by_range`, each chunk's last
+/// microbatch runs with its layers cut and its backward goes layer by layer
+/// (`crate::backward::backward_by_range`), `by_range` seeing the gradients after each layer
+/// (it may take the final ones out; `absorb` gets the rest).
 pub(super) fn run_step<B>(
     chunks: &[GptModel<B>],
     position: StagePosition,
     ctx: &ParallelContext,
     microbatches: &[Microbatch],
     device: &B::Device,
+    mut by_range: Option<&mut ChunkRangeDone<'_, B>>,
     mut absorb: impl FnMut(usize, &GptModel<B>, GradientsParams) -> Result<(), TrainError>,
 ) -> Result<PipelineOutcome, TrainError>
 where
@@ -171,7 +180,9 @@ where
                 if position.is_last_piece(compute.chunk) {
                     chunk_input = chunk_input.with_labels(labels, None);
                 }
-                let chunk = private_leaves(&chunks[compute.chunk]);
+                let last = compute.microbatch + 1 == microbatches.len();
+                let chunk = private_leaves(&chunks[compute.chunk])
+                    .with_layer_cuts(last && by_range.is_some());
                 let forwarded = chunk.forward_chunk(chunk_input)?;
                 let tape = recompute::take::<B>();
                 let output = match forwarded {
@@ -219,13 +230,26 @@ where
                         (hidden * grad).sum() + aux_loss.mul_scalar(scale)
                     }
                 };
-                let gradients = backward(
+                let last = compute.microbatch + 1 == microbatches.len();
+                let mut no_ranges = |_: &mut B::Gradients| {};
+                let mut ranges = |grads: &mut B::Gradients| {
+                    if let Some(by_range) = by_range.as_mut() {
+                        by_range(compute.chunk, &chunk, grads);
+                    }
+                };
+                let done: &mut dyn FnMut(&mut B::Gradients) =
+                    if last { &mut ranges } else { &mut no_ranges };
+                let gradients = backward_by_range(
                     surrogate,
                     tape,
                     &chunk,
                     input.as_slice(),
                     chunk.has_dropout(),
                     &mut || fence_peers(&[&ctx.tp, &ctx.cp, &ctx.ep, &ctx.etp]),
+                    &mut |grads| {
+                        done(grads);
+                        Ok(())
+                    },
                 )?;
                 if let Some(input) = input {
                     let grad = match input.grad(&gradients) {

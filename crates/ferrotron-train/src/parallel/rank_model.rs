@@ -20,7 +20,7 @@ use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig, RecomputePo
 use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch};
 use ferrotron_plan::Plan;
 
-use super::device_exchange::{data_group, per_chunk_optimizer};
+use super::device_exchange::{ExchangeSettings, data_group, per_chunk_optimizer};
 use super::pipeline::{evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
@@ -97,6 +97,8 @@ pub(super) struct RankModel<B: AutodiffBackend> {
     pub position: StagePosition,
     pub chunks: Vec<GptModel<B>>,
     pub roles: Vec<Vec<ParamRole>>,
+    /// How the per-chunk exchange overlaps (`device_exchange.rs`).
+    pub(super) exchange: ExchangeSettings,
     pub(super) optimizer: RankOptimizer<B::InnerBackend>,
     pub(super) device: B::Device,
 }
@@ -152,10 +154,14 @@ where
             .map_or(GRAD_BUCKET_ELEMENTS, |n| {
                 usize::try_from(n).unwrap_or(usize::MAX)
             });
+        let parallel = &plan.recipe.parallel;
+        let mut exchange = ExchangeSettings {
+            overlap_grad_reduce: parallel.overlap_grad_reduce,
+            gather_before: None,
+        };
         let optimizer = if whole {
             RankOptimizer::Whole(AdamW::new(adamw, no_decay(&roles[0])))
         } else if replicated {
-            let parallel = &plan.recipe.parallel;
             let replicas = Replicas {
                 comm: ctx.dp_cp.clone(),
                 overlap: parallel.overlap_grad_reduce,
@@ -183,21 +189,34 @@ where
                 bucket_elements,
             )
         } else {
-            RankOptimizer::PerChunk(
-                roles
-                    .iter()
-                    .map(|roles| {
-                        let optimizer = AdamW::new(adamw, no_decay(roles));
-                        per_chunk_optimizer(optimizer, roles, &ctx, distributed_optimizer)
-                    })
-                    .collect(),
-            )
+            let (optimizers, first_layers) = chunks
+                .iter()
+                .zip(&roles)
+                .zip(&specs)
+                .map(|((chunk, roles), spec)| {
+                    let optimizer = AdamW::new(adamw, no_decay(roles));
+                    per_chunk_optimizer(
+                        chunk,
+                        optimizer,
+                        roles,
+                        &ctx,
+                        distributed_optimizer,
+                        bucket_elements,
+                        spec.layers.start,
+                    )
+                })
+                .unzip();
+            if distributed_optimizer && parallel.overlap_param_gather {
+                exchange.gather_before = Some(first_layers);
+            }
+            RankOptimizer::PerChunk(optimizers)
         };
         Ok(RankModel {
             ctx,
             position,
             chunks,
             roles,
+            exchange,
             optimizer,
             device: device.clone(),
         })
@@ -374,7 +393,7 @@ fn replicated_optimizer<B: AutodiffBackend>(
                 part: replicas.comm.rank(),
                 parts: replicas.comm.size(),
             },
-            other: None,
+            expert: None,
         });
     }
     RankOptimizer::Replicated(optimizer, replicas)

@@ -132,7 +132,7 @@ pub(super) fn plan(dir: &Path, layout: Layout, layers: u32, iterations: u64, ext
     .unwrap_or_else(|findings| panic!("the test layout plans: {findings:?}"))
 }
 
-fn merge(base: &mut Value, extra: Value) {
+pub(super) fn merge(base: &mut Value, extra: Value) {
     match (base, extra) {
         (Value::Object(base), Value::Object(extra)) => {
             for (key, value) in extra {

@@ -14,6 +14,7 @@
 
 mod alone;
 mod equivalence;
+mod exchanged;
 mod fixture;
 mod plan_groups;
 mod recompute;
