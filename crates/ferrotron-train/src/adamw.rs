@@ -73,6 +73,19 @@ pub struct AdamW<I: Backend> {
     sharding: Option<Sharding>,
 }
 
+/// Which parameters a step's flat gradient buffers (and so the flat state) hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Laid {
+    /// Those with a gradient in the step's first microbatch, laid out anew when that set
+    /// changes (the one-rank and replicated steps: a dense model's every parameter).
+    FirstMicrobatch,
+    /// Every trainable parameter, a parameter without a gradient summed as zero: ranks whose sets
+    /// differ (an expert only some data ranks' tokens reached) still hold buffers of one layout,
+    /// which a collective over them needs, and every parameter is updated, a zero gradient too,
+    /// as under Megatron's contiguous buffers.
+    Every,
+}
+
 /// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
 pub(crate) const EXP_AVG: &str = "exp_avg";
 pub(crate) const EXP_AVG_SQ: &str = "exp_avg_sq";
@@ -222,14 +235,14 @@ impl<I: Backend> AdamW<I> {
     }
 
     /// Add one microbatch's gradients of `model` to the step's flat buffers `into` (a fresh set
-    /// for the step's first microbatch, which also lays the state out flat, or anew when the
-    /// parameters with gradients changed); `complete` may change the flattened gradients first
-    /// (tensor-parallel partial ones summed over their group).
+    /// for the step's first microbatch); `complete` may change the flattened gradients first
+    /// (tensor-parallel partial ones summed over their group). What the buffers hold is `laid`'s.
     pub(crate) fn gather_flat<B, M>(
         &mut self,
         model: &M,
         grads: GradientsParams,
         into: Option<FlatGrads<I>>,
+        laid: Laid,
         complete: impl FnOnce(&mut HashMap<ParamId, Tensor<I, 1>>),
     ) -> Result<FlatGrads<I>, TrainError>
     where
@@ -238,34 +251,15 @@ impl<I: Backend> AdamW<I> {
         M: AutodiffModule<B>,
     {
         let mut taken = flat_adamw::take_grads::<B, M>(model, grads);
-        if into.is_none() {
-            self.lay_out(taken.params);
+        match laid {
+            Laid::FirstMicrobatch if into.is_none() => self.lay_out(taken.params),
+            Laid::FirstMicrobatch => {}
+            Laid::Every => {
+                self.flat_layout_of(model);
+            }
         }
         complete(&mut taken.grads);
         let layout = &self.flat.as_ref().expect("laid out above").layout;
-        flat_adamw::gather(layout, taken.grads, into)
-    }
-
-    /// [`AdamW::gather_flat`] into the layout of every trainable parameter of `model`
-    /// ([`AdamW::flat_layout_of`]) whatever this microbatch's set: a parameter without a gradient
-    /// is summed as zero. Ranks whose sets differ (an expert that only some data ranks' tokens
-    /// reached) so still hold buffers of one layout, which a collective over them needs; every
-    /// parameter is then updated, a zero gradient too, as Megatron's contiguous buffers do.
-    pub(crate) fn gather_flat_whole<B, M>(
-        &mut self,
-        model: &M,
-        grads: GradientsParams,
-        into: Option<FlatGrads<I>>,
-        complete: impl FnOnce(&mut HashMap<ParamId, Tensor<I, 1>>),
-    ) -> Result<FlatGrads<I>, TrainError>
-    where
-        B: AutodiffBackend<InnerBackend = I>,
-        I: FusedOps,
-        M: AutodiffModule<B>,
-    {
-        let mut taken = flat_adamw::take_grads::<B, M>(model, grads);
-        complete(&mut taken.grads);
-        let layout = self.flat_layout_of(model);
         flat_adamw::gather(layout, taken.grads, into)
     }
 

@@ -523,6 +523,7 @@ mod tests {
     use burn::tensor::TensorData;
 
     use super::*;
+    use crate::adamw::Laid;
     use crate::clip::grad_sum_of_squares;
     use crate::precision::grads_to_fp32;
     use crate::{AdamW, AdamWConfig, named_tensors, param_entries};
@@ -602,7 +603,7 @@ mod tests {
             let grads = grads(&model, microbatch);
             sum = Some(
                 optimizer
-                    .gather_flat(&model, grads, sum, |_| {})
+                    .gather_flat(&model, grads, sum, Laid::FirstMicrobatch, |_| {})
                     .expect("laid out"),
             );
         }
@@ -711,10 +712,16 @@ mod tests {
         let only_bias = f32(model.bias.val()).sum();
         let first = GradientsParams::from_grads(only_bias.backward(), &model);
         let sum = opt
-            .gather_flat(&model, first, None, |_| {})
+            .gather_flat(&model, first, None, Laid::FirstMicrobatch, |_| {})
             .expect("laid out");
         let err = opt
-            .gather_flat(&model, grads(&model, 0), Some(sum), |_| {})
+            .gather_flat(
+                &model,
+                grads(&model, 0),
+                Some(sum),
+                Laid::FirstMicrobatch,
+                |_| {},
+            )
             .expect_err("weight and gain were not in the first microbatch");
         assert!(err.to_string().contains("2 parameters"), "{err}");
     }

@@ -15,6 +15,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_model::{ExpertLoads, GptModel};
 use ferrotron_parallel::{Comm, ParallelOps, prefetch, recompute};
 
+use crate::adamw::Laid;
 use crate::backward::fence_peers;
 use crate::clip::device_clip_coefficient;
 use crate::flat_adamw::{FlatGrads, take_grads};
@@ -338,11 +339,17 @@ where
                 &peers,
                 |grads| {
                     let sum = flat.take();
-                    flat = Some(optimizer.gather_flat(&model, grads, sum, |grads| {
-                        if let Some(replicas) = replicas {
-                            replicas.tensor.complete(grads);
-                        }
-                    })?);
+                    flat = Some(optimizer.gather_flat(
+                        &model,
+                        grads,
+                        sum,
+                        Laid::FirstMicrobatch,
+                        |grads| {
+                            if let Some(replicas) = replicas {
+                                replicas.tensor.complete(grads);
+                            }
+                        },
+                    )?);
                     Ok(())
                 },
             )?;
@@ -465,9 +472,10 @@ where
             seen += 1;
             if seen < microbatches.len() {
                 let sum = earlier.borrow_mut().take();
-                let gathered = optimizer.gather_flat(model, grads, sum, |grads| {
-                    replicas.tensor.complete(grads);
-                })?;
+                let gathered =
+                    optimizer.gather_flat(model, grads, sum, Laid::FirstMicrobatch, |grads| {
+                        replicas.tensor.complete(grads);
+                    })?;
                 *earlier.borrow_mut() = Some(gathered);
             } else {
                 let reduction = reduction.borrow_mut().take().unwrap_or_else(start);

@@ -40,6 +40,7 @@ use ferrotron_parallel::{
 
 use super::pipeline;
 use super::rank_model::{RankModel, RankOptimizer};
+use crate::adamw::Laid;
 use crate::flat_adamw::{
     Family, FlatGrads, Group, Layout, Shard, Sharding, from_primitive, primitive, take_grads,
 };
@@ -295,7 +296,8 @@ where
                     let sum = earlier.borrow_mut()[index].take();
                     // partial gradients summed over tp per microbatch, as the last one's are
                     let complete = |grads: &mut _| exchanges[index].tensor.complete(grads);
-                    let sum = optimizers[index].gather_flat_whole(chunk, grads, sum, complete)?;
+                    let sum =
+                        optimizers[index].gather_flat(chunk, grads, sum, Laid::Every, complete)?;
                     earlier.borrow_mut()[index] = Some(sum);
                 } else {
                     let taken = reductions.borrow_mut()[index].take();

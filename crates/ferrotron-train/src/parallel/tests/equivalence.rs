@@ -224,22 +224,19 @@ fn context_parallel_matches_one_rank() {
     );
 }
 
-/// Experts split over two ranks, each expert's gradient summed over the tokens of both data
-/// ranks and scaled by the data × context size (a wrong scale shows at step 3, measured 4.5e-4).
-/// Top-2 of 2 experts: every token reaches every expert, so routing has no discontinuity. With
-/// top-k < experts, ulp-level weight differences eventually flip a token's expert choice and the
-/// curves legitimately part (measured: 2.4e-4 at step 4 with 4 experts top-2, the same with plain
-/// dp2); and an expert no token reached gets no gradient on one rank but a zero gradient through
-/// the expert-parallel dispatch, so Adam moves it on N ranks only.
-#[test]
-fn expert_parallel_moe_matches_one_rank() {
+/// `layout` trains a 2-layer MoE of top-2 of 2 experts as one rank does: every token reaches
+/// every expert, so routing has no discontinuity. With top-k < experts, ulp-level weight
+/// differences eventually flip a token's expert choice and the curves legitimately part
+/// (measured: 2.4e-4 at step 4 with 4 experts top-2, the same with plain dp2).
+fn check_moe(ep: u32, dp: u32, distributed_optimizer: bool) {
     check_with(
         Layout {
             tp: 1,
-            ep: 2,
+            ep,
             pp: 1,
             vpp: 1,
-            dp: 2,
+            dp,
+            distributed_optimizer,
             ..Layout::default()
         },
         2,
@@ -248,22 +245,18 @@ fn expert_parallel_moe_matches_one_rank() {
     );
 }
 
+/// Experts split over two ranks, each expert's gradient summed over the tokens of both data
+/// ranks and scaled by the data × context size (a wrong scale shows at step 3, measured 4.5e-4).
+#[test]
+fn expert_parallel_moe_matches_one_rank() {
+    check_moe(2, 2, false);
+}
+
 /// Whole experts on both data ranks (ep 1): their flat groups averaged over expert-dp, which is
 /// then the data-parallel group itself.
 #[test]
 fn data_parallel_moe_matches_one_rank() {
-    check_with(
-        Layout {
-            tp: 1,
-            pp: 1,
-            vpp: 1,
-            dp: 2,
-            ..Layout::default()
-        },
-        2,
-        json!({"model": {"moe": {"num_experts": 2, "router_topk": 2}}}),
-        ITERATIONS,
-    );
+    check_moe(1, 2, false);
 }
 
 /// ZeRO-1 with two kinds of parts: dense groups cut over the four data ranks, expert groups over
@@ -271,18 +264,5 @@ fn data_parallel_moe_matches_one_rank() {
 /// group.
 #[test]
 fn expert_parallel_moe_with_distributed_optimizer_matches_one_rank() {
-    check_with(
-        Layout {
-            tp: 1,
-            ep: 2,
-            pp: 1,
-            vpp: 1,
-            dp: 4,
-            distributed_optimizer: true,
-            ..Layout::default()
-        },
-        2,
-        json!({"model": {"moe": {"num_experts": 2, "router_topk": 2}}}),
-        ITERATIONS,
-    );
+    check_moe(2, 4, true);
 }

@@ -6,9 +6,9 @@
 
 use serde_json::json;
 
-use super::fixture::{Layout, assemble, options, plan, train_world, write_data};
+use super::fixture::{Layout, losses_and_weights, options, plan, train_world, write_data};
 
-fn losses_and_weights(
+fn run(
     layout: Layout,
     layers: u32,
     overlap: bool,
@@ -20,13 +20,7 @@ fn losses_and_weights(
     let mut settings = json!({"parallel": {"overlap_grad_reduce": overlap, "ddp_bucket_size": 1}});
     super::fixture::merge(&mut settings, extra);
     let plan = plan(dir.path(), layout, layers, 3, settings);
-    let outcomes = train_world(&plan, &options(dir.path())).expect("the parallel run trains");
-    let losses = outcomes[0].summary.losses.clone();
-    let mut weights: Vec<_> = assemble(outcomes.into_iter().flat_map(|o| o.params))
-        .into_iter()
-        .collect();
-    weights.sort_by(|a, b| a.0.cmp(&b.0));
-    (losses, weights)
+    losses_and_weights(train_world(&plan, &options(dir.path())).expect("the parallel run trains"))
 }
 
 #[test]
@@ -53,8 +47,8 @@ fn overlapped_chunk_reductions_give_the_after_schedule_numbers() {
         (interleaved_zero1, 8, four_microbatches),
         (tensor_pipeline, 4, sequence_parallel),
     ] {
-        let after = losses_and_weights(layout, layers, false, extra.clone());
-        let overlapped = losses_and_weights(layout, layers, true, extra);
+        let after = run(layout, layers, false, extra.clone());
+        let overlapped = run(layout, layers, true, extra);
         assert_eq!(overlapped.0, after.0, "{layout:?}: losses");
         assert!(overlapped.1 == after.1, "{layout:?}: final weights differ");
     }

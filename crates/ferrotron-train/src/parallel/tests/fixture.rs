@@ -215,3 +215,19 @@ pub(super) fn max_weight_difference(
         })
         .fold(0.0, f32::max)
 }
+
+/// Rank 0's losses (every rank must report the same) and the assembled final weights, sorted by
+/// name: what two runs that must agree bit for bit are compared on.
+pub(super) fn losses_and_weights(
+    outcomes: Vec<RankOutcome>,
+) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
+    let losses = outcomes[0].summary.losses.clone();
+    for outcome in &outcomes {
+        assert_eq!(outcome.summary.losses, losses, "rank {}", outcome.rank);
+    }
+    let mut weights: Vec<_> = assemble(outcomes.into_iter().flat_map(|o| o.params))
+        .into_iter()
+        .collect();
+    weights.sort_by(|a, b| a.0.cmp(&b.0));
+    (losses, weights)
+}

@@ -7,7 +7,7 @@
 use serde_json::{Value, json};
 
 use super::super::rank_loop::RankOutcome;
-use super::fixture::{Layout, assemble, options, plan, train_world, write_data};
+use super::fixture::{Layout, losses_and_weights, options, plan, train_world, write_data};
 use crate::TrainError;
 
 fn dp2() -> Layout {
@@ -29,18 +29,6 @@ fn run_layout(layout: Layout, layers: u32, extra: Value) -> Vec<RankOutcome> {
     write_data(dir.path());
     let plan = plan(dir.path(), layout, layers, 3, extra);
     train_world(&plan, &options(dir.path())).expect("the data-parallel run trains")
-}
-
-fn losses_and_weights(outcomes: Vec<RankOutcome>) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
-    let losses = outcomes[0].summary.losses.clone();
-    for outcome in &outcomes {
-        assert_eq!(outcome.summary.losses, losses, "rank {}", outcome.rank);
-    }
-    let mut weights: Vec<_> = assemble(outcomes.into_iter().flat_map(|o| o.params))
-        .into_iter()
-        .collect();
-    weights.sort_by(|a, b| a.0.cmp(&b.0));
-    (losses, weights)
 }
 
 /// 3 layers, one bucket per layer (`ddp_bucket_size: 1`) and one for all of them: the same
