@@ -79,10 +79,11 @@ pub(crate) enum Laid {
     /// Those with a gradient in the step's first microbatch, laid out anew when that set
     /// changes (the one-rank and replicated steps: a dense model's every parameter).
     FirstMicrobatch,
-    /// Every trainable parameter, a parameter without a gradient summed as zero: ranks whose sets
-    /// differ (an expert only some data ranks' tokens reached) still hold buffers of one layout,
-    /// which a collective over them needs, and every parameter is updated, a zero gradient too,
-    /// as under Megatron's contiguous buffers.
+    /// Every trainable parameter, laid out by [`AdamW::flat_layout_of`] before the step's first
+    /// gather; a parameter without a gradient is summed as zero. Ranks whose sets differ (an
+    /// expert only some data ranks' tokens reached) so still hold buffers of one layout, which a
+    /// collective over them needs, and every parameter is updated, a zero gradient too, as under
+    /// Megatron's contiguous buffers.
     Every,
 }
 
@@ -251,15 +252,15 @@ impl<I: Backend> AdamW<I> {
         M: AutodiffModule<B>,
     {
         let mut taken = flat_adamw::take_grads::<B, M>(model, grads);
-        match laid {
-            Laid::FirstMicrobatch if into.is_none() => self.lay_out(taken.params),
-            Laid::FirstMicrobatch => {}
-            Laid::Every => {
-                self.flat_layout_of(model);
-            }
+        if laid == Laid::FirstMicrobatch && into.is_none() {
+            self.lay_out(taken.params);
         }
         complete(&mut taken.grads);
-        let layout = &self.flat.as_ref().expect("laid out above").layout;
+        let layout = &self
+            .flat
+            .as_ref()
+            .expect("laid out by the first microbatch or `flat_layout_of`")
+            .layout;
         flat_adamw::gather(layout, taken.grads, into)
     }
 

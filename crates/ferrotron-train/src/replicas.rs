@@ -56,6 +56,19 @@ pub(crate) struct TensorReplicas {
 }
 
 impl TensorReplicas {
+    /// The group `comm` and, from the rank's parameter roles, its partial and its duplicate
+    /// parameters.
+    pub(crate) fn new(comm: &Comm, roles: &[ferrotron_parallel::ParamRole]) -> Self {
+        let ids = |pick: fn(&ferrotron_parallel::ParamRole) -> bool| {
+            roles.iter().filter(move |r| pick(r)).map(|r| r.id)
+        };
+        TensorReplicas {
+            comm: comm.clone(),
+            partial: ids(|r| r.tp_partial).collect(),
+            duplicate: ids(|r| r.tp_duplicate).collect(),
+        }
+    }
+
     /// Sums the partial gradients present in `grads` over the group (one all-reduce).
     pub(crate) fn complete<I: ParallelOps>(&self, grads: &mut HashMap<ParamId, Tensor<I, 1>>) {
         if self.comm.size() == 1 {
@@ -107,9 +120,7 @@ impl Replicas {
         if size == 1 {
             return x;
         }
-        let sum = I::all_reduce_detached(x, ReduceOp::Sum, &self.comm);
-        let scale = 1.0 / size as f32;
-        primitive(from_primitive::<I>(sum).mul_scalar(scale))
+        divided::<I>(I::all_reduce_detached(x, ReduceOp::Sum, &self.comm), size)
     }
 
     /// Starts the reduction of one flat gradient buffer over the group: an all-reduce, or with
@@ -124,9 +135,7 @@ impl Replicas {
 
     /// A started reduction's sum divided by the group size (in f32, as the host exchange does).
     pub(crate) fn average<I: ParallelOps>(&self, started: InFlight<I>) -> FloatTensor<I> {
-        let sum = started.finish();
-        let scale = 1.0 / self.comm.size() as f32;
-        primitive(from_primitive::<I>(sum).mul_scalar(scale))
+        divided::<I>(started.finish(), self.comm.size())
     }
 
     /// The world's Σg² from this rank's `part` (none: it counts no gradient): summed over the
@@ -136,20 +145,15 @@ impl Replicas {
         part: Option<Tensor<I, 1>>,
         device: &I::Device,
     ) -> Option<Tensor<I, 1>> {
-        let tp = self.tensor.comm.size() > 1;
-        if !tp && !self.shard {
+        if self.tensor.comm.size() == 1 && !self.shard {
             return part;
         }
-        let mut sum =
-            part.unwrap_or_else(|| Tensor::zeros([1], (device, burn::tensor::DType::F32)));
-        let groups = [
-            tp.then_some(&self.tensor.comm),
-            self.shard.then_some(&self.comm),
-        ];
-        for comm in groups.into_iter().flatten() {
-            sum = from_primitive(I::all_reduce_detached(primitive(sum), ReduceOp::Sum, comm));
-        }
-        Some(sum)
+        let data = self.shard.then_some(&self.comm);
+        Some(summed_over(
+            part,
+            [Some(&self.tensor.comm), data].into_iter().flatten(),
+            device,
+        ))
     }
 
     /// With `shard`: `part` (a group's new values, this rank's part) all-gathered whole, the
@@ -159,18 +163,11 @@ impl Replicas {
         if !self.shard {
             return part;
         }
-        let (whole, wait) = I::all_gather_started(primitive(part), &self.comm).split();
-        if let Some(wait) = wait {
-            let layer = self
-                .gather_before
-                .as_ref()
-                .and_then(|first| first.get(group.bucket).copied().flatten());
-            match layer {
-                Some(layer) => prefetch::before_layer_run(layer, wait),
-                None => wait(),
-            }
-        }
-        from_primitive(whole)
+        let before = self
+            .gather_before
+            .as_ref()
+            .and_then(|first| first.get(group.bucket).copied().flatten());
+        gathered_whole(part, &self.comm, before)
     }
 
     /// The group mean of a 1-D tensor.
@@ -435,6 +432,45 @@ pub(crate) fn param_tensors<B: AutodiffBackend, M: Module<B>>(
     let mut collect = Collect { out: Vec::new() };
     module.visit(&mut collect);
     collect.out
+}
+
+/// A sum over `ranks` ranks divided by their count, in f32 (as the host exchange averaged).
+pub(crate) fn divided<I: Backend>(sum: FloatTensor<I>, ranks: usize) -> FloatTensor<I> {
+    if ranks == 1 {
+        return sum;
+    }
+    primitive(from_primitive::<I>(sum).mul_scalar(1.0 / ranks as f32))
+}
+
+/// A `[1]` sum (of squares) from this rank's `part` (none: zero) summed over each of `comms`.
+pub(crate) fn summed_over<'a, I: ParallelOps>(
+    part: Option<Tensor<I, 1>>,
+    comms: impl IntoIterator<Item = &'a Comm>,
+    device: &I::Device,
+) -> Tensor<I, 1> {
+    let mut sum = part.unwrap_or_else(|| Tensor::zeros([1], (device, burn::tensor::DType::F32)));
+    for comm in comms.into_iter().filter(|comm| comm.size() > 1) {
+        sum = from_primitive(I::all_reduce_detached(primitive(sum), ReduceOp::Sum, comm));
+    }
+    sum
+}
+
+/// A ZeRO-1 `part` all-gathered whole over `comm`, the compute stream ordered after the gather
+/// now or, with `before`, when the next forward reaches that layer
+/// (`ferrotron_parallel::prefetch`).
+pub(crate) fn gathered_whole<I: ParallelOps>(
+    part: Tensor<I, 1>,
+    comm: &Comm,
+    before: Option<usize>,
+) -> Tensor<I, 1> {
+    let (whole, wait) = I::all_gather_started(primitive(part), comm).split();
+    if let Some(wait) = wait {
+        match before {
+            Some(layer) => prefetch::before_layer_run(layer, wait),
+            None => wait(),
+        }
+    }
+    from_primitive(whole)
 }
 
 /// Sums expert loads over `comm` (u64, exact).

@@ -26,7 +26,7 @@
 //! already gave it a zero gradient on N ranks).
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -39,12 +39,13 @@ use ferrotron_parallel::{
 };
 
 use super::pipeline;
-use super::rank_model::{RankModel, RankOptimizer};
+use super::rank_model::{RankModel, RankOptimizer, reported_mean};
 use crate::adamw::Laid;
-use crate::flat_adamw::{
-    Family, FlatGrads, Group, Layout, Shard, Sharding, from_primitive, primitive, take_grads,
+use crate::flat_adamw::{Family, FlatGrads, Group, Layout, Shard, Sharding, take_grads};
+use crate::replicas::{
+    BucketReduction, GroupReduction, Launched, TensorReplicas, divided, gathered_whole,
+    layer_buckets, summed_over,
 };
-use crate::replicas::{BucketReduction, GroupReduction, Launched, TensorReplicas, layer_buckets};
 use crate::rng::with_process_rng;
 use crate::step::check_finite;
 use crate::{AdamW, Microbatch, StepContext, StepStats, TrainError, clip_coefficient};
@@ -179,13 +180,7 @@ impl<I: ParallelOps> GroupReduction<I> for ChunkExchange<'_> {
                 )
             }
         };
-        let sum = started.finish();
-        let data_ranks = self.ctx.dp_cp_size();
-        if data_ranks > 1 {
-            primitive(from_primitive::<I>(sum).mul_scalar(1.0 / data_ranks as f32))
-        } else {
-            sum
-        }
+        divided::<I>(started.finish(), self.ctx.dp_cp_size())
     }
 }
 
@@ -199,9 +194,8 @@ fn start<I: ParallelOps>(ctx: &ParallelContext, group: &Group, sum: FloatTensor<
     }
 }
 
-/// A group's new values whole: its parts all-gathered over its data-parallel group under ZeRO-1,
-/// the compute stream ordered after the gather now or, with `before`, when the next forward
-/// reaches that layer.
+/// A group's new values whole: its parts all-gathered over its data-parallel group under
+/// ZeRO-1, waited for at once or, with `before`, when the next forward reaches that layer.
 fn gathered<I: ParallelOps>(
     ctx: &ParallelContext,
     group: &Group,
@@ -212,14 +206,7 @@ fn gathered<I: ParallelOps>(
     if group.shard.is_none() || comm.size() == 1 {
         return part;
     }
-    let (whole, wait) = I::all_gather_started(primitive(part), comm).split();
-    if let Some(wait) = wait {
-        match before {
-            Some(layer) => prefetch::before_layer_run(layer, wait),
-            None => wait(),
-        }
-    }
-    from_primitive(whole)
+    gathered_whole(part, comm, before)
 }
 
 impl<B> RankModel<B>
@@ -239,7 +226,7 @@ where
                 "the device exchange needs one optimizer per chunk".into(),
             ));
         };
-        let ctx = &self.ctx;
+        let (ctx, device) = (&self.ctx, &self.device);
         // every chunk's flat state laid out before its gradients are gathered into it
         let layouts: Vec<Layout> = optimizers
             .iter_mut()
@@ -251,15 +238,7 @@ where
             .iter()
             .map(|roles| ChunkExchange {
                 ctx,
-                tensor: TensorReplicas {
-                    comm: ctx.tp.clone(),
-                    partial: roles
-                        .iter()
-                        .filter(|r| r.tp_partial)
-                        .map(|r| r.id)
-                        .collect(),
-                    duplicate: HashSet::new(),
-                },
+                tensor: TensorReplicas::new(&ctx.tp, roles),
             })
             .collect();
         let count = self.chunks.len();
@@ -280,13 +259,13 @@ where
             (0..count).map(|_| None).collect();
         let mut absorbed = vec![0; count];
         // dropout's stream, seeded as the one-rank step seeds it
-        with_process_rng(|| B::seed(&self.device, context.seed ^ context.iteration));
+        with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
         let outcome = pipeline::run_step(
             &self.chunks,
             self.position,
             ctx,
             microbatches,
-            &self.device,
+            device,
             self.exchange
                 .overlap_grad_reduce
                 .then_some(&mut by_range as &mut pipeline::ChunkRangeDone<'_, B>),
@@ -310,7 +289,7 @@ where
         )?;
         let scale = 1.0 / microbatches.len() as f64;
         let [loss, lm_loss] =
-            self.reported_mean([outcome.loss_sum * scale, outcome.lm_loss_sum * scale])?;
+            reported_mean(ctx, [outcome.loss_sum * scale, outcome.lm_loss_sum * scale])?;
         check_finite(loss, context.iteration, "the loss")?;
         let mut reduced = Vec::with_capacity(count);
         for launched in launched {
@@ -320,9 +299,6 @@ where
             reduced.push(launched.finish());
         }
         let mut squares: Option<Tensor<B::InnerBackend, 1>> = None;
-        let RankOptimizer::PerChunk(optimizers) = &self.optimizer else {
-            unreachable!("matched above");
-        };
         for ((optimizer, flat), (roles, layout)) in optimizers
             .iter()
             .zip(&reduced)
@@ -333,21 +309,23 @@ where
             let part = optimizer.flat_sum_of_squares(flat, |id| {
                 by_id
                     .get(&id)
-                    .is_some_and(|role| counts_here(role, &self.ctx, sharded))
+                    .is_some_and(|role| counts_here(role, ctx, sharded))
             });
             squares = match (squares, part) {
                 (Some(sum), Some(part)) => Some(sum + part),
                 (sum, part) => sum.or(part),
             };
         }
-        let grad_norm = self.world_norm(squares);
-        let RankOptimizer::PerChunk(optimizers) = &mut self.optimizer else {
-            unreachable!("matched above");
-        };
+        // the world's Σg²: tp, dp×cp and pp together are every rank; read once
+        let world = [&ctx.tp, &ctx.dp_cp, &ctx.pp];
+        let grad_norm = summed_over(squares, world, device)
+            .into_scalar()
+            .to_f64()
+            .sqrt();
         check_finite(grad_norm, context.iteration, "the gradient norm")?;
         let clip = clip_coefficient(grad_norm, context.clip_grad);
         let device_clip =
-            Tensor::<B::InnerBackend, 1>::from_data([clip as f32], &self.device).cast(DType::F32);
+            Tensor::<B::InnerBackend, 1>::from_data([clip as f32], device).cast(DType::F32);
         // the next forward's waits, if one did not reach them all, before the parameters change
         prefetch::settle();
         let chunks = std::mem::take(&mut self.chunks);
@@ -366,7 +344,7 @@ where
                     flat,
                     context.lr,
                     Some(device_clip.clone()),
-                    |group, part| gathered(&self.ctx, group, part, before(group)),
+                    |group, part| gathered(ctx, group, part, before(group)),
                 )
             })
             .collect();
@@ -378,23 +356,5 @@ where
             clip_coefficient: clip,
             lr: context.lr,
         })
-    }
-
-    /// The L2 norm of the world's gradients from this rank's counted `Σg²`, summed over tp,
-    /// dp×cp and pp (the whole world) on the device and read once.
-    fn world_norm(&self, squares: Option<Tensor<B::InnerBackend, 1>>) -> f64 {
-        let mut sum = squares.unwrap_or_else(|| {
-            Tensor::<B::InnerBackend, 1>::zeros([1], (&self.device, DType::F32))
-        });
-        for comm in [&self.ctx.tp, &self.ctx.dp_cp, &self.ctx.pp] {
-            if comm.size() > 1 {
-                sum = from_primitive(B::InnerBackend::all_reduce_detached(
-                    primitive(sum),
-                    ReduceOp::Sum,
-                    comm,
-                ));
-            }
-        }
-        sum.into_scalar().to_f64().sqrt()
     }
 }

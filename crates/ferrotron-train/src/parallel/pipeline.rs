@@ -231,14 +231,6 @@ where
                     }
                 };
                 let last = compute.microbatch + 1 == microbatches.len();
-                let mut no_ranges = |_: &mut B::Gradients| {};
-                let mut ranges = |grads: &mut B::Gradients| {
-                    if let Some(by_range) = by_range.as_mut() {
-                        by_range(compute.chunk, &chunk, grads);
-                    }
-                };
-                let done: &mut dyn FnMut(&mut B::Gradients) =
-                    if last { &mut ranges } else { &mut no_ranges };
                 let gradients = backward_by_range(
                     surrogate,
                     tape,
@@ -247,7 +239,9 @@ where
                     chunk.has_dropout(),
                     &mut || fence_peers(&[&ctx.tp, &ctx.cp, &ctx.ep, &ctx.etp]),
                     &mut |grads| {
-                        done(grads);
+                        if last && let Some(by_range) = by_range.as_mut() {
+                            by_range(compute.chunk, &chunk, grads);
+                        }
                         Ok(())
                     },
                 )?;

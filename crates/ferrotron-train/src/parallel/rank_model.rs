@@ -167,19 +167,7 @@ where
                 overlap: parallel.overlap_grad_reduce,
                 shard: distributed_optimizer,
                 gather_before: None,
-                tensor: TensorReplicas {
-                    comm: ctx.tp.clone(),
-                    partial: roles[0]
-                        .iter()
-                        .filter(|r| r.tp_partial)
-                        .map(|r| r.id)
-                        .collect(),
-                    duplicate: roles[0]
-                        .iter()
-                        .filter(|r| r.tp_duplicate)
-                        .map(|r| r.id)
-                        .collect(),
-                },
+                tensor: TensorReplicas::new(&ctx.tp, &roles[0]),
             };
             replicated_optimizer(
                 &chunks[0],
@@ -240,32 +228,30 @@ where
         self.chunks = updated;
         Ok(())
     }
+}
 
-    /// `values` (this rank's per-microbatch means) as every rank reports them: the last
-    /// stage's, averaged over the data- and context-parallel ranks.
-    pub(super) fn reported_mean<const N: usize>(
-        &self,
-        mut values: [f64; N],
-    ) -> Result<[f64; N], TrainError> {
-        if !self.ctx.is_last_stage() {
-            values = [0.0; N];
-        }
-        if self.ctx.pp.size() > 1 {
-            self.ctx
-                .pp
-                .all_reduce_f64(&mut values, ReduceOp::Sum)
-                .map_err(|e| comm_error("loss broadcast over the pipeline", e))?;
-        }
-        let dp_cp = self.ctx.dp_cp.size();
-        if dp_cp > 1 {
-            self.ctx
-                .dp_cp
-                .all_reduce_f64(&mut values, ReduceOp::Sum)
-                .map_err(|e| comm_error("loss average over data-parallel ranks", e))?;
-            values.iter_mut().for_each(|v| *v /= dp_cp as f64);
-        }
-        Ok(values)
+/// `values` (this rank's per-microbatch means) as every rank reports them: the last stage's,
+/// averaged over the data- and context-parallel ranks.
+pub(super) fn reported_mean<const N: usize>(
+    ctx: &ParallelContext,
+    mut values: [f64; N],
+) -> Result<[f64; N], TrainError> {
+    if !ctx.is_last_stage() {
+        values = [0.0; N];
     }
+    if ctx.pp.size() > 1 {
+        ctx.pp
+            .all_reduce_f64(&mut values, ReduceOp::Sum)
+            .map_err(|e| comm_error("loss broadcast over the pipeline", e))?;
+    }
+    let dp_cp = ctx.dp_cp.size();
+    if dp_cp > 1 {
+        ctx.dp_cp
+            .all_reduce_f64(&mut values, ReduceOp::Sum)
+            .map_err(|e| comm_error("loss average over data-parallel ranks", e))?;
+        values.iter_mut().for_each(|v| *v /= dp_cp as f64);
+    }
+    Ok(values)
 }
 
 /// Gathers still in flight are waited for before their buffers can go.
@@ -331,7 +317,7 @@ where
             microbatches,
             &self.device,
         )?;
-        let [mean] = self.reported_mean([sum / microbatches.len() as f64])?;
+        let [mean] = reported_mean(&self.ctx, [sum / microbatches.len() as f64])?;
         Ok(mean)
     }
 
