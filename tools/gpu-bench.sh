@@ -17,7 +17,9 @@
 # LOG_INTERVAL (1: every step's statistics are read, so the host waits for the GPU once a step;
 # a larger interval lets the host queue the next step while the GPU runs, as a real run logging
 # every 10–100 steps does; each logged row is the mean over its interval), EXTRA_SETS (more
-# `--set key=value` words for every run, e.g. "--set model.activation=gelu" to compare).
+# `--set key=value` words for every run, e.g. "--set model.activation=gelu" to compare), TAG (a
+# suffix for every row's name, so two settings of the same model in one OUT keep their rows: run
+# again with TAG=-notune FERROTRON_GEMM_TUNE=0 to compare).
 set -uo pipefail
 
 root=$(pwd)
@@ -50,9 +52,11 @@ moe_small=("${gpt2_tokenizer[@]}" --set model.num_layers=8 --set model.hidden_si
 benches=(
     "gpt2-124m|recipes/gpt2-124m.yaml|16|none"
     "gpt-350m|recipes/gpt-350m.yaml|16|none"
+    "gpt-350m-mb24|recipes/gpt-350m.yaml|24|none"
     "gpt-1.3b-mb2|recipes/gpt-1.3b.yaml|2|none"
     "gpt-1.3b-mb8|recipes/gpt-1.3b.yaml|8|none"
     "gpt-1.3b|recipes/gpt-1.3b.yaml|12|none"
+    "gpt-1.3b-mb16|recipes/gpt-1.3b.yaml|16|none"
     "gpt-1.3b-nodrop|recipes/gpt-1.3b.yaml|12|nodrop"
     "gpt-1.3b-full|recipes/gpt-1.3b.yaml|12|full"
     "gpt-1.3b-full-mb24|recipes/gpt-1.3b.yaml|24|full"
@@ -71,6 +75,7 @@ for entry in "${benches[@]}"; do
     if [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]]; then
         continue
     fi
+    name+=${TAG:-}
     declare -n more=$extra
     sets=("${common[@]}" "${more[@]}" --set training.global_batch_size=$mb --set training.micro_batch_size=$mb
         --set training.train_iters=$steps --set "logging.jsonl=/tmp/bench-$name/metrics.jsonl")
@@ -84,8 +89,10 @@ for entry in "${benches[@]}"; do
         timing=(env "FERROTRON_OP_TIMING=$OUT/logs/$name.ops.md")
     fi
     # What the device holds (context, cuBLAS workspaces and the allocator's pool included),
-    # sampled every 100 ms while the run lasts: the number a plan's memory must be compared with.
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/logs/$name.smi" 2>/dev/null &
+    # sampled every 100 ms while the run lasts: the number a plan's memory must be compared with;
+    # and the driver's utilisation (the share of each sample period in which a kernel ran), whose
+    # steady-state mean says how long the GPU waits for the host within a step.
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader,nounits -lms 100 >"$OUT/logs/$name.smi" 2>/dev/null &
     smi=$!
     timeout "${RUN_TIMEOUT:-300}" "${timing[@]}" "$dist/recipe" run "$recipe" --backend cuda --world-size 1 \
         --run-dir "/tmp/bench-$name" "${sets[@]}" >"$OUT/logs/$name.log" 2>&1
@@ -120,15 +127,24 @@ for plan_path in sorted(glob.glob(f"{out}/logs/*.plan.json")):
     step_s = med("step_seconds")
     peak_gib = float(peak[-1]) if peak else float("nan")
     smi_path = f"{out}/logs/{name}.smi"
-    smi = [float(l) for l in open(smi_path) if l.strip().replace(".", "").isdigit()] if os.path.exists(smi_path) else []
-    device_gib = max(smi) / 1024 if smi else float("nan")  # nvidia-smi reports MiB
+    samples = []
+    for l in open(smi_path) if os.path.exists(smi_path) else []:
+        cells = [c.strip() for c in l.split(",")]
+        if len(cells) == 2 and all(c.replace(".", "").isdigit() for c in cells):
+            samples.append((float(cells[0]), float(cells[1])))
+    device_gib = max(m for m, _ in samples) / 1024 if samples else float("nan")  # MiB
+    # Steady state: the samples once the device holds 90 % of its peak, less the last tenth
+    # (the final evaluation and the exit).
+    steady = [u for m, u in samples if m >= 0.9 * device_gib * 1024]
+    steady = steady[: max(1, len(steady) * 9 // 10)] if steady else []
+    busy = statistics.mean(steady) if steady else float("nan")
     rows.append((name, med("tokens_per_second"), med("tflops_per_gpu"), 100 * med("mfu"), peak_gib,
                  device_gib, step_s, pred_s, step_s / pred_s if pred_s else float("nan"), pred_mem,
-                 device_gib / pred_mem if pred_mem else float("nan"), len(steps)))
-table = ["| model | tokens/s | TFLOP/s | MFU % | tensors peak GiB | device peak GiB | step s | predicted s | measured/predicted | predicted GiB | device/predicted | steps |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 device_gib / pred_mem if pred_mem else float("nan"), busy, len(steps)))
+table = ["| model | tokens/s | TFLOP/s | MFU % | tensors peak GiB | device peak GiB | step s | predicted s | measured/predicted | predicted GiB | device/predicted | GPU busy % | steps |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for r in rows:
-    table.append("| {} | {:,.0f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} | {} |".format(*r))
+    table.append("| {} | {:,.0f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} | {:.0f} | {} |".format(*r))
 text = "\n".join(table)
 open(f"{out}/gpu-bench.md", "w").write(text + "\n")
 print(text)

@@ -380,8 +380,22 @@ fn run_gemm(
     bias: Option<&CudaTensor>,
     out: &CudaTensor,
 ) -> Result<(), result::CublasError> {
+    let stream = device.cu_stream();
     if !blas.plans.contains_key(key) {
-        let plan = make_plan(blas, key, data_type, a, b)?;
+        let (plan, candidates) = make_plan(blas, key, data_type, a, b)?;
+        set_bias(&plan, bias)?;
+        let plan = if candidates.len() > 1 && crate::blas_tune::enabled() {
+            let (pick, times) = crate::blas_tune::fastest(&candidates, stream, |algo| {
+                launch(blas, &plan, algo, a, b, out, stream)
+            });
+            tracing::debug!(?key, ?times, pick, "cuBLASLt candidates timed");
+            GemmPlan {
+                algo: candidates[pick],
+                ..plan
+            }
+        } else {
+            plan
+        };
         blas.plans.insert(key.clone(), plan);
     }
     let plan = &blas.plans[key];
@@ -394,14 +408,31 @@ fn run_gemm(
             "matmul(cublaslt)"
         },
     );
-    if let Some(bias) = bias {
-        let ptr = bias.data_ptr() as *const c_void;
-        set_desc(
-            &plan.desc,
-            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-            &ptr,
-        )?;
-    }
+    set_bias(plan, bias)?;
+    launch(blas, plan, &plan.algo, a, b, out, stream)
+}
+
+/// Points the plan's bias epilogue at `bias` (set per call: the vector moves between calls).
+fn set_bias(plan: &GemmPlan, bias: Option<&CudaTensor>) -> Result<(), result::CublasError> {
+    let Some(bias) = bias else { return Ok(()) };
+    let ptr = bias.data_ptr() as *const c_void;
+    set_desc(
+        &plan.desc,
+        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+        &ptr,
+    )
+}
+
+/// Queues `out = a · b` (plus the bias the plan's descriptor points at) with `algo`.
+fn launch(
+    blas: &BlasHandle,
+    plan: &GemmPlan,
+    algo: &sys::cublasLtMatmulAlgo_t,
+    a: &Operand,
+    b: &Operand,
+    out: &CudaTensor,
+    stream: cudarc::driver::sys::CUstream,
+) -> Result<(), result::CublasError> {
     let alpha: f32 = 1.0;
     let beta: f32 = 0.0;
     // SAFETY: pointers address live device buffers of the sizes the layouts describe (checked
@@ -423,10 +454,10 @@ fn run_gemm(
             plan.d.0,
             out.data_ptr() as *mut c_void,
             plan.d.0,
-            &plan.algo,
+            algo,
             blas.workspace.ptr() as *mut c_void,
             blas.workspace.len(),
-            device.cu_stream() as sys::cudaStream_t,
+            stream as sys::cudaStream_t,
         )
     }
 }
@@ -437,7 +468,7 @@ fn make_plan(
     data_type: sys::cudaDataType,
     a: &Operand,
     b: &Operand,
-) -> Result<GemmPlan, result::CublasError> {
+) -> Result<(GemmPlan, Vec<sys::cublasLtMatmulAlgo_t>), result::CublasError> {
     let (m, n, k) = (key.m, key.n, key.k);
     let compute = if key.dtype == DType::F32 && key.tf32 {
         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
@@ -507,17 +538,63 @@ fn make_plan(
         P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
         &key.d_align.to_ne_bytes(),
     )?;
-    // SAFETY: all descriptors are live for the call.
-    let heuristic = unsafe {
-        result::get_matmul_algo_heuristic(blas.handle, desc.0, first.0, second.0, d.0, d.0, pref.0)
-    }?;
-    Ok(GemmPlan {
+    let candidates = heuristic_candidates(blas, &desc, &first, &second, &d, &pref)?;
+    let plan = GemmPlan {
         desc,
         first,
         second,
         d,
-        algo: heuristic.algo,
-    })
+        algo: candidates[0],
+    };
+    Ok((plan, candidates))
+}
+
+/// The heuristic's candidates for a problem, best guess first (at least one, or an error).
+fn heuristic_candidates(
+    blas: &BlasHandle,
+    desc: &Desc,
+    first: &Layout,
+    second: &Layout,
+    d: &Layout,
+    pref: &Pref,
+) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, result::CublasError> {
+    let asked = if crate::blas_tune::enabled() {
+        crate::blas_tune::CANDIDATES
+    } else {
+        1
+    };
+    // SAFETY: an all-zero heuristic result is a valid (unfilled) value of this plain C struct.
+    let mut found =
+        vec![unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() }; asked];
+    let mut count = 0;
+    // SAFETY: all descriptors are live for the call; `found` has room for `asked` results.
+    unsafe {
+        sys::cublasLtMatmulAlgoGetHeuristic(
+            blas.handle,
+            desc.0,
+            first.0,
+            second.0,
+            d.0,
+            d.0,
+            pref.0,
+            asked as i32,
+            found.as_mut_ptr(),
+            &mut count,
+        )
+        .result()?;
+    }
+    let candidates: Vec<_> = found
+        .iter()
+        .take(count.max(0) as usize)
+        .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+        .map(|h| h.algo)
+        .collect();
+    if candidates.is_empty() {
+        return Err(result::CublasError(
+            sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+        ));
+    }
+    Ok(candidates)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod blas;
+mod blas_tune;
 pub mod cudnn;
 pub mod device;
 pub mod dtype;
