@@ -13,7 +13,9 @@
 # Env: OUT (table and logs), FERROTRON_DIST (the folder holding `recipe`), STEPS (30),
 # ONLY (space-separated model names to run; default all), RUN_TIMEOUT (seconds per run, 300),
 # OP_TIMING=1 (each run also writes its per-op GPU time table, FERROTRON_OP_TIMING, to
-# logs/<name>.ops.md; the events around every op slow the run, so its speed is not the bench's),
+# logs/<name>.ops.md, and where the stream waited for the host, from FERROTRON_OP_TIMELINE
+# through tools/gpu_timeline.py, to logs/<name>.gaps.md; the events around every op slow the
+# host, so the speed of such a run is not the bench's and its gaps are an upper bound),
 # LOG_INTERVAL (1: every step's statistics are read, so the host waits for the GPU once a step;
 # a larger interval lets the host queue the next step while the GPU runs, as a real run logging
 # every 10–100 steps does; each logged row is the mean over its interval), EXTRA_SETS (more
@@ -86,7 +88,7 @@ for entry in "${benches[@]}"; do
     echo "=== $name: micro batch $mb, $steps steps ($(date +%T))"
     timing=()
     if [[ ${OP_TIMING:-0} == 1 ]]; then
-        timing=(env "FERROTRON_OP_TIMING=$OUT/logs/$name.ops.md")
+        timing=(env "FERROTRON_OP_TIMING=$OUT/logs/$name.ops.md" "FERROTRON_OP_TIMELINE=/tmp/bench-$name.timeline")
     fi
     # What the device holds (context, cuBLAS workspaces and the allocator's pool included),
     # sampled every 100 ms while the run lasts: the number a plan's memory must be compared with;
@@ -99,6 +101,9 @@ for entry in "${benches[@]}"; do
     echo "exit $?"
     kill "$smi" 2>/dev/null
     cp "/tmp/bench-$name/metrics.jsonl" "$OUT/logs/$name.metrics.jsonl" 2>/dev/null || true
+    if [[ -f /tmp/bench-$name.timeline ]]; then
+        python3 "$root/tools/gpu_timeline.py" "/tmp/bench-$name.timeline" >"$OUT/logs/$name.gaps.md" 2>&1
+    fi
     grep -i "error\|peak device memory" "$OUT/logs/$name.log" | tail -3 | cut -c1-300
     unset -n more
 done

@@ -385,10 +385,7 @@ fn run_gemm(
         let (plan, candidates) = make_plan(blas, key, data_type, a, b)?;
         set_bias(&plan, bias)?;
         let plan = if candidates.len() > 1 && crate::blas_tune::enabled() {
-            let (pick, times) = crate::blas_tune::fastest(&candidates, stream, |algo| {
-                launch(blas, &plan, algo, a, b, out, stream)
-            });
-            tracing::debug!(?key, ?times, pick, "cuBLASLt candidates timed");
+            let pick = tuned_pick(blas, device, key, &plan, &candidates, a, b, out);
             GemmPlan {
                 algo: candidates[pick],
                 ..plan
@@ -410,6 +407,37 @@ fn run_gemm(
     );
     set_bias(plan, bias)?;
     launch(blas, plan, &plan.algo, a, b, out, stream)
+}
+
+/// The candidate to keep for `key`: the one remembered for this device, else the fastest on
+/// these operands (then remembered).
+#[allow(clippy::too_many_arguments)]
+fn tuned_pick(
+    blas: &BlasHandle,
+    device: &CudaDevice,
+    key: &ProblemKey,
+    plan: &GemmPlan,
+    candidates: &[sys::cublasLtMatmulAlgo_t],
+    a: &Operand,
+    b: &Operand,
+    out: &CudaTensor,
+) -> usize {
+    let dir = crate::blas_tune::store_dir(device.arch());
+    let problem = format!("{key:?}");
+    // SAFETY: a version query with no arguments (the library is loaded by now).
+    let version = unsafe { sys::cublasLtGetVersion() };
+    let name = device.name().unwrap_or_else(|_| device.arch().to_string());
+    let name = format!("{name} cuBLASLt {version}");
+    if let Some(pick) = crate::blas_tune::remembered(dir.as_deref(), &problem, &name, candidates) {
+        return pick;
+    }
+    let stream = device.cu_stream();
+    let (pick, times) = crate::blas_tune::fastest(candidates, stream, |algo| {
+        launch(blas, plan, algo, a, b, out, stream)
+    });
+    tracing::debug!(?key, ?times, pick, "cuBLASLt candidates timed");
+    crate::blas_tune::remember(dir.as_deref(), &problem, &name, pick, &candidates[pick]);
+    pick
 }
 
 /// Points the plan's bias epilogue at `bias` (set per call: the vector moves between calls).

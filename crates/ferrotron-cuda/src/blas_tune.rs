@@ -7,11 +7,15 @@
 //! heuristic's first candidate is used as before.
 //!
 //! Different algorithms may round differently (split-K orders its partial sums), so the choice
-//! is part of a run's numerics: it is made once per problem and process, from candidates the
-//! heuristic lists in a fixed order, and ties (within [`TIE`]) go to the earlier candidate so
-//! timing noise between equal algorithms does not flip the choice.
+//! is part of a run's numerics. Ties (within [`TIE`]) go to the earlier candidate, and every
+//! choice is remembered on disk beside the kernel cache (`<kernel cache>/<arch>/gemm/`, one
+//! small file per problem, keyed by the problem, the device's name and cuBLASLt's version,
+//! written atomically like the kernels), so a resumed run, a rerun or another rank of the same
+//! machine multiplies with the algorithms the first run chose and keeps its numbers bit for
+//! bit, where timing afresh could flip a near tie.
 #![allow(unsafe_code)]
 
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cudarc::cublaslt::{result::CublasError, sys};
@@ -44,6 +48,62 @@ pub(crate) fn fastest(
         .map(|algo| time_one(stream, || launch(algo)))
         .collect();
     (choose(&times), times)
+}
+
+/// Where this device's choices live (`None`: the kernel cache is off, choices stay in memory).
+pub(crate) fn store_dir(arch: &str) -> Option<PathBuf> {
+    crate::kernels::cache::disk_cache_dir(arch).map(|d| d.join("gemm"))
+}
+
+/// The file of one problem's choice: a hash of the problem and of what could change the
+/// candidates (`device`: the device's name and the library's version).
+fn choice_path(dir: &Path, problem: &str, device: &str) -> PathBuf {
+    let mut hasher = blake3::Hasher::new();
+    for part in [problem, device] {
+        hasher.update(part.as_bytes());
+        hasher.update(&[0]);
+    }
+    dir.join(format!("{}.algo", &hasher.finalize().to_hex()[..32]))
+}
+
+/// A choice as stored: the candidate's index, then its algorithm's words.
+fn encode(index: usize, algo: &sys::cublasLtMatmulAlgo_t) -> String {
+    let words: Vec<String> = algo.data.iter().map(u64::to_string).collect();
+    format!("{index} {}\n", words.join(" "))
+}
+
+/// The stored index, if the file names a candidate that is still there with the same words.
+fn decode(text: &str, algos: &[sys::cublasLtMatmulAlgo_t]) -> Option<usize> {
+    let mut fields = text.split_whitespace().map(str::parse::<u64>);
+    let index = usize::try_from(fields.next()?.ok()?).ok()?;
+    let words: Vec<u64> = fields.collect::<Result<_, _>>().ok()?;
+    (algos.get(index)?.data.as_slice() == words.as_slice()).then_some(index)
+}
+
+/// The choice remembered for this problem on this device, if any.
+pub(crate) fn remembered(
+    dir: Option<&Path>,
+    problem: &str,
+    device: &str,
+    algos: &[sys::cublasLtMatmulAlgo_t],
+) -> Option<usize> {
+    let text = std::fs::read_to_string(choice_path(dir?, problem, device)).ok()?;
+    decode(&text, algos)
+}
+
+/// Remembers a choice (best effort: a cache that cannot be written only costs a re-timing).
+pub(crate) fn remember(
+    dir: Option<&Path>,
+    problem: &str,
+    device: &str,
+    index: usize,
+    algo: &sys::cublasLtMatmulAlgo_t,
+) {
+    let Some(dir) = dir else { return };
+    let path = choice_path(dir, problem, device);
+    if let Err(err) = crate::kernels::cache::write_atomically(&path, &encode(index, algo)) {
+        tracing::warn!(path = %path.display(), %err, "cannot remember a GEMM algorithm choice");
+    }
 }
 
 /// The index of the fastest time, earlier candidates winning ties within [`TIE`].
@@ -91,7 +151,38 @@ fn time_one(
 
 #[cfg(test)]
 mod tests {
-    use super::choose;
+    use super::*;
+
+    fn algo(seed: u64) -> sys::cublasLtMatmulAlgo_t {
+        sys::cublasLtMatmulAlgo_t {
+            data: std::array::from_fn(|i| seed * 100 + i as u64),
+        }
+    }
+
+    #[test]
+    fn a_stored_choice_is_used_only_while_its_candidate_is_unchanged() {
+        let algos = [algo(1), algo(2), algo(3)];
+        let text = encode(2, &algos[2]);
+        assert_eq!(decode(&text, &algos), Some(2));
+        // Another library may list other candidates, or fewer.
+        assert_eq!(decode(&text, &[algo(1), algo(2), algo(9)]), None);
+        assert_eq!(decode(&text, &algos[..2]), None);
+        assert_eq!(decode("garbage", &algos), None);
+        assert_eq!(decode("", &algos), None);
+    }
+
+    #[test]
+    fn choices_are_kept_per_problem_and_device() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let algos = [algo(1), algo(2)];
+        let d = Some(dir.path());
+        assert_eq!(remembered(d, "m 1 n 2", "H200", &algos), None);
+        remember(d, "m 1 n 2", "H200", 1, &algos[1]);
+        assert_eq!(remembered(d, "m 1 n 2", "H200", &algos), Some(1));
+        assert_eq!(remembered(d, "m 1 n 3", "H200", &algos), None);
+        assert_eq!(remembered(d, "m 1 n 2", "H100", &algos), None);
+        assert_eq!(remembered(None, "m 1 n 2", "H200", &algos), None);
+    }
 
     #[test]
     fn the_fastest_candidate_wins_and_near_ties_keep_the_earlier_one() {

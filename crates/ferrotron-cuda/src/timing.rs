@@ -6,6 +6,12 @@
 //! resolved (one stream sync) every few thousand ops and at report time, and accumulated per
 //! op: calls, total ms, mean µs, share of the timed total. Off (the default) it costs one
 //! relaxed atomic load per op.
+//!
+//! `FERROTRON_OP_TIMELINE=<file>` (which turns timing on too) also keeps every op's start and
+//! end on the stream, measured from the first timed op, and writes them as `op<TAB>start
+//! ms<TAB>end ms` lines at exit. The gaps between one op's end and the next one's start are
+//! where the GPU waited for the host: the per-op table cannot show them, and no timeline
+//! profiler (nsys) produces reports on the GPU machine.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -30,6 +36,10 @@ struct State {
     pending: Vec<Pending>,
     free: Vec<sys::CUevent>,
     totals: HashMap<String, (u64, f64)>,
+    /// The timeline's origin: recorded before the first timed op (timeline only).
+    origin: Option<sys::CUevent>,
+    /// Resolved ops as (name, start ms, end ms) from `origin`, when a timeline is kept.
+    timeline: Vec<(String, f32, f32)>,
 }
 
 // SAFETY: CUevents are driver handles usable from any thread; the mutex serialises access.
@@ -47,7 +57,8 @@ static ENABLED: AtomicU8 = AtomicU8::new(0);
 pub fn enabled() -> bool {
     match ENABLED.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var_os("FERROTRON_OP_TIMING").is_some_and(|v| v != "0");
+            let on = std::env::var_os("FERROTRON_OP_TIMING").is_some_and(|v| v != "0")
+                || timeline_path().is_some();
             ENABLED.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             if on {
                 register_exit_report();
@@ -56,6 +67,13 @@ pub fn enabled() -> bool {
         }
         v => v == 2,
     }
+}
+
+/// Where the timeline goes (`FERROTRON_OP_TIMELINE`), if one is kept.
+fn timeline_path() -> Option<String> {
+    std::env::var("FERROTRON_OP_TIMELINE")
+        .ok()
+        .filter(|p| !p.is_empty() && p != "0")
 }
 
 /// Switches timing on or off for this process (the gpu_check binary's `--op-timing`).
@@ -82,7 +100,15 @@ pub fn scope(device: &CudaDevice, name: &str) -> Option<Scope> {
         return None;
     }
     device.bind().ok()?;
-    let start = event(&mut state().lock().unwrap_or_else(|p| p.into_inner()))?;
+    let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
+    if st.origin.is_none() && timeline_path().is_some() {
+        let origin = event(&mut st)?;
+        // SAFETY: a live event recorded on the device's live stream.
+        unsafe { result::event::record(origin, device.cu_stream()) }.ok()?;
+        st.origin = Some(origin);
+    }
+    let start = event(&mut st)?;
+    drop(st);
     // SAFETY: a live event recorded on the device's live stream.
     unsafe { result::event::record(start, device.cu_stream()) }.ok()?;
     Some(Scope {
@@ -120,6 +146,12 @@ fn resolve(st: &mut State) {
                 .ok()
                 .and_then(|_| result::event::elapsed(p.start, p.end).ok())
         };
+        if let (Some(origin), Some(ms)) = (st.origin, ms) {
+            // SAFETY: the origin was recorded before `start` on the same stream; both are done.
+            if let Ok(start) = unsafe { result::event::elapsed(origin, p.start) } {
+                st.timeline.push((p.name.clone(), start, start + ms));
+            }
+        }
         if let Some(ms) = ms {
             let e = st.totals.entry(p.name).or_default();
             e.0 += 1;
@@ -196,8 +228,21 @@ pub fn report() -> String {
     format_table(&rows())
 }
 
+/// The timeline as `op<TAB>start ms<TAB>end ms` lines, in stream order.
+fn format_timeline(ops: &[(String, f32, f32)]) -> String {
+    ops.iter()
+        .map(|(op, start, end)| format!("{op}\t{start:.4}\t{end:.4}\n"))
+        .collect()
+}
+
 extern "C" fn exit_report() {
     let rows = rows();
+    if let Some(path) = timeline_path() {
+        let st = state().lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(err) = std::fs::write(&path, format_timeline(&st.timeline)) {
+            eprintln!("cannot write the op timeline to {path}: {err}");
+        }
+    }
     if rows.is_empty() {
         return;
     }
@@ -230,6 +275,18 @@ fn register_exit_report() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeline_lines_are_op_start_end() {
+        let ops = vec![
+            ("matmul(cublaslt)".to_string(), 0.0, 1.25),
+            ("map_add_bf16_bf16_bf16".to_string(), 1.5, 1.625),
+        ];
+        assert_eq!(
+            format_timeline(&ops),
+            "matmul(cublaslt)\t0.0000\t1.2500\nmap_add_bf16_bf16_bf16\t1.5000\t1.6250\n"
+        );
+    }
 
     #[test]
     fn table_has_means_and_shares() {

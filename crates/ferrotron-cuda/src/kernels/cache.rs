@@ -234,7 +234,7 @@ impl KernelCache {
 }
 
 /// Writes through a temporary file and a rename, so concurrent ranks never read half a file.
-fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -256,14 +256,14 @@ pub(crate) fn first_line_comment(source: &str) -> String {
 /// Compiles a source with the options a device of `arch` would use, without a device (tests:
 /// needs NVRTC and the CUDA headers, e.g. from PyPI's `nvidia-cuda-nvrtc`/`-runtime`).
 #[cfg(test)]
-pub(crate) fn compile_for_test(source: &str, arch: &str) -> std::result::Result<(), String> {
+pub(crate) fn compile_for_test(source: &str, arch: &str) -> std::result::Result<String, String> {
     let opts = CompileOptions {
         options: compile_options(arch),
         name: Some(format!("{KERNEL_ENTRY}.cu")),
         ..Default::default()
     };
     cudarc::nvrtc::compile_ptx_with_opts(source, opts)
-        .map(|_| ())
+        .map(|ptx| ptx.to_src())
         .map_err(|e| match e {
             CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
             other => format!("{other:?}"),

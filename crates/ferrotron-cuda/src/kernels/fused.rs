@@ -14,7 +14,7 @@ use ferrotron_parallel::AdamWStep;
 use crate::dtype::DType;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::elementwise::zeros;
-use crate::kernels::norm_rows::{CHUNK, NormRowsForward, ROWS_PER_BLOCK};
+use crate::kernels::norm_rows::{CHUNK, NormRowsForward, NormRowsInputGrad, ROWS_PER_BLOCK};
 use crate::kernels::{BLOCK, KernelSpec, Params, grid_for, includes, launch};
 use crate::tensor::CudaTensor;
 
@@ -280,6 +280,12 @@ fn check_param(p: &CudaTensor, hidden: usize, op: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether a tensor starts at a whole chunk, as the warp-per-row kernels' 16-byte loads need.
+fn chunk_aligned(t: &CudaTensor) -> bool {
+    t.data_ptr()
+        .is_multiple_of((CHUNK * t.dtype().size_in_bytes()) as u64)
+}
+
 pub(super) fn block_rows(rows: usize, op: &dyn Fn() -> OpContext) -> Result<u32> {
     u32::try_from(rows.max(1))
         .map_err(|_| CudaError::unsupported(op(), format!("{rows} rows exceed one grid")))
@@ -333,10 +339,6 @@ pub fn norm_forward(
     if rows == 0 || hidden == 0 {
         return Ok(NormForwardOut { output, mean, rstd });
     }
-    let chunk_aligned = |t: &CudaTensor| {
-        t.data_ptr()
-            .is_multiple_of((CHUNK * t.dtype().size_in_bytes()) as u64)
-    };
     let warp_rows =
         NormRowsForward::for_hidden(x.dtype(), gamma.dtype(), rms, beta.is_some(), hidden).filter(
             |_| {
@@ -398,7 +400,16 @@ pub fn norm_backward(
             .ptr(mean_ptr)
             .ptr(rstd.data_ptr())
             .ptr(dx.data_ptr());
-        launch(device, &spec, block_rows(rows, &op)?, BLOCK, &params, &op)?;
+        let warp_rows =
+            NormRowsInputGrad::for_hidden(x.dtype(), gamma.dtype(), grad.dtype(), rms, hidden)
+                .filter(|_| [&x, &gamma, &grad, &dx].into_iter().all(chunk_aligned));
+        match warp_rows {
+            Some(warp) => {
+                let blocks = block_rows(rows.div_ceil(ROWS_PER_BLOCK), &op)?;
+                launch(device, &warp, blocks, BLOCK, &params, &op)?;
+            }
+            None => launch(device, &spec, block_rows(rows, &op)?, BLOCK, &params, &op)?,
+        }
 
         let tiles = hidden.div_ceil(PARAM_COLS as usize);
         let chunks = rows.div_ceil(PARAM_ROWS_PER_BLOCK);

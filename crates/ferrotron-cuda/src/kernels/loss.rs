@@ -5,6 +5,11 @@
 //! and log-sum-exp. The backward writes `(exp(l − lse) − one_hot) · dloss` in the logits' dtype
 //! in one pass. A label outside the vocabulary gives a NaN loss (the step's finite check stops
 //! the run) and never an out-of-bounds read.
+//!
+//! Rows of whole, aligned chunks of eight (every padded vocabulary: Megatron pads to 128) are
+//! read and written a chunk per thread and iteration, 16 bytes for 16-bit logits: with one
+//! element per thread the forward ran at 1.0 TB/s and the backward at 1.8 on an H200
+//! (gpt-1.3b's [24576, 50304] bf16 logits, 2026-12-04), far from the memory's 4.
 
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
@@ -41,11 +46,16 @@ __device__ void block_merge(float& m, float& s, float* red_m, float* red_s) {
 }
 "#;
 
+/// A chunk of eight elements, aligned to its size (16 bytes for 16-bit types).
+const CHUNK: &str = "template <typename T> struct alignas(sizeof(T) * 8) Chunk { T v[8]; };\n";
+
 /// Cross-entropy forward: losses and log-sum-exps `[rows]` in f32.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct CrossEntropyForward {
     logits: DType,
     labels: DType,
+    /// The row is read in aligned chunks of eight.
+    vector: bool,
 }
 
 impl KernelSpec for CrossEntropyForward {
@@ -54,6 +64,9 @@ impl KernelSpec for CrossEntropyForward {
         let mut s = format!("// cross entropy forward {x} labels {l}\n");
         s += includes(uses_half(&[x]));
         s += BLOCK_LOG_SUM_EXP;
+        if self.vector {
+            s += CHUNK;
+        }
         s += "struct Params { long long rows, vocab; unsigned long long logits, labels, losses, lse; };\n";
         s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
         s += "  __shared__ float red_m[32], red_s[32];\n";
@@ -63,9 +76,25 @@ impl KernelSpec for CrossEntropyForward {
             xs = x.storage_c()
         );
         s += "  float m = NEG_INF, sum = 0.f;\n";
-        s += "  for (long long j = threadIdx.x; j < p.vocab; j += blockDim.x) {\n";
-        s += &format!("    const float v = {};\n", x.load_expr("x[j]"));
-        s += "    if (v > m) { sum = sum * expf(m - v) + 1.f; m = v; } else { sum += expf(v - m); }\n  }\n";
+        if self.vector {
+            s += &format!(
+                "  const Chunk<{xs}>* xv = (const Chunk<{xs}>*)x;\n",
+                xs = x.storage_c()
+            );
+            s += "  for (long long c = threadIdx.x; c < p.vocab / 8; c += blockDim.x) {\n";
+            s += "    const auto t = xv[c];\n    float v[8];\n    float mm = m;\n";
+            s += &format!(
+                "#pragma unroll\n    for (int e = 0; e < 8; ++e) {{ v[e] = {}; mm = fmaxf(mm, v[e]); }}\n",
+                x.load_expr("t.v[e]")
+            );
+            s += "    if (mm == NEG_INF) continue;\n";
+            s += "    float add = 0.f;\n#pragma unroll\n    for (int e = 0; e < 8; ++e) add += expf(v[e] - mm);\n";
+            s += "    sum = sum * expf(m - mm) + add;\n    m = mm;\n  }\n";
+        } else {
+            s += "  for (long long j = threadIdx.x; j < p.vocab; j += blockDim.x) {\n";
+            s += &format!("    const float v = {};\n", x.load_expr("x[j]"));
+            s += "    if (v > m) { sum = sum * expf(m - v) + 1.f; m = v; } else { sum += expf(v - m); }\n  }\n";
+        }
         s += "  block_merge(m, sum, red_m, red_s);\n";
         s += "  if (threadIdx.x == 0) {\n";
         s += "    const float lse = m + logf(sum);\n";
@@ -87,6 +116,8 @@ impl KernelSpec for CrossEntropyForward {
 struct CrossEntropyBackward {
     logits: DType,
     labels: DType,
+    /// The row is read and written in aligned chunks of eight.
+    vector: bool,
 }
 
 impl KernelSpec for CrossEntropyBackward {
@@ -94,6 +125,9 @@ impl KernelSpec for CrossEntropyBackward {
         let (x, l) = (self.logits, self.labels);
         let mut s = format!("// cross entropy backward {x} labels {l}\n");
         s += includes(uses_half(&[x]));
+        if self.vector {
+            s += CHUNK;
+        }
         s += "struct Params { long long rows, vocab; unsigned long long logits, labels, lse, grad, out; };\n";
         s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
         s += "  const long long row = blockIdx.x;\n";
@@ -106,12 +140,30 @@ impl KernelSpec for CrossEntropyBackward {
             "  const long long label = (long long)((const {}*)p.labels)[row];\n",
             l.storage_c()
         );
-        s += "  for (long long j = threadIdx.x; j < p.vocab; j += blockDim.x) {\n";
-        s += &format!(
-            "    const float d = expf({} - lse) - (j == label ? 1.f : 0.f);\n",
-            x.load_expr("x[j]")
-        );
-        s += &format!("    out[j] = {};\n  }}\n}}\n", x.store_expr("d * g"));
+        if self.vector {
+            s += &format!(
+                "  const Chunk<{xs}>* xv = (const Chunk<{xs}>*)x;\n  Chunk<{xs}>* ov = (Chunk<{xs}>*)out;\n",
+                xs = x.storage_c()
+            );
+            s += "  for (long long c = threadIdx.x; c < p.vocab / 8; c += blockDim.x) {\n";
+            s += "    const auto t = xv[c];\n    auto o = t;\n";
+            s += "#pragma unroll\n    for (int e = 0; e < 8; ++e) {\n";
+            s += &format!(
+                "      const float d = expf({} - lse) - (c * 8 + e == label ? 1.f : 0.f);\n",
+                x.load_expr("t.v[e]")
+            );
+            s += &format!(
+                "      o.v[e] = {};\n    }}\n    ov[c] = o;\n  }}\n}}\n",
+                x.store_expr("d * g")
+            );
+        } else {
+            s += "  for (long long j = threadIdx.x; j < p.vocab; j += blockDim.x) {\n";
+            s += &format!(
+                "    const float d = expf({} - lse) - (j == label ? 1.f : 0.f);\n",
+                x.load_expr("x[j]")
+            );
+            s += &format!("    out[j] = {};\n  }}\n}}\n", x.store_expr("d * g"));
+        }
         s
     }
 }
@@ -132,6 +184,16 @@ fn rows_vocab(logits: &CudaTensor, labels: &CudaTensor, op: &str) -> Result<(usi
     Ok((rows, vocab))
 }
 
+/// Whether every row of `logits` (and of `others` alike) is whole chunks of eight starting at
+/// a chunk-aligned address.
+fn whole_chunks(logits: &CudaTensor, vocab: usize, others: &[&CudaTensor]) -> bool {
+    let chunk = (8 * logits.dtype().size_in_bytes()) as u64;
+    vocab.is_multiple_of(8)
+        && std::iter::once(logits)
+            .chain(others.iter().copied())
+            .all(|t| t.data_ptr().is_multiple_of(chunk))
+}
+
 /// Per-row losses and log-sum-exps (`[rows]`, f32) of `logits [rows, vocab]` against `labels`.
 pub fn cross_entropy_forward(
     logits: &CudaTensor,
@@ -146,6 +208,7 @@ pub fn cross_entropy_forward(
     let spec = CrossEntropyForward {
         logits: logits.dtype(),
         labels: labels.dtype(),
+        vector: whole_chunks(&logits, vocab, &[]),
     };
     let mut params = Params::new();
     params
@@ -179,6 +242,7 @@ pub fn cross_entropy_backward(
     let spec = CrossEntropyBackward {
         logits: logits.dtype(),
         labels: labels.dtype(),
+        vector: whole_chunks(&logits, vocab, &[&out]),
     };
     let mut params = Params::new();
     params
@@ -206,12 +270,28 @@ mod tests {
     fn loss_sources_compile() {
         for logits in [DType::F32, DType::BF16, DType::F16] {
             for labels in [DType::I64, DType::I32] {
-                for source in [
-                    CrossEntropyForward { logits, labels }.source(),
-                    CrossEntropyBackward { logits, labels }.source(),
-                ] {
-                    crate::kernels::cache::compile_for_test(&source, "sm_90")
-                        .unwrap_or_else(|e| panic!("{e}\n{source}"));
+                for vector in [false, true] {
+                    for source in [
+                        CrossEntropyForward {
+                            logits,
+                            labels,
+                            vector,
+                        }
+                        .source(),
+                        CrossEntropyBackward {
+                            logits,
+                            labels,
+                            vector,
+                        }
+                        .source(),
+                    ] {
+                        let ptx = crate::kernels::cache::compile_for_test(&source, "sm_90")
+                            .unwrap_or_else(|e| panic!("{e}\n{source}"));
+                        let wide = ptx
+                            .lines()
+                            .any(|l| l.trim_start().starts_with("ld.global") && l.contains(".v4."));
+                        assert_eq!(wide, vector, "16-byte loads exactly when vector\n{ptx}");
+                    }
                 }
             }
         }

@@ -1,11 +1,13 @@
-//! The norm forward for rows of up to 2,048 elements: one warp per row, the row read once
-//! into registers with 16-byte loads, mean and variance by warp shuffles, no shared memory or
-//! block barrier.
+//! The norm forward and input gradient for rows of up to 2,048 elements: one warp per row, the
+//! row read once into registers with 16-byte loads, row sums by warp shuffles, no shared memory
+//! or block barrier.
 //!
-//! The block-per-row kernel (`fused.rs`) reads the row three times and synchronises its block
-//! twice, and a transformer's rows (hidden 768–2048) give each of its 256 threads only a few
-//! elements: it ran at 0.7–1.1 TB/s on an H200. A warp per row keeps eight rows in flight per
-//! block and each lane's elements in registers (eight chunks of eight at most).
+//! The block-per-row kernels (`fused.rs`) read the row two or three times with 2-byte loads and
+//! synchronise their block per sum, and a transformer's rows (hidden 768–2048) give each of
+//! their 256 threads only a few elements: the forward ran at 0.7–1.1 TB/s on an H200 and the
+//! input gradient at 1.6 TB/s (gpt-1.3b, 2026-12-04). A warp per row keeps eight rows in flight
+//! per block and each lane's elements in registers (eight chunks of eight at most; the
+//! gradient keeps `x` and `dy` as their 16-bit chunks, 64 registers at 2,048).
 
 use crate::dtype::DType;
 use crate::kernels::KernelSpec;
@@ -122,6 +124,103 @@ impl KernelSpec for NormRowsForward {
     }
 }
 
+/// A warp-per-row norm input gradient, `chunks` chunks of eight per lane: the same row sums
+/// as the block kernel (`Σ g`, `Σ g·x̂` with `g = dy·γ`), then `dx = rstd·(g − mean g − x̂·mean gx̂)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct NormRowsInputGrad {
+    pub x: DType,
+    pub gamma: DType,
+    pub grad: DType,
+    pub rms: bool,
+    pub chunks: usize,
+}
+
+impl NormRowsInputGrad {
+    /// The spec for rows of `hidden` elements, on the forward's conditions.
+    pub(super) fn for_hidden(
+        x: DType,
+        gamma: DType,
+        grad: DType,
+        rms: bool,
+        hidden: usize,
+    ) -> Option<Self> {
+        NormRowsForward::for_hidden(x, gamma, rms, false, hidden).map(|f| Self {
+            x,
+            gamma,
+            grad,
+            rms,
+            chunks: f.chunks,
+        })
+    }
+}
+
+impl KernelSpec for NormRowsInputGrad {
+    fn source(&self) -> String {
+        let (x, g, dy) = (self.x, self.gamma, self.grad);
+        let (xs, gs, ds) = (x.storage_c(), g.storage_c(), dy.storage_c());
+        let kind = if self.rms { "rms" } else { "layer" };
+        let mut s = format!(
+            "// norm backward input {kind} warp per row {x} gamma {g} grad {dy}, {} chunks per lane\n",
+            self.chunks
+        );
+        s += includes(uses_half(&[x, g, dy]));
+        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx; };\n";
+        s += "template <typename T> struct alignas(sizeof(T) * 8) Chunk { T v[8]; };\n";
+        s += "__device__ __forceinline__ float warp_sum(float v) {\n#pragma unroll\n  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n  return v;\n}\n";
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += &format!("  constexpr int C = {};\n", self.chunks);
+        s += "  const int lane = threadIdx.x & 31;\n";
+        s += "  const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);\n";
+        s += "  if (row >= p.rows) return;\n";
+        s += "  const long long chunks = p.hidden >> 3;\n";
+        s += &format!(
+            "  const Chunk<{xs}>* x = (const Chunk<{xs}>*)((const {xs}*)p.x + row * p.hidden);\n"
+        );
+        s += &format!(
+            "  const Chunk<{ds}>* dy = (const Chunk<{ds}>*)((const {ds}*)p.dy + row * p.hidden);\n"
+        );
+        s += &format!("  const Chunk<{gs}>* gamma = (const Chunk<{gs}>*)p.gamma;\n");
+        if self.rms {
+            s += "  const float mean = 0.f;\n";
+        } else {
+            s += "  const float mean = ((const float*)p.mean)[row];\n";
+        }
+        s += "  const float rstd = ((const float*)p.rstd)[row];\n";
+        s += &format!("  Chunk<{xs}> xc[C];\n  Chunk<{ds}> dc[C];\n");
+        s += "  float sum_g = 0.f, sum_gx = 0.f;\n";
+        let body = |tail: &str| {
+            format!(
+                "#pragma unroll\n      for (int e = 0; e < 8; ++e) {{\n        const float g = {} * {};\n        const float xh = ({} - mean) * rstd;\n{tail}      }}\n",
+                dy.load_expr("dc[k].v[e]"),
+                g.load_expr("gc.v[e]"),
+                x.load_expr("xc[k].v[e]"),
+            )
+        };
+        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = lane + k * 32;\n    if (c < chunks) {\n";
+        s += &format!(
+            "      xc[k] = x[c];\n      dc[k] = dy[c];\n      const Chunk<{gs}> gc = gamma[c];\n"
+        );
+        s += &body("        sum_g += g; sum_gx += g * xh;\n");
+        s += "    }\n  }\n";
+        s += "  const float inv_n = 1.f / (float)p.hidden;\n";
+        if self.rms {
+            s += "  (void)sum_g;\n  const float mean_g = 0.f;\n";
+        } else {
+            s += "  const float mean_g = warp_sum(sum_g) * inv_n;\n";
+        }
+        s += "  const float mean_gx = warp_sum(sum_gx) * inv_n;\n";
+        s += &format!("  Chunk<{xs}>* dx = (Chunk<{xs}>*)(({xs}*)p.dx + row * p.hidden);\n");
+        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = lane + k * 32;\n    if (c < chunks) {\n";
+        s += &format!("      const Chunk<{gs}> gc = gamma[c];\n      Chunk<{xs}> o;\n");
+        s += &body(&format!(
+            "        o.v[e] = {};\n",
+            x.store_expr("rstd * (g - mean_g - xh * mean_gx)")
+        ));
+        s += "      dx[c] = o;\n    }\n  }\n}\n";
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,7 +237,8 @@ mod tests {
         assert!(spec(1004).is_none(), "not whole chunks");
     }
 
-    /// The sources compile for sm_90 (NVRTC, no GPU needed): every dtype, LayerNorm and RMSNorm.
+    /// The sources compile for sm_90 (NVRTC, no GPU needed): every dtype, LayerNorm and RMSNorm,
+    /// forward and input gradient.
     #[test]
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
     fn norm_rows_sources_compile() {
@@ -146,9 +246,13 @@ mod tests {
             for (rms, gamma) in [(false, x), (true, x), (false, DType::F32)] {
                 let spec =
                     NormRowsForward::for_hidden(x, gamma, rms, !rms, 2048).expect("takes 2048");
-                let source = spec.source();
-                crate::kernels::cache::compile_for_test(&source, "sm_90")
-                    .unwrap_or_else(|e| panic!("{e}\n{source}"));
+                let grad = NormRowsInputGrad::for_hidden(x, gamma, x, rms, 2048).expect("2048");
+                for source in [spec.source(), grad.source()] {
+                    let ptx = crate::kernels::cache::compile_for_test(&source, "sm_90")
+                        .unwrap_or_else(|e| panic!("{e}\n{source}"));
+                    // The row lives in registers: nothing spills to local memory.
+                    assert!(!ptx.contains(".local"), "{source}\n{ptx}");
+                }
             }
         }
     }

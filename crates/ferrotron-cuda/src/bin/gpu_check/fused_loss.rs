@@ -112,8 +112,10 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(23);
     let mut rows = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
+        // Rows of whole chunks of eight (the vectorised kernels), then a row that is not.
         rows.push(loss_row(device, &mut rng, [64, 50304], dtype));
         rows.push(loss_row(device, &mut rng, [37, 1000], dtype));
+        rows.push(loss_row(device, &mut rng, [37, 1003], dtype));
     }
     rows
 }
