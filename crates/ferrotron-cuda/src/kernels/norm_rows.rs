@@ -6,8 +6,10 @@
 //! synchronise their block per sum, and a transformer's rows (hidden 768–2048) give each of
 //! their 256 threads only a few elements: the forward ran at 0.7–1.1 TB/s on an H200 and the
 //! input gradient at 1.6 TB/s (gpt-1.3b, 2026-12-04). A warp per row keeps eight rows in flight
-//! per block and each lane's elements in registers (eight chunks of eight at most; the
-//! gradient keeps `x` and `dy` as their 16-bit chunks, 64 registers at 2,048).
+//! per block and, in the forward, each lane's elements in registers (eight chunks of eight at
+//! most). The gradient reads its row twice instead: holding `x` and `dy` took 154 registers a
+//! thread and left one block per multiprocessor, and the second read hits the L1 the first
+//! one filled (a row of both is 8 KB at 2,048).
 
 use crate::dtype::DType;
 use crate::kernels::KernelSpec;
@@ -124,8 +126,8 @@ impl KernelSpec for NormRowsForward {
     }
 }
 
-/// A warp-per-row norm input gradient, `chunks` chunks of eight per lane: the same row sums
-/// as the block kernel (`Σ g`, `Σ g·x̂` with `g = dy·γ`), then `dx = rstd·(g − mean g − x̂·mean gx̂)`.
+/// A warp-per-row norm input gradient, `chunks` chunks of eight per lane, the row read twice:
+/// the same row sums as the block kernel (`Σ g`, `Σ g·x̂` with `g = dy·γ`), then `dx = rstd·(g − mean g − x̂·mean gx̂)`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct NormRowsInputGrad {
     pub x: DType,
@@ -186,20 +188,20 @@ impl KernelSpec for NormRowsInputGrad {
             s += "  const float mean = ((const float*)p.mean)[row];\n";
         }
         s += "  const float rstd = ((const float*)p.rstd)[row];\n";
-        s += &format!("  Chunk<{xs}> xc[C];\n  Chunk<{ds}> dc[C];\n");
         s += "  float sum_g = 0.f, sum_gx = 0.f;\n";
         let body = |tail: &str| {
             format!(
                 "#pragma unroll\n      for (int e = 0; e < 8; ++e) {{\n        const float g = {} * {};\n        const float xh = ({} - mean) * rstd;\n{tail}      }}\n",
-                dy.load_expr("dc[k].v[e]"),
+                dy.load_expr("dc.v[e]"),
                 g.load_expr("gc.v[e]"),
-                x.load_expr("xc[k].v[e]"),
+                x.load_expr("xc.v[e]"),
             )
         };
         s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = lane + k * 32;\n    if (c < chunks) {\n";
-        s += &format!(
-            "      xc[k] = x[c];\n      dc[k] = dy[c];\n      const Chunk<{gs}> gc = gamma[c];\n"
+        let loads = format!(
+            "      const Chunk<{xs}> xc = x[c];\n      const Chunk<{ds}> dc = dy[c];\n      const Chunk<{gs}> gc = gamma[c];\n"
         );
+        s += &loads;
         s += &body("        sum_g += g; sum_gx += g * xh;\n");
         s += "    }\n  }\n";
         s += "  const float inv_n = 1.f / (float)p.hidden;\n";
@@ -211,7 +213,8 @@ impl KernelSpec for NormRowsInputGrad {
         s += "  const float mean_gx = warp_sum(sum_gx) * inv_n;\n";
         s += &format!("  Chunk<{xs}>* dx = (Chunk<{xs}>*)(({xs}*)p.dx + row * p.hidden);\n");
         s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = lane + k * 32;\n    if (c < chunks) {\n";
-        s += &format!("      const Chunk<{gs}> gc = gamma[c];\n      Chunk<{xs}> o;\n");
+        s += &loads;
+        s += &format!("      Chunk<{xs}> o;\n");
         s += &body(&format!(
             "        o.v[e] = {};\n",
             x.store_expr("rstd * (g - mean_g - xh * mean_gx)")
