@@ -5,8 +5,9 @@
 //! cuBLASLt is column-major; a row-major `C = A·B` is computed as the column-major
 //! `Cᵀ = Bᵀ·Aᵀ`, where a row-major operand *is* its column-major transpose and a transposed
 //! view (unit row stride) is an `OP_T` operand. Only views that are neither (or whose batch
-//! dims do not flatten to one stride) are copied first. The heuristic's algorithm choice is
-//! cached per problem, so steady-state calls do no search.
+//! dims do not flatten to one stride) are copied first. The algorithm is chosen once per
+//! problem (`blas_tune.rs`: the heuristic's candidates timed, the choice remembered on disk)
+//! and cached with the problem's descriptors, so steady-state calls do no search.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
