@@ -105,42 +105,8 @@ struct ProblemKey {
     a: (MatrixOrder, i64, u32),
     b: (MatrixOrder, i64, u32),
     d_align: u32,
-    epilogue: EpilogueKind,
-}
-
-/// What the GEMM does besides the product, as far as its plan is concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum EpilogueKind {
-    None,
-    /// A vector over the output columns added in the GEMM.
-    Bias,
-    /// The column sums of `b` (cuBLASLt's A) written beside the product.
-    BiasGrad,
-}
-
-/// The vector an epilogue reads or writes, per call.
-#[derive(Clone, Copy)]
-enum Epilogue<'a> {
-    None,
-    Bias(&'a CudaTensor),
-    BiasGrad(&'a CudaTensor),
-}
-
-impl Epilogue<'_> {
-    fn kind(&self) -> EpilogueKind {
-        match self {
-            Epilogue::None => EpilogueKind::None,
-            Epilogue::Bias(_) => EpilogueKind::Bias,
-            Epilogue::BiasGrad(_) => EpilogueKind::BiasGrad,
-        }
-    }
-
-    fn vector(&self) -> Option<&CudaTensor> {
-        match self {
-            Epilogue::None => None,
-            Epilogue::Bias(v) | Epilogue::BiasGrad(v) => Some(v),
-        }
-    }
+    /// cuBLASLt bias epilogue (a vector over the output columns added in the GEMM).
+    bias: bool,
 }
 
 /// Descriptors, layouts and the heuristic's algorithm for one problem, made once and reused
@@ -244,45 +210,6 @@ pub fn matmul_bias(
     b: &CudaTensor,
     bias: Option<&CudaTensor>,
 ) -> Result<CudaTensor> {
-    let bias = match bias {
-        Some(v) => {
-            let n = *b.shape().last().unwrap_or(&0);
-            if v.shape() != [n] {
-                return Err(CudaError::invalid(
-                    OpContext::new("matmul").shape(a.shape()).shape(b.shape()),
-                    format!("bias shape {:?} is not [{n}]", v.shape()),
-                ));
-            }
-            Some(if v.dtype() == a.dtype() && v.is_contiguous() {
-                v.clone()
-            } else {
-                v.cast(a.dtype())?.contiguous()?
-            })
-        }
-        None => None,
-    };
-    matmul_with(a, b, bias.as_ref().map_or(Epilogue::None, Epilogue::Bias))
-}
-
-/// `a · b` of 2-D operands and the column sums of `b` (`[n]`, in the output dtype; `b`'s rows
-/// summed in the GEMM's epilogue, cuBLASLt's `BGRADA`): a linear layer's weight gradient
-/// `xᵀ·dy` and its bias gradient `Σ dy` in one pass over `dy`. `Unsupported` where cuBLASLt
-/// has no such algorithm for the operands.
-pub fn matmul_bias_grad(a: &CudaTensor, b: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
-    if a.rank() != 2 || b.rank() != 2 {
-        return Err(CudaError::invalid(
-            OpContext::new("matmul_bias_grad")
-                .shape(a.shape())
-                .shape(b.shape()),
-            "operands must be 2-D",
-        ));
-    }
-    let sums = CudaTensor::empty(a.device(), &[b.shape()[1]], a.dtype())?;
-    let product = matmul_with(a, b, Epilogue::BiasGrad(&sums))?;
-    Ok((product, sums))
-}
-
-fn matmul_with(a: &CudaTensor, b: &CudaTensor, epilogue: Epilogue<'_>) -> Result<CudaTensor> {
     let ctx = || {
         OpContext::new("matmul")
             .shape(a.shape())
@@ -351,7 +278,23 @@ fn matmul_with(a: &CudaTensor, b: &CudaTensor, epilogue: Epilogue<'_>) -> Result
             pointer_alignment(b_op.tensor.data_ptr()),
         ),
         d_align: pointer_alignment(out.data_ptr()),
-        epilogue: epilogue.kind(),
+        bias: bias.is_some(),
+    };
+    let bias = match bias {
+        Some(v) => {
+            if v.shape() != [n] {
+                return Err(CudaError::invalid(
+                    ctx(),
+                    format!("bias shape {:?} is not [{n}]", v.shape()),
+                ));
+            }
+            Some(if v.dtype() == a.dtype() && v.is_contiguous() {
+                v.clone()
+            } else {
+                v.cast(a.dtype())?.contiguous()?
+            })
+        }
+        None => None,
     };
     device.bind()?;
     let mut guard = device
@@ -370,13 +313,17 @@ fn matmul_with(a: &CudaTensor, b: &CudaTensor, epilogue: Epilogue<'_>) -> Result
     let blas = guard
         .as_mut()
         .ok_or_else(|| CudaError::invalid(ctx(), "cuBLASLt handle missing"))?;
-    run_gemm(blas, &device, &key, data_type, &a_op, &b_op, epilogue, &out).map_err(|e| {
-        if e.0 == sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED {
-            CudaError::unsupported(ctx(), "cuBLASLt has no algorithm for this problem")
-        } else {
-            CudaError::blas(ctx(), e)
-        }
-    })?;
+    run_gemm(
+        blas,
+        &device,
+        &key,
+        data_type,
+        &a_op,
+        &b_op,
+        bias.as_ref(),
+        &out,
+    )
+    .map_err(|e| CudaError::blas(ctx(), e))?;
     Ok(out)
 }
 
@@ -431,13 +378,13 @@ fn run_gemm(
     data_type: sys::cudaDataType,
     a: &Operand,
     b: &Operand,
-    epilogue: Epilogue<'_>,
+    bias: Option<&CudaTensor>,
     out: &CudaTensor,
 ) -> Result<(), result::CublasError> {
     let stream = device.cu_stream();
     if !blas.plans.contains_key(key) {
         let (plan, candidates) = make_plan(blas, key, data_type, a, b)?;
-        set_bias(&plan, epilogue.vector())?;
+        set_bias(&plan, bias)?;
         let plan = if candidates.len() > 1 && crate::blas_tune::enabled() {
             let pick = tuned_pick(blas, device, key, &plan, &candidates, a, b, out);
             GemmPlan {
@@ -453,13 +400,13 @@ fn run_gemm(
     // Timed after the (first-call) heuristic query, which is host work.
     let _timer = crate::timing::scope(
         device,
-        match key.epilogue {
-            EpilogueKind::None => "matmul(cublaslt)",
-            EpilogueKind::Bias => "matmul_bias(cublaslt)",
-            EpilogueKind::BiasGrad => "matmul_bias_grad(cublaslt)",
+        if key.bias {
+            "matmul_bias(cublaslt)"
+        } else {
+            "matmul(cublaslt)"
         },
     );
-    set_bias(plan, epilogue.vector())?;
+    set_bias(plan, bias)?;
     launch(blas, plan, &plan.algo, a, b, out, stream)
 }
 
@@ -494,7 +441,7 @@ fn tuned_pick(
     pick
 }
 
-/// Points the plan's epilogue at its vector (set per call: the vector moves between calls).
+/// Points the plan's bias epilogue at `bias` (set per call: the vector moves between calls).
 fn set_bias(plan: &GemmPlan, bias: Option<&CudaTensor>) -> Result<(), result::CublasError> {
     let Some(bias) = bias else { return Ok(()) };
     let ptr = bias.data_ptr() as *const c_void;
@@ -574,18 +521,12 @@ fn make_plan(
         sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
         &trans_second,
     )?;
-    // D is n × m column-major: a bias runs over its rows, our output columns; cuBLASLt's A is
-    // our `b`, whose rows its BGRADA sums over the GEMM's k (our `b`'s rows).
-    let epilogue = match key.epilogue {
-        EpilogueKind::None => None,
-        EpilogueKind::Bias => Some(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS),
-        EpilogueKind::BiasGrad => Some(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BGRADA),
-    };
-    if let Some(epilogue) = epilogue {
+    if key.bias {
+        // D is n × m column-major: the bias runs over its rows, our output columns.
         set_desc(
             &desc,
             sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
-            &epilogue,
+            &sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
         )?;
     }
     let first = if b.order.row_major {
