@@ -66,7 +66,14 @@ benches=(
     "llama-1b-mb4|recipes/llama3-8b.yaml|4|llama_1b"
     "llama-1b-mb6|recipes/llama3-8b.yaml|6|llama_1b"
     "moe-8x|recipes/mixtral-8x7b.yaml|4|moe_small"
+    "gpt-1.3b-fp8|recipes/gpt-1.3b.yaml|12|fp8"
+    "llama-1b-fp8|recipes/llama3-8b.yaml|2|llama_1b_fp8"
+    "llama-1b-mb4-fp8|recipes/llama3-8b.yaml|4|llama_1b_fp8"
 )
+# fp8 GEMMs (issue 17): Megatron's hybrid format with its default delayed scaling. A row named
+# NAME-fp8 is also reported against row NAME of the same call in the speed-up table.
+fp8=(--set precision.fp8=hybrid)
+llama_1b_fp8=("${llama_1b[@]}" "${fp8[@]}")
 nodrop=(--set model.attention_dropout=0.0 --set model.hidden_dropout=0.0)
 # Full recomputation, every layer its own range (Megatron's uniform, num_layers 1).
 full=(--set recompute.granularity=full --set recompute.method=uniform --set recompute.num_layers=1)
@@ -150,6 +157,12 @@ table = ["| model | tokens/s | TFLOP/s | MFU % | tensors peak GiB | device peak 
          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for r in rows:
     table.append("| {} | {:,.0f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} | {:.0f} | {} |".format(*r))
+speed = {r[0]: r[1] for r in rows}
+pairs = [(n, n[: -len("-fp8")]) for n in speed if n.endswith("-fp8") and n[: -len("-fp8")] in speed]
+if pairs:
+    table += ["", "| fp8 row | bf16 row | fp8 tokens/s | bf16 tokens/s | speed-up |", "|---|---|---:|---:|---:|"]
+    for fp8, bf16 in pairs:
+        table.append(f"| {fp8} | {bf16} | {speed[fp8]:,.0f} | {speed[bf16]:,.0f} | {speed[fp8] / speed[bf16]:.2f}x |")
 text = "\n".join(table)
 open(f"{out}/gpu-bench.md", "w").write(text + "\n")
 print(text)

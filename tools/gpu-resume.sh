@@ -23,7 +23,8 @@
 #
 # Env: OUT (results, default /tmp/gpu-resume-out), FERROTRON_DIST (binaries, default .gpu-dist),
 # FAMILIES ("gpt llama"), STEPS (24), INTERVAL (4), KILLS (3), RUN_TIMEOUT (180), BACKEND (cuda;
-# cpu tries the script anywhere).
+# cpu tries the script anywhere), EXTRA_SETS (more `--set k=v` words, e.g. "--set
+# precision.fp8=hybrid": the fp8 layers' scaling state must cross the checkpoints too).
 # Output: one table on stdout and in $OUT/gpu-resume.md; logs under $OUT/logs.
 set -uo pipefail
 
@@ -72,6 +73,9 @@ args() {
         --set "checkpoint.dir=$dir/ckpt" --set "checkpoint.interval=$interval" \
         --set checkpoint.keep_last=100 --set checkpoint.resume=auto \
         --set "logging.jsonl=$dir/metrics.jsonl" "${sets[@]}"
+    # shellcheck disable=SC2086 # words on purpose
+    [[ -n ${EXTRA_SETS:-} ]] && printf '%s\n' ${EXTRA_SETS}
+    return 0
 }
 
 # newest DIR: the iteration of the newest committed checkpoint (0 when none).

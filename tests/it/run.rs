@@ -625,6 +625,30 @@ fn cuda_without_a_gpu_fails_naming_the_device() {
     );
 }
 
+#[test]
+fn fp8_on_the_cpu_backend_is_refused_before_training() {
+    let fixture = Fixture::new("");
+    // a head of 16 channels: the fp8 GEMM shapes are valid, only the backend is not
+    let output = fixture.run(&[
+        "--set",
+        "precision.fp8=hybrid",
+        "--set",
+        "precision.dtype=bf16",
+        "--set",
+        "model.num_attention_heads=1",
+    ]);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    // The plan of a CPU run says so, at the key; the runtime's own refusal (a backend or GPU
+    // without fp8 GEMMs, `ferrotron_train`'s fp8 tests) stands behind it.
+    assert!(
+        err.contains("precision::fp8-needs-hardware")
+            && err.contains("cpu has no fp8 tensor cores"),
+        "{err}"
+    );
+    assert!(committed(&fixture).is_empty(), "nothing was trained");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Hostile input and damaged state (issue 19)
 

@@ -16,23 +16,26 @@
 //! (`kernels::swiglu`) and RoPE on it (`kernels::rope`) run on our own kernels, for every float
 //! dtype; the MoE experts' grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also
 //! switched off alone by `FERROTRON_GROUPED_GEMM=composed`); `FERROTRON_FUSED=composed`
-//! switches all eight back to burn's composition.
+//! switches all eight back to burn's composition. The fp8 linear's primitives (casts, the fp8
+//! GEMM, the scale update) are `crate::fp8`'s, refused below compute capability 9.0.
 
 use std::sync::OnceLock;
 
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
+use ferrotron_parallel::fp8_scaling::{Fp8Role, Fp8Settings};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
-    DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, FusedOps, GroupedMatmulGrads,
-    NormGrads, NormKind, NormSaved, NormSpec, composed_adamw, composed_attention,
-    composed_gather_flat, composed_grouped_matmul, composed_qkv_attention, composed_rope_qkv,
-    composed_sum_of_squares, composed_swiglu,
+    DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8Linear, Fp8Operand,
+    Fp8State, Fp8Tensor, FusedOps, GroupedMatmulGrads, NormGrads, NormKind, NormSaved, NormSpec,
+    composed_adamw, composed_attention, composed_gather_flat, composed_grouped_matmul,
+    composed_qkv_attention, composed_rope_qkv, composed_sum_of_squares, composed_swiglu,
 };
 
-use crate::backend::Cuda;
 use crate::backend::convert::ok;
+use crate::backend::{Cuda, GpuDevice};
 use crate::cudnn;
 use crate::dtype::DType;
+use crate::fp8;
 use crate::grouped_blas::{self, grouped_matmul, grouped_matmul_backward};
 use crate::kernels::flat;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
@@ -79,6 +82,33 @@ fn is_float(t: &FloatTensor<Cuda>) -> bool {
 }
 
 impl FusedOps for Cuda {
+    fn fp8_support(device: &GpuDevice, settings: &Fp8Settings) -> Result<(), String> {
+        fp8::fp8_support(device, settings)
+    }
+
+    fn fp8_quantize(
+        x: FloatTensor<Self>,
+        fp8: &Fp8Linear,
+        role: Fp8Role,
+        record: bool,
+    ) -> Fp8Tensor<Self> {
+        fp8::fp8_quantize_op(x, fp8, role, record)
+    }
+
+    fn fp8_matmul(
+        a: Fp8Operand<Self>,
+        b: Fp8Operand<Self>,
+        bias: Option<FloatTensor<Self>>,
+        dtype: burn::tensor::DType,
+        fast_accumulation: bool,
+    ) -> FloatTensor<Self> {
+        fp8::fp8_matmul_op(a, b, bias, dtype, fast_accumulation)
+    }
+
+    fn fp8_update_scaling(state: &Fp8State) {
+        fp8::fp8_update_op(state);
+    }
+
     /// A host read waits for every queued kernel: the step keeps its statistics on the device.
     fn device_resident_step() -> bool {
         true

@@ -16,6 +16,7 @@ pub mod cudnn;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod fp8;
 mod fused_ops;
 pub mod grouped_blas;
 pub mod kernels;

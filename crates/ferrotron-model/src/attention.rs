@@ -24,7 +24,7 @@ use burn::tensor::module::attention;
 use burn::tensor::{Bool, Tensor, TensorPrimitive};
 use ferrotron_parallel::collectives::gather_from_sequence_region;
 use ferrotron_parallel::{
-    AttentionSpec, Comm, FusedOps, ParallelOps, repeat_groups, solo, split_qkv,
+    AttentionSpec, Comm, Fp8Linear, FusedOps, ParallelOps, repeat_groups, solo, split_qkv,
 };
 use ferrotron_recipe::PositionEmbedding;
 
@@ -49,6 +49,9 @@ pub struct SelfAttention<B: Backend> {
     tp: TensorParallel,
     #[module(skip)]
     cp: Comm,
+    /// fp8 GEMMs for `qkv` and `proj` (`crate::fp8`), where the plan puts this layer in fp8.
+    #[module(skip)]
+    fp8: Option<(Fp8Linear, Fp8Linear)>,
 }
 
 impl<B: Backend> SelfAttention<B> {
@@ -85,6 +88,15 @@ impl<B: Backend> SelfAttention<B> {
             head_dim,
             tp: TensorParallel::single(),
             cp: solo(),
+            fp8: None,
+        }
+    }
+
+    /// The same layer with fp8 GEMMs for its QKV and output projections.
+    pub(crate) fn with_fp8(self, qkv: Fp8Linear, proj: Fp8Linear) -> Self {
+        SelfAttention {
+            fp8: Some((qkv, proj)),
+            ..self
         }
     }
 
@@ -127,10 +139,13 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
         let (heads, groups, head_dim) = (self.num_heads, self.num_groups, self.head_dim);
         let per_group = heads / groups;
 
-        let qkv = self
-            .qkv
-            .forward(x)
-            .reshape([batch, seq, groups, per_group + 2, head_dim]);
+        let qkv = crate::fp8::linear(&self.qkv, x, self.fp8.as_ref().map(|f| &f.0)).reshape([
+            batch,
+            seq,
+            groups,
+            per_group + 2,
+            head_dim,
+        ]);
         let spec = AttentionSpec {
             causal: true,
             scale: None,
@@ -197,10 +212,11 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
 
     /// The output projection of the `[batch, seq, heads·head_dim]` context.
     fn project(&self, context: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.tp.row_parallel(
+        crate::fp8::row_parallel(
+            &self.tp,
+            &self.proj,
             context,
-            self.proj.weight.val(),
-            self.proj.bias.as_ref().map(|b| b.val()),
+            self.fp8.as_ref().map(|f| &f.1),
         )
     }
 

@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole};
+use ferrotron_parallel::{Fp8Linear, ParallelContext, ParallelOps, ParamRole};
 
 use crate::attention::SelfAttention;
 use crate::init::scaled_std;
@@ -122,6 +122,32 @@ impl<B: Backend> TransformerBlock<B> {
             }
         }
         roles
+    }
+
+    /// The linears that take fp8 GEMMs, by path under the layer: attention's two and a dense
+    /// MLP's two (MoE experts keep the grouped GEMM).
+    pub(crate) fn fp8_linears(&self) -> Vec<&'static str> {
+        let mut names = vec!["attention.qkv", "attention.proj"];
+        if let FeedForward::Dense(_) = &self.feed_forward {
+            names.extend(["feed_forward.Dense.fc1", "feed_forward.Dense.fc2"]);
+        }
+        names
+    }
+
+    /// The same layer with the handles of [`Self::fp8_linears`], in that order.
+    pub(crate) fn with_fp8(self, handles: Vec<Fp8Linear>) -> Self {
+        let mut handles = handles.into_iter();
+        let mut next = || handles.next().expect("one fp8 handle per fp8 linear");
+        let attention = self.attention.with_fp8(next(), next());
+        let feed_forward = match self.feed_forward {
+            FeedForward::Dense(mlp) => FeedForward::Dense(mlp.with_fp8(next(), next())),
+            moe => moe,
+        };
+        TransformerBlock {
+            attention,
+            feed_forward,
+            ..self
+        }
     }
 
     pub(crate) fn moe(&self) -> Option<&MoeLayer<B>> {

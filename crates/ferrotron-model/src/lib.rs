@@ -14,6 +14,7 @@ mod block;
 mod config;
 mod error;
 mod expert_loads;
+mod fp8;
 mod generate;
 mod init;
 mod mlp;

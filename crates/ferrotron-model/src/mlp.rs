@@ -10,7 +10,7 @@ use burn::nn::Linear;
 use burn::tensor::activation::gelu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{FusedOps, ParallelOps};
+use ferrotron_parallel::{Fp8Linear, FusedOps, ParallelOps};
 use ferrotron_recipe::Activation;
 
 use crate::ModelError;
@@ -27,6 +27,9 @@ pub struct Mlp<B: Backend> {
     activation: Activation,
     #[module(skip)]
     tp: TensorParallel,
+    /// fp8 GEMMs for `fc1` and `fc2` (`crate::fp8`), where the plan puts this layer in fp8.
+    #[module(skip)]
+    fp8: Option<(Fp8Linear, Fp8Linear)>,
 }
 
 /// Sizes and init of one MLP.
@@ -58,6 +61,15 @@ impl<B: Backend> Mlp<B> {
             ),
             activation: shape.activation,
             tp: TensorParallel::single(),
+            fp8: None,
+        }
+    }
+
+    /// The same MLP with fp8 GEMMs for fc1 and fc2.
+    pub(crate) fn with_fp8(self, fc1: Fp8Linear, fc2: Fp8Linear) -> Self {
+        Mlp {
+            fp8: Some((fc1, fc2)),
+            ..self
         }
     }
 
@@ -102,17 +114,14 @@ impl<B: ParallelOps> Mlp<B> {
     /// `[.., tokens, hidden]` → same shape; with sequence parallelism the tokens are this
     /// rank's part of the sequence on the way in and out.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let hidden = self.fc1.forward(self.tp.enter(x));
+        let fp8 = self.fp8.as_ref();
+        let hidden = crate::fp8::linear(&self.fc1, self.tp.enter(x), fp8.map(|f| &f.0));
         let activated = match self.activation {
             Activation::Swiglu => swiglu(hidden),
             Activation::Gelu => gelu(hidden),
             Activation::GeluTanh => gelu_tanh(hidden),
         };
-        self.tp.row_parallel(
-            activated,
-            self.fc2.weight.val(),
-            self.fc2.bias.as_ref().map(|b| b.val()),
-        )
+        crate::fp8::row_parallel(&self.tp, &self.fc2, activated, fp8.map(|f| &f.1))
     }
 }
 

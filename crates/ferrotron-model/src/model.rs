@@ -9,14 +9,16 @@
 //! model ([`GptModel::shard`]), so one rank and N ranks start from the same numbers.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ferrotron_parallel::collectives::gather_from_region;
+use ferrotron_parallel::fp8_scaling::Fp8Settings;
 use ferrotron_parallel::{
-    ParallelContext, ParallelOps, ParamRole, ShardSpec, cross_entropy, tied_logits,
+    Fp8State, ParallelContext, ParallelOps, ParamRole, ShardSpec, cross_entropy, tied_logits,
 };
 use ferrotron_recipe::PositionEmbedding;
 
@@ -58,6 +60,9 @@ pub struct GptModel<B: Backend> {
     /// (`ferrotron_parallel::recompute`'s kept cuts), so the backward runs layer by layer.
     #[module(skip)]
     cut_layers: bool,
+    /// The scaling state of this chunk's fp8 linears (`crate::fp8`), when it has any.
+    #[module(skip)]
+    fp8: Option<Arc<Fp8State>>,
 }
 
 /// The forward pass's results.
@@ -126,6 +131,7 @@ impl<B: Backend> GptModel<B> {
             parallel: ParallelContext::single(),
             recompute: RecomputePolicy::Keep,
             cut_layers: false,
+            fp8: None,
         }
     }
 
@@ -192,6 +198,8 @@ impl<B: Backend> GptModel<B> {
             parallel: ctx.clone(),
             recompute: full.recompute,
             cut_layers: full.cut_layers,
+            // fp8 handles are given to the cut chunk (`with_fp8`): a state is one chunk's
+            fp8: None,
         })
     }
 
@@ -265,6 +273,23 @@ impl<B: Backend> GptModel<B> {
     /// differentiated (the data-parallel reduction's overlap). The numbers do not change.
     pub fn with_layer_cuts(self, cut_layers: bool) -> Self {
         GptModel { cut_layers, ..self }
+    }
+
+    /// The same model with fp8 GEMMs (`settings`) in the layers `in_fp8` picks by global index,
+    /// sharing one scaling state; the output layer stays in the model's dtype.
+    pub fn with_fp8(self, settings: Fp8Settings, in_fp8: impl Fn(usize) -> bool) -> Self {
+        let first = self.chunk.layers.start;
+        let (layers, fp8) = crate::fp8::assign(self.layers, first, settings, in_fp8);
+        GptModel {
+            layers,
+            fp8,
+            ..self
+        }
+    }
+
+    /// The scaling state of the chunk's fp8 linears (none without fp8 layers).
+    pub fn fp8_state(&self) -> Option<&Arc<Fp8State>> {
+        self.fp8.as_ref()
     }
 
     /// Whether a training forward draws dropout masks (the backward driver then keeps the

@@ -16,8 +16,9 @@
 //! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), rotary
 //! embeddings on the packed projection (`fused_rope.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
-//! (`fused_grouped.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
-//! update (`fused_adamw.rs`) with its flat gradient buffers (`fused_flat.rs`).
+//! (`fused_grouped.rs`), the softmax cross-entropy (`fused_loss.rs`), the AdamW
+//! update (`fused_adamw.rs`) with its flat gradient buffers (`fused_flat.rs`) and the fp8
+//! linear layer (`fused_fp8.rs`, on three primitives instead of a kernel pair).
 //!
 //! [`ParallelOps`]: crate::ParallelOps
 
@@ -27,6 +28,7 @@ use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::{AttentionModuleOptions, FloatTensor, IntTensor};
 use burn::tensor::{Bool, DType, Tensor};
 
+use crate::fp8_scaling::{Fp8Role, Fp8Settings};
 use crate::fused_adamw::{
     AdamWStep, AdamWTensors, DeviceScale, composed_adamw, composed_sum_of_squares,
 };
@@ -36,6 +38,10 @@ use crate::fused_dropout::{
 };
 use crate::fused_flat::{
     FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
+};
+use crate::fused_fp8::{
+    Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor, fp8_linear_inference, fp8_matmul_reference,
+    fp8_quantize_reference, fp8_update_reference,
 };
 use crate::fused_grouped::{
     GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_backward_reference,
@@ -460,6 +466,60 @@ pub trait FusedOps: Backend {
         segments: &[FlatSegment],
     ) -> Option<FloatTensor<Self>> {
         composed_segment_sum_of_squares::<Self>(buffers, segments)
+    }
+
+    /// `x [.., in] · weight [in, out] + bias` with fp8 GEMMs and `fp8`'s scales (see
+    /// `fused_fp8.rs`). Default: the inference forward on [`FusedOps::fp8_quantize`] and
+    /// [`FusedOps::fp8_matmul`]; autodiff records one node.
+    fn fp8_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        fp8: &Fp8Linear,
+    ) -> FloatTensor<Self> {
+        fp8_linear_inference::<Self>(x, weight, bias, fp8)
+    }
+
+    /// Whether this backend trains fp8 recipes on `device` (a run is refused with the reason
+    /// otherwise). Default: no; the reference primitives are for tests.
+    fn fp8_support(device: &Self::Device, settings: &Fp8Settings) -> Result<(), String> {
+        let _ = settings;
+        Err(format!(
+            "the {} backend has no fp8 GEMMs (fp8 training needs --backend cuda on a GPU of \
+             compute capability 9.0 or newer)",
+            Self::name(device)
+        ))
+    }
+
+    /// `x [rows, cols]` cast to `role`'s fp8 format with `fp8`'s scale, and its transpose; the
+    /// amax recorded into the layer's state when `record` (delayed scaling). Default: the
+    /// host reference.
+    fn fp8_quantize(
+        x: FloatTensor<Self>,
+        fp8: &Fp8Linear,
+        role: Fp8Role,
+        record: bool,
+    ) -> Fp8Tensor<Self> {
+        fp8_quantize_reference::<Self>(x, fp8, role, record)
+    }
+
+    /// `a [m, k] · b [n, k]ᵀ` dequantised, `+ bias [n]`, in `dtype`; `fast_accumulation` for
+    /// the forward. Default: the reference in f32.
+    fn fp8_matmul(
+        a: Fp8Operand<Self>,
+        b: Fp8Operand<Self>,
+        bias: Option<FloatTensor<Self>>,
+        dtype: DType,
+        fast_accumulation: bool,
+    ) -> FloatTensor<Self> {
+        let _ = fast_accumulation;
+        fp8_matmul_reference::<Self>(a, b, bias, dtype)
+    }
+
+    /// The step-end update of every layer's delayed scales in `state`. Default: the host
+    /// reference.
+    fn fp8_update_scaling(state: &Fp8State) {
+        fp8_update_reference::<Self>(state);
     }
 
     /// Whether a training step should keep its loss, gradient norm and clipping on the device

@@ -17,8 +17,11 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
+use crate::fp8_scaling::Fp8Settings;
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_dropout::{DropoutMask, composed_dropout_add};
+use crate::fused_fp8::{Fp8Linear, Fp8State};
+use crate::fused_fp8_node::fp8_linear_node;
 use crate::fused_grouped::composed_grouped_matmul;
 use crate::fused_logits::composed_tied_logits;
 use crate::fused_norm::{NormSaved, NormSpec};
@@ -471,6 +474,23 @@ pub fn tied_logits_node<B: FusedOps, C: CheckpointStrategy>(
 }
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fp8_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        fp8: &Fp8Linear,
+    ) -> FloatTensor<Self> {
+        fp8_linear_node::<B, C>(x, weight, bias, fp8)
+    }
+
+    fn fp8_support(device: &Self::Device, settings: &Fp8Settings) -> Result<(), String> {
+        B::fp8_support(device, settings)
+    }
+
+    fn fp8_update_scaling(state: &Fp8State) {
+        B::fp8_update_scaling(state);
+    }
+
     fn fused_tied_logits(
         rows: FloatTensor<Self>,
         embedding: FloatTensor<Self>,

@@ -14,7 +14,8 @@
 //!   ops with their own backward;
 //! - [`recompute`]: activation recomputation as graph cuts the trainer's backward re-runs;
 //! - [`FusedOps`]: fused operators (attention first) by the same mechanism: composed defaults,
-//!   kernels a GPU backend overrides, one autodiff node each (attention, norms, the AdamW update).
+//!   kernels a GPU backend overrides, one autodiff node each (attention, norms, the AdamW update),
+//!   and the fp8 linear layer with its scaling state ([`fp8_scaling`], [`Fp8State`]).
 
 mod autodiff;
 #[cfg(feature = "burn-cuda")]
@@ -22,11 +23,14 @@ mod burn_cuda;
 mod comm;
 mod context;
 mod flex;
+pub mod fp8_scaling;
 mod fused;
 mod fused_adamw;
 mod fused_autodiff;
 mod fused_dropout;
 mod fused_flat;
+mod fused_fp8;
+mod fused_fp8_node;
 mod fused_grouped;
 mod fused_logits;
 mod fused_loss;
@@ -67,6 +71,11 @@ pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
 pub use fused_flat::{
     FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
 };
+pub use fused_fp8::{
+    Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor, end_fp8_step, fp8_linear_inference,
+    fp8_matmul_reference, fp8_quantize_reference, fp8_update_reference,
+};
+pub use fused_fp8_node::fp8_linear_node;
 pub use fused_grouped::{GroupedMatmulGrads, composed_grouped_matmul};
 pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};
 pub use fused_loss::{

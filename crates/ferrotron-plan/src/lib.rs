@@ -7,6 +7,7 @@
 mod bounds;
 mod flat_step;
 mod flops;
+mod fp8;
 mod hardware;
 mod layout;
 mod memory;

@@ -301,6 +301,27 @@ fn stage_activation_terms(setup: &Setup<'_>, stage: &StageInfo) -> Vec<Term> {
                 ),));
         }
     }
+    let fp8 = crate::fp8::fp8_layers(setup.recipe, stage);
+    if fp8.all > 0.0 {
+        let copies = crate::fp8::weight_cast_bytes(setup.recipe, fp8, tp);
+        terms.push(
+            setup.term("fp8 weight copies (q and qᵀ, one step)", copies, || {
+                format!("2 B × fp8 layers' GEMM weights / tp = {copies:.4e}")
+            }),
+        );
+        // Saved inputs: fp8 transposes instead of 16-bit inputs, where whole layers are kept.
+        if recompute.granularity != RecomputeGranularity::Full {
+            let per_token =
+                |dense| crate::fp8::saved_input_delta_per_token(setup.recipe, dense, tp);
+            let moe_fp8 = fp8.all - fp8.dense;
+            let delta = sb * (fp8.dense * per_token(true) + moe_fp8 * per_token(false)) * in_flight;
+            terms.push(setup.term(
+                "fp8 saved inputs (1-byte transposes instead of 16-bit inputs)",
+                delta,
+                || format!("s·b · Σ fp8 layers' Δ bytes/token · in_flight = {delta:.4e}"),
+            ));
+        }
+    }
     if stage.has_output_layer {
         let v = f64::from(setup.padded_vocab);
         terms.push(setup.term(

@@ -119,14 +119,36 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     if recompute != RecomputeGranularity::None {
         attention *= 4.0 / 3.0;
     }
-    let gemm_rate = spec.peak(precision.dtype, precision.fp8) * spec.gemm_efficiency;
+    // The fp8 layers' projections (and dense MLPs) at the fp8 rate, the rest at bf16's.
+    let fp8 = crate::fp8::fp8_layers(setup.recipe, stage);
+    let fp8_gemm = if spec.supports_fp8() {
+        let factor = if recompute == RecomputeGranularity::Full {
+            4.0 / 3.0
+        } else {
+            1.0
+        };
+        factor
+            * tokens
+            * (fp8.all * attention_projections_per_layer_token(model)
+                + fp8.dense * dense_mlp_per_layer_token(model))
+            / tp
+    } else {
+        0.0
+    };
+    let gemm_rate = spec.peak(precision.dtype, Fp8::None) * spec.gemm_efficiency;
+    let fp8_rate = spec.peak(precision.dtype, precision.fp8)
+        * spec.gemm_efficiency
+        * crate::fp8::FP8_EFFICIENCY;
+    let gemm_time = (gemm - fp8_gemm) / gemm_rate + fp8_gemm / fp8_rate;
     let attention_rate = spec.peak(precision.dtype, Fp8::None) * spec.attention_efficiency;
-    let compute = gemm / gemm_rate + attention / attention_rate;
+    let compute = gemm_time + attention / attention_rate;
 
     // Memory-bound work: ~36 passes over the hidden state (norms, residuals, dropout, RoPE,
     // forward and backward) and 6 over the FFN activations, 2 bytes each, at the fraction of
     // HBM bandwidth the GPU kind's fit found.
-    let elementwise_bytes = layers * tokens * (36.0 * 2.0 * h / sp + 6.0 * 2.0 * f / tp);
+    // fp8 adds the casts of the GEMM operands.
+    let elementwise_bytes = layers * tokens * (36.0 * 2.0 * h / sp + 6.0 * 2.0 * f / tp)
+        + tokens * crate::fp8::cast_bytes_per_token(setup.recipe, fp8, tp);
     let memory_bound = elementwise_bytes / (spec.memory_bandwidth * spec.memory_bound_efficiency);
 
     let activation_bytes = 2.0 * tokens * h;
@@ -166,10 +188,12 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     let terms = vec![
         setup.term(
             "GEMM compute",
-            gemm / gemm_rate,
+            gemm_time,
             || format!(
-                "stage GEMM FLOPs / (peak × efficiency) = {gemm:.4e} / ({:.4e} × {})",
-                spec.peak(precision.dtype, precision.fp8),
+                "bf16 GEMM FLOPs / (peak × efficiency) + fp8 GEMM FLOPs / (fp8 peak × efficiency × {}) = {:.4e} / ({:.4e} × {}) + {fp8_gemm:.4e} / {fp8_rate:.4e}",
+                crate::fp8::FP8_EFFICIENCY,
+                gemm - fp8_gemm,
+                spec.peak(precision.dtype, Fp8::None),
                 spec.gemm_efficiency
             ),),
         setup.term(

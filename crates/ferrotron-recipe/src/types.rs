@@ -341,7 +341,7 @@ impl Default for Parallel {
 // ---------------------------------------------------------------------------------------------
 // precision
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Precision {
     #[serde(default)]
@@ -350,6 +350,30 @@ pub struct Precision {
     pub fp8: Fp8,
     #[serde(default)]
     pub fp8_recipe: Fp8Recipe,
+    /// Megatron's `--fp8-margin`: delayed scaling aims at `fp8_max / 2^margin` instead of the
+    /// format's maximum, leaving headroom for an amax that grows between updates.
+    #[serde(default)]
+    #[schemars(range(max = 32))]
+    pub fp8_margin: u32,
+    /// Megatron's `--fp8-amax-history-len`: optimizer steps of amax the delayed scale is
+    /// computed from.
+    #[serde(default = "defaults::one")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub fp8_amax_history_len: u32,
+    /// Megatron's `--fp8-amax-compute-algo`: the amax a delayed scale uses, the newest in the
+    /// history or the largest of it.
+    #[serde(default)]
+    pub fp8_amax_compute_algo: Fp8AmaxComputeAlgo,
+    /// Megatron's `--first-last-layers-bf16`: keep the GEMMs of the first and last transformer
+    /// layers in bf16 (the output layer always is).
+    #[serde(default)]
+    pub first_last_layers_bf16: bool,
+    /// Megatron's `--num-layers-at-start-in-bf16`, with `first_last_layers_bf16`.
+    #[serde(default = "defaults::one")]
+    pub num_layers_at_start_in_bf16: u32,
+    /// Megatron's `--num-layers-at-end-in-bf16`, with `first_last_layers_bf16`.
+    #[serde(default = "defaults::one")]
+    pub num_layers_at_end_in_bf16: u32,
     /// Static loss scale for fp16; absent means dynamic loss scaling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0))]
@@ -372,6 +396,44 @@ pub enum Fp8 {
     None,
     Hybrid,
     E4m3,
+}
+
+impl Default for Precision {
+    fn default() -> Self {
+        Precision {
+            dtype: Dtype::default(),
+            fp8: Fp8::default(),
+            fp8_recipe: Fp8Recipe::default(),
+            fp8_margin: 0,
+            fp8_amax_history_len: 1,
+            fp8_amax_compute_algo: Fp8AmaxComputeAlgo::default(),
+            first_last_layers_bf16: false,
+            num_layers_at_start_in_bf16: 1,
+            num_layers_at_end_in_bf16: 1,
+            loss_scale: None,
+        }
+    }
+}
+
+impl Precision {
+    /// Whether transformer layer `index` (of `num_layers`) runs its GEMMs in fp8.
+    pub fn fp8_layer(&self, index: u32, num_layers: u32) -> bool {
+        if self.fp8 == Fp8::None {
+            return false;
+        }
+        !self.first_last_layers_bf16
+            || (index >= self.num_layers_at_start_in_bf16
+                && index + self.num_layers_at_end_in_bf16 < num_layers)
+    }
+}
+
+/// Which amax of the history a delayed scale is computed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Fp8AmaxComputeAlgo {
+    #[default]
+    MostRecent,
+    Max,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

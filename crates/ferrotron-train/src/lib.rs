@@ -14,6 +14,7 @@ mod cpu_threads;
 mod error;
 mod fault;
 mod flat_adamw;
+mod fp8;
 mod init;
 mod lr_schedule;
 mod parallel;

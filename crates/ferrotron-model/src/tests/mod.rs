@@ -2,6 +2,7 @@
 
 mod causal;
 mod counts;
+mod fp8;
 mod init;
 mod moe;
 mod moe_parallel;

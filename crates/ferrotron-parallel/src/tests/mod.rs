@@ -5,6 +5,7 @@ mod dispatch;
 mod flex;
 mod fused;
 mod fused_dropout;
+mod fused_fp8;
 mod fused_grouped;
 mod fused_loss;
 mod fused_norm;

@@ -65,6 +65,32 @@ pub(super) fn check(c: &mut Check<'_>) {
             "use fp8: none, or sizes that are multiples of 16 per tensor shard".to_owned(),
         );
     }
+    let head_dim = c.recipe.model.kv_channels();
+    if !head_dim.is_multiple_of(16) {
+        c.error(
+            "precision::fp8-shapes",
+            "model.kv_channels",
+            format!("fp8 GEMMs need the QKV width divisible by 16: kv_channels {head_dim}"),
+            "use fp8: none, or a head dimension that is a multiple of 16".to_owned(),
+        );
+    }
+    // The weight gradient contracts over the tokens of a microbatch, so they count too.
+    if let (Some(micro), Some(cp)) = (c.open.micro_batch_size, c.open.cp) {
+        let tokens = u64::from(micro) * u64::from(c.recipe.model.seq_length) / u64::from(cp);
+        if !tokens.is_multiple_of(16) {
+            c.error(
+                "precision::fp8-tokens",
+                "training.micro_batch_size",
+                format!(
+                    "fp8 weight gradients contract over a microbatch's tokens, which must be \
+                     divisible by 16: micro_batch_size × seq_length / context = {tokens}"
+                ),
+                "use fp8: none, or a micro batch and sequence length whose product (per context \
+                 rank) is a multiple of 16"
+                    .to_owned(),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -102,6 +128,15 @@ mod tests {
         assert!(codes(&recipe, Some(&b200)).is_empty());
         recipe.model.hidden_size = 4100;
         only(&recipe, None, "precision::fp8-shapes");
+        recipe.model.hidden_size = 4096;
+        recipe.model.kv_channels = Some(72);
+        let finding = only(&recipe, None, "precision::fp8-shapes");
+        assert_eq!(finding.path, "model.kv_channels");
+        recipe.model.kv_channels = None;
+        recipe.model.seq_length = 4100;
+        recipe.training.micro_batch_size = ferrotron_recipe::Degree::Fixed(1);
+        let finding = only(&recipe, None, "precision::fp8-tokens");
+        assert_eq!(finding.path, "training.micro_batch_size");
     }
 
     #[test]

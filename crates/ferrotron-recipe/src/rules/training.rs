@@ -1,7 +1,9 @@
 //! Training rules: batch arithmetic, the length of the run, the learning-rate schedule,
 //! recomputation and precision combinations.
 
-use crate::{Decay, Dtype, Finding, Fp8, Recipe, RecomputeGranularity};
+use crate::{
+    Decay, Dtype, Finding, Fp8, Fp8AmaxComputeAlgo, Fp8Recipe, Recipe, RecomputeGranularity,
+};
 
 pub(super) fn check(recipe: &Recipe, out: &mut Vec<Finding>) {
     let t = &recipe.training;
@@ -208,6 +210,7 @@ fn check_precision(recipe: &Recipe, out: &mut Vec<Finding>) {
             .with_help("set precision.dtype: bf16 or precision.fp8: none"),
         );
     }
+    check_fp8_scaling(recipe, out);
     if p.loss_scale.is_some() && p.dtype != Dtype::Fp16 {
         out.push(
             Finding::warning(
@@ -217,6 +220,63 @@ fn check_precision(recipe: &Recipe, out: &mut Vec<Finding>) {
             )
             .with_help("remove precision.loss_scale or set precision.dtype: fp16"),
         );
+    }
+}
+
+/// The fp8 scaling knobs: the bf16 layer counts must leave a layer in fp8, and the amax
+/// history only means something to delayed scaling (tensorwise scales every tensor from its own
+/// amax, as Transformer Engine's current scaling does).
+fn check_fp8_scaling(recipe: &Recipe, out: &mut Vec<Finding>) {
+    let p = &recipe.precision;
+    if p.fp8 == Fp8::None {
+        return;
+    }
+    let layers = u64::from(recipe.model.num_layers);
+    let kept = u64::from(p.num_layers_at_start_in_bf16) + u64::from(p.num_layers_at_end_in_bf16);
+    if p.first_last_layers_bf16 && kept >= layers {
+        out.push(
+            Finding::error(
+                "precision::no-fp8-layer-left",
+                "precision.num_layers_at_start_in_bf16",
+                format!(
+                    "num_layers_at_start_in_bf16 {} + num_layers_at_end_in_bf16 {} keep all {layers} \
+                     layers in bf16: no GEMM would run in fp8",
+                    p.num_layers_at_start_in_bf16, p.num_layers_at_end_in_bf16
+                ),
+            )
+            .with_help(format!(
+                "keep fewer than {layers} layers in bf16 in all, or set precision.fp8: none"
+            )),
+        );
+    }
+    if p.fp8_recipe == Fp8Recipe::Tensorwise {
+        let history = [
+            (
+                p.fp8_amax_history_len != 1,
+                "precision.fp8_amax_history_len",
+                "fp8_amax_history_len",
+            ),
+            (
+                p.fp8_amax_compute_algo != Fp8AmaxComputeAlgo::MostRecent,
+                "precision.fp8_amax_compute_algo",
+                "fp8_amax_compute_algo",
+            ),
+        ];
+        for (set, path, key) in history {
+            if set {
+                out.push(
+                    Finding::warning(
+                        "precision::amax-history-unused",
+                        path,
+                        format!(
+                            "{key} is ignored with fp8_recipe tensorwise: each tensor is scaled \
+                             from its own amax"
+                        ),
+                    )
+                    .with_help(format!("remove {key}, or use fp8_recipe: delayed")),
+                );
+            }
+        }
     }
 }
 
@@ -289,6 +349,49 @@ mod tests {
         r.recompute.method = None;
         r.recompute.num_layers = None;
         assert_eq!(codes(&run(&r)), ["recompute::full-needs-method"]);
+    }
+
+    #[test]
+    fn fp8_layer_counts_must_leave_an_fp8_layer() {
+        let mut r = recipe();
+        r.precision.fp8 = Fp8::Hybrid;
+        r.precision.first_last_layers_bf16 = true;
+        // two layers, one at each end in bf16: none left
+        let findings = run(&r);
+        assert_eq!(codes(&findings), ["precision::no-fp8-layer-left"]);
+        assert!(findings[0].is_error());
+        r.model.num_layers = 3;
+        assert!(run(&r).is_empty());
+        assert!(!r.precision.fp8_layer(0, 3) && r.precision.fp8_layer(1, 3));
+        assert!(!r.precision.fp8_layer(2, 3));
+        // the counts only matter with the switch on, and not at all without fp8
+        r.model.num_layers = 2;
+        r.precision.first_last_layers_bf16 = false;
+        assert!(run(&r).is_empty() && r.precision.fp8_layer(0, 2));
+        r.precision.fp8 = Fp8::None;
+        r.precision.first_last_layers_bf16 = true;
+        assert!(run(&r).is_empty() && !r.precision.fp8_layer(1, 3));
+    }
+
+    #[test]
+    fn amax_history_is_a_delayed_scaling_knob() {
+        let mut r = recipe();
+        r.precision.fp8 = Fp8::E4m3;
+        r.precision.fp8_amax_history_len = 16;
+        r.precision.fp8_amax_compute_algo = Fp8AmaxComputeAlgo::Max;
+        assert!(run(&r).is_empty(), "delayed scaling reads both");
+        r.precision.fp8_recipe = Fp8Recipe::Tensorwise;
+        let findings = run(&r);
+        assert_eq!(
+            codes(&findings),
+            [
+                "precision::amax-history-unused",
+                "precision::amax-history-unused"
+            ]
+        );
+        assert_eq!(findings[0].path, "precision.fp8_amax_history_len");
+        assert_eq!(findings[1].path, "precision.fp8_amax_compute_algo");
+        assert!(!findings[0].is_error());
     }
 
     #[test]

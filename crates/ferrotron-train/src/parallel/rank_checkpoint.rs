@@ -4,7 +4,8 @@
 //! first, since a checkpoint stores moments shaped like the local parameter, not ZeRO slices.
 //! A 16-bit parameter is saved as its fp32 master copy (what the next update starts from) and
 //! that copy is rebuilt from the saved values on load, so a mixed-precision run resumes exactly.
-//! A rank alone writes whole tensors (`model.safetensors`, `optimizer.safetensors`).
+//! A rank alone writes whole tensors (`model.safetensors`, `optimizer.safetensors`). The fp8
+//! layers' scaling states travel with the moments (`crate::fp8`).
 
 use std::path::PathBuf;
 
@@ -37,6 +38,7 @@ where
             )?);
             moments.extend(adamw_shards(optimizer, roles, &self.ctx)?);
         }
+        moments.extend(crate::fp8::checkpoint_shards(&self.chunks, &self.ctx));
         // a split into one piece is the whole dimension: what a rank alone writes are whole
         // tensors, as one-rank checkpoints always held
         for shard in params.iter_mut().chain(&mut moments) {
@@ -58,6 +60,6 @@ where
             checkpoint.load_adamw(optimizer, roles, &self.device)?;
             checkpoint.restore_master_weights::<B, _, _>(optimizer, chunk, roles, &self.device)?;
         }
-        Ok(())
+        crate::fp8::restore(&self.chunks, checkpoint, &self.device)
     }
 }

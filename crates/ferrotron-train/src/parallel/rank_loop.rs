@@ -61,6 +61,7 @@ where
 {
     check_context(plan, &ctx)?;
     let recipe = &setup.recipe;
+    crate::fp8::check_support::<B>(&recipe.precision, device)?;
     let parallel = &recipe.parallel;
     if parallel.distributed_optimizer && parallel.distributed_optimizer_instances > 1 {
         return Err(TrainError::Config(format!(

@@ -134,8 +134,8 @@ where
         let policy = RecomputePolicy::from_recipe(&plan.recipe.recompute)?;
         let chunks: Vec<_> = chunks
             .into_iter()
-            .map(|chunk| chunk.with_recompute(policy))
-            .collect();
+            .map(|chunk| crate::fp8::with_fp8(chunk.with_recompute(policy), &plan.recipe.precision))
+            .collect::<Result<_, _>>()?;
         let position = StagePosition {
             stage: ctx.pp_rank(),
             stages: ctx.pp_size(),
@@ -278,9 +278,9 @@ where
             RankOptimizer::Whole(optimizer) => (optimizer, None),
             RankOptimizer::Replicated(optimizer, replicas) => (optimizer, Some(&*replicas)),
             RankOptimizer::PerChunk(_) => {
-                return self
-                    .device_exchanged_step(microbatches, context)
-                    .map(PendingStats::ready);
+                let stats = self.device_exchanged_step(microbatches, context)?;
+                crate::fp8::end_step(&self.chunks, &self.ctx);
+                return Ok(PendingStats::ready(stats));
             }
         };
         let model = self.chunks.pop().ok_or_else(|| {
@@ -298,6 +298,7 @@ where
             )?,
         };
         self.chunks.push(model);
+        crate::fp8::end_step(&self.chunks, &self.ctx);
         Ok(stats)
     }
 

@@ -13,6 +13,7 @@
 mod autodiff;
 mod cases;
 mod compare;
+mod fp8;
 mod fused;
 mod fused_dropout;
 mod fused_flat;
@@ -366,9 +367,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
-                     linear overrides against their composed versions, then the NCCL communicator\n\
+                     linear overrides against their composed versions, the fp8 kernels and linear\n\
+                     (Hopper), then the NCCL communicator\n\
                      (one rank; needs libnccl.so on LD_LIBRARY_PATH), and prints the table.\n\
                      FERROTRON_OP_TIMING=1 adds the per-op GPU time table."
                 );
@@ -408,6 +410,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "fused_grouped" {
         rows.extend(fused_grouped::rows(&device));
+    }
+    if args.filter.is_empty() || args.filter == "fp8" {
+        rows.extend(fp8::rows(&device));
     }
     let mut nccl_comm = None;
     if args.filter.is_empty() || args.filter == "nccl" {

@@ -1,0 +1,285 @@
+//! The fp8 kernels: cast-and-transpose with the amax in the same pass, the amax alone (current
+//! scaling measures it before the cast), and the step-end update of every layer's delayed
+//! scales in one launch.
+//!
+//! Cast-transpose works on 64 × 64 tiles, 256 threads: each thread loads 8 elements of a row
+//! with one 16-byte load (two for f32), scales them, converts pairs with the saturating
+//! `__nv_cvt_float2_to_fp8x2`, stores the 8 bytes of the row-major copy at once and leaves them
+//! in a shared-memory tile, from which the transposed copy is written 8 bytes at a time; the
+//! magnitudes' maximum is taken on the float bits as unsigned integers (so a NaN wins, as in
+//! `ferrotron_parallel::fp8_scaling::amax`), reduced over the block and merged with one
+//! `atomicMax`. Rows and columns must be multiples of 8 (fp8 GEMMs need 16 anyway) and the
+//! input contiguous. The scale is read from the device (a layer's state row, or computed from
+//! the amax pass), never from the host, and block 0 writes its inverse for the GEMM.
+
+use ferrotron_parallel::fp8_scaling::Fp8Format;
+
+use crate::dtype::DType;
+use crate::kernels::KernelSpec;
+
+/// Rows and columns per tile.
+pub(crate) const TILE: usize = 64;
+/// Threads of every fp8 kernel.
+pub(crate) const THREADS: u32 = 256;
+
+fn cuda_format(format: Fp8Format) -> &'static str {
+    match format {
+        Fp8Format::E4m3 => "__NV_E4M3",
+        Fp8Format::E5m2 => "__NV_E5M2",
+    }
+}
+
+fn headers(input: DType) -> String {
+    let mut s = String::new();
+    if input.needs_half_headers() {
+        s += "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n";
+    }
+    s += "#include <cuda_fp8.h>\n";
+    s
+}
+
+/// `load8(p, v)`: eight consecutive elements of `input` at a 16-byte aligned `p`, as floats.
+fn load8(input: DType) -> String {
+    let body = match input {
+        DType::BF16 => {
+            "  const uint4 raw = *(const uint4*)p;\n  const __nv_bfloat162* h = (const __nv_bfloat162*)&raw;\n#pragma unroll\n  for (int j = 0; j < 4; ++j) { const float2 f = __bfloat1622float2(h[j]); v[2 * j] = f.x; v[2 * j + 1] = f.y; }\n"
+        }
+        DType::F16 => {
+            "  const uint4 raw = *(const uint4*)p;\n  const __half2* h = (const __half2*)&raw;\n#pragma unroll\n  for (int j = 0; j < 4; ++j) { const float2 f = __half22float2(h[j]); v[2 * j] = f.x; v[2 * j + 1] = f.y; }\n"
+        }
+        _ => {
+            "  const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];\n  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;\n"
+        }
+    };
+    format!(
+        "__device__ __forceinline__ void load8(const {}* p, float* v) {{\n{body}}}\n",
+        input.storage_c()
+    )
+}
+
+/// Block-wide maximum of unsigned values into `*dst` (one atomic per block).
+const BLOCK_MAX: &str = r#"
+__device__ __forceinline__ void block_max_into(unsigned int m, unsigned int* dst, unsigned int* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < (int)(blockDim.x >> 5) ? red[lane] : 0u;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) atomicMax(dst, m);
+  }
+}
+"#;
+
+/// The scale of current scaling from an amax: `scaled_max / amax`, 1 for a zero or non-finite
+/// amax, f32's maximum on overflow (`ferrotron_parallel::fp8_scaling::current_scale`).
+const SCALE_FROM_AMAX: &str = r#"
+__device__ __forceinline__ float scale_from_amax(const float amax, const float scaled_max, const float keep) {
+  if (!(isfinite(amax) && amax > 0.f)) return keep;
+  const float s = __fdiv_rn(scaled_max, amax);
+  return isinf(s) ? 3.402823466e+38f : s;
+}
+"#;
+
+/// Cast `x [rows, cols]` to fp8 (and its transpose), recording the amax.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct CastTranspose {
+    pub input: DType,
+    pub format: Fp8Format,
+    /// Write `[cols, rows]` too.
+    pub transpose: bool,
+    /// The scale comes from the amax at `amax_src` (current scaling), not from `scale`.
+    pub current: bool,
+}
+
+impl KernelSpec for CastTranspose {
+    fn source(&self) -> String {
+        let (x, f) = (self.input, self.format);
+        let mut s = format!(
+            "// fp8 cast{} {x} {} {}\n",
+            if self.transpose { " transpose" } else { "" },
+            f.name(),
+            if self.current { "current" } else { "delayed" }
+        );
+        s += &headers(x);
+        s += &load8(x);
+        s += BLOCK_MAX;
+        s += SCALE_FROM_AMAX;
+        s += "struct Params { long long rows, cols; unsigned long long x, q, qt, scale, amax_src, amax_dst, scale_inv; double scaled_max; };\n";
+        s += &format!("#define TILE {TILE}\n");
+        s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
+        s += "  __shared__ __align__(16) unsigned char tile[TILE][TILE + 8];\n  __shared__ unsigned int red[8];\n";
+        s += "  const long long tiles_c = (p.cols + TILE - 1) / TILE;\n";
+        s += "  const long long r0 = (blockIdx.x / tiles_c) * TILE, c0 = (blockIdx.x % tiles_c) * TILE;\n";
+        if self.current {
+            s += "  const float scale = scale_from_amax(*(const float*)p.amax_src, (float)p.scaled_max, 1.f);\n";
+        } else {
+            s += "  const float scale = *(const float*)p.scale;\n";
+        }
+        s += "  if (blockIdx.x == 0 && threadIdx.x == 0) *(float*)p.scale_inv = 1.f / scale;\n";
+        s += &format!("  const {xs}* x = (const {xs}*)p.x;\n", xs = x.storage_c());
+        s += "  unsigned char* q = (unsigned char*)p.q;\n";
+        s += "  const int lr = threadIdx.x >> 3, lc = (threadIdx.x & 7) * 8;\n";
+        s += "  unsigned int amax = 0u;\n";
+        s += "#pragma unroll\n  for (int pass = 0; pass < 2; ++pass) {\n";
+        s += "    const int tr = lr + pass * 32;\n    const long long r = r0 + tr, c = c0 + lc;\n";
+        s += "    if (r < p.rows && c < p.cols) {\n";
+        s += "      float v[8];\n      load8(x + r * p.cols + c, v);\n";
+        s += "      unsigned int lo = 0u, hi = 0u;\n";
+        s += "#pragma unroll\n      for (int j = 0; j < 4; ++j) {\n";
+        s += "        amax = max(amax, max(__float_as_uint(fabsf(v[2 * j])), __float_as_uint(fabsf(v[2 * j + 1]))));\n";
+        s += &format!(
+            "        const unsigned int pair = (unsigned int)__nv_cvt_float2_to_fp8x2(make_float2(v[2 * j] * scale, v[2 * j + 1] * scale), __NV_SATFINITE, {});\n",
+            cuda_format(f)
+        );
+        s += "        if (j < 2) lo |= pair << (16 * j); else hi |= pair << (16 * (j - 2));\n      }\n";
+        s += "      const uint2 packed = make_uint2(lo, hi);\n";
+        s += "      *(uint2*)(q + r * p.cols + c) = packed;\n";
+        s += "      *(uint2*)&tile[tr][lc] = packed;\n    }\n  }\n";
+        if self.transpose {
+            s += "  __syncthreads();\n  unsigned char* qt = (unsigned char*)p.qt;\n";
+            s += "#pragma unroll\n  for (int pass = 0; pass < 2; ++pass) {\n";
+            s += "    const int tc = lr + pass * 32;\n    const long long c = c0 + tc, r = r0 + lc;\n";
+            s += "    if (c < p.cols && r < p.rows) {\n      unsigned int lo = 0u, hi = 0u;\n";
+            s += "#pragma unroll\n      for (int j = 0; j < 4; ++j) { lo |= (unsigned int)tile[lc + j][tc] << (8 * j); hi |= (unsigned int)tile[lc + 4 + j][tc] << (8 * j); }\n";
+            s += "      *(uint2*)(qt + c * p.rows + r) = make_uint2(lo, hi);\n    }\n  }\n";
+        }
+        s += "  if (p.amax_dst) block_max_into(amax, (unsigned int*)p.amax_dst, red);\n}\n";
+        s
+    }
+}
+
+/// `max |x|` of a contiguous tensor (8-element chunks) into `*amax_dst` (zeroed before).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Amax {
+    pub input: DType,
+}
+
+impl KernelSpec for Amax {
+    fn source(&self) -> String {
+        let x = self.input;
+        let mut s = format!("// fp8 amax {x}\n");
+        s += &headers(x);
+        s += &load8(x);
+        s += BLOCK_MAX;
+        s += "struct Params { long long chunks; unsigned long long x, amax_dst; };\n";
+        s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
+        s += "  __shared__ unsigned int red[8];\n";
+        s += &format!("  const {xs}* x = (const {xs}*)p.x;\n", xs = x.storage_c());
+        s += "  unsigned int amax = 0u;\n";
+        s += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < p.chunks; i += (long long)gridDim.x * blockDim.x) {\n";
+        s += "    float v[8];\n    load8(x + i * 8, v);\n";
+        s += "#pragma unroll\n    for (int j = 0; j < 8; ++j) amax = max(amax, __float_as_uint(fabsf(v[j])));\n  }\n";
+        s += "  block_max_into(amax, (unsigned int*)p.amax_dst, red);\n}\n";
+        s
+    }
+}
+
+/// The delayed-scaling update of `blocks` role blocks (`ferrotron_parallel::fp8_scaling::
+/// update_block`), one thread each: the amax rolled into the history, the scale from its newest
+/// (`max_algo` 0) or largest entry, its inverse, the amax cleared.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ScaleUpdate;
+
+impl KernelSpec for ScaleUpdate {
+    fn source(&self) -> String {
+        let mut s = String::from("// fp8 scale update\n");
+        s += SCALE_FROM_AMAX;
+        s += "struct Params { long long blocks, history, max_algo; unsigned long long state; double scaled_max[3]; };\n";
+        s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
+        s += "  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n";
+        s += "  if (i >= p.blocks) return;\n";
+        s += "  float* b = (float*)p.state + i * (3 + p.history);\n";
+        s += "  const float amax = b[2];\n";
+        s += "  for (long long h = p.history - 1; h > 0; --h) b[3 + h] = b[2 + h];\n";
+        s += "  b[3] = amax;\n  float basis = amax;\n";
+        s += "  if (p.max_algo) {\n    unsigned int m = 0u;\n";
+        s += "    for (long long h = 0; h < p.history; ++h) m = max(m, __float_as_uint(b[3 + h]));\n";
+        s += "    basis = __uint_as_float(m);\n  }\n";
+        s += "  const float scale = scale_from_amax(basis, (float)p.scaled_max[i % 3], b[0]);\n";
+        s += "  b[0] = scale;\n  b[1] = 1.f / scale;\n  b[2] = 0.f;\n}\n";
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs() -> Vec<(String, String)> {
+        let mut all = Vec::new();
+        for input in [DType::BF16, DType::F32, DType::F16] {
+            for format in [Fp8Format::E4m3, Fp8Format::E5m2] {
+                for (transpose, current) in [(true, false), (true, true), (false, false)] {
+                    let spec = CastTranspose {
+                        input,
+                        format,
+                        transpose,
+                        current,
+                    };
+                    all.push((format!("{spec:?}"), spec.source()));
+                }
+            }
+            all.push((format!("amax {input}"), Amax { input }.source()));
+        }
+        all.push(("update".into(), ScaleUpdate.source()));
+        all
+    }
+
+    #[test]
+    fn cast_transpose_source() {
+        let spec = CastTranspose {
+            input: DType::BF16,
+            format: Fp8Format::E4m3,
+            transpose: true,
+            current: false,
+        };
+        insta::assert_snapshot!(spec.source());
+    }
+
+    #[test]
+    fn current_scaling_cast_and_amax_sources() {
+        let spec = CastTranspose {
+            input: DType::F32,
+            format: Fp8Format::E5m2,
+            transpose: true,
+            current: true,
+        };
+        insta::assert_snapshot!(spec.source());
+        insta::assert_snapshot!(Amax { input: DType::BF16 }.source());
+    }
+
+    #[test]
+    fn scale_update_source() {
+        insta::assert_snapshot!(ScaleUpdate.source());
+    }
+
+    #[test]
+    fn kernels_are_named_after_what_they_cast() {
+        let name = |spec: &CastTranspose| crate::kernels::kernel_name(&spec.source());
+        let spec = CastTranspose {
+            input: DType::BF16,
+            format: Fp8Format::E5m2,
+            transpose: true,
+            current: false,
+        };
+        assert_eq!(name(&spec), "fp8_cast_transpose_bf16_e5m2_delayed");
+        assert_eq!(
+            crate::kernels::kernel_name(&ScaleUpdate.source()),
+            "fp8_scale_update"
+        );
+    }
+
+    /// Every fp8 kernel compiles for sm_90 (NVRTC, no GPU needed).
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn fp8_sources_compile() {
+        for (what, source) in specs() {
+            crate::kernels::cache::compile_for_test(&source, "sm_90")
+                .unwrap_or_else(|e| panic!("{what}: {e}\n{source}"));
+        }
+    }
+}

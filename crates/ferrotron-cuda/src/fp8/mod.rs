@@ -1,0 +1,237 @@
+//! fp8 training on Hopper (issue 17): the casts, the cuBLASLt fp8 GEMM and the scale update
+//! behind `ferrotron_parallel`'s fp8 linear (`fused_fp8.rs` there holds the recipe and the
+//! autodiff node; `fp8_scaling.rs` the arithmetic every kernel here is checked against).
+//!
+//! fp8 tensors are `U8` tensors of the engine (the bytes cuBLASLt reads), their format known
+//! to the caller: no new element type reaches the generic kernels. Scales and amaxes stay on
+//! the device: a cast reads its scale from a layer's state row (delayed scaling) or from an
+//! amax pass over the tensor (current scaling), writes the inverse scale the GEMM reads, and
+//! maxes the amax into the state with an atomic; nothing is read back to the host.
+//!
+//! A GPU below compute capability 9.0 is refused before a run starts ([`supported`]), as the
+//! CPU backend is (`FusedOps::fp8_support`).
+
+mod fused;
+pub mod gemm;
+mod kernels;
+
+pub(crate) use fused::{fp8_matmul_op, fp8_quantize_op, fp8_support, fp8_update_op};
+pub use gemm::{Operand, fp8_matmul};
+
+use ferrotron_parallel::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Role, Fp8Scaling, Fp8Settings};
+
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{CudaError, OpContext, Result};
+use crate::kernels::elementwise::zeros;
+use crate::kernels::{Params, grid_for, launch};
+use crate::tensor::CudaTensor;
+use kernels::{Amax, CastTranspose, ScaleUpdate, THREADS, TILE};
+
+/// A tensor cast to fp8: `[rows, cols]` bytes, optionally the `[cols, rows]` transpose, the
+/// `[1]` f32 inverse scale of both.
+#[derive(Debug, Clone)]
+pub struct Cast {
+    pub data: CudaTensor,
+    pub transposed: Option<CudaTensor>,
+    pub scale_inv: CudaTensor,
+}
+
+/// Where a cast's scale comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum ScaleFrom<'a> {
+    /// Delayed scaling: the scale at f32 index `scale` of `state`; when recording, the amax is
+    /// maxed into index `amax`.
+    Delayed {
+        state: &'a CudaTensor,
+        scale: usize,
+        amax: Option<usize>,
+    },
+    /// Current scaling: `scaled_max / amax(x)`, the amax measured by a pass before the cast.
+    Current { scaled_max: f32 },
+}
+
+/// Whether `device` has fp8 tensor cores (compute capability 9.0, Hopper, or newer).
+pub fn supported(device: &CudaDevice) -> Result<(), String> {
+    let arch = device.arch();
+    let capability: u32 = arch
+        .trim_start_matches("sm_")
+        .trim_end_matches(char::is_alphabetic)
+        .parse()
+        .map_err(|_| format!("unknown GPU architecture {arch}"))?;
+    if capability < 90 {
+        let name = device.name().unwrap_or_else(|_| "the GPU".into());
+        return Err(format!(
+            "GPU {} ({name}) has compute capability {}.{}; fp8 training needs 9.0 (Hopper) or \
+             newer: use precision.fp8: none",
+            device.ordinal(),
+            capability / 10,
+            capability % 10
+        ));
+    }
+    Ok(())
+}
+
+/// `x` as a contiguous, 16-byte aligned `[rows, cols]` tensor the cast kernels can read with
+/// vector loads.
+fn readable(x: &CudaTensor, ctx: &dyn Fn() -> OpContext) -> Result<CudaTensor> {
+    let [rows, cols] = *x.shape() else {
+        return Err(CudaError::invalid(ctx(), "fp8 casts take 2-D tensors"));
+    };
+    if !rows.is_multiple_of(8) || !cols.is_multiple_of(8) {
+        return Err(CudaError::unsupported(
+            ctx(),
+            format!("fp8 casts need both dimensions divisible by 8, not {rows} × {cols}"),
+        ));
+    }
+    if !x.dtype().is_float() {
+        return Err(CudaError::unsupported(
+            ctx(),
+            "fp8 casts read float tensors",
+        ));
+    }
+    if x.is_contiguous() && x.data_ptr().is_multiple_of(16) {
+        Ok(x.clone())
+    } else {
+        crate::kernels::elementwise::copy(x)
+    }
+}
+
+/// `x [rows, cols]` cast to `format` (and transposed when `transpose`) in one pass.
+pub fn cast_transpose(
+    x: &CudaTensor,
+    format: Fp8Format,
+    transpose: bool,
+    from: ScaleFrom<'_>,
+) -> Result<Cast> {
+    let ctx = || {
+        OpContext::new(format!("fp8 cast to {}", format.name()))
+            .shape(x.shape())
+            .dtype(x.dtype())
+    };
+    let x = readable(x, &ctx)?;
+    let [rows, cols] = [x.shape()[0], x.shape()[1]];
+    let device = x.device().clone();
+    let data = CudaTensor::empty(&device, &[rows, cols], DType::U8)?;
+    let transposed = transpose
+        .then(|| CudaTensor::empty(&device, &[cols, rows], DType::U8))
+        .transpose()?;
+    let scale_inv = CudaTensor::empty(&device, &[1], DType::F32)?;
+    if rows * cols == 0 {
+        return Err(CudaError::invalid(
+            ctx(),
+            "an empty tensor has no fp8 scale",
+        ));
+    }
+    let f32_at = |t: &CudaTensor, index: usize| t.data_ptr() + 4 * index as u64;
+    let (scale, amax_src, amax_dst, scaled_max, measured) = match from {
+        ScaleFrom::Delayed { state, scale, amax } => {
+            if state.dtype() != DType::F32 || !state.is_contiguous() {
+                return Err(CudaError::invalid(ctx(), "the fp8 state is contiguous f32"));
+            }
+            let amax_dst = amax.map_or(0, |i| f32_at(state, i));
+            (f32_at(state, scale), 0, amax_dst, 0.0, None)
+        }
+        ScaleFrom::Current { scaled_max } => {
+            let measured = zeros(&device, &[1], DType::F32)?;
+            amax_into(&x, &measured)?;
+            (0, measured.data_ptr(), 0, scaled_max, Some(measured))
+        }
+    };
+    let spec = CastTranspose {
+        input: x.dtype(),
+        format,
+        transpose,
+        current: measured.is_some(),
+    };
+    let tiles = rows.div_ceil(TILE) * cols.div_ceil(TILE);
+    let grid =
+        u32::try_from(tiles).map_err(|_| CudaError::unsupported(ctx(), "more than 2^32 tiles"))?;
+    let mut params = Params::new();
+    params
+        .int(rows as i64)
+        .int(cols as i64)
+        .ptr(x.data_ptr())
+        .ptr(data.data_ptr())
+        .ptr(transposed.as_ref().map_or(0, CudaTensor::data_ptr))
+        .ptr(scale)
+        .ptr(amax_src)
+        .ptr(amax_dst)
+        .ptr(scale_inv.data_ptr())
+        .float(f64::from(scaled_max));
+    launch(&device, &spec, grid, THREADS, &params, &ctx)?;
+    // `measured` (the amax the kernel read) is freed stream-ordered, after the kernel.
+    drop(measured);
+    Ok(Cast {
+        data,
+        transposed,
+        scale_inv,
+    })
+}
+
+/// `max |x|` of a readable `x` maxed into the f32 `dst` (one element).
+fn amax_into(x: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+    let ctx = || OpContext::new("fp8 amax").shape(x.shape()).dtype(x.dtype());
+    let chunks = (x.numel() / 8) as u64;
+    let mut params = Params::new();
+    params
+        .int(chunks as i64)
+        .ptr(x.data_ptr())
+        .ptr(dst.data_ptr());
+    let spec = Amax { input: x.dtype() };
+    launch(
+        x.device(),
+        &spec,
+        grid_for(chunks, THREADS),
+        THREADS,
+        &params,
+        &ctx,
+    )
+}
+
+/// `max |x|` of a 2-D float tensor (rows and columns multiples of 8) as a `[1]` f32 tensor.
+pub fn amax(x: &CudaTensor) -> Result<CudaTensor> {
+    let ctx = || OpContext::new("fp8 amax").shape(x.shape()).dtype(x.dtype());
+    let x = readable(x, &ctx)?;
+    let out = zeros(x.device(), &[1], DType::F32)?;
+    amax_into(&x, &out)?;
+    Ok(out)
+}
+
+/// The step-end update of a delayed-scaling state `[layers, row_width]` in place, one launch.
+pub fn update_scaling(state: &CudaTensor, settings: &Fp8Settings) -> Result<()> {
+    let Fp8Scaling::Delayed { history, algo } = settings.scaling else {
+        return Ok(());
+    };
+    let ctx = || OpContext::new("fp8 scale update").shape(state.shape());
+    let width = settings.row_width();
+    if state.dtype() != DType::F32
+        || !state.is_contiguous()
+        || state.rank() != 2
+        || state.shape()[1] != width
+    {
+        return Err(CudaError::invalid(
+            ctx(),
+            format!("the fp8 state is contiguous f32 [layers, {width}]"),
+        ));
+    }
+    let blocks = (state.shape()[0] * Fp8Role::ALL.len()) as u64;
+    let mut params = Params::new();
+    params
+        .int(blocks as i64)
+        .int(history.max(1) as i64)
+        .int(i64::from(algo == AmaxAlgo::Max))
+        .ptr(state.data_ptr());
+    for role in Fp8Role::ALL {
+        params.float(f64::from(settings.scaled_max(role)));
+    }
+    let spec = ScaleUpdate;
+    launch(
+        state.device(),
+        &spec,
+        grid_for(blocks, THREADS),
+        THREADS,
+        &params,
+        &ctx,
+    )
+}

@@ -1,0 +1,120 @@
+//! fp8 layers on burn-flex through the reference primitives: which linears a chunk gives to
+//! fp8 (and under which names), a forward close to the plain one, and training that follows the
+//! plain model's loss, its scales updated each step.
+
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use ferrotron_parallel::fp8_scaling::{
+    AmaxAlgo, Fp8Format, Fp8Role, Fp8Scaling, Fp8Settings, SCALE,
+};
+use ferrotron_parallel::{end_fp8_step, solo};
+
+use super::*;
+
+fn hybrid() -> Fp8Settings {
+    Fp8Settings {
+        forward: Fp8Format::E4m3,
+        backward: Fp8Format::E5m2,
+        scaling: Fp8Scaling::Delayed {
+            history: 4,
+            algo: AmaxAlgo::Max,
+        },
+        margin: 0,
+    }
+}
+
+fn batch() -> (Tensor<CpuAutodiff, 2, Int>, Tensor<CpuAutodiff, 2, Int>) {
+    (
+        tokens(&[
+            &[11, 42, 7, 93, 5, 61, 28, 70],
+            &[3, 3, 58, 14, 99, 0, 36, 81],
+        ]),
+        tokens(&[
+            &[42, 7, 93, 5, 61, 28, 70, 12],
+            &[3, 58, 14, 99, 0, 36, 81, 47],
+        ]),
+    )
+}
+
+#[test]
+fn a_chunk_names_its_fp8_linears_and_skips_the_bf16_layers() {
+    let gpt = build::<CpuAutodiff>(&gpt2_model(), 0).with_fp8(hybrid(), |layer| layer == 1);
+    let state = gpt.fp8_state().expect("layer 1 is fp8");
+    assert_eq!(
+        state.names(),
+        [
+            "layers.1.attention.qkv",
+            "layers.1.attention.proj",
+            "layers.1.feed_forward.Dense.fc1",
+            "layers.1.feed_forward.Dense.fc2",
+        ]
+    );
+    // the MoE layer (layer 0 of this model) keeps its experts' grouped GEMM
+    let moe = build::<CpuAutodiff>(&moe_model(), 0).with_fp8(hybrid(), |_| true);
+    let names = moe.fp8_state().expect("fp8 layers").names().to_vec();
+    assert_eq!(names.len(), 6, "{names:?}");
+    assert!(
+        names[..2]
+            .iter()
+            .all(|n| n.starts_with("layers.0.attention"))
+    );
+    let none = build::<CpuAutodiff>(&gpt2_model(), 0).with_fp8(hybrid(), |_| false);
+    assert!(none.fp8_state().is_none());
+}
+
+#[test]
+fn an_fp8_forward_stays_close_to_the_plain_one() {
+    for model in [gpt2_model(), llama_model()] {
+        let (inputs, _) = batch();
+        let plain = build::<CpuAutodiff>(&model, 3);
+        let fp8 = build::<CpuAutodiff>(&model, 3).with_fp8(hybrid(), |_| true);
+        let a = values(plain.forward(inputs.clone()).logits);
+        let b = values(fp8.forward(inputs).logits);
+        let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let diff: f32 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).powi(2))
+            .sum::<f32>()
+            .sqrt();
+        assert!(diff > 0.0, "the fp8 forward rounds");
+        assert!(diff < 0.1 * norm, "relative error {}", diff / norm);
+    }
+}
+
+#[test]
+fn fp8_training_follows_the_plain_loss() {
+    let (inputs, labels) = batch();
+    let run = |fp8: bool| {
+        let mut gpt = build::<CpuAutodiff>(&llama_model(), 0);
+        if fp8 {
+            gpt = gpt.with_fp8(hybrid(), |_| true);
+        }
+        let mut optimizer = AdamWConfig::new()
+            .with_weight_decay(0.0)
+            .init::<CpuAutodiff, GptModel<CpuAutodiff>>();
+        let mut losses = Vec::new();
+        for _ in 0..30 {
+            let output = gpt.loss(inputs.clone(), labels.clone());
+            losses.push(scalar(output.lm_loss.clone()));
+            let gradients = GradientsParams::from_grads(output.loss.backward(), &gpt);
+            gpt = optimizer.step(1e-2, gpt, gradients);
+            if let Some(state) = gpt.fp8_state() {
+                end_fp8_step::<Cpu>(state, &[&solo()]);
+            }
+        }
+        (losses, gpt)
+    };
+    let (plain, _) = run(false);
+    let (fp8, gpt) = run(true);
+    let last = |l: &[f32]| l[l.len() - 5..].iter().sum::<f32>() / 5.0;
+    assert!(last(&fp8) < 0.5 * fp8[0], "fp8 trains: {fp8:?}");
+    assert!(
+        (last(&fp8) - last(&plain)).abs() < 0.1 * last(&plain) + 0.05,
+        "fp8 {fp8:?}\nplain {plain:?}"
+    );
+    // the scales moved off their initial 1 towards the tensors' ranges
+    let rows = gpt.fp8_state().expect("fp8").rows::<Cpu>();
+    let width = hybrid().block_width();
+    let input_scale = rows[0].1[Fp8Role::Input as usize * width + SCALE];
+    assert!(input_scale > 10.0, "{input_scale}");
+}

@@ -1,0 +1,166 @@
+//! The fp8 linear's autodiff node (see `fused_fp8.rs`): the forward's fp8 GEMM, and a backward
+//! that casts the output gradient once (`dy` and `dyᵀ`, e5m2 in the hybrid format) for both
+//! gradient GEMMs. The node keeps `xᵀ` in fp8 and the step's weight casts, not the 16-bit `x`
+//! burn's linear keeps. The bias gradient is the column sum of the 16-bit `dy`, as in the
+//! bf16 layer (Transformer Engine fuses it into the cast; a separate reduction here).
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Shape, TensorMetadata};
+
+use crate::FusedOps;
+use crate::fp8_scaling::Fp8Role;
+use crate::fused_fp8::{Fp8Linear, Fp8Operand, Fp8Tensor, fp8_forward};
+
+#[derive(Debug)]
+struct Fp8LinearOp;
+
+/// What the backward needs: `xᵀ` and the weight in fp8, the layer, the input's shape and the
+/// dtypes the gradients are handed back in.
+struct Fp8LinearState<B: burn::tensor::backend::Backend> {
+    input_t: Fp8Operand<B>,
+    weight: Fp8Tensor<B>,
+    fp8: Fp8Linear,
+    input_shape: Vec<usize>,
+    input_dtype: DType,
+    weight_dtype: DType,
+    bias_dtype: Option<DType>,
+}
+
+impl<B: burn::tensor::backend::Backend> Clone for Fp8LinearState<B> {
+    fn clone(&self) -> Self {
+        Fp8LinearState {
+            input_t: self.input_t.clone(),
+            weight: self.weight.clone(),
+            fp8: self.fp8.clone(),
+            input_shape: self.input_shape.clone(),
+            input_dtype: self.input_dtype,
+            weight_dtype: self.weight_dtype,
+            bias_dtype: self.bias_dtype,
+        }
+    }
+}
+
+impl<B: burn::tensor::backend::Backend> std::fmt::Debug for Fp8LinearState<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fp8LinearState({:?})", self.fp8)
+    }
+}
+
+/// Parents are `x`, the weight and, with a bias, the bias (`N` = 3).
+impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
+    type State = Fp8LinearState<B>;
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let state = ops.state;
+        let n = state.weight.width();
+        let m = grad.shape().num_elements() / n.max(1);
+        let grad = B::float_reshape(grad, Shape::new([m, n]));
+        let cast = B::fp8_quantize(grad.clone(), &state.fp8, Fp8Role::GradOutput, true);
+        if let Some(node) = &ops.parents[0] {
+            let dx = B::fp8_matmul(
+                cast.rows(),
+                state.weight.rows(),
+                None,
+                state.input_dtype,
+                false,
+            );
+            let dx = B::float_reshape(dx, Shape::from(state.input_shape.clone()));
+            grads.register::<B>(node.id, dx);
+        }
+        if let Some(node) = &ops.parents[1] {
+            let dw = B::fp8_matmul(
+                state.input_t,
+                cast.columns(),
+                None,
+                state.weight_dtype,
+                false,
+            );
+            grads.register::<B>(node.id, dw);
+        }
+        if let (Some(Some(node)), Some(dtype)) = (ops.parents.get(2), state.bias_dtype) {
+            let db = B::float_reshape(B::float_sum_dim(grad, 0), Shape::new([n]));
+            let db = if db.dtype() == dtype {
+                db
+            } else {
+                B::float_cast(db, dtype.into())
+            };
+            grads.register::<B>(node.id, db);
+        }
+    }
+}
+
+impl<B: burn::tensor::backend::Backend> Fp8Tensor<B> {
+    /// Columns of the `[rows, cols]` tensor (a weight's output features).
+    fn width(&self) -> usize {
+        self.data.shape().dims::<2>()[1]
+    }
+}
+
+fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
+    prepared: OpsKind<Fp8LinearOp, B, Fp8LinearState<B>, C, N>,
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    fp8: &Fp8Linear,
+) -> FloatTensor<Autodiff<B, C>> {
+    let input_shape = x.shape().to_vec();
+    let input_dtype = x.dtype();
+    let weight_dtype = weight.dtype();
+    let bias_dtype = bias.as_ref().map(TensorMetadata::dtype);
+    // Untracked too (a recomputed range's first forward): its casts record the same amaxes
+    // the tracked re-run will, which the max makes harmless.
+    let forward = fp8_forward::<B>(x, weight, bias, fp8, true);
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let state = Fp8LinearState {
+                input_t: forward.input_t,
+                weight: forward.weight,
+                fp8: fp8.clone(),
+                input_shape,
+                input_dtype,
+                weight_dtype,
+                bias_dtype,
+            };
+            prep.finish(state, forward.output)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward.output),
+    }
+}
+
+/// Records `x [.., in] · weight [in, out] + bias` as one node on `B`'s fp8 primitives. Public so
+/// tests can drive the node with a CPU backend's reference primitives.
+pub fn fp8_linear_node<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    bias: Option<FloatTensor<Autodiff<B, C>>>,
+    fp8: &Fp8Linear,
+) -> FloatTensor<Autodiff<B, C>> {
+    match bias {
+        Some(bias) => {
+            let prepared = Fp8LinearOp
+                .prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone()])
+                .compute_bound()
+                .stateful();
+            finish(
+                prepared,
+                x.primitive,
+                weight.primitive,
+                Some(bias.primitive),
+                fp8,
+            )
+        }
+        None => {
+            let prepared = Fp8LinearOp
+                .prepare::<C>([x.node.clone(), weight.node.clone()])
+                .compute_bound()
+                .stateful();
+            finish(prepared, x.primitive, weight.primitive, None, fp8)
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The fp8 terms of the time and memory models (issue 17).
+//!
+//! Which GEMMs run in fp8: the attention projections of every layer the recipe puts in fp8
+//! (`Precision::fp8_layer`: all but the first and last ones with `first_last_layers_bf16`) and
+//! the MLPs of its dense layers; the MoE experts, the core attention and the output layer stay
+//! in bf16. Their rate is the fp8 peak at a lower fraction than bf16 reaches: cuBLASLt's fp8
+//! GEMMs ran at 1150–1390 TFLOP/s on the H200 at gpt-1.3b shapes (64 % of the 1979 peak at the
+//! middle of the range), bf16's at 700–805 (76 % of 989; `/work/shared/gpu-speed.md`), so fp8
+//! takes [`FP8_EFFICIENCY`] = 0.845 times the bf16 efficiency.
+//!
+//! What fp8 adds: every fp8 GEMM's operands are cast first, a pass that reads the 16-bit
+//! tensor and writes it twice in fp8 (itself and its transpose: 4 bytes per element), for the
+//! four layer inputs in the forward and the four output gradients in the backward; the weights'
+//! two fp8 copies (2 bytes per parameter) live through the step. What it saves: a linear keeps
+//! its input for the weight gradient as a 1-byte transpose instead of the 16-bit input, on
+//! QKV's, fc1's and fc2's inputs; the output projection's input is the attention output,
+//! which attention keeps anyway, so its fp8 copy is an extra byte.
+
+use ferrotron_recipe::{Activation, Fp8, Recipe};
+
+use crate::stages::StageInfo;
+
+/// fp8 GEMMs' fraction of their peak, relative to bf16's fraction of its own.
+pub(crate) const FP8_EFFICIENCY: f64 = 0.845;
+
+/// The layers of a stage whose GEMMs run in fp8.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct Fp8Layers {
+    /// Every fp8 layer (its attention projections are fp8).
+    pub all: f64,
+    /// The dense ones among them (their MLPs are fp8 too).
+    pub dense: f64,
+}
+
+/// The fp8 layers of `stage`.
+pub(crate) fn fp8_layers(recipe: &Recipe, stage: &StageInfo) -> Fp8Layers {
+    let precision = &recipe.precision;
+    if precision.fp8 == Fp8::None {
+        return Fp8Layers::default();
+    }
+    let total = recipe.model.num_layers;
+    let mut layers = Fp8Layers::default();
+    for chunk in &stage.chunks {
+        for index in chunk.first_layer..chunk.first_layer + chunk.num_layers {
+            if precision.fp8_layer(index, total) {
+                layers.all += 1.0;
+                if !recipe.model.is_moe_layer(index) {
+                    layers.dense += 1.0;
+                }
+            }
+        }
+    }
+    layers
+}
+
+fn widths(recipe: &Recipe) -> (f64, f64, f64, f64) {
+    let model = &recipe.model;
+    let h = f64::from(model.hidden_size);
+    let kv = f64::from(model.kv_channels());
+    let q = kv * f64::from(model.num_attention_heads);
+    let qkv = q + 2.0 * kv * f64::from(model.num_query_groups());
+    let f = f64::from(model.ffn_hidden_size());
+    let fc1 = match model.activation {
+        Activation::Swiglu => 2.0 * f,
+        Activation::Gelu | Activation::GeluTanh => f,
+    };
+    (h, q, qkv, fc1)
+}
+
+/// Bytes the casts move per token of this GPU (forward inputs and backward output gradients,
+/// each read in 16 bits and written twice in fp8), for `layers`, sharded over `tp`.
+pub(crate) fn cast_bytes_per_token(recipe: &Recipe, layers: Fp8Layers, tp: f64) -> f64 {
+    let (h, q, qkv, fc1) = widths(recipe);
+    let f = f64::from(recipe.model.ffn_hidden_size());
+    // inputs: QKV's (h), the projection's (q); output gradients: QKV's, the projection's (h)
+    let attention = (h + q) + (qkv + h);
+    // inputs: fc1's (h), fc2's (f); output gradients: fc1's, fc2's (h)
+    let mlp = (h + f) + (fc1 + h);
+    4.0 * (layers.all * attention + layers.dense * mlp) / tp
+}
+
+/// The two fp8 copies of the fp8 layers' weights on this GPU, in bytes.
+pub(crate) fn weight_cast_bytes(recipe: &Recipe, layers: Fp8Layers, tp: f64) -> f64 {
+    let (h, q, qkv, fc1) = widths(recipe);
+    let f = f64::from(recipe.model.ffn_hidden_size());
+    let attention = h * qkv + q * h;
+    let mlp = h * fc1 + f * h;
+    2.0 * (layers.all * attention + layers.dense * mlp) / tp
+}
+
+/// How the saved inputs of one fp8 layer change its activation bytes per token: −1 byte for
+/// QKV's, fc1's and fc2's inputs (16-bit kept before, 1-byte transposes now), +1 for the
+/// projection's (kept by attention as well).
+pub(crate) fn saved_input_delta_per_token(recipe: &Recipe, dense: bool, tp: f64) -> f64 {
+    let (h, q, _, _) = widths(recipe);
+    let f = f64::from(recipe.model.ffn_hidden_size());
+    let attention = -h + q / tp;
+    let mlp = if dense { -h - f / tp } else { 0.0 };
+    attention + mlp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stages::Chunk;
+    use crate::testing::gpt3_175b;
+
+    fn stage(layers: u32) -> StageInfo {
+        StageInfo {
+            pipeline_rank: 0,
+            num_layers: layers,
+            moe_layers: 0,
+            chunks: vec![Chunk {
+                virtual_stage: 0,
+                first_layer: 0,
+                num_layers: layers,
+            }],
+            has_embedding: true,
+            has_output_layer: true,
+            parameters: 0,
+        }
+    }
+
+    #[test]
+    fn first_and_last_layers_in_bf16_leave_the_middle() {
+        let mut recipe = gpt3_175b();
+        assert_eq!(fp8_layers(&recipe, &stage(96)), Fp8Layers::default());
+        recipe.precision.fp8 = Fp8::Hybrid;
+        assert_eq!(fp8_layers(&recipe, &stage(96)).all, 96.0);
+        recipe.precision.first_last_layers_bf16 = true;
+        recipe.precision.num_layers_at_end_in_bf16 = 2;
+        let layers = fp8_layers(&recipe, &stage(96));
+        assert_eq!((layers.all, layers.dense), (93.0, 93.0));
+    }
+
+    #[test]
+    fn casts_and_weight_copies_scale_with_the_layer_shapes() {
+        let mut recipe = gpt3_175b();
+        recipe.precision.fp8 = Fp8::Hybrid;
+        let one = Fp8Layers {
+            all: 1.0,
+            dense: 1.0,
+        };
+        let h = 12288.0;
+        // MHA: qkv 3h, ffn 4h, GELU; inputs h + h + h + 4h, output gradients 3h + h + 4h + h
+        assert_eq!(cast_bytes_per_token(&recipe, one, 1.0), 4.0 * 16.0 * h);
+        // 12h² parameters, two bytes of copies each, halved over two tensor ranks
+        assert_eq!(weight_cast_bytes(&recipe, one, 2.0), 12.0 * h * h);
+        assert_eq!(saved_input_delta_per_token(&recipe, true, 1.0), -5.0 * h);
+    }
+}
