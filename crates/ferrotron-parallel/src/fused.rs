@@ -13,7 +13,8 @@
 //!
 //! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V, also
 //! straight from the packed QKV projection (`fused_qkv.rs`), the residual add with hidden dropout
-//! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), rotary
+//! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), GELU
+//! (`fused_gelu.rs`), the token embedding's lookup (`fused_embedding.rs`), rotary
 //! embeddings on the packed projection (`fused_rope.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
 //! (`fused_grouped.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
@@ -34,9 +35,11 @@ use crate::fused_dropout::{
     DropoutMask, DropoutSaved, composed_dropout_add, dropout_add_backward_reference,
     dropout_add_forward_reference,
 };
+use crate::fused_embedding::{composed_embedding, embedding_backward_reference};
 use crate::fused_flat::{
     FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
 };
+use crate::fused_gelu::{composed_gelu, gelu_backward_reference};
 use crate::fused_grouped::{
     GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_backward_reference,
 };
@@ -241,6 +244,62 @@ pub trait FusedOps: Backend {
         grad_output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         swiglu_backward_reference::<Self>(x, grad_output)
+    }
+
+    /// GELU (erf form) element-wise, any shape (see `fused_gelu.rs`).
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_gelu::<Self>(x)
+    }
+
+    /// Whether [`FusedOps::gelu_kernel_forward`] is a real kernel for `x`. Default: no.
+    fn has_gelu_kernel(x: &FloatTensor<Self>) -> bool {
+        let _ = x;
+        false
+    }
+
+    /// GELU forward with the kernel. Default: the composed arithmetic.
+    fn gelu_kernel_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_gelu::<Self>(x)
+    }
+
+    /// The input's gradient from the output's. Default: the backend's `gelu_backward`.
+    fn gelu_kernel_backward(
+        x: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        gelu_backward_reference::<Self>(x, grad_output)
+    }
+
+    /// Rows of `weight [vocab, hidden]` for `indices [batch, seq]` → `[batch, seq, hidden]`:
+    /// the token embedding's lookup (see `fused_embedding.rs`).
+    fn fused_embedding(weight: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        composed_embedding::<Self>(weight, indices)
+    }
+
+    /// Whether [`FusedOps::embedding_kernel_backward`] is a real kernel for this weight (the
+    /// autodiff impl then records the node that adds into the weight's gradient). Default: no.
+    fn has_embedding_kernel(weight: &FloatTensor<Self>) -> bool {
+        let _ = weight;
+        false
+    }
+
+    /// The lookup with the kernel. Default: burn's `embedding`.
+    fn embedding_kernel_forward(
+        weight: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        composed_embedding::<Self>(weight, indices)
+    }
+
+    /// `into` (`[vocab, hidden]` zeros when `None`; given up, so a kernel may add in place) with
+    /// row `i` of `grad [batch, seq, hidden]` added to row `indices[i]`. Default: the reference.
+    fn embedding_kernel_backward(
+        indices: IntTensor<Self>,
+        grad: FloatTensor<Self>,
+        vocab: usize,
+        into: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        embedding_backward_reference::<Self>(indices, grad, vocab, into)
     }
 
     /// Row block `g` of `x [rows, k]` (`group_rows[g]` consecutive rows) times `weight[g]` of

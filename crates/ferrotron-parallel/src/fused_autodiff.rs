@@ -19,6 +19,8 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_dropout::{DropoutMask, composed_dropout_add};
+use crate::fused_embedding::{composed_embedding, embedding_node};
+use crate::fused_gelu::{composed_gelu, gelu_node};
 use crate::fused_grouped::composed_grouped_matmul;
 use crate::fused_logits::composed_tied_logits;
 use crate::fused_norm::{NormSaved, NormSpec};
@@ -540,6 +542,22 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             swiglu_node::<B, C>(x)
         } else {
             composed_swiglu::<Self>(x)
+        }
+    }
+
+    fn fused_embedding(weight: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        if B::has_embedding_kernel(&weight.primitive) {
+            embedding_node::<B, C>(weight, indices)
+        } else {
+            composed_embedding::<Self>(weight, indices)
+        }
+    }
+
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        if B::has_gelu_kernel(&x.primitive) {
+            gelu_node::<B, C>(x)
+        } else {
+            composed_gelu::<Self>(x)
         }
     }
 

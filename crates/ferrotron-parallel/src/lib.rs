@@ -26,7 +26,9 @@ mod fused;
 mod fused_adamw;
 mod fused_autodiff;
 mod fused_dropout;
+mod fused_embedding;
 mod fused_flat;
+mod fused_gelu;
 mod fused_grouped;
 mod fused_logits;
 mod fused_loss;
@@ -64,9 +66,11 @@ pub use fused_autodiff::{
     qkv_attention_node, rope_qkv_node, swiglu_node, tied_logits_node,
 };
 pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
+pub use fused_embedding::{composed_embedding, embedding_backward_reference, embedding_node};
 pub use fused_flat::{
     FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
 };
+pub use fused_gelu::{composed_gelu, gelu, gelu_backward_reference, gelu_node};
 pub use fused_grouped::{GroupedMatmulGrads, composed_grouped_matmul};
 pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};
 pub use fused_loss::{

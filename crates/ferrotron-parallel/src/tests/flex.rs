@@ -17,7 +17,7 @@ use crate::{
 const ROWS: usize = 24;
 const VOCAB: usize = 40_003;
 
-fn floats<const D: usize>(shape: [usize; D], seed: f32, scale: f32) -> FloatTensor<Flex> {
+pub(super) fn floats<const D: usize>(shape: [usize; D], seed: f32, scale: f32) -> FloatTensor<Flex> {
     let data: Vec<f32> = values(&shape, seed)
         .into_iter()
         .map(|v| v * scale)
@@ -34,11 +34,11 @@ fn labels() -> Tensor<Flex, 1, Int> {
     Tensor::from_data(TensorData::new(labels, [ROWS]), &Default::default())
 }
 
-fn back<const D: usize>(t: FloatTensor<Flex>) -> Vec<f32> {
+pub(super) fn back<const D: usize>(t: FloatTensor<Flex>) -> Vec<f32> {
     flat(Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(t)))
 }
 
-fn on_threads<R: Send>(threads: usize, body: impl FnOnce() -> R + Send) -> R {
+pub(super) fn on_threads<R: Send>(threads: usize, body: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
