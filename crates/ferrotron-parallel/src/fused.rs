@@ -17,7 +17,8 @@
 //! (`fused_gelu.rs`), the token embedding's lookup (`fused_embedding.rs`), rotary
 //! embeddings on the packed projection (`fused_rope.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
-//! (`fused_grouped.rs`), the softmax cross-entropy (`fused_loss.rs`) and the AdamW
+//! (`fused_grouped.rs`), the softmax cross-entropy (`fused_loss.rs`), alone or with the tied
+//! output layer (`fused_tied_loss.rs`), and the AdamW
 //! update (`fused_adamw.rs`) with its flat gradient buffers (`fused_flat.rs`).
 //!
 //! [`ParallelOps`]: crate::ParallelOps
@@ -55,6 +56,10 @@ use crate::fused_qkv::{
 };
 use crate::fused_rope::{composed_rope_qkv, rope_qkv_backward_reference};
 use crate::fused_swiglu::{composed_swiglu, swiglu_backward_reference};
+use crate::fused_tied_loss::{
+    TiedCrossEntropySaved, TiedState, tied_cross_entropy_backward_reference,
+    tied_cross_entropy_forward_reference,
+};
 use crate::primitive::{unwrap, wrap};
 
 /// One attention call: `softmax(scale · q·kᵀ + mask) · v`, with dropout on the probabilities.
@@ -481,6 +486,47 @@ pub trait FusedOps: Backend {
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         tied_logits_backward_reference::<Self>(rows, embedding, grad)
+    }
+
+    /// Whether [`FusedOps::tied_cross_entropy_kernel_forward`] is a real kernel for these
+    /// operands (see `fused_tied_loss.rs`). Default: no.
+    fn has_tied_cross_entropy_kernel(
+        rows: &FloatTensor<Self>,
+        embedding: &FloatTensor<Self>,
+    ) -> bool {
+        let _ = (rows, embedding);
+        false
+    }
+
+    /// Per-row losses of the tied output layer with the kernel (called only where
+    /// [`FusedOps::has_tied_cross_entropy_kernel`] says yes; see [`crate::tied_cross_entropy`]).
+    fn fused_tied_cross_entropy(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::tied_cross_entropy_kernel_forward(rows, embedding, labels).losses
+    }
+
+    /// Losses, logits and log-sum-exps of `rows · embeddingᵀ` against `labels`. Default: the
+    /// reference (the two ops' kernels).
+    fn tied_cross_entropy_kernel_forward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> TiedCrossEntropySaved<Self> {
+        tied_cross_entropy_forward_reference::<Self>(rows, embedding, labels)
+    }
+
+    /// `(d rows, d embedding)` from the losses' gradient, `d embedding` laid out as the
+    /// embedding. Default: the reference.
+    fn tied_cross_entropy_kernel_backward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        saved: TiedState<Self>,
+        grad_losses: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        tied_cross_entropy_backward_reference::<Self>(rows, embedding, saved, grad_losses)
     }
 
     /// One AdamW update of a flat fp32 parameter from its gradient (any float dtype) and

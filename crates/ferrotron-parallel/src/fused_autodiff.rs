@@ -27,6 +27,7 @@ use crate::fused_norm::{NormSaved, NormSpec};
 use crate::fused_qkv::composed_qkv_attention;
 use crate::fused_rope::composed_rope_qkv;
 use crate::fused_swiglu::composed_swiglu;
+use crate::fused_tied_loss::tied_cross_entropy_node;
 
 #[derive(Debug)]
 struct AttentionOp;
@@ -482,6 +483,21 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         } else {
             composed_tied_logits::<Self>(rows, embedding)
         }
+    }
+
+    fn has_tied_cross_entropy_kernel(
+        rows: &FloatTensor<Self>,
+        embedding: &FloatTensor<Self>,
+    ) -> bool {
+        B::has_tied_cross_entropy_kernel(&rows.primitive, &embedding.primitive)
+    }
+
+    fn fused_tied_cross_entropy(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        tied_cross_entropy_node::<B, C>(rows, embedding, labels)
     }
 
     fn device_resident_step() -> bool {

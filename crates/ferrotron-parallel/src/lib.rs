@@ -36,6 +36,7 @@ mod fused_norm;
 mod fused_qkv;
 mod fused_rope;
 mod fused_swiglu;
+mod fused_tied_loss;
 pub mod host;
 mod ops;
 pub mod prefetch;
@@ -84,6 +85,10 @@ pub use fused_norm::{
 pub use fused_qkv::{composed_qkv_attention, split_qkv};
 pub use fused_rope::composed_rope_qkv;
 pub use fused_swiglu::composed_swiglu;
+pub use fused_tied_loss::{
+    TiedCrossEntropySaved, TiedState, tied_cross_entropy, tied_cross_entropy_backward_reference,
+    tied_cross_entropy_forward_reference, tied_cross_entropy_node,
+};
 pub use ops::{InFlight, ParallelOps, Wait};
 pub use process_rng::with_process_rng;
 pub use shard::{ParamRole, ShardError, ShardSpec, Split};

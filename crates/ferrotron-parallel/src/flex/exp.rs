@@ -144,6 +144,16 @@ widest! {
     }
 }
 
+widest! {
+    /// `exp(x − lse) · g` of a stretch of a row into `out` (the label's element is the
+    /// caller's): the same arithmetic as [`softmax_grad`], element for element.
+    fn softmax_grad_into(out: &mut [f32], x: &[f32], lse: f32, g: f32) {
+        for (o, &x) in out.iter_mut().zip(x) {
+            *o = exp(x - lse) * g;
+        }
+    }
+}
+
 /// The lanes summed pairwise (fixed order).
 #[inline(always)]
 pub(super) fn tree_sum(mut acc: [f32; LANES]) -> f32 {

@@ -36,6 +36,7 @@ use crate::fused_gelu::composed_gelu;
 use crate::fused_loss::CrossEntropySaved;
 use crate::fused_norm::{NormGrads, NormSaved, NormSpec};
 use crate::fused_qkv::composed_qkv_attention;
+use crate::fused_tied_loss::{TiedCrossEntropySaved, TiedState};
 
 impl FusedOps for Flex {
     fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {
@@ -194,6 +195,42 @@ impl FusedOps for Flex {
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         logits::backward(&rows, &embedding, grad)
+    }
+
+    fn has_tied_cross_entropy_kernel(
+        rows: &FloatTensor<Self>,
+        embedding: &FloatTensor<Self>,
+    ) -> bool {
+        logits::supports(rows, embedding)
+    }
+
+    fn tied_cross_entropy_kernel_forward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> TiedCrossEntropySaved<Self> {
+        let logits = logits::forward(&rows, &embedding);
+        let (losses, log_sum_exp) = loss::forward(&logits, labels);
+        TiedCrossEntropySaved {
+            losses,
+            logits,
+            log_sum_exp,
+        }
+    }
+
+    fn tied_cross_entropy_kernel_backward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        saved: TiedState<Self>,
+        grad_losses: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let [n, vocab] = saved.logits.layout().shape().dims();
+        let row_loss = logits::RowLoss {
+            labels: loss::label_indices(saved.labels, n, vocab),
+            log_sum_exp: loss::floats(saved.log_sum_exp),
+            grad: loss::floats(grad_losses),
+        };
+        logits::backward_from_loss(&rows, &embedding, &saved.logits, &row_loss)
     }
 
     fn adamw_step(
