@@ -296,8 +296,9 @@ pub trait FusedOps: Backend {
         composed_embedding::<Self>(weight, indices)
     }
 
-    /// `into` (`[vocab, hidden]` zeros when `None`; given up, so a kernel may add in place) with
-    /// row `i` of `grad [batch, seq, hidden]` added to row `indices[i]`. Default: the reference.
+    /// `into` (`[vocab, hidden]` zeros when `None`; given up, so a kernel may add in place) plus
+    /// burn's embedding gradient of `grad [batch, seq, hidden]` (each index's rows summed from
+    /// zero in index order, then added). Default: the reference.
     fn embedding_kernel_backward(
         indices: IntTensor<Self>,
         grad: FloatTensor<Self>,

@@ -2,9 +2,9 @@
 //!
 //! Composed, GELU is the backend's `gelu` and autodiff's node calling its `gelu_backward`: on
 //! burn-flex both run one element at a time on one thread through libm's `erff` (with an `expf`
-//! backward), at the quick start's 512 × 256 per layer a sixth of the work left on one thread
-//! once the GEMMs ran on every core. A backend kernel pair replaces them; the node keeps the
-//! input, as burn's does.
+//! backward), at the quick start's 512 × 256 per layer about a fifth of the work left on one
+//! thread once the GEMMs ran on every core. A backend kernel pair replaces them; the node keeps
+//! the input, as burn's does.
 //!
 //! The composed default is exactly the model's arithmetic before the op (burn's `gelu`), so
 //! backends without a kernel keep their numbers bit for bit; the reference backward is the

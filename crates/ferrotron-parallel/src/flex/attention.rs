@@ -5,8 +5,8 @@
 //! the causal mask filled in, a softmax and a second matmul forward, and autodiff's backward of
 //! each (zero-padded slice gradients, copies of swapped views, the mask's fill again): some twenty
 //! single-threaded passes per layer. At the quick start's 64 × 64 scores per head they were
-//! little arithmetic but, once the output layer's GEMMs ran on every core, a quarter of the work
-//! left on one thread. Here a task gathers its group's keys and values and each query head into
+//! little arithmetic but, once the output layer's GEMMs ran on every core, among the largest
+//! parts of what ran on one thread. Here a task gathers its group's keys and values and each query head into
 //! small local buffers, and computes scores, softmax and context row by row; the backward
 //! recomputes the probabilities from the kept log-sum-exp (as a flash-attention backward does)
 //! and writes one packed gradient.
@@ -28,7 +28,11 @@ use crate::fused::{AttentionSaved, AttentionSpec};
 /// without dropout (which only the composed graph draws).
 pub(super) fn supports(qkv: &FlexTensor, spec: &AttentionSpec) -> bool {
     let shape = qkv.layout().shape();
-    qkv.dtype() == DType::F32 && shape.num_dims() == 5 && shape[3] >= 3 && spec.dropout == 0.0
+    qkv.dtype() == DType::F32
+        && shape.num_dims() == 5
+        && shape[3] >= 3
+        && shape.num_elements() > 0
+        && spec.dropout == 0.0
 }
 
 /// The packed projection's geometry.
