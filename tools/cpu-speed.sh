@@ -53,4 +53,9 @@ for t, ms in ours.items():
     ratio = f"{ref / ms:.2f}×" if ref else "–"
     ref_cells = f"{ref:.1f} | {tokens / ref * 1000:,.0f}" if ref else "– | –"
     print(f"| {t} | {ms:.1f} | {tokens / ms * 1000:,.0f} | {ref_cells} | {ratio} |")
+first = next(iter(ours), None)
+for t, ms in list(ours.items())[1:]:
+    ref, base = torch.get(t), torch.get(first)
+    theirs = f", PyTorch {base / ref:.2f}×" if ref and base else ""
+    print(f"{first} → {t} threads: recipe {float(ours[first]) / float(ms):.2f}×{theirs}")
 PY

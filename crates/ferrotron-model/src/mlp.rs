@@ -7,10 +7,9 @@
 
 use burn::module::Module;
 use burn::nn::Linear;
-use burn::tensor::activation::gelu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{Fp8Linear, FusedOps, ParallelOps};
+use ferrotron_parallel::{Fp8Linear, FusedOps, ParallelOps, gelu};
 use ferrotron_recipe::Activation;
 
 use crate::ModelError;

@@ -18,7 +18,8 @@ use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ferrotron_parallel::collectives::gather_from_region;
 use ferrotron_parallel::fp8_scaling::Fp8Settings;
 use ferrotron_parallel::{
-    Fp8State, ParallelContext, ParallelOps, ParamRole, ShardSpec, cross_entropy, tied_logits,
+    Fp8State, ParallelContext, ParallelOps, ParamRole, ShardSpec, cross_entropy,
+    tied_cross_entropy, tied_logits,
 };
 use ferrotron_recipe::PositionEmbedding;
 
@@ -503,7 +504,7 @@ impl<B: ParallelOps> GptModel<B> {
                 "the last chunk computes the loss and needs labels".to_owned(),
             ));
         };
-        let token_losses = self.token_losses(self.local_logits(hidden), labels, &tp);
+        let token_losses = self.token_losses(hidden, labels, &tp);
         let lm_loss = match input.loss_mask {
             Some(loss_mask) => {
                 let [batch, seq] = loss_mask.dims();
@@ -521,22 +522,33 @@ impl<B: ParallelOps> GptModel<B> {
 
     /// Per-token losses `[batch·seq]` in f32 whatever the compute dtype (Megatron's fp32
     /// cross-entropy: a bf16 log-sum-exp over the vocabulary rounds the loss to 3 significant
-    /// digits): the backend's fused kernel over a whole vocabulary, else the composed
+    /// digits) from the last layer's output: the backend's fused kernel over a whole vocabulary
+    /// (with the tied output layer in it where the backend has that kernel), else the composed
     /// (vocabulary-parallel) loss over f32 logits.
     fn token_losses(
         &self,
-        logits: Tensor<B, 3>,
+        hidden: Tensor<B, 3>,
         labels: Tensor<B, 2, Int>,
         tp: &TensorParallel,
     ) -> Tensor<B, 1> {
-        let [batch, seq, vocab] = logits.dims();
-        if tp.size() == 1 {
-            let rows = logits.clone().reshape([batch * seq, vocab]);
-            if let Some(losses) = cross_entropy(rows, labels.clone().reshape([batch * seq])) {
-                return losses;
-            }
+        let [batch, seq] = labels.dims();
+        let rows = self.output_rows(hidden);
+        let flat_labels = || labels.clone().reshape([batch * seq]);
+        if tp.size() == 1
+            && let (None, Some(embedding)) = (&self.output_layer, &self.embedding)
+            && let Some(losses) =
+                tied_cross_entropy(rows.clone(), embedding.weight.val(), flat_labels())
+        {
+            return losses;
         }
-        let logits = logits.cast(FloatDType::F32);
+        let logits = self.logits_of(rows);
+        if tp.size() == 1
+            && let Some(losses) = cross_entropy(logits.clone(), flat_labels())
+        {
+            return losses;
+        }
+        let vocab = logits.dims()[1];
+        let logits = logits.reshape([batch, seq, vocab]).cast(FloatDType::F32);
         vocab_parallel_cross_entropy(logits, labels, self.vocab_shard(), &tp.comm)
     }
 
@@ -660,26 +672,37 @@ impl<B: ParallelOps> GptModel<B> {
     /// Final norm and this rank's vocabulary columns of the logits, `[batch, seq, vocab/tp]`
     /// (the whole local sequence: gathered over tp with sequence parallelism).
     fn local_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [batch, _, _] = hidden.dims();
+        let logits = self.logits_of(self.output_rows(hidden));
+        let [rows, vocab] = logits.dims();
+        logits.reshape([batch, rows / batch, vocab])
+    }
+
+    /// The final norm's output as `[batch·seq, hidden]` rows, entered into the tensor-parallel
+    /// region (with sequence parallelism that gathers the whole sequence).
+    fn output_rows(&self, hidden: Tensor<B, 3>) -> Tensor<B, 2> {
         let tp = TensorParallel::of(&self.parallel);
         let norm = self
             .final_norm
             .as_ref()
             .expect("a post_process chunk holds the final norm");
         let hidden = tp.enter(norm.forward(hidden));
-        // One [batch·seq, hidden] × [hidden, vocab] product rather than a batch of them: the
-        // CPU GEMM then packs the vocabulary-sized weight once instead of once per sequence and
-        // splits the whole product over its threads, and the weight gradient is one product
-        // instead of a product per sequence summed afterwards. Tied, the backend's tied-logits
-        // kernel writes the logits and the embedding's gradient once (`fused_logits.rs`).
         let [batch, seq, width] = hidden.dims();
-        let rows = hidden.reshape([batch * seq, width]);
-        let logits = match (&self.output_layer, &self.embedding) {
+        hidden.reshape([batch * seq, width])
+    }
+
+    /// This rank's logit columns of `rows [batch·seq, hidden]`. One [batch·seq, hidden] ×
+    /// [hidden, vocab] product rather than a batch of them: the CPU GEMM then packs the
+    /// vocabulary-sized weight once instead of once per sequence and splits the whole product
+    /// over its threads, and the weight gradient is one product instead of a product per
+    /// sequence summed afterwards. Tied, the backend's tied-logits kernel writes the logits and
+    /// the embedding's gradient once (`fused_logits.rs`).
+    fn logits_of(&self, rows: Tensor<B, 2>) -> Tensor<B, 2> {
+        match (&self.output_layer, &self.embedding) {
             (Some(output), _) => output.forward(rows),
             (None, Some(embedding)) => tied_logits(rows, embedding.weight.val()),
             (None, None) => unreachable!("a tied post_process chunk holds the embedding"),
-        };
-        let vocab = logits.dims()[1];
-        logits.reshape([batch, seq, vocab])
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! burn-flex's fused kernels against the composed ops they replace, at the quick start's shapes
-//! (shakespeare-tiny: 512 rows × 50,304 words of logits; the tied 50,304 × 64 embedding):
-//! the cross-entropy forward + backward through autodiff (the model's loss, mean over rows), one
-//! AdamW update, and the whole tied output layer (its three GEMMs around the loss kernel), the
-//! bulk of a quick-start step's arithmetic. Each on the process's rayon pool
+//! (shakespeare-tiny: 512 rows × 50,304 words of logits; the tied 50,304 × 64 embedding; layers
+//! of hidden 64, 4 heads, 8 × 64 tokens): the cross-entropy forward + backward through autodiff
+//! (the model's loss, mean over rows), one AdamW update, the whole tied output layer (its three
+//! GEMMs around the loss kernel), the bulk of a quick-start step's arithmetic, and a layer's
+//! LayerNorm, attention and GELU forward + backward. Each on the process's rayon pool
 //! (`RAYON_NUM_THREADS` sizes it).
 //!
 //!     RAYON_NUM_THREADS=1 cargo bench -p ferrotron-parallel --bench flex_kernels
@@ -11,7 +12,10 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Distribution, Int, Tensor};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use ferrotron_parallel::{AdamWStep, FusedOps, composed_adamw, cross_entropy};
+use ferrotron_parallel::{
+    AdamWStep, AttentionSpec, FusedOps, NormKind, NormSpec, composed_adamw, composed_gelu,
+    composed_norm, composed_qkv_attention, cross_entropy, gelu, norm, tied_logits,
+};
 
 type B = Autodiff<Flex>;
 const ROWS: usize = 512;
@@ -137,7 +141,7 @@ fn output_layer_bench(c: &mut Criterion) {
         b.iter_batched(
             inputs,
             |(rows, embedding)| {
-                let logits = rows.clone().matmul(embedding.clone().transpose());
+                let logits = tied_logits(rows.clone(), embedding.clone());
                 let loss = cross_entropy(logits, labels.clone()).expect("a Flex kernel");
                 let grads = loss.mean().backward();
                 (rows.grad(&grads), embedding.grad(&grads))
@@ -148,10 +152,58 @@ fn output_layer_bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// A layer's LayerNorm, packed attention and GELU (the ops with CPU kernels), forward and
+/// backward, composed or through the kernels' nodes.
+fn layer_ops(kernels: bool) -> Option<Tensor<Flex, 3>> {
+    let device = Default::default();
+    let init = Distribution::Normal(0.0, 1.0);
+    let x = Tensor::<B, 3>::random([8, 64, 64], init, &device).require_grad();
+    let gamma = Tensor::<B, 1>::ones([64], &device).require_grad();
+    let beta = Tensor::<B, 1>::zeros([64], &device).require_grad();
+    let spec = NormSpec {
+        kind: NormKind::Layer,
+        epsilon: 1e-5,
+    };
+    let normed = if kernels {
+        norm(x.clone(), gamma, Some(beta), spec)
+    } else {
+        composed_norm(x.clone(), gamma, Some(beta), spec)
+    };
+    // `[8, 64, 4 groups, q k v, 16]` from the normed rows, as the QKV projection lays them out
+    let qkv = Tensor::cat(vec![normed.clone(); 3], 2).reshape([8, 64, 4, 3, 16]);
+    let qkv = qkv.into_primitive().tensor();
+    let spec = AttentionSpec::causal();
+    let context: Tensor<B, 4> =
+        Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(if kernels {
+            B::fused_qkv_attention(qkv, spec)
+        } else {
+            composed_qkv_attention::<B>(qkv, spec)
+        }));
+    let wide = Tensor::cat(vec![context.reshape([8, 64, 64]); 4], 2);
+    let activated = if kernels {
+        gelu(wide)
+    } else {
+        Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(composed_gelu::<B>(
+            wide.into_primitive().tensor(),
+        )))
+    };
+    let grads = activated.sum().backward();
+    x.grad(&grads)
+}
+
+fn layers_bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("layer_norm_attention_gelu_8x64x64_fwd_bwd");
+    group.sample_size(20);
+    group.bench_function("composed", |b| b.iter(|| layer_ops(false)));
+    group.bench_function("flex_kernels", |b| b.iter(|| layer_ops(true)));
+    group.finish();
+}
+
 criterion_group!(
     benches,
     cross_entropy_bench,
     adamw_bench,
-    output_layer_bench
+    output_layer_bench,
+    layers_bench
 );
 criterion_main!(benches);

@@ -13,12 +13,14 @@
 //!
 //! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V, also
 //! straight from the packed QKV projection (`fused_qkv.rs`), the residual add with hidden dropout
-//! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), rotary
+//! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), GELU
+//! (`fused_gelu.rs`), the token embedding's lookup (`fused_embedding.rs`), rotary
 //! embeddings on the packed projection (`fused_rope.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
-//! (`fused_grouped.rs`), the softmax cross-entropy (`fused_loss.rs`), the AdamW
-//! update (`fused_adamw.rs`) with its flat gradient buffers (`fused_flat.rs`) and the fp8
-//! linear layer (`fused_fp8.rs`, on three primitives instead of a kernel pair).
+//! (`fused_grouped.rs`), the softmax cross-entropy (`fused_loss.rs`), alone or with the tied
+//! output layer (`fused_tied_loss.rs`), the AdamW update (`fused_adamw.rs`) with its flat
+//! gradient buffers (`fused_flat.rs`) and the fp8 linear layer (`fused_fp8.rs`, on three
+//! primitives instead of a kernel pair).
 //!
 //! [`ParallelOps`]: crate::ParallelOps
 
@@ -36,6 +38,7 @@ use crate::fused_dropout::{
     DropoutMask, DropoutSaved, composed_dropout_add, dropout_add_backward_reference,
     dropout_add_forward_reference,
 };
+use crate::fused_embedding::{composed_embedding, embedding_backward_reference};
 use crate::fused_flat::{
     FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
 };
@@ -43,6 +46,7 @@ use crate::fused_fp8::{
     Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor, fp8_linear_inference, fp8_matmul_reference,
     fp8_quantize_reference, fp8_update_reference,
 };
+use crate::fused_gelu::{composed_gelu, gelu_backward_reference};
 use crate::fused_grouped::{
     GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_backward_reference,
 };
@@ -58,6 +62,10 @@ use crate::fused_qkv::{
 };
 use crate::fused_rope::{composed_rope_qkv, rope_qkv_backward_reference};
 use crate::fused_swiglu::{composed_swiglu, swiglu_backward_reference};
+use crate::fused_tied_loss::{
+    TiedCrossEntropySaved, TiedState, tied_cross_entropy_backward_reference,
+    tied_cross_entropy_forward_reference,
+};
 use crate::primitive::{unwrap, wrap};
 
 /// One attention call: `softmax(scale · q·kᵀ + mask) · v`, with dropout on the probabilities.
@@ -249,6 +257,63 @@ pub trait FusedOps: Backend {
         swiglu_backward_reference::<Self>(x, grad_output)
     }
 
+    /// GELU (erf form) element-wise, any shape (see `fused_gelu.rs`).
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_gelu::<Self>(x)
+    }
+
+    /// Whether [`FusedOps::gelu_kernel_forward`] is a real kernel for `x`. Default: no.
+    fn has_gelu_kernel(x: &FloatTensor<Self>) -> bool {
+        let _ = x;
+        false
+    }
+
+    /// GELU forward with the kernel. Default: the composed arithmetic.
+    fn gelu_kernel_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_gelu::<Self>(x)
+    }
+
+    /// The input's gradient from the output's. Default: the backend's `gelu_backward`.
+    fn gelu_kernel_backward(
+        x: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        gelu_backward_reference::<Self>(x, grad_output)
+    }
+
+    /// Rows of `weight [vocab, hidden]` for `indices [batch, seq]` → `[batch, seq, hidden]`:
+    /// the token embedding's lookup (see `fused_embedding.rs`).
+    fn fused_embedding(weight: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        composed_embedding::<Self>(weight, indices)
+    }
+
+    /// Whether [`FusedOps::embedding_kernel_backward`] is a real kernel for this weight (the
+    /// autodiff impl then records the node that adds into the weight's gradient). Default: no.
+    fn has_embedding_kernel(weight: &FloatTensor<Self>) -> bool {
+        let _ = weight;
+        false
+    }
+
+    /// The lookup with the kernel. Default: burn's `embedding`.
+    fn embedding_kernel_forward(
+        weight: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        composed_embedding::<Self>(weight, indices)
+    }
+
+    /// `into` (`[vocab, hidden]` zeros when `None`; given up, so a kernel may add in place) plus
+    /// burn's embedding gradient of `grad [batch, seq, hidden]` (each index's rows summed from
+    /// zero in index order, then added). Default: the reference.
+    fn embedding_kernel_backward(
+        indices: IntTensor<Self>,
+        grad: FloatTensor<Self>,
+        vocab: usize,
+        into: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        embedding_backward_reference::<Self>(indices, grad, vocab, into)
+    }
+
     /// Row block `g` of `x [rows, k]` (`group_rows[g]` consecutive rows) times `weight[g]` of
     /// `weight [groups, k, n]` → `[rows, n]`: one MoE projection for all local experts (see
     /// `fused_grouped.rs`).
@@ -428,6 +493,47 @@ pub trait FusedOps: Backend {
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         tied_logits_backward_reference::<Self>(rows, embedding, grad)
+    }
+
+    /// Whether [`FusedOps::tied_cross_entropy_kernel_forward`] is a real kernel for these
+    /// operands (see `fused_tied_loss.rs`). Default: no.
+    fn has_tied_cross_entropy_kernel(
+        rows: &FloatTensor<Self>,
+        embedding: &FloatTensor<Self>,
+    ) -> bool {
+        let _ = (rows, embedding);
+        false
+    }
+
+    /// Per-row losses of the tied output layer with the kernel (called only where
+    /// [`FusedOps::has_tied_cross_entropy_kernel`] says yes; see [`crate::tied_cross_entropy`]).
+    fn fused_tied_cross_entropy(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::tied_cross_entropy_kernel_forward(rows, embedding, labels).losses
+    }
+
+    /// Losses, logits and log-sum-exps of `rows · embeddingᵀ` against `labels`. Default: the
+    /// reference (the two ops' kernels).
+    fn tied_cross_entropy_kernel_forward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> TiedCrossEntropySaved<Self> {
+        tied_cross_entropy_forward_reference::<Self>(rows, embedding, labels)
+    }
+
+    /// `(d rows, d embedding)` from the losses' gradient, `d embedding` laid out as the
+    /// embedding. Default: the reference.
+    fn tied_cross_entropy_kernel_backward(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        saved: TiedState<Self>,
+        grad_losses: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        tied_cross_entropy_backward_reference::<Self>(rows, embedding, saved, grad_losses)
     }
 
     /// One AdamW update of a flat fp32 parameter from its gradient (any float dtype) and

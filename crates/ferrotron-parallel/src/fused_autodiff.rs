@@ -20,14 +20,17 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use crate::fp8_scaling::Fp8Settings;
 use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_dropout::{DropoutMask, composed_dropout_add};
+use crate::fused_embedding::{composed_embedding, embedding_node};
 use crate::fused_fp8::{Fp8Linear, Fp8State};
 use crate::fused_fp8_node::fp8_linear_node;
+use crate::fused_gelu::{composed_gelu, gelu_node};
 use crate::fused_grouped::composed_grouped_matmul;
 use crate::fused_logits::composed_tied_logits;
 use crate::fused_norm::{NormSaved, NormSpec};
 use crate::fused_qkv::composed_qkv_attention;
 use crate::fused_rope::composed_rope_qkv;
 use crate::fused_swiglu::composed_swiglu;
+use crate::fused_tied_loss::tied_cross_entropy_node;
 
 #[derive(Debug)]
 struct AttentionOp;
@@ -502,6 +505,21 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         }
     }
 
+    fn has_tied_cross_entropy_kernel(
+        rows: &FloatTensor<Self>,
+        embedding: &FloatTensor<Self>,
+    ) -> bool {
+        B::has_tied_cross_entropy_kernel(&rows.primitive, &embedding.primitive)
+    }
+
+    fn fused_tied_cross_entropy(
+        rows: FloatTensor<Self>,
+        embedding: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        tied_cross_entropy_node::<B, C>(rows, embedding, labels)
+    }
+
     fn device_resident_step() -> bool {
         B::device_resident_step()
     }
@@ -560,6 +578,22 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             swiglu_node::<B, C>(x)
         } else {
             composed_swiglu::<Self>(x)
+        }
+    }
+
+    fn fused_embedding(weight: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        if B::has_embedding_kernel(&weight.primitive) {
+            embedding_node::<B, C>(weight, indices)
+        } else {
+            composed_embedding::<Self>(weight, indices)
+        }
+    }
+
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        if B::has_gelu_kernel(&x.primitive) {
+            gelu_node::<B, C>(x)
+        } else {
+            composed_gelu::<Self>(x)
         }
     }
 

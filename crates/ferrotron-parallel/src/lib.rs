@@ -28,9 +28,11 @@ mod fused;
 mod fused_adamw;
 mod fused_autodiff;
 mod fused_dropout;
+mod fused_embedding;
 mod fused_flat;
 mod fused_fp8;
 mod fused_fp8_node;
+mod fused_gelu;
 mod fused_grouped;
 mod fused_logits;
 mod fused_loss;
@@ -38,6 +40,7 @@ mod fused_norm;
 mod fused_qkv;
 mod fused_rope;
 mod fused_swiglu;
+mod fused_tied_loss;
 pub mod host;
 mod ops;
 pub mod prefetch;
@@ -68,6 +71,7 @@ pub use fused_autodiff::{
     qkv_attention_node, rope_qkv_node, swiglu_node, tied_logits_node,
 };
 pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
+pub use fused_embedding::{composed_embedding, embedding_backward_reference, embedding_node};
 pub use fused_flat::{
     FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
 };
@@ -76,6 +80,7 @@ pub use fused_fp8::{
     fp8_matmul_reference, fp8_quantize_reference, fp8_update_reference,
 };
 pub use fused_fp8_node::fp8_linear_node;
+pub use fused_gelu::{composed_gelu, gelu, gelu_backward_reference, gelu_node};
 pub use fused_grouped::{GroupedMatmulGrads, composed_grouped_matmul};
 pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};
 pub use fused_loss::{
@@ -89,6 +94,10 @@ pub use fused_norm::{
 pub use fused_qkv::{composed_qkv_attention, split_qkv};
 pub use fused_rope::composed_rope_qkv;
 pub use fused_swiglu::composed_swiglu;
+pub use fused_tied_loss::{
+    TiedCrossEntropySaved, TiedState, tied_cross_entropy, tied_cross_entropy_backward_reference,
+    tied_cross_entropy_forward_reference, tied_cross_entropy_node,
+};
 pub use ops::{InFlight, ParallelOps, Wait};
 pub use process_rng::with_process_rng;
 pub use shard::{ParamRole, ShardError, ShardSpec, Split};

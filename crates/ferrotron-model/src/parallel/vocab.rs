@@ -4,10 +4,9 @@
 //! `vocab_parallel_cross_entropy`). On one rank both reduce to the plain lookup and loss.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::module::embedding;
-use burn::tensor::{Bool, Int, Tensor};
+use burn::tensor::{Bool, Int, Tensor, TensorPrimitive};
 use ferrotron_parallel::collectives::{all_reduce_detached, reduce_from_region};
-use ferrotron_parallel::{Comm, ParallelOps, ReduceOp};
+use ferrotron_parallel::{Comm, FusedOps, ParallelOps, ReduceOp};
 
 /// The rows `start..start + rows` of the padded vocabulary that this rank holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,13 +47,16 @@ impl VocabShard {
 
 /// `[batch, seq]` ids → `[batch, seq, hidden]` rows of this rank's part of the table: zero
 /// for ids another rank holds, so the sum over tp (the caller's reduction) is the full lookup.
-pub(crate) fn vocab_parallel_lookup<B: Backend>(
+pub(crate) fn vocab_parallel_lookup<B: FusedOps>(
     weight: Tensor<B, 2>,
     tokens: Tensor<B, 2, Int>,
     shard: VocabShard,
 ) -> Tensor<B, 3> {
     let (local, outside) = shard.localise(tokens);
-    let rows = embedding(weight, local);
+    let rows = Tensor::from_primitive(TensorPrimitive::Float(B::fused_embedding(
+        weight.into_primitive().tensor(),
+        local.into_primitive(),
+    )));
     match outside {
         Some(outside) => {
             let dims = rows.dims();

@@ -62,10 +62,14 @@ pub(super) fn exp(x: f32) -> f32 {
 }
 
 /// Defines `$name` as `$body` compiled for the widest vector unit the CPU has (see the module
-/// doc); `$body` must be pure element-wise arithmetic so every version gives the same bits.
+/// doc); `$body` must be pure element-wise arithmetic so every version gives the same bits. The
+/// other kernels of the module (`attention.rs`, `gelu.rs`, `squares.rs`) use it too; its
+/// `unsafe`, calling a `#[target_feature]` function on a CPU that has the feature, is allowed
+/// where it expands.
 macro_rules! widest {
     ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
         $(#[$doc])*
+        #[allow(unsafe_code)]
         pub(super) fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             fn body($($arg: $ty),*) $(-> $ret)? $body
@@ -92,6 +96,8 @@ macro_rules! widest {
         }
     };
 }
+
+pub(super) use widest;
 
 widest! {
     /// The largest element of `row` (NaN elements are skipped; `−∞` for an empty row).
@@ -138,9 +144,19 @@ widest! {
     }
 }
 
+widest! {
+    /// `exp(x − lse) · g` of a stretch of a row into `out` (the label's element is the
+    /// caller's): the same arithmetic as [`softmax_grad`], element for element.
+    fn softmax_grad_into(out: &mut [f32], x: &[f32], lse: f32, g: f32) {
+        for (o, &x) in out.iter_mut().zip(x) {
+            *o = exp(x - lse) * g;
+        }
+    }
+}
+
 /// The lanes summed pairwise (fixed order).
 #[inline(always)]
-fn tree_sum(mut acc: [f32; LANES]) -> f32 {
+pub(super) fn tree_sum(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;

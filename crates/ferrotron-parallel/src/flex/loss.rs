@@ -102,7 +102,7 @@ fn owned_rows(logits: FlexTensor) -> FlexTensor {
 }
 
 /// Labels as row-checked indices.
-fn label_indices(labels: FlexTensor, rows: usize, vocab: usize) -> Vec<usize> {
+pub(super) fn label_indices(labels: FlexTensor, rows: usize, vocab: usize) -> Vec<usize> {
     let data = labels.into_data();
     let values: Vec<i64> = data
         .convert::<i64>()
@@ -118,7 +118,7 @@ fn label_indices(labels: FlexTensor, rows: usize, vocab: usize) -> Vec<usize> {
         .collect()
 }
 
-fn floats(tensor: FlexTensor) -> Vec<f32> {
+pub(super) fn floats(tensor: FlexTensor) -> Vec<f32> {
     tensor
         .into_data()
         .convert::<f32>()

@@ -1,7 +1,8 @@
-//! burn-flex's kernels against the composed ops: the cross-entropy within float tolerance (its
-//! exponential and summation order are its own), the AdamW update and the tied logits (with
-//! their gradients, through autodiff) bit for bit, and all the same bit for bit whatever the size
-//! of the thread pool they run on.
+//! burn-flex's kernels against the composed ops: the cross-entropy and the tied logits' gradients
+//! within float tolerance (their exponential and summation orders are their own), the AdamW
+//! update and the logits bit for bit, the tied output layer with its cross-entropy as one op
+//! bit for bit the two ops, and all the same bit for bit whatever the size of the thread pool
+//! they run on.
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
@@ -9,15 +10,20 @@ use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
 use super::{assert_close, flat, values};
 use crate::{
-    AdamWStep, AdamWTensors, FusedOps, composed_adamw, composed_tied_logits,
-    cross_entropy_backward_reference, cross_entropy_forward_reference, tied_logits,
+    AdamWStep, AdamWTensors, FusedOps, composed_adamw, composed_tied_logits, cross_entropy,
+    cross_entropy_backward_reference, cross_entropy_forward_reference, tied_cross_entropy,
+    tied_logits,
 };
 
 /// Rows long enough that a row is one task and a pool of several threads splits the rows.
 const ROWS: usize = 24;
 const VOCAB: usize = 40_003;
 
-fn floats<const D: usize>(shape: [usize; D], seed: f32, scale: f32) -> FloatTensor<Flex> {
+pub(super) fn floats<const D: usize>(
+    shape: [usize; D],
+    seed: f32,
+    scale: f32,
+) -> FloatTensor<Flex> {
     let data: Vec<f32> = values(&shape, seed)
         .into_iter()
         .map(|v| v * scale)
@@ -34,11 +40,11 @@ fn labels() -> Tensor<Flex, 1, Int> {
     Tensor::from_data(TensorData::new(labels, [ROWS]), &Default::default())
 }
 
-fn back<const D: usize>(t: FloatTensor<Flex>) -> Vec<f32> {
+pub(super) fn back<const D: usize>(t: FloatTensor<Flex>) -> Vec<f32> {
     flat(Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(t)))
 }
 
-fn on_threads<R: Send>(threads: usize, body: impl FnOnce() -> R + Send) -> R {
+pub(super) fn on_threads<R: Send>(threads: usize, body: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -224,17 +230,71 @@ fn tied_logits_and_grads(kernel: bool) -> [Vec<u32>; 3] {
 }
 
 #[test]
-fn flex_tied_logits_are_the_composed_product_bit_for_bit_on_any_number_of_threads() {
+fn flex_tied_logits_are_the_composed_product_and_the_same_on_any_number_of_threads() {
     let want = tied_logits_and_grads(false);
-    for threads in [1, 3] {
-        let got = on_threads(threads, || tied_logits_and_grads(true));
-        for (name, (got, want)) in ["logits", "d rows", "d embedding"]
+    let got = tied_logits_and_grads(true);
+    let floats = |bits: &[u32]| bits.iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>();
+    // The logits are the composed GEMM's bits; the gradients sum over the vocabulary (`d rows`)
+    // and the rows (`d embedding`) in the kernel's own order.
+    assert_eq!(got[0], want[0], "logits differ from the composed product");
+    for (name, (got, want)) in ["d rows", "d embedding"]
+        .iter()
+        .zip(got[1..].iter().zip(&want[1..]))
+    {
+        assert_close(&floats(got), &floats(want), name);
+    }
+    for threads in [1, 2, 3] {
+        let again = on_threads(threads, || tied_logits_and_grads(true));
+        assert!(again == got, "tied logits on {threads} threads differ");
+    }
+}
+
+/// Losses, `d rows` and `d embedding` of `Σ losses · c` for the tied output layer and its
+/// cross-entropy, as one op or as the two ops in turn.
+fn tied_loss_and_grads(one_op: bool) -> [Vec<u32>; 3] {
+    type A = Autodiff<Flex>;
+    let leaf = |shape: [usize; 2], seed: f32| {
+        let data: Vec<f32> = values(&shape, seed).into_iter().map(|v| v * 2.0).collect();
+        Tensor::<A, 2>::from_data(TensorData::new(data, shape), &Default::default()).require_grad()
+    };
+    let rows = leaf([LOGIT_ROWS, LOGIT_HIDDEN], 0.4);
+    let embedding = leaf([LOGIT_VOCAB, LOGIT_HIDDEN], 0.8);
+    let labels: Vec<i64> = (0..LOGIT_ROWS as i64)
+        .map(|r| (r * 7919) % LOGIT_VOCAB as i64)
+        .collect();
+    let labels =
+        Tensor::<A, 1, Int>::from_data(TensorData::new(labels, [LOGIT_ROWS]), &Default::default());
+    let losses = if one_op {
+        tied_cross_entropy(rows.clone(), embedding.clone(), labels).expect("a Flex kernel")
+    } else {
+        let logits = tied_logits(rows.clone(), embedding.clone());
+        cross_entropy(logits, labels).expect("a Flex kernel")
+    };
+    let weights = Tensor::<A, 1>::from_data(
+        TensorData::new(values(&[LOGIT_ROWS], 1.3), [LOGIT_ROWS]),
+        &Default::default(),
+    );
+    let grads = (losses.clone() * weights).sum().backward();
+    let bits = |t: Vec<f32>| t.into_iter().map(f32::to_bits).collect();
+    [
+        bits(flat(losses.inner())),
+        bits(flat(rows.grad(&grads).expect("d rows"))),
+        bits(flat(embedding.grad(&grads).expect("d embedding"))),
+    ]
+}
+
+#[test]
+fn flex_tied_cross_entropy_is_the_two_ops_bit_for_bit_on_any_number_of_threads() {
+    let want = tied_loss_and_grads(false);
+    for threads in [1, 2, 3] {
+        let got = on_threads(threads, || tied_loss_and_grads(true));
+        for (name, (got, want)) in ["losses", "d rows", "d embedding"]
             .iter()
             .zip(got.iter().zip(&want))
         {
             assert!(
                 got == want,
-                "tied logits on {threads} threads: {name} differs from the composed product"
+                "{threads} threads: {name} differs from the two ops"
             );
         }
     }

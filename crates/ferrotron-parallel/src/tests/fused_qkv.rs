@@ -1,6 +1,6 @@
 //! The packed attention on burn-flex: its composed default is bit for bit the model's old path
-//! (three slices of the projection, then attention); its autodiff node, driven with the
-//! reference kernels, gives the composed graph's packed gradient.
+//! (three slices of the projection, then attention); its autodiff node, driven with burn-flex's
+//! kernels, gives the composed graph's packed gradient.
 
 use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
@@ -8,7 +8,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::{B, assert_close, flat, tensor};
-use crate::{AttentionSpec, FusedOps, qkv_attention_node};
+use crate::{AttentionSpec, FusedOps, composed_qkv_attention, qkv_attention_node};
 
 fn bits(x: Vec<f32>) -> Vec<u32> {
     x.into_iter().map(f32::to_bits).collect()
@@ -43,8 +43,9 @@ fn sliced<Bk: FusedOps>(qkv: Tensor<Bk, 5>, spec: AttentionSpec) -> Tensor<Bk, 4
     context.swap_dims(1, 2)
 }
 
+/// The composed packed attention (what a backend without a kernel runs).
 fn packed<Bk: FusedOps>(qkv: Tensor<Bk, 5>, spec: AttentionSpec) -> Tensor<Bk, 4> {
-    Tensor::from_primitive(TensorPrimitive::Float(Bk::fused_qkv_attention(
+    Tensor::from_primitive(TensorPrimitive::Float(composed_qkv_attention::<Bk>(
         qkv.into_primitive().tensor(),
         spec,
     )))
@@ -83,19 +84,7 @@ fn composed_packed_attention_is_bit_identical_to_the_sliced_path() {
     }
 }
 
-#[test]
-fn flex_has_no_packed_kernel() {
-    let qkv = tensor([1, 4, 2, 3, 8], 0.1)
-        .inner()
-        .into_primitive()
-        .tensor();
-    assert!(!Flex::has_qkv_attention_kernel(
-        &qkv,
-        &AttentionSpec::causal()
-    ));
-}
-
-/// The one-node path (reference kernels): the composed graph's output and packed gradient, to
+/// The one-node path (burn-flex's kernels): the composed graph's output and packed gradient, to
 /// f32 rounding, with every slot of the packed gradient written.
 #[test]
 fn packed_node_gradient_equals_the_composed_graph() {

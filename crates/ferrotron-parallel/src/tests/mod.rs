@@ -3,6 +3,7 @@
 
 mod dispatch;
 mod flex;
+mod flex_layers;
 mod fused;
 mod fused_dropout;
 mod fused_fp8;

@@ -11,7 +11,7 @@ use ferrotron_plan::Plan;
 
 use super::host::param_values;
 use super::rank_model::RankModel;
-use crate::cpu_threads::use_cpu_threads;
+use crate::cpu_threads::{process_threads, rank_pool, use_cpu_threads};
 use crate::resume::ResumeState;
 use crate::run_loop::{Lead, run_rank_loop};
 use crate::setup::RunSetup;
@@ -31,9 +31,17 @@ where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
-    use_cpu_threads(plan);
-    let setup = RunSetup::new(plan, tokenizer)?;
-    run_rank::<B>(plan, ctx, options, &setup, device).map(|outcome| outcome.summary)
+    let rank = ctx.global_rank();
+    let train = || {
+        let setup = RunSetup::new(plan, tokenizer)?;
+        run_rank::<B>(plan, ctx, options, &setup, device).map(|outcome| outcome.summary)
+    };
+    if B::device_resident_step() {
+        // A device rank keeps its loop on this thread (see `cpu_threads.rs`).
+        use_cpu_threads(plan);
+        return train();
+    }
+    rank_pool(rank, process_threads(plan))?.install(train)
 }
 
 /// What a rank ends with: its summary and its final parameters under their global names.
