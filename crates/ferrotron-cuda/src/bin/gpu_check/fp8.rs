@@ -115,6 +115,18 @@ fn differing(got: &[f32], want: &[f32]) -> usize {
         .count()
 }
 
+/// The scale the delayed cast rows' state holds.
+const DELAYED_SCALE: f32 = 37.5;
+
+/// The cast rows' input: bf16 values with an outlier beyond the delayed scale's range, which
+/// checks saturation. Every value must be a bf16 one, as the GPU casts them to bf16 before the
+/// kernel reads them (an outlier of 3000 became 3008 there, another amax than the host's).
+fn cast_input(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    let mut x = bf16_values(rng, n, 4.0);
+    x[7] = burn::tensor::bf16::from_f32(3000.0).to_f32();
+    x
+}
+
 fn cast_row(
     device: &Arc<CudaDevice>,
     rng: &mut StdRng,
@@ -130,15 +142,12 @@ fn cast_row(
         if current { "current" } else { "delayed" }
     );
     let result = guarded(|| {
-        // an outlier beyond the delayed scale's range checks saturation
-        let mut x = bf16_values(rng, rows * cols, 4.0);
-        x[7] = 3000.0;
+        let x = cast_input(rng, rows * cols);
         let xt = upload_f32(device, &x, &[rows, cols])
             .cast(EDType::BF16)
             .map_err(|e| e.to_string())?;
         let host_amax = ferrotron_parallel::fp8_scaling::amax(&x);
-        let delayed_scale = 37.5f32;
-        let state = upload_f32(device, &[delayed_scale, 0.0, 2.0], &[1, 3]);
+        let state = upload_f32(device, &[DELAYED_SCALE, 0.0, 2.0], &[1, 3]);
         let from = if current {
             ScaleFrom::Current {
                 scaled_max: format.max(),
@@ -158,23 +167,46 @@ fn cast_row(
         let scale = if current {
             ferrotron_parallel::fp8_scaling::current_scale(host_amax, format.max())
         } else {
-            delayed_scale
+            DELAYED_SCALE
         };
         let want: Vec<f32> = x.iter().map(|v| round_to_fp8(v * scale, format)).collect();
         let want_t: Vec<f32> = (0..rows * cols)
             .map(|i| want[(i % rows) * cols + i / rows])
             .collect();
         let transposed = transposed.ok_or("no transpose")?;
-        let mut bad = differing(&decoded(&data, format)?, &want);
-        bad += differing(&decoded(&transposed, format)?, &want_t);
-        bad += differing(&f32s(&scale_inv)?, &[1.0 / scale]);
-        if !current {
-            bad += differing(&f32s(&state)?, &[delayed_scale, 0.0, host_amax.max(2.0)]);
-        }
-        Ok((bad, want.len()))
+        let parts = [
+            ("bytes", differing(&decoded(&data, format)?, &want)),
+            (
+                "transpose",
+                differing(&decoded(&transposed, format)?, &want_t),
+            ),
+            ("scale_inv", differing(&f32s(&scale_inv)?, &[1.0 / scale])),
+            (
+                "state",
+                if current {
+                    0
+                } else {
+                    differing(&f32s(&state)?, &[DELAYED_SCALE, 0.0, host_amax.max(2.0)])
+                },
+            ),
+        ];
+        Ok((parts, want.len()))
     });
     match result {
-        Ok((bad, checked)) => exact_row(op, shape, note, bad, checked),
+        Ok((parts, checked)) => {
+            let bad = parts.iter().map(|(_, n)| n).sum();
+            let differ: Vec<String> = parts
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(part, n)| format!("{part} {n}"))
+                .collect();
+            let note = if differ.is_empty() {
+                note
+            } else {
+                format!("{note}; differing: {}", differ.join(", "))
+            };
+            exact_row(op, shape, note, bad, checked)
+        }
         Err(e) => Row {
             op: op.into(),
             dtype: "fp8",
@@ -612,6 +644,19 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cast_inputs_are_bf16_values_with_a_saturating_outlier() {
+        let x = cast_input(&mut StdRng::seed_from_u64(5), 64);
+        for v in &x {
+            assert_eq!(
+                burn::tensor::bf16::from_f32(*v).to_f32().to_bits(),
+                v.to_bits()
+            );
+        }
+        let most = DELAYED_SCALE * ferrotron_parallel::fp8_scaling::amax(&x);
+        assert!(most > Fp8Format::E5m2.max(), "{most}");
+    }
 
     #[test]
     fn decoding_inverts_the_host_rounding() {
