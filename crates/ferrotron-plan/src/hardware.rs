@@ -160,6 +160,14 @@ impl GpuSpec {
         }
     }
 
+    /// The MFU denominator: the dense peak of the recipe's 16- or 32-bit dtype, for fp8 recipes
+    /// too. Megatron and torchtitan count MFU against the bf16 peak (989 TFLOP/s on an H100 or
+    /// H200), so an fp8 run's MFU is comparable with the same model's bf16 run and its gain
+    /// shows as a higher MFU, not as a lower one against the fp8 peak.
+    pub fn mfu_peak(&self, dtype: Dtype) -> f64 {
+        self.peak(dtype, Fp8::None)
+    }
+
     /// Whether the chip has fp8 tensor cores.
     pub fn supports_fp8(&self) -> bool {
         self.peak_fp8 > 0.0

@@ -29,7 +29,8 @@ pub struct PlanOptions {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hardware {
     pub gpu: GpuKind,
-    /// Dense peak FLOP/s per GPU in the recipe's precision (the MFU denominator).
+    /// Dense peak FLOP/s per GPU in the recipe's 16- or 32-bit dtype, fp8 recipes included
+    /// (the MFU denominator, [`GpuSpec::mfu_peak`]).
     pub peak_flops: f64,
     pub memory_bytes: u64,
     /// Where the hardware figures come from (datasheet, measurement, or nominal).
@@ -329,7 +330,7 @@ fn finish(
         world_size: cluster.world_size(),
         hardware: Hardware {
             gpu: cluster.gpu,
-            peak_flops: spec.peak(resolved.precision.dtype, resolved.precision.fp8),
+            peak_flops: spec.mfu_peak(resolved.precision.dtype),
             memory_bytes: spec.memory_bytes as u64,
             source: format!("{}: {}", gpu_name(cluster.gpu), spec.source),
         },
@@ -359,7 +360,7 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
-    use ferrotron_recipe::Degree;
+    use ferrotron_recipe::{Degree, Fp8};
 
     use super::*;
     use crate::testing::{gpt2_small, llama3_8b};
@@ -399,6 +400,32 @@ mod tests {
         recipe.training.global_batch_size = 256;
         let other = super::plan(&recipe, &opts).expect("plans");
         assert_ne!(other.plan_hash, plan.plan_hash);
+    }
+
+    #[test]
+    fn fp8_plans_count_mfu_against_the_bf16_peak() {
+        let plan_in = |fp8| {
+            let mut recipe = llama3_8b();
+            recipe.precision.fp8 = fp8;
+            let opts = PlanOptions {
+                cluster: h100(1),
+                vocab_size: 128256,
+            };
+            plan(&recipe, &opts).expect("plans")
+        };
+        let (bf16, fp8) = (plan_in(Fp8::None), plan_in(Fp8::Hybrid));
+        assert_eq!(bf16.hardware.peak_flops, 989e12);
+        assert_eq!(fp8.hardware.peak_flops, 989e12);
+        // The same FLOPs in less time: a higher MFU, against the same denominator.
+        assert!(fp8.predicted.step_seconds < bf16.predicted.step_seconds);
+        assert!(fp8.predicted.mfu > bf16.predicted.mfu);
+        let gpus_times_seconds = f64::from(fp8.world_size) * fp8.predicted.step_seconds;
+        let mfu = fp8.flops_per_iteration / (gpus_times_seconds * 989e12);
+        assert!(
+            (fp8.predicted.mfu - mfu).abs() < 1e-12,
+            "{}",
+            fp8.predicted.mfu
+        );
     }
 
     #[test]

@@ -331,7 +331,7 @@ pub(crate) fn predict(
     let world = f64::from(d.world_size());
     let tokens = f64::from(setup.recipe.training.global_batch_size)
         * f64::from(setup.recipe.model.seq_length);
-    let peak = spec.peak(setup.recipe.precision.dtype, setup.recipe.precision.fp8);
+    let peak = spec.mfu_peak(setup.recipe.precision.dtype);
     let scale = m;
     let breakdown = Breakdown {
         compute: slow.compute * scale,
