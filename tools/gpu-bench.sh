@@ -120,6 +120,7 @@ import glob, json, os, re, statistics, sys
 
 out = sys.argv[1]
 rows = []
+losses = {}  # name -> the training loss of every logged step
 for plan_path in sorted(glob.glob(f"{out}/logs/*.plan.json")):
     name = os.path.basename(plan_path)[: -len(".plan.json")]
     try:
@@ -130,6 +131,7 @@ for plan_path in sorted(glob.glob(f"{out}/logs/*.plan.json")):
     records = []
     if os.path.exists(metrics_path):
         records = [json.loads(l) for l in open(metrics_path) if l.strip()]
+    losses[name] = [r["loss"] for r in records if r.get("kind") == "train" and "loss" in r]
     steps = [r for r in records if "tokens_per_second" in r and r.get("step", 0) > 5]
     log = open(f"{out}/logs/{name}.log", errors="replace").read() if os.path.exists(f"{out}/logs/{name}.log") else ""
     peak = re.findall(r"peak device memory ([0-9.]+) GiB", log)
@@ -163,6 +165,12 @@ if pairs:
     table += ["", "| fp8 row | bf16 row | fp8 tokens/s | bf16 tokens/s | speed-up |", "|---|---|---:|---:|---:|"]
     for fp8, bf16 in pairs:
         table.append(f"| {fp8} | {bf16} | {speed[fp8]:,.0f} | {speed[bf16]:,.0f} | {speed[fp8] / speed[bf16]:.2f}x |")
+# The first steps' losses show a divergence (an fp8 scale, a warm-up too short) that the
+# throughput columns hide; a pair's two rows start from the same weights and batches.
+table += ["", "| model | loss, steps 1–5 | last |", "|---|---|---:|"]
+for name, curve in losses.items():
+    first = " ".join(f"{v:.3f}" for v in curve[:5])
+    table.append(f"| {name} | {first} | {curve[-1]:.3f} |" if curve else f"| {name} | – | – |")
 text = "\n".join(table)
 open(f"{out}/gpu-bench.md", "w").write(text + "\n")
 print(text)

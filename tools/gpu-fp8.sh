@@ -5,6 +5,7 @@
 #   2. `gpu-bench.sh` rows bf16 and fp8 hybrid of gpt-1.3b and the LLaMA-style 1B in the same
 #      call (the speed-up table; the bar is 1.35×);
 #   3. `gpu-fp8-curve.sh`: 300 steps of GPT-2 124M, fp8 against bf16 from the same weights;
+#   2b. the same fp8 rows with OP_TIMING=1: per-op GPU time tables (ops/logs/*.ops.md);
 #   4. `gpu-resume.sh` with fp8: a run killed after its checkpoints and resumed must continue
 #      the uninterrupted run's losses bit for bit (the scaling state is in the checkpoint).
 # The tables are printed last; logs under $OUT.
@@ -15,7 +16,7 @@
 #       && strip -o .gpu-dist/gpu_check $CARGO_TARGET_DIR/debug/gpu_check
 #   device run: bash tools/gpu-fp8.sh        (carry: [".gpu-dist"])
 # Env: OUT (/tmp/gpu-fp8-out), FERROTRON_DIST (.gpu-dist), BENCH_STEPS (20), SKIP ("bench
-# curve resume": parts to leave out).
+# ops curve resume": parts to leave out).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,6 +42,14 @@ if [[ $skip != *" bench "* ]]; then
         bash tools/gpu-bench.sh >"$OUT/bench.out" 2>&1
     echo "exit $?"
 fi
+if [[ $skip != *" ops "* ]]; then
+    # Where an fp8 step's time goes: the per-op GPU time table of the fp8 rows (the events
+    # around every op slow the run, so its speed is not the bench's).
+    echo "=== 2b. fp8 op tables ($(date +%T))"
+    OUT=$OUT/ops STEPS=8 OP_TIMING=1 ONLY="gpt-1.3b-fp8 llama-1b-fp8" \
+        bash tools/gpu-bench.sh >"$OUT/ops.out" 2>&1
+    echo "exit $?"
+fi
 if [[ $skip != *" curve "* ]]; then
     echo "=== 3. 124M curve ($(date +%T))"
     OUT=$OUT/curve bash tools/gpu-fp8-curve.sh >"$OUT/curve.out" 2>&1
@@ -57,6 +66,13 @@ echo
 echo "## gpu_check --filter fp8"
 tail -n 40 "$OUT/gpu-check-fp8.md"
 tail -n 3 "$OUT/gpu-check-fp8.err"
+for ops in "$OUT"/ops/logs/*.ops.md; do
+    if [[ -f $ops ]]; then
+        echo
+        echo "## $(basename "$ops") (the 12 costliest ops)"
+        head -n 14 "$ops"
+    fi
+done
 for part in bench/gpu-bench.md curve/gpu-fp8-curve.md resume/gpu-resume.md; do
     if [[ -f $OUT/$part ]]; then
         echo
