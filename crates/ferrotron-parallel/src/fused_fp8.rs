@@ -216,6 +216,18 @@ impl Fp8State {
         Ok(())
     }
 
+    /// Whether a delayed-scaling cast measures its own tensor's amax for its scale: only before
+    /// the first optimizer step of a run (not of a resumed one), when the state holds no amax
+    /// yet. Starting from scale 1, as Transformer Engine does, flushes every gradient element
+    /// below e5m2's smallest subnormal (2^-16) to zero on the first step: with a loss averaged
+    /// over tens of thousands of tokens that is most of them, and the step's update of every
+    /// fp8 layer is lost. The amax is still recorded, so the second step's scales are the
+    /// delayed ones. (A rank casts with its own amax on that step; the amaxes are max-reduced at
+    /// its end as on every step, so the states agree from then on.)
+    pub fn measures_first_scales(&self) -> bool {
+        matches!(self.settings.scaling, Fp8Scaling::Delayed { .. }) && self.lock().step == 0
+    }
+
     /// Marks the end of an optimizer step: weights cast so far are stale.
     fn next_step(&self) {
         let mut inner = self.lock();
@@ -395,8 +407,10 @@ pub fn fp8_quantize_reference<B: Backend>(
     let format = settings.format(role);
     let seen = amax(&values);
     let at = fp8.block_offset(role);
+    let measured = current_scale(seen, settings.scaled_max(role));
+    let first = fp8.state.measures_first_scales();
     let scale = match settings.scaling {
-        Fp8Scaling::Current => current_scale(seen, settings.scaled_max(role)),
+        Fp8Scaling::Current => measured,
         Fp8Scaling::Delayed { .. } => fp8.state.with_tensor::<B, _>(&device, |state| {
             let mut host = host_values::<B>(state.clone());
             if record {
@@ -404,7 +418,7 @@ pub fn fp8_quantize_reference<B: Backend>(
                 let shape = state.shape().dims::<2>();
                 *state = f32_tensor::<B>(host.clone(), shape, &device);
             }
-            host[at + SCALE]
+            if first { measured } else { host[at + SCALE] }
         }),
     };
     let cast: Vec<f32> = values

@@ -40,22 +40,27 @@ pub(crate) fn fp8_quantize_op(
             true,
             ScaleFrom::Current {
                 scaled_max: settings.scaled_max(role),
+                record: None,
             },
         )),
         Fp8Scaling::Delayed { .. } => {
             let device = GpuDevice::new(x.device().ordinal());
             let at = fp8.block_offset(role);
+            let first = fp8.state().measures_first_scales();
             fp8.state().with_tensor::<Cuda, _>(&device, |state| {
-                ok(cast_transpose(
-                    &x,
-                    format,
-                    true,
+                let from = if first {
+                    ScaleFrom::Current {
+                        scaled_max: settings.scaled_max(role),
+                        record: record.then_some((&*state, at + AMAX)),
+                    }
+                } else {
                     ScaleFrom::Delayed {
                         state,
                         scale: at + SCALE,
                         amax: record.then_some(at + AMAX),
-                    },
-                ))
+                    }
+                };
+                ok(cast_transpose(&x, format, true, from))
             })
         }
     };

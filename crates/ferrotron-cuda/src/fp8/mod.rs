@@ -47,8 +47,13 @@ pub enum ScaleFrom<'a> {
         scale: usize,
         amax: Option<usize>,
     },
-    /// Current scaling: `scaled_max / amax(x)`, the amax measured by a pass before the cast.
-    Current { scaled_max: f32 },
+    /// Current scaling: `scaled_max / amax(x)`, the amax measured by a pass before the cast;
+    /// with `record`, the amax is also maxed into f32 index `.1` of the state `.0` (delayed
+    /// scaling's first step, `Fp8State::measures_first_scales`).
+    Current {
+        scaled_max: f32,
+        record: Option<(&'a CudaTensor, usize)>,
+    },
 }
 
 /// Whether `device` has fp8 tensor cores (compute capability 9.0, Hopper, or newer).
@@ -124,18 +129,29 @@ pub fn cast_transpose(
         ));
     }
     let f32_at = |t: &CudaTensor, index: usize| t.data_ptr() + 4 * index as u64;
+    let state_f32 = |state: &CudaTensor| {
+        if state.dtype() != DType::F32 || !state.is_contiguous() {
+            return Err(CudaError::invalid(ctx(), "the fp8 state is contiguous f32"));
+        }
+        Ok(())
+    };
     let (scale, amax_src, amax_dst, scaled_max, measured) = match from {
         ScaleFrom::Delayed { state, scale, amax } => {
-            if state.dtype() != DType::F32 || !state.is_contiguous() {
-                return Err(CudaError::invalid(ctx(), "the fp8 state is contiguous f32"));
-            }
+            state_f32(state)?;
             let amax_dst = amax.map_or(0, |i| f32_at(state, i));
             (f32_at(state, scale), 0, amax_dst, 0.0, None)
         }
-        ScaleFrom::Current { scaled_max } => {
+        ScaleFrom::Current { scaled_max, record } => {
+            let amax_dst = match record {
+                Some((state, i)) => {
+                    state_f32(state)?;
+                    f32_at(state, i)
+                }
+                None => 0,
+            };
             let measured = zeros(&device, &[1], DType::F32)?;
             amax_into(&x, &measured)?;
-            (0, measured.data_ptr(), 0, scaled_max, Some(measured))
+            (0, measured.data_ptr(), amax_dst, scaled_max, Some(measured))
         }
     };
     let spec = CastTranspose {

@@ -118,3 +118,87 @@ fn fp8_training_follows_the_plain_loss() {
     let input_scale = rows[0].1[Fp8Role::Input as usize * width + SCALE];
     assert!(input_scale > 10.0, "{input_scale}");
 }
+
+/// Batches of a bigram chain (each of 100 tokens has 4 likely successors): structure a small
+/// model learns within a few dozen steps, without memorising the batches.
+fn bigram_batches(count: usize) -> Vec<(Tensor<CpuAutodiff, 2, Int>, Tensor<CpuAutodiff, 2, Int>)> {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(9);
+    let next: Vec<[u32; 4]> = (0..100)
+        .map(|_| std::array::from_fn(|_| rng.random_range(0..100)))
+        .collect();
+    (0..count)
+        .map(|_| {
+            let rows: Vec<Vec<u32>> = (0..8)
+                .map(|_| {
+                    let mut token = rng.random_range(0..100u32);
+                    (0..33)
+                        .map(|_| {
+                            let current = token;
+                            token = next[token as usize][rng.random_range(0..4)];
+                            current
+                        })
+                        .collect()
+                })
+                .collect();
+            let inputs: Vec<&[u32]> = rows.iter().map(|r| &r[..32]).collect();
+            let labels: Vec<&[u32]> = rows.iter().map(|r| &r[1..]).collect();
+            (tokens(&inputs), tokens(&labels))
+        })
+        .collect()
+}
+
+#[test]
+fn the_first_steps_tiny_gradients_reach_the_fp8_layers() {
+    // Megatron's defaults: hybrid, delayed scaling, history 1, most recent amax. The loss is
+    // scaled by 1e-3 so the layers' output gradients lie below e5m2's smallest subnormal at
+    // scale 1, as a loss averaged over tens of thousands of tokens puts them on a GPU.
+    let model = Model {
+        hidden_size: 64,
+        ffn_hidden_size: Some(256),
+        seq_length: 32,
+        ..gpt2_model()
+    };
+    let settings = Fp8Settings {
+        scaling: Fp8Scaling::Delayed {
+            history: 1,
+            algo: AmaxAlgo::MostRecent,
+        },
+        ..hybrid()
+    };
+    let batches = bigram_batches(20);
+    let run = |fp8: bool| {
+        let mut gpt = build::<CpuAutodiff>(&model, 0);
+        if fp8 {
+            gpt = gpt.with_fp8(settings, |_| true);
+        }
+        let mut optimizer = AdamWConfig::new()
+            .with_beta_2(0.95)
+            .init::<CpuAutodiff, GptModel<CpuAutodiff>>();
+        let mut losses = Vec::new();
+        for (step, (inputs, labels)) in batches.iter().enumerate() {
+            let output = gpt.loss(inputs.clone(), labels.clone());
+            losses.push(scalar(output.lm_loss.clone()));
+            let scaled = output.loss * 1e-3;
+            let gradients = GradientsParams::from_grads(scaled.backward(), &gpt);
+            gpt = optimizer.step(3e-3 * (step + 1) as f64 / 10.0, gpt, gradients);
+            if let Some(state) = gpt.fp8_state() {
+                end_fp8_step::<Cpu>(state, &[&solo()]);
+            }
+        }
+        losses
+    };
+    let (plain, fp8) = (run(false), run(true));
+    // Starting from scale 1, the first step's gradients flushed to zero and fp8 trailed the
+    // plain curve by about a step (a mean gap of 0.013 over these 20 steps, 0.0117 at step 5);
+    // with the first step's scales measured it follows it to fp8's rounding (0.0007).
+    let gap = plain
+        .iter()
+        .zip(&fp8)
+        .map(|(p, f)| (p - f).abs())
+        .sum::<f32>()
+        / plain.len() as f32;
+    assert!(gap < 0.003, "mean gap {gap}\nplain {plain:?}\nfp8 {fp8:?}");
+    assert!(fp8[19] < fp8[0] - 0.3, "fp8 trains: {fp8:?}");
+}

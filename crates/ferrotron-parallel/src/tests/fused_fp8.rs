@@ -148,18 +148,21 @@ fn expected(x: &[f32], w: &[f32], g: &[f32], b: &[f32], [sx, sw, sg]: [f32; 3]) 
 }
 
 #[test]
-fn the_node_computes_the_fp8_products_with_the_scales_of_the_step_before() {
+fn the_first_step_measures_its_scales_and_later_steps_use_the_step_befores() {
     let fp8 = layer(delayed());
     let x = scaled([M, K], 0.1, 3.0);
     let w = scaled([K, N], 0.2, 0.05);
-    // gradients below e5m2's smallest subnormal (2^-16): scale 1 flushes them to zero
+    // gradients below e5m2's smallest subnormal (2^-16): scale 1 would flush them to zero
     let g = scaled([M, N], 0.3, 1e-6);
     let (xv, wv, gv) = (flat(x.clone()), flat(w.clone()), flat(g.clone()));
     let bv = values(&[N], 0.9);
+    let measured = [448.0 / amax(&xv), 448.0 / amax(&wv), 57344.0 / amax(&gv)];
 
-    // Step 1 casts with the initial scales (1) and records the amaxes.
+    // Step 1 has no amax history: each cast measures its tensor's amax for its scale (not the
+    // initial 1), and records it.
+    assert!(fp8.state().measures_first_scales());
     let first = run(&fp8, x.clone(), w.clone(), g.clone());
-    let want = expected(&xv, &wv, &gv, &bv, [1.0; 3]);
+    let want = expected(&xv, &wv, &gv, &bv, measured);
     close(&first.output, &want.output, "step 1 output");
     close(&first.dx, &want.dx, "step 1 dx");
     close(&first.dw, &want.dw, "step 1 dW");
@@ -172,28 +175,32 @@ fn the_node_computes_the_fp8_products_with_the_scales_of_the_step_before() {
         1.0,
         "no update inside a step"
     );
+    // With scale 1 the tiny gradients would have been lost.
+    let exact = matmul(&gv, &transpose(&wv, K, N), M, N, K);
+    let error = |v: &[f32]| -> f32 { v.iter().zip(&exact).map(|(a, e)| (a - e).abs()).sum() };
+    let unscaled = expected(&xv, &wv, &gv, &bv, [1.0; 3]);
+    assert!(
+        error(&first.dx) * 4.0 < error(&unscaled.dx),
+        "measured scales keep the gradients' precision"
+    );
 
     end_fp8_step::<Flex>(fp8.state(), &[&solo()]);
-    let scales = [448.0 / amax(&xv), 448.0 / amax(&wv), 57344.0 / amax(&gv)];
-    for (role, scale) in Fp8Role::ALL.into_iter().zip(scales) {
+    assert!(!fp8.state().measures_first_scales());
+    for (role, scale) in Fp8Role::ALL.into_iter().zip(measured) {
         assert_eq!(at(&fp8, role, SCALE), scale, "{role:?}");
         assert_eq!(at(&fp8, role, AMAX), 0.0, "{role:?}");
     }
     assert_eq!(at(&fp8, Fp8Role::Input, HISTORY), amax(&xv));
 
-    // Step 2 uses them: tiny gradients keep their precision instead of flushing to zero.
-    let second = run(&fp8, x, w, g);
-    let want = expected(&xv, &wv, &gv, &bv, scales);
+    // Step 2 casts with step 1's scales, not its own tensors' (0.3 times as large here:
+    // not a power of two, whose scales would round alike).
+    let (x2, g2) = (x * 0.3, g * 0.3);
+    let (x2v, g2v) = (flat(x2.clone()), flat(g2.clone()));
+    let second = run(&fp8, x2, w, g2);
+    let want = expected(&x2v, &wv, &g2v, &bv, measured);
     close(&second.output, &want.output, "step 2 output");
     close(&second.dx, &want.dx, "step 2 dx");
     close(&second.dw, &want.dw, "step 2 dW");
-    // Tiny gradients cast with scale 1 are lost; scaled, they keep e5m2's precision.
-    let exact = matmul(&gv, &transpose(&wv, K, N), M, N, K);
-    let error = |v: &[f32]| -> f32 { v.iter().zip(&exact).map(|(a, e)| (a - e).abs()).sum() };
-    assert!(
-        error(&second.dx) * 4.0 < error(&first.dx),
-        "scaled gradients keep precision"
-    );
     // and the other slot of the chunk was never touched
     assert_eq!(state_values(&fp8)[AMAX], 0.0);
 }

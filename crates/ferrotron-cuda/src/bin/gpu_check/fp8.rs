@@ -151,6 +151,7 @@ fn cast_row(
         let from = if current {
             ScaleFrom::Current {
                 scaled_max: format.max(),
+                record: None,
             }
         } else {
             ScaleFrom::Delayed {
