@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::cublaslt::{result, sys};
 
@@ -253,13 +253,7 @@ pub fn matmul_bias(
     let b_op = prepare(b, &batch, k, n)?;
     let batch_count = i32::try_from(batch_count)
         .map_err(|_| CudaError::unsupported(ctx(), "more than 2^31 batches"))?;
-    // SAFETY: only tries to dlopen cuBLASLt by its usual names.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(CudaError::LibraryMissing {
-            library: "cuBLASLt (libcublasLt)",
-            hint: "add the CUDA toolkit's lib64 to LD_LIBRARY_PATH",
-        });
-    }
+    cublaslt_present()?;
     let key = ProblemKey {
         dtype: a.dtype(),
         tf32: device.tf32(),
@@ -624,6 +618,21 @@ fn heuristic_candidates(
         ));
     }
     Ok(candidates)
+}
+
+/// Whether cuBLASLt can be loaded, asked once: cudarc's check dlopens every candidate name, too
+/// much for every GEMM of a step.
+pub(crate) fn cublaslt_present() -> Result<()> {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen cuBLASLt by its usual names.
+    if *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() }) {
+        Ok(())
+    } else {
+        Err(CudaError::LibraryMissing {
+            library: "cuBLASLt (libcublasLt)",
+            hint: "add the CUDA toolkit's lib64 to LD_LIBRARY_PATH",
+        })
+    }
 }
 
 #[cfg(test)]

@@ -172,13 +172,7 @@ pub fn fp8_matmul(
     };
     let device = a.data.device().clone();
     let output = CudaTensor::empty(&device, &[m, n], out)?;
-    // SAFETY: only tries to dlopen cuBLASLt by its usual names.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(CudaError::LibraryMissing {
-            library: "cuBLASLt (libcublasLt)",
-            hint: "add the CUDA toolkit's lib64 to LD_LIBRARY_PATH",
-        });
-    }
+    crate::blas::cublaslt_present()?;
     let key = Key {
         m: m as u64,
         n: n as u64,
