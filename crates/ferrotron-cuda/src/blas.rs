@@ -380,7 +380,9 @@ fn run_gemm(
         let (plan, candidates) = make_plan(blas, key, data_type, a, b)?;
         set_bias(&plan, bias)?;
         let plan = if candidates.len() > 1 && crate::blas_tune::enabled() {
-            let pick = tuned_pick(blas, device, key, &plan, &candidates, a, b, out);
+            let pick = crate::blas_tune::pick(device, &format!("{key:?}"), &candidates, |algo| {
+                launch(blas, &plan, algo, a, b, out, stream)
+            });
             GemmPlan {
                 algo: candidates[pick],
                 ..plan
@@ -402,37 +404,6 @@ fn run_gemm(
     );
     set_bias(plan, bias)?;
     launch(blas, plan, &plan.algo, a, b, out, stream)
-}
-
-/// The candidate to keep for `key`: the one remembered for this device, else the fastest on
-/// these operands (then remembered).
-#[allow(clippy::too_many_arguments)]
-fn tuned_pick(
-    blas: &BlasHandle,
-    device: &CudaDevice,
-    key: &ProblemKey,
-    plan: &GemmPlan,
-    candidates: &[sys::cublasLtMatmulAlgo_t],
-    a: &Operand,
-    b: &Operand,
-    out: &CudaTensor,
-) -> usize {
-    let dir = crate::blas_tune::store_dir(device.arch());
-    let problem = format!("{key:?}");
-    // SAFETY: a version query with no arguments (the library is loaded by now).
-    let version = unsafe { sys::cublasLtGetVersion() };
-    let name = device.name().unwrap_or_else(|_| device.arch().to_string());
-    let name = format!("{name} cuBLASLt {version}");
-    if let Some(pick) = crate::blas_tune::remembered(dir.as_deref(), &problem, &name, candidates) {
-        return pick;
-    }
-    let stream = device.cu_stream();
-    let (pick, times) = crate::blas_tune::fastest(candidates, stream, |algo| {
-        launch(blas, plan, algo, a, b, out, stream)
-    });
-    tracing::debug!(?key, ?times, pick, "cuBLASLt candidates timed");
-    crate::blas_tune::remember(dir.as_deref(), &problem, &name, pick, &candidates[pick]);
-    pick
 }
 
 /// Points the plan's bias epilogue at `bias` (set per call: the vector moves between calls).
@@ -581,11 +552,7 @@ fn heuristic_candidates(
     d: &Layout,
     pref: &Pref,
 ) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, result::CublasError> {
-    let asked = if crate::blas_tune::enabled() {
-        crate::blas_tune::CANDIDATES
-    } else {
-        1
-    };
+    let asked = crate::blas_tune::asked();
     // SAFETY: an all-zero heuristic result is a valid (unfilled) value of this plain C struct.
     let mut found =
         vec![unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() }; asked];
@@ -606,18 +573,7 @@ fn heuristic_candidates(
         )
         .result()?;
     }
-    let candidates: Vec<_> = found
-        .iter()
-        .take(count.max(0) as usize)
-        .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-        .map(|h| h.algo)
-        .collect();
-    if candidates.is_empty() {
-        return Err(result::CublasError(
-            sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
-        ));
-    }
-    Ok(candidates)
+    crate::blas_tune::usable(&found, count)
 }
 
 /// Whether cuBLASLt can be loaded, asked once: cudarc's check dlopens every candidate name, too

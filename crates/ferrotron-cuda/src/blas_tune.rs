@@ -21,6 +21,8 @@ use std::sync::OnceLock;
 use cudarc::cublaslt::{result::CublasError, sys};
 use cudarc::driver::{result as driver, sys as dsys};
 
+use crate::device::CudaDevice;
+
 /// Candidates asked of the heuristic.
 pub(crate) const CANDIDATES: usize = 8;
 /// Timed calls per candidate (after one warm-up call).
@@ -38,7 +40,7 @@ pub(crate) fn enabled() -> bool {
 /// microseconds (`None` where it failed to run). `launch` queues one GEMM with the given
 /// algorithm on `stream`; a candidate whose launch fails is skipped, so the result is always a
 /// candidate that ran, or the first when none did (the caller's own call reports its error).
-pub(crate) fn fastest(
+fn fastest(
     algos: &[sys::cublasLtMatmulAlgo_t],
     stream: dsys::CUstream,
     mut launch: impl FnMut(&sys::cublasLtMatmulAlgo_t) -> Result<(), CublasError>,
@@ -50,8 +52,57 @@ pub(crate) fn fastest(
     (choose(&times), times)
 }
 
+/// How many algorithms to ask the heuristic for: [`CANDIDATES`] when tuning, else its best
+/// guess alone.
+pub(crate) fn asked() -> usize {
+    if enabled() { CANDIDATES } else { 1 }
+}
+
+/// The algorithms among the heuristic's first `count` results that it says can run, in its
+/// order; an error when there is none.
+pub(crate) fn usable(
+    found: &[sys::cublasLtMatmulHeuristicResult_t],
+    count: i32,
+) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, CublasError> {
+    let candidates: Vec<_> = found
+        .iter()
+        .take(count.max(0) as usize)
+        .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+        .map(|h| h.algo)
+        .collect();
+    if candidates.is_empty() {
+        return Err(CublasError(
+            sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+        ));
+    }
+    Ok(candidates)
+}
+
+/// The candidate to keep for `problem` (a description of the GEMM that names everything the
+/// choice depends on) on `device`: the one remembered for this device and library, else the
+/// fastest of `launch`ing each on `device`'s stream (then remembered).
+pub(crate) fn pick(
+    device: &CudaDevice,
+    problem: &str,
+    candidates: &[sys::cublasLtMatmulAlgo_t],
+    launch: impl FnMut(&sys::cublasLtMatmulAlgo_t) -> Result<(), CublasError>,
+) -> usize {
+    let dir = store_dir(device.arch());
+    // SAFETY: a version query with no arguments (the library is loaded by now).
+    let version = unsafe { sys::cublasLtGetVersion() };
+    let name = device.name().unwrap_or_else(|_| device.arch().to_string());
+    let name = format!("{name} cuBLASLt {version}");
+    if let Some(pick) = remembered(dir.as_deref(), problem, &name, candidates) {
+        return pick;
+    }
+    let (pick, times) = fastest(candidates, device.cu_stream(), launch);
+    tracing::debug!(problem, ?times, pick, "cuBLASLt candidates timed");
+    remember(dir.as_deref(), problem, &name, pick, &candidates[pick]);
+    pick
+}
+
 /// Where this device's choices live (`None`: the kernel cache is off, choices stay in memory).
-pub(crate) fn store_dir(arch: &str) -> Option<PathBuf> {
+fn store_dir(arch: &str) -> Option<PathBuf> {
     crate::kernels::cache::disk_cache_dir(arch).map(|d| d.join("gemm"))
 }
 
@@ -81,7 +132,7 @@ fn decode(text: &str, algos: &[sys::cublasLtMatmulAlgo_t]) -> Option<usize> {
 }
 
 /// The choice remembered for this problem on this device, if any.
-pub(crate) fn remembered(
+fn remembered(
     dir: Option<&Path>,
     problem: &str,
     device: &str,
@@ -92,7 +143,7 @@ pub(crate) fn remembered(
 }
 
 /// Remembers a choice (best effort: a cache that cannot be written only costs a re-timing).
-pub(crate) fn remember(
+fn remember(
     dir: Option<&Path>,
     problem: &str,
     device: &str,

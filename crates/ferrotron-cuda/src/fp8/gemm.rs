@@ -9,7 +9,9 @@
 //! never asks for it: gradients meet e4m3 activations or weights).
 //!
 //! This module keeps its own cuBLASLt handle and workspace per device (the bf16 path's live in
-//! `blas.rs`); plans (descriptors, layouts, the heuristic's algorithm) are cached per problem.
+//! `blas.rs`); plans (descriptors, layouts, an algorithm) are cached per problem, the algorithm
+//! chosen as the bf16 path chooses it: the heuristic's candidates timed on the first call's
+//! operands and the choice remembered on disk (`blas_tune.rs`, `FERROTRON_GEMM_TUNE`).
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -194,13 +196,30 @@ pub fn fp8_matmul(
         }),
     };
     if !handle.plans.contains_key(&key) {
-        let plan = make_plan(handle, &key, d_type).map_err(|e| CudaError::blas(ctx(), e))?;
+        let (mut plan, candidates) =
+            make_plan(handle, &key, d_type).map_err(|e| CudaError::blas(ctx(), e))?;
+        if candidates.len() > 1 {
+            let problem = format!("fp8 {key:?}");
+            let pick = crate::blas_tune::pick(&device, &problem, &candidates, |algo| {
+                run(handle, &plan, algo, &a, &b, bias.as_ref(), &output, &device)
+            });
+            plan.algo = candidates[pick];
+        }
         handle.plans.insert(key, plan);
     }
     let plan = &handle.plans[&key];
     let _timer = crate::timing::scope(&device, "fp8_matmul(cublaslt)");
-    run(handle, plan, &a, &b, bias.as_ref(), &output, &device)
-        .map_err(|e| CudaError::blas(ctx(), e))?;
+    run(
+        handle,
+        plan,
+        &plan.algo,
+        &a,
+        &b,
+        bias.as_ref(),
+        &output,
+        &device,
+    )
+    .map_err(|e| CudaError::blas(ctx(), e))?;
     Ok(output)
 }
 
@@ -220,11 +239,13 @@ fn set<T>(
     }
 }
 
+/// The problem's plan with the heuristic's best guess, and the candidates to time (the
+/// guess first; one unless GEMM tuning is on, `blas_tune.rs`).
 fn make_plan(
     handle: &Handle,
     key: &Key,
     d_type: sys::cudaDataType,
-) -> Result<Plan, result::CublasError> {
+) -> Result<(Plan, Vec<sys::cublasLtMatmulAlgo_t>), result::CublasError> {
     use sys::cublasLtMatmulDescAttributes_t as A;
     let desc = result::create_matmul_desc(
         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -271,11 +292,12 @@ fn make_plan(
     };
     // SAFETY: created above, destroyed once.
     let _ = unsafe { result::destroy_matmul_pref(pref) };
-    plan.algo = found?;
-    Ok(plan)
+    let candidates = found?;
+    plan.algo = candidates[0];
+    Ok((plan, candidates))
 }
 
-/// The heuristic's first algorithm for the plan's problem.
+/// The heuristic's algorithms for the plan's problem, best guess first (at least one).
 ///
 /// # Safety
 /// `pref` must be a live preference.
@@ -283,11 +305,13 @@ unsafe fn heuristic(
     handle: &Handle,
     plan: &Plan,
     pref: sys::cublasLtMatmulPreference_t,
-) -> Result<sys::cublasLtMatmulAlgo_t, result::CublasError> {
+) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, result::CublasError> {
+    let asked = crate::blas_tune::asked();
     // SAFETY: an all-zero heuristic result is a valid (unfilled) value of this plain C struct.
-    let mut found = unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() };
+    let mut found =
+        vec![unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() }; asked];
     let mut count = 0;
-    // SAFETY: descriptors and layouts are live; `found` has room for one result.
+    // SAFETY: descriptors and layouts are live; `found` has room for `asked` results.
     unsafe {
         sys::cublasLtMatmulAlgoGetHeuristic(
             handle.handle,
@@ -297,23 +321,21 @@ unsafe fn heuristic(
             plan.layouts[2],
             plan.layouts[2],
             pref,
-            1,
-            &mut found,
+            asked as i32,
+            found.as_mut_ptr(),
             &mut count,
         )
         .result()?;
     }
-    if count < 1 || found.state != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        return Err(result::CublasError(
-            sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
-        ));
-    }
-    Ok(found.algo)
+    crate::blas_tune::usable(&found, count)
 }
 
+/// Queues `out = a · bᵀ` scaled (plus the bias) with `algo`.
+#[allow(clippy::too_many_arguments)]
 fn run(
     handle: &Handle,
     plan: &Plan,
+    algo: &sys::cublasLtMatmulAlgo_t,
     a: &Operand<'_>,
     b: &Operand<'_>,
     bias: Option<&CudaTensor>,
@@ -351,7 +373,7 @@ fn run(
             plan.layouts[2],
             out.data_ptr() as *mut c_void,
             plan.layouts[2],
-            &plan.algo,
+            algo,
             handle.workspace.ptr() as *mut c_void,
             handle.workspace.len(),
             device.cu_stream() as sys::cudaStream_t,
