@@ -100,17 +100,25 @@ impl GpuSpec {
                 // first fit's 1.5 GiB also held the pool's slack around the per-parameter
                 // update's transient copies (those rows' device peaks fell 3.4 and 1.5 GiB with
                 // the flat state).
+                // The element-wise term was refitted 2026-12-04 after that morning's kernels
+                // (four dropout keep bits a Philox draw, the cross-entropy in 16-byte chunks, a
+                // warp per row for the norm gradient) sped the memory-bound passes: least squares
+                // of predicted/measured on gpt-1.3b 12 × 2048 (0.392 s, 17:26 UTC call), gpt-350m
+                // 16 × 2048 (0.194 s, 02:49) and the LLaMA-style 1B 2 × 4096 (0.122 s, 17:26),
+                // GEMM and attention terms kept: 0.31 (was 0.23), predictions then 1.07, 0.97 and
+                // 0.97 of measured (1.16, 1.08 and 1.04 before; `tests/bench_rows.rs`).
                 gemm_efficiency: 0.76,
                 attention_efficiency: 0.36,
-                memory_bound_efficiency: 0.23,
+                memory_bound_efficiency: 0.31,
                 intra_node_bus_bandwidth: 356e9,
                 inter_node_bandwidth: 0.8 * 50e9,
                 collective_latency: 20e-6,
                 framework_overhead_bytes: 0.6 * GIB,
-                source: "H200 SXM datasheet; fitted here 2026-12-02 (tools/gpu-bench.sh, one H200): \
-                         training GEMMs 0.76 of peak, fused attention 0.36, element-wise passes \
-                         0.23 of HBM bandwidth, 0.6 GiB outside the tensors; NCCL all-reduce bus \
-                         bandwidth 356 GB/s on 4 GPUs; 400 Gb/s InfiniBand per GPU at 80%",
+                source: "H200 SXM datasheet; fitted here 2026-12-02 and 2026-12-04 \
+                         (tools/gpu-bench.sh, one H200): training GEMMs 0.76 of peak, fused \
+                         attention 0.36, element-wise passes 0.31 of HBM bandwidth, 0.6 GiB \
+                         outside the tensors; NCCL all-reduce bus bandwidth 356 GB/s on 4 GPUs; \
+                         400 Gb/s InfiniBand per GPU at 80%",
             },
             GpuKind::B200 => GpuSpec {
                 kind,
