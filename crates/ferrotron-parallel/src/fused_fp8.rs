@@ -107,6 +107,9 @@ struct Inner {
     step: u64,
     /// Slot → (step it was cast in, `Fp8Tensor<K>`).
     weights: HashMap<usize, (u64, Erased)>,
+    /// Slots whose state holds scales from an amax: every slot once a step has ended, those a
+    /// checkpoint restored before that.
+    scaled: Vec<bool>,
 }
 
 impl fmt::Debug for Fp8State {
@@ -127,10 +130,14 @@ fn downcast<K: Backend>(value: &mut Erased) -> &mut FloatTensor<K> {
 impl Fp8State {
     /// The state of the layers named `names` (slot `i` is `names[i]`), before any step.
     pub fn new(settings: Fp8Settings, names: Vec<String>) -> Arc<Self> {
+        let inner = Inner {
+            scaled: vec![false; names.len()],
+            ..Inner::default()
+        };
         Arc::new(Fp8State {
             settings,
             names,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(inner),
         })
     }
 
@@ -196,8 +203,10 @@ impl Fp8State {
     ) -> Result<(), String> {
         let width = self.settings.row_width();
         let mut values = self.settings.initial_state(self.names.len());
+        let mut scaled = vec![false; self.names.len()];
         for (slot, name) in self.names.iter().enumerate() {
             if let Some(row) = rows.get(name) {
+                scaled[slot] = true;
                 if row.len() != width {
                     return Err(format!(
                         "the checkpoint's fp8 state of {name} has {} numbers, this recipe's {width} \
@@ -213,26 +222,30 @@ impl Fp8State {
         inner.tensor = Some(Box::new(f32_tensor::<K>(values, shape, device)));
         inner.weights.clear();
         inner.step += 1;
+        inner.scaled = scaled;
         Ok(())
     }
 
-    /// Whether a delayed-scaling cast measures its own tensor's amax for its scale: only before
-    /// the first optimizer step of a run (not of a resumed one), when the state holds no amax
-    /// yet. Starting from scale 1, as Transformer Engine does, flushes every gradient element
-    /// below e5m2's smallest subnormal (2^-16) to zero on the first step: with a loss averaged
-    /// over tens of thousands of tokens that is most of them, and the step's update of every
-    /// fp8 layer is lost. The amax is still recorded, so the second step's scales are the
-    /// delayed ones. (A rank casts with its own amax on that step; the amaxes are max-reduced at
-    /// its end as on every step, so the states agree from then on.)
-    pub fn measures_first_scales(&self) -> bool {
-        matches!(self.settings.scaling, Fp8Scaling::Delayed { .. }) && self.lock().step == 0
+    /// Whether slot `slot`'s delayed-scaling casts measure their own tensor's amax for their
+    /// scale: only while its state holds no scale from an amax yet (a run's first step, or the
+    /// first step after a resume from a checkpoint without this layer's state). Starting from
+    /// scale 1, as Transformer Engine does, flushes every gradient element below e5m2's
+    /// smallest subnormal (2^-16) to zero: with a loss averaged over tens of thousands of
+    /// tokens that is most of them, and the step's update of every fp8 layer is lost. The amax
+    /// is still recorded, so the next step's scales are the delayed ones. (A rank casts with its
+    /// own amax on that step; the amaxes are max-reduced at its end as on every step, so the
+    /// states agree from then on.)
+    pub fn measures_first_scales(&self, slot: usize) -> bool {
+        matches!(self.settings.scaling, Fp8Scaling::Delayed { .. }) && !self.lock().scaled[slot]
     }
 
-    /// Marks the end of an optimizer step: weights cast so far are stale.
+    /// Marks the end of an optimizer step: weights cast so far are stale, every scale is from
+    /// an amax.
     fn next_step(&self) {
         let mut inner = self.lock();
         inner.step += 1;
         inner.weights.clear();
+        inner.scaled.fill(true);
     }
 
     fn cached_weight<K: Backend>(&self, slot: usize) -> Option<Fp8Tensor<K>> {
@@ -281,6 +294,11 @@ impl Fp8Linear {
 
     pub fn state(&self) -> &Fp8State {
         &self.state
+    }
+
+    /// [`Fp8State::measures_first_scales`] of this layer.
+    pub fn measures_first_scales(&self) -> bool {
+        self.state.measures_first_scales(self.slot)
     }
 
     pub fn settings(&self) -> &Fp8Settings {
@@ -408,7 +426,7 @@ pub fn fp8_quantize_reference<B: Backend>(
     let seen = amax(&values);
     let at = fp8.block_offset(role);
     let measured = current_scale(seen, settings.scaled_max(role));
-    let first = fp8.state.measures_first_scales();
+    let first = fp8.measures_first_scales();
     let scale = match settings.scaling {
         Fp8Scaling::Current => measured,
         Fp8Scaling::Delayed { .. } => fp8.state.with_tensor::<B, _>(&device, |state| {

@@ -46,7 +46,7 @@ pub(crate) fn fp8_quantize_op(
         Fp8Scaling::Delayed { .. } => {
             let device = GpuDevice::new(x.device().ordinal());
             let at = fp8.block_offset(role);
-            let first = fp8.state().measures_first_scales();
+            let first = fp8.measures_first_scales();
             fp8.state().with_tensor::<Cuda, _>(&device, |state| {
                 let from = if first {
                     ScaleFrom::Current {

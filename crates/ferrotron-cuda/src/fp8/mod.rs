@@ -49,7 +49,7 @@ pub enum ScaleFrom<'a> {
     },
     /// Current scaling: `scaled_max / amax(x)`, the amax measured by a pass before the cast;
     /// with `record`, the amax is also maxed into f32 index `.1` of the state `.0` (delayed
-    /// scaling's first step, `Fp8State::measures_first_scales`).
+    /// scaling's first scales, `Fp8State::measures_first_scales`).
     Current {
         scaled_max: f32,
         record: Option<(&'a CudaTensor, usize)>,

@@ -160,7 +160,7 @@ fn the_first_step_measures_its_scales_and_later_steps_use_the_step_befores() {
 
     // Step 1 has no amax history: each cast measures its tensor's amax for its scale (not the
     // initial 1), and records it.
-    assert!(fp8.state().measures_first_scales());
+    assert!(fp8.measures_first_scales());
     let first = run(&fp8, x.clone(), w.clone(), g.clone());
     let want = expected(&xv, &wv, &gv, &bv, measured);
     close(&first.output, &want.output, "step 1 output");
@@ -185,7 +185,7 @@ fn the_first_step_measures_its_scales_and_later_steps_use_the_step_befores() {
     );
 
     end_fp8_step::<Flex>(fp8.state(), &[&solo()]);
-    assert!(!fp8.state().measures_first_scales());
+    assert!(!fp8.measures_first_scales());
     for (role, scale) in Fp8Role::ALL.into_iter().zip(measured) {
         assert_eq!(at(&fp8, role, SCALE), scale, "{role:?}");
         assert_eq!(at(&fp8, role, AMAX), 0.0, "{role:?}");
@@ -292,6 +292,25 @@ fn checkpoint_rows_restore_the_state_by_name() {
         .restore::<Flex>(&rows, &Default::default())
         .expect("same recipe");
     assert_eq!(state_values(&fresh), state_values(&fp8));
+    assert!(!fresh.measures_first_scales(), "restored scales are used");
+    // A layer the checkpoint lacks (fp8 switched on at the resume) measures its first scales;
+    // the one it has uses its restored scales.
+    let partial: HashMap<String, Vec<f32>> = rows
+        .iter()
+        .filter(|(name, _)| name.as_str() == "layers.0.qkv")
+        .map(|(name, row)| (name.clone(), row.clone()))
+        .collect();
+    let state = Fp8State::new(
+        delayed(),
+        vec!["layers.0.qkv".into(), "layers.0.proj".into()],
+    );
+    state
+        .restore::<Flex>(&partial, &Default::default())
+        .expect("same recipe");
+    assert!(!state.measures_first_scales(0));
+    assert!(state.measures_first_scales(1));
+    end_fp8_step::<Flex>(&state, &[&solo()]);
+    assert!(!state.measures_first_scales(1), "scaled after a step");
     let longer = Fp8State::new(
         hybrid(Fp8Scaling::Delayed {
             history: 4,
