@@ -231,12 +231,13 @@ fn run_writes_metrics_run_dir_and_checkpoints() {
             "lr",
             "grad_norm",
             "tokens_per_second",
-            "mfu",
             "step_seconds",
         ] {
             let value = record[field].as_f64().unwrap_or(f64::NAN);
             assert!(value.is_finite(), "{field} in {record}");
         }
+        // A CPU rank has only the planner's nominal peak: no utilisation is claimed.
+        assert!(record.get("mfu").is_none(), "no MFU on the CPU: {record}");
     }
     let evals: Vec<u64> = records
         .iter()
@@ -575,6 +576,11 @@ fn prometheus_metrics_are_served_during_the_run() {
         loss_line.contains(r#"run="run-test""#) && loss_line.contains(r#"rank="0""#),
         "{loss_line}"
     );
+    let mfu_line = body
+        .lines()
+        .find(|l| l.starts_with("ferrotron_mfu_ratio{"))
+        .expect("an MFU sample");
+    assert!(mfu_line.ends_with(" NaN"), "no MFU on the CPU: {mfu_line}");
 }
 
 fn scrape(address: &str) -> String {
@@ -1029,15 +1035,15 @@ fn a_run_whose_log_reader_goes_away_keeps_training_and_stops_cleanly() {
     assert_eq!(run_manifest(&fixture)["status"], "stopped");
 }
 
-/// The TensorBoard tags and the metrics.jsonl fields they carry, by record kind.
-const TENSORBOARD_TAGS: [(&str, &str, &str); 13] = [
+/// The TensorBoard tags and the metrics.jsonl fields they carry, by record kind (`mfu` too on a
+/// GPU; these runs are on the CPU, which has none).
+const TENSORBOARD_TAGS: [(&str, &str, &str); 12] = [
     ("train", "lm loss", "lm_loss"),
     ("train", "loss", "loss"),
     ("train", "learning-rate", "lr"),
     ("train", "grad-norm", "grad_norm"),
     ("train", "throughput/tokens_per_s", "tokens_per_second"),
     ("train", "throughput/tflops_per_gpu", "tflops_per_gpu"),
-    ("train", "mfu", "mfu"),
     ("train", "iteration-time", "step_seconds"),
     ("train", "memory/bytes", "memory_bytes"),
     ("eval", "validation loss", "eval_loss"),
@@ -1089,6 +1095,10 @@ fn tensorboard_reads_the_same_scalars_as_metrics_jsonl_after_a_resume() {
 
     let read = read_tensorboard(&fixture.path("tb"));
     assert_eq!(read["files"], 2, "one event file per run start: {read}");
+    assert!(
+        read["scalars"]["mfu"].is_null(),
+        "no MFU on the CPU: {read}"
+    );
     let records = fixture.records();
     for (kind, tag, field) in TENSORBOARD_TAGS {
         let expected: Vec<(u64, f32)> = records

@@ -16,7 +16,7 @@ fn step(step: u64) -> StepMetrics {
         grad_norm: 0.8,
         tokens_per_second: 1.2e6,
         tflops_per_gpu: 420.0,
-        mfu: 0.42,
+        mfu: Some(0.42),
         step_seconds: 0.9,
         memory_bytes: 80 << 30,
     }

@@ -173,6 +173,8 @@ mod tests {
                 .write(&StepMetrics {
                     step,
                     loss: 4.0 / step as f64,
+                    // known on a GPU, not on a CPU rank
+                    mfu: (step < 3).then_some(0.4),
                     memory_bytes: 1024,
                     ..StepMetrics::default()
                 })
@@ -195,6 +197,7 @@ mod tests {
         }
         assert_eq!(records[2]["step"], 3);
         assert_eq!(records[1]["loss"], 2.0);
+        assert!(records[2].get("mfu").is_none(), "no MFU, no field");
     }
 
     #[test]

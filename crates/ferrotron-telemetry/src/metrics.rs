@@ -30,8 +30,10 @@ pub struct StepMetrics {
     pub grad_norm: f64,
     pub tokens_per_second: f64,
     pub tflops_per_gpu: f64,
-    /// Model FLOPs utilisation, 0–1.
-    pub mfu: f64,
+    /// Model FLOPs utilisation, 0–1; none where the hardware has no known peak (a CPU rank,
+    /// which the planner gives a nominal one only), so no JSONL field and NaN in Prometheus.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
     pub step_seconds: f64,
     pub memory_bytes: u64,
 }
@@ -178,7 +180,7 @@ impl Metrics {
         self.grad_norm.set(m.grad_norm);
         self.tokens_per_second.set(m.tokens_per_second);
         self.tflops_per_gpu.set(m.tflops_per_gpu);
-        self.mfu.set(m.mfu);
+        self.mfu.set(m.mfu.unwrap_or(f64::NAN));
         self.memory_bytes.set(saturating_i64(m.memory_bytes));
     }
 
@@ -395,7 +397,7 @@ mod tests {
             grad_norm: 1.5,
             tokens_per_second: 12_345.0,
             tflops_per_gpu: 410.5,
-            mfu: 0.415,
+            mfu: Some(0.415),
             step_seconds: 0.3,
             memory_bytes: 1 << 30,
         }

@@ -167,11 +167,12 @@ fn new_bar(total_steps: u64, start_step: u64) -> ProgressBar {
 
 fn bar_message(m: &StepMetrics, interval: u64) -> String {
     format!(
-        "interval loss {:.4} (mean of {interval}) lr {:.2e} {:.0} tok/s mfu {:.1}%",
+        "interval loss {:.4} (mean of {interval}) lr {:.2e} {:.0} tok/s{}",
         m.loss,
         m.lr,
         m.tokens_per_second,
-        m.mfu * 100.0
+        m.mfu
+            .map_or_else(String::new, |mfu| format!(" mfu {:.1}%", mfu * 100.0))
     )
 }
 
@@ -200,7 +201,7 @@ fn progress_line(
     let eta = eta.map_or_else(|| "unknown".to_owned(), format_duration);
     format!(
         "step {}/{} ({percent:.1}%) interval loss {:.4} (mean of {interval}) lr {:.3e} grad_norm {:.3} tokens/s {:.0} \
-         TFLOP/s/GPU {:.2} MFU {:.1}% step {:.3}s mem {} eta {eta}",
+         TFLOP/s/GPU {:.2}{} step {:.3}s mem {} eta {eta}",
         m.step,
         total_steps,
         m.loss,
@@ -208,7 +209,8 @@ fn progress_line(
         m.grad_norm,
         m.tokens_per_second,
         m.tflops_per_gpu,
-        m.mfu * 100.0,
+        m.mfu
+            .map_or_else(String::new, |mfu| format!(" MFU {:.1}%", mfu * 100.0)),
         m.step_seconds,
         format_bytes(m.memory_bytes),
     )
@@ -281,7 +283,7 @@ mod tests {
             grad_norm: 0.75,
             tokens_per_second: 8192.0,
             tflops_per_gpu: 1.25,
-            mfu: 0.5,
+            mfu: Some(0.5),
             step_seconds: 0.125,
             memory_bytes: 3 << 29,
         }
@@ -307,6 +309,15 @@ mod tests {
             line,
             "step 25/100 (25.0%) interval loss 2.5000 (mean of 5) lr 3.000e-4 grad_norm 0.750 tokens/s 8192 \
              TFLOP/s/GPU 1.25 MFU 50.0% step 0.125s mem 1.50 GiB eta 1h02m05s"
+        );
+        let cpu = StepMetrics {
+            mfu: None,
+            ..step(25)
+        };
+        let line = progress_line(&cpu, 5, 100, None);
+        assert!(
+            line.contains("TFLOP/s/GPU 1.25 step 0.125s") && !line.contains("MFU"),
+            "{line}"
         );
         assert!(progress_line(&step(1), 1, 10, None).ends_with("eta unknown"));
     }

@@ -44,7 +44,7 @@ fn recorded_metrics() -> Metrics {
         grad_norm: 0.5,
         tokens_per_second: 2048.0,
         tflops_per_gpu: 0.01,
-        mfu: 0.02,
+        mfu: Some(0.02),
         step_seconds: 0.05,
         memory_bytes: 4096,
     });

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use ferrotron_data::{BlendedDataset, rank_batch_indices};
 use ferrotron_plan::Plan;
-use ferrotron_recipe::Recipe;
+use ferrotron_recipe::{GpuKind, Recipe};
 use ferrotron_telemetry::{
     IterationCounts, JsonlWriter, MemoryProbe, Metrics, MetricsServer, Progress, StepMetrics,
     TensorBoardWriter,
@@ -256,20 +256,22 @@ impl Reporter {
             })?;
         }
         if let Some(writer) = self.tensorboard.as_mut() {
-            writer.scalars(
-                step.step,
-                &[
-                    ("lm loss", lm_loss),
-                    ("loss", step.loss),
-                    ("learning-rate", step.lr),
-                    ("grad-norm", step.grad_norm),
-                    ("throughput/tokens_per_s", step.tokens_per_second),
-                    ("throughput/tflops_per_gpu", step.tflops_per_gpu),
-                    ("mfu", step.mfu),
-                    ("iteration-time", step.step_seconds),
-                    ("memory/bytes", step.memory_bytes as f64),
-                ],
-            )?;
+            let scalars = [
+                ("lm loss", Some(lm_loss)),
+                ("loss", Some(step.loss)),
+                ("learning-rate", Some(step.lr)),
+                ("grad-norm", Some(step.grad_norm)),
+                ("throughput/tokens_per_s", Some(step.tokens_per_second)),
+                ("throughput/tflops_per_gpu", Some(step.tflops_per_gpu)),
+                ("mfu", step.mfu),
+                ("iteration-time", Some(step.step_seconds)),
+                ("memory/bytes", Some(step.memory_bytes as f64)),
+            ];
+            let known: Vec<(&str, f64)> = scalars
+                .into_iter()
+                .filter_map(|(tag, value)| Some((tag, value?)))
+                .collect();
+            writer.scalars(step.step, &known)?;
         }
         Ok(())
     }
@@ -450,7 +452,8 @@ pub(crate) fn run_loop(
                 grad_norm: stats.grad_norm,
                 tokens_per_second: tokens_per_iteration as f64 / step_seconds,
                 tflops_per_gpu: per_gpu / 1e12,
-                mfu: per_gpu / plan.hardware.peak_flops,
+                // A CPU rank's peak is the planner's nominal one: no utilisation to report.
+                mfu: (plan.cluster.gpu != GpuKind::Cpu).then(|| per_gpu / plan.hardware.peak_flops),
                 step_seconds,
                 memory_bytes: context.options.memory.bytes(),
             };
