@@ -26,8 +26,8 @@ use ferrotron_parallel::fp8_scaling::{Fp8Role, Fp8Settings};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8Linear, Fp8Operand,
-    Fp8State, Fp8Tensor, FusedOps, GroupedMatmulGrads, NormGrads, NormKind, NormSaved, NormSpec,
-    composed_adamw, composed_attention, composed_gather_flat, composed_grouped_matmul,
+    Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupedMatmulGrads, NormGrads, NormKind, NormSaved,
+    NormSpec, composed_adamw, composed_attention, composed_gather_flat, composed_grouped_matmul,
     composed_qkv_attention, composed_rope_qkv, composed_sum_of_squares, composed_swiglu,
 };
 
@@ -93,6 +93,16 @@ impl FusedOps for Cuda {
         record: bool,
     ) -> Fp8Tensor<Self> {
         fp8::fp8_quantize_op(x, fp8, role, record)
+    }
+
+    fn fp8_quantize_source(
+        source: Fp8Source<Self>,
+        fp8: &Fp8Linear,
+        role: Fp8Role,
+        record: bool,
+        bias_grad: bool,
+    ) -> (Fp8Tensor<Self>, Option<FloatTensor<Self>>) {
+        fp8::fp8_quantize_source_op(source, fp8, role, record, bias_grad)
     }
 
     fn fp8_matmul(

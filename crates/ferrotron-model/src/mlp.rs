@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{Fp8Linear, FusedOps, ParallelOps, gelu};
+use ferrotron_parallel::{Fp8Activation, Fp8Linear, Fp8Mlp, FusedOps, ParallelOps, gelu};
 use ferrotron_recipe::Activation;
 
 use crate::ModelError;
@@ -113,6 +113,9 @@ impl<B: ParallelOps> Mlp<B> {
     /// `[.., tokens, hidden]` → same shape; with sequence parallelism the tokens are this
     /// rank's part of the sequence on the way in and out.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        if let (Some((fc1, fc2)), Some(activation)) = (&self.fp8, self.fp8_activation()) {
+            return self.fp8_forward(x, fc1, fc2, activation);
+        }
         let fp8 = self.fp8.as_ref();
         let hidden = crate::fp8::linear(&self.fc1, self.tp.enter(x), fp8.map(|f| &f.0));
         let activated = match self.activation {
@@ -121,6 +124,61 @@ impl<B: ParallelOps> Mlp<B> {
             Activation::GeluTanh => gelu_tanh(hidden),
         };
         crate::fp8::row_parallel(&self.tp, &self.fc2, activated, fp8.map(|f| &f.1))
+    }
+
+    /// The activation the fused fp8 MLP computes, where it has one (GELU's tanh form goes
+    /// through two fp8 linears and the 16-bit activation).
+    fn fp8_activation(&self) -> Option<Fp8Activation> {
+        match self.activation {
+            Activation::Gelu => Some(Fp8Activation::Gelu),
+            Activation::Swiglu => Some(Fp8Activation::Swiglu),
+            Activation::GeluTanh => None,
+        }
+    }
+
+    /// fc1, the activation and fc2 as one fp8 node (`ferrotron_parallel::FusedOps::fp8_mlp`);
+    /// under tensor parallelism the partial products are joined and fc2's bias added after.
+    fn fp8_forward<const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+        fc1: &Fp8Linear,
+        fc2: &Fp8Linear,
+        activation: Fp8Activation,
+    ) -> Tensor<B, D> {
+        let x = self.tp.enter(x);
+        let mut shape = x.dims();
+        let rows = shape[..D - 1].iter().product();
+        let x: Tensor<B, 2> = x.reshape([rows, shape[D - 1]]);
+        let fc2_bias = self.fc2.bias.as_ref().map(|b| b.val());
+        let joined = self.tp.size() > 1;
+        let output = B::fp8_mlp(Fp8Mlp {
+            x: x.into_primitive().tensor(),
+            fc1_weight: self.fc1.weight.val().into_primitive().tensor(),
+            fc1_bias: self
+                .fc1
+                .bias
+                .as_ref()
+                .map(|b| b.val().into_primitive().tensor()),
+            fc2_weight: self.fc2.weight.val().into_primitive().tensor(),
+            fc2_bias: fc2_bias
+                .clone()
+                .filter(|_| !joined)
+                .map(|b| b.into_primitive().tensor()),
+            activation,
+            fc1: fc1.clone(),
+            fc2: fc2.clone(),
+        });
+        let output: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(output));
+        shape[D - 1] = output.dims()[1];
+        let output = output.reshape(shape);
+        if !joined {
+            return output;
+        }
+        let output = self.tp.exit(output);
+        match fc2_bias {
+            Some(bias) => output + bias.unsqueeze(),
+            None => output,
+        }
     }
 }
 

@@ -46,6 +46,8 @@ use crate::fused_fp8::{
     Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor, fp8_linear_inference, fp8_matmul_reference,
     fp8_quantize_reference, fp8_update_reference,
 };
+use crate::fused_fp8_mlp::{Fp8Mlp, fp8_mlp_inference};
+use crate::fused_fp8_source::{Fp8Source, fp8_quantize_source_composed};
 use crate::fused_gelu::{composed_gelu, gelu_backward_reference};
 use crate::fused_grouped::{
     GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_backward_reference,
@@ -607,6 +609,25 @@ pub trait FusedOps: Backend {
         record: bool,
     ) -> Fp8Tensor<Self> {
         fp8_quantize_reference::<Self>(x, fp8, role, record)
+    }
+
+    /// [`FusedOps::fp8_quantize`] of a tensor computed on the way in (an activation or its
+    /// gradient, `fused_fp8_source.rs`), with the cast tensor's column sums (a bias gradient)
+    /// when `bias_grad`. Default: the source materialised, then cast and summed.
+    fn fp8_quantize_source(
+        source: Fp8Source<Self>,
+        fp8: &Fp8Linear,
+        role: Fp8Role,
+        record: bool,
+        bias_grad: bool,
+    ) -> (Fp8Tensor<Self>, Option<FloatTensor<Self>>) {
+        fp8_quantize_source_composed::<Self>(source, fp8, role, record, bias_grad)
+    }
+
+    /// An MLP's `fc2(act(fc1(x)))` with fp8 GEMMs, `x [rows, in]` (see `fused_fp8_mlp.rs`).
+    /// Default: the inference forward; autodiff records one node.
+    fn fp8_mlp(mlp: Fp8Mlp<Self>) -> FloatTensor<Self> {
+        fp8_mlp_inference::<Self>(mlp)
     }
 
     /// `a [m, k] · b [n, k]ᵀ` dequantised, `+ bias [n]`, in `dtype`; `fast_accumulation` for

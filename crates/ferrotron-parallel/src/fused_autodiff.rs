@@ -22,6 +22,7 @@ use crate::fused::{AttentionSaved, AttentionSpec, FusedOps, composed_attention};
 use crate::fused_dropout::{DropoutMask, composed_dropout_add};
 use crate::fused_embedding::{composed_embedding, embedding_node};
 use crate::fused_fp8::{Fp8Linear, Fp8State};
+use crate::fused_fp8_mlp::{Fp8Mlp, fp8_mlp_node};
 use crate::fused_fp8_node::fp8_linear_node;
 use crate::fused_gelu::{composed_gelu, gelu_node};
 use crate::fused_grouped::composed_grouped_matmul;
@@ -484,6 +485,10 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
         fp8_linear_node::<B, C>(x, weight, bias, fp8)
+    }
+
+    fn fp8_mlp(mlp: Fp8Mlp<Self>) -> FloatTensor<Self> {
+        fp8_mlp_node::<B, C>(mlp)
     }
 
     fn fp8_support(device: &Self::Device, settings: &Fp8Settings) -> Result<(), String> {

@@ -1,8 +1,8 @@
 //! The fp8 linear's autodiff node (see `fused_fp8.rs`): the forward's fp8 GEMM, and a backward
 //! that casts the output gradient once (`dy` and `dyᵀ`, e5m2 in the hybrid format) for both
 //! gradient GEMMs. The node keeps `xᵀ` in fp8 and the step's weight casts, not the 16-bit `x`
-//! burn's linear keeps. The bias gradient is the column sum of the 16-bit `dy`, as in the
-//! bf16 layer (Transformer Engine fuses it into the cast; a separate reduction here).
+//! burn's linear keeps. The bias gradient is the column sum of the 16-bit `dy`, summed by the
+//! cast that reads it (`FusedOps::fp8_quantize_source`), as Transformer Engine does.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -15,6 +15,7 @@ use burn::tensor::{DType, Shape, TensorMetadata};
 use crate::FusedOps;
 use crate::fp8_scaling::Fp8Role;
 use crate::fused_fp8::{Fp8Linear, Fp8Operand, Fp8Tensor, fp8_forward};
+use crate::fused_fp8_source::Fp8Source;
 
 #[derive(Debug)]
 struct Fp8LinearOp;
@@ -61,7 +62,13 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
         let n = state.weight.width();
         let m = grad.shape().num_elements() / n.max(1);
         let grad = B::float_reshape(grad, Shape::new([m, n]));
-        let cast = B::fp8_quantize(grad.clone(), &state.fp8, Fp8Role::GradOutput, true);
+        let (cast, db) = B::fp8_quantize_source(
+            Fp8Source::Plain(grad),
+            &state.fp8,
+            Fp8Role::GradOutput,
+            true,
+            state.bias_dtype.is_some(),
+        );
         if let Some(node) = &ops.parents[0] {
             let dx = B::fp8_matmul(
                 cast.rows(),
@@ -83,8 +90,9 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
             );
             grads.register::<B>(node.id, dw);
         }
-        if let (Some(Some(node)), Some(dtype)) = (ops.parents.get(2), state.bias_dtype) {
-            let db = B::float_reshape(B::float_sum_dim(grad, 0), Shape::new([n]));
+        if let (Some(Some(node)), Some(db), Some(dtype)) =
+            (ops.parents.get(2), db, state.bias_dtype)
+        {
             let db = if db.dtype() == dtype {
                 db
             } else {

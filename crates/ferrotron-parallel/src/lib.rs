@@ -31,7 +31,9 @@ mod fused_dropout;
 mod fused_embedding;
 mod fused_flat;
 mod fused_fp8;
+mod fused_fp8_mlp;
 mod fused_fp8_node;
+mod fused_fp8_source;
 mod fused_gelu;
 mod fused_grouped;
 mod fused_logits;
@@ -79,7 +81,9 @@ pub use fused_fp8::{
     Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor, end_fp8_step, fp8_linear_inference,
     fp8_matmul_reference, fp8_quantize_reference, fp8_update_reference,
 };
+pub use fused_fp8_mlp::{Fp8Mlp, fp8_mlp_inference, fp8_mlp_node};
 pub use fused_fp8_node::fp8_linear_node;
+pub use fused_fp8_source::{Fp8Activation, Fp8Source, fp8_quantize_source_composed};
 pub use fused_gelu::{composed_gelu, gelu, gelu_backward_reference, gelu_node};
 pub use fused_grouped::{GroupedMatmulGrads, composed_grouped_matmul};
 pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};

@@ -43,6 +43,9 @@ const LLAMA_1B: &[&str] = &[
     "recompute.num_layers=null",
 ];
 
+/// The script's `fp8` rows: Megatron's hybrid format, its default delayed scaling.
+const FP8: &[&str] = &["precision.fp8=hybrid"];
+
 const MOE_SMALL: &[&str] = &[
     GPT2_VOCAB,
     "model.num_layers=8",
@@ -66,12 +69,13 @@ const FULL: &[&str] = &[
 
 const NODROP: &[&str] = &["model.attention_dropout=0.0", "model.hidden_dropout=0.0"];
 
-/// One row of the script's `benches`: name, preset, micro batch, extra overrides.
+/// One row of the script's `benches`: name, preset, micro batch, extra overrides (the script's
+/// arrays, concatenated).
 struct Bench {
     name: &'static str,
     preset: &'static str,
     micro_batch: u32,
-    extra: &'static [&'static str],
+    extra: &'static [&'static [&'static str]],
 }
 
 const BENCHES: &[Bench] = &[
@@ -109,31 +113,49 @@ const BENCHES: &[Bench] = &[
         name: "gpt-1.3b-nodrop",
         preset: "gpt-1.3b",
         micro_batch: 12,
-        extra: NODROP,
+        extra: &[NODROP],
     },
     Bench {
         name: "gpt-1.3b-full",
         preset: "gpt-1.3b",
         micro_batch: 12,
-        extra: FULL,
+        extra: &[FULL],
     },
     Bench {
         name: "gpt-1.3b-full-mb24",
         preset: "gpt-1.3b",
         micro_batch: 24,
-        extra: FULL,
+        extra: &[FULL],
     },
     Bench {
         name: "llama-1b",
         preset: "llama3-8b",
         micro_batch: 2,
-        extra: LLAMA_1B,
+        extra: &[LLAMA_1B],
+    },
+    Bench {
+        name: "llama-1b-mb4",
+        preset: "llama3-8b",
+        micro_batch: 4,
+        extra: &[LLAMA_1B],
+    },
+    Bench {
+        name: "gpt-1.3b-fp8",
+        preset: "gpt-1.3b",
+        micro_batch: 12,
+        extra: &[FP8],
+    },
+    Bench {
+        name: "llama-1b-mb4-fp8",
+        preset: "llama3-8b",
+        micro_batch: 4,
+        extra: &[LLAMA_1B, FP8],
     },
     Bench {
         name: "moe-8x",
         preset: "mixtral-8x7b",
         micro_batch: 4,
-        extra: MOE_SMALL,
+        extra: &[MOE_SMALL],
     },
 ];
 
@@ -149,18 +171,23 @@ const MEASURED: &[(&str, f64)] = &[
 
 /// Step times (s), the bench's median of steps 6–12: gpt-1.3b and the LLaMA-style 1B from the
 /// 2026-12-04 17:26 UTC call (release build), gpt-350m from the 02:49 call (the element-wise
-/// kernels of that morning, opt-level-3 debug build). The MoE is outside the time model's fit.
+/// kernels of that morning, opt-level-3 debug build), the micro-batch-4 LLaMA rows and the fp8
+/// rows (Megatron's hybrid format, the fused fp8 MLP) from the 19:43 call. The MoE is outside
+/// the time model's fit.
 const MEASURED_STEP: &[(&str, f64)] = &[
     ("gpt-1.3b", 0.392),
     ("gpt-350m", 0.194),
     ("llama-1b", 0.122),
+    ("llama-1b-mb4", 0.234),
+    ("gpt-1.3b-fp8", 0.301),
+    ("llama-1b-mb4-fp8", 0.180),
 ];
 
 fn bench_plan(bench: &Bench) -> Plan {
     let mb = bench.micro_batch;
     let sets: Vec<String> = COMMON
         .iter()
-        .chain(bench.extra)
+        .chain(bench.extra.iter().copied().flatten())
         .map(|s| (*s).to_owned())
         .chain([
             format!("training.global_batch_size={mb}"),

@@ -3,9 +3,15 @@
 
 use burn::tensor::DType as BurnDType;
 use ferrotron_parallel::fp8_scaling::{AMAX, Fp8Role, Fp8Scaling, Fp8Settings, SCALE};
-use ferrotron_parallel::{Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor};
+use ferrotron_parallel::{
+    Fp8Activation, Fp8Linear, Fp8Operand, Fp8Source, Fp8State, Fp8Tensor,
+    fp8_quantize_source_composed,
+};
 
-use super::{Cast, Operand, ScaleFrom, cast_transpose, fp8_matmul, supported, update_scaling};
+use super::{
+    Cast, CastInput, CastSource, Operand, ScaleFrom, cast_source, fp8_matmul, supported,
+    update_scaling,
+};
 use crate::backend::convert::{engine_dtype, ok};
 use crate::backend::{Cuda, GpuDevice};
 use crate::device::CudaDevice;
@@ -27,28 +33,67 @@ pub(crate) fn fp8_quantize_op(
     role: Fp8Role,
     record: bool,
 ) -> Fp8Tensor<Cuda> {
+    fp8_quantize_source_op(Fp8Source::Plain(x), fp8, role, record, false).0
+}
+
+/// `FusedOps::fp8_quantize_source`: the activation (or its gradient) computed, cast and
+/// transposed, and the bias gradient summed, in one pass. A scale measured from this very
+/// tensor (current scaling, a first step) needs its amax before the cast: the activation is
+/// materialised for that (`fp8_quantize_source_composed`), as the kernel reads only its inputs.
+pub(crate) fn fp8_quantize_source_op(
+    source: Fp8Source<Cuda>,
+    fp8: &Fp8Linear,
+    role: Fp8Role,
+    record: bool,
+    bias_grad: bool,
+) -> (Fp8Tensor<Cuda>, Option<CudaTensor>) {
     let settings = *fp8.settings();
+    let measured = match settings.scaling {
+        Fp8Scaling::Current => true,
+        Fp8Scaling::Delayed { .. } => fp8.measures_first_scales(),
+    };
+    let (x, aux, kind) = match source {
+        Fp8Source::Plain(x) => (x, None, CastSource::Plain),
+        source if measured => {
+            return fp8_quantize_source_composed::<Cuda>(source, fp8, role, record, bias_grad);
+        }
+        Fp8Source::Activation { pre, act } => {
+            let kind = match act {
+                Fp8Activation::Gelu => CastSource::Gelu,
+                Fp8Activation::Swiglu => CastSource::Swiglu,
+            };
+            (pre, None, kind)
+        }
+        Fp8Source::ActivationGrad { grad, pre, act } => {
+            let kind = match act {
+                Fp8Activation::Gelu => CastSource::GeluGrad,
+                Fp8Activation::Swiglu => CastSource::SwigluGrad,
+            };
+            (grad, Some(pre), kind)
+        }
+    };
+    let input = CastInput {
+        x: &x,
+        aux: aux.as_ref(),
+        source: kind,
+    };
     let format = settings.format(role);
-    let Cast {
-        data,
-        transposed,
-        scale_inv,
-    } = match settings.scaling {
-        Fp8Scaling::Current => ok(cast_transpose(
-            &x,
+    let (cast, bias) = match settings.scaling {
+        Fp8Scaling::Current => ok(cast_source(
+            input,
             format,
             true,
             ScaleFrom::Current {
                 scaled_max: settings.scaled_max(role),
                 record: None,
             },
+            bias_grad,
         )),
         Fp8Scaling::Delayed { .. } => {
             let device = GpuDevice::new(x.device().ordinal());
             let at = fp8.block_offset(role);
-            let first = fp8.measures_first_scales();
             fp8.state().with_tensor::<Cuda, _>(&device, |state| {
-                let from = if first {
+                let from = if measured {
                     ScaleFrom::Current {
                         scaled_max: settings.scaled_max(role),
                         record: record.then_some((&*state, at + AMAX)),
@@ -60,16 +105,22 @@ pub(crate) fn fp8_quantize_op(
                         amax: record.then_some(at + AMAX),
                     }
                 };
-                ok(cast_transpose(&x, format, true, from))
+                ok(cast_source(input, format, true, from, bias_grad))
             })
         }
     };
-    Fp8Tensor {
+    let Cast {
+        data,
+        transposed,
+        scale_inv,
+    } = cast;
+    let tensor = Fp8Tensor {
         data,
         transposed: transposed.expect("a transposing cast writes the transpose"),
         scale_inv,
         format,
-    }
+    };
+    (tensor, bias)
 }
 
 /// `FusedOps::fp8_matmul`: the cuBLASLt fp8 GEMM.

@@ -15,7 +15,9 @@ mod fused;
 pub mod gemm;
 mod kernels;
 
-pub(crate) use fused::{fp8_matmul_op, fp8_quantize_op, fp8_support, fp8_update_op};
+pub(crate) use fused::{
+    fp8_matmul_op, fp8_quantize_op, fp8_quantize_source_op, fp8_support, fp8_update_op,
+};
 pub use gemm::{Operand, fp8_matmul};
 
 use ferrotron_parallel::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Role, Fp8Scaling, Fp8Settings};
@@ -26,7 +28,8 @@ use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::elementwise::zeros;
 use crate::kernels::{Params, grid_for, launch};
 use crate::tensor::CudaTensor;
-use kernels::{Amax, CastTranspose, ScaleUpdate, THREADS, TILE};
+pub use kernels::CastSource;
+use kernels::{Amax, CastTranspose, ColumnSum, ROW_TILES, SUM_GROUPS, ScaleUpdate, THREADS, TILE};
 
 /// A tensor cast to fp8: `[rows, cols]` bytes, optionally the `[cols, rows]` transpose, the
 /// `[1]` f32 inverse scale of both.
@@ -109,13 +112,91 @@ pub fn cast_transpose(
     transpose: bool,
     from: ScaleFrom<'_>,
 ) -> Result<Cast> {
+    let input = CastInput {
+        x,
+        aux: None,
+        source: CastSource::Plain,
+    };
+    Ok(cast_source(input, format, transpose, from, false)?.0)
+}
+
+/// What [`cast_source`] reads: `x`, and `aux` for an activation's gradient (see
+/// [`CastSource`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CastInput<'a> {
+    pub x: &'a CudaTensor,
+    pub aux: Option<&'a CudaTensor>,
+    pub source: CastSource,
+}
+
+impl CastInput<'_> {
+    /// The `[rows, cols]` the cast writes.
+    fn output_shape(&self, ctx: &dyn Fn() -> OpContext) -> Result<[usize; 2]> {
+        let [rows, cols] = *self.x.shape() else {
+            return Err(CudaError::invalid(ctx(), "fp8 casts take 2-D tensors"));
+        };
+        let shape = match self.source {
+            CastSource::Plain | CastSource::Gelu | CastSource::GeluGrad => [rows, cols],
+            CastSource::Swiglu => [rows, cols / 2],
+            CastSource::SwigluGrad => [rows, 2 * cols],
+        };
+        let needs_aux = matches!(self.source, CastSource::GeluGrad | CastSource::SwigluGrad);
+        match self.aux {
+            Some(aux) if needs_aux => {
+                if aux.shape() != shape || aux.dtype() != self.x.dtype() {
+                    return Err(CudaError::invalid(
+                        ctx(),
+                        format!(
+                            "the pre-activation {:?} {} does not match the gradient's {shape:?} {}",
+                            aux.shape(),
+                            aux.dtype(),
+                            self.x.dtype()
+                        ),
+                    ));
+                }
+            }
+            None if !needs_aux => {}
+            _ => {
+                return Err(CudaError::invalid(
+                    ctx(),
+                    "an activation's gradient needs its pre-activation, nothing else does",
+                ));
+            }
+        }
+        if !shape[1].is_multiple_of(8) {
+            return Err(CudaError::unsupported(
+                ctx(),
+                format!("fp8 casts need columns divisible by 8, not {}", shape[1]),
+            ));
+        }
+        Ok(shape)
+    }
+}
+
+/// A tensor computed from `input` (itself, an activation or an activation's gradient) cast
+/// to `format` and transposed in one pass, and with `dbias` its column sums (a bias gradient,
+/// in the input's dtype) from the same reads.
+pub fn cast_source(
+    input: CastInput<'_>,
+    format: Fp8Format,
+    transpose: bool,
+    from: ScaleFrom<'_>,
+    dbias: bool,
+) -> Result<(Cast, Option<CudaTensor>)> {
     let ctx = || {
         OpContext::new(format!("fp8 cast to {}", format.name()))
-            .shape(x.shape())
-            .dtype(x.dtype())
+            .shape(input.x.shape())
+            .dtype(input.x.dtype())
     };
-    let x = readable(x, &ctx)?;
-    let [rows, cols] = [x.shape()[0], x.shape()[1]];
+    let [rows, cols] = input.output_shape(&ctx)?;
+    let x = readable(input.x, &ctx)?;
+    let aux = input.aux.map(|a| readable(a, &ctx)).transpose()?;
+    if input.source != CastSource::Plain && matches!(from, ScaleFrom::Current { .. }) {
+        return Err(CudaError::unsupported(
+            ctx(),
+            "current scaling measures the amax of the tensor itself: cast a materialised activation",
+        ));
+    }
     let device = x.device().clone();
     let data = CudaTensor::empty(&device, &[rows, cols], DType::U8)?;
     let transposed = transpose
@@ -159,10 +240,16 @@ pub fn cast_transpose(
         format,
         transpose,
         current: measured.is_some(),
+        source: input.source,
+        dbias,
     };
-    let tiles = rows.div_ceil(TILE) * cols.div_ceil(TILE);
+    let bands = rows.div_ceil(TILE * ROW_TILES);
+    let blocks = bands * cols.div_ceil(TILE);
     let grid =
-        u32::try_from(tiles).map_err(|_| CudaError::unsupported(ctx(), "more than 2^32 tiles"))?;
+        u32::try_from(blocks).map_err(|_| CudaError::unsupported(ctx(), "more than 2^32 tiles"))?;
+    let partial = dbias
+        .then(|| CudaTensor::empty(&device, &[bands, cols], DType::F32))
+        .transpose()?;
     let mut params = Params::new();
     params
         .int(rows as i64)
@@ -174,15 +261,42 @@ pub fn cast_transpose(
         .ptr(amax_src)
         .ptr(amax_dst)
         .ptr(scale_inv.data_ptr())
-        .float(f64::from(scaled_max));
+        .float(f64::from(scaled_max))
+        .ptr(aux.as_ref().map_or(0, CudaTensor::data_ptr))
+        .ptr(partial.as_ref().map_or(0, CudaTensor::data_ptr));
     launch(&device, &spec, grid, THREADS, &params, &ctx)?;
     // `measured` (the amax the kernel read) is freed stream-ordered, after the kernel.
     drop(measured);
-    Ok(Cast {
+    let bias = partial
+        .map(|partial| column_sum(&partial, x.dtype(), &ctx))
+        .transpose()?;
+    let cast = Cast {
         data,
         transposed,
         scale_inv,
-    })
+    };
+    Ok((cast, bias))
+}
+
+/// `Σ_tiles partial [tiles, cols]` as `[cols]` in `dtype`.
+fn column_sum(
+    partial: &CudaTensor,
+    dtype: DType,
+    ctx: &dyn Fn() -> OpContext,
+) -> Result<CudaTensor> {
+    let [tiles, cols] = [partial.shape()[0], partial.shape()[1]];
+    let out = CudaTensor::empty(partial.device(), &[cols], dtype)?;
+    let mut params = Params::new();
+    params
+        .int(tiles as i64)
+        .int(cols as i64)
+        .ptr(partial.data_ptr())
+        .ptr(out.data_ptr());
+    let spec = ColumnSum { output: dtype };
+    let grid = u32::try_from(cols.div_ceil(32))
+        .map_err(|_| CudaError::unsupported(ctx(), "more than 2^37 columns"))?;
+    launch(partial.device(), &spec, grid, 32 * SUM_GROUPS, &params, ctx)?;
+    Ok(out)
 }
 
 /// `max |x|` of a readable `x` maxed into the f32 `dst` (one element).

@@ -7,6 +7,7 @@ mod flex_layers;
 mod fused;
 mod fused_dropout;
 mod fused_fp8;
+mod fused_fp8_mlp;
 mod fused_grouped;
 mod fused_loss;
 mod fused_norm;

@@ -5,6 +5,8 @@
 //!   `x · scale` bit for bit, its transpose too, its inverse scale and the amax it maxed into
 //!   the state exactly; delayed and current scaling, e4m3 and e5m2, a shape that is not a
 //!   multiple of the 64 × 64 tile;
+//! - `fp8_cast_source`: the casts that compute an activation or its gradient on the way in
+//!   and sum the bias gradient (`fp8_source.rs`);
 //! - `fp8_matmul`: cuBLASLt's fp8 GEMM (the forward's e4m3 × e4m3 with fast accumulation and a
 //!   bias, the data gradient's e5m2 × e4m3, the weight gradient's e4m3 × e5m2) against the
 //!   f64 product of the decoded operands times the inverse scales, within bf16 rounding;
@@ -63,7 +65,7 @@ fn decode(b: u8, format: Fp8Format) -> f32 {
     }
 }
 
-fn f32s(t: &CudaTensor) -> Result<Vec<f32>, String> {
+pub(crate) fn f32s(t: &CudaTensor) -> Result<Vec<f32>, String> {
     let bytes = t.cast(EDType::F32).and_then(|t| t.to_bytes());
     let bytes = bytes.map_err(|e| e.to_string())?;
     Ok(bytes
@@ -72,18 +74,18 @@ fn f32s(t: &CudaTensor) -> Result<Vec<f32>, String> {
         .collect())
 }
 
-fn decoded(t: &CudaTensor, format: Fp8Format) -> Result<Vec<f32>, String> {
+pub(crate) fn decoded(t: &CudaTensor, format: Fp8Format) -> Result<Vec<f32>, String> {
     let bytes = t.to_bytes().map_err(|e| e.to_string())?;
     Ok(bytes.into_iter().map(|b| decode(b, format)).collect())
 }
 
-fn upload_f32(device: &Arc<CudaDevice>, values: &[f32], shape: &[usize]) -> CudaTensor {
+pub(crate) fn upload_f32(device: &Arc<CudaDevice>, values: &[f32], shape: &[usize]) -> CudaTensor {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     CudaTensor::from_bytes(device, &bytes, shape, EDType::F32).expect("upload")
 }
 
 /// Values rounded to bf16 and back, so host and GPU start from the same numbers.
-fn bf16_values(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+pub(crate) fn bf16_values(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
         .map(|_| burn::tensor::bf16::from_f32(rng.random_range(-scale..scale)).to_f32())
         .collect()
@@ -116,7 +118,7 @@ fn differing(got: &[f32], want: &[f32]) -> usize {
 }
 
 /// The scale the delayed cast rows' state holds.
-const DELAYED_SCALE: f32 = 37.5;
+pub(crate) const DELAYED_SCALE: f32 = 37.5;
 
 /// The cast rows' input: bf16 values with an outlier beyond the delayed scale's range, which
 /// checks saturation. Every value must be a bf16 one, as the GPU casts them to bf16 before the
@@ -611,6 +613,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
         false,
     ));
     rows.push(amax_row(&engine, &mut rng));
+    rows.extend(crate::fp8_source::rows(&engine, &mut rng));
     let (e4, e5) = (Fp8Format::E4m3, Fp8Format::E5m2);
     rows.push(matmul_row(
         &engine,

@@ -14,6 +14,7 @@ mod autodiff;
 mod cases;
 mod compare;
 mod fp8;
+mod fp8_source;
 mod fused;
 mod fused_dropout;
 mod fused_flat;

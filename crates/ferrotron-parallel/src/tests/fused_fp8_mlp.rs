@@ -1,0 +1,152 @@
+//! The fused fp8 MLP node against the unfused layers on burn-flex's reference primitives: two
+//! fp8 linear nodes around the 16-bit activation give the same output, gradients and scaling
+//! state, step after step, for GELU and SwiGLU with and without biases. The reference casts
+//! materialise the activation as the unfused graph does, so a difference is the node's
+//! bookkeeping: a transpose, a role, a scale or a bias gradient taken from the wrong tensor.
+//! Bit for bit but for SwiGLU's fc1 bias gradient, whose `dh` the unfused graph computes with
+//! burn's composed backward and the reference in one f32 expression (an f32 rounding apart;
+//! the fp8 casts of the two agree), hence a tolerance of 1e-6 of each part's largest value.
+
+use burn::tensor::{Tensor, TensorPrimitive};
+
+use super::{B, flat, tensor};
+use crate::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
+use crate::{Fp8Activation, Fp8Linear, Fp8Mlp, Fp8State, FusedOps, end_fp8_step, gelu};
+use burn::backend::Flex;
+
+const ROWS: usize = 8;
+const IN: usize = 16;
+const FFN: usize = 24;
+const OUT: usize = 16;
+
+fn settings() -> Fp8Settings {
+    Fp8Settings {
+        forward: Fp8Format::E4m3,
+        backward: Fp8Format::E5m2,
+        scaling: Fp8Scaling::Delayed {
+            history: 2,
+            algo: AmaxAlgo::MostRecent,
+        },
+        margin: 0,
+    }
+}
+
+fn handles() -> (Fp8Linear, Fp8Linear) {
+    let state = Fp8State::new(settings(), vec!["mlp.fc1".into(), "mlp.fc2".into()]);
+    (Fp8Linear::new(&state, 0), Fp8Linear::new(&state, 1))
+}
+
+struct Params {
+    w1: Tensor<B, 2>,
+    b1: Option<Tensor<B, 1>>,
+    w2: Tensor<B, 2>,
+    b2: Option<Tensor<B, 1>>,
+}
+
+fn params(act: Fp8Activation, bias: bool) -> Params {
+    let width = if act == Fp8Activation::Swiglu {
+        2 * FFN
+    } else {
+        FFN
+    };
+    Params {
+        w1: (tensor([IN, width], 0.3) * 0.4).require_grad(),
+        b1: bias.then(|| (tensor([width], 0.5) * 0.1).require_grad()),
+        w2: (tensor([FFN, OUT], 0.7) * 0.3).require_grad(),
+        b2: bias.then(|| (tensor([OUT], 0.2) * 0.1).require_grad()),
+    }
+}
+
+fn primitive<const D: usize>(t: &Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
+    t.clone().into_primitive().tensor()
+}
+
+fn linear(
+    x: Tensor<B, 2>,
+    w: &Tensor<B, 2>,
+    b: &Option<Tensor<B, 1>>,
+    fp8: &Fp8Linear,
+) -> Tensor<B, 2> {
+    Tensor::from_primitive(TensorPrimitive::Float(B::fp8_linear(
+        primitive(&x),
+        primitive(w),
+        b.as_ref().map(primitive),
+        fp8,
+    )))
+}
+
+/// The numbers of one step: output, then the gradients of x, w1, b1, w2, b2, then the state.
+fn step(
+    fused: bool,
+    act: Fp8Activation,
+    p: &Params,
+    fp8: &(Fp8Linear, Fp8Linear),
+    seed: f32,
+) -> Vec<Vec<f32>> {
+    let x = (tensor([ROWS, IN], seed) * 2.0).require_grad();
+    let y = if fused {
+        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(Fp8Mlp {
+            x: primitive(&x),
+            fc1_weight: primitive(&p.w1),
+            fc1_bias: p.b1.as_ref().map(primitive),
+            fc2_weight: primitive(&p.w2),
+            fc2_bias: p.b2.as_ref().map(primitive),
+            activation: act,
+            fc1: fp8.0.clone(),
+            fc2: fp8.1.clone(),
+        })))
+    } else {
+        let h = linear(x.clone(), &p.w1, &p.b1, &fp8.0);
+        let a = match act {
+            Fp8Activation::Gelu => gelu(h),
+            Fp8Activation::Swiglu => Tensor::from_primitive(TensorPrimitive::Float(
+                B::fused_swiglu(h.into_primitive().tensor()),
+            )),
+        };
+        linear(a, &p.w2, &p.b2, &fp8.1)
+    };
+    let g = tensor([ROWS, OUT], seed + 0.4) * 1e-3;
+    let grads = (y.clone() * g).sum().backward();
+    let mut out = vec![
+        flat(y),
+        flat(x.grad(&grads).expect("dx")),
+        flat(p.w1.grad(&grads).expect("dw1")),
+    ];
+    out.extend(p.b1.as_ref().map(|b| flat(b.grad(&grads).expect("db1"))));
+    out.push(flat(p.w2.grad(&grads).expect("dw2")));
+    out.extend(p.b2.as_ref().map(|b| flat(b.grad(&grads).expect("db2"))));
+    end_fp8_step::<Flex>(fp8.0.state(), &[]);
+    out.push(
+        fp8.0
+            .state()
+            .rows::<Flex>()
+            .into_iter()
+            .flat_map(|(_, row)| row)
+            .collect(),
+    );
+    out
+}
+
+#[test]
+fn the_fused_mlp_node_gives_the_unfused_layers_numbers() {
+    for act in [Fp8Activation::Gelu, Fp8Activation::Swiglu] {
+        for bias in [true, false] {
+            let p = params(act, bias);
+            let (fused, unfused) = (handles(), handles());
+            for s in 0..3 {
+                let seed = 0.1 + s as f32;
+                let a = step(true, act, &p, &fused, seed);
+                let b = step(false, act, &p, &unfused, seed);
+                assert_eq!(a.len(), b.len());
+                for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                    assert!(
+                        worst <= 1e-6 * scale,
+                        "{act:?}, bias {bias}, step {s}: part {i} differs by {worst:e} (of {scale:e})"
+                    );
+                }
+            }
+        }
+    }
+}
