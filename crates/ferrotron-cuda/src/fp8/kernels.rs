@@ -18,6 +18,8 @@ use ferrotron_parallel::fp8_scaling::Fp8Format;
 
 use crate::dtype::DType;
 use crate::kernels::KernelSpec;
+use crate::kernels::elementwise::{GELU, GELU_BACKWARD};
+use crate::kernels::swiglu;
 
 /// Rows and columns per tile.
 pub(crate) const TILE: usize = 64;
@@ -91,7 +93,7 @@ __device__ __forceinline__ float scale_from_amax(const float amax, const float s
 
 /// What a cast's `[rows, cols]` values are computed from (`ferrotron_parallel::Fp8Source`):
 /// `x` itself, an activation of `x`, or an activation's gradient from `x` (the output
-/// gradient) and `aux` (the pre-activation). Math in f32, as the 16-bit activation kernels.
+/// gradient) and `aux` (the pre-activation). Math in f32, the 16-bit activation kernels' own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CastSource {
     Plain,
@@ -116,27 +118,51 @@ impl CastSource {
         }
     }
 
+    /// The device functions [`CastSource::load`] calls: the 16-bit activation kernels' own
+    /// expressions (`kernels::elementwise`, `kernels::swiglu`), so both paths compute one
+    /// arithmetic.
+    fn helpers(self) -> String {
+        let function = |name: &str, args: &str, expr: &str| {
+            format!("__device__ __forceinline__ float {name}({args}) {{ return {expr}; }}\n")
+        };
+        match self {
+            CastSource::Plain => String::new(),
+            CastSource::Gelu => function("act", "const float a", GELU),
+            CastSource::Swiglu => function("act", "const float a, const float b", swiglu::FORWARD),
+            CastSource::GeluGrad => {
+                function("act_grad", "const float a, const float b", GELU_BACKWARD)
+            }
+            CastSource::SwigluGrad => {
+                function(
+                    "grad_gate",
+                    "const float a, const float b, const float c",
+                    swiglu::GRAD_GATE,
+                ) + &function("grad_up", "const float a, const float b", swiglu::GRAD_UP)
+            }
+        }
+    }
+
     /// Code that fills `float v[8]` with the values at row `r`, columns `c..c + 8`.
     fn load(self) -> &'static str {
         match self {
             CastSource::Plain => "      load8(x + r * p.cols + c, v);\n",
             CastSource::Gelu => {
-                "      load8(x + r * p.cols + c, v);\n#pragma unroll\n      for (int j = 0; j < 8; ++j) v[j] = 0.5f * v[j] * (1.0f + erff(v[j] * 0.7071067811865476f));\n"
+                "      load8(x + r * p.cols + c, v);\n#pragma unroll\n      for (int j = 0; j < 8; ++j) v[j] = act(v[j]);\n"
             }
             CastSource::Swiglu => {
-                "      { float u[8];\n        load8(x + r * 2 * p.cols + c, v);\n        load8(x + r * 2 * p.cols + p.cols + c, u);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.f + expf(-v[j])) * u[j]; }\n"
+                "      { float u[8];\n        load8(x + r * 2 * p.cols + c, v);\n        load8(x + r * 2 * p.cols + p.cols + c, u);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = act(v[j], u[j]); }\n"
             }
             CastSource::GeluGrad => {
-                "      { float a[8];\n        load8(x + r * p.cols + c, v);\n        load8(aux + r * p.cols + c, a);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = v[j] * (0.5f * (1.0f + erff(a[j] * 0.7071067811865476f)) + a[j] * 0.3989422804014327f * expf(-0.5f * a[j] * a[j])); }\n"
+                "      { float a[8];\n        load8(x + r * p.cols + c, v);\n        load8(aux + r * p.cols + c, a);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = act_grad(a[j], v[j]); }\n"
             }
             CastSource::SwigluGrad => concat!(
                 "      { const long long f = p.cols >> 1; float a[8], g[8];\n",
                 "        if (c < f) {\n          float b[8];\n",
                 "          load8(aux + r * p.cols + c, a); load8(aux + r * p.cols + f + c, b); load8(x + r * f + c, g);\n",
-                "#pragma unroll\n          for (int j = 0; j < 8; ++j) { const float s = 1.f / (1.f + expf(-a[j])); v[j] = g[j] * b[j] * s * (1.f + a[j] * (1.f - s)); }\n",
+                "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = grad_gate(a[j], b[j], g[j]);\n",
                 "        } else {\n",
                 "          load8(aux + r * p.cols + (c - f), a); load8(x + r * f + (c - f), g);\n",
-                "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = g[j] * a[j] / (1.f + expf(-a[j]));\n",
+                "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = grad_up(a[j], g[j]);\n",
                 "        } }\n"
             ),
         }
@@ -171,6 +197,7 @@ impl KernelSpec for CastTranspose {
         );
         s += &headers(x);
         s += &load8(x);
+        s += &self.source.helpers();
         s += BLOCK_MAX;
         s += SCALE_FROM_AMAX;
         s += "struct Params { long long rows, cols; unsigned long long x, q, qt, scale, amax_src, amax_dst, scale_inv; double scaled_max; unsigned long long aux, partial; };\n";
@@ -241,16 +268,16 @@ impl KernelSpec for CastTranspose {
     }
 }
 
-/// The bias gradient from [`CastTranspose`]'s `partial [tiles, cols]` f32 sums, stored as
-/// `output`: a block of 32 columns × [`SUM_GROUPS`] groups of tiles, each thread adding every
-/// `SUM_GROUPS`-th tile of its column, then the groups added in order (the same numbers on every
-/// run). One thread a column walking all of a gpt-1.3b step's 384 tiles took 48 µs a call.
+/// The bias gradient from [`CastTranspose`]'s `partial [bands, cols]` f32 sums, stored as
+/// `output`: a block of 32 columns × [`SUM_GROUPS`] groups of bands, each thread adding every
+/// `SUM_GROUPS`-th band of its column, then the groups added in order (the same numbers on every
+/// run). One thread a column walking all of a gpt-1.3b step's 384 tile rows took 48 µs a call.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct ColumnSum {
     pub output: DType,
 }
 
-/// Groups of tiles a [`ColumnSum`] block splits a column's tiles into (its threads: 32 × this).
+/// Groups of bands a [`ColumnSum`] block splits a column's bands into (its threads: 32 × this).
 pub(crate) const SUM_GROUPS: u32 = 8;
 
 impl KernelSpec for ColumnSum {
@@ -258,7 +285,7 @@ impl KernelSpec for ColumnSum {
         let out = self.output;
         let mut s = format!("// fp8 dbias column sum {out}\n");
         s += crate::kernels::includes(out.needs_half_headers());
-        s += "struct Params { long long tiles, cols; unsigned long long partial, out; };\n";
+        s += "struct Params { long long bands, cols; unsigned long long partial, out; };\n";
         s += &format!("#define GROUPS {SUM_GROUPS}\n");
         s += "extern \"C\" __global__ void __launch_bounds__(32 * GROUPS) ferrotron_kernel(const Params p) {\n";
         s += "  __shared__ float part[GROUPS][33];\n";
@@ -266,7 +293,7 @@ impl KernelSpec for ColumnSum {
         s += "  const long long c = blockIdx.x * 32LL + lane;\n";
         s += "  const float* partial = (const float*)p.partial;\n";
         s += "  float sum = 0.f;\n";
-        s += "  if (c < p.cols) for (long long t = group; t < p.tiles; t += GROUPS) sum += partial[t * p.cols + c];\n";
+        s += "  if (c < p.cols) for (long long t = group; t < p.bands; t += GROUPS) sum += partial[t * p.cols + c];\n";
         s += "  part[group][lane] = sum;\n  __syncthreads();\n";
         s += "  if (group == 0 && c < p.cols) {\n    float total = 0.f;\n";
         s += "#pragma unroll\n    for (int g = 0; g < GROUPS; ++g) total += part[g][lane];\n";

@@ -189,14 +189,14 @@ pub fn cast_source(
             .dtype(input.x.dtype())
     };
     let [rows, cols] = input.output_shape(&ctx)?;
-    let x = readable(input.x, &ctx)?;
-    let aux = input.aux.map(|a| readable(a, &ctx)).transpose()?;
     if input.source != CastSource::Plain && matches!(from, ScaleFrom::Current { .. }) {
         return Err(CudaError::unsupported(
             ctx(),
             "current scaling measures the amax of the tensor itself: cast a materialised activation",
         ));
     }
+    let x = readable(input.x, &ctx)?;
+    let aux = input.aux.map(|a| readable(a, &ctx)).transpose()?;
     let device = x.device().clone();
     let data = CudaTensor::empty(&device, &[rows, cols], DType::U8)?;
     let transposed = transpose
@@ -278,17 +278,17 @@ pub fn cast_source(
     Ok((cast, bias))
 }
 
-/// `Σ_tiles partial [tiles, cols]` as `[cols]` in `dtype`.
+/// `Σ_bands partial [bands, cols]` as `[cols]` in `dtype`.
 fn column_sum(
     partial: &CudaTensor,
     dtype: DType,
     ctx: &dyn Fn() -> OpContext,
 ) -> Result<CudaTensor> {
-    let [tiles, cols] = [partial.shape()[0], partial.shape()[1]];
+    let [bands, cols] = [partial.shape()[0], partial.shape()[1]];
     let out = CudaTensor::empty(partial.device(), &[cols], dtype)?;
     let mut params = Params::new();
     params
-        .int(tiles as i64)
+        .int(bands as i64)
         .int(cols as i64)
         .ptr(partial.data_ptr())
         .ptr(out.data_ptr());

@@ -16,6 +16,11 @@ use crate::kernels::{BLOCK, Params, grid_for, includes, launch};
 use crate::layout::{Layout, broadcast_shapes, coalesce, contiguous_strides};
 use crate::tensor::{CudaTensor, check_rank};
 
+/// GELU (erf form) of `a`, in f32: the map kernel's, and the fused fp8 cast's (`fp8/kernels.rs`).
+pub(crate) const GELU: &str = "(0.5f * a * (1.0f + erff(a * 0.7071067811865476f)))";
+/// GELU's input gradient at `a` given the output gradient `b`, in f32.
+pub(crate) const GELU_BACKWARD: &str = "(b * (0.5f * (1.0f + erff(a * 0.7071067811865476f)) + a * 0.3989422804014327f * expf(-0.5f * a * a)))";
+
 /// Names the generated C gives to inputs 0 to 3 (`d` is also the index loop's counter, scoped
 /// to that loop, which ends before the inputs are loaded).
 const INPUT_NAMES: [&str; 4] = ["a", "b", "c", "d"];
@@ -422,7 +427,7 @@ impl UnaryOp {
             Sign if float => "(isnan(a) ? a : (float)((a > 0.0f) - (a < 0.0f)))".into(),
             Sign if dtype.is_int() => "((a > 0) - (a < 0))".into(),
             Sigmoid if float => "(1.0f / (1.0f + expf(-a)))".into(),
-            Gelu if float => "(0.5f * a * (1.0f + erff(a * 0.7071067811865476f)))".into(),
+            Gelu if float => GELU.into(),
             Silu if float => "(a / (1.0f + expf(-a)))".into(),
             Relu if float => "(a > 0.0f ? a : 0.0f)".into(),
             Relu if dtype.is_int() => "(a > 0 ? a : 0)".into(),
@@ -500,7 +505,7 @@ impl BinaryOp {
             Xor | BitXor if int => "(a ^ b)".into(),
             Shl if int => "(a << b)".into(),
             Shr if int => "(a >> b)".into(),
-            GeluBackward if float => "(b * (0.5f * (1.0f + erff(a * 0.7071067811865476f)) + a * 0.3989422804014327f * expf(-0.5f * a * a)))".into(),
+            GeluBackward if float => GELU_BACKWARD.into(),
             ReluBackward if float => "(a > 0.0f ? b : 0.0f)".into(),
             SigmoidBackward if float => "(b * a * (1.0f - a))".into(),
             _ => return None,

@@ -15,13 +15,13 @@ const NONE: MapScalars = MapScalars {
 };
 
 /// `silu(gate) · up` with gate `a`, up `b`.
-const FORWARD: &str = "(a / (1.f + expf(-a)) * b)";
+pub(crate) const FORWARD: &str = "(a / (1.f + expf(-a)) * b)";
 /// The gate's gradient with gate `a`, up `b`, output gradient `c`:
 /// `c · b · σ(a) · (1 + a · (1 − σ(a)))`.
-const GRAD_GATE: &str =
+pub(crate) const GRAD_GATE: &str =
     "(c * b * (1.f / (1.f + expf(-a))) * (1.f + a * (1.f - 1.f / (1.f + expf(-a)))))";
 /// The up projection's gradient with gate `a`, output gradient `b`: `b · silu(a)`.
-const GRAD_UP: &str = "(b * a / (1.f + expf(-a)))";
+pub(crate) const GRAD_UP: &str = "(b * a / (1.f + expf(-a)))";
 
 /// The gate and up halves of `x [rows, 2f]`, as views.
 fn halves(x: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
