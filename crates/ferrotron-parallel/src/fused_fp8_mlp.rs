@@ -18,7 +18,8 @@ use burn::tensor::{DType, TensorMetadata};
 
 use crate::FusedOps;
 use crate::fp8_scaling::Fp8Role;
-use crate::fused_fp8::{Fp8Linear, Fp8Operand, Fp8Tensor};
+use crate::fused_fp8::{Fp8Linear, Fp8Operand, Fp8Tensor, fp8_forward};
+use crate::fused_fp8_node::in_dtype;
 use crate::fused_fp8_source::{Fp8Activation, Fp8Source};
 
 /// The operands of [`FusedOps::fp8_mlp`]: `x [rows, in]`, `fc1 [in, f]` (`[in, 2f]` packed for
@@ -47,20 +48,18 @@ struct Saved<B: burn::tensor::backend::Backend> {
 
 fn forward<B: FusedOps>(mlp: Fp8Mlp<B>, record: bool) -> (FloatTensor<B>, Saved<B>) {
     let dtype = mlp.x.dtype();
-    let input = B::fp8_quantize(mlp.x, &mlp.fc1, Fp8Role::Input, record);
-    let w1 = mlp.fc1.weight::<B>(mlp.fc1_weight, record);
-    let pre = B::fp8_matmul(input.rows(), w1.columns(), mlp.fc1_bias, dtype, true);
+    let fc1 = fp8_forward::<B>(mlp.x, mlp.fc1_weight, mlp.fc1_bias, &mlp.fc1, record);
     let source = Fp8Source::Activation {
-        pre: pre.clone(),
+        pre: fc1.output.clone(),
         act: mlp.activation,
     };
     let (act, _) = B::fp8_quantize_source(source, &mlp.fc2, Fp8Role::Input, record, false);
     let w2 = mlp.fc2.weight::<B>(mlp.fc2_weight, record);
     let output = B::fp8_matmul(act.rows(), w2.columns(), mlp.fc2_bias, dtype, true);
     let saved = Saved {
-        x_t: input.columns(),
-        w1,
-        pre,
+        x_t: fc1.input_t,
+        w1: fc1.weight,
+        pre: fc1.output,
         act_t: act.columns(),
         w2,
     };
@@ -111,14 +110,6 @@ impl<B: burn::tensor::backend::Backend> std::fmt::Debug for State<B> {
     }
 }
 
-fn cast_to<B: FusedOps>(x: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
-    if x.dtype() == dtype {
-        x
-    } else {
-        B::float_cast(x, dtype.into())
-    }
-}
-
 /// Parents: `x`, fc1's weight, fc2's weight, then fc1's bias and fc2's bias where present.
 impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8MlpOp {
     type State = State<B>;
@@ -138,7 +129,7 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8MlpOp {
             b2_dtype.is_some(),
         );
         if let (Some(Some(node)), Some(db2), Some(dtype)) = (b2_parent, db2, b2_dtype) {
-            grads.register::<B>(node.id, cast_to::<B>(db2, dtype));
+            grads.register::<B>(node.id, in_dtype::<B>(db2, dtype));
         }
         let d_act = B::fp8_matmul(dy.rows(), saved.w2.rows(), None, state.x_dtype, false);
         if let Some(node) = &ops.parents[2] {
@@ -164,7 +155,7 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8MlpOp {
             b1_dtype.is_some(),
         );
         if let (Some(Some(node)), Some(db1), Some(dtype)) = (b1_parent, db1, b1_dtype) {
-            grads.register::<B>(node.id, cast_to::<B>(db1, dtype));
+            grads.register::<B>(node.id, in_dtype::<B>(db1, dtype));
         }
         if let Some(node) = &ops.parents[0] {
             let dx = B::fp8_matmul(dh.rows(), saved.w1.rows(), None, state.x_dtype, false);

@@ -93,13 +93,17 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
         if let (Some(Some(node)), Some(db), Some(dtype)) =
             (ops.parents.get(2), db, state.bias_dtype)
         {
-            let db = if db.dtype() == dtype {
-                db
-            } else {
-                B::float_cast(db, dtype.into())
-            };
-            grads.register::<B>(node.id, db);
+            grads.register::<B>(node.id, in_dtype::<B>(db, dtype));
         }
+    }
+}
+
+/// `x` in `dtype` (a gradient handed back in its parameter's dtype).
+pub(crate) fn in_dtype<B: FusedOps>(x: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
+    if x.dtype() == dtype {
+        x
+    } else {
+        B::float_cast(x, dtype.into())
     }
 }
 
