@@ -4,9 +4,9 @@
 #      against the host arithmetic, the fp8 linear against its CPU reference and bf16;
 #   2. `gpu-bench.sh` rows bf16 and fp8 hybrid of gpt-1.3b and the LLaMA-style 1B in the same
 #      call (the speed-up table; the bar is 1.35×);
+#   2b. the same fp8 rows with OP_TIMING=1: per-op GPU time tables (ops/logs/*.ops.md);
 #   3. `gpu-fp8-curve.sh`: 300 steps of GPT-2 124M, fp8 against bf16 from the same weights,
 #      three seeds;
-#   2b. the same fp8 rows with OP_TIMING=1: per-op GPU time tables (ops/logs/*.ops.md);
 #   4. `gpu-resume.sh` with fp8: a run killed after its checkpoints and resumed must continue
 #      the uninterrupted run's losses bit for bit (the scaling state is in the checkpoint).
 # The tables are printed last; logs under $OUT.
