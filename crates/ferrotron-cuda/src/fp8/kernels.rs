@@ -4,10 +4,11 @@
 //! sum, and the step-end update of every layer's delayed scales in one launch.
 //!
 //! Cast-transpose works on 64 × 64 tiles, a block casting [`ROW_TILES`] of them down a band of
-//! rows, 256 threads: each thread loads 8 elements of a row
-//! with one 16-byte load (two for f32), scales them, converts pairs with the saturating
-//! `__nv_cvt_float2_to_fp8x2`, stores the 8 bytes of the row-major copy at once and leaves them
-//! in a shared-memory tile, from which the transposed copy is written 8 bytes at a time; the
+//! rows, 256 threads: each thread first issues the 16-byte loads of all its rows in the tile
+//! (its 8 elements of two rows, and of every input an activation's gradient reads), then
+//! computes, scales and converts pairs with the saturating `__nv_cvt_float2_to_fp8x2`, stores
+//! the 8 bytes of the row-major copy at once and leaves them in a shared-memory tile of words,
+//! from which the transposed copy is written a word (four rows of a column) at a time; the
 //! magnitudes' maximum is taken on the float bits as unsigned integers (so a NaN wins, as in
 //! `ferrotron_parallel::fp8_scaling::amax`), reduced over the block and merged with one
 //! `atomicMax`. Rows and columns must be multiples of 8 (fp8 GEMMs need 16 anyway) and the
@@ -18,7 +19,7 @@ use ferrotron_parallel::fp8_scaling::Fp8Format;
 
 use crate::dtype::DType;
 use crate::kernels::KernelSpec;
-use crate::kernels::elementwise::{GELU, GELU_BACKWARD};
+use crate::kernels::elementwise::{FAST_MATH, GELU, GELU_BACKWARD};
 use crate::kernels::swiglu;
 
 /// Rows and columns per tile.
@@ -45,22 +46,37 @@ fn headers(input: DType) -> String {
     s
 }
 
-/// `load8(p, v)`: eight consecutive elements of `input` at a 16-byte aligned `p`, as floats.
+/// `raw8`: eight consecutive elements' bytes as one load brings them (16-byte aligned);
+/// `load_raw(p)` loads them, `unpack8(raw, v)` turns them into floats, `load8(p, v)` does both.
+/// Loading apart from unpacking lets a cast issue every load of a tile before the math that
+/// waits on them.
 fn load8(input: DType) -> String {
-    let body = match input {
-        DType::BF16 => {
-            "  const uint4 raw = *(const uint4*)p;\n  const __nv_bfloat162* h = (const __nv_bfloat162*)&raw;\n#pragma unroll\n  for (int j = 0; j < 4; ++j) { const float2 f = __bfloat1622float2(h[j]); v[2 * j] = f.x; v[2 * j + 1] = f.y; }\n"
+    let (raw, load, unpack) = match input {
+        DType::BF16 | DType::F16 => {
+            let (pair, to_float) = if input == DType::BF16 {
+                ("__nv_bfloat162", "__bfloat1622float2")
+            } else {
+                ("__half2", "__half22float2")
+            };
+            (
+                "typedef uint4 raw8;\n".to_string(),
+                "return *(const uint4*)p;",
+                format!(
+                    "const {pair}* h = (const {pair}*)&raw;\n#pragma unroll\n  for (int j = 0; j < 4; ++j) {{ const float2 f = {to_float}(h[j]); v[2 * j] = f.x; v[2 * j + 1] = f.y; }}"
+                ),
+            )
         }
-        DType::F16 => {
-            "  const uint4 raw = *(const uint4*)p;\n  const __half2* h = (const __half2*)&raw;\n#pragma unroll\n  for (int j = 0; j < 4; ++j) { const float2 f = __half22float2(h[j]); v[2 * j] = f.x; v[2 * j + 1] = f.y; }\n"
-        }
-        _ => {
-            "  const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];\n  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;\n"
-        }
+        _ => (
+            "struct raw8 { float4 a, b; };\n".to_string(),
+            "raw8 r; r.a = ((const float4*)p)[0]; r.b = ((const float4*)p)[1]; return r;",
+            "v[0] = raw.a.x; v[1] = raw.a.y; v[2] = raw.a.z; v[3] = raw.a.w; v[4] = raw.b.x; v[5] = raw.b.y; v[6] = raw.b.z; v[7] = raw.b.w;".to_string(),
+        ),
     };
+    let t = input.storage_c();
     format!(
-        "__device__ __forceinline__ void load8(const {}* p, float* v) {{\n{body}}}\n",
-        input.storage_c()
+        "{raw}__device__ __forceinline__ raw8 load_raw(const {t}* p) {{ {load} }}\n\
+         __device__ __forceinline__ void unpack8(const raw8& raw, float* v) {{\n  {unpack}\n}}\n\
+         __device__ __forceinline__ void load8(const {t}* p, float* v) {{ unpack8(load_raw(p), v); }}\n"
     )
 }
 
@@ -89,6 +105,31 @@ __device__ __forceinline__ float scale_from_amax(const float amax, const float s
   const float s = __fdiv_rn(scaled_max, amax);
   return isinf(s) ? 3.402823466e+38f : s;
 }
+"#;
+
+/// The transposed copy of the tile in shared memory (`tile[row][word]`, four fp8 bytes a word,
+/// rows padded to an odd number of words): a thread reads the word of four columns in each of
+/// four consecutive rows, and four byte permutes turn those into four columns' four rows, stored
+/// as one word each. Sixteen threads cover a column's 64 rows, so a warp's store is two runs of
+/// 64 bytes, and the odd pitch keeps the reads to two banks' worth of conflict (byte reads of
+/// 8-byte-apart rows had been a four-way conflict on every byte).
+const TRANSPOSE_TILE: &str = r#"  __syncthreads();
+  {
+    unsigned char* __restrict__ qt = (unsigned char*)p.qt;
+    const int rg = threadIdx.x & 15, cw = threadIdx.x >> 4;
+    const long long r = r0 + 4 * rg;
+    if (r < p.rows) {
+      const unsigned int w0 = tile[4 * rg][cw], w1 = tile[4 * rg + 1][cw], w2 = tile[4 * rg + 2][cw], w3 = tile[4 * rg + 3][cw];
+      const unsigned int lo01 = __byte_perm(w0, w1, 0x5140), lo23 = __byte_perm(w2, w3, 0x5140);
+      const unsigned int hi01 = __byte_perm(w0, w1, 0x7362), hi23 = __byte_perm(w2, w3, 0x7362);
+      const unsigned int col[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632), __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const long long c = c0 + 4 * cw + i;
+        if (c < p.cols) *(unsigned int*)(qt + c * p.rows + r) = col[i];
+      }
+    }
+  }
 "#;
 
 /// What a cast's `[rows, cols]` values are computed from (`ferrotron_parallel::Fp8Source`):
@@ -125,8 +166,8 @@ impl CastSource {
         let function = |name: &str, args: &str, expr: &str| {
             format!("__device__ __forceinline__ float {name}({args}) {{ return {expr}; }}\n")
         };
-        match self {
-            CastSource::Plain => String::new(),
+        let activation = match self {
+            CastSource::Plain => return String::new(),
             CastSource::Gelu => function("act", "const float a", GELU),
             CastSource::Swiglu => function("act", "const float a, const float b", swiglu::FORWARD),
             CastSource::GeluGrad => {
@@ -139,29 +180,58 @@ impl CastSource {
                     swiglu::GRAD_GATE,
                 ) + &function("grad_up", "const float a, const float b", swiglu::GRAD_UP)
             }
+        };
+        format!("{FAST_MATH}{activation}")
+    }
+
+    /// The `raw8` loads a row's eight values need (`in[0..]`).
+    fn inputs(self) -> usize {
+        match self {
+            CastSource::Plain | CastSource::Gelu => 1,
+            CastSource::Swiglu | CastSource::GeluGrad => 2,
+            CastSource::SwigluGrad => 3,
         }
     }
 
-    /// Code that fills `float v[8]` with the values at row `r`, columns `c..c + 8`.
-    fn load(self) -> &'static str {
+    /// Code that loads `in[..]` for row `r`, columns `c..c + 8`.
+    fn fetch(self) -> &'static str {
         match self {
-            CastSource::Plain => "      load8(x + r * p.cols + c, v);\n",
-            CastSource::Gelu => {
-                "      load8(x + r * p.cols + c, v);\n#pragma unroll\n      for (int j = 0; j < 8; ++j) v[j] = act(v[j]);\n"
-            }
+            CastSource::Plain | CastSource::Gelu => "      in[0] = load_raw(x + r * p.cols + c);\n",
             CastSource::Swiglu => {
-                "      { float u[8];\n        load8(x + r * 2 * p.cols + c, v);\n        load8(x + r * 2 * p.cols + p.cols + c, u);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = act(v[j], u[j]); }\n"
+                "      in[0] = load_raw(x + r * 2 * p.cols + c);\n      in[1] = load_raw(x + r * 2 * p.cols + p.cols + c);\n"
             }
             CastSource::GeluGrad => {
-                "      { float a[8];\n        load8(x + r * p.cols + c, v);\n        load8(aux + r * p.cols + c, a);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = act_grad(a[j], v[j]); }\n"
+                "      in[0] = load_raw(x + r * p.cols + c);\n      in[1] = load_raw(aux + r * p.cols + c);\n"
             }
             CastSource::SwigluGrad => concat!(
-                "      { const long long f = p.cols >> 1; float a[8], g[8];\n",
-                "        if (c < f) {\n          float b[8];\n",
-                "          load8(aux + r * p.cols + c, a); load8(aux + r * p.cols + f + c, b); load8(x + r * f + c, g);\n",
+                "      const long long f = p.cols >> 1;\n",
+                "      if (c < f) {\n",
+                "        in[0] = load_raw(aux + r * p.cols + c); in[1] = load_raw(aux + r * p.cols + f + c); in[2] = load_raw(x + r * f + c);\n",
+                "      } else {\n",
+                "        in[0] = load_raw(aux + r * p.cols + (c - f)); in[2] = load_raw(x + r * f + (c - f));\n",
+                "      }\n"
+            ),
+        }
+    }
+
+    /// Code that fills `float v[8]` from the loaded `in[..]`.
+    fn compute(self) -> &'static str {
+        match self {
+            CastSource::Plain => "      unpack8(in[0], v);\n",
+            CastSource::Gelu => {
+                "      unpack8(in[0], v);\n#pragma unroll\n      for (int j = 0; j < 8; ++j) v[j] = act(v[j]);\n"
+            }
+            CastSource::Swiglu => {
+                "      { float u[8];\n        unpack8(in[0], v); unpack8(in[1], u);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = act(v[j], u[j]); }\n"
+            }
+            CastSource::GeluGrad => {
+                "      { float a[8];\n        unpack8(in[0], v); unpack8(in[1], a);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = act_grad(a[j], v[j]); }\n"
+            }
+            CastSource::SwigluGrad => concat!(
+                "      { float a[8], g[8];\n        unpack8(in[0], a); unpack8(in[2], g);\n",
+                "        if (c < (p.cols >> 1)) {\n          float b[8];\n          unpack8(in[1], b);\n",
                 "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = grad_gate(a[j], b[j], g[j]);\n",
                 "        } else {\n",
-                "          load8(aux + r * p.cols + (c - f), a); load8(x + r * f + (c - f), g);\n",
                 "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = grad_up(a[j], g[j]);\n",
                 "        } }\n"
             ),
@@ -203,7 +273,7 @@ impl KernelSpec for CastTranspose {
         s += "struct Params { long long rows, cols; unsigned long long x, q, qt, scale, amax_src, amax_dst, scale_inv; double scaled_max; unsigned long long aux, partial; };\n";
         s += &format!("#define TILE {TILE}\n#define ROW_TILES {ROW_TILES}\n");
         s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
-        s += "  __shared__ __align__(16) unsigned char tile[TILE][TILE + 8];\n  __shared__ unsigned int red[8];\n";
+        s += "  __shared__ unsigned int tile[TILE][TILE / 4 + 1];\n  __shared__ unsigned int red[8];\n";
         s += "  const long long tiles_c = (p.cols + TILE - 1) / TILE;\n";
         s += "  const long long band = blockIdx.x / tiles_c, c0 = (blockIdx.x % tiles_c) * TILE;\n";
         if self.current {
@@ -213,23 +283,38 @@ impl KernelSpec for CastTranspose {
         }
         s += "  if (blockIdx.x == 0 && threadIdx.x == 0) *(float*)p.scale_inv = 1.f / scale;\n";
         s += &format!(
-            "  const {xs}* x = (const {xs}*)p.x;\n  const {xs}* aux = (const {xs}*)p.aux;\n  (void)aux;\n",
+            "  const {xs}* __restrict__ x = (const {xs}*)p.x;\n  const {xs}* __restrict__ aux = (const {xs}*)p.aux;\n  (void)aux;\n",
             xs = x.storage_c()
         );
-        s += "  unsigned char* q = (unsigned char*)p.q;\n";
+        s += "  unsigned char* __restrict__ q = (unsigned char*)p.q;\n";
         s += "  const int lr = threadIdx.x >> 3, lc = (threadIdx.x & 7) * 8;\n";
         s += "  unsigned int amax = 0u;\n";
         if self.dbias {
             s += "  float colsum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n";
         }
+        // The loads of the next row tile are issued before this tile's math, so a thread
+        // always has its next bytes in flight.
+        let inputs = self.source.inputs();
+        let pass = "#pragma unroll\n  for (int pass = 0; pass < 2; ++pass) {\n    const int tr = lr + pass * 32;\n    const long long r = r0 + tr, c = c0 + lc;\n    if (r < p.rows && c < p.cols) {\n";
+        let fetch = |into: &str| {
+            format!(
+                "{pass}      raw8* in = {into}[pass];\n{}    }}\n  }}\n",
+                self.source.fetch()
+            )
+        };
+        s += &format!("  raw8 raw[2][{inputs}], next[2][{inputs}];\n");
+        s += "  { const long long r0 = band * ROW_TILES * TILE;\n";
+        s += &fetch("raw");
+        s += "  }\n";
         s += "  for (int k = 0; k < ROW_TILES; ++k) {\n";
         s += "  const long long r0 = (band * ROW_TILES + k) * TILE;\n";
         s += "  if (r0 >= p.rows) break;\n";
-        s += "#pragma unroll\n  for (int pass = 0; pass < 2; ++pass) {\n";
-        s += "    const int tr = lr + pass * 32;\n    const long long r = r0 + tr, c = c0 + lc;\n";
-        s += "    if (r < p.rows && c < p.cols) {\n";
-        s += "      float v[8];\n";
-        s += self.source.load();
+        s += "  if (k + 1 < ROW_TILES) { const long long r0 = (band * ROW_TILES + k + 1) * TILE;\n";
+        s += &fetch("next");
+        s += "  }\n";
+        s += pass;
+        s += "      const raw8* in = raw[pass];\n      float v[8];\n";
+        s += self.source.compute();
         if self.dbias {
             s += "#pragma unroll\n      for (int j = 0; j < 8; ++j) colsum[j] += v[j];\n";
         }
@@ -243,17 +328,15 @@ impl KernelSpec for CastTranspose {
         s += "        if (j < 2) lo |= pair << (16 * j); else hi |= pair << (16 * (j - 2));\n      }\n";
         s += "      const uint2 packed = make_uint2(lo, hi);\n";
         s += "      *(uint2*)(q + r * p.cols + c) = packed;\n";
-        s += "      *(uint2*)&tile[tr][lc] = packed;\n    }\n  }\n";
+        s += "      tile[tr][lc >> 2] = lo;\n      tile[tr][(lc >> 2) + 1] = hi;\n    }\n  }\n";
         if self.transpose {
-            s += "  __syncthreads();\n  unsigned char* qt = (unsigned char*)p.qt;\n";
-            s += "#pragma unroll\n  for (int pass = 0; pass < 2; ++pass) {\n";
-            s += "    const int tc = lr + pass * 32;\n    const long long c = c0 + tc, r = r0 + lc;\n";
-            s += "    if (c < p.cols && r < p.rows) {\n      unsigned int lo = 0u, hi = 0u;\n";
-            s += "#pragma unroll\n      for (int j = 0; j < 4; ++j) { lo |= (unsigned int)tile[lc + j][tc] << (8 * j); hi |= (unsigned int)tile[lc + 4 + j][tc] << (8 * j); }\n";
-            s += "      *(uint2*)(qt + c * p.rows + r) = make_uint2(lo, hi);\n    }\n  }\n";
+            s += TRANSPOSE_TILE;
             // the next row tile overwrites the shared tile only after every thread read it
             s += "  __syncthreads();\n";
         }
+        s += &format!(
+            "#pragma unroll\n  for (int i = 0; i < 2; ++i)\n#pragma unroll\n    for (int j = 0; j < {inputs}; ++j) raw[i][j] = next[i][j];\n"
+        );
         s += "  }\n";
         if self.dbias {
             s += "  __shared__ float csum[32][TILE + 1];\n";

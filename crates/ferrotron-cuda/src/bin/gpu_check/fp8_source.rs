@@ -1,20 +1,24 @@
 //! Rows for the casts that compute their tensor on the way in (`fp8_cast_source`): GELU and
 //! SwiGLU forward, their gradients, and the bias gradient summed in the same pass, each
 //! against the host: the activation in f64 from the same bf16 inputs, rounded on the fp8 grid
-//! with the state's delayed scale. A byte may sit one grid step from the host's where the
-//! scaled value lies within 1e-6 of a rounding boundary (`erff`/`expf` are a few f32 ulps from
-//! f64); any other difference fails. The bias gradient (bf16) is held to 1 % of its largest
-//! element, the amax recorded into the state to 1e-6.
+//! with the state's delayed scale. A byte may sit one grid step from the host's only where the
+//! scaled value lies within the kernel's arithmetic error of a rounding boundary: 1e-6 of the
+//! value (the one-instruction `exp2`/`rcp` are a few f32 ulps from f64), plus for GELU the
+//! normal CDF's approximation error (below 7.5e-8, [`cdf_allowance`]); any other difference
+//! fails. The bias gradient (bf16) is held to 1 % of its largest element, the amax recorded
+//! into the state to 1e-6.
 
 use std::sync::Arc;
 
+use burn::tensor::{DType, Distribution, Tensor};
 use ferrotron_cuda::fp8::{CastInput, CastSource, ScaleFrom, cast_source};
-use ferrotron_cuda::{CudaDevice, DType as EDType};
+use ferrotron_cuda::{Cuda, CudaDevice, DType as EDType, GpuDevice};
 use ferrotron_parallel::fp8_scaling::{AMAX, Fp8Format, SCALE, round_to_fp8};
 use rand::rngs::StdRng;
 
 use crate::compare::Errors;
 use crate::fp8::{DELAYED_SCALE, bf16_values, decoded, f32s, upload_f32};
+use crate::fused::median_ms;
 use crate::{Row, failed, first_line, guarded};
 
 fn sigmoid(a: f64) -> f64 {
@@ -65,6 +69,19 @@ fn host_values(source: CastSource, x: &[f32], aux: &[f32], [rows, cols]: [usize;
         .collect()
 }
 
+/// The absolute error the GELU forms may add to element `i` beyond f32 rounding: the normal
+/// CDF inside them comes from a rational approximation with |error| < 7.5e-8
+/// (`kernels::elementwise`), times `|a|` in GELU and the output gradient in its derivative
+/// (2e-7 there: the density's `exp2` adds its share).
+fn cdf_allowance(source: CastSource, x: &[f32], i: usize) -> f64 {
+    let factor = match source {
+        CastSource::Gelu => 1e-7,
+        CastSource::GeluGrad => 2e-7,
+        _ => return 0.0,
+    };
+    factor * f64::from(x[i].abs())
+}
+
 /// `[x shape, aux shape, output shape]` for an output of `[rows, f]` columns.
 fn shapes(source: CastSource, rows: usize, f: usize) -> [[usize; 2]; 3] {
     match source {
@@ -112,16 +129,15 @@ fn source_row(
         let (cast, bias) =
             cast_source(input, format, true, from, true).map_err(|e| e.to_string())?;
         let want = host_values(source, &x, &aux, [rows, cols]);
-        let near = |v: f32, got: f32| {
-            [1.0 - 1e-6, 1.0, 1.0 + 1e-6]
-                .iter()
-                .any(|m| round_to_fp8(v * DELAYED_SCALE * m, format).to_bits() == got.to_bits())
+        let near = |i: usize, got: f32| {
+            let v = f64::from(want[i]);
+            let slack = 1e-6 * v.abs() + cdf_allowance(source, &x, i);
+            let scaled = |v: f64| round_to_fp8((v * f64::from(DELAYED_SCALE)) as f32, format);
+            (scaled(v - slack)..=scaled(v + slack)).contains(&got)
         };
         let bytes = decoded(&cast.data, format)?;
         let transposed = decoded(&cast.transposed.ok_or("no transpose")?, format)?;
-        let bad_bytes = (0..rows * cols)
-            .filter(|&i| !near(want[i], bytes[i]))
-            .count();
+        let bad_bytes = (0..rows * cols).filter(|&i| !near(i, bytes[i])).count();
         let bad_transpose = (0..rows * cols)
             .filter(|&i| transposed[(i % cols) * rows + i / cols].to_bits() != bytes[i].to_bits())
             .count();
@@ -185,6 +201,89 @@ pub(crate) fn rows(device: &Arc<CudaDevice>, rng: &mut StdRng) -> Vec<Row> {
         source_row(device, rng, CastSource::GeluGrad, e5, [200, 136]),
         source_row(device, rng, CastSource::SwigluGrad, e5, [200, 272]),
     ]
+}
+
+/// Speed of the casts at the training shapes that dominate an fp8 step (gpt-1.3b 12 × 2048 and
+/// the LLaMA-style 1B 4 × 4096): microseconds a call and the bytes moved (inputs read, the
+/// row-major and transposed fp8 copies written) per second. The copies' ceiling on an H200 is
+/// about 4 TB/s; a fused activation cast below it spends its time in the activation's math.
+pub(crate) fn timings(device: &GpuDevice) -> String {
+    let mut out =
+        String::from("| fp8 cast (bf16 in, delayed) | output | µs | TB/s |\n|---|---|---:|---:|\n");
+    let (e4, e5) = (Fp8Format::E4m3, Fp8Format::E5m2);
+    for (source, format, transpose, dbias, [rows, f]) in [
+        (CastSource::Plain, e4, true, false, [24576, 2048]),
+        (CastSource::Plain, e4, false, false, [24576, 2048]),
+        (CastSource::Plain, e5, true, true, [24576, 2048]),
+        (CastSource::Gelu, e4, true, false, [24576, 8192]),
+        (CastSource::Gelu, e4, false, false, [24576, 8192]),
+        (CastSource::GeluGrad, e5, true, true, [24576, 8192]),
+        (CastSource::Swiglu, e4, true, false, [16384, 8192]),
+        (CastSource::SwigluGrad, e5, true, false, [16384, 16384]),
+    ] {
+        let what = format!(
+            "{source:?} {}{}{}",
+            format.name(),
+            if transpose { "" } else { " no transpose" },
+            if dbias { " dbias" } else { "" }
+        );
+        let line = guarded(|| {
+            let [x_shape, aux_shape, [rows, cols]] = shapes(source, rows, f);
+            let bf16 = |[r, c]: [usize; 2]| {
+                Tensor::<Cuda, 2>::random([r, c], Distribution::Normal(0.0, 1.0), device)
+                    .cast(DType::BF16)
+                    .into_primitive()
+                    .tensor()
+            };
+            let x = bf16(x_shape);
+            let aux = (aux_shape[0] > 0).then(|| bf16(aux_shape));
+            let engine = CudaDevice::get(device.ordinal).map_err(|e| e.to_string())?;
+            let state = upload_f32(&engine, &[DELAYED_SCALE, 0.0, 0.0], &[1, 3]);
+            let cast = || {
+                let input = CastInput {
+                    x: &x,
+                    aux: aux.as_ref(),
+                    source,
+                };
+                let from = ScaleFrom::Delayed {
+                    state: &state,
+                    scale: SCALE,
+                    amax: Some(AMAX),
+                };
+                cast_source(input, format, transpose, from, dbias).expect("cast");
+            };
+            const CALLS: usize = 10;
+            let ms = median_ms(device, 5, || (0..CALLS).for_each(|_| cast())) / CALLS as f64;
+            let read = (x_shape[0] * x_shape[1] + aux_shape[0] * aux_shape[1]) * 2;
+            let bytes = (read + (1 + usize::from(transpose)) * rows * cols) as f64;
+            Ok(format!(
+                "| {what} | [{rows}, {cols}] | {:.1} | {:.2} |\n",
+                ms * 1e3,
+                bytes / (ms * 1e-3) / 1e12
+            ))
+        });
+        out.push_str(
+            &line.unwrap_or_else(|e| format!("| {what} | failed: {} | | |\n", first_line(&e))),
+        );
+    }
+    let reference = guarded(|| {
+        let [a, b] = [0, 1].map(|_| {
+            Tensor::<Cuda, 2>::random([24576, 2048], Distribution::Normal(0.0, 1.0), device)
+                .cast(DType::BF16)
+        });
+        let ms = median_ms(device, 5, || {
+            (0..10).for_each(|_| drop(a.clone() + b.clone()));
+        }) / 10.0;
+        Ok(format!(
+            "| (reference: bf16 add, 3 × 2 bytes an element) | [24576, 2048] | {:.1} | {:.2} |\n",
+            ms * 1e3,
+            (3 * 2 * 24576 * 2048) as f64 / (ms * 1e-3) / 1e12
+        ))
+    });
+    out.push_str(
+        &reference.unwrap_or_else(|e| format!("| reference | failed: {} | | |\n", first_line(&e))),
+    );
+    out
 }
 
 #[cfg(test)]

@@ -433,6 +433,8 @@ fn main() -> anyhow::Result<()> {
         if let Some(comm) = &nccl_comm {
             println!("\n{}", nccl::timings(comm));
         }
+    } else if args.timings && args.filter == "fp8" {
+        println!("\n{}", fp8_source::timings(&device));
     } else if args.timings {
         if let Some(comm) = &nccl_comm {
             println!("\n{}", nccl::timings(comm));
@@ -446,6 +448,7 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused_loss::timings(&device));
         println!("\n{}", fused_qkv::timings(&device));
         println!("\n{}", fused_dropout::timings(&device));
+        println!("\n{}", fp8_source::timings(&device));
     }
     if ferrotron_cuda::timing::enabled() {
         println!(
