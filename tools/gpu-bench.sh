@@ -69,6 +69,7 @@ benches=(
     "gpt-1.3b-fp8|recipes/gpt-1.3b.yaml|12|fp8"
     "llama-1b-fp8|recipes/llama3-8b.yaml|2|llama_1b_fp8"
     "llama-1b-mb4-fp8|recipes/llama3-8b.yaml|4|llama_1b_fp8"
+    "llama-1b-mb6-fp8|recipes/llama3-8b.yaml|6|llama_1b_fp8"
 )
 # fp8 GEMMs (issue 17): Megatron's hybrid format with its default delayed scaling. A row named
 # NAME-fp8 is also reported against row NAME of the same call in the speed-up table.

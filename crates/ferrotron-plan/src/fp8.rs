@@ -8,9 +8,9 @@
 //! tuned like the bf16 ones, ran at 1,366 TFLOP/s on average over the step's and the
 //! validation's products (69 % of the 1979 peak), its bf16 GEMMs at 756–790 (78 % of 989), so
 //! fp8 takes [`FP8_EFFICIENCY`] = 0.89 times the bf16 efficiency (0.845 before, from the
-//! untuned GEMMs of `/work/shared/gpu-speed.md`). With it the fp8 bench rows are predicted at
-//! 1.13 (gpt-1.3b) and 1.02 (the LLaMA-style 1B) of their measured steps
-//! (`tests/bench_rows.rs`).
+//! untuned GEMMs of `/work/shared/gpu-speed.md`). The casts move their bytes at
+//! [`CAST_BANDWIDTH_EFFICIENCY`] of HBM. With both, the fp8 bench rows of the 2026-12-04 21:13
+//! UTC call are predicted within 12 % of their measured steps (`tests/bench_rows.rs`).
 //!
 //! What fp8 adds: every fp8 GEMM's operands are cast first, a pass that reads the 16-bit
 //! tensor and writes it twice in fp8 (itself and its transpose: 4 bytes per element), for the
@@ -27,6 +27,14 @@ use crate::stages::StageInfo;
 
 /// fp8 GEMMs' fraction of their peak, relative to bf16's fraction of its own.
 pub(crate) const FP8_EFFICIENCY: f64 = 0.89;
+
+/// The casts' fraction of HBM bandwidth: Nsight Compute on the H200 (2026-12-04 21:00 UTC) read
+/// 3.27 TB/s of DRAM traffic, 68 % of its 4.8, for gpt-1.3b's plain cast-transpose of a
+/// [24576, 2048] activation; the fused activation casts of that model and the LLaMA-style 1B
+/// measure 2.9–3.9 TB/s of their bytes in training (`gpu_check --filter fp8`'s table). Charging
+/// the casts at the element-wise kernels' fitted 31 % instead had put the fp8 bench rows at
+/// 1.17 (gpt-1.3b) of their measured steps.
+pub(crate) const CAST_BANDWIDTH_EFFICIENCY: f64 = 0.68;
 
 /// The layers of a stage whose GEMMs run in fp8.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

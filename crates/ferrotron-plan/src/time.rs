@@ -146,10 +146,11 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     // Memory-bound work: ~36 passes over the hidden state (norms, residuals, dropout, RoPE,
     // forward and backward) and 6 over the FFN activations, 2 bytes each, at the fraction of
     // HBM bandwidth the GPU kind's fit found.
-    // fp8 adds the casts of the GEMM operands.
-    let elementwise_bytes = layers * tokens * (36.0 * 2.0 * h / sp + 6.0 * 2.0 * f / tp)
-        + tokens * crate::fp8::cast_bytes_per_token(setup.recipe, fp8, tp);
-    let memory_bound = elementwise_bytes / (spec.memory_bandwidth * spec.memory_bound_efficiency);
+    // fp8 adds the casts of the GEMM operands, at the cast kernels' own fraction of HBM.
+    let elementwise_bytes = layers * tokens * (36.0 * 2.0 * h / sp + 6.0 * 2.0 * f / tp);
+    let cast_bytes = tokens * crate::fp8::cast_bytes_per_token(setup.recipe, fp8, tp);
+    let memory_bound = elementwise_bytes / (spec.memory_bandwidth * spec.memory_bound_efficiency)
+        + cast_bytes / (spec.memory_bandwidth * crate::fp8::CAST_BANDWIDTH_EFFICIENCY);
 
     let activation_bytes = 2.0 * tokens * h;
     let latency = spec.collective_latency;
@@ -207,11 +208,19 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
         setup.term(
             "memory-bound element-wise work",
             memory_bound,
-            || format!(
-                "L·s·b·(72·h/sp + 12·f/tp) bytes / (HBM × efficiency) = {elementwise_bytes:.4e} / ({:.3e} × {})",
-                spec.memory_bandwidth,
-                spec.memory_bound_efficiency
-            ),),
+            || {
+                let hbm = spec.memory_bandwidth;
+                let elementwise = format!(
+                    "L·s·b·(72·h/sp + 12·f/tp) bytes / (HBM × efficiency) = {elementwise_bytes:.4e} / ({hbm:.3e} × {})",
+                    spec.memory_bound_efficiency
+                );
+                if cast_bytes > 0.0 {
+                    let cast = crate::fp8::CAST_BANDWIDTH_EFFICIENCY;
+                    format!("{elementwise}, + fp8 cast bytes / (HBM × cast efficiency) = {cast_bytes:.4e} / ({hbm:.3e} × {cast})")
+                } else {
+                    elementwise
+                }
+            },),
         setup.term(
             "tensor-parallel collectives",
             tp_time,
