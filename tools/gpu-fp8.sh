@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # gpu-fp8.sh — the fp8 measurements of issue 17 in one call on the GPU machine (one H200):
 #   1. `gpu_check --filter fp8`: the cast-transpose, amax, fp8 GEMM and scale-update kernels
-#      against the host arithmetic, the fp8 linear against its CPU reference and bf16;
-#   2. `gpu-bench.sh` rows bf16 and fp8 hybrid of gpt-1.3b and the LLaMA-style 1B in the same
-#      call (the speed-up table; the bar is 1.35×);
+#      against the host arithmetic, the fp8 linear against its CPU reference and bf16, then the
+#      casts' speed at the training shapes;
+#   2. `gpu-bench.sh` rows bf16 and fp8 hybrid of gpt-1.3b and the LLaMA-style 1B (micro
+#      batches 4 and 6) in the same call (the speed-up table; the bar is 1.35×);
 #   2b. the same fp8 rows with OP_TIMING=1: per-op GPU time tables (ops/logs/*.ops.md);
 #   3. `gpu-fp8-curve.sh`: 300 steps of GPT-2 124M, fp8 against bf16 from the same weights,
 #      three seeds;
@@ -12,9 +13,9 @@
 # The tables are printed last; logs under $OUT.
 #
 # Built here, run there:
-#   CARGO_TARGET_DIR=/work/target-fp8 CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo build --workspace --bins --locked
-#   mkdir -p .gpu-dist && strip -o .gpu-dist/recipe $CARGO_TARGET_DIR/debug/recipe \
-#       && strip -o .gpu-dist/gpu_check $CARGO_TARGET_DIR/debug/gpu_check
+#   CARGO_TARGET_DIR=/work/target-rel cargo build --release --locked -p ferrotron-cli -p ferrotron-cuda --bins
+#   mkdir -p .gpu-dist && strip -o .gpu-dist/recipe $CARGO_TARGET_DIR/release/recipe \
+#       && strip -o .gpu-dist/gpu_check $CARGO_TARGET_DIR/release/gpu_check
 #   device run: bash tools/gpu-fp8.sh        (carry: [".gpu-dist"])
 # Env: OUT (/tmp/gpu-fp8-out), FERROTRON_DIST (.gpu-dist), BENCH_STEPS (20), SKIP ("bench
 # ops curve resume": parts to leave out).
@@ -34,12 +35,12 @@ export FERROTRON_KERNEL_CACHE=${FERROTRON_KERNEL_CACHE:-/tmp/ferrotron-kernels}
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>&1 | head -1
 
 echo "=== 1. gpu_check --filter fp8 ($(date +%T))"
-timeout 300 "$dist/gpu_check" --filter fp8 --no-timings >"$OUT/gpu-check-fp8.md" 2>"$OUT/gpu-check-fp8.err"
+timeout 300 "$dist/gpu_check" --filter fp8 >"$OUT/gpu-check-fp8.md" 2>"$OUT/gpu-check-fp8.err"
 echo "exit $?"
 
 if [[ $skip != *" bench "* ]]; then
     echo "=== 2. bench bf16 vs fp8 ($(date +%T))"
-    OUT=$OUT/bench STEPS=${BENCH_STEPS:-20} ONLY="gpt-1.3b gpt-1.3b-fp8 llama-1b llama-1b-fp8" \
+    OUT=$OUT/bench STEPS=${BENCH_STEPS:-20} ONLY="gpt-1.3b gpt-1.3b-fp8 llama-1b-mb4 llama-1b-mb4-fp8 llama-1b-mb6 llama-1b-mb6-fp8" \
         bash tools/gpu-bench.sh >"$OUT/bench.out" 2>&1
     echo "exit $?"
 fi
@@ -47,7 +48,7 @@ if [[ $skip != *" ops "* ]]; then
     # Where an fp8 step's time goes: the per-op GPU time table of the fp8 rows (the events
     # around every op slow the run, so its speed is not the bench's).
     echo "=== 2b. fp8 op tables ($(date +%T))"
-    OUT=$OUT/ops STEPS=8 OP_TIMING=1 ONLY="gpt-1.3b-fp8 llama-1b-fp8" \
+    OUT=$OUT/ops STEPS=8 OP_TIMING=1 ONLY="gpt-1.3b-fp8 llama-1b-mb6-fp8" \
         bash tools/gpu-bench.sh >"$OUT/ops.out" 2>&1
     echo "exit $?"
 fi
