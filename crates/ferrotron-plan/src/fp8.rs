@@ -28,7 +28,7 @@ use crate::stages::StageInfo;
 /// fp8 GEMMs' fraction of their peak, relative to bf16's fraction of its own.
 pub(crate) const FP8_EFFICIENCY: f64 = 0.89;
 
-/// The casts' fraction of HBM bandwidth: Nsight Compute on the H200 (2026-12-04 21:00 UTC) read
+/// The casts' fraction of HBM bandwidth: Nsight Compute on the H200 (2026-12-04 21:03 UTC) read
 /// 3.27 TB/s of DRAM traffic, 68 % of its 4.8, for gpt-1.3b's plain cast-transpose of a
 /// [24576, 2048] activation; the fused activation casts of that model and the LLaMA-style 1B
 /// measure 2.9–3.9 TB/s of their bytes in training (`gpu_check --filter fp8`'s table). Charging
