@@ -192,7 +192,7 @@ const MEASURED: &[(&str, f64)] = &[
 /// 2026-12-04 17:26 UTC call (release build), gpt-350m from the 02:49 call (the element-wise
 /// kernels of that morning, opt-level-3 debug build), the micro-batch-4 LLaMA row from the 19:43
 /// call, the micro-batch-6 LLaMA rows and the fp8 rows (Megatron's hybrid format, the fused fp8
-/// MLP, the casts of the 21:03 kernels) from the 21:13 call. The MoE is outside the time
+/// MLP, the fast-math casts) from the 21:13 call. The MoE is outside the time
 /// model's fit.
 const MEASURED_STEP: &[(&str, f64)] = &[
     ("gpt-1.3b", 0.392),
