@@ -502,6 +502,13 @@ impl UnaryOp {
             _ => return None,
         })
     }
+
+    fn helpers(self) -> &'static str {
+        match self {
+            UnaryOp::Gelu => FAST_MATH,
+            _ => "",
+        }
+    }
 }
 
 /// Element-wise functions of two tensors (broadcast) or a tensor and a scalar.
@@ -638,8 +645,7 @@ pub fn unary(x: &CudaTensor, op: UnaryOp) -> Result<CudaTensor> {
         .expr(x.dtype())
         .ok_or_else(|| unsupported_dtype(x, &name))?;
     let out = CudaTensor::empty(x.device(), x.shape(), op.output_dtype(x.dtype()))?;
-    let helpers = if op == UnaryOp::Gelu { FAST_MATH } else { "" };
-    run_map(&name, &out, &[x], expr, NO_SCALARS, helpers)?;
+    run_map(&name, &out, &[x], expr, NO_SCALARS, op.helpers())?;
     Ok(out)
 }
 

@@ -203,10 +203,23 @@ pub(crate) fn rows(device: &Arc<CudaDevice>, rng: &mut StdRng) -> Vec<Row> {
     ]
 }
 
+/// A standard-normal `[rows, cols]` bf16 tensor on the GPU.
+fn random_bf16(device: &GpuDevice, shape: [usize; 2]) -> Tensor<Cuda, 2> {
+    Tensor::<Cuda, 2>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
+}
+
+/// Milliseconds a call of `f`: the median of five synchronised runs of ten calls.
+fn per_call_ms(device: &GpuDevice, mut f: impl FnMut()) -> f64 {
+    const CALLS: usize = 10;
+    median_ms(device, 5, || (0..CALLS).for_each(|_| f())) / CALLS as f64
+}
+
 /// Speed of the casts at the training shapes that dominate an fp8 step (gpt-1.3b 12 × 2048 and
 /// the LLaMA-style 1B 4 × 4096): microseconds a call and the bytes moved (inputs read, the
-/// row-major and transposed fp8 copies written) per second. The copies' ceiling on an H200 is
-/// about 4 TB/s; a fused activation cast below it spends its time in the activation's math.
+/// row-major and transposed fp8 copies written) per second. Host-timed, so each call's output
+/// allocations count too: the last row, a bf16 add of the same size, is this loop's ceiling
+/// (2.9 TB/s on an H200, where training reads 4.0–4.2). `FERROTRON_OP_TIMING=1` adds each
+/// kernel's CUDA-event time.
 pub(crate) fn timings(device: &GpuDevice) -> String {
     let mut out =
         String::from("| fp8 cast (bf16 in, delayed) | output | µs | TB/s |\n|---|---|---:|---:|\n");
@@ -229,12 +242,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
         );
         let line = guarded(|| {
             let [x_shape, aux_shape, [rows, cols]] = shapes(source, rows, f);
-            let bf16 = |[r, c]: [usize; 2]| {
-                Tensor::<Cuda, 2>::random([r, c], Distribution::Normal(0.0, 1.0), device)
-                    .cast(DType::BF16)
-                    .into_primitive()
-                    .tensor()
-            };
+            let bf16 = |shape| random_bf16(device, shape).into_primitive().tensor();
             let x = bf16(x_shape);
             let aux = (aux_shape[0] > 0).then(|| bf16(aux_shape));
             let engine = CudaDevice::get(device.ordinal).map_err(|e| e.to_string())?;
@@ -252,8 +260,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 };
                 cast_source(input, format, transpose, from, dbias).expect("cast");
             };
-            const CALLS: usize = 10;
-            let ms = median_ms(device, 5, || (0..CALLS).for_each(|_| cast())) / CALLS as f64;
+            let ms = per_call_ms(device, cast);
             let read = (x_shape[0] * x_shape[1] + aux_shape[0] * aux_shape[1]) * 2;
             let bytes = (read + (1 + usize::from(transpose)) * rows * cols) as f64;
             Ok(format!(
@@ -267,13 +274,8 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
         );
     }
     let reference = guarded(|| {
-        let [a, b] = [0, 1].map(|_| {
-            Tensor::<Cuda, 2>::random([24576, 2048], Distribution::Normal(0.0, 1.0), device)
-                .cast(DType::BF16)
-        });
-        let ms = median_ms(device, 5, || {
-            (0..10).for_each(|_| drop(a.clone() + b.clone()));
-        }) / 10.0;
+        let [a, b] = [0, 1].map(|_| random_bf16(device, [24576, 2048]));
+        let ms = per_call_ms(device, || drop(a.clone() + b.clone()));
         Ok(format!(
             "| (reference: bf16 add, 3 × 2 bytes an element) | [24576, 2048] | {:.1} | {:.2} |\n",
             ms * 1e3,
