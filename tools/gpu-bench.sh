@@ -66,6 +66,7 @@ benches=(
     "llama-1b-mb4|recipes/llama3-8b.yaml|4|llama_1b"
     "llama-1b-mb6|recipes/llama3-8b.yaml|6|llama_1b"
     "moe-8x|recipes/mixtral-8x7b.yaml|4|moe_small"
+    "moe-8x-mb16|recipes/mixtral-8x7b.yaml|16|moe_small"
     "gpt-1.3b-fp8|recipes/gpt-1.3b.yaml|12|fp8"
     "llama-1b-fp8|recipes/llama3-8b.yaml|2|llama_1b_fp8"
     "llama-1b-mb4-fp8|recipes/llama3-8b.yaml|4|llama_1b_fp8"

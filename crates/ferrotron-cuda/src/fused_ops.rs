@@ -15,9 +15,11 @@
 //! bits drawn in the add and again in the backward), SwiGLU of the packed projection
 //! (`kernels::swiglu`) and RoPE on it (`kernels::rope`) run on our own kernels, for every float
 //! dtype; the MoE experts' grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also
-//! switched off alone by `FERROTRON_GROUPED_GEMM=composed`); `FERROTRON_FUSED=composed`
-//! switches all eight back to burn's composition. The fp8 linear's primitives (casts, the fp8
-//! GEMM, the scale update) are `crate::fp8`'s, refused below compute capability 9.0.
+//! switched off alone by `FERROTRON_GROUPED_GEMM=composed`), and their routing decisions (top-k
+//! and the permutation by expert, `kernels::moe`) on ours; `FERROTRON_FUSED=composed` switches
+//! all eight back to burn's composition and the routing to the host reference. The fp8
+//! linear's primitives (casts, the fp8 GEMM, the scale update) are `crate::fp8`'s, refused
+//! below compute capability 9.0.
 
 use std::sync::OnceLock;
 
@@ -26,9 +28,10 @@ use ferrotron_parallel::fp8_scaling::{Fp8Role, Fp8Settings};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8Linear, Fp8Operand,
-    Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupedMatmulGrads, NormGrads, NormKind, NormSaved,
-    NormSpec, composed_adamw, composed_attention, composed_gather_flat, composed_grouped_matmul,
-    composed_qkv_attention, composed_rope_qkv, composed_sum_of_squares, composed_swiglu,
+    Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads, MoePermutation,
+    NormGrads, NormKind, NormSaved, NormSpec, composed_adamw, composed_attention,
+    composed_gather_flat, composed_grouped_matmul, composed_qkv_attention, composed_rope_qkv,
+    composed_sum_of_squares, composed_swiglu, moe_permutation_reference, moe_topk_reference,
 };
 
 use crate::backend::convert::ok;
@@ -40,6 +43,7 @@ use crate::grouped_blas::{self, grouped_matmul, grouped_matmul_backward};
 use crate::kernels::flat;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
+use crate::kernels::moe;
 use crate::kernels::reduce::{ReduceOp, reduce_all};
 use crate::kernels::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
@@ -225,6 +229,26 @@ impl FusedOps for Cuda {
             exp_avg_sq: out.exp_avg_sq,
             rounded: out.rounded,
         }
+    }
+
+    fn moe_topk(
+        scores: FloatTensor<Self>,
+        k: usize,
+        group_limit: Option<GroupLimit>,
+    ) -> IntTensor<Self> {
+        let groups = group_limit.map(|limit| (limit.num_groups, limit.group_topk));
+        if !(fused_kernels_enabled() && moe::topk_supports(&scores, k, groups)) {
+            return moe_topk_reference::<Self>(scores, k, group_limit);
+        }
+        ok(moe::topk(&scores, k, groups))
+    }
+
+    fn moe_permutation(experts: IntTensor<Self>, num_experts: usize) -> MoePermutation<Self> {
+        if !(fused_kernels_enabled() && moe::permutation_supports(num_experts)) {
+            return moe_permutation_reference::<Self>(experts, num_experts);
+        }
+        let (order, counts) = ok(moe::permutation(&experts, num_experts));
+        MoePermutation { order, counts }
     }
 
     fn sum_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -9,6 +9,7 @@ use ferrotron_recipe::{
 };
 
 use crate::{GptModel, ModelError};
+pub use ferrotron_parallel::GroupLimit;
 
 /// Every number and switch the model needs, with Megatron's derived defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,13 +60,6 @@ pub struct MoeConfig {
     pub shared_expert_ffn_hidden_size: Option<usize>,
     /// How tokens reach experts on other expert-parallel ranks (one rank: no difference).
     pub token_dispatcher: TokenDispatcher,
-}
-
-/// DeepSeek's group-limited routing: experts split into groups, each token first picks groups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GroupLimit {
-    pub num_groups: usize,
-    pub group_topk: usize,
 }
 
 /// A per-expert token limit and which tokens lose when it is exceeded.
@@ -229,7 +223,7 @@ impl MoeConfig {
         let group_limit = match (moe.num_groups, moe.group_topk) {
             (None, None) => None,
             (Some(num_groups), Some(group_topk)) => {
-                Some(GroupLimit::resolve(moe, num_groups, group_topk)?)
+                Some(resolve_group_limit(moe, num_groups, group_topk)?)
             }
             _ => {
                 return Err(ModelError::Incompatible(
@@ -280,40 +274,42 @@ impl MoeConfig {
     }
 }
 
-impl GroupLimit {
-    fn resolve(moe: &Moe, num_groups: u32, group_topk: u32) -> Result<Self, ModelError> {
-        positive("moe.num_groups", num_groups)?;
-        positive("moe.group_topk", group_topk)?;
-        divisible(
-            "moe.num_experts",
-            moe.num_experts,
-            "moe.num_groups",
-            num_groups,
-        )?;
-        divisible(
-            "moe.router_topk",
-            moe.router_topk,
-            "moe.group_topk",
-            group_topk,
-        )?;
-        if group_topk > num_groups {
-            return Err(ModelError::Incompatible(format!(
-                "model.moe.group_topk ({group_topk}) cannot exceed model.moe.num_groups ({num_groups})"
-            )));
-        }
-        let experts_in_selected_groups = group_topk * (moe.num_experts / num_groups);
-        if experts_in_selected_groups < moe.router_topk {
-            return Err(ModelError::Incompatible(format!(
-                "model.moe.group_topk ({group_topk}) groups of {} experts hold fewer than router_topk ({}) experts",
-                moe.num_experts / num_groups,
-                moe.router_topk
-            )));
-        }
-        Ok(GroupLimit {
-            num_groups: to_usize(num_groups),
-            group_topk: to_usize(group_topk),
-        })
+fn resolve_group_limit(
+    moe: &Moe,
+    num_groups: u32,
+    group_topk: u32,
+) -> Result<GroupLimit, ModelError> {
+    positive("moe.num_groups", num_groups)?;
+    positive("moe.group_topk", group_topk)?;
+    divisible(
+        "moe.num_experts",
+        moe.num_experts,
+        "moe.num_groups",
+        num_groups,
+    )?;
+    divisible(
+        "moe.router_topk",
+        moe.router_topk,
+        "moe.group_topk",
+        group_topk,
+    )?;
+    if group_topk > num_groups {
+        return Err(ModelError::Incompatible(format!(
+            "model.moe.group_topk ({group_topk}) cannot exceed model.moe.num_groups ({num_groups})"
+        )));
     }
+    let experts_in_selected_groups = group_topk * (moe.num_experts / num_groups);
+    if experts_in_selected_groups < moe.router_topk {
+        return Err(ModelError::Incompatible(format!(
+            "model.moe.group_topk ({group_topk}) groups of {} experts hold fewer than router_topk ({}) experts",
+            moe.num_experts / num_groups,
+            moe.router_topk
+        )));
+    }
+    Ok(GroupLimit {
+        num_groups: to_usize(num_groups),
+        group_topk: to_usize(group_topk),
+    })
 }
 
 /// Megatron's Sinkhorn router balances by routing alone: it refuses an auxiliary loss and

@@ -17,10 +17,10 @@
 //! (`fused_gelu.rs`), the token embedding's lookup (`fused_embedding.rs`), rotary
 //! embeddings on the packed projection (`fused_rope.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
-//! (`fused_grouped.rs`), the softmax cross-entropy (`fused_loss.rs`), alone or with the tied
-//! output layer (`fused_tied_loss.rs`), the AdamW update (`fused_adamw.rs`) with its flat
-//! gradient buffers (`fused_flat.rs`) and the fp8 linear layer (`fused_fp8.rs`, on three
-//! primitives instead of a kernel pair).
+//! (`fused_grouped.rs`) and its routing decisions (`fused_moe.rs`, no gradient), the softmax
+//! cross-entropy (`fused_loss.rs`), alone or with the tied output layer (`fused_tied_loss.rs`),
+//! the AdamW update (`fused_adamw.rs`) with its flat gradient buffers (`fused_flat.rs`) and the
+//! fp8 linear layer (`fused_fp8.rs`, on three primitives instead of a kernel pair).
 //!
 //! [`ParallelOps`]: crate::ParallelOps
 
@@ -56,6 +56,7 @@ use crate::fused_logits::{composed_tied_logits, tied_logits_backward_reference};
 use crate::fused_loss::{
     CrossEntropySaved, cross_entropy_backward_reference, cross_entropy_forward_reference,
 };
+use crate::fused_moe::{GroupLimit, MoePermutation, moe_permutation_reference, moe_topk_reference};
 use crate::fused_norm::{
     NormGrads, NormSaved, NormSpec, norm_backward_reference, norm_forward_reference,
 };
@@ -351,6 +352,23 @@ pub trait FusedOps: Backend {
         group_rows: &[usize],
     ) -> GroupedMatmulGrads<Self> {
         grouped_matmul_backward_reference::<Self>(x, weight, grad_output, group_rows)
+    }
+
+    /// `scores [rows, experts]` → `[rows, k]` int: each row's `k` best experts, best first, a
+    /// tie to the lower index, within the `group_limit`'s best groups (see `fused_moe.rs`).
+    /// Routing's selection: no gradient. Default: the host reference.
+    fn moe_topk(
+        scores: FloatTensor<Self>,
+        k: usize,
+        group_limit: Option<GroupLimit>,
+    ) -> IntTensor<Self> {
+        moe_topk_reference::<Self>(scores, k, group_limit)
+    }
+
+    /// `experts [n]` (each in `0..num_experts`) → the positions sorted stably by expert and
+    /// each expert's count. Default: the host reference.
+    fn moe_permutation(experts: IntTensor<Self>, num_experts: usize) -> MoePermutation<Self> {
+        moe_permutation_reference::<Self>(experts, num_experts)
     }
 
     /// Rotary embeddings on the query and key slots of the packed projection

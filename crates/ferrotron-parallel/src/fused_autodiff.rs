@@ -27,6 +27,7 @@ use crate::fused_fp8_node::fp8_linear_node;
 use crate::fused_gelu::{composed_gelu, gelu_node};
 use crate::fused_grouped::composed_grouped_matmul;
 use crate::fused_logits::composed_tied_logits;
+use crate::fused_moe::{GroupLimit, MoePermutation};
 use crate::fused_norm::{NormSaved, NormSpec};
 use crate::fused_qkv::composed_qkv_attention;
 use crate::fused_rope::composed_rope_qkv;
@@ -527,6 +528,22 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
 
     fn device_resident_step() -> bool {
         B::device_resident_step()
+    }
+
+    fn moe_topk(
+        scores: FloatTensor<Self>,
+        k: usize,
+        group_limit: Option<GroupLimit>,
+    ) -> IntTensor<Self> {
+        B::moe_topk(scores.primitive, k, group_limit)
+    }
+
+    fn moe_permutation(experts: IntTensor<Self>, num_experts: usize) -> MoePermutation<Self> {
+        let permutation = B::moe_permutation(experts, num_experts);
+        MoePermutation {
+            order: permutation.order,
+            counts: permutation.counts,
+        }
     }
 
     fn has_norm_kernel(x: &FloatTensor<Self>, gamma: &FloatTensor<Self>, spec: &NormSpec) -> bool {

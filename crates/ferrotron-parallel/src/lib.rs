@@ -38,6 +38,7 @@ mod fused_gelu;
 mod fused_grouped;
 mod fused_logits;
 mod fused_loss;
+mod fused_moe;
 mod fused_norm;
 mod fused_qkv;
 mod fused_rope;
@@ -90,6 +91,9 @@ pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_r
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,
     cross_entropy_forward_reference,
+};
+pub use fused_moe::{
+    GroupLimit, MoePermutation, moe_permutation_reference, moe_topk_reference, select_topk,
 };
 pub use fused_norm::{
     NormGrads, NormKind, NormSaved, NormSpec, composed_norm, norm, norm_backward_reference,

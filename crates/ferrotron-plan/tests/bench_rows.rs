@@ -169,6 +169,12 @@ const BENCHES: &[Bench] = &[
         micro_batch: 4,
         extra: &[MOE_SMALL],
     },
+    Bench {
+        name: "moe-8x-mb16",
+        preset: "mixtral-8x7b",
+        micro_batch: 16,
+        extra: &[MOE_SMALL],
+    },
 ];
 
 /// Device peaks (GiB) measured with the flat optimizer state. The pre-flat rows (gpt-1.3b at

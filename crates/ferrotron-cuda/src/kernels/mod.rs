@@ -16,6 +16,7 @@ pub mod fused;
 mod gpu_tests;
 pub mod index;
 pub mod loss;
+pub mod moe;
 mod norm_rows;
 pub mod reduce;
 pub mod rope;

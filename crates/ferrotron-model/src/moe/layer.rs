@@ -9,11 +9,11 @@ use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
-use super::dispatch::{Permutation, index_tensor, scatter_add_rows, select_rows};
+use super::decisions::{self, Decisions, slot_counts, top_experts};
 use super::expert::Expert;
 use super::grouped::grouped_experts;
 use super::loss::{balancing_probabilities, sequence_aux_loss, switch_aux_loss, z_loss};
@@ -63,26 +63,71 @@ impl<B: ParallelOps> MoeLayer<B> {
     fn forward_one_rank(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, MoeStats<B>) {
         let [batch, seq, hidden] = x.dims();
         let tokens = x.reshape([batch * seq, hidden]);
+        let device = tokens.device();
         let logits = self.router.forward(tokens.clone());
-        let host_logits: Vec<f32> = logits.clone().into_data().iter::<f32>().collect();
-        let training = B::ad_enabled(&tokens.device());
-        let routing = self.route(&host_logits, training);
-        let weights = self.combine_weights(logits.clone(), &routing);
+        let training = B::ad_enabled(&device);
+        let config = &self.config;
+        let (decisions, host_logits) = if decisions::on_device(config, training) {
+            let decisions = Decisions::on_device(config, logits.clone(), self.expert_bias());
+            (decisions, None)
+        } else {
+            let host_logits: Vec<f32> = logits.clone().into_data().iter::<f32>().collect();
+            let routing = self.route(&host_logits, training);
+            let decisions = Decisions::from_host(&routing, config.num_experts, &device);
+            (decisions, Some(host_logits))
+        };
+        let weights = self.combine_weights(logits.clone(), decisions.chosen.clone());
 
-        let permutation = Permutation::new(&routing, self.config.num_experts);
-        let sorted = select_rows(tokens.clone(), &permutation.tokens);
-        let expert_out = grouped_experts(&self.experts, sorted, &permutation.per_expert);
-        let gate = select_rows(weights.unsqueeze_dim::<2>(1), &permutation.slots);
-        let zeros = Tensor::<B, 2>::zeros([batch * seq, hidden], &tokens.device());
-        let mut output = scatter_add_rows(zeros, &permutation.tokens, expert_out * gate);
-        if let Some(shared) = &self.shared_expert {
-            output = output + shared.forward(tokens);
-        }
+        let sorted = tokens.clone().select(0, decisions.tokens.clone());
+        let expert_out = grouped_experts(&self.experts, sorted, &decisions.per_expert);
+        let gate = weights
+            .unsqueeze_dim::<2>(1)
+            .select(0, decisions.slots.clone());
+        let output = Tensor::<B, 2>::zeros([batch * seq, hidden], &device).select_assign(
+            0,
+            decisions.tokens.clone(),
+            expert_out * gate,
+            IndexingUpdateOp::Add,
+        );
+        let output = match &self.shared_expert {
+            Some(shared) => output + shared.forward(tokens),
+            None => output,
+        };
 
-        let aux_loss = self.balancing_loss(logits, &host_logits, batch, seq);
+        // The balancing losses count plain top-k of the logits (no bias, groups or capacity).
+        let plain_topk = config.score_function == ScoreFunction::Softmax
+            && !config.pre_softmax
+            && config.group_limit.is_none()
+            && self.expert_bias.is_none();
+        let detached = logits.clone().detach();
+        let counts = |tokens_per_group: usize| match &host_logits {
+            Some(host) => {
+                let counts = aux_loss_counts(
+                    host,
+                    config.num_experts,
+                    config.router_topk,
+                    tokens_per_group,
+                );
+                let len = counts.len();
+                Tensor::<B, 1>::from_data(TensorData::new(counts, [len]), &device)
+            }
+            None => {
+                let chosen = if plain_topk {
+                    decisions.chosen.clone()
+                } else {
+                    top_experts(detached.clone(), config.router_topk, None)
+                };
+                slot_counts(chosen, config.num_experts, tokens_per_group).cast(detached.dtype())
+            }
+        };
+        let aux_loss = self.balancing_loss(logits, counts, batch, seq);
         let stats = MoeStats {
             aux_loss,
-            loads: routing.loads(self.config.num_experts),
+            loads: decisions
+                .per_expert
+                .iter()
+                .map(|&rows| rows as u64)
+                .collect(),
         };
         (output.reshape([batch, seq, hidden]), stats)
     }
@@ -167,13 +212,14 @@ impl<B: Backend> MoeLayer<B> {
         route(&self.config, logits, bias.as_deref(), training)
     }
 
-    /// Differentiable `[tokens · topk]` combine weights for the routed slots; dropped slots
-    /// simply never reach an expert.
-    pub(super) fn combine_weights(&self, logits: Tensor<B, 2>, routing: &Routing) -> Tensor<B, 1> {
-        let [tokens, _] = logits.dims();
-        let topk = routing.topk;
-        let device = logits.device();
-        let chosen = index_tensor::<B>(&routing.experts, &device).reshape([tokens, topk]);
+    /// Differentiable `[tokens · topk]` combine weights of the `chosen [tokens, topk]` experts;
+    /// dropped slots simply never reach an expert.
+    pub(super) fn combine_weights(
+        &self,
+        logits: Tensor<B, 2>,
+        chosen: Tensor<B, 2, Int>,
+    ) -> Tensor<B, 1> {
+        let [tokens, topk] = chosen.dims();
         let sinkhorn = self.config.load_balancing == LoadBalancing::Sinkhorn;
         let weights = match self.config.score_function {
             // Megatron's Sinkhorn activation: sigmoid for top-1, else softmax over all experts.
@@ -196,10 +242,12 @@ impl<B: Backend> MoeLayer<B> {
         weights.reshape([tokens * topk])
     }
 
+    /// The balancing and z-losses; `counts(tokens_per_group)` gives the plain top-k slot counts
+    /// per group of that many consecutive tokens, `[groups · experts]`.
     fn balancing_loss(
         &self,
         logits: Tensor<B, 2>,
-        host_logits: &[f32],
+        counts: impl Fn(usize) -> Tensor<B, 1>,
         batch: usize,
         seq: usize,
     ) -> Tensor<B, 1> {
@@ -216,25 +264,16 @@ impl<B: Backend> MoeLayer<B> {
             let experts = config.num_experts;
             loss = loss
                 + if config.load_balancing == LoadBalancing::SeqAuxLoss {
-                    let counts = aux_loss_counts(host_logits, experts, config.router_topk, seq);
-                    let counts = Tensor::<B, 2>::from_data(
-                        TensorData::new(counts, [batch, experts]),
-                        &device,
-                    );
                     sequence_aux_loss(
                         probabilities,
-                        counts,
+                        counts(seq).reshape([batch, experts]),
                         config.router_topk,
                         config.aux_loss_coeff,
                     )
                 } else {
-                    let counts =
-                        aux_loss_counts(host_logits, experts, config.router_topk, batch * seq);
-                    let counts =
-                        Tensor::<B, 1>::from_data(TensorData::new(counts, [experts]), &device);
                     switch_aux_loss(
                         probabilities,
-                        counts,
+                        counts(batch * seq),
                         config.router_topk,
                         config.aux_loss_coeff,
                     )

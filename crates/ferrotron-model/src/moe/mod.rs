@@ -3,6 +3,7 @@
 //! a parallel layout the experts are spread over expert-parallel ranks and the dispatcher
 //! carries tokens to them, with the routing and losses still those of the one-rank layer.
 
+mod decisions;
 mod dispatch;
 mod expert;
 mod grouped;

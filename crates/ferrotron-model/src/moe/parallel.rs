@@ -12,7 +12,7 @@ use ferrotron_parallel::collectives::{all_reduce_detached, gather_from_region, s
 use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ReduceOp, ShardSpec};
 use ferrotron_recipe::{LoadBalancing, TokenDispatcher};
 
-use super::dispatch::{self, ExpertGroups};
+use super::dispatch::{self, ExpertGroups, index_tensor};
 use super::expert::Piece;
 use super::layer::{MoeLayer, MoeStats};
 use super::loss::{
@@ -180,7 +180,9 @@ impl<B: ParallelOps> MoeLayer<B> {
         } else {
             rows_of(&microbatch, &placement.ids)
         };
-        let weights = self.combine_weights(logits.clone(), &routing);
+        let chosen = index_tensor::<B>(&routing.experts, &logits.device())
+            .reshape([routing.num_tokens, routing.topk]);
+        let weights = self.combine_weights(logits.clone(), chosen);
 
         let routed = match parallel.dispatcher {
             TokenDispatcher::Allgather => dispatch::all_gather(

@@ -1,13 +1,16 @@
 //! Routing decisions (which experts, which tokens survive capacity) made on the host from the
-//! router's logits. The decisions are discrete and carry no gradient, and the expert loop needs
-//! per-expert token counts on the host anyway, so plain Rust here is exact, testable by hand, and
-//! breaks ties deterministically (the lower expert index, then the earlier token, wins). The
-//! differentiable combine weights are recomputed on the device from these indices.
+//! router's logits: what capacity dropping, Sinkhorn balancing and the expert-parallel
+//! dispatchers route with (a one-rank dropless layer decides on the device, `decisions.rs`,
+//! with the same selection). The decisions are discrete and carry no gradient, so plain Rust
+//! here is exact, testable by hand, and breaks ties deterministically (the lower expert index,
+//! then the earlier token, wins). The differentiable combine weights are recomputed on the
+//! device from these indices.
 
+use ferrotron_parallel::select_topk;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction, TokenDropPolicy};
 
 use super::sinkhorn::sinkhorn;
-use crate::config::{GroupLimit, MoeConfig};
+use crate::config::MoeConfig;
 
 /// Routing of `num_tokens` tokens to `topk` experts each.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,40 +175,6 @@ fn combine_weights(config: &MoeConfig, row: &[f32], chosen: &[usize]) -> Vec<f32
     }
 }
 
-/// The `k` best experts, best first. With a group limit, only experts of the `group_topk`
-/// groups with the highest sum of their top `k / group_topk` scores compete (DeepSeek-V3).
-pub(crate) fn select_topk(scores: &[f32], k: usize, group_limit: Option<GroupLimit>) -> Vec<usize> {
-    let allowed: Vec<bool> = match group_limit {
-        None => vec![true; scores.len()],
-        Some(limit) => allowed_by_groups(scores, k, limit),
-    };
-    let mut candidates: Vec<usize> = (0..scores.len()).filter(|&e| allowed[e]).collect();
-    candidates.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-    candidates.truncate(k);
-    candidates
-}
-
-fn allowed_by_groups(scores: &[f32], k: usize, limit: GroupLimit) -> Vec<bool> {
-    let group_size = scores.len() / limit.num_groups;
-    let per_group = k / limit.group_topk;
-    let group_scores: Vec<f32> = scores
-        .chunks_exact(group_size)
-        .map(|group| {
-            let mut sorted = group.to_vec();
-            sorted.sort_by(|a, b| b.total_cmp(a));
-            sorted.iter().take(per_group).sum()
-        })
-        .collect();
-    let chosen_groups = select_topk(&group_scores, limit.group_topk, None);
-    let mut allowed = vec![false; scores.len()];
-    for group in chosen_groups {
-        for flag in &mut allowed[group * group_size..(group + 1) * group_size] {
-            *flag = true;
-        }
-    }
-    allowed
-}
-
 fn drop_over_capacity(
     routing: &mut Routing,
     num_experts: usize,
@@ -268,13 +237,6 @@ mod tests {
     }
 
     #[test]
-    fn topk_picks_the_highest_scores_best_first() {
-        assert_eq!(select_topk(&[0.1, 0.7, 0.3, 0.5], 2, None), vec![1, 3]);
-        // Ties go to the lower expert index.
-        assert_eq!(select_topk(&[0.5, 0.5, 0.5, 0.1], 2, None), vec![0, 1]);
-    }
-
-    #[test]
     fn softmax_after_topk_normalises_over_the_chosen_experts() {
         let routing = route(&config(2), &[0.0, 2.0, 1.0, 2.0f32.ln() + 1.0], None, true);
         assert_eq!(routing.experts, vec![1, 3]);
@@ -306,20 +268,6 @@ mod tests {
         assert_eq!(biased.experts, vec![2]);
         // The weight is sigmoid of the chosen expert's logit, without the bias.
         assert!((biased.weights[0] - 0.5).abs() < 1e-6);
-    }
-
-    #[test]
-    fn group_limited_routing_only_picks_inside_the_best_groups() {
-        // Groups {0,1} and {2,3}; expert 0 is the single best, but group {2,3} has the higher
-        // sum of its top-2 (0.8 + 0.7 > 0.9 + 0.0).
-        let limit = GroupLimit {
-            num_groups: 2,
-            group_topk: 1,
-        };
-        assert_eq!(
-            select_topk(&[0.9, 0.0, 0.8, 0.7], 2, Some(limit)),
-            vec![2, 3]
-        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod fused_dropout;
 mod fused_flat;
 mod fused_grouped;
 mod fused_loss;
+mod fused_moe;
 mod fused_norm;
 mod fused_qkv;
 mod fused_rope;
@@ -368,7 +369,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|moe|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
                      linear overrides against their composed versions, the fp8 kernels and linear\n\
                      (Hopper), then the NCCL communicator\n\
@@ -411,6 +412,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "fused_grouped" {
         rows.extend(fused_grouped::rows(&device));
+    }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "moe" {
+        rows.extend(fused_moe::rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fp8" {
         rows.extend(fp8::rows(&device));

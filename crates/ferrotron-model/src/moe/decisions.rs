@@ -1,0 +1,278 @@
+//! A one-rank layer's routing decisions as device tensors: each token's experts, the routed rows
+//! grouped by expert, and the per-expert row counts the grouped GEMM needs on the host.
+//!
+//! Dropless routing is decided on the device ([`FusedOps::moe_topk`],
+//! [`FusedOps::moe_permutation`]): the host reads only the `[experts]` counts, so after that one
+//! read it queues the experts' GEMMs straight away instead of routing thousands of tokens while
+//! the GPU idles. Capacity dropping and Sinkhorn balancing (while training) compare tokens with
+//! each other across the whole microbatch; they stay on the host (`routing.rs`), and their
+//! decisions are uploaded into the same form, so everything after the decision is one path.
+
+use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor};
+use ferrotron_parallel::{FusedOps, ParallelOps};
+use ferrotron_recipe::{LoadBalancing, ScoreFunction};
+
+use super::dispatch::{Permutation, index_tensor};
+use super::routing::Routing;
+use crate::config::{GroupLimit, MoeConfig};
+
+/// Where each token goes.
+#[derive(Debug, Clone)]
+pub(super) struct Decisions<B: ParallelOps> {
+    /// `[tokens, topk]`: each token's experts, best first.
+    pub(super) chosen: Tensor<B, 2, Int>,
+    /// `[rows]`: the token of each routed row, the rows grouped by expert.
+    pub(super) tokens: Tensor<B, 1, Int>,
+    /// `[rows]`: the flat (token, slot) index of each routed row.
+    pub(super) slots: Tensor<B, 1, Int>,
+    /// Rows per expert: the grouped GEMM's group sizes, and the experts' loads.
+    pub(super) per_expert: Vec<usize>,
+}
+
+/// Whether `config`'s routing is decided on the device: dropless, and not balanced by Sinkhorn
+/// (which balances only while training).
+pub(super) fn on_device(config: &MoeConfig, training: bool) -> bool {
+    config.capacity.is_none() && !(config.load_balancing == LoadBalancing::Sinkhorn && training)
+}
+
+impl<B: ParallelOps> Decisions<B> {
+    /// Routes `logits [tokens, experts]` on the device; `expert_bias` shifts the scores used for
+    /// selection only.
+    pub(super) fn on_device(
+        config: &MoeConfig,
+        logits: Tensor<B, 2>,
+        expert_bias: Option<Tensor<B, 1>>,
+    ) -> Self {
+        let [tokens, _] = logits.dims();
+        let topk = config.router_topk;
+        // Scores in f32, as the host router computed them from the read logits: a 16-bit
+        // softmax or sigmoid would tie experts that the logits tell apart.
+        let logits = logits.detach().cast(DType::F32);
+        let mut scores = match config.score_function {
+            ScoreFunction::Softmax if config.pre_softmax => softmax(logits, 1),
+            ScoreFunction::Softmax => logits,
+            ScoreFunction::Sigmoid => sigmoid(logits),
+        };
+        if let Some(bias) = expert_bias {
+            scores = scores + bias.detach().cast(DType::F32).unsqueeze_dim::<2>(0);
+        }
+        let chosen = top_experts(scores, topk, config.group_limit);
+        let permutation = B::moe_permutation(
+            chosen.clone().reshape([tokens * topk]).into_primitive(),
+            config.num_experts,
+        );
+        let slots = Tensor::<B, 1, Int>::from_primitive(permutation.order);
+        let counts = Tensor::<B, 1, Int>::from_primitive(permutation.counts);
+        let per_expert: Vec<usize> = counts
+            .into_data()
+            .iter::<i64>()
+            .map(|count| usize::try_from(count).expect("a row count is not negative"))
+            .collect();
+        assert_eq!(
+            per_expert.iter().sum::<usize>(),
+            tokens * topk,
+            "MoE routing: the experts' counts {per_expert:?} do not add up to {tokens} tokens × top-{topk}"
+        );
+        Decisions {
+            chosen,
+            tokens: slots.clone().div_scalar(topk as i64),
+            slots,
+            per_expert,
+        }
+    }
+
+    /// The host router's decisions, uploaded.
+    pub(super) fn from_host(routing: &Routing, num_experts: usize, device: &B::Device) -> Self {
+        let permutation = Permutation::new(routing, num_experts);
+        Decisions {
+            chosen: index_tensor::<B>(&routing.experts, device)
+                .reshape([routing.num_tokens, routing.topk]),
+            tokens: index_tensor::<B>(&permutation.tokens, device),
+            slots: index_tensor::<B>(&permutation.slots, device),
+            per_expert: permutation.per_expert,
+        }
+    }
+}
+
+/// `[tokens, k]`: each row's `k` best experts by `scores`, best first.
+pub(super) fn top_experts<B: FusedOps>(
+    scores: Tensor<B, 2>,
+    k: usize,
+    group_limit: Option<GroupLimit>,
+) -> Tensor<B, 2, Int> {
+    Tensor::from_primitive(B::moe_topk(
+        scores.into_primitive().tensor(),
+        k,
+        group_limit,
+    ))
+}
+
+/// How many of `chosen`'s slots went to each expert, per group of `tokens_per_group`
+/// consecutive tokens: `[groups · experts]` in f32, group-major (the `f_i` of the balancing
+/// losses). Counted in f32 because a bf16 sum stops at 256.
+pub(super) fn slot_counts<B: FusedOps>(
+    chosen: Tensor<B, 2, Int>,
+    num_experts: usize,
+    tokens_per_group: usize,
+) -> Tensor<B, 1> {
+    let [tokens, topk] = chosen.dims();
+    let device = chosen.device();
+    let groups = tokens.div_ceil(tokens_per_group.max(1));
+    let group_base = Tensor::<B, 1, Int>::arange(0..tokens as i64, &device)
+        .div_scalar(tokens_per_group.max(1) as i64)
+        .mul_scalar(num_experts as i64)
+        .unsqueeze_dim::<2>(1)
+        .expand([tokens, topk]);
+    let index = (chosen + group_base).reshape([tokens * topk]);
+    Tensor::<B, 1>::zeros([groups * num_experts], (&device, DType::F32)).scatter(
+        0,
+        index,
+        Tensor::ones([tokens * topk], (&device, DType::F32)),
+        IndexingUpdateOp::Add,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Distribution, TensorData};
+    use ferrotron_recipe::Moe;
+
+    use super::*;
+    use crate::moe::routing::{aux_loss_counts, route};
+    use crate::tests::{Cpu, config, moe_model, moe_section, values};
+
+    const TOKENS: usize = 48;
+
+    fn moe_config(moe: Moe) -> MoeConfig {
+        let model = ferrotron_recipe::Model {
+            moe: Some(moe),
+            ..moe_model()
+        };
+        config(&model).moe.expect("an MoE model")
+    }
+
+    fn ints(x: Tensor<Cpu, 1, Int>) -> Vec<i64> {
+        x.into_data().iter::<i64>().collect()
+    }
+
+    /// Random logits with ties: every value is a multiple of 1/4 in [-1, 1).
+    fn logits(experts: usize) -> Tensor<Cpu, 2> {
+        let device = Default::default();
+        Tensor::<Cpu, 2>::random([TOKENS, experts], Distribution::Uniform(-4.0, 4.0), &device)
+            .floor()
+            / 4.0
+    }
+
+    /// The device decisions and the host router's, uploaded, for the same logits.
+    fn both(moe: Moe, bias: Option<Vec<f32>>) -> (Decisions<Cpu>, Decisions<Cpu>) {
+        let config = moe_config(moe);
+        let device = Default::default();
+        let logits = logits(config.num_experts);
+        let host: Vec<f32> = values(logits.clone());
+        let routing = route(&config, &host, bias.as_deref(), true);
+        let bias = bias.map(|b| {
+            let len = b.len();
+            Tensor::<Cpu, 1>::from_data(TensorData::new(b, [len]), &device)
+        });
+        (
+            Decisions::on_device(&config, logits, bias),
+            Decisions::from_host(&routing, config.num_experts, &device),
+        )
+    }
+
+    fn assert_same(device: Decisions<Cpu>, host: Decisions<Cpu>) {
+        assert_eq!(device.per_expert, host.per_expert);
+        assert_eq!(
+            ints(device.chosen.reshape([-1])),
+            ints(host.chosen.reshape([-1]))
+        );
+        assert_eq!(ints(device.tokens), ints(host.tokens));
+        assert_eq!(ints(device.slots), ints(host.slots));
+    }
+
+    #[test]
+    fn device_decisions_are_the_host_routers_for_softmax_after_topk() {
+        let (device, host) = both(moe_section(), None);
+        assert_eq!(device.per_expert.iter().sum::<usize>(), TOKENS * 2);
+        assert_same(device, host);
+    }
+
+    #[test]
+    fn device_decisions_are_the_host_routers_for_pre_softmax() {
+        let moe = Moe {
+            pre_softmax: true,
+            ..moe_section()
+        };
+        let (device, host) = both(moe, None);
+        assert_same(device, host);
+    }
+
+    #[test]
+    fn device_decisions_are_the_host_routers_with_sigmoid_scores_and_a_bias() {
+        let moe = Moe {
+            score_function: ScoreFunction::Sigmoid,
+            expert_bias: true,
+            aux_loss_coeff: 0.0,
+            load_balancing: LoadBalancing::None,
+            ..moe_section()
+        };
+        let (device, host) = both(moe, Some(vec![0.0, 0.25, -0.25, 0.5]));
+        assert_same(device, host);
+    }
+
+    #[test]
+    fn device_decisions_are_the_host_routers_with_a_group_limit() {
+        let moe = Moe {
+            num_experts: 8,
+            router_topk: 4,
+            num_groups: Some(4),
+            group_topk: Some(2),
+            ..moe_section()
+        };
+        let (device, host) = both(moe, None);
+        assert_same(device, host);
+    }
+
+    #[test]
+    fn slot_counts_are_the_host_aux_counts_per_sequence_and_whole() {
+        let config = moe_config(moe_section());
+        let logits = logits(config.num_experts);
+        let host: Vec<f32> = values(logits.clone());
+        let chosen = top_experts(logits, config.router_topk, None);
+        for tokens_per_group in [TOKENS, 16] {
+            assert_eq!(
+                values(slot_counts(
+                    chosen.clone(),
+                    config.num_experts,
+                    tokens_per_group
+                )),
+                aux_loss_counts(
+                    &host,
+                    config.num_experts,
+                    config.router_topk,
+                    tokens_per_group
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn capacity_and_training_sinkhorn_stay_on_the_host() {
+        let dropless = moe_config(moe_section());
+        assert!(on_device(&dropless, true));
+        let capped = moe_config(Moe {
+            capacity_factor: Some(1.0),
+            ..moe_section()
+        });
+        assert!(!on_device(&capped, true));
+        let sinkhorn = moe_config(Moe {
+            load_balancing: LoadBalancing::Sinkhorn,
+            aux_loss_coeff: 0.0,
+            router_topk: 1,
+            ..moe_section()
+        });
+        assert!(!on_device(&sinkhorn, true));
+        assert!(on_device(&sinkhorn, false));
+    }
+}
