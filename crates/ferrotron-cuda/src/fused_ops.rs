@@ -247,8 +247,12 @@ impl FusedOps for Cuda {
         if !(fused_kernels_enabled() && moe::permutation_supports(num_experts)) {
             return moe_permutation_reference::<Self>(experts, num_experts);
         }
-        let (order, counts) = ok(moe::permutation(&experts, num_experts));
-        MoePermutation { order, counts }
+        let permutation = ok(moe::permutation(&experts, num_experts));
+        MoePermutation {
+            order: permutation.order,
+            rows: permutation.rows,
+            counts: permutation.counts,
+        }
     }
 
     fn sum_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -17,7 +17,8 @@
 //! (`fused_gelu.rs`), the token embedding's lookup (`fused_embedding.rs`), rotary
 //! embeddings on the packed projection (`fused_rope.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
-//! (`fused_grouped.rs`) and its routing decisions (`fused_moe.rs`, no gradient), the softmax
+//! (`fused_grouped.rs`), its routing decisions (`fused_moe.rs`, no gradient) and row gathers
+//! differentiated by gathers (`fused_gather.rs`), the softmax
 //! cross-entropy (`fused_loss.rs`), alone or with the tied output layer (`fused_tied_loss.rs`),
 //! the AdamW update (`fused_adamw.rs`) with its flat gradient buffers (`fused_flat.rs`) and the
 //! fp8 linear layer (`fused_fp8.rs`, on three primitives instead of a kernel pair).
@@ -354,6 +355,20 @@ pub trait FusedOps: Backend {
         grouped_matmul_backward_reference::<Self>(x, weight, grad_output, group_rows)
     }
 
+    /// `x [m, h]`'s rows at `index [p]` → `[p, h]`, where input row `i` is read by exactly the
+    /// output rows `back[i·group .. (i+1)·group]` (each in `0..p`). Autodiff
+    /// differentiates it by gathering those rows and summing each group (`fused_gather.rs`)
+    /// instead of a scatter-add. Default: `select`.
+    fn gather_rows(
+        x: FloatTensor<Self>,
+        index: IntTensor<Self>,
+        back: IntTensor<Self>,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let _ = (back, group);
+        Self::float_select(x, 0, index)
+    }
+
     /// `scores [rows, experts]` → `[rows, k]` int: each row's `k` best experts, best first, a
     /// tie to the lower index, within the `group_limit`'s best groups (see `fused_moe.rs`).
     /// Routing's selection: no gradient. Default: the host reference.
@@ -365,8 +380,8 @@ pub trait FusedOps: Backend {
         moe_topk_reference::<Self>(scores, k, group_limit)
     }
 
-    /// `experts [n]` (each in `0..num_experts`) → the positions sorted stably by expert and
-    /// each expert's count. Default: the host reference.
+    /// `experts [n]` (each in `0..num_experts`) → the positions sorted stably by expert, where
+    /// each position went, and each expert's count. Default: the host reference.
     fn moe_permutation(experts: IntTensor<Self>, num_experts: usize) -> MoePermutation<Self> {
         moe_permutation_reference::<Self>(experts, num_experts)
     }

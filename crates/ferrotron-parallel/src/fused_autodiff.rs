@@ -24,6 +24,7 @@ use crate::fused_embedding::{composed_embedding, embedding_node};
 use crate::fused_fp8::{Fp8Linear, Fp8State};
 use crate::fused_fp8_mlp::{Fp8Mlp, fp8_mlp_node};
 use crate::fused_fp8_node::fp8_linear_node;
+use crate::fused_gather::gather_rows_node;
 use crate::fused_gelu::{composed_gelu, gelu_node};
 use crate::fused_grouped::composed_grouped_matmul;
 use crate::fused_logits::composed_tied_logits;
@@ -530,6 +531,15 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         B::device_resident_step()
     }
 
+    fn gather_rows(
+        x: FloatTensor<Self>,
+        index: IntTensor<Self>,
+        back: IntTensor<Self>,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        gather_rows_node::<B, C>(x, index, back, group)
+    }
+
     fn moe_topk(
         scores: FloatTensor<Self>,
         k: usize,
@@ -542,6 +552,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         let permutation = B::moe_permutation(experts, num_experts);
         MoePermutation {
             order: permutation.order,
+            rows: permutation.rows,
             counts: permutation.counts,
         }
     }

@@ -36,6 +36,8 @@ pub struct GroupLimit {
 pub struct MoePermutation<B: Backend> {
     /// `[n]`: the positions of `experts`, sorted by expert, stably.
     pub order: IntTensor<B>,
+    /// `[n]`: where each position went in `order` (the inverse permutation).
+    pub rows: IntTensor<B>,
     /// `[num_experts]`: how many positions hold each expert.
     pub counts: IntTensor<B>,
 }
@@ -94,8 +96,8 @@ pub fn moe_topk_reference<B: Backend>(
     chosen.into_primitive()
 }
 
-/// `experts [n]` → the positions sorted stably by expert and the count of each, on the host (a
-/// counting sort).
+/// `experts [n]` → the positions sorted stably by expert, its inverse and the count of each
+/// expert, on the host (a counting sort).
 ///
 /// # Panics
 /// If an expert is outside `0..num_experts`.
@@ -128,8 +130,10 @@ pub fn moe_permutation_reference<B: Backend>(
         })
         .collect();
     let mut order = vec![0i64; experts.len()];
+    let mut rows = vec![0i64; experts.len()];
     for (position, &expert) in experts.iter().enumerate() {
         order[next[expert]] = position as i64;
+        rows[position] = next[expert] as i64;
         next[expert] += 1;
     }
     let upload = |values: Vec<i64>| {
@@ -138,6 +142,7 @@ pub fn moe_permutation_reference<B: Backend>(
     };
     MoePermutation {
         order: upload(order),
+        rows: upload(rows),
         counts: upload(counts.into_iter().map(|c| c as i64).collect()),
     }
 }
@@ -193,6 +198,7 @@ mod tests {
         let experts = Tensor::<Flex, 1, Int>::from_data([2, 0, 2, 1, 0, 2], &Default::default());
         let permutation = moe_permutation_reference::<Flex>(experts.into_primitive(), 4);
         assert_eq!(ints(permutation.order), vec![1, 4, 3, 0, 2, 5]);
+        assert_eq!(ints(permutation.rows), vec![3, 0, 4, 2, 1, 5]);
         assert_eq!(ints(permutation.counts), vec![2, 1, 3, 0]);
     }
 
@@ -201,6 +207,7 @@ mod tests {
         let experts = Tensor::<Flex, 1, Int>::empty([0], &Default::default());
         let permutation = moe_permutation_reference::<Flex>(experts.into_primitive(), 3);
         assert!(ints(permutation.order).is_empty());
+        assert!(ints(permutation.rows).is_empty());
         assert_eq!(ints(permutation.counts), vec![0, 0, 0]);
     }
 

@@ -102,7 +102,7 @@ impl KernelSpec for MoeKernel {
             ),
             MoeKernel::Scatter { experts } => format!(
                 "// moe scatter experts {experts}\n\
-                 struct Params {{ unsigned long long experts, block_offsets, order; long long n; }};\n\
+                 struct Params {{ unsigned long long experts, block_offsets, order, rows; long long n; }};\n\
                  extern \"C\" __global__ void ferrotron_kernel(const Params p) {{\n\
                  \x20 __shared__ long long next[{experts}];\n\
                  \x20 const long long* offsets = (const long long*)p.block_offsets + (long long)blockIdx.x * {experts};\n\
@@ -112,6 +112,7 @@ impl KernelSpec for MoeKernel {
                  \x20 const long long end = min(start + {CHUNK}LL, p.n);\n\
                  \x20 const long long* __restrict__ x = (const long long*)p.experts;\n\
                  \x20 long long* order = (long long*)p.order;\n\
+                 \x20 long long* rows = (long long*)p.rows;\n\
                  \x20 const unsigned lane = threadIdx.x;\n\
                  \x20 for (long long base = start; base < end; base += 32) {{\n\
                  \x20   const long long i = base + lane;\n\
@@ -121,7 +122,9 @@ impl KernelSpec for MoeKernel {
                  \x20   if (valid) {{\n\
                  \x20     const unsigned peers = __match_any_sync(active, e);\n\
                  \x20     const unsigned rank = __popc(peers & ((1u << lane) - 1u));\n\
-                 \x20     order[next[e] + rank] = i;\n\
+                 \x20     const long long row = next[e] + rank;\n\
+                 \x20     order[row] = i;\n\
+                 \x20     rows[i] = row;\n\
                  \x20     __syncwarp(active);\n\
                  \x20     if (rank == 0) next[e] += __popc(peers);\n\
                  \x20   }}\n\
@@ -255,10 +258,20 @@ pub fn permutation_supports(num_experts: usize) -> bool {
     (1..=MAX_EXPERTS).contains(&num_experts)
 }
 
-/// `experts [n]` (int) → `(order [n], counts [num_experts])`, both i64: the positions sorted
-/// stably by expert, and each expert's count. Positions holding no valid expert are left out
-/// of both (the caller checks that the counts add up to `n`).
-pub fn permutation(experts: &CudaTensor, num_experts: usize) -> Result<(CudaTensor, CudaTensor)> {
+/// [`permutation`]'s result, all i64.
+pub struct Permutation {
+    /// `[n]`: the positions sorted stably by expert.
+    pub order: CudaTensor,
+    /// `[n]`: where each position went in `order`.
+    pub rows: CudaTensor,
+    /// `[num_experts]`: each expert's count.
+    pub counts: CudaTensor,
+}
+
+/// `experts [n]` (int) → the positions sorted stably by expert, the inverse, and each expert's
+/// count. Positions holding no valid expert are left out (the caller checks that the counts add
+/// up to `n`).
+pub fn permutation(experts: &CudaTensor, num_experts: usize) -> Result<Permutation> {
     let op = || {
         OpContext::new("moe_permutation")
             .shape(experts.shape())
@@ -279,6 +292,7 @@ pub fn permutation(experts: &CudaTensor, num_experts: usize) -> Result<(CudaTens
     let n = experts.numel();
     let blocks = n.div_ceil(CHUNK);
     let order = CudaTensor::empty(device, &[n], DType::I64)?;
+    let rows = CudaTensor::empty(device, &[n], DType::I64)?;
     let counts = CudaTensor::empty(device, &[num_experts], DType::I64)?;
     let block_counts = CudaTensor::empty(device, &[blocks.max(1) * num_experts], DType::I64)?;
     if blocks > 0 {
@@ -307,13 +321,18 @@ pub fn permutation(experts: &CudaTensor, num_experts: usize) -> Result<(CudaTens
             .ptr(experts.data_ptr())
             .ptr(block_counts.data_ptr())
             .ptr(order.data_ptr())
+            .ptr(rows.data_ptr())
             .int(n as i64);
         let spec = MoeKernel::Scatter {
             experts: num_experts,
         };
         launch(device, &spec, blocks as u32, 32, &params, &op)?;
     }
-    Ok((order, counts))
+    Ok(Permutation {
+        order,
+        rows,
+        counts,
+    })
 }
 
 #[cfg(test)]

@@ -26,6 +26,11 @@ pub(super) struct Decisions<B: ParallelOps> {
     pub(super) tokens: Tensor<B, 1, Int>,
     /// `[rows]`: the flat (token, slot) index of each routed row.
     pub(super) slots: Tensor<B, 1, Int>,
+    /// `[tokens · topk]`: the routed row of each (token, slot); `rows` (one past the last) where
+    /// capacity dropped the slot.
+    pub(super) rows: Tensor<B, 1, Int>,
+    /// Whether capacity dropped any slot.
+    pub(super) dropped: bool,
     /// Rows per expert: the grouped GEMM's group sizes, and the experts' loads.
     pub(super) per_expert: Vec<usize>,
 }
@@ -78,19 +83,28 @@ impl<B: ParallelOps> Decisions<B> {
             chosen,
             tokens: slots.clone().div_scalar(topk as i64),
             slots,
+            rows: Tensor::from_primitive(permutation.rows),
             per_expert,
+            dropped: false,
         }
     }
 
     /// The host router's decisions, uploaded.
     pub(super) fn from_host(routing: &Routing, num_experts: usize, device: &B::Device) -> Self {
         let permutation = Permutation::new(routing, num_experts);
+        let routed = permutation.slots.len();
+        let mut rows = vec![routed; routing.experts.len()];
+        for (row, &slot) in permutation.slots.iter().enumerate() {
+            rows[slot] = row;
+        }
         Decisions {
             chosen: index_tensor::<B>(&routing.experts, device)
                 .reshape([routing.num_tokens, routing.topk]),
             tokens: index_tensor::<B>(&permutation.tokens, device),
             slots: index_tensor::<B>(&permutation.slots, device),
+            rows: index_tensor::<B>(&rows, device),
             per_expert: permutation.per_expert,
+            dropped: routed < routing.experts.len(),
         }
     }
 }
@@ -189,6 +203,8 @@ mod tests {
         );
         assert_eq!(ints(device.tokens), ints(host.tokens));
         assert_eq!(ints(device.slots), ints(host.slots));
+        assert_eq!(ints(device.rows), ints(host.rows));
+        assert!(!device.dropped && !host.dropped);
     }
 
     #[test]

@@ -1,15 +1,16 @@
 //! One MoE feed-forward layer: router, routed experts, optional shared expert, balancing losses.
 //! Kept (token, slot) rows are gathered sorted by expert, run through all experts as grouped
-//! matmuls (`grouped.rs`), weighted and scatter-added back, so compute is proportional to the
-//! tokens each expert really receives. A layer cut for
-//! a parallel layout (see `parallel.rs`) routes the same way and lets a token dispatcher carry
-//! the tokens to the ranks holding their experts.
+//! matmuls (`grouped.rs`), gathered back into their slots, weighted and summed per token, so
+//! compute is proportional to the tokens each expert really receives. Both gathers know which
+//! rows read each row, so their gradients are gathers too (`FusedOps::gather_rows`), not the
+//! scatter-adds of burn's `select`. A layer cut for a parallel layout (see `parallel.rs`) routes
+//! the same way and lets a token dispatcher carry the tokens to the ranks holding their experts.
 
 use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
@@ -78,17 +79,14 @@ impl<B: ParallelOps> MoeLayer<B> {
         };
         let weights = self.combine_weights(logits.clone(), decisions.chosen.clone());
 
-        let sorted = tokens.clone().select(0, decisions.tokens.clone());
+        let sorted = dispatch_rows(tokens.clone(), &decisions);
         let expert_out = grouped_experts(&self.experts, sorted, &decisions.per_expert);
-        let gate = weights
-            .unsqueeze_dim::<2>(1)
-            .select(0, decisions.slots.clone());
-        let output = Tensor::<B, 2>::zeros([batch * seq, hidden], &device).select_assign(
-            0,
-            decisions.tokens.clone(),
-            expert_out * gate,
-            IndexingUpdateOp::Add,
-        );
+        let topk = config.router_topk;
+        let output = (combine_rows(expert_out, &decisions)
+            * weights.reshape([batch * seq * topk, 1]))
+        .reshape([batch * seq, topk, hidden])
+        .sum_dim(1)
+        .reshape([batch * seq, hidden]);
         let output = match &self.shared_expert {
             Some(shared) => output + shared.forward(tokens),
             None => output,
@@ -131,6 +129,63 @@ impl<B: ParallelOps> MoeLayer<B> {
         };
         (output.reshape([batch, seq, hidden]), stats)
     }
+}
+
+/// `tokens [tokens, hidden]` → the routed rows, sorted by expert. Each token is read once per
+/// kept slot, so its gradient gathers those rows and sums them (`FusedOps::gather_rows`); a
+/// dropped slot reads an extra row past the routed ones, cut off again, whose gradient is zero.
+fn dispatch_rows<B: ParallelOps>(tokens: Tensor<B, 2>, decisions: &Decisions<B>) -> Tensor<B, 2> {
+    let [_, topk] = decisions.chosen.dims();
+    let routed = decisions.tokens.dims()[0];
+    let index = if decisions.dropped {
+        let extra = Tensor::<B, 1, Int>::zeros([1], &tokens.device());
+        Tensor::cat(vec![decisions.tokens.clone(), extra], 0)
+    } else {
+        decisions.tokens.clone()
+    };
+    let rows = gather_rows(tokens, index, decisions.rows.clone(), topk);
+    if decisions.dropped {
+        rows.slice_dim(0, 0..routed)
+    } else {
+        rows
+    }
+}
+
+/// The experts' `[rows, hidden]` outputs → `[tokens · topk, hidden]`, each (token, slot) its row
+/// (zeros where capacity dropped it: an appended zero row). Each row is read by its one slot,
+/// so its gradient is a gather too.
+fn combine_rows<B: ParallelOps>(
+    expert_out: Tensor<B, 2>,
+    decisions: &Decisions<B>,
+) -> Tensor<B, 2> {
+    let (source, back) = if decisions.dropped {
+        let [_, hidden] = expert_out.dims();
+        let device = expert_out.device();
+        let zero = Tensor::<B, 2>::zeros([1, hidden], (&device, expert_out.dtype()));
+        // The zero row's gradient is discarded (a constant); any slot will do.
+        let any = Tensor::<B, 1, Int>::zeros([1], &device);
+        (
+            Tensor::cat(vec![expert_out, zero], 0),
+            Tensor::cat(vec![decisions.slots.clone(), any], 0),
+        )
+    } else {
+        (expert_out, decisions.slots.clone())
+    };
+    gather_rows(source, decisions.rows.clone(), back, 1)
+}
+
+fn gather_rows<B: ParallelOps>(
+    x: Tensor<B, 2>,
+    index: Tensor<B, 1, Int>,
+    back: Tensor<B, 1, Int>,
+    group: usize,
+) -> Tensor<B, 2> {
+    Tensor::from_primitive(TensorPrimitive::Float(B::gather_rows(
+        x.into_primitive().tensor(),
+        index.into_primitive(),
+        back.into_primitive(),
+        group,
+    )))
 }
 
 impl<B: Backend> MoeLayer<B> {

@@ -8,6 +8,7 @@ mod fused;
 mod fused_dropout;
 mod fused_fp8;
 mod fused_fp8_mlp;
+mod fused_gather;
 mod fused_grouped;
 mod fused_loss;
 mod fused_norm;

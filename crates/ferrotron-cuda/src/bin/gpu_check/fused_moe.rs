@@ -90,10 +90,10 @@ fn permutation_row(device: &GpuDevice, experts: Vec<i64>, num_experts: usize, wh
     let data = TensorData::new(experts, [n]);
     let upload = || Tensor::<Cuda, 1, Int>::from_data(data.clone(), device).into_primitive();
     let both = |p: ferrotron_parallel::MoePermutation<Cuda>| {
-        let order = ints(Tensor::<Cuda, 1, Int>::from_primitive(p.order));
-        let counts = ints(Tensor::<Cuda, 1, Int>::from_primitive(p.counts));
-        let mut all: Vec<i64> = order.iter::<i64>().collect();
-        all.extend(counts.iter::<i64>());
+        let mut all: Vec<i64> = Vec::new();
+        for part in [p.order, p.rows, p.counts] {
+            all.extend(ints(Tensor::<Cuda, 1, Int>::from_primitive(part)).iter::<i64>());
+        }
         let len = all.len();
         TensorData::new(all, [len])
     };
