@@ -9,12 +9,12 @@
 //! decisions are uploaded into the same form, so everything after the decision is one path.
 
 use burn::tensor::activation::{sigmoid, softmax};
-use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor};
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData, TensorPrimitive};
 use ferrotron_parallel::{FusedOps, ParallelOps};
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
 use super::dispatch::{Permutation, index_tensor};
-use super::routing::Routing;
+use super::routing::{Routing, aux_loss_counts};
 use crate::config::{GroupLimit, MoeConfig};
 
 /// Where each token goes.
@@ -33,6 +33,8 @@ pub(super) struct Decisions<B: ParallelOps> {
     pub(super) dropped: bool,
     /// Rows per expert: the grouped GEMM's group sizes, and the experts' loads.
     pub(super) per_expert: Vec<usize>,
+    /// The router's logits as the host read them, when the host routed.
+    host_logits: Option<Vec<f32>>,
 }
 
 /// Whether `config`'s routing is decided on the device: dropless, and not balanced by Sinkhorn
@@ -86,11 +88,17 @@ impl<B: ParallelOps> Decisions<B> {
             rows: Tensor::from_primitive(permutation.rows),
             per_expert,
             dropped: false,
+            host_logits: None,
         }
     }
 
-    /// The host router's decisions, uploaded.
-    pub(super) fn from_host(routing: &Routing, num_experts: usize, device: &B::Device) -> Self {
+    /// The host router's decisions from the `host_logits` it read, uploaded.
+    pub(super) fn from_host(
+        routing: &Routing,
+        host_logits: Vec<f32>,
+        num_experts: usize,
+        device: &B::Device,
+    ) -> Self {
         let permutation = Permutation::new(routing, num_experts);
         let routed = permutation.slots.len();
         let mut rows = vec![routed; routing.experts.len()];
@@ -105,12 +113,96 @@ impl<B: ParallelOps> Decisions<B> {
             rows: index_tensor::<B>(&rows, device),
             per_expert: permutation.per_expert,
             dropped: routed < routing.experts.len(),
+            host_logits: Some(host_logits),
         }
+    }
+
+    /// `tokens [tokens, hidden]` → the routed rows, sorted by expert. Each token is read once
+    /// per kept slot, so its gradient gathers those rows and sums them
+    /// (`FusedOps::gather_rows`); a dropped slot reads an extra row past the routed ones, cut
+    /// off again, whose gradient is zero.
+    pub(super) fn dispatch(&self, tokens: Tensor<B, 2>) -> Tensor<B, 2> {
+        let [_, topk] = self.chosen.dims();
+        if !self.dropped {
+            return gather_rows(tokens, self.tokens.clone(), self.rows.clone(), topk);
+        }
+        let routed = self.tokens.dims()[0];
+        let extra = Tensor::<B, 1, Int>::zeros([1], &tokens.device());
+        let index = Tensor::cat(vec![self.tokens.clone(), extra], 0);
+        gather_rows(tokens, index, self.rows.clone(), topk).slice_dim(0, 0..routed)
+    }
+
+    /// The experts' `[rows, hidden]` outputs → `[tokens, hidden]`: each (token, slot) takes its
+    /// row (zeros where capacity dropped it: an appended zero row), weighted by `weights
+    /// [tokens · topk]`, summed over the token's slots. Each row is read by its one slot, so its
+    /// gradient is a gather too.
+    pub(super) fn combine(&self, expert_out: Tensor<B, 2>, weights: Tensor<B, 1>) -> Tensor<B, 2> {
+        let [tokens, topk] = self.chosen.dims();
+        let [_, hidden] = expert_out.dims();
+        let (source, back) = if self.dropped {
+            let device = expert_out.device();
+            let zero = Tensor::<B, 2>::zeros([1, hidden], (&device, expert_out.dtype()));
+            // The zero row's gradient is discarded (a constant); any slot will do.
+            let any = Tensor::<B, 1, Int>::zeros([1], &device);
+            (
+                Tensor::cat(vec![expert_out, zero], 0),
+                Tensor::cat(vec![self.slots.clone(), any], 0),
+            )
+        } else {
+            (expert_out, self.slots.clone())
+        };
+        let slot_rows = gather_rows(source, self.rows.clone(), back, 1);
+        (slot_rows * weights.reshape([tokens * topk, 1]))
+            .reshape([tokens, topk, hidden])
+            .sum_dim(1)
+            .reshape([tokens, hidden])
+    }
+
+    /// Plain top-k slot counts of `logits` (no bias, groups or capacity: what the balancing
+    /// losses count) per group of `tokens_per_group` consecutive tokens, `[groups · experts]` in
+    /// the logits' dtype: from the host's logits where the host routed, else on the device,
+    /// reusing the decisions where they are plain top-k.
+    pub(super) fn plain_topk_counts(
+        &self,
+        config: &MoeConfig,
+        logits: &Tensor<B, 2>,
+        tokens_per_group: usize,
+    ) -> Tensor<B, 1> {
+        let (experts, topk) = (config.num_experts, config.router_topk);
+        if let Some(host) = &self.host_logits {
+            let counts = aux_loss_counts(host, experts, topk, tokens_per_group);
+            let len = counts.len();
+            return Tensor::from_data(TensorData::new(counts, [len]), &logits.device());
+        }
+        let plain = config.score_function == ScoreFunction::Softmax
+            && !config.pre_softmax
+            && config.group_limit.is_none()
+            && !config.expert_bias;
+        let chosen = if plain {
+            self.chosen.clone()
+        } else {
+            top_experts(logits.clone().detach(), topk, None)
+        };
+        slot_counts(chosen, experts, tokens_per_group).cast(logits.dtype())
     }
 }
 
+fn gather_rows<B: ParallelOps>(
+    x: Tensor<B, 2>,
+    index: Tensor<B, 1, Int>,
+    back: Tensor<B, 1, Int>,
+    group: usize,
+) -> Tensor<B, 2> {
+    Tensor::from_primitive(TensorPrimitive::Float(B::gather_rows(
+        x.into_primitive().tensor(),
+        index.into_primitive(),
+        back.into_primitive(),
+        group,
+    )))
+}
+
 /// `[tokens, k]`: each row's `k` best experts by `scores`, best first.
-pub(super) fn top_experts<B: FusedOps>(
+fn top_experts<B: FusedOps>(
     scores: Tensor<B, 2>,
     k: usize,
     group_limit: Option<GroupLimit>,
@@ -125,7 +217,7 @@ pub(super) fn top_experts<B: FusedOps>(
 /// How many of `chosen`'s slots went to each expert, per group of `tokens_per_group`
 /// consecutive tokens: `[groups · experts]` in f32, group-major (the `f_i` of the balancing
 /// losses). Counted in f32 because a bf16 sum stops at 256.
-pub(super) fn slot_counts<B: FusedOps>(
+fn slot_counts<B: FusedOps>(
     chosen: Tensor<B, 2, Int>,
     num_experts: usize,
     tokens_per_group: usize,
@@ -191,7 +283,7 @@ mod tests {
         });
         (
             Decisions::on_device(&config, logits, bias),
-            Decisions::from_host(&routing, config.num_experts, &device),
+            Decisions::from_host(&routing, host, config.num_experts, &device),
         )
     }
 

@@ -10,16 +10,16 @@ use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
-use super::decisions::{self, Decisions, slot_counts, top_experts};
+use super::decisions::{self, Decisions};
 use super::expert::Expert;
 use super::grouped::grouped_experts;
 use super::loss::{balancing_probabilities, sequence_aux_loss, switch_aux_loss, z_loss};
 use super::parallel::MoeParallel;
-use super::routing::{Routing, aux_loss_counts, route};
+use super::routing::{Routing, route};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::init::{normal_linear, scaled_std};
 use crate::mlp::{Mlp, MlpShape};
@@ -68,57 +68,26 @@ impl<B: ParallelOps> MoeLayer<B> {
         let logits = self.router.forward(tokens.clone());
         let training = B::ad_enabled(&device);
         let config = &self.config;
-        let (decisions, host_logits) = if decisions::on_device(config, training) {
-            let decisions = Decisions::on_device(config, logits.clone(), self.expert_bias());
-            (decisions, None)
+        let decisions = if decisions::on_device(config, training) {
+            Decisions::on_device(config, logits.clone(), self.expert_bias())
         } else {
             let host_logits: Vec<f32> = logits.clone().into_data().iter::<f32>().collect();
             let routing = self.route(&host_logits, training);
-            let decisions = Decisions::from_host(&routing, config.num_experts, &device);
-            (decisions, Some(host_logits))
+            Decisions::from_host(&routing, host_logits, config.num_experts, &device)
         };
         let weights = self.combine_weights(logits.clone(), decisions.chosen.clone());
 
-        let sorted = dispatch_rows(tokens.clone(), &decisions);
+        let sorted = decisions.dispatch(tokens.clone());
         let expert_out = grouped_experts(&self.experts, sorted, &decisions.per_expert);
-        let topk = config.router_topk;
-        let output = (combine_rows(expert_out, &decisions)
-            * weights.reshape([batch * seq * topk, 1]))
-        .reshape([batch * seq, topk, hidden])
-        .sum_dim(1)
-        .reshape([batch * seq, hidden]);
+        let output = decisions.combine(expert_out, weights);
         let output = match &self.shared_expert {
             Some(shared) => output + shared.forward(tokens),
             None => output,
         };
 
-        // The balancing losses count plain top-k of the logits (no bias, groups or capacity).
-        let plain_topk = config.score_function == ScoreFunction::Softmax
-            && !config.pre_softmax
-            && config.group_limit.is_none()
-            && self.expert_bias.is_none();
-        let detached = logits.clone().detach();
-        let counts = |tokens_per_group: usize| match &host_logits {
-            Some(host) => {
-                let counts = aux_loss_counts(
-                    host,
-                    config.num_experts,
-                    config.router_topk,
-                    tokens_per_group,
-                );
-                let len = counts.len();
-                Tensor::<B, 1>::from_data(TensorData::new(counts, [len]), &device)
-            }
-            None => {
-                let chosen = if plain_topk {
-                    decisions.chosen.clone()
-                } else {
-                    top_experts(detached.clone(), config.router_topk, None)
-                };
-                slot_counts(chosen, config.num_experts, tokens_per_group).cast(detached.dtype())
-            }
-        };
-        let aux_loss = self.balancing_loss(logits, counts, batch, seq);
+        let counts =
+            |tokens_per_group| decisions.plain_topk_counts(config, &logits, tokens_per_group);
+        let aux_loss = self.balancing_loss(logits.clone(), counts, batch, seq);
         let stats = MoeStats {
             aux_loss,
             loads: decisions
@@ -129,63 +98,6 @@ impl<B: ParallelOps> MoeLayer<B> {
         };
         (output.reshape([batch, seq, hidden]), stats)
     }
-}
-
-/// `tokens [tokens, hidden]` → the routed rows, sorted by expert. Each token is read once per
-/// kept slot, so its gradient gathers those rows and sums them (`FusedOps::gather_rows`); a
-/// dropped slot reads an extra row past the routed ones, cut off again, whose gradient is zero.
-fn dispatch_rows<B: ParallelOps>(tokens: Tensor<B, 2>, decisions: &Decisions<B>) -> Tensor<B, 2> {
-    let [_, topk] = decisions.chosen.dims();
-    let routed = decisions.tokens.dims()[0];
-    let index = if decisions.dropped {
-        let extra = Tensor::<B, 1, Int>::zeros([1], &tokens.device());
-        Tensor::cat(vec![decisions.tokens.clone(), extra], 0)
-    } else {
-        decisions.tokens.clone()
-    };
-    let rows = gather_rows(tokens, index, decisions.rows.clone(), topk);
-    if decisions.dropped {
-        rows.slice_dim(0, 0..routed)
-    } else {
-        rows
-    }
-}
-
-/// The experts' `[rows, hidden]` outputs → `[tokens · topk, hidden]`, each (token, slot) its row
-/// (zeros where capacity dropped it: an appended zero row). Each row is read by its one slot,
-/// so its gradient is a gather too.
-fn combine_rows<B: ParallelOps>(
-    expert_out: Tensor<B, 2>,
-    decisions: &Decisions<B>,
-) -> Tensor<B, 2> {
-    let (source, back) = if decisions.dropped {
-        let [_, hidden] = expert_out.dims();
-        let device = expert_out.device();
-        let zero = Tensor::<B, 2>::zeros([1, hidden], (&device, expert_out.dtype()));
-        // The zero row's gradient is discarded (a constant); any slot will do.
-        let any = Tensor::<B, 1, Int>::zeros([1], &device);
-        (
-            Tensor::cat(vec![expert_out, zero], 0),
-            Tensor::cat(vec![decisions.slots.clone(), any], 0),
-        )
-    } else {
-        (expert_out, decisions.slots.clone())
-    };
-    gather_rows(source, decisions.rows.clone(), back, 1)
-}
-
-fn gather_rows<B: ParallelOps>(
-    x: Tensor<B, 2>,
-    index: Tensor<B, 1, Int>,
-    back: Tensor<B, 1, Int>,
-    group: usize,
-) -> Tensor<B, 2> {
-    Tensor::from_primitive(TensorPrimitive::Float(B::gather_rows(
-        x.into_primitive().tensor(),
-        index.into_primitive(),
-        back.into_primitive(),
-        group,
-    )))
 }
 
 impl<B: Backend> MoeLayer<B> {
