@@ -153,6 +153,7 @@ impl FusedOps for Cuda {
         has_beta: bool,
         saved: NormSaved<Self>,
         grad_output: FloatTensor<Self>,
+        into: Option<FloatTensor<Self>>,
     ) -> NormGrads<Self> {
         let (input, gamma, beta) = ok(norm_backward(
             &x,
@@ -161,6 +162,7 @@ impl FusedOps for Cuda {
             saved.mean.as_ref(),
             &saved.rstd,
             &grad_output,
+            into.as_ref(),
         ));
         NormGrads { input, gamma, beta }
     }

@@ -29,7 +29,7 @@ use burn::nn::DropoutConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::{AttentionModuleOptions, FloatTensor, IntTensor};
-use burn::tensor::{Bool, DType, Tensor};
+use burn::tensor::{Bool, DType, Tensor, TensorMetadata};
 
 use crate::fp8_scaling::{Fp8Role, Fp8Settings};
 use crate::fused_adamw::{
@@ -59,7 +59,7 @@ use crate::fused_loss::{
 };
 use crate::fused_moe::{GroupLimit, MoePermutation, moe_permutation_reference, moe_topk_reference};
 use crate::fused_norm::{
-    NormGrads, NormSaved, NormSpec, norm_backward_reference, norm_forward_reference,
+    NormGrads, NormSaved, NormSpec, fold_rows, norm_backward_reference, norm_forward_reference,
 };
 use crate::fused_qkv::{
     composed_qkv_attention, qkv_attention_backward_reference, qkv_attention_forward_reference,
@@ -428,7 +428,7 @@ pub trait FusedOps: Backend {
         false
     }
 
-    /// Normalises `x [rows, hidden]` with the kernel (called only where
+    /// Normalises `x [.., hidden]` with the kernel (called only where
     /// [`FusedOps::has_norm_kernel`] says yes; see [`crate::norm`]).
     fn fused_norm(
         x: FloatTensor<Self>,
@@ -436,7 +436,9 @@ pub trait FusedOps: Backend {
         beta: Option<FloatTensor<Self>>,
         spec: NormSpec,
     ) -> FloatTensor<Self> {
-        Self::norm_kernel_forward(x, gamma, beta, spec).output
+        let shape = x.shape();
+        let out = Self::norm_kernel_forward(fold_rows::<Self>(x), gamma, beta, spec).output;
+        Self::float_reshape(out, shape)
     }
 
     /// Norm forward on `[rows, hidden]`: the output and the row statistics. Default: the
@@ -450,15 +452,17 @@ pub trait FusedOps: Backend {
         norm_forward_reference::<Self>(x, gamma, beta, spec)
     }
 
-    /// Norm backward from the forward's statistics and the output gradient.
+    /// Norm backward from the forward's statistics and the output gradient; the input gradient
+    /// has `into` (`[rows, hidden]`, x's dtype: the input's gradient from elsewhere) added.
     fn norm_kernel_backward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         has_beta: bool,
         saved: NormSaved<Self>,
         grad_output: FloatTensor<Self>,
+        into: Option<FloatTensor<Self>>,
     ) -> NormGrads<Self> {
-        norm_backward_reference::<Self>(x, gamma, has_beta, saved, grad_output)
+        norm_backward_reference::<Self>(x, gamma, has_beta, saved, grad_output, into)
     }
 
     /// Whether [`FusedOps::cross_entropy_kernel_forward`] is a real kernel for these logits

@@ -15,6 +15,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::TensorMetadata;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::fp8_scaling::Fp8Settings;
@@ -29,7 +30,7 @@ use crate::fused_gelu::{composed_gelu, gelu_node};
 use crate::fused_grouped::composed_grouped_matmul;
 use crate::fused_logits::composed_tied_logits;
 use crate::fused_moe::{GroupLimit, MoePermutation};
-use crate::fused_norm::{NormSaved, NormSpec};
+use crate::fused_norm::{NormSaved, NormSpec, fold_rows};
 use crate::fused_qkv::composed_qkv_attention;
 use crate::fused_rope::composed_rope_qkv;
 use crate::fused_swiglu::composed_swiglu;
@@ -319,8 +320,9 @@ pub fn rope_qkv_node<B: FusedOps, C: CheckpointStrategy>(
 #[derive(Debug)]
 struct NormOp;
 
-/// State of one norm node: x, γ and the row statistics.
-type NormState<B> = (FloatTensor<B>, FloatTensor<B>, NormSaved<B>);
+/// State of one norm node: x (the caller's tensor, whose node may already hold a gradient from
+/// the residual branch when the backward runs), γ and the row statistics.
+type NormState<B> = (FloatTensor<Autodiff<B>>, FloatTensor<B>, NormSaved<B>);
 
 /// Parents are x, γ and, for a LayerNorm with a bias, β (`N` = 3).
 impl<B: FusedOps, const N: usize> Backward<B, N> for NormOp {
@@ -329,10 +331,23 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for NormOp {
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
         let (x, gamma, saved) = ops.state;
-        let out = B::norm_kernel_backward(x, gamma, N == 3, saved, grad);
+        let shape = x.primitive.shape();
+        // The residual branch's share of x's gradient, added by the kernel (fused_norm.rs).
+        let into = ops.parents[0]
+            .as_ref()
+            .and_then(|_| grads.remove::<B>(&x))
+            .map(fold_rows::<B>);
+        let out = B::norm_kernel_backward(
+            fold_rows::<B>(x.primitive),
+            gamma,
+            N == 3,
+            saved,
+            fold_rows::<B>(grad),
+            into,
+        );
         let [node_x, node_gamma] = [&ops.parents[0], &ops.parents[1]];
         if let Some(node) = node_x {
-            grads.register::<B>(node.id, out.input);
+            grads.register::<B>(node.id, B::float_reshape(out.input, shape));
         }
         if let Some(node) = node_gamma {
             grads.register::<B>(node.id, out.gamma);
@@ -345,25 +360,29 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for NormOp {
 
 fn finish_norm<B: FusedOps, C: CheckpointStrategy, const N: usize>(
     prepared: OpsKind<NormOp, B, NormState<B>, C, N>,
-    x: FloatTensor<B>,
+    x: FloatTensor<Autodiff<B>>,
     gamma: FloatTensor<B>,
     beta: Option<FloatTensor<B>>,
     spec: NormSpec,
 ) -> FloatTensor<Autodiff<B, C>> {
+    let shape = x.primitive.shape();
+    let rows = fold_rows::<B>(x.primitive.clone());
     match prepared {
         OpsKind::Tracked(prep) => {
-            let saved = B::norm_kernel_forward(x.clone(), gamma.clone(), beta, spec);
-            let output = saved.output.clone();
+            let saved = B::norm_kernel_forward(rows, gamma.clone(), beta, spec);
+            let output = B::float_reshape(saved.output.clone(), shape);
             prep.finish((x, gamma, saved), output)
         }
         OpsKind::UnTracked(prep) => {
-            prep.finish(B::norm_kernel_forward(x, gamma, beta, spec).output)
+            let output = B::norm_kernel_forward(rows, gamma, beta, spec).output;
+            prep.finish(B::float_reshape(output, shape))
         }
     }
 }
 
-/// Records a norm of `x [rows, hidden]` as one node whose forward and backward are `B`'s norm
-/// kernels. Public so tests can drive the node with a CPU backend's reference kernels.
+/// Records a norm of `x [.., hidden]` as one node whose forward and backward are `B`'s norm
+/// kernels on the rows, and whose backward adds the gradient x already has (see
+/// `fused_norm.rs`). Public so tests can drive the node with a CPU backend's reference kernels.
 pub fn norm_node<B: FusedOps, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     gamma: FloatTensor<Autodiff<B, C>>,
@@ -376,20 +395,14 @@ pub fn norm_node<B: FusedOps, C: CheckpointStrategy>(
                 .prepare::<C>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
                 .compute_bound()
                 .stateful();
-            finish_norm(
-                prepared,
-                x.primitive,
-                gamma.primitive,
-                Some(beta.primitive),
-                spec,
-            )
+            finish_norm(prepared, x, gamma.primitive, Some(beta.primitive), spec)
         }
         None => {
             let prepared = NormOp
                 .prepare::<C>([x.node.clone(), gamma.node.clone()])
                 .compute_bound()
                 .stateful();
-            finish_norm(prepared, x.primitive, gamma.primitive, None, spec)
+            finish_norm(prepared, x, gamma.primitive, None, spec)
         }
     }
 }

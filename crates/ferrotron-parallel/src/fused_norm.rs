@@ -6,14 +6,21 @@
 //! (`mean`, `1/σ` in f32) and computes all three gradients in its backward.
 //!
 //! [`norm`] is what the model calls: without a kernel it is exactly burn's `LayerNorm` /
-//! `RmsNorm` forward on the caller's tensor (so CPU numbers do not move); with one, rows are
-//! folded to `[rows, hidden]` and the backend's kernel (or autodiff node) runs.
+//! `RmsNorm` forward on the caller's tensor (so CPU numbers do not move); with one, the
+//! backend's kernel (or autodiff node) runs on the rows folded to `[rows, hidden]` inside it.
+//!
+//! The node takes the caller's tensor itself as its parent, not a folded copy, because of the
+//! residual stream: a pre-norm layer's input `h` feeds the norm and, unchanged, the residual
+//! add, so its gradient is the sum of both branches'. The add's backward runs first and leaves
+//! its share in the gradient container; the norm's backward takes it out and its kernel adds
+//! it while writing `dx` (`into`), instead of autodiff adding the two `[rows, hidden]`
+//! gradients in a pass of its own (2.3 % of an fp8 gpt-1.3b step on the H200).
 //!
 //! [`FusedOps`]: crate::FusedOps
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata};
 
 use crate::fused::FusedOps;
 use crate::primitive::{unwrap, wrap};
@@ -65,12 +72,20 @@ pub fn norm<B: FusedOps, const D: usize>(
     if !B::has_norm_kernel(&x_primitive, &gamma_primitive, &spec) {
         return composed_norm(x, gamma, beta, spec);
     }
-    let dims = x.dims();
-    let hidden = dims[D - 1];
-    let rows = x.shape().num_elements() / hidden.max(1);
-    let folded: Tensor<B, 2> = x.reshape([rows, hidden]);
-    let out = B::fused_norm(unwrap(folded), gamma_primitive, beta.map(unwrap), spec);
-    wrap::<B, 2>(out).reshape(dims)
+    wrap(B::fused_norm(
+        x_primitive,
+        gamma_primitive,
+        beta.map(unwrap),
+        spec,
+    ))
+}
+
+/// `x [.., hidden]` as `[rows, hidden]` (a view of a contiguous tensor).
+pub(crate) fn fold_rows<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+    let dims = x.shape().to_vec();
+    let hidden = dims.last().copied().unwrap_or(1);
+    let rows = dims.iter().product::<usize>() / hidden.max(1);
+    B::float_reshape(x, Shape::new([rows, hidden]))
 }
 
 /// burn 0.21's `LayerNorm::forward` (the backend's `layer_norm`) and `RmsNorm::forward`.
@@ -128,14 +143,15 @@ pub fn norm_forward_reference<B: Backend>(
 }
 
 /// Reference of [`FusedOps::norm_kernel_backward`]: with `x̂ = (x − mean)·r` and
-/// `g = dy·γ`, `dx = r·(g − mean(g) − x̂·mean(g·x̂))` (RMSNorm: no `mean(g)` term),
-/// `dγ = Σ_rows dy·x̂`, `dβ = Σ_rows dy`.
+/// `g = dy·γ`, `dx = r·(g − mean(g) − x̂·mean(g·x̂))` (RMSNorm: no `mean(g)` term) plus `into`
+/// where given, `dγ = Σ_rows dy·x̂`, `dβ = Σ_rows dy`.
 pub fn norm_backward_reference<B: Backend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     has_beta: bool,
     saved: NormSaved<B>,
     grad_output: FloatTensor<B>,
+    into: Option<FloatTensor<B>>,
 ) -> NormGrads<B> {
     let x: Tensor<B, 2> = wrap(x);
     let dtype = x.dtype();
@@ -155,6 +171,10 @@ pub fn norm_backward_reference<B: Backend>(
     let projection = x_hat.clone() * (g.clone() * x_hat.clone()).mean_dim(1);
     let g = if layer { g.clone() - g.mean_dim(1) } else { g };
     let input = (g - projection) * rstd;
+    let input = match into {
+        Some(into) => input + wrap::<B, 2>(into).cast(DType::F32),
+        None => input,
+    };
     let gamma_grad = (dy.clone() * x_hat).sum_dim(0).reshape([hidden]);
     let beta = has_beta.then(|| unwrap(dy.sum_dim(0).reshape([hidden]).cast(gamma_dtype)));
     NormGrads {

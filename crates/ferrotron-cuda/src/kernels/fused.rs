@@ -131,27 +131,35 @@ impl KernelSpec for NormForward {
     }
 }
 
-/// Norm input gradient: one block per row.
+/// Norm input gradient: one block per row; with `into`, that tensor (x's dtype) is added.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct NormInputGrad {
     x: DType,
     gamma: DType,
     grad: DType,
     rms: bool,
+    into: bool,
 }
 
 impl KernelSpec for NormInputGrad {
     fn source(&self) -> String {
         let kind = if self.rms { "rms" } else { "layer" };
         let (x, g, dy) = (self.x, self.gamma, self.grad);
+        let plus = if self.into { " plus into" } else { "" };
         let mut s = row_kernel_prelude(
-            &format!("// norm backward input {kind} {x} gamma {g} grad {dy}"),
+            &format!("// norm backward input {kind} {x} gamma {g} grad {dy}{plus}"),
             &[x, g, dy],
-            "long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx;",
+            "long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx, into;",
             x,
             g,
             "dx",
         );
+        if self.into {
+            s += &format!(
+                "  const {xs}* into = (const {xs}*)p.into + row * p.hidden;\n",
+                xs = x.storage_c()
+            );
+        }
         s += &format!(
             "  const {ds}* dy = (const {ds}*)p.dy + row * p.hidden;\n",
             ds = dy.storage_c()
@@ -176,10 +184,15 @@ impl KernelSpec for NormInputGrad {
         s += "  const float mean_gx = block_sum(sum_gx, red) * inv_n;\n";
         s += "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {\n";
         s += &format!("    const float g = {g_expr};\n    const float xh = {xhat};\n");
-        s += &format!(
-            "    dx[j] = {};\n  }}\n}}\n",
-            x.store_expr("rstd * (g - mean_g - xh * mean_gx)")
-        );
+        let term = if self.into {
+            format!(
+                "rstd * (g - mean_g - xh * mean_gx) + {}",
+                x.load_expr("into[j]")
+            )
+        } else {
+            "rstd * (g - mean_g - xh * mean_gx)".to_string()
+        };
+        s += &format!("    dx[j] = {};\n  }}\n}}\n", x.store_expr(&term));
         s
     }
 }
@@ -366,12 +379,24 @@ pub fn norm_backward(
     mean: Option<&CudaTensor>,
     rstd: &CudaTensor,
     grad: &CudaTensor,
+    into: Option<&CudaTensor>,
 ) -> Result<(CudaTensor, CudaTensor, Option<CudaTensor>)> {
     let (rows, hidden) = rows_hidden(x, "norm_backward")?;
     check_param(gamma, hidden, "norm_backward")?;
     let x = x.contiguous()?;
     let gamma = gamma.contiguous()?;
     let grad = grad.contiguous()?;
+    let into = match into {
+        Some(t) if t.shape() != x.shape() => {
+            return Err(CudaError::invalid(
+                t.op("norm_backward"),
+                format!("the gradient to add must be x's shape {:?}", x.shape()),
+            ));
+        }
+        Some(t) if t.dtype() != x.dtype() => Some(t.cast(x.dtype())?),
+        Some(t) => Some(t.contiguous()?),
+        None => None,
+    };
     let rms = mean.is_none();
     let device = x.device();
     let dx = CudaTensor::empty(device, &[rows, hidden], x.dtype())?;
@@ -389,6 +414,7 @@ pub fn norm_backward(
             gamma: gamma.dtype(),
             grad: grad.dtype(),
             rms,
+            into: into.is_some(),
         };
         let mut params = Params::new();
         params
@@ -399,10 +425,21 @@ pub fn norm_backward(
             .ptr(grad.data_ptr())
             .ptr(mean_ptr)
             .ptr(rstd.data_ptr())
-            .ptr(dx.data_ptr());
-        let warp_rows =
-            NormRowsInputGrad::for_hidden(x.dtype(), gamma.dtype(), grad.dtype(), rms, hidden)
-                .filter(|_| [&x, &gamma, &grad, &dx].into_iter().all(chunk_aligned));
+            .ptr(dx.data_ptr())
+            .ptr(into.as_ref().map_or(0, CudaTensor::data_ptr));
+        let aligned = [&x, &gamma, &grad, &dx]
+            .into_iter()
+            .chain(&into)
+            .all(chunk_aligned);
+        let warp_rows = NormRowsInputGrad::for_hidden(
+            x.dtype(),
+            gamma.dtype(),
+            grad.dtype(),
+            rms,
+            into.is_some(),
+            hidden,
+        )
+        .filter(|_| aligned);
         match warp_rows {
             Some(warp) => {
                 let blocks = block_rows(rows.div_ceil(ROWS_PER_BLOCK), &op)?;
@@ -644,15 +681,18 @@ mod tests {
                     }
                     .source(),
                 );
-                sources.push(
-                    NormInputGrad {
-                        x,
-                        gamma: x,
-                        grad: x,
-                        rms,
-                    }
-                    .source(),
-                );
+                for into in [false, true] {
+                    sources.push(
+                        NormInputGrad {
+                            x,
+                            gamma: x,
+                            grad: x,
+                            rms,
+                            into,
+                        }
+                        .source(),
+                    );
+                }
                 sources.push(
                     NormParamGrad {
                         x,

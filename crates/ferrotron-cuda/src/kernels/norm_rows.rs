@@ -134,6 +134,8 @@ pub(super) struct NormRowsInputGrad {
     pub gamma: DType,
     pub grad: DType,
     pub rms: bool,
+    /// Adds the gradient `into` (x's dtype) to `dx`.
+    pub into: bool,
     pub chunks: usize,
 }
 
@@ -144,6 +146,7 @@ impl NormRowsInputGrad {
         gamma: DType,
         grad: DType,
         rms: bool,
+        into: bool,
         hidden: usize,
     ) -> Option<Self> {
         NormRowsForward::for_hidden(x, gamma, rms, false, hidden).map(|f| Self {
@@ -151,6 +154,7 @@ impl NormRowsInputGrad {
             gamma,
             grad,
             rms,
+            into,
             chunks: f.chunks,
         })
     }
@@ -161,12 +165,13 @@ impl KernelSpec for NormRowsInputGrad {
         let (x, g, dy) = (self.x, self.gamma, self.grad);
         let (xs, gs, ds) = (x.storage_c(), g.storage_c(), dy.storage_c());
         let kind = if self.rms { "rms" } else { "layer" };
+        let plus = if self.into { " plus into" } else { "" };
         let mut s = format!(
-            "// norm backward input {kind} warp per row {x} gamma {g} grad {dy}, {} chunks per lane\n",
+            "// norm backward input {kind} warp per row {x} gamma {g} grad {dy}{plus}, {} chunks per lane\n",
             self.chunks
         );
         s += includes(uses_half(&[x, g, dy]));
-        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx; };\n";
+        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx, into; };\n";
         s += "template <typename T> struct alignas(sizeof(T) * 8) Chunk { T v[8]; };\n";
         s += "__device__ __forceinline__ float warp_sum(float v) {\n#pragma unroll\n  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n  return v;\n}\n";
         s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
@@ -212,13 +217,24 @@ impl KernelSpec for NormRowsInputGrad {
         }
         s += "  const float mean_gx = warp_sum(sum_gx) * inv_n;\n";
         s += &format!("  Chunk<{xs}>* dx = (Chunk<{xs}>*)(({xs}*)p.dx + row * p.hidden);\n");
+        if self.into {
+            s += &format!(
+                "  const Chunk<{xs}>* into = (const Chunk<{xs}>*)((const {xs}*)p.into + row * p.hidden);\n"
+            );
+        }
         s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = lane + k * 32;\n    if (c < chunks) {\n";
         s += &loads;
+        let term = if self.into {
+            s += &format!("      const Chunk<{xs}> ic = into[c];\n");
+            format!(
+                "rstd * (g - mean_g - xh * mean_gx) + {}",
+                x.load_expr("ic.v[e]")
+            )
+        } else {
+            "rstd * (g - mean_g - xh * mean_gx)".to_string()
+        };
         s += &format!("      Chunk<{xs}> o;\n");
-        s += &body(&format!(
-            "        o.v[e] = {};\n",
-            x.store_expr("rstd * (g - mean_g - xh * mean_gx)")
-        ));
+        s += &body(&format!("        o.v[e] = {};\n", x.store_expr(&term)));
         s += "      dx[c] = o;\n    }\n  }\n}\n";
         s
     }
@@ -241,7 +257,7 @@ mod tests {
     }
 
     /// The sources compile for sm_90 (NVRTC, no GPU needed): every dtype, LayerNorm and RMSNorm,
-    /// forward and input gradient.
+    /// forward and input gradient (with and without a gradient to add).
     #[test]
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
     fn norm_rows_sources_compile() {
@@ -249,8 +265,12 @@ mod tests {
             for (rms, gamma) in [(false, x), (true, x), (false, DType::F32)] {
                 let spec =
                     NormRowsForward::for_hidden(x, gamma, rms, !rms, 2048).expect("takes 2048");
-                let grad = NormRowsInputGrad::for_hidden(x, gamma, x, rms, 2048).expect("2048");
-                for source in [spec.source(), grad.source()] {
+                let grad = |into| {
+                    NormRowsInputGrad::for_hidden(x, gamma, x, rms, into, 2048)
+                        .expect("2048")
+                        .source()
+                };
+                for source in [spec.source(), grad(false), grad(true)] {
                     let ptx = crate::kernels::cache::compile_for_test(&source, "sm_90")
                         .unwrap_or_else(|e| panic!("{e}\n{source}"));
                     // The row lives in registers: nothing spills to local memory.

@@ -91,8 +91,9 @@ impl FusedOps for Flex {
         has_beta: bool,
         saved: NormSaved<Self>,
         grad_output: FloatTensor<Self>,
+        into: Option<FloatTensor<Self>>,
     ) -> NormGrads<Self> {
-        norm::backward(x, gamma, has_beta, saved, grad_output)
+        norm::backward(x, gamma, has_beta, saved, grad_output, into)
     }
 
     fn fused_embedding(weight: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {

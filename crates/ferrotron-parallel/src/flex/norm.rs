@@ -77,14 +77,15 @@ pub(super) fn forward(
     }
 }
 
-/// `dx = r·(g − mean(g) − x̂·mean(g·x̂))` with `g = dy·γ` (RMSNorm: no `mean(g)`), `dγ = Σ dy·x̂`,
-/// `dβ = Σ dy` over the rows.
+/// `dx = r·(g − mean(g) − x̂·mean(g·x̂))` with `g = dy·γ` (RMSNorm: no `mean(g)`), plus `into`
+/// where given, `dγ = Σ dy·x̂`, `dβ = Σ dy` over the rows.
 pub(super) fn backward(
     x: FlexTensor,
     gamma: FlexTensor,
     has_beta: bool,
     saved: NormSaved<Flex>,
     grad_output: FlexTensor,
+    into: Option<FlexTensor>,
 ) -> NormGrads<Flex> {
     let hidden = gamma.layout().shape()[0];
     let layer = saved.mean.is_some();
@@ -96,7 +97,14 @@ pub(super) fn backward(
     );
     let mean = saved.mean.map_or_else(|| vec![0.0; rstd.len()], floats);
     assert_eq!(dy.len(), x.len(), "norm backward: dy and x differ in size");
-    let mut dx = vec![0.0f32; x.len()];
+    // dx starts as `into` and each row adds its own term: `into + term`, the sum autodiff
+    // would form (addition commutes, so the bits are the same).
+    let mut dx = into.map_or_else(|| vec![0.0f32; x.len()], floats);
+    assert_eq!(
+        dx.len(),
+        x.len(),
+        "norm backward: into and x differ in size"
+    );
     let block = ROWS_PER_TASK * hidden;
     let partials: Vec<(Vec<f32>, Vec<f32>)> = dx
         .par_chunks_mut(block)
@@ -125,7 +133,7 @@ pub(super) fn backward(
                 let mean_gx = sum_gx / hidden as f32;
                 for j in 0..hidden {
                     let x_hat = (x[j] - m) * r;
-                    dx[j] = (dy[j] * gamma[j] - mean_g - x_hat * mean_gx) * r;
+                    dx[j] += (dy[j] * gamma[j] - mean_g - x_hat * mean_gx) * r;
                 }
             }
             (d_gamma, d_beta)

@@ -60,6 +60,43 @@ fn composed_norm_is_burns_layer_norm_and_rms_norm_bit_for_bit() {
     }
 }
 
+/// `dx` of `Σ w ∘ norm(x) + Σ v ∘ x`: x also feeds a residual add after the norm, whose
+/// gradient reaches x first.
+fn residual_dx(kind: NormKind, fold_first: bool) -> Vec<f32> {
+    let (x, gamma, _) = inputs();
+    let input = if fold_first {
+        // A folded copy is the node's parent: autodiff adds the two gradients of x itself.
+        x.clone().reshape([10, 12]).into_primitive().tensor()
+    } else {
+        // x itself is: the node's kernel adds the residual's gradient while writing dx.
+        x.clone().into_primitive().tensor()
+    };
+    let out = norm_node::<Flex, NoCheckpointing>(
+        input,
+        gamma.into_primitive().tensor(),
+        None,
+        spec(kind),
+    );
+    let out: Tensor<B, 3> = if fold_first {
+        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out)).reshape([2, 5, 12])
+    } else {
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    };
+    let loss = (out * tensor([2, 5, 12], 2.3)).sum() + (x.clone() * tensor([2, 5, 12], 0.9)).sum();
+    flat(x.grad(&loss.backward()).expect("dx"))
+}
+
+#[test]
+fn the_residual_gradient_added_by_the_norm_kernel_is_autodiffs_sum_bit_for_bit() {
+    for kind in [NormKind::Layer, NormKind::Rms] {
+        assert_eq!(
+            bits(residual_dx(kind, false)),
+            bits(residual_dx(kind, true)),
+            "{kind:?}"
+        );
+    }
+}
+
 #[test]
 fn norm_node_values_and_gradients_equal_the_composed_graph() {
     for kind in [NormKind::Layer, NormKind::Rms] {

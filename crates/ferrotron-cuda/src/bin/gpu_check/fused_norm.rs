@@ -24,11 +24,14 @@ fn spec(kind: NormKind) -> NormSpec {
     }
 }
 
-/// Output and dx, dγ (, dβ) of `Σ w ∘ norm(x)`, fused node (`FUSED`) or composed.
+/// Output and dx, dγ (, dβ) of `Σ w ∘ norm(x)`, plus `Σ w/2 ∘ x` with a `residual` (x read
+/// again after the norm, as the residual add reads a layer's input: the node adds that
+/// gradient in its kernel), fused node (`FUSED`) or composed.
 fn norm_grads<const FUSED: bool>(
     data: &[TensorData; 4],
     dtype: DType,
     kind: NormKind,
+    residual: bool,
     device: &GpuDevice,
 ) -> TensorData {
     let x: Tensor<A, 3> = upload(&data[0], dtype, device);
@@ -41,7 +44,11 @@ fn norm_grads<const FUSED: bool>(
     } else {
         composed_norm(x.clone(), gamma.clone(), with_beta, spec(kind))
     };
-    let grads = (y.clone().cast(DType::F32) * w).sum().backward();
+    let mut loss = (y.clone().cast(DType::F32) * w.clone()).sum();
+    if residual {
+        loss = loss + (x.clone().cast(DType::F32) * w.mul_scalar(0.5)).sum();
+    }
+    let grads = loss.backward();
     let flat = |t: Tensor<Cuda, 1>| t.cast(DType::F32);
     let mut parts = vec![
         y.inner().cast(DType::F32).reshape([-1]),
@@ -60,6 +67,7 @@ fn norm_row(
     [b, s, h]: [usize; 3],
     dtype: DType,
     kind: NormKind,
+    residual: bool,
 ) -> Row {
     let mut x = host(&[b, s, h], rng, DType::F32)
         .to_vec::<f32>()
@@ -87,14 +95,23 @@ fn norm_row(
         ))
     })
     .unwrap_or(false);
-    let got = guarded(|| Ok(norm_grads::<true>(&data, dtype, kind, device)));
-    let want = guarded(|| Ok(norm_grads::<false>(&data, DType::F32, kind, device)));
+    let got = guarded(|| Ok(norm_grads::<true>(&data, dtype, kind, residual, device)));
+    let want = guarded(|| {
+        Ok(norm_grads::<false>(
+            &data,
+            DType::F32,
+            kind,
+            residual,
+            device,
+        ))
+    });
     let (errors, note) = match (got, want) {
         (Ok(g), Ok(w)) => (
             compare::compare(&round(g, dtype), &round(w, dtype), 8.0),
             format!(
-                "{} vs composed f32; y + dx, dγ{}",
+                "{} vs composed f32; y + dx{}, dγ{}",
                 if kernel { "fused kernel" } else { "composed" },
+                if residual { " (+ a residual's)" } else { "" },
                 if kind == NormKind::Layer { ", dβ" } else { "" }
             ),
         ),
@@ -226,10 +243,34 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
         for kind in [NormKind::Layer, NormKind::Rms] {
             // Warp-per-row forward (whole lanes; a partly filled last lane), then the
             // block-per-row one (rows past 2,048 elements; not whole chunks of eight).
-            rows.push(norm_row(device, &mut rng, [4, 96, 1024], dtype, kind));
-            rows.push(norm_row(device, &mut rng, [2, 33, 1000], dtype, kind));
-            rows.push(norm_row(device, &mut rng, [2, 17, 3000], dtype, kind));
-            rows.push(norm_row(device, &mut rng, [2, 9, 1004], dtype, kind));
+            rows.push(norm_row(
+                device,
+                &mut rng,
+                [4, 96, 1024],
+                dtype,
+                kind,
+                false,
+            ));
+            rows.push(norm_row(
+                device,
+                &mut rng,
+                [2, 33, 1000],
+                dtype,
+                kind,
+                false,
+            ));
+            rows.push(norm_row(
+                device,
+                &mut rng,
+                [2, 17, 3000],
+                dtype,
+                kind,
+                false,
+            ));
+            rows.push(norm_row(device, &mut rng, [2, 9, 1004], dtype, kind, false));
+            // The residual's gradient added by the warp-per-row and the block kernel.
+            rows.push(norm_row(device, &mut rng, [4, 96, 1024], dtype, kind, true));
+            rows.push(norm_row(device, &mut rng, [2, 9, 1004], dtype, kind, true));
         }
         for first in [true, false] {
             rows.push(adamw_row(device, &mut rng, dtype, first));
