@@ -29,7 +29,7 @@ use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8Linear, Fp8Operand,
     Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads, MoePermutation,
-    NormGrads, NormKind, NormSaved, NormSpec, composed_adamw, composed_attention,
+    NormGrads, NormKind, NormSaved, NormSpec, NormStats, composed_adamw, composed_attention,
     composed_gather_flat, composed_grouped_matmul, composed_qkv_attention, composed_rope_qkv,
     composed_sum_of_squares, composed_swiglu, moe_permutation_reference, moe_topk_reference,
 };
@@ -151,7 +151,7 @@ impl FusedOps for Cuda {
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         has_beta: bool,
-        saved: NormSaved<Self>,
+        stats: NormStats<Self>,
         grad_output: FloatTensor<Self>,
         into: Option<FloatTensor<Self>>,
     ) -> NormGrads<Self> {
@@ -159,8 +159,8 @@ impl FusedOps for Cuda {
             &x,
             &gamma,
             has_beta,
-            saved.mean.as_ref(),
-            &saved.rstd,
+            stats.mean.as_ref(),
+            &stats.rstd,
             &grad_output,
             into.as_ref(),
         ));

@@ -29,6 +29,7 @@ use ferrotron_parallel::{
 use ferrotron_recipe::PositionEmbedding;
 
 use crate::init::{normal_linear, scaled_std};
+use crate::norm::Norm;
 use crate::parallel::{Placement, SequencePositions, TensorParallel, cut_module};
 use crate::rope::RotaryEmbedding;
 use crate::{ModelConfig, ModelError};
@@ -135,17 +136,38 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
     /// parallelism); a token sees the tokens at or before its global position only.
     pub fn forward(&self, x: Tensor<B, 3>, positions: &SequencePositions<B>) -> Tensor<B, 3> {
         let x = self.tp.enter(x);
-        let [batch, seq, _] = x.dims();
+        let qkv = crate::fp8::linear(&self.qkv, x, self.fp8.as_ref().map(|f| &f.0));
+        self.attend(qkv, positions)
+    }
+
+    /// [`Self::forward`] of `norm(x)`: in fp8 on one tensor-parallel rank, the norm runs
+    /// inside the QKV projection's node (`Norm::fp8_input`).
+    pub fn forward_normed(
+        &self,
+        x: Tensor<B, 3>,
+        norm: &Norm<B>,
+        positions: &SequencePositions<B>,
+    ) -> Tensor<B, 3> {
+        let fused = match &self.fp8 {
+            Some((fp8, _)) if self.tp.size() == 1 => norm.fp8_input(&x).map(|n| (fp8, n)),
+            _ => None,
+        };
+        match fused {
+            Some((fp8, input_norm)) => {
+                let qkv = crate::fp8::norm_linear(&self.qkv, x, input_norm, fp8);
+                self.attend(qkv, positions)
+            }
+            None => self.forward(norm.forward(x), positions),
+        }
+    }
+
+    /// Attention from the packed projection `qkv [batch, seq, groups·(per_group + 2)·head_dim]`,
+    /// then the output projection.
+    fn attend(&self, qkv: Tensor<B, 3>, positions: &SequencePositions<B>) -> Tensor<B, 3> {
+        let [batch, seq, _] = qkv.dims();
         let (heads, groups, head_dim) = (self.num_heads, self.num_groups, self.head_dim);
         let per_group = heads / groups;
-
-        let qkv = crate::fp8::linear(&self.qkv, x, self.fp8.as_ref().map(|f| &f.0)).reshape([
-            batch,
-            seq,
-            groups,
-            per_group + 2,
-            head_dim,
-        ]);
+        let qkv = qkv.reshape([batch, seq, groups, per_group + 2, head_dim]);
         let spec = AttentionSpec {
             causal: true,
             scale: None,

@@ -179,13 +179,12 @@ impl<B: ParallelOps> TransformerBlock<B> {
     ) -> (Tensor<B, 3>, Option<MoeStats<B>>) {
         let attended = self
             .attention
-            .forward(self.input_norm.forward(x.clone()), positions);
+            .forward_normed(x.clone(), &self.input_norm, positions);
         let x = self.dropout_add(attended, x);
-        let normed = self.pre_mlp_norm.forward(x.clone());
         let (transformed, stats) = match &self.feed_forward {
-            FeedForward::Dense(mlp) => (mlp.forward(normed), None),
+            FeedForward::Dense(mlp) => (mlp.forward_normed(x.clone(), &self.pre_mlp_norm), None),
             FeedForward::Moe(moe) => {
-                let (out, stats) = moe.forward(normed);
+                let (out, stats) = moe.forward(self.pre_mlp_norm.forward(x.clone()));
                 (out, Some(stats))
             }
         };

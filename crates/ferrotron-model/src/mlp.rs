@@ -9,11 +9,14 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{Fp8Activation, Fp8Linear, Fp8Mlp, FusedOps, ParallelOps, gelu};
+use ferrotron_parallel::{
+    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, FusedOps, ParallelOps, gelu,
+};
 use ferrotron_recipe::Activation;
 
 use crate::ModelError;
 use crate::init::normal_linear;
+use crate::norm::Norm;
 use crate::parallel::{Placement, TensorParallel, cut_module};
 
 #[derive(Module, Debug)]
@@ -114,7 +117,7 @@ impl<B: ParallelOps> Mlp<B> {
     /// rank's part of the sequence on the way in and out.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         if let (Some((fc1, fc2)), Some(activation)) = (&self.fp8, self.fp8_activation()) {
-            return self.fp8_forward(x, fc1, fc2, activation);
+            return self.fp8_forward(x, None, fc1, fc2, activation);
         }
         let fp8 = self.fp8.as_ref();
         let hidden = crate::fp8::linear(&self.fc1, self.tp.enter(x), fp8.map(|f| &f.0));
@@ -124,6 +127,18 @@ impl<B: ParallelOps> Mlp<B> {
             Activation::GeluTanh => gelu_tanh(hidden),
         };
         crate::fp8::row_parallel(&self.tp, &self.fc2, activated, fp8.map(|f| &f.1))
+    }
+
+    /// [`Self::forward`] of `norm(x)`: in the fused fp8 MLP on one tensor-parallel rank, the
+    /// norm runs inside its node (Transformer Engine's `LayerNormMLP`, `Norm::fp8_input`).
+    pub fn forward_normed<const D: usize>(&self, x: Tensor<B, D>, norm: &Norm<B>) -> Tensor<B, D> {
+        if let (Some((fc1, fc2)), Some(activation), 1) =
+            (&self.fp8, self.fp8_activation(), self.tp.size())
+            && let Some(input_norm) = norm.fp8_input(&x)
+        {
+            return self.fp8_forward(x, Some(input_norm), fc1, fc2, activation);
+        }
+        self.forward(norm.forward(x))
     }
 
     /// The activation the fused fp8 MLP computes, where it has one (GELU's tanh form goes
@@ -136,23 +151,23 @@ impl<B: ParallelOps> Mlp<B> {
         }
     }
 
-    /// fc1, the activation and fc2 as one fp8 node (`ferrotron_parallel::FusedOps::fp8_mlp`);
-    /// under tensor parallelism the partial products are joined and fc2's bias added after.
+    /// fc1, the activation and fc2 as one fp8 node (`ferrotron_parallel::FusedOps::fp8_mlp`),
+    /// normalising `x` first where `norm` is given; under tensor parallelism the partial
+    /// products are joined and fc2's bias added after.
     fn fp8_forward<const D: usize>(
         &self,
         x: Tensor<B, D>,
+        norm: Option<Fp8InputNorm<B>>,
         fc1: &Fp8Linear,
         fc2: &Fp8Linear,
         activation: Fp8Activation,
     ) -> Tensor<B, D> {
         let x = self.tp.enter(x);
-        let mut shape = x.dims();
-        let rows = shape[..D - 1].iter().product();
-        let x: Tensor<B, 2> = x.reshape([rows, shape[D - 1]]);
         let fc2_bias = self.fc2.bias.as_ref().map(|b| b.val());
         let joined = self.tp.size() > 1;
         let output = B::fp8_mlp(Fp8Mlp {
             x: x.into_primitive().tensor(),
+            norm,
             fc1_weight: self.fc1.weight.val().into_primitive().tensor(),
             fc1_bias: self
                 .fc1
@@ -168,9 +183,7 @@ impl<B: ParallelOps> Mlp<B> {
             fc1: fc1.clone(),
             fc2: fc2.clone(),
         });
-        let output: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(output));
-        shape[D - 1] = output.dims()[1];
-        let output = output.reshape(shape);
+        let output: Tensor<B, D> = Tensor::from_primitive(TensorPrimitive::Float(output));
         if !joined {
             return output;
         }

@@ -9,9 +9,9 @@
 use burn::module::{Module, Param};
 use burn::nn::Initializer;
 use burn::nn::{RmsNorm, RmsNormConfig};
-use burn::tensor::Tensor;
+use burn::tensor::{Shape, Tensor, TensorMetadata};
 use burn::tensor::backend::Backend;
-use ferrotron_parallel::{FusedOps, NormKind, NormSpec};
+use ferrotron_parallel::{Fp8InputNorm, FusedOps, NormKind, NormSpec};
 use ferrotron_recipe::Normalization;
 
 /// `(x − mean) / sqrt(var + ε) · γ + β` over the last dimension.
@@ -45,6 +45,42 @@ impl<B: Backend> Norm<B> {
 }
 
 impl<B: FusedOps> Norm<B> {
+    /// This norm as the first step of an fp8 node reading `x` (Transformer Engine's
+    /// `LayerNormLinear`), where the backend normalises with a kernel: the node then casts the
+    /// normalised rows without a 16-bit copy of them. `None`: the norm runs on its own.
+    pub(crate) fn fp8_input<const D: usize>(&self, x: &Tensor<B, D>) -> Option<Fp8InputNorm<B>> {
+        let (gamma, beta, spec) = match self {
+            Norm::Layer(norm) => (
+                norm.gamma.val(),
+                norm.beta.as_ref().map(Param::val),
+                NormSpec {
+                    kind: NormKind::Layer,
+                    epsilon: norm.epsilon,
+                },
+            ),
+            Norm::Rms(norm) => (
+                norm.gamma.val(),
+                None,
+                NormSpec {
+                    kind: NormKind::Rms,
+                    epsilon: norm.epsilon,
+                },
+            ),
+        };
+        let gamma = gamma.into_primitive().tensor();
+        // The node normalises the rows `[rows, hidden]`: ask about those.
+        let [hidden] = gamma.shape().dims();
+        let rows = B::float_reshape(
+            x.clone().into_primitive().tensor(),
+            Shape::new([x.shape().num_elements() / hidden.max(1), hidden]),
+        );
+        B::has_norm_kernel(&rows, &gamma, &spec).then(|| Fp8InputNorm {
+            gamma,
+            beta: beta.map(|b| b.into_primitive().tensor()),
+            spec,
+        })
+    }
+
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
         match self {
             Norm::Layer(norm) => ferrotron_parallel::norm(

@@ -48,6 +48,7 @@ use crate::fused_fp8::{
     fp8_quantize_reference, fp8_update_reference,
 };
 use crate::fused_fp8_mlp::{Fp8Mlp, fp8_mlp_inference};
+use crate::fused_fp8_norm::{Fp8InputNorm, fp8_quantize_norm_composed};
 use crate::fused_fp8_source::{Fp8Source, fp8_quantize_source_composed};
 use crate::fused_gelu::{composed_gelu, gelu_backward_reference};
 use crate::fused_grouped::{
@@ -59,7 +60,8 @@ use crate::fused_loss::{
 };
 use crate::fused_moe::{GroupLimit, MoePermutation, moe_permutation_reference, moe_topk_reference};
 use crate::fused_norm::{
-    NormGrads, NormSaved, NormSpec, fold_rows, norm_backward_reference, norm_forward_reference,
+    NormGrads, NormSaved, NormSpec, NormStats, fold_rows, norm_backward_reference,
+    norm_forward_reference,
 };
 use crate::fused_qkv::{
     composed_qkv_attention, qkv_attention_backward_reference, qkv_attention_forward_reference,
@@ -458,11 +460,11 @@ pub trait FusedOps: Backend {
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         has_beta: bool,
-        saved: NormSaved<Self>,
+        stats: NormStats<Self>,
         grad_output: FloatTensor<Self>,
         into: Option<FloatTensor<Self>>,
     ) -> NormGrads<Self> {
-        norm_backward_reference::<Self>(x, gamma, has_beta, saved, grad_output, into)
+        norm_backward_reference::<Self>(x, gamma, has_beta, stats, grad_output, into)
     }
 
     /// Whether [`FusedOps::cross_entropy_kernel_forward`] is a real kernel for these logits
@@ -622,7 +624,31 @@ pub trait FusedOps: Backend {
         bias: Option<FloatTensor<Self>>,
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
-        fp8_linear_inference::<Self>(x, weight, bias, fp8)
+        fp8_linear_inference::<Self>(x, None, weight, bias, fp8)
+    }
+
+    /// [`FusedOps::fp8_linear`] of `norm(x)`, `x [.., in]` (`fused_fp8_norm.rs`: Transformer
+    /// Engine's `LayerNormLinear`). Default: the inference forward; autodiff records one node.
+    fn fp8_norm_linear(
+        x: FloatTensor<Self>,
+        norm: Fp8InputNorm<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        fp8: &Fp8Linear,
+    ) -> FloatTensor<Self> {
+        fp8_linear_inference::<Self>(x, Some(norm), weight, bias, fp8)
+    }
+
+    /// `norm(x)` of `x [rows, in]` cast for an fp8 GEMM's input (with its amax recorded when
+    /// `record`), and the norm's row statistics for its backward. Default: the norm kernel's
+    /// 16-bit output, then [`FusedOps::fp8_quantize`].
+    fn fp8_quantize_norm(
+        x: FloatTensor<Self>,
+        norm: Fp8InputNorm<Self>,
+        fp8: &Fp8Linear,
+        record: bool,
+    ) -> (Fp8Tensor<Self>, NormStats<Self>) {
+        fp8_quantize_norm_composed::<Self>(x, norm, fp8, record)
     }
 
     /// Whether this backend trains fp8 recipes on `device` (a run is refused with the reason

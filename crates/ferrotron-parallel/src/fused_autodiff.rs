@@ -25,12 +25,13 @@ use crate::fused_embedding::{composed_embedding, embedding_node};
 use crate::fused_fp8::{Fp8Linear, Fp8State};
 use crate::fused_fp8_mlp::{Fp8Mlp, fp8_mlp_node};
 use crate::fused_fp8_node::fp8_linear_node;
+use crate::fused_fp8_norm::Fp8InputNorm;
 use crate::fused_gather::gather_rows_node;
 use crate::fused_gelu::{composed_gelu, gelu_node};
 use crate::fused_grouped::composed_grouped_matmul;
 use crate::fused_logits::composed_tied_logits;
 use crate::fused_moe::{GroupLimit, MoePermutation};
-use crate::fused_norm::{NormSaved, NormSpec, fold_rows};
+use crate::fused_norm::{NormSpec, NormStats, fold_rows};
 use crate::fused_qkv::composed_qkv_attention;
 use crate::fused_rope::composed_rope_qkv;
 use crate::fused_swiglu::composed_swiglu;
@@ -322,7 +323,7 @@ struct NormOp;
 
 /// State of one norm node: x (the caller's tensor, whose node may already hold a gradient from
 /// the residual branch when the backward runs), γ and the row statistics.
-type NormState<B> = (FloatTensor<Autodiff<B>>, FloatTensor<B>, NormSaved<B>);
+type NormState<B> = (FloatTensor<Autodiff<B>>, FloatTensor<B>, NormStats<B>);
 
 /// Parents are x, γ and, for a LayerNorm with a bias, β (`N` = 3).
 impl<B: FusedOps, const N: usize> Backward<B, N> for NormOp {
@@ -330,7 +331,7 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for NormOp {
 
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        let (x, gamma, saved) = ops.state;
+        let (x, gamma, stats) = ops.state;
         let shape = x.primitive.shape();
         // The residual branch's share of x's gradient, added by the kernel (fused_norm.rs).
         let into = ops.parents[0]
@@ -341,7 +342,7 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for NormOp {
             fold_rows::<B>(x.primitive),
             gamma,
             N == 3,
-            saved,
+            stats,
             fold_rows::<B>(grad),
             into,
         );
@@ -371,7 +372,7 @@ fn finish_norm<B: FusedOps, C: CheckpointStrategy, const N: usize>(
         OpsKind::Tracked(prep) => {
             let saved = B::norm_kernel_forward(rows, gamma.clone(), beta, spec);
             let output = B::float_reshape(saved.output.clone(), shape);
-            prep.finish((x, gamma, saved), output)
+            prep.finish((x, gamma, saved.into_stats()), output)
         }
         OpsKind::UnTracked(prep) => {
             let output = B::norm_kernel_forward(rows, gamma, beta, spec).output;
@@ -499,7 +500,17 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         bias: Option<FloatTensor<Self>>,
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
-        fp8_linear_node::<B, C>(x, weight, bias, fp8)
+        fp8_linear_node::<B, C>(x, None, weight, bias, fp8)
+    }
+
+    fn fp8_norm_linear(
+        x: FloatTensor<Self>,
+        norm: Fp8InputNorm<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        fp8: &Fp8Linear,
+    ) -> FloatTensor<Self> {
+        fp8_linear_node::<B, C>(x, Some(norm), weight, bias, fp8)
     }
 
     fn fp8_mlp(mlp: Fp8Mlp<Self>) -> FloatTensor<Self> {

@@ -44,6 +44,8 @@ use crate::fp8_scaling::{
     AMAX, Fp8Format, Fp8Role, Fp8Scaling, Fp8Settings, SCALE, amax, amax_max, current_scale,
     round_to_fp8, update_state,
 };
+use crate::fused_fp8_norm::Fp8InputNorm;
+use crate::fused_norm::NormStats;
 use crate::primitive::{unwrap, wrap};
 use crate::{Comm, FusedOps, ParallelOps, ReduceOp};
 
@@ -327,15 +329,18 @@ impl Fp8Linear {
 /// What an fp8 linear's forward leaves for its backward.
 pub(crate) struct Fp8Forward<B: Backend> {
     pub output: FloatTensor<B>,
-    /// `xᵀ [in, tokens]`.
+    /// `xᵀ [in, tokens]` (of the normalised `x` with an input norm).
     pub input_t: Fp8Operand<B>,
     pub weight: Fp8Tensor<B>,
+    /// The input norm's row statistics, with one.
+    pub norm_stats: Option<NormStats<B>>,
 }
 
-/// `x [.., in] · weight [in, out] + bias` through the fp8 primitives, recording amaxes when
-/// `record` (training).
+/// `norm(x) [.., in] · weight [in, out] + bias` through the fp8 primitives (`x` itself without
+/// a norm), recording amaxes when `record` (training).
 pub(crate) fn fp8_forward<B: FusedOps>(
     x: FloatTensor<B>,
+    norm: Option<Fp8InputNorm<B>>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
     fp8: &Fp8Linear,
@@ -345,12 +350,14 @@ pub(crate) fn fp8_forward<B: FusedOps>(
     let dtype = x.dtype();
     let [k, n] = weight.shape().dims::<2>();
     let m = shape.iter().product::<usize>() / k.max(1);
-    let input = B::fp8_quantize(
-        B::float_reshape(x, Shape::new([m, k])),
-        fp8,
-        Fp8Role::Input,
-        record,
-    );
+    let rows = B::float_reshape(x, Shape::new([m, k]));
+    let (input, norm_stats) = match norm {
+        Some(norm) => {
+            let (input, stats) = B::fp8_quantize_norm(rows, norm, fp8, record);
+            (input, Some(stats))
+        }
+        None => (B::fp8_quantize(rows, fp8, Fp8Role::Input, record), None),
+    };
     let weight = fp8.weight::<B>(weight, record);
     // The forward is the one product Transformer Engine accumulates fast (fp8 partial sums
     // promoted less often); the gradients take the split accumulation.
@@ -362,17 +369,19 @@ pub(crate) fn fp8_forward<B: FusedOps>(
         output: B::float_reshape(output, Shape::from(shape)),
         input_t: input.columns(),
         weight,
+        norm_stats,
     }
 }
 
 /// The inference forward (no autodiff): casts that record nothing.
 pub fn fp8_linear_inference<B: FusedOps>(
     x: FloatTensor<B>,
+    norm: Option<Fp8InputNorm<B>>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
     fp8: &Fp8Linear,
 ) -> FloatTensor<B> {
-    fp8_forward::<B>(x, weight, bias, fp8, false).output
+    fp8_forward::<B>(x, norm, weight, bias, fp8, false).output
 }
 
 /// Ends an optimizer step: amaxes max-reduced over `groups` (every rank of them then casts

@@ -14,20 +14,24 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, TensorMetadata};
+use burn::tensor::{DType, Shape, TensorMetadata};
 
 use crate::FusedOps;
 use crate::fp8_scaling::Fp8Role;
 use crate::fused_fp8::{Fp8Linear, Fp8Operand, Fp8Tensor, fp8_forward};
 use crate::fused_fp8_node::in_dtype;
+use crate::fused_fp8_norm::{Fp8InputNorm, InputNormParents, InputNormState, input_norm_backward};
 use crate::fused_fp8_source::{Fp8Activation, Fp8Source};
+use crate::fused_norm::{NormStats, fold_rows};
 
-/// The operands of [`FusedOps::fp8_mlp`]: `x [rows, in]`, `fc1 [in, f]` (`[in, 2f]` packed for
-/// SwiGLU), `fc2 [f, out]`, the biases where the layers have them (fc2's left out where a
-/// tensor-parallel reduction adds it after), and each linear's fp8 handle.
+/// The operands of [`FusedOps::fp8_mlp`]: `x [.., in]` (normalised first by `norm` where given:
+/// `LayerNormMLP`, `fused_fp8_norm.rs`), `fc1 [in, f]` (`[in, 2f]` packed for SwiGLU), `fc2 [f,
+/// out]`, the biases where the layers have them (fc2's left out where a tensor-parallel
+/// reduction adds it after), and each linear's fp8 handle. The output is `[.., out]`.
 #[derive(Debug, Clone)]
 pub struct Fp8Mlp<B: burn::tensor::backend::Backend> {
     pub x: FloatTensor<B>,
+    pub norm: Option<Fp8InputNorm<B>>,
     pub fc1_weight: FloatTensor<B>,
     pub fc1_bias: Option<FloatTensor<B>>,
     pub fc2_weight: FloatTensor<B>,
@@ -44,26 +48,40 @@ struct Saved<B: burn::tensor::backend::Backend> {
     pre: FloatTensor<B>,
     act_t: Fp8Operand<B>,
     w2: Fp8Tensor<B>,
+    norm_stats: Option<NormStats<B>>,
 }
 
 fn forward<B: FusedOps>(mlp: Fp8Mlp<B>, record: bool) -> (FloatTensor<B>, Saved<B>) {
     let dtype = mlp.x.dtype();
-    let fc1 = fp8_forward::<B>(mlp.x, mlp.fc1_weight, mlp.fc1_bias, &mlp.fc1, record);
+    let mut shape = mlp.x.shape().to_vec();
+    let fc1 = fp8_forward::<B>(
+        mlp.x,
+        mlp.norm,
+        mlp.fc1_weight,
+        mlp.fc1_bias,
+        &mlp.fc1,
+        record,
+    );
+    let pre = fold_rows::<B>(fc1.output);
     let source = Fp8Source::Activation {
-        pre: fc1.output.clone(),
+        pre: pre.clone(),
         act: mlp.activation,
     };
     let (act, _) = B::fp8_quantize_source(source, &mlp.fc2, Fp8Role::Input, record, false);
     let w2 = mlp.fc2.weight::<B>(mlp.fc2_weight, record);
     let output = B::fp8_matmul(act.rows(), w2.columns(), mlp.fc2_bias, dtype, true);
+    if let Some(last) = shape.last_mut() {
+        *last = output.shape().dims::<2>()[1];
+    }
     let saved = Saved {
         x_t: fc1.input_t,
         w1: fc1.weight,
-        pre: fc1.output,
+        pre,
         act_t: act.columns(),
         w2,
+        norm_stats: fc1.norm_stats,
     };
-    (output, saved)
+    (B::float_reshape(output, Shape::from(shape)), saved)
 }
 
 /// The forward without autodiff (casts that record nothing).
@@ -79,9 +97,11 @@ struct State<B: burn::tensor::backend::Backend> {
     activation: Fp8Activation,
     fc1: Fp8Linear,
     fc2: Fp8Linear,
+    x_shape: Vec<usize>,
     x_dtype: DType,
     weight_dtypes: [DType; 2],
     bias_dtypes: [Option<DType>; 2],
+    norm: Option<InputNormState<B>>,
 }
 
 impl<B: burn::tensor::backend::Backend> Clone for State<B> {
@@ -93,13 +113,16 @@ impl<B: burn::tensor::backend::Backend> Clone for State<B> {
                 pre: self.saved.pre.clone(),
                 act_t: self.saved.act_t.clone(),
                 w2: self.saved.w2.clone(),
+                norm_stats: self.saved.norm_stats.clone(),
             },
             activation: self.activation,
             fc1: self.fc1.clone(),
             fc2: self.fc2.clone(),
+            x_shape: self.x_shape.clone(),
             x_dtype: self.x_dtype,
             weight_dtypes: self.weight_dtypes,
             bias_dtypes: self.bias_dtypes,
+            norm: self.norm.clone(),
         }
     }
 }
@@ -110,17 +133,30 @@ impl<B: burn::tensor::backend::Backend> std::fmt::Debug for State<B> {
     }
 }
 
-/// Parents: `x`, fc1's weight, fc2's weight, then fc1's bias and fc2's bias where present.
+/// Parents: `x`, fc1's weight, fc2's weight, then fc1's bias, fc2's bias, γ and β where
+/// present.
 impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8MlpOp {
     type State = State<B>;
 
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
+        let grad = fold_rows::<B>(grads.consume::<B>(&ops.node));
         let state = ops.state;
         let saved = state.saved;
         let [b1_dtype, b2_dtype] = state.bias_dtypes;
         let b1_parent = ops.parents.get(3).filter(|_| b1_dtype.is_some());
-        let b2_parent = ops.parents.get(3 + usize::from(b1_dtype.is_some()));
+        let b2_index = 3 + usize::from(b1_dtype.is_some());
+        let b2_parent = ops.parents.get(b2_index).filter(|_| b2_dtype.is_some());
+        let gamma_index = b2_index + usize::from(b2_dtype.is_some());
+        let id = |i: usize| ops.parents.get(i).and_then(|p| p.as_ref()).map(|n| n.id);
+        let norm_parents = InputNormParents {
+            x: id(0).filter(|_| state.norm.is_some()),
+            gamma: state.norm.as_ref().and(id(gamma_index)),
+            beta: state
+                .norm
+                .as_ref()
+                .filter(|norm| norm.has_beta)
+                .and(id(gamma_index + 1)),
+        };
         let (dy, db2) = B::fp8_quantize_source(
             Fp8Source::Plain(grad),
             &state.fc2,
@@ -157,9 +193,17 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8MlpOp {
         if let (Some(Some(node)), Some(db1), Some(dtype)) = (b1_parent, db1, b1_dtype) {
             grads.register::<B>(node.id, in_dtype::<B>(db1, dtype));
         }
-        if let Some(node) = &ops.parents[0] {
+        if ops.parents[0].is_some() || norm_parents.any() {
             let dx = B::fp8_matmul(dh.rows(), saved.w1.rows(), None, state.x_dtype, false);
-            grads.register::<B>(node.id, dx);
+            let dx = B::float_reshape(dx, Shape::from(state.x_shape.clone()));
+            match state.norm {
+                Some(norm) => input_norm_backward::<B>(norm, dx, norm_parents, grads),
+                None => {
+                    if let Some(node) = &ops.parents[0] {
+                        grads.register::<B>(node.id, dx);
+                    }
+                }
+            }
         }
         if let Some(node) = &ops.parents[1] {
             let dw1 = B::fp8_matmul(saved.x_t, dh.columns(), None, state.weight_dtypes[0], false);
@@ -170,29 +214,45 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8MlpOp {
 
 fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
     prepared: OpsKind<Fp8MlpOp, B, State<B>, C, N>,
+    x: FloatTensor<Autodiff<B, C>>,
     mlp: Fp8Mlp<B>,
 ) -> FloatTensor<Autodiff<B, C>> {
     let activation = mlp.activation;
     let (fc1, fc2) = (mlp.fc1.clone(), mlp.fc2.clone());
+    let x_shape = mlp.x.shape().to_vec();
     let x_dtype = mlp.x.dtype();
     let weight_dtypes = [mlp.fc1_weight.dtype(), mlp.fc2_weight.dtype()];
     let bias_dtypes = [
         mlp.fc1_bias.as_ref().map(TensorMetadata::dtype),
         mlp.fc2_bias.as_ref().map(TensorMetadata::dtype),
     ];
+    let norm_input = mlp
+        .norm
+        .as_ref()
+        .map(|norm| (norm.gamma.clone(), norm.beta.is_some()));
     // Untracked too (a recomputed range's first forward): its casts record the amaxes the
     // tracked re-run will, which the max makes harmless.
-    let (output, saved) = forward::<B>(mlp, true);
+    let (output, mut saved) = forward::<B>(mlp, true);
     match prepared {
         OpsKind::Tracked(prep) => {
+            let norm = norm_input
+                .zip(saved.norm_stats.take())
+                .map(|((gamma, has_beta), stats)| InputNormState {
+                    x,
+                    gamma,
+                    has_beta,
+                    stats,
+                });
             let state = State {
                 saved,
                 activation,
                 fc1,
                 fc2,
+                x_shape,
                 x_dtype,
                 weight_dtypes,
                 bias_dtypes,
+                norm,
             };
             prep.finish(state, output)
         }
@@ -212,8 +272,18 @@ pub fn fp8_mlp_node<B: FusedOps, C: CheckpointStrategy>(
     ];
     parents.extend(mlp.fc1_bias.as_ref().map(|b| b.node.clone()));
     parents.extend(mlp.fc2_bias.as_ref().map(|b| b.node.clone()));
+    if let Some(norm) = &mlp.norm {
+        parents.push(norm.gamma.node.clone());
+        parents.extend(norm.beta.as_ref().map(|b| b.node.clone()));
+    }
+    let x = mlp.x.clone();
     let inner = Fp8Mlp {
         x: mlp.x.primitive,
+        norm: mlp.norm.map(|norm| Fp8InputNorm {
+            gamma: norm.gamma.primitive,
+            beta: norm.beta.map(|b| b.primitive),
+            spec: norm.spec,
+        }),
         fc1_weight: mlp.fc1_weight.primitive,
         fc1_bias: mlp.fc1_bias.map(|b| b.primitive),
         fc2_weight: mlp.fc2_weight.primitive,
@@ -226,12 +296,14 @@ pub fn fp8_mlp_node<B: FusedOps, C: CheckpointStrategy>(
         ($n:literal) => {{
             let parents: [_; $n] = parents.try_into().expect("parents counted");
             let prepared = Fp8MlpOp.prepare::<C>(parents).compute_bound().stateful();
-            finish(prepared, inner)
+            finish(prepared, x, inner)
         }};
     }
     match parents.len() {
         3 => record!(3),
         4 => record!(4),
-        _ => record!(5),
+        5 => record!(5),
+        6 => record!(6),
+        _ => record!(7),
     }
 }

@@ -15,13 +15,14 @@ use burn::tensor::{DType, Shape, TensorMetadata};
 use crate::FusedOps;
 use crate::fp8_scaling::Fp8Role;
 use crate::fused_fp8::{Fp8Linear, Fp8Operand, Fp8Tensor, fp8_forward};
+use crate::fused_fp8_norm::{Fp8InputNorm, InputNormParents, InputNormState, input_norm_backward};
 use crate::fused_fp8_source::Fp8Source;
 
 #[derive(Debug)]
 struct Fp8LinearOp;
 
 /// What the backward needs: `xᵀ` and the weight in fp8, the layer, the input's shape and the
-/// dtypes the gradients are handed back in.
+/// dtypes the gradients are handed back in; with an input norm, what its backward needs.
 struct Fp8LinearState<B: burn::tensor::backend::Backend> {
     input_t: Fp8Operand<B>,
     weight: Fp8Tensor<B>,
@@ -30,6 +31,7 @@ struct Fp8LinearState<B: burn::tensor::backend::Backend> {
     input_dtype: DType,
     weight_dtype: DType,
     bias_dtype: Option<DType>,
+    norm: Option<InputNormState<B>>,
 }
 
 impl<B: burn::tensor::backend::Backend> Clone for Fp8LinearState<B> {
@@ -42,6 +44,7 @@ impl<B: burn::tensor::backend::Backend> Clone for Fp8LinearState<B> {
             input_dtype: self.input_dtype,
             weight_dtype: self.weight_dtype,
             bias_dtype: self.bias_dtype,
+            norm: self.norm.clone(),
         }
     }
 }
@@ -52,13 +55,21 @@ impl<B: burn::tensor::backend::Backend> std::fmt::Debug for Fp8LinearState<B> {
     }
 }
 
-/// Parents are `x`, the weight and, with a bias, the bias (`N` = 3).
+/// Parents are `x`, the weight, then the bias, γ and β where present.
 impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
     type State = Fp8LinearState<B>;
 
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
         let state = ops.state;
+        let id = |i: usize| ops.parents.get(i).and_then(|p| p.as_ref()).map(|n| n.id);
+        let bias = state.bias_dtype.map(|_| 2);
+        let gamma = state.norm.as_ref().map(|_| 2 + usize::from(bias.is_some()));
+        let beta = state
+            .norm
+            .as_ref()
+            .filter(|norm| norm.has_beta)
+            .and(gamma.map(|g| g + 1));
         let n = state.weight.width();
         let m = grad.shape().num_elements() / n.max(1);
         let grad = B::float_reshape(grad, Shape::new([m, n]));
@@ -69,7 +80,12 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
             true,
             state.bias_dtype.is_some(),
         );
-        if let Some(node) = &ops.parents[0] {
+        let norm_parents = InputNormParents {
+            x: id(0).filter(|_| state.norm.is_some()),
+            gamma: gamma.and_then(id),
+            beta: beta.and_then(id),
+        };
+        if id(0).is_some() || norm_parents.any() {
             let dx = B::fp8_matmul(
                 cast.rows(),
                 state.weight.rows(),
@@ -78,9 +94,16 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
                 false,
             );
             let dx = B::float_reshape(dx, Shape::from(state.input_shape.clone()));
-            grads.register::<B>(node.id, dx);
+            match state.norm {
+                Some(norm) => input_norm_backward::<B>(norm, dx, norm_parents, grads),
+                None => {
+                    if let Some(node) = id(0) {
+                        grads.register::<B>(node, dx);
+                    }
+                }
+            }
         }
-        if let Some(node) = &ops.parents[1] {
+        if let Some(node) = id(1) {
             let dw = B::fp8_matmul(
                 state.input_t,
                 cast.columns(),
@@ -88,12 +111,10 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
                 state.weight_dtype,
                 false,
             );
-            grads.register::<B>(node.id, dw);
+            grads.register::<B>(node, dw);
         }
-        if let (Some(Some(node)), Some(db), Some(dtype)) =
-            (ops.parents.get(2), db, state.bias_dtype)
-        {
-            grads.register::<B>(node.id, in_dtype::<B>(db, dtype));
+        if let (Some(node), Some(db), Some(dtype)) = (bias.and_then(id), db, state.bias_dtype) {
+            grads.register::<B>(node, in_dtype::<B>(db, dtype));
         }
     }
 }
@@ -116,20 +137,32 @@ impl<B: burn::tensor::backend::Backend> Fp8Tensor<B> {
 
 fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
     prepared: OpsKind<Fp8LinearOp, B, Fp8LinearState<B>, C, N>,
-    x: FloatTensor<B>,
+    x: FloatTensor<Autodiff<B, C>>,
+    norm: Option<Fp8InputNorm<B>>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
     fp8: &Fp8Linear,
 ) -> FloatTensor<Autodiff<B, C>> {
-    let input_shape = x.shape().to_vec();
-    let input_dtype = x.dtype();
+    let input_shape = x.primitive.shape().to_vec();
+    let input_dtype = x.primitive.dtype();
     let weight_dtype = weight.dtype();
     let bias_dtype = bias.as_ref().map(TensorMetadata::dtype);
+    let norm_input = norm
+        .as_ref()
+        .map(|norm| (norm.gamma.clone(), norm.beta.is_some()));
     // Untracked too (a recomputed range's first forward): its casts record the same amaxes
     // the tracked re-run will, which the max makes harmless.
-    let forward = fp8_forward::<B>(x, weight, bias, fp8, true);
+    let forward = fp8_forward::<B>(x.primitive.clone(), norm, weight, bias, fp8, true);
     match prepared {
         OpsKind::Tracked(prep) => {
+            let norm = norm_input
+                .zip(forward.norm_stats)
+                .map(|((gamma, has_beta), stats)| InputNormState {
+                    x,
+                    gamma,
+                    has_beta,
+                    stats,
+                });
             let state = Fp8LinearState {
                 input_t: forward.input_t,
                 weight: forward.weight,
@@ -138,6 +171,7 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
                 input_dtype,
                 weight_dtype,
                 bias_dtype,
+                norm,
             };
             prep.finish(state, forward.output)
         }
@@ -145,34 +179,39 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
     }
 }
 
-/// Records `x [.., in] · weight [in, out] + bias` as one node on `B`'s fp8 primitives. Public so
-/// tests can drive the node with a CPU backend's reference primitives.
+/// Records `norm(x) [.., in] · weight [in, out] + bias` (`x` itself without a norm) as one
+/// node on `B`'s fp8 primitives. Public so tests can drive the node with a CPU backend's
+/// reference primitives.
 pub fn fp8_linear_node<B: FusedOps, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
+    norm: Option<Fp8InputNorm<Autodiff<B, C>>>,
     weight: FloatTensor<Autodiff<B, C>>,
     bias: Option<FloatTensor<Autodiff<B, C>>>,
     fp8: &Fp8Linear,
 ) -> FloatTensor<Autodiff<B, C>> {
-    match bias {
-        Some(bias) => {
-            let prepared = Fp8LinearOp
-                .prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone()])
-                .compute_bound()
-                .stateful();
-            finish(
-                prepared,
-                x.primitive,
-                weight.primitive,
-                Some(bias.primitive),
-                fp8,
-            )
-        }
-        None => {
-            let prepared = Fp8LinearOp
-                .prepare::<C>([x.node.clone(), weight.node.clone()])
-                .compute_bound()
-                .stateful();
-            finish(prepared, x.primitive, weight.primitive, None, fp8)
-        }
+    let mut parents = vec![x.node.clone(), weight.node.clone()];
+    parents.extend(bias.as_ref().map(|b| b.node.clone()));
+    if let Some(norm) = &norm {
+        parents.push(norm.gamma.node.clone());
+        parents.extend(norm.beta.as_ref().map(|b| b.node.clone()));
+    }
+    let norm = norm.map(|norm| Fp8InputNorm {
+        gamma: norm.gamma.primitive,
+        beta: norm.beta.map(|b| b.primitive),
+        spec: norm.spec,
+    });
+    let (weight, bias) = (weight.primitive, bias.map(|b| b.primitive));
+    macro_rules! record {
+        ($n:literal) => {{
+            let parents: [_; $n] = parents.try_into().expect("parents counted");
+            let prepared = Fp8LinearOp.prepare::<C>(parents).compute_bound().stateful();
+            finish(prepared, x, norm, weight, bias, fp8)
+        }};
+    }
+    match parents.len() {
+        2 => record!(2),
+        3 => record!(3),
+        4 => record!(4),
+        _ => record!(5),
     }
 }

@@ -52,6 +52,25 @@ pub struct NormSaved<B: Backend> {
     pub rstd: FloatTensor<B>,
 }
 
+/// The row statistics a norm's backward reads.
+#[derive(Debug, Clone)]
+pub struct NormStats<B: Backend> {
+    /// Row means `[rows, 1]` in f32 (LayerNorm only).
+    pub mean: Option<FloatTensor<B>>,
+    /// Row `1/sqrt(var + ε)` (or `1/rms`) `[rows, 1]` in f32.
+    pub rstd: FloatTensor<B>,
+}
+
+impl<B: Backend> NormSaved<B> {
+    /// What the backward needs of this forward (the output is not).
+    pub fn into_stats(self) -> NormStats<B> {
+        NormStats {
+            mean: self.mean,
+            rstd: self.rstd,
+        }
+    }
+}
+
 /// Gradients of a norm: input `[rows, hidden]`, γ and β `[hidden]` in their own dtypes.
 #[derive(Debug, Clone)]
 pub struct NormGrads<B: Backend> {
@@ -149,19 +168,19 @@ pub fn norm_backward_reference<B: Backend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     has_beta: bool,
-    saved: NormSaved<B>,
+    stats: NormStats<B>,
     grad_output: FloatTensor<B>,
     into: Option<FloatTensor<B>>,
 ) -> NormGrads<B> {
     let x: Tensor<B, 2> = wrap(x);
     let dtype = x.dtype();
     let [_, hidden] = x.dims();
-    let layer = saved.mean.is_some();
+    let layer = stats.mean.is_some();
     let gamma: Tensor<B, 1> = wrap(gamma);
     let gamma_dtype = gamma.dtype();
-    let rstd: Tensor<B, 2> = wrap(saved.rstd);
+    let rstd: Tensor<B, 2> = wrap(stats.rstd);
     let x = x.cast(DType::F32);
-    let centered = match saved.mean {
+    let centered = match stats.mean {
         Some(mean) => x - wrap::<B, 2>(mean),
         None => x,
     };

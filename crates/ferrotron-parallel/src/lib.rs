@@ -33,6 +33,7 @@ mod fused_flat;
 mod fused_fp8;
 mod fused_fp8_mlp;
 mod fused_fp8_node;
+mod fused_fp8_norm;
 mod fused_fp8_source;
 mod fused_gather;
 mod fused_gelu;
@@ -85,6 +86,7 @@ pub use fused_fp8::{
 };
 pub use fused_fp8_mlp::{Fp8Mlp, fp8_mlp_inference, fp8_mlp_node};
 pub use fused_fp8_node::fp8_linear_node;
+pub use fused_fp8_norm::{Fp8InputNorm, fp8_quantize_norm_composed};
 pub use fused_fp8_source::{Fp8Activation, Fp8Source, fp8_quantize_source_composed};
 pub use fused_gather::{gather_rows_backward, gather_rows_node};
 pub use fused_gelu::{composed_gelu, gelu, gelu_backward_reference, gelu_node};
@@ -98,8 +100,8 @@ pub use fused_moe::{
     GroupLimit, MoePermutation, moe_permutation_reference, moe_topk_reference, select_topk,
 };
 pub use fused_norm::{
-    NormGrads, NormKind, NormSaved, NormSpec, composed_norm, norm, norm_backward_reference,
-    norm_forward_reference,
+    NormGrads, NormKind, NormSaved, NormSpec, NormStats, composed_norm, norm,
+    norm_backward_reference, norm_forward_reference,
 };
 pub use fused_qkv::{composed_qkv_attention, split_qkv};
 pub use fused_rope::composed_rope_qkv;

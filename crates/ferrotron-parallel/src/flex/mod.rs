@@ -34,7 +34,7 @@ use crate::fused_adamw::{
 use crate::fused_embedding::composed_embedding;
 use crate::fused_gelu::composed_gelu;
 use crate::fused_loss::CrossEntropySaved;
-use crate::fused_norm::{NormGrads, NormSaved, NormSpec};
+use crate::fused_norm::{NormGrads, NormSaved, NormSpec, NormStats};
 use crate::fused_qkv::composed_qkv_attention;
 use crate::fused_tied_loss::{TiedCrossEntropySaved, TiedState};
 
@@ -89,11 +89,11 @@ impl FusedOps for Flex {
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         has_beta: bool,
-        saved: NormSaved<Self>,
+        stats: NormStats<Self>,
         grad_output: FloatTensor<Self>,
         into: Option<FloatTensor<Self>>,
     ) -> NormGrads<Self> {
-        norm::backward(x, gamma, has_beta, saved, grad_output, into)
+        norm::backward(x, gamma, has_beta, stats, grad_output, into)
     }
 
     fn fused_embedding(weight: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {

@@ -16,7 +16,7 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape};
 use rayon::prelude::*;
 
-use crate::fused_norm::{NormGrads, NormKind, NormSaved, NormSpec};
+use crate::fused_norm::{NormGrads, NormKind, NormSaved, NormSpec, NormStats};
 
 /// Rows per parallel task (and per partial sum of γ's and β's gradients).
 const ROWS_PER_TASK: usize = 64;
@@ -83,19 +83,19 @@ pub(super) fn backward(
     x: FlexTensor,
     gamma: FlexTensor,
     has_beta: bool,
-    saved: NormSaved<Flex>,
+    stats: NormStats<Flex>,
     grad_output: FlexTensor,
     into: Option<FlexTensor>,
 ) -> NormGrads<Flex> {
     let hidden = gamma.layout().shape()[0];
-    let layer = saved.mean.is_some();
+    let layer = stats.mean.is_some();
     let (x, gamma, dy, rstd) = (
         floats(x),
         floats(gamma),
         floats(grad_output),
-        floats(saved.rstd),
+        floats(stats.rstd),
     );
-    let mean = saved.mean.map_or_else(|| vec![0.0; rstd.len()], floats);
+    let mean = stats.mean.map_or_else(|| vec![0.0; rstd.len()], floats);
     assert_eq!(dy.len(), x.len(), "norm backward: dy and x differ in size");
     // dx starts as `into` and each row adds its own term: `into + term`, the sum autodiff
     // would form (addition commutes, so the bits are the same).

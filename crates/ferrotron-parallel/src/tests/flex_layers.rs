@@ -49,7 +49,7 @@ fn norm_kernels(kind: NormKind) -> Vec<Vec<f32>> {
     );
     // The input gradient from elsewhere (a residual's), added by the kernel.
     let into = floats([150, 48], 1.3, 0.5);
-    let grads = Flex::norm_kernel_backward(x, gamma, true, saved, dy, Some(into));
+    let grads = Flex::norm_kernel_backward(x, gamma, true, saved.into_stats(), dy, Some(into));
     let beta = grads.beta.expect("dβ");
     vec![
         output,
@@ -74,7 +74,8 @@ fn flex_norm_kernels_match_the_reference_on_any_number_of_threads() {
             back::<2>(saved.rstd.clone()),
         ];
         let into = floats([150, 48], 1.3, 0.5);
-        let grads = norm_backward_reference::<Flex>(x, gamma, true, saved, dy, Some(into));
+        let grads =
+            norm_backward_reference::<Flex>(x, gamma, true, saved.into_stats(), dy, Some(into));
         let want = [
             &want_out[..],
             &[

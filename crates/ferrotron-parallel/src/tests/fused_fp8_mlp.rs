@@ -7,11 +7,15 @@
 //! burn's composed backward and the reference in one f32 expression (an f32 rounding apart;
 //! the fp8 casts of the two agree), hence a tolerance of 1e-6 of each part's largest value.
 
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::{B, flat, tensor};
 use crate::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
-use crate::{Fp8Activation, Fp8Linear, Fp8Mlp, Fp8State, FusedOps, end_fp8_step, gelu};
+use crate::{
+    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8State, FusedOps, NormKind, NormSpec,
+    end_fp8_step, gelu, norm_node,
+};
 use burn::backend::Flex;
 
 const ROWS: usize = 8;
@@ -87,6 +91,7 @@ fn step(
     let y = if fused {
         Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(Fp8Mlp {
             x: primitive(&x),
+            norm: None,
             fc1_weight: primitive(&p.w1),
             fc1_bias: p.b1.as_ref().map(primitive),
             fc2_weight: primitive(&p.w2),
@@ -144,6 +149,105 @@ fn the_fused_mlp_node_gives_the_unfused_layers_numbers() {
                     assert!(
                         worst <= 1e-6 * scale,
                         "{act:?}, bias {bias}, step {s}: part {i} differs by {worst:e} (of {scale:e})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The numbers of one step of a pre-norm block's fp8 half, `norm(x)` into the MLP (or into
+/// one linear), with `x` also read by a residual: the node with its input norm (`fused`)
+/// against the norm node then the fp8 node (both on burn-flex's norm kernels). Output, the gradients of x, γ, β, w1, then the
+/// scaling state.
+fn normed_step(
+    fused: bool,
+    kind: NormKind,
+    mlp: bool,
+    fp8: &(Fp8Linear, Fp8Linear),
+) -> Vec<Vec<f32>> {
+    let p = params(Fp8Activation::Gelu, true);
+    let x = (tensor([2, ROWS / 2, IN], 0.3) * 2.0 + 0.5).require_grad();
+    let gamma = (tensor([IN], 0.9) * 0.2 + 1.0).require_grad();
+    let beta = (tensor([IN], 1.7) * 0.1).require_grad();
+    let beta = (kind == NormKind::Layer).then_some(beta);
+    let spec = NormSpec {
+        kind,
+        epsilon: 1e-5,
+    };
+    let input_norm = || Fp8InputNorm {
+        gamma: primitive(&gamma),
+        beta: beta.as_ref().map(primitive),
+        spec,
+    };
+    let input = if fused {
+        x.clone()
+    } else {
+        Tensor::from_primitive(TensorPrimitive::Float(norm_node::<Flex, NoCheckpointing>(
+            primitive(&x),
+            primitive(&gamma),
+            beta.as_ref().map(primitive),
+            spec,
+        )))
+    };
+    let norm = fused.then(input_norm);
+    let y: Tensor<B, 3> = if mlp {
+        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(Fp8Mlp {
+            x: primitive(&input),
+            norm,
+            fc1_weight: primitive(&p.w1),
+            fc1_bias: p.b1.as_ref().map(primitive),
+            fc2_weight: primitive(&p.w2),
+            fc2_bias: p.b2.as_ref().map(primitive),
+            activation: Fp8Activation::Gelu,
+            fc1: fp8.0.clone(),
+            fc2: fp8.1.clone(),
+        })))
+    } else {
+        let (w, b) = (primitive(&p.w1), p.b1.as_ref().map(primitive));
+        Tensor::from_primitive(TensorPrimitive::Float(match norm {
+            Some(norm) => B::fp8_norm_linear(primitive(&input), norm, w, b, &fp8.0),
+            None => B::fp8_linear(primitive(&input), w, b, &fp8.0),
+        }))
+    };
+    let [_, _, width] = y.dims();
+    let g = tensor([2, ROWS / 2, width], 0.8) * 1e-3;
+    let residual = tensor([2, ROWS / 2, IN], 1.1) * 1e-3;
+    let grads = ((y.clone() * g).sum() + (x.clone() * residual).sum()).backward();
+    let mut out = vec![
+        flat(y),
+        flat(x.grad(&grads).expect("dx")),
+        flat(gamma.grad(&grads).expect("dgamma")),
+        flat(p.w1.grad(&grads).expect("dw1")),
+    ];
+    out.extend(beta.map(|b| flat(b.grad(&grads).expect("dbeta"))));
+    end_fp8_step::<Flex>(fp8.0.state(), &[]);
+    out.push(
+        fp8.0
+            .state()
+            .rows::<Flex>()
+            .into_iter()
+            .flat_map(|(_, row)| row)
+            .collect(),
+    );
+    out
+}
+
+#[test]
+fn an_input_norm_inside_the_fp8_nodes_gives_the_norm_node_then_the_fp8_nodes_numbers() {
+    for kind in [NormKind::Layer, NormKind::Rms] {
+        for mlp in [true, false] {
+            let (fused, unfused) = (handles(), handles());
+            for step in 0..2 {
+                let a = normed_step(true, kind, mlp, &fused);
+                let b = normed_step(false, kind, mlp, &unfused);
+                assert_eq!(a.len(), b.len());
+                for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(a),
+                        bits(b),
+                        "{kind:?}, mlp {mlp}, step {step}: part {i} differs"
                     );
                 }
             }
