@@ -27,11 +27,12 @@ use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use ferrotron_parallel::fp8_scaling::{Fp8Role, Fp8Settings};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
-    DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8Linear, Fp8Operand,
-    Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads, MoePermutation,
-    NormGrads, NormKind, NormSaved, NormSpec, NormStats, composed_adamw, composed_attention,
-    composed_gather_flat, composed_grouped_matmul, composed_qkv_attention, composed_rope_qkv,
-    composed_sum_of_squares, composed_swiglu, moe_permutation_reference, moe_topk_reference,
+    DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8InputNorm, Fp8Linear,
+    Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads,
+    MoePermutation, NormGrads, NormKind, NormSaved, NormSpec, NormStats, composed_adamw,
+    composed_attention, composed_gather_flat, composed_grouped_matmul, composed_qkv_attention,
+    composed_rope_qkv, composed_sum_of_squares, composed_swiglu, fp8_quantize_norm_composed,
+    moe_permutation_reference, moe_topk_reference,
 };
 
 use crate::backend::convert::ok;
@@ -117,6 +118,18 @@ impl FusedOps for Cuda {
         fast_accumulation: bool,
     ) -> FloatTensor<Self> {
         fp8::fp8_matmul_op(a, b, bias, dtype, fast_accumulation)
+    }
+
+    fn fp8_quantize_norm(
+        x: FloatTensor<Self>,
+        norm: Fp8InputNorm<Self>,
+        fp8: &Fp8Linear,
+        record: bool,
+    ) -> (Fp8Tensor<Self>, NormStats<Self>) {
+        if !fused_kernels_enabled() {
+            return fp8_quantize_norm_composed::<Self>(x, norm, fp8, record);
+        }
+        fp8::fp8_quantize_norm_op(x, norm, fp8, record)
     }
 
     fn fp8_update_scaling(state: &Fp8State) {

@@ -9,8 +9,8 @@
 use burn::module::{Module, Param};
 use burn::nn::Initializer;
 use burn::nn::{RmsNorm, RmsNormConfig};
-use burn::tensor::{Shape, Tensor, TensorMetadata};
 use burn::tensor::backend::Backend;
+use burn::tensor::{Shape, Tensor, TensorMetadata};
 use ferrotron_parallel::{Fp8InputNorm, FusedOps, NormKind, NormSpec};
 use ferrotron_recipe::Normalization;
 

@@ -4,17 +4,18 @@
 use burn::tensor::DType as BurnDType;
 use ferrotron_parallel::fp8_scaling::{AMAX, Fp8Role, Fp8Scaling, Fp8Settings, SCALE};
 use ferrotron_parallel::{
-    Fp8Activation, Fp8Linear, Fp8Operand, Fp8Source, Fp8State, Fp8Tensor,
-    fp8_quantize_source_composed,
+    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, NormKind,
+    NormStats, fp8_quantize_norm_composed, fp8_quantize_source_composed,
 };
 
 use super::{
-    Cast, CastInput, CastSource, Operand, ScaleFrom, cast_source, fp8_matmul, supported,
+    Cast, CastInput, CastNorm, CastSource, Operand, ScaleFrom, cast_source, fp8_matmul, supported,
     update_scaling,
 };
 use crate::backend::convert::{engine_dtype, ok};
 use crate::backend::{Cuda, GpuDevice};
 use crate::device::CudaDevice;
+use crate::kernels::fused::norm_stats;
 use crate::tensor::CudaTensor;
 
 /// `FusedOps::fp8_support`: a GPU of compute capability 9.0 or newer, a recipe with
@@ -75,8 +76,66 @@ pub(crate) fn fp8_quantize_source_op(
     let input = CastInput {
         x: &x,
         aux: aux.as_ref(),
+        norm: None,
         source: kind,
     };
+    let (tensor, bias) = cast_with(input, fp8, role, record, bias_grad, measured);
+    (tensor, bias)
+}
+
+/// `FusedOps::fp8_quantize_norm`: the row statistics by the norm kernel's arithmetic without
+/// its output, then one cast pass that normalises each row as it reads it. Where the scale is
+/// measured from this very tensor (current scaling, a first step), or the kernels cannot take
+/// the operands, the norm's output is materialised and cast (`fp8_quantize_norm_composed`).
+pub(crate) fn fp8_quantize_norm_op(
+    x: CudaTensor,
+    norm: Fp8InputNorm<Cuda>,
+    fp8: &Fp8Linear,
+    record: bool,
+) -> (Fp8Tensor<Cuda>, NormStats<Cuda>) {
+    let measured = match fp8.settings().scaling {
+        Fp8Scaling::Current => true,
+        Fp8Scaling::Delayed { .. } => fp8.measures_first_scales(),
+    };
+    let same_dtype = |t: &CudaTensor| t.dtype() == x.dtype();
+    let fits = !measured
+        && x.rank() == 2
+        && same_dtype(&norm.gamma)
+        && norm.beta.as_ref().is_none_or(same_dtype)
+        && x.shape()[1].is_multiple_of(8);
+    if !fits {
+        return fp8_quantize_norm_composed::<Cuda>(x, norm, fp8, record);
+    }
+    let rms = norm.spec.kind == NormKind::Rms;
+    let (mean, rstd) = ok(norm_stats(&x, &norm.gamma, rms, norm.spec.epsilon));
+    let input = CastInput {
+        x: &x,
+        aux: None,
+        norm: Some(CastNorm {
+            mean: mean.as_ref(),
+            rstd: &rstd,
+            gamma: &norm.gamma,
+            beta: norm.beta.as_ref(),
+        }),
+        source: CastSource::Norm {
+            rms,
+            beta: norm.beta.is_some(),
+        },
+    };
+    let (tensor, _) = cast_with(input, fp8, Fp8Role::Input, record, false, false);
+    (tensor, NormStats { mean, rstd })
+}
+
+/// One cast pass of `input` for `role` with the layer's scaling (see [`fp8_quantize_source_op`]).
+fn cast_with(
+    input: CastInput<'_>,
+    fp8: &Fp8Linear,
+    role: Fp8Role,
+    record: bool,
+    bias_grad: bool,
+    measured: bool,
+) -> (Fp8Tensor<Cuda>, Option<CudaTensor>) {
+    let settings = *fp8.settings();
     let format = settings.format(role);
     let (cast, bias) = match settings.scaling {
         Fp8Scaling::Current => ok(cast_source(
@@ -90,7 +149,7 @@ pub(crate) fn fp8_quantize_source_op(
             bias_grad,
         )),
         Fp8Scaling::Delayed { .. } => {
-            let device = GpuDevice::new(x.device().ordinal());
+            let device = GpuDevice::new(input.x.device().ordinal());
             let at = fp8.block_offset(role);
             fp8.state().with_tensor::<Cuda, _>(&device, |state| {
                 let from = if measured {

@@ -146,6 +146,13 @@ pub enum CastSource {
     GeluGrad,
     /// SwiGLU's packed gradient `[rows, cols]` from `x [rows, cols/2]`, `aux [rows, cols]`.
     SwigluGrad,
+    /// The norm of `x [rows, cols]`, `(x − mean)·rstd·γ (+ β)` from the row statistics
+    /// (RMSNorm: no mean) in the norm kernel's arithmetic, rounded to x's dtype as the norm's
+    /// output is: the cast of a LayerNormLinear's input without the 16-bit output in between.
+    Norm {
+        rms: bool,
+        beta: bool,
+    },
 }
 
 impl CastSource {
@@ -156,6 +163,9 @@ impl CastSource {
             CastSource::Swiglu => " swiglu",
             CastSource::GeluGrad => " gelu grad",
             CastSource::SwigluGrad => " swiglu grad",
+            CastSource::Norm { rms: true, .. } => " rmsnorm",
+            CastSource::Norm { beta: true, .. } => " layernorm beta",
+            CastSource::Norm { .. } => " layernorm",
         }
     }
 
@@ -167,7 +177,7 @@ impl CastSource {
             format!("__device__ __forceinline__ float {name}({args}) {{ return {expr}; }}\n")
         };
         let activation = match self {
-            CastSource::Plain => return String::new(),
+            CastSource::Plain | CastSource::Norm { .. } => return String::new(),
             CastSource::Gelu => function("act", "const float a", GELU),
             CastSource::Swiglu => function("act", "const float a, const float b", swiglu::FORWARD),
             CastSource::GeluGrad => {
@@ -187,7 +197,7 @@ impl CastSource {
     /// The `raw8` loads a row's eight values need (`in[0..]`).
     fn inputs(self) -> usize {
         match self {
-            CastSource::Plain | CastSource::Gelu => 1,
+            CastSource::Plain | CastSource::Gelu | CastSource::Norm { .. } => 1,
             CastSource::Swiglu | CastSource::GeluGrad => 2,
             CastSource::SwigluGrad => 3,
         }
@@ -196,7 +206,9 @@ impl CastSource {
     /// Code that loads `in[..]` for row `r`, columns `c..c + 8`.
     fn fetch(self) -> &'static str {
         match self {
-            CastSource::Plain | CastSource::Gelu => "      in[0] = load_raw(x + r * p.cols + c);\n",
+            CastSource::Plain | CastSource::Gelu | CastSource::Norm { .. } => {
+                "      in[0] = load_raw(x + r * p.cols + c);\n"
+            }
             CastSource::Swiglu => {
                 "      in[0] = load_raw(x + r * 2 * p.cols + c);\n      in[1] = load_raw(x + r * 2 * p.cols + p.cols + c);\n"
             }
@@ -214,9 +226,25 @@ impl CastSource {
         }
     }
 
-    /// Code that fills `float v[8]` from the loaded `in[..]`.
-    fn compute(self) -> &'static str {
-        match self {
+    /// Code that fills `float v[8]` from the loaded `in[..]` (`input`: x's dtype).
+    fn compute(self, input: DType) -> String {
+        let code = match self {
+            CastSource::Norm { rms, beta } => {
+                let mean = if rms {
+                    "0.f"
+                } else {
+                    "((const float*)p.mean)[r]"
+                };
+                let (load_beta, add_beta) = if beta {
+                    ("        float b[8]; load8(beta + c, b);\n", " y += b[j];")
+                } else {
+                    ("", "")
+                };
+                let round = input.load_expr(&input.store_expr("y"));
+                return format!(
+                    "      unpack8(in[0], v);\n      {{ const float mean = {mean};\n        const float rstd = ((const float*)p.rstd)[r];\n        float g[8]; load8(gamma + c, g);\n{load_beta}#pragma unroll\n        for (int j = 0; j < 8; ++j) {{ float y = (v[j] - mean) * rstd * g[j];{add_beta} v[j] = {round}; }} }}\n"
+                );
+            }
             CastSource::Plain => "      unpack8(in[0], v);\n",
             CastSource::Gelu => {
                 "      unpack8(in[0], v);\n#pragma unroll\n      for (int j = 0; j < 8; ++j) v[j] = act(v[j]);\n"
@@ -235,7 +263,8 @@ impl CastSource {
                 "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = grad_up(a[j], g[j]);\n",
                 "        } }\n"
             ),
-        }
+        };
+        code.to_string()
     }
 }
 
@@ -270,7 +299,15 @@ impl KernelSpec for CastTranspose {
         s += &self.source.helpers();
         s += BLOCK_MAX;
         s += SCALE_FROM_AMAX;
-        s += "struct Params { long long rows, cols; unsigned long long x, q, qt, scale, amax_src, amax_dst, scale_inv; double scaled_max; unsigned long long aux, partial; };\n";
+        let norm = matches!(self.source, CastSource::Norm { .. });
+        s += &format!(
+            "struct Params {{ long long rows, cols; unsigned long long x, q, qt, scale, amax_src, amax_dst, scale_inv; double scaled_max; unsigned long long aux, partial{}; }};\n",
+            if norm {
+                ", mean, rstd, gamma, beta"
+            } else {
+                ""
+            }
+        );
         s += &format!("#define TILE {TILE}\n#define ROW_TILES {ROW_TILES}\n");
         s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
         s += "  __shared__ unsigned int tile[TILE][TILE / 4 + 1];\n  __shared__ unsigned int red[8];\n";
@@ -286,6 +323,12 @@ impl KernelSpec for CastTranspose {
             "  const {xs}* __restrict__ x = (const {xs}*)p.x;\n  const {xs}* __restrict__ aux = (const {xs}*)p.aux;\n  (void)aux;\n",
             xs = x.storage_c()
         );
+        if norm {
+            s += &format!(
+                "  const {xs}* __restrict__ gamma = (const {xs}*)p.gamma;\n  const {xs}* __restrict__ beta = (const {xs}*)p.beta;\n  (void)beta;\n",
+                xs = x.storage_c()
+            );
+        }
         s += "  unsigned char* __restrict__ q = (unsigned char*)p.q;\n";
         s += "  const int lr = threadIdx.x >> 3, lc = (threadIdx.x & 7) * 8;\n";
         s += "  unsigned int amax = 0u;\n";
@@ -314,7 +357,7 @@ impl KernelSpec for CastTranspose {
         s += "  }\n";
         s += pass;
         s += "      const raw8* in = raw[pass];\n      float v[8];\n";
-        s += self.source.compute();
+        s += &self.source.compute(x);
         if self.dbias {
             s += "#pragma unroll\n      for (int j = 0; j < 8; ++j) colsum[j] += v[j];\n";
         }
@@ -480,6 +523,17 @@ mod tests {
                     };
                     all.push((format!("{spec:?}"), spec.source()));
                 }
+            }
+            for (rms, beta) in [(false, true), (false, false), (true, false)] {
+                let spec = CastTranspose {
+                    input,
+                    format: Fp8Format::E4m3,
+                    transpose: true,
+                    current: false,
+                    source: CastSource::Norm { rms, beta },
+                    dbias: false,
+                };
+                all.push((format!("{spec:?}"), spec.source()));
             }
             all.push((format!("amax {input}"), Amax { input }.source()));
             let sum = ColumnSum { output: input };

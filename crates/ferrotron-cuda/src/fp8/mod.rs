@@ -16,7 +16,8 @@ pub mod gemm;
 mod kernels;
 
 pub(crate) use fused::{
-    fp8_matmul_op, fp8_quantize_op, fp8_quantize_source_op, fp8_support, fp8_update_op,
+    fp8_matmul_op, fp8_quantize_norm_op, fp8_quantize_op, fp8_quantize_source_op, fp8_support,
+    fp8_update_op,
 };
 pub use gemm::{Operand, fp8_matmul};
 
@@ -115,18 +116,30 @@ pub fn cast_transpose(
     let input = CastInput {
         x,
         aux: None,
+        norm: None,
         source: CastSource::Plain,
     };
     Ok(cast_source(input, format, transpose, from, false)?.0)
 }
 
-/// What [`cast_source`] reads: `x`, and `aux` for an activation's gradient (see
-/// [`CastSource`]).
+/// What [`cast_source`] reads: `x`, `aux` for an activation's gradient, `norm` for a norm's
+/// output (see [`CastSource`]).
 #[derive(Debug, Clone, Copy)]
 pub struct CastInput<'a> {
     pub x: &'a CudaTensor,
     pub aux: Option<&'a CudaTensor>,
+    pub norm: Option<CastNorm<'a>>,
     pub source: CastSource,
+}
+
+/// The norm a [`CastSource::Norm`] cast applies: the row statistics (`[rows, 1]` f32, no mean
+/// for RMSNorm) and γ, β (`[cols]`, x's dtype).
+#[derive(Debug, Clone, Copy)]
+pub struct CastNorm<'a> {
+    pub mean: Option<&'a CudaTensor>,
+    pub rstd: &'a CudaTensor,
+    pub gamma: &'a CudaTensor,
+    pub beta: Option<&'a CudaTensor>,
 }
 
 impl CastInput<'_> {
@@ -136,7 +149,10 @@ impl CastInput<'_> {
             return Err(CudaError::invalid(ctx(), "fp8 casts take 2-D tensors"));
         };
         let shape = match self.source {
-            CastSource::Plain | CastSource::Gelu | CastSource::GeluGrad => [rows, cols],
+            CastSource::Plain
+            | CastSource::Gelu
+            | CastSource::GeluGrad
+            | CastSource::Norm { .. } => [rows, cols],
             CastSource::Swiglu => [rows, cols / 2],
             CastSource::SwigluGrad => [rows, 2 * cols],
         };
@@ -162,6 +178,27 @@ impl CastInput<'_> {
                     "an activation's gradient needs its pre-activation, nothing else does",
                 ));
             }
+        }
+        if let CastSource::Norm { rms, beta } = self.source {
+            let Some(norm) = self.norm else {
+                return Err(CudaError::invalid(ctx(), "a norm's cast needs the norm"));
+            };
+            let row_stat = |t: &CudaTensor| t.shape() == [rows, 1] && t.dtype() == DType::F32;
+            let param = |t: &CudaTensor| t.shape() == [cols] && t.dtype() == self.x.dtype();
+            let fits = row_stat(norm.rstd)
+                && norm.mean.is_none_or(row_stat)
+                && norm.mean.is_some() != rms
+                && param(norm.gamma)
+                && norm.beta.is_none_or(param)
+                && norm.beta.is_some() == beta;
+            if !fits {
+                return Err(CudaError::invalid(
+                    ctx(),
+                    "the norm's statistics are [rows, 1] f32 and γ, β [cols] in x's dtype",
+                ));
+            }
+        } else if self.norm.is_some() {
+            return Err(CudaError::invalid(ctx(), "only a norm's cast takes a norm"));
         }
         if !shape[1].is_multiple_of(8) {
             return Err(CudaError::unsupported(
@@ -264,6 +301,23 @@ pub fn cast_source(
         .float(f64::from(scaled_max))
         .ptr(aux.as_ref().map_or(0, CudaTensor::data_ptr))
         .ptr(partial.as_ref().map_or(0, CudaTensor::data_ptr));
+    let norm = input
+        .norm
+        .map(|n| {
+            let readable = |t: &CudaTensor| readable(t, &ctx);
+            Ok::<_, CudaError>([
+                n.mean.map(readable).transpose()?,
+                Some(readable(n.rstd)?),
+                Some(readable(n.gamma)?),
+                n.beta.map(readable).transpose()?,
+            ])
+        })
+        .transpose()?;
+    if let Some(norm) = &norm {
+        for t in norm {
+            params.ptr(t.as_ref().map_or(0, CudaTensor::data_ptr));
+        }
+    }
     launch(&device, &spec, grid, THREADS, &params, &ctx)?;
     // `measured` (the amax the kernel read) is freed stream-ordered, after the kernel.
     drop(measured);

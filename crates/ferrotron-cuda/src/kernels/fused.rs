@@ -71,21 +71,24 @@ fn row_kernel_prelude(
     s
 }
 
-/// Norm forward: one block per row.
+/// Norm forward: one block per row. `stats_only` writes the row statistics and not the output
+/// (an fp8 cast normalises the rows as it reads them, `fp8::kernels`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct NormForward {
     x: DType,
     gamma: DType,
     rms: bool,
     beta: bool,
+    stats_only: bool,
 }
 
 impl KernelSpec for NormForward {
     fn source(&self) -> String {
         let kind = if self.rms { "rms" } else { "layer" };
         let (x, g) = (self.x, self.gamma);
+        let only = if self.stats_only { " stats only" } else { "" };
         let mut s = row_kernel_prelude(
-            &format!("// norm forward {kind} {x} gamma {g}"),
+            &format!("// norm forward {kind} {x} gamma {g}{only}"),
             &[x, g],
             "long long rows, hidden; unsigned long long x, gamma, beta, y, mean, rstd; double eps;",
             x,
@@ -112,16 +115,20 @@ impl KernelSpec for NormForward {
             x.load_expr("x[j]")
         );
         s += "  const float rstd = rsqrtf(block_sum(sq, red) * inv_n + (float)p.eps);\n";
-        s += "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {\n";
-        s += &format!(
-            "    float v = ({} - mean) * rstd * {};\n",
-            x.load_expr("x[j]"),
-            g.load_expr("gamma[j]")
-        );
-        if self.beta {
-            s += &format!("    v += {};\n", g.load_expr("beta[j]"));
+        if self.stats_only {
+            s += "  (void)y; (void)gamma; (void)beta;\n";
+        } else {
+            s += "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {\n";
+            s += &format!(
+                "    float v = ({} - mean) * rstd * {};\n",
+                x.load_expr("x[j]"),
+                g.load_expr("gamma[j]")
+            );
+            if self.beta {
+                s += &format!("    v += {};\n", g.load_expr("beta[j]"));
+            }
+            s += &format!("    y[j] = {};\n  }}\n", x.store_expr("v"));
         }
-        s += &format!("    y[j] = {};\n  }}\n", x.store_expr("v"));
         s += "  if (threadIdx.x == 0) {\n";
         if !self.rms {
             s += "    ((float*)p.mean)[row] = mean;\n";
@@ -312,6 +319,33 @@ pub fn norm_forward(
     rms: bool,
     epsilon: f64,
 ) -> Result<NormForwardOut> {
+    let (output, mean, rstd) = norm_pass(x, gamma, beta, rms, epsilon, true)?;
+    let output = output.expect("the pass writes the output");
+    Ok(NormForwardOut { output, mean, rstd })
+}
+
+/// The row statistics of a norm of `x [rows, hidden]` (LayerNorm's mean, and `1/σ`) without its
+/// output, by the forward kernel's own arithmetic; `gamma` only names the parameters' dtype.
+pub fn norm_stats(
+    x: &CudaTensor,
+    gamma: &CudaTensor,
+    rms: bool,
+    epsilon: f64,
+) -> Result<(Option<CudaTensor>, CudaTensor)> {
+    let (_, mean, rstd) = norm_pass(x, gamma, None, rms, epsilon, false)?;
+    Ok((mean, rstd))
+}
+
+type NormPass = (Option<CudaTensor>, Option<CudaTensor>, CudaTensor);
+
+fn norm_pass(
+    x: &CudaTensor,
+    gamma: &CudaTensor,
+    beta: Option<&CudaTensor>,
+    rms: bool,
+    epsilon: f64,
+    write: bool,
+) -> Result<NormPass> {
     let (rows, hidden) = rows_hidden(x, "norm_forward")?;
     check_param(gamma, hidden, "norm_forward")?;
     let x = x.contiguous()?;
@@ -324,7 +358,9 @@ pub fn norm_forward(
         None => None,
     };
     let device: &Arc<_> = x.device();
-    let output = CudaTensor::empty(device, &[rows, hidden], x.dtype())?;
+    let output = write
+        .then(|| CudaTensor::empty(device, &[rows, hidden], x.dtype()))
+        .transpose()?;
     let mean = if rms {
         None
     } else {
@@ -336,6 +372,7 @@ pub fn norm_forward(
         gamma: gamma.dtype(),
         rms,
         beta: beta.is_some(),
+        stats_only: !write,
     };
     let mut params = Params::new();
     params
@@ -344,23 +381,27 @@ pub fn norm_forward(
         .ptr(x.data_ptr())
         .ptr(gamma.data_ptr())
         .ptr(beta.as_ref().map_or(0, CudaTensor::data_ptr))
-        .ptr(output.data_ptr())
+        .ptr(output.as_ref().map_or(0, CudaTensor::data_ptr))
         .ptr(mean.as_ref().map_or(0, CudaTensor::data_ptr))
         .ptr(rstd.data_ptr())
         .float(epsilon);
     let op = || x.op("norm_forward");
     if rows == 0 || hidden == 0 {
-        return Ok(NormForwardOut { output, mean, rstd });
+        return Ok((output, mean, rstd));
     }
     let warp_rows =
-        NormRowsForward::for_hidden(x.dtype(), gamma.dtype(), rms, beta.is_some(), hidden).filter(
-            |_| {
-                [&x, &gamma, &output]
+        NormRowsForward::for_hidden(x.dtype(), gamma.dtype(), rms, beta.is_some(), hidden)
+            .map(|spec| NormRowsForward {
+                stats_only: !write,
+                ..spec
+            })
+            .filter(|_| {
+                [&x, &gamma]
                     .into_iter()
+                    .chain(&output)
                     .chain(beta.as_ref())
                     .all(chunk_aligned)
-            },
-        );
+            });
     match warp_rows {
         Some(warp) => {
             let blocks = block_rows(rows.div_ceil(ROWS_PER_BLOCK), &op)?;
@@ -368,7 +409,7 @@ pub fn norm_forward(
         }
         None => launch(device, &spec, block_rows(rows, &op)?, BLOCK, &params, &op)?,
     }
-    Ok(NormForwardOut { output, mean, rstd })
+    Ok((output, mean, rstd))
 }
 
 /// Gradients of a norm: input, γ and (with `beta`) β, γ/β in γ's dtype.
@@ -672,15 +713,18 @@ mod tests {
         let mut sources = Vec::new();
         for x in [DType::F32, DType::BF16, DType::F16] {
             for rms in [false, true] {
-                sources.push(
-                    NormForward {
-                        x,
-                        gamma: x,
-                        rms,
-                        beta: !rms,
-                    }
-                    .source(),
-                );
+                for stats_only in [false, true] {
+                    sources.push(
+                        NormForward {
+                            x,
+                            gamma: x,
+                            rms,
+                            beta: !rms,
+                            stats_only,
+                        }
+                        .source(),
+                    );
+                }
                 for into in [false, true] {
                     sources.push(
                         NormInputGrad {

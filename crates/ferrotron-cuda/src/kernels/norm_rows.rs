@@ -23,7 +23,8 @@ const MAX_CHUNKS_PER_LANE: usize = 8;
 /// Rows per 256-thread block.
 pub(super) const ROWS_PER_BLOCK: usize = 8;
 
-/// A warp-per-row norm forward, `chunks` chunks of eight per lane.
+/// A warp-per-row norm forward, `chunks` chunks of eight per lane; `stats_only` writes the row
+/// statistics and not the output.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct NormRowsForward {
     pub x: DType,
@@ -31,6 +32,7 @@ pub(super) struct NormRowsForward {
     pub rms: bool,
     pub beta: bool,
     pub chunks: usize,
+    pub stats_only: bool,
 }
 
 impl NormRowsForward {
@@ -52,6 +54,7 @@ impl NormRowsForward {
                 rms,
                 beta,
                 chunks: per_lane,
+                stats_only: false,
             },
         )
     }
@@ -62,8 +65,9 @@ impl KernelSpec for NormRowsForward {
         let (x, g) = (self.x, self.gamma);
         let (xs, gs) = (x.storage_c(), g.storage_c());
         let kind = if self.rms { "rms" } else { "layer" };
+        let only = if self.stats_only { " stats only" } else { "" };
         let mut s = format!(
-            "// norm forward {kind} warp per row {x} gamma {g}, {} chunks per lane\n",
+            "// norm forward {kind} warp per row {x} gamma {g}{only}, {} chunks per lane\n",
             self.chunks
         );
         s += includes(uses_half(&[x, g]));
@@ -93,6 +97,14 @@ impl KernelSpec for NormRowsForward {
         }
         s += "  float sq = 0.f;\n#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    if (lane + k * 32 < chunks) {\n#pragma unroll\n      for (int e = 0; e < 8; ++e) { const float d = v[k][e] - mean; sq += d * d; }\n    }\n  }\n";
         s += "  const float rstd = rsqrtf(warp_sum(sq) * inv_n + (float)p.eps);\n";
+        if self.stats_only {
+            s += "  if (lane == 0) {\n";
+            if !self.rms {
+                s += "    ((float*)p.mean)[row] = mean;\n";
+            }
+            s += "    ((float*)p.rstd)[row] = rstd;\n  }\n}\n";
+            return s;
+        }
         s += &format!("  const Chunk<{gs}>* gamma = (const Chunk<{gs}>*)p.gamma;\n");
         s += &format!("  const Chunk<{gs}>* beta = (const Chunk<{gs}>*)p.beta;\n");
         s += &format!("  Chunk<{xs}>* y = (Chunk<{xs}>*)(({xs}*)p.y + row * p.hidden);\n");
@@ -270,7 +282,11 @@ mod tests {
                         .expect("2048")
                         .source()
                 };
-                for source in [spec.source(), grad(false), grad(true)] {
+                let stats = NormRowsForward {
+                    stats_only: true,
+                    ..spec.clone()
+                };
+                for source in [spec.source(), stats.source(), grad(false), grad(true)] {
                     let ptx = crate::kernels::cache::compile_for_test(&source, "sm_90")
                         .unwrap_or_else(|e| panic!("{e}\n{source}"));
                     // The row lives in registers: nothing spills to local memory.

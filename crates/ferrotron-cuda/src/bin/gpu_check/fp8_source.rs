@@ -46,6 +46,9 @@ fn host_values(source: CastSource, x: &[f32], aux: &[f32], [rows, cols]: [usize;
             let (r, c) = (i / cols, i % cols);
             let v = match source {
                 CastSource::Plain => x[i],
+                CastSource::Norm { .. } => {
+                    unreachable!("the norm casts have their rows in fp8_norm.rs")
+                }
                 CastSource::Gelu => gelu(x[i]),
                 CastSource::Swiglu => {
                     let (g, u) = (x[r * 2 * cols + c], x[r * 2 * cols + cols + c]);
@@ -85,7 +88,9 @@ fn cdf_allowance(source: CastSource, x: &[f32], i: usize) -> f64 {
 /// `[x shape, aux shape, output shape]` for an output of `[rows, f]` columns.
 fn shapes(source: CastSource, rows: usize, f: usize) -> [[usize; 2]; 3] {
     match source {
-        CastSource::Plain | CastSource::Gelu => [[rows, f], [0, 0], [rows, f]],
+        CastSource::Plain | CastSource::Gelu | CastSource::Norm { .. } => {
+            [[rows, f], [0, 0], [rows, f]]
+        }
         CastSource::Swiglu => [[rows, 2 * f], [0, 0], [rows, f]],
         CastSource::GeluGrad => [[rows, f], [rows, f], [rows, f]],
         CastSource::SwigluGrad => [[rows, f / 2], [rows, f], [rows, f]],
@@ -119,6 +124,7 @@ fn source_row(
         let input = CastInput {
             x: &x_gpu,
             aux: aux_gpu.as_ref(),
+            norm: None,
             source,
         };
         let from = ScaleFrom::Delayed {
@@ -251,6 +257,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 let input = CastInput {
                     x: &x,
                     aux: aux.as_ref(),
+                    norm: None,
                     source,
                 };
                 let from = ScaleFrom::Delayed {
