@@ -61,6 +61,17 @@ fn params(act: Fp8Activation, bias: bool) -> Params {
     }
 }
 
+/// Ends the optimizer step and returns the layers' scaling state after the update.
+fn end_step(fp8: &(Fp8Linear, Fp8Linear)) -> Vec<f32> {
+    end_fp8_step::<Flex>(fp8.0.state(), &[]);
+    fp8.0
+        .state()
+        .rows::<Flex>()
+        .into_iter()
+        .flat_map(|(_, row)| row)
+        .collect()
+}
+
 fn primitive<const D: usize>(t: &Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
     t.clone().into_primitive().tensor()
 }
@@ -120,15 +131,7 @@ fn step(
     out.extend(p.b1.as_ref().map(|b| flat(b.grad(&grads).expect("db1"))));
     out.push(flat(p.w2.grad(&grads).expect("dw2")));
     out.extend(p.b2.as_ref().map(|b| flat(b.grad(&grads).expect("db2"))));
-    end_fp8_step::<Flex>(fp8.0.state(), &[]);
-    out.push(
-        fp8.0
-            .state()
-            .rows::<Flex>()
-            .into_iter()
-            .flat_map(|(_, row)| row)
-            .collect(),
-    );
+    out.push(end_step(fp8));
     out
 }
 
@@ -221,15 +224,7 @@ fn normed_step(
         flat(p.w1.grad(&grads).expect("dw1")),
     ];
     out.extend(beta.map(|b| flat(b.grad(&grads).expect("dbeta"))));
-    end_fp8_step::<Flex>(fp8.0.state(), &[]);
-    out.push(
-        fp8.0
-            .state()
-            .rows::<Flex>()
-            .into_iter()
-            .flat_map(|(_, row)| row)
-            .collect(),
-    );
+    out.push(end_step(fp8));
     out
 }
 

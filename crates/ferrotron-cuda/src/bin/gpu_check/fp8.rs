@@ -451,8 +451,9 @@ where
     Tensor::cat(pieces, 0).into_data()
 }
 
-fn linear_row(device: &GpuDevice, rng: &mut StdRng, [m, k, n]: [usize; 3]) -> Vec<Row> {
-    let settings = Fp8Settings {
+/// Megatron's hybrid format with delayed scaling over a history of two: the layer rows' recipe.
+pub(crate) fn hybrid_delayed() -> Fp8Settings {
+    Fp8Settings {
         forward: Fp8Format::E4m3,
         backward: Fp8Format::E5m2,
         scaling: Fp8Scaling::Delayed {
@@ -460,7 +461,11 @@ fn linear_row(device: &GpuDevice, rng: &mut StdRng, [m, k, n]: [usize; 3]) -> Ve
             algo: AmaxAlgo::MostRecent,
         },
         margin: 0,
-    };
+    }
+}
+
+fn linear_row(device: &GpuDevice, rng: &mut StdRng, [m, k, n]: [usize; 3]) -> Vec<Row> {
+    let settings = hybrid_delayed();
     let data = |rng: &mut StdRng, shape: &[usize], scale: f32| {
         let n = shape.iter().product();
         TensorData::new(bf16_values(rng, n, scale), shape.to_vec())

@@ -8,7 +8,6 @@
 
 use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
 use ferrotron_parallel::{
     Fp8InputNorm, Fp8Linear, Fp8State, Fp8Tensor, FusedOps, NormKind, NormSpec, NormStats,
     end_fp8_step, fp8_quantize_norm_composed,
@@ -17,7 +16,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::compare::Errors;
-use crate::fp8::{bf16_values, decoded, f32s};
+use crate::fp8::{bf16_values, decoded, f32s, hybrid_delayed};
 use crate::{Row, failed, first_line, guarded};
 
 type Quantize = fn(
@@ -35,16 +34,7 @@ fn run(
     kind: NormKind,
     device: &GpuDevice,
 ) -> Result<[Vec<f32>; 5], String> {
-    let settings = Fp8Settings {
-        forward: Fp8Format::E4m3,
-        backward: Fp8Format::E5m2,
-        scaling: Fp8Scaling::Delayed {
-            history: 2,
-            algo: AmaxAlgo::MostRecent,
-        },
-        margin: 0,
-    };
-    let state = Fp8State::new(settings, vec!["qkv".into()]);
+    let state = Fp8State::new(hybrid_delayed(), vec!["qkv".into()]);
     let layer = Fp8Linear::new(&state, 0);
     let upload = |d: &TensorData| {
         Tensor::<Cuda, 2>::from_data(d.clone(), (device, DType::BF16))
