@@ -24,7 +24,7 @@ use burn::tensor::module::attention;
 use burn::tensor::{Bool, Tensor, TensorPrimitive};
 use ferrotron_parallel::collectives::gather_from_sequence_region;
 use ferrotron_parallel::{
-    AttentionSpec, Comm, Fp8Linear, FusedOps, ParallelOps, repeat_groups, solo, split_qkv,
+    AttentionSpec, Comm, Fp8Linear, Fp8Rope, FusedOps, ParallelOps, repeat_groups, solo, split_qkv,
 };
 use ferrotron_recipe::PositionEmbedding;
 
@@ -137,11 +137,12 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
     pub fn forward(&self, x: Tensor<B, 3>, positions: &SequencePositions<B>) -> Tensor<B, 3> {
         let x = self.tp.enter(x);
         let qkv = crate::fp8::linear(&self.qkv, x, self.fp8.as_ref().map(|f| &f.0));
-        self.attend(qkv, positions)
+        self.attend(qkv, positions, false)
     }
 
     /// [`Self::forward`] of `norm(x)`: in fp8 on one tensor-parallel rank, the norm runs
-    /// inside the QKV projection's node (`Norm::fp8_input`).
+    /// inside the QKV projection's node (`Norm::fp8_input`), and so does RoPE where attention
+    /// takes the packed projection (`fused_fp8_rope.rs`).
     pub fn forward_normed(
         &self,
         x: Tensor<B, 3>,
@@ -152,18 +153,42 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
             Some((fp8, _)) if self.tp.size() == 1 => norm.fp8_input(&x).map(|n| (fp8, n)),
             _ => None,
         };
-        match fused {
-            Some((fp8, input_norm)) => {
-                let qkv = crate::fp8::norm_linear(&self.qkv, x, input_norm, fp8);
-                self.attend(qkv, positions)
+        let Some((fp8, input_norm)) = fused else {
+            return self.forward(norm.forward(x), positions);
+        };
+        let [_, seq, _] = x.dims();
+        let rope = match &self.rope {
+            Some(rope) if self.packed(positions) => {
+                let (cos, sin) = rope.packed_tables(positions, seq);
+                Some(Fp8Rope {
+                    cos: cos.into_primitive().tensor(),
+                    sin: sin.into_primitive().tensor(),
+                    groups: self.num_groups,
+                    slots: self.num_heads / self.num_groups + 2,
+                    head_dim: self.head_dim,
+                })
             }
-            None => self.forward(norm.forward(x), positions),
-        }
+            _ => None,
+        };
+        let rotated = rope.is_some();
+        let qkv = crate::fp8::fused_linear(&self.qkv, x, Some(input_norm), rope, fp8);
+        self.attend(qkv, positions, rotated)
     }
 
-    /// Attention from the packed projection `qkv [batch, seq, groups·(per_group + 2)·head_dim]`,
-    /// then the output projection.
-    fn attend(&self, qkv: Tensor<B, 3>, positions: &SequencePositions<B>) -> Tensor<B, 3> {
+    /// Whether attention runs straight from the packed projection (one context-parallel rank,
+    /// no masks by global position).
+    fn packed(&self, positions: &SequencePositions<B>) -> bool {
+        self.cp.size() == 1 && positions.future().is_none()
+    }
+
+    /// Attention from the packed projection `qkv [batch, seq, groups·(per_group + 2)·head_dim]`
+    /// (its query and key slots already `rotated` by RoPE, or not), then the output projection.
+    fn attend(
+        &self,
+        qkv: Tensor<B, 3>,
+        positions: &SequencePositions<B>,
+        rotated: bool,
+    ) -> Tensor<B, 3> {
         let [batch, seq, _] = qkv.dims();
         let (heads, groups, head_dim) = (self.num_heads, self.num_groups, self.head_dim);
         let per_group = heads / groups;
@@ -173,13 +198,13 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
             scale: None,
             dropout: self.dropout.prob,
         };
-        if self.cp.size() == 1 && positions.future().is_none() {
+        if self.packed(positions) {
             // Straight from the packed projection, rotated in place where the model has RoPE:
             // a kernel hands back one packed gradient instead of three slices' zero-padded ones
             // (see `fused_qkv.rs`, `fused_rope.rs`).
             let qkv = match &self.rope {
-                Some(rope) => rope.apply_packed(qkv, positions),
-                None => qkv,
+                Some(rope) if !rotated => rope.apply_packed(qkv, positions),
+                _ => qkv,
             };
             let context: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(
                 B::fused_qkv_attention(qkv.into_primitive().tensor(), spec),

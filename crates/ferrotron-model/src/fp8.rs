@@ -13,7 +13,7 @@ use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::fp8_scaling::Fp8Settings;
-use ferrotron_parallel::{Fp8InputNorm, Fp8Linear, Fp8State, FusedOps, ParallelOps};
+use ferrotron_parallel::{Fp8InputNorm, Fp8Linear, Fp8Rope, Fp8State, FusedOps, ParallelOps};
 
 use crate::block::TransformerBlock;
 use crate::parallel::TensorParallel;
@@ -39,22 +39,25 @@ pub(crate) fn linear<B: FusedOps, const D: usize>(
     )))
 }
 
-/// `layer(norm(x))` in fp8, the norm inside the linear's node (`Norm::fp8_input`).
-pub(crate) fn norm_linear<B: FusedOps, const D: usize>(
+/// `layer(norm(x))` in fp8, the norm inside the linear's node (`Norm::fp8_input`), and its
+/// output rotated there too where `rope` is given (a packed QKV projection).
+pub(crate) fn fused_linear<B: FusedOps, const D: usize>(
     layer: &Linear<B>,
     x: Tensor<B, D>,
-    norm: Fp8InputNorm<B>,
+    norm: Option<Fp8InputNorm<B>>,
+    rope: Option<Fp8Rope<B>>,
     fp8: &Fp8Linear,
 ) -> Tensor<B, D> {
     let bias = layer
         .bias
         .as_ref()
         .map(|b| b.val().into_primitive().tensor());
-    Tensor::from_primitive(TensorPrimitive::Float(B::fp8_norm_linear(
+    Tensor::from_primitive(TensorPrimitive::Float(B::fp8_fused_linear(
         x.into_primitive().tensor(),
         norm,
         layer.weight.val().into_primitive().tensor(),
         bias,
+        rope,
         fp8,
     )))
 }

@@ -62,13 +62,24 @@ impl<B: Backend> RotaryEmbedding<B> {
         B: FusedOps,
     {
         let seq = qkv.dims()[1];
-        let cos = positions.rows(self.cos.clone(), 0..seq);
-        let sin = positions.rows(self.sin.clone(), 0..seq);
+        let (cos, sin) = self.packed_tables(positions, seq);
         Tensor::from_primitive(TensorPrimitive::Float(B::fused_rope_qkv(
             qkv.into_primitive().tensor(),
             cos.into_primitive().tensor(),
             sin.into_primitive().tensor(),
         )))
+    }
+
+    /// The `cos` and `sin` rows `[seq, head_dim]` of a packed projection's `seq` positions.
+    pub(crate) fn packed_tables(
+        &self,
+        positions: &SequencePositions<B>,
+        seq: usize,
+    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        (
+            positions.rows(self.cos.clone(), 0..seq),
+            positions.rows(self.sin.clone(), 0..seq),
+        )
     }
 
     /// Positions the tables cover.

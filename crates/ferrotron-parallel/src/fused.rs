@@ -49,6 +49,7 @@ use crate::fused_fp8::{
 };
 use crate::fused_fp8_mlp::{Fp8Mlp, fp8_mlp_inference};
 use crate::fused_fp8_norm::{Fp8InputNorm, fp8_quantize_norm_composed};
+use crate::fused_fp8_rope::{Fp8Rope, rotate_output};
 use crate::fused_fp8_source::{Fp8Source, fp8_quantize_source_composed};
 use crate::fused_gelu::{composed_gelu, gelu_backward_reference};
 use crate::fused_grouped::{
@@ -627,16 +628,23 @@ pub trait FusedOps: Backend {
         fp8_linear_inference::<Self>(x, None, weight, bias, fp8)
     }
 
-    /// [`FusedOps::fp8_linear`] of `norm(x)`, `x [.., in]` (`fused_fp8_norm.rs`: Transformer
-    /// Engine's `LayerNormLinear`). Default: the inference forward; autodiff records one node.
-    fn fp8_norm_linear(
+    /// [`FusedOps::fp8_linear`] of `norm(x)` (`x [.., in]`; `fused_fp8_norm.rs`: Transformer
+    /// Engine's `LayerNormLinear`) where `norm` is given, its output rotated by `rope` where
+    /// that is (a packed QKV projection, `fused_fp8_rope.rs`). Default: the inference forward;
+    /// autodiff records one node.
+    fn fp8_fused_linear(
         x: FloatTensor<Self>,
-        norm: Fp8InputNorm<Self>,
+        norm: Option<Fp8InputNorm<Self>>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
+        rope: Option<Fp8Rope<Self>>,
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
-        fp8_linear_inference::<Self>(x, Some(norm), weight, bias, fp8)
+        let output = fp8_linear_inference::<Self>(x, norm, weight, bias, fp8);
+        match rope {
+            Some(rope) => rotate_output::<Self>(output, &rope),
+            None => output,
+        }
     }
 
     /// `norm(x)` of `x [rows, in]` cast for an fp8 GEMM's input (with its amax recorded when

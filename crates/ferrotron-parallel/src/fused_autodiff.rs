@@ -26,6 +26,7 @@ use crate::fused_fp8::{Fp8Linear, Fp8State};
 use crate::fused_fp8_mlp::{Fp8Mlp, fp8_mlp_node};
 use crate::fused_fp8_node::fp8_linear_node;
 use crate::fused_fp8_norm::Fp8InputNorm;
+use crate::fused_fp8_rope::Fp8Rope;
 use crate::fused_gather::gather_rows_node;
 use crate::fused_gelu::{composed_gelu, gelu_node};
 use crate::fused_grouped::composed_grouped_matmul;
@@ -500,17 +501,18 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         bias: Option<FloatTensor<Self>>,
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
-        fp8_linear_node::<B, C>(x, None, weight, bias, fp8)
+        fp8_linear_node::<B, C>(x, None, weight, bias, None, fp8)
     }
 
-    fn fp8_norm_linear(
+    fn fp8_fused_linear(
         x: FloatTensor<Self>,
-        norm: Fp8InputNorm<Self>,
+        norm: Option<Fp8InputNorm<Self>>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
+        rope: Option<Fp8Rope<Self>>,
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
-        fp8_linear_node::<B, C>(x, Some(norm), weight, bias, fp8)
+        fp8_linear_node::<B, C>(x, norm, weight, bias, rope, fp8)
     }
 
     fn fp8_mlp(mlp: Fp8Mlp<Self>) -> FloatTensor<Self> {

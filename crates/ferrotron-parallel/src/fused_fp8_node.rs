@@ -16,6 +16,7 @@ use crate::FusedOps;
 use crate::fp8_scaling::Fp8Role;
 use crate::fused_fp8::{Fp8Linear, Fp8Operand, Fp8Tensor, fp8_forward};
 use crate::fused_fp8_norm::{Fp8InputNorm, InputNormParents, InputNormState, input_norm_backward};
+use crate::fused_fp8_rope::{Fp8Rope, rotate_output};
 use crate::fused_fp8_source::Fp8Source;
 
 #[derive(Debug)]
@@ -32,6 +33,7 @@ struct Fp8LinearState<B: burn::tensor::backend::Backend> {
     weight_dtype: DType,
     bias_dtype: Option<DType>,
     norm: Option<InputNormState<B>>,
+    rope: Option<Fp8Rope<B>>,
 }
 
 impl<B: burn::tensor::backend::Backend> Clone for Fp8LinearState<B> {
@@ -45,6 +47,7 @@ impl<B: burn::tensor::backend::Backend> Clone for Fp8LinearState<B> {
             weight_dtype: self.weight_dtype,
             bias_dtype: self.bias_dtype,
             norm: self.norm.clone(),
+            rope: self.rope.clone(),
         }
     }
 }
@@ -73,8 +76,12 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
         let n = state.weight.width();
         let m = grad.shape().num_elements() / n.max(1);
         let grad = B::float_reshape(grad, Shape::new([m, n]));
+        let source = match state.rope.clone() {
+            Some(rope) => Fp8Source::RopeGrad { grad, rope },
+            None => Fp8Source::Plain(grad),
+        };
         let (cast, db) = B::fp8_quantize_source(
-            Fp8Source::Plain(grad),
+            source,
             &state.fp8,
             Fp8Role::GradOutput,
             true,
@@ -141,6 +148,7 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
     norm: Option<Fp8InputNorm<B>>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
+    rope: Option<Fp8Rope<B>>,
     fp8: &Fp8Linear,
 ) -> FloatTensor<Autodiff<B, C>> {
     let input_shape = x.primitive.shape().to_vec();
@@ -153,6 +161,10 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
     // Untracked too (a recomputed range's first forward): its casts record the same amaxes
     // the tracked re-run will, which the max makes harmless.
     let forward = fp8_forward::<B>(x.primitive.clone(), norm, weight, bias, fp8, true);
+    let output = match &rope {
+        Some(rope) => rotate_output::<B>(forward.output, rope),
+        None => forward.output,
+    };
     match prepared {
         OpsKind::Tracked(prep) => {
             let norm = norm_input
@@ -172,21 +184,23 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
                 weight_dtype,
                 bias_dtype,
                 norm,
+                rope,
             };
-            prep.finish(state, forward.output)
+            prep.finish(state, output)
         }
-        OpsKind::UnTracked(prep) => prep.finish(forward.output),
+        OpsKind::UnTracked(prep) => prep.finish(output),
     }
 }
 
-/// Records `norm(x) [.., in] · weight [in, out] + bias` (`x` itself without a norm) as one
-/// node on `B`'s fp8 primitives. Public so tests can drive the node with a CPU backend's
-/// reference primitives.
+/// Records `norm(x) [.., in] · weight [in, out] + bias` (`x` itself without a norm), rotated by
+/// `rope` where given, as one node on `B`'s fp8 primitives. Public so tests can drive the node
+/// with a CPU backend's reference primitives.
 pub fn fp8_linear_node<B: FusedOps, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     norm: Option<Fp8InputNorm<Autodiff<B, C>>>,
     weight: FloatTensor<Autodiff<B, C>>,
     bias: Option<FloatTensor<Autodiff<B, C>>>,
+    rope: Option<Fp8Rope<Autodiff<B, C>>>,
     fp8: &Fp8Linear,
 ) -> FloatTensor<Autodiff<B, C>> {
     let mut parents = vec![x.node.clone(), weight.node.clone()];
@@ -201,11 +215,18 @@ pub fn fp8_linear_node<B: FusedOps, C: CheckpointStrategy>(
         spec: norm.spec,
     });
     let (weight, bias) = (weight.primitive, bias.map(|b| b.primitive));
+    let rope = rope.map(|rope| Fp8Rope {
+        cos: rope.cos.primitive,
+        sin: rope.sin.primitive,
+        groups: rope.groups,
+        slots: rope.slots,
+        head_dim: rope.head_dim,
+    });
     macro_rules! record {
         ($n:literal) => {{
             let parents: [_; $n] = parents.try_into().expect("parents counted");
             let prepared = Fp8LinearOp.prepare::<C>(parents).compute_bound().stateful();
-            finish(prepared, x, norm, weight, bias, fp8)
+            finish(prepared, x, norm, weight, bias, rope, fp8)
         }};
     }
     match parents.len() {

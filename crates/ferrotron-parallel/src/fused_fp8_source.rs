@@ -10,11 +10,13 @@
 //! default materialises the source with the backend's own activation ops, then casts, so a
 //! kernel is held to the unfused arithmetic.
 
+use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
 
 use crate::FusedOps;
 use crate::fp8_scaling::Fp8Role;
 use crate::fused_fp8::{Fp8Linear, Fp8Tensor};
+use crate::fused_fp8_rope::Fp8Rope;
 
 /// The activation between an MLP's two fp8 linears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,6 +44,12 @@ pub enum Fp8Source<B: FusedOps> {
         pre: FloatTensor<B>,
         act: Fp8Activation,
     },
+    /// The packed QKV projection's gradient from its rotated version's, `grad [rows, cols]`
+    /// (RoPE's backward, `fused_rope.rs`; the layout and tables in `rope`).
+    RopeGrad {
+        grad: FloatTensor<B>,
+        rope: Fp8Rope<B>,
+    },
 }
 
 impl<B: FusedOps> Fp8Source<B> {
@@ -58,6 +66,14 @@ impl<B: FusedOps> Fp8Source<B> {
                 Fp8Activation::Gelu => B::gelu_kernel_backward(pre, grad),
                 Fp8Activation::Swiglu => B::swiglu_kernel_backward(pre, grad),
             },
+            Fp8Source::RopeGrad { grad, rope } => {
+                let shape = grad.shape();
+                let packed = rope.packed(grad);
+                B::float_reshape(
+                    B::rope_qkv_kernel_backward(packed, rope.cos, rope.sin),
+                    shape,
+                )
+            }
         }
     }
 }

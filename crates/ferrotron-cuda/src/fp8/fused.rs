@@ -9,8 +9,8 @@ use ferrotron_parallel::{
 };
 
 use super::{
-    Cast, CastInput, CastNorm, CastSource, Operand, ScaleFrom, cast_source, fp8_matmul, supported,
-    update_scaling,
+    Cast, CastInput, CastNorm, CastRope, CastSource, Operand, ScaleFrom, cast_source, fp8_matmul,
+    supported, update_scaling,
 };
 use crate::backend::convert::{engine_dtype, ok};
 use crate::backend::{Cuda, GpuDevice};
@@ -53,10 +53,27 @@ pub(crate) fn fp8_quantize_source_op(
         Fp8Scaling::Current => true,
         Fp8Scaling::Delayed { .. } => fp8.measures_first_scales(),
     };
+    let mut tables = None;
     let (x, aux, kind) = match source {
         Fp8Source::Plain(x) => (x, None, CastSource::Plain),
         source if measured => {
             return fp8_quantize_source_composed::<Cuda>(source, fp8, role, record, bias_grad);
+        }
+        Fp8Source::RopeGrad { grad, rope } => {
+            let fits = [&rope.cos, &rope.sin]
+                .iter()
+                .all(|t| t.dtype() == grad.dtype())
+                && rope.head_dim.is_multiple_of(16);
+            if !fits {
+                let source = Fp8Source::RopeGrad { grad, rope };
+                return fp8_quantize_source_composed::<Cuda>(source, fp8, role, record, bias_grad);
+            }
+            let kind = CastSource::RopeGrad {
+                slots: rope.slots,
+                head_dim: rope.head_dim,
+            };
+            tables = Some((rope.cos, rope.sin));
+            (grad, None, kind)
         }
         Fp8Source::Activation { pre, act } => {
             let kind = match act {
@@ -77,6 +94,7 @@ pub(crate) fn fp8_quantize_source_op(
         x: &x,
         aux: aux.as_ref(),
         norm: None,
+        rope: tables.as_ref().map(|(cos, sin)| CastRope { cos, sin }),
         source: kind,
     };
     let (tensor, bias) = cast_with(input, fp8, role, record, bias_grad, measured);
@@ -117,6 +135,7 @@ pub(crate) fn fp8_quantize_norm_op(
             gamma: &norm.gamma,
             beta: norm.beta.as_ref(),
         }),
+        rope: None,
         source: CastSource::Norm {
             rms,
             beta: norm.beta.is_some(),

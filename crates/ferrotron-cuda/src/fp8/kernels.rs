@@ -153,6 +153,14 @@ pub enum CastSource {
         rms: bool,
         beta: bool,
     },
+    /// RoPE's backward of the packed QKV projection's gradient `x [rows, cols]` (`cols` whole
+    /// groups of `slots` heads of `head_dim`, every slot but the value rotated; rows `[batch,
+    /// seq]`, the tables `[seq, head_dim]` in x's dtype): each channel with its partner `d/2`
+    /// away, in the RoPE map kernels' arithmetic, rounded to x's dtype as their output is.
+    RopeGrad {
+        slots: usize,
+        head_dim: usize,
+    },
 }
 
 impl CastSource {
@@ -166,6 +174,7 @@ impl CastSource {
             CastSource::Norm { rms: true, .. } => " rmsnorm",
             CastSource::Norm { beta: true, .. } => " layernorm beta",
             CastSource::Norm { .. } => " layernorm",
+            CastSource::RopeGrad { .. } => " rope grad",
         }
     }
 
@@ -177,7 +186,9 @@ impl CastSource {
             format!("__device__ __forceinline__ float {name}({args}) {{ return {expr}; }}\n")
         };
         let activation = match self {
-            CastSource::Plain | CastSource::Norm { .. } => return String::new(),
+            CastSource::Plain | CastSource::Norm { .. } | CastSource::RopeGrad { .. } => {
+                return String::new();
+            }
             CastSource::Gelu => function("act", "const float a", GELU),
             CastSource::Swiglu => function("act", "const float a, const float b", swiglu::FORWARD),
             CastSource::GeluGrad => {
@@ -198,14 +209,21 @@ impl CastSource {
     fn inputs(self) -> usize {
         match self {
             CastSource::Plain | CastSource::Gelu | CastSource::Norm { .. } => 1,
-            CastSource::Swiglu | CastSource::GeluGrad => 2,
+            CastSource::Swiglu | CastSource::GeluGrad | CastSource::RopeGrad { .. } => 2,
             CastSource::SwigluGrad => 3,
         }
     }
 
     /// Code that loads `in[..]` for row `r`, columns `c..c + 8`.
-    fn fetch(self) -> &'static str {
-        match self {
+    fn fetch(self) -> String {
+        if let CastSource::RopeGrad { slots, head_dim } = self {
+            let width = slots * head_dim;
+            let half = head_dim / 2;
+            return format!(
+                "      in[0] = load_raw(x + r * p.cols + c);\n      {{ const long long cc = c % {width}, j = cc % {head_dim};\n        if (cc / {head_dim} < {slots} - 1) in[1] = load_raw(x + r * p.cols + (j < {half} ? c + {half} : c - {half})); }}\n"
+            );
+        }
+        let code = match self {
             CastSource::Plain | CastSource::Gelu | CastSource::Norm { .. } => {
                 "      in[0] = load_raw(x + r * p.cols + c);\n"
             }
@@ -223,11 +241,23 @@ impl CastSource {
                 "        in[0] = load_raw(aux + r * p.cols + (c - f)); in[2] = load_raw(x + r * f + (c - f));\n",
                 "      }\n"
             ),
-        }
+            CastSource::RopeGrad { .. } => unreachable!("returned above"),
+        };
+        code.to_string()
     }
 
     /// Code that fills `float v[8]` from the loaded `in[..]` (`input`: x's dtype).
     fn compute(self, input: DType) -> String {
+        if let CastSource::RopeGrad { slots, head_dim } = self {
+            let width = slots * head_dim;
+            let half = head_dim / 2;
+            let round = |expr: &str| input.load_expr(&input.store_expr(expr));
+            return format!(
+                "      unpack8(in[0], v);\n      {{ const long long cc = c % {width}, j = cc % {head_dim};\n        if (cc / {head_dim} < {slots} - 1) {{\n          const long long pj = j < {half} ? j + {half} : j - {half}, pos = r % (long long)p.seq;\n          float pb[8], pc[8], pd[8];\n          unpack8(in[1], pb); load8(cosines + pos * {head_dim} + j, pc); load8(sines + pos * {head_dim} + pj, pd);\n          if (j < {half}) {{\n#pragma unroll\n            for (int e = 0; e < 8; ++e) {{ const float a = v[e], b = pb[e], c = pc[e], d = pd[e]; v[e] = {}; }}\n          }} else {{\n#pragma unroll\n            for (int e = 0; e < 8; ++e) {{ const float a = v[e], b = pb[e], c = pc[e], d = pd[e]; v[e] = {}; }}\n          }}\n        }} }}\n",
+                round("(a * c + b * d)"),
+                round("(a * c - b * d)")
+            );
+        }
         let code = match self {
             CastSource::Norm { rms, beta } => {
                 let mean = if rms {
@@ -263,6 +293,7 @@ impl CastSource {
                 "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = grad_up(a[j], g[j]);\n",
                 "        } }\n"
             ),
+            CastSource::RopeGrad { .. } => unreachable!("returned above"),
         };
         code.to_string()
     }
@@ -300,13 +331,14 @@ impl KernelSpec for CastTranspose {
         s += BLOCK_MAX;
         s += SCALE_FROM_AMAX;
         let norm = matches!(self.source, CastSource::Norm { .. });
+        let rope = matches!(self.source, CastSource::RopeGrad { .. });
+        let extra = match self.source {
+            CastSource::Norm { .. } => ", mean, rstd, gamma, beta",
+            CastSource::RopeGrad { .. } => ", cos, sin, seq",
+            _ => "",
+        };
         s += &format!(
-            "struct Params {{ long long rows, cols; unsigned long long x, q, qt, scale, amax_src, amax_dst, scale_inv; double scaled_max; unsigned long long aux, partial{}; }};\n",
-            if norm {
-                ", mean, rstd, gamma, beta"
-            } else {
-                ""
-            }
+            "struct Params {{ long long rows, cols; unsigned long long x, q, qt, scale, amax_src, amax_dst, scale_inv; double scaled_max; unsigned long long aux, partial{extra}; }};\n"
         );
         s += &format!("#define TILE {TILE}\n#define ROW_TILES {ROW_TILES}\n");
         s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
@@ -326,6 +358,12 @@ impl KernelSpec for CastTranspose {
         if norm {
             s += &format!(
                 "  const {xs}* __restrict__ gamma = (const {xs}*)p.gamma;\n  const {xs}* __restrict__ beta = (const {xs}*)p.beta;\n  (void)beta;\n",
+                xs = x.storage_c()
+            );
+        }
+        if rope {
+            s += &format!(
+                "  const {xs}* __restrict__ cosines = (const {xs}*)p.cos;\n  const {xs}* __restrict__ sines = (const {xs}*)p.sin;\n",
                 xs = x.storage_c()
             );
         }
@@ -523,6 +561,17 @@ mod tests {
                     };
                     all.push((format!("{spec:?}"), spec.source()));
                 }
+            }
+            for (slots, head_dim) in [(6, 64), (3, 128)] {
+                let spec = CastTranspose {
+                    input,
+                    format: Fp8Format::E5m2,
+                    transpose: true,
+                    current: false,
+                    source: CastSource::RopeGrad { slots, head_dim },
+                    dbias: true,
+                };
+                all.push((format!("{spec:?}"), spec.source()));
             }
             for (rms, beta) in [(false, true), (false, false), (true, false)] {
                 let spec = CastTranspose {

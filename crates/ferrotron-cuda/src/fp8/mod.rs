@@ -117,19 +117,29 @@ pub fn cast_transpose(
         x,
         aux: None,
         norm: None,
+        rope: None,
         source: CastSource::Plain,
     };
     Ok(cast_source(input, format, transpose, from, false)?.0)
 }
 
 /// What [`cast_source`] reads: `x`, `aux` for an activation's gradient, `norm` for a norm's
-/// output (see [`CastSource`]).
+/// output, `rope` for RoPE's backward (see [`CastSource`]).
 #[derive(Debug, Clone, Copy)]
 pub struct CastInput<'a> {
     pub x: &'a CudaTensor,
     pub aux: Option<&'a CudaTensor>,
     pub norm: Option<CastNorm<'a>>,
+    pub rope: Option<CastRope<'a>>,
     pub source: CastSource,
+}
+
+/// The rotary tables a [`CastSource::RopeGrad`] cast reads: `cos`, `sin` `[seq, head_dim]` in
+/// x's dtype for the rows' positions (rows are `[batch, seq]`).
+#[derive(Debug, Clone, Copy)]
+pub struct CastRope<'a> {
+    pub cos: &'a CudaTensor,
+    pub sin: &'a CudaTensor,
 }
 
 /// The norm a [`CastSource::Norm`] cast applies: the row statistics (`[rows, 1]` f32, no mean
@@ -152,7 +162,8 @@ impl CastInput<'_> {
             CastSource::Plain
             | CastSource::Gelu
             | CastSource::GeluGrad
-            | CastSource::Norm { .. } => [rows, cols],
+            | CastSource::Norm { .. }
+            | CastSource::RopeGrad { .. } => [rows, cols],
             CastSource::Swiglu => [rows, cols / 2],
             CastSource::SwigluGrad => [rows, 2 * cols],
         };
@@ -199,6 +210,44 @@ impl CastInput<'_> {
             }
         } else if self.norm.is_some() {
             return Err(CudaError::invalid(ctx(), "only a norm's cast takes a norm"));
+        }
+        if let CastSource::RopeGrad { slots, head_dim } = self.source {
+            let Some(rope) = self.rope else {
+                return Err(CudaError::invalid(
+                    ctx(),
+                    "RoPE's backward needs its tables",
+                ));
+            };
+            let [seq, dim] = *rope.cos.shape() else {
+                return Err(CudaError::invalid(
+                    ctx(),
+                    "the rotary tables are [seq, head_dim]",
+                ));
+            };
+            let fits = dim == head_dim
+                && head_dim.is_multiple_of(16)
+                && slots >= 3
+                && seq > 0
+                && rows.is_multiple_of(seq)
+                && cols.is_multiple_of(slots * head_dim)
+                && rope.sin.shape() == rope.cos.shape()
+                && [rope.cos, rope.sin]
+                    .iter()
+                    .all(|t| t.dtype() == self.x.dtype());
+            if !fits {
+                return Err(CudaError::invalid(
+                    ctx(),
+                    format!(
+                        "RoPE's backward: tables [seq, {head_dim}] in x's dtype, rows a multiple \
+                         of seq, columns whole groups of {slots} heads, head_dim a multiple of 16"
+                    ),
+                ));
+            }
+        } else if self.rope.is_some() {
+            return Err(CudaError::invalid(
+                ctx(),
+                "only RoPE's backward takes rotary tables",
+            ));
         }
         if !shape[1].is_multiple_of(8) {
             return Err(CudaError::unsupported(
@@ -317,6 +366,16 @@ pub fn cast_source(
         for t in norm {
             params.ptr(t.as_ref().map_or(0, CudaTensor::data_ptr));
         }
+    }
+    let rope = input
+        .rope
+        .map(|r| Ok::<_, CudaError>([readable(r.cos, &ctx)?, readable(r.sin, &ctx)?]))
+        .transpose()?;
+    if let (Some([cos, sin]), Some(r)) = (&rope, &input.rope) {
+        params
+            .ptr(cos.data_ptr())
+            .ptr(sin.data_ptr())
+            .int(r.cos.shape()[0] as i64);
     }
     launch(&device, &spec, grid, THREADS, &params, &ctx)?;
     // `measured` (the amax the kernel read) is freed stream-ordered, after the kernel.

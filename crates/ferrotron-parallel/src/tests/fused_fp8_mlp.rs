@@ -13,8 +13,8 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use super::{B, flat, tensor};
 use crate::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
 use crate::{
-    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8State, FusedOps, NormKind, NormSpec,
-    end_fp8_step, gelu, norm_node,
+    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Rope, Fp8State, FusedOps, NormKind,
+    NormSpec, end_fp8_step, gelu, norm_node,
 };
 use burn::backend::Flex;
 
@@ -209,7 +209,7 @@ fn normed_step(
     } else {
         let (w, b) = (primitive(&p.w1), p.b1.as_ref().map(primitive));
         Tensor::from_primitive(TensorPrimitive::Float(match norm {
-            Some(norm) => B::fp8_norm_linear(primitive(&input), norm, w, b, &fp8.0),
+            Some(norm) => B::fp8_fused_linear(primitive(&input), Some(norm), w, b, None, &fp8.0),
             None => B::fp8_linear(primitive(&input), w, b, &fp8.0),
         }))
     };
@@ -246,6 +246,74 @@ fn an_input_norm_inside_the_fp8_nodes_gives_the_norm_node_then_the_fp8_nodes_num
                     );
                 }
             }
+        }
+    }
+}
+
+/// One step of an fp8 QKV projection whose output is rotated by RoPE: the rotation inside the
+/// node (`fused`: its backward casts the rotated-back gradient straight from the incoming one)
+/// against the fp8 node then the RoPE op. Output, the gradients of x, w, b, then the state.
+fn rope_step(fused: bool, fp8: &(Fp8Linear, Fp8Linear)) -> Vec<Vec<f32>> {
+    const SEQ: usize = 4;
+    let (groups, slots, head_dim) = (1, 3, 8);
+    let cols = groups * slots * head_dim;
+    let x = (tensor([2, SEQ, IN], 0.4) * 2.0).require_grad();
+    let w = (tensor([IN, cols], 0.6) * 0.3).require_grad();
+    let b = (tensor([cols], 0.8) * 0.1).require_grad();
+    let (cos, sin) = (tensor([SEQ, head_dim], 1.3), tensor([SEQ, head_dim], 1.9));
+    let y: Tensor<B, 3> = if fused {
+        let rope = Fp8Rope {
+            cos: primitive(&cos),
+            sin: primitive(&sin),
+            groups,
+            slots,
+            head_dim,
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_fused_linear(
+            primitive(&x),
+            None,
+            primitive(&w),
+            Some(primitive(&b)),
+            Some(rope),
+            &fp8.0,
+        )))
+    } else {
+        let y: Tensor<B, 3> = Tensor::from_primitive(TensorPrimitive::Float(B::fp8_linear(
+            primitive(&x),
+            primitive(&w),
+            Some(primitive(&b)),
+            &fp8.0,
+        )));
+        let packed = y.reshape([2, SEQ, groups, slots, head_dim]);
+        let rotated: Tensor<B, 5> = Tensor::from_primitive(TensorPrimitive::Float(
+            B::fused_rope_qkv(primitive(&packed), primitive(&cos), primitive(&sin)),
+        ));
+        rotated.reshape([2, SEQ, cols])
+    };
+    let g = tensor([2, SEQ, cols], 0.7) * 1e-3;
+    let grads = (y.clone() * g).sum().backward();
+    vec![
+        flat(y),
+        flat(x.grad(&grads).expect("dx")),
+        flat(w.grad(&grads).expect("dw")),
+        flat(b.grad(&grads).expect("db")),
+        end_step(fp8),
+    ]
+}
+
+#[test]
+fn rope_inside_the_fp8_projection_gives_the_projection_then_rope_numbers() {
+    let (fused, unfused) = (handles(), handles());
+    for step in 0..2 {
+        let a = rope_step(true, &fused);
+        let b = rope_step(false, &unfused);
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                worst <= 1e-6 * scale,
+                "step {step}: part {i} differs by {worst:e} (of {scale:e})"
+            );
         }
     }
 }

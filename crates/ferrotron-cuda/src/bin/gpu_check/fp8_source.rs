@@ -46,8 +46,8 @@ fn host_values(source: CastSource, x: &[f32], aux: &[f32], [rows, cols]: [usize;
             let (r, c) = (i / cols, i % cols);
             let v = match source {
                 CastSource::Plain => x[i],
-                CastSource::Norm { .. } => {
-                    unreachable!("the norm casts have their rows in fp8_norm.rs")
+                CastSource::Norm { .. } | CastSource::RopeGrad { .. } => {
+                    unreachable!("the norm and RoPE casts have their rows in fp8_norm_rope.rs")
                 }
                 CastSource::Gelu => gelu(x[i]),
                 CastSource::Swiglu => {
@@ -88,9 +88,10 @@ fn cdf_allowance(source: CastSource, x: &[f32], i: usize) -> f64 {
 /// `[x shape, aux shape, output shape]` for an output of `[rows, f]` columns.
 fn shapes(source: CastSource, rows: usize, f: usize) -> [[usize; 2]; 3] {
     match source {
-        CastSource::Plain | CastSource::Gelu | CastSource::Norm { .. } => {
-            [[rows, f], [0, 0], [rows, f]]
-        }
+        CastSource::Plain
+        | CastSource::Gelu
+        | CastSource::Norm { .. }
+        | CastSource::RopeGrad { .. } => [[rows, f], [0, 0], [rows, f]],
         CastSource::Swiglu => [[rows, 2 * f], [0, 0], [rows, f]],
         CastSource::GeluGrad => [[rows, f], [rows, f], [rows, f]],
         CastSource::SwigluGrad => [[rows, f / 2], [rows, f], [rows, f]],
@@ -125,6 +126,7 @@ fn source_row(
             x: &x_gpu,
             aux: aux_gpu.as_ref(),
             norm: None,
+            rope: None,
             source,
         };
         let from = ScaleFrom::Delayed {
@@ -258,6 +260,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                     x: &x,
                     aux: aux.as_ref(),
                     norm: None,
+                    rope: None,
                     source,
                 };
                 let from = ScaleFrom::Delayed {
