@@ -24,10 +24,12 @@ use burn::tensor::module::attention;
 use burn::tensor::{Bool, Tensor, TensorPrimitive};
 use ferrotron_parallel::collectives::gather_from_sequence_region;
 use ferrotron_parallel::{
-    AttentionSpec, Comm, Fp8Linear, Fp8Rope, FusedOps, ParallelOps, repeat_groups, solo, split_qkv,
+    AttentionSpec, Comm, Fp8Linear, Fp8Residual, Fp8Rope, FusedOps, ParallelOps, repeat_groups,
+    solo, split_qkv,
 };
 use ferrotron_recipe::PositionEmbedding;
 
+use crate::block::Sublayer;
 use crate::init::{normal_linear, scaled_std};
 use crate::norm::Norm;
 use crate::parallel::{Placement, SequencePositions, TensorParallel, cut_module};
@@ -137,24 +139,27 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
     pub fn forward(&self, x: Tensor<B, 3>, positions: &SequencePositions<B>) -> Tensor<B, 3> {
         let x = self.tp.enter(x);
         let qkv = crate::fp8::linear(&self.qkv, x, self.fp8.as_ref().map(|f| &f.0));
-        self.attend(qkv, positions, false)
+        let context = self.attend(qkv, positions, false);
+        self.project(context)
     }
 
     /// [`Self::forward`] of `norm(x)`: in fp8 on one tensor-parallel rank, the norm runs
     /// inside the QKV projection's node (`Norm::fp8_input`), and so does RoPE where attention
-    /// takes the packed projection (`fused_fp8_rope.rs`).
-    pub fn forward_normed(
+    /// takes the packed projection (`fused_fp8_rope.rs`); the output projection's node then
+    /// takes in the block's `residual` add where one is given.
+    pub(crate) fn forward_normed(
         &self,
         x: Tensor<B, 3>,
         norm: &Norm<B>,
         positions: &SequencePositions<B>,
-    ) -> Tensor<B, 3> {
+        residual: Option<Fp8Residual<B>>,
+    ) -> Sublayer<B> {
         let fused = match &self.fp8 {
-            Some((fp8, _)) if self.tp.size() == 1 => norm.fp8_input(&x).map(|n| (fp8, n)),
+            Some((fp8, proj)) if self.tp.size() == 1 => norm.fp8_input(&x).map(|n| (fp8, proj, n)),
             _ => None,
         };
-        let Some((fp8, input_norm)) = fused else {
-            return self.forward(norm.forward(x), positions);
+        let Some((fp8, proj, input_norm)) = fused else {
+            return Sublayer::Output(self.forward(norm.forward(x), positions));
         };
         let [_, seq, _] = x.dims();
         let rope = match &self.rope {
@@ -171,8 +176,18 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
             _ => None,
         };
         let rotated = rope.is_some();
-        let qkv = crate::fp8::fused_linear(&self.qkv, x, Some(input_norm), rope, fp8);
-        self.attend(qkv, positions, rotated)
+        let qkv = crate::fp8::fused_linear(&self.qkv, x, Some(input_norm), (rope, None), fp8);
+        let context = self.attend(qkv, positions, rotated);
+        match residual {
+            Some(residual) => Sublayer::WithResidual(crate::fp8::fused_linear(
+                &self.proj,
+                context,
+                None,
+                (None, Some(residual)),
+                proj,
+            )),
+            None => Sublayer::Output(self.project(context)),
+        }
     }
 
     /// Whether attention runs straight from the packed projection (one context-parallel rank,
@@ -182,7 +197,8 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
     }
 
     /// Attention from the packed projection `qkv [batch, seq, groups·(per_group + 2)·head_dim]`
-    /// (its query and key slots already `rotated` by RoPE, or not), then the output projection.
+    /// (its query and key slots already `rotated` by RoPE, or not): the context
+    /// `[batch, seq, heads·head_dim]`.
     fn attend(
         &self,
         qkv: Tensor<B, 3>,
@@ -209,7 +225,7 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
             let context: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(
                 B::fused_qkv_attention(qkv.into_primitive().tensor(), spec),
             ));
-            return self.project(context.reshape([batch, seq, heads * head_dim]));
+            return context.reshape([batch, seq, heads * head_dim]);
         }
         let (query, key, value) = split_qkv(qkv);
 
@@ -251,10 +267,9 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
                 }
             }
         };
-        let context = context
+        context
             .swap_dims(1, 2)
-            .reshape([batch, seq, heads * head_dim]);
-        self.project(context)
+            .reshape([batch, seq, heads * head_dim])
     }
 
     /// The output projection of the `[batch, seq, heads·head_dim]` context.

@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{Fp8Linear, ParallelContext, ParallelOps, ParamRole};
+use ferrotron_parallel::{Fp8Linear, Fp8Residual, ParallelContext, ParallelOps, ParamRole};
 
 use crate::attention::SelfAttention;
 use crate::init::scaled_std;
@@ -169,6 +169,13 @@ impl<B: Backend> TransformerBlock<B> {
     }
 }
 
+/// What a sublayer (attention, MLP) hands its block: its output, or, where its fp8 node took
+/// the residual add with dropout in, the block's next hidden state.
+pub(crate) enum Sublayer<B: Backend> {
+    Output(Tensor<B, 3>),
+    WithResidual(Tensor<B, 3>),
+}
+
 impl<B: ParallelOps> TransformerBlock<B> {
     /// `[batch, seq, hidden]` → same shape, plus routing statistics for an MoE layer. `seq` is
     /// this rank's part of the sequence with sequence parallelism.
@@ -177,18 +184,44 @@ impl<B: ParallelOps> TransformerBlock<B> {
         x: Tensor<B, 3>,
         positions: &SequencePositions<B>,
     ) -> (Tensor<B, 3>, Option<MoeStats<B>>) {
-        let attended = self
-            .attention
-            .forward_normed(x.clone(), &self.input_norm, positions);
-        let x = self.dropout_add(attended, x);
+        let attended = self.attention.forward_normed(
+            x.clone(),
+            &self.input_norm,
+            positions,
+            self.fp8_residual(&x),
+        );
+        let x = self.add_residual(attended, x);
         let (transformed, stats) = match &self.feed_forward {
-            FeedForward::Dense(mlp) => (mlp.forward_normed(x.clone(), &self.pre_mlp_norm), None),
+            FeedForward::Dense(mlp) => {
+                let residual = self.fp8_residual(&x);
+                (
+                    mlp.forward_normed(x.clone(), &self.pre_mlp_norm, residual),
+                    None,
+                )
+            }
             FeedForward::Moe(moe) => {
                 let (out, stats) = moe.forward(self.pre_mlp_norm.forward(x.clone()));
-                (out, Some(stats))
+                (Sublayer::Output(out), Some(stats))
             }
         };
-        (self.dropout_add(transformed, x), stats)
+        (self.add_residual(transformed, x), stats)
+    }
+
+    /// The residual add a sublayer's fp8 node may take in (`Sublayer::WithResidual`): where the
+    /// hidden dropout is live and the backend runs it as a kernel.
+    fn fp8_residual(&self, x: &Tensor<B, 3>) -> Option<Fp8Residual<B>> {
+        let prob = self.hidden_dropout.prob;
+        let residual = x.clone().into_primitive().tensor();
+        (prob > 0.0 && B::ad_enabled(&x.device()) && B::has_dropout_add_kernel(&residual, prob))
+            .then_some(Fp8Residual { residual, prob })
+    }
+
+    /// The block's next hidden state from a sublayer's result and the residual.
+    fn add_residual(&self, sublayer: Sublayer<B>, residual: Tensor<B, 3>) -> Tensor<B, 3> {
+        match sublayer {
+            Sublayer::Output(out) => self.dropout_add(out, residual),
+            Sublayer::WithResidual(next) => next,
+        }
     }
 
     /// `residual + dropout(x)` as one fused op (burn's `Dropout` and add, without a kernel).

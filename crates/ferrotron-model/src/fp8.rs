@@ -13,7 +13,9 @@ use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::fp8_scaling::Fp8Settings;
-use ferrotron_parallel::{Fp8InputNorm, Fp8Linear, Fp8Rope, Fp8State, FusedOps, ParallelOps};
+use ferrotron_parallel::{
+    Fp8InputNorm, Fp8Linear, Fp8Residual, Fp8Rope, Fp8State, FusedOps, ParallelOps,
+};
 
 use crate::block::TransformerBlock;
 use crate::parallel::TensorParallel;
@@ -39,13 +41,14 @@ pub(crate) fn linear<B: FusedOps, const D: usize>(
     )))
 }
 
-/// `layer(norm(x))` in fp8, the norm inside the linear's node (`Norm::fp8_input`), and its
-/// output rotated there too where `rope` is given (a packed QKV projection).
+/// `layer(norm(x))` in fp8, the norm inside the linear's node (`Norm::fp8_input`) where given,
+/// and its output rotated there too where `rope` is (a packed QKV projection) or added to
+/// `residual` after dropout where that is (a block's output projection).
 pub(crate) fn fused_linear<B: FusedOps, const D: usize>(
     layer: &Linear<B>,
     x: Tensor<B, D>,
     norm: Option<Fp8InputNorm<B>>,
-    rope: Option<Fp8Rope<B>>,
+    (rope, residual): (Option<Fp8Rope<B>>, Option<Fp8Residual<B>>),
     fp8: &Fp8Linear,
 ) -> Tensor<B, D> {
     let bias = layer
@@ -58,6 +61,7 @@ pub(crate) fn fused_linear<B: FusedOps, const D: usize>(
         layer.weight.val().into_primitive().tensor(),
         bias,
         rope,
+        residual,
         fp8,
     )))
 }

@@ -10,11 +10,12 @@ use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{
-    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, FusedOps, ParallelOps, gelu,
+    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, FusedOps, ParallelOps, gelu,
 };
 use ferrotron_recipe::Activation;
 
 use crate::ModelError;
+use crate::block::Sublayer;
 use crate::init::normal_linear;
 use crate::norm::Norm;
 use crate::parallel::{Placement, TensorParallel, cut_module};
@@ -117,7 +118,7 @@ impl<B: ParallelOps> Mlp<B> {
     /// rank's part of the sequence on the way in and out.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         if let (Some((fc1, fc2)), Some(activation)) = (&self.fp8, self.fp8_activation()) {
-            return self.fp8_forward(x, None, fc1, fc2, activation);
+            return self.fp8_forward(x, None, None, fc1, fc2, activation);
         }
         let fp8 = self.fp8.as_ref();
         let hidden = crate::fp8::linear(&self.fc1, self.tp.enter(x), fp8.map(|f| &f.0));
@@ -130,15 +131,27 @@ impl<B: ParallelOps> Mlp<B> {
     }
 
     /// [`Self::forward`] of `norm(x)`: in the fused fp8 MLP on one tensor-parallel rank, the
-    /// norm runs inside its node (Transformer Engine's `LayerNormMLP`, `Norm::fp8_input`).
-    pub fn forward_normed<const D: usize>(&self, x: Tensor<B, D>, norm: &Norm<B>) -> Tensor<B, D> {
+    /// norm runs inside its node (Transformer Engine's `LayerNormMLP`, `Norm::fp8_input`), and
+    /// so does the block's `residual` add where one is given.
+    pub(crate) fn forward_normed(
+        &self,
+        x: Tensor<B, 3>,
+        norm: &Norm<B>,
+        residual: Option<Fp8Residual<B>>,
+    ) -> Sublayer<B> {
         if let (Some((fc1, fc2)), Some(activation), 1) =
             (&self.fp8, self.fp8_activation(), self.tp.size())
             && let Some(input_norm) = norm.fp8_input(&x)
         {
-            return self.fp8_forward(x, Some(input_norm), fc1, fc2, activation);
+            let with_residual = residual.is_some();
+            let out = self.fp8_forward(x, Some(input_norm), residual, fc1, fc2, activation);
+            return if with_residual {
+                Sublayer::WithResidual(out)
+            } else {
+                Sublayer::Output(out)
+            };
         }
-        self.forward(norm.forward(x))
+        Sublayer::Output(self.forward(norm.forward(x)))
     }
 
     /// The activation the fused fp8 MLP computes, where it has one (GELU's tanh form goes
@@ -152,12 +165,14 @@ impl<B: ParallelOps> Mlp<B> {
     }
 
     /// fc1, the activation and fc2 as one fp8 node (`ferrotron_parallel::FusedOps::fp8_mlp`),
-    /// normalising `x` first where `norm` is given; under tensor parallelism the partial
-    /// products are joined and fc2's bias added after.
+    /// normalising `x` first where `norm` is given and adding the output to `residual` after
+    /// dropout where that is (one tensor-parallel rank only); under tensor parallelism the
+    /// partial products are joined and fc2's bias added after.
     fn fp8_forward<const D: usize>(
         &self,
         x: Tensor<B, D>,
         norm: Option<Fp8InputNorm<B>>,
+        residual: Option<Fp8Residual<B>>,
         fc1: &Fp8Linear,
         fc2: &Fp8Linear,
         activation: Fp8Activation,
@@ -165,6 +180,10 @@ impl<B: ParallelOps> Mlp<B> {
         let x = self.tp.enter(x);
         let fc2_bias = self.fc2.bias.as_ref().map(|b| b.val());
         let joined = self.tp.size() > 1;
+        assert!(
+            !(joined && residual.is_some()),
+            "a tensor-parallel MLP's partial products cannot take the residual add"
+        );
         let output = B::fp8_mlp(Fp8Mlp {
             x: x.into_primitive().tensor(),
             norm,
@@ -182,6 +201,7 @@ impl<B: ParallelOps> Mlp<B> {
             activation,
             fc1: fc1.clone(),
             fc2: fc2.clone(),
+            residual,
         });
         let output: Tensor<B, D> = Tensor::from_primitive(TensorPrimitive::Float(output));
         if !joined {

@@ -49,6 +49,7 @@ use crate::fused_fp8::{
 };
 use crate::fused_fp8_mlp::{Fp8Mlp, fp8_mlp_inference};
 use crate::fused_fp8_norm::{Fp8InputNorm, fp8_quantize_norm_composed};
+use crate::fused_fp8_residual::Fp8Residual;
 use crate::fused_fp8_rope::{Fp8Rope, rotate_output};
 use crate::fused_fp8_source::{Fp8Source, fp8_quantize_source_composed};
 use crate::fused_gelu::{composed_gelu, gelu_backward_reference};
@@ -629,20 +630,26 @@ pub trait FusedOps: Backend {
     }
 
     /// [`FusedOps::fp8_linear`] of `norm(x)` (`x [.., in]`; `fused_fp8_norm.rs`: Transformer
-    /// Engine's `LayerNormLinear`) where `norm` is given, its output rotated by `rope` where
-    /// that is (a packed QKV projection, `fused_fp8_rope.rs`). Default: the inference forward;
-    /// autodiff records one node.
+    /// Engine's `LayerNormLinear`) where `norm` is given, its output rotated by `rope` (a packed
+    /// QKV projection, `fused_fp8_rope.rs`) or added to `residual` after dropout
+    /// (`fused_fp8_residual.rs`) where one is. Default: the inference forward, where dropout is
+    /// off; autodiff records one node.
     fn fp8_fused_linear(
         x: FloatTensor<Self>,
         norm: Option<Fp8InputNorm<Self>>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         rope: Option<Fp8Rope<Self>>,
+        residual: Option<Fp8Residual<Self>>,
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
         let output = fp8_linear_inference::<Self>(x, norm, weight, bias, fp8);
-        match rope {
+        let output = match rope {
             Some(rope) => rotate_output::<Self>(output, &rope),
+            None => output,
+        };
+        match residual {
+            Some(r) => Self::float_add(r.residual, output),
             None => output,
         }
     }

@@ -26,6 +26,7 @@ use crate::fused_fp8::{Fp8Linear, Fp8State};
 use crate::fused_fp8_mlp::{Fp8Mlp, fp8_mlp_node};
 use crate::fused_fp8_node::fp8_linear_node;
 use crate::fused_fp8_norm::Fp8InputNorm;
+use crate::fused_fp8_residual::Fp8Residual;
 use crate::fused_fp8_rope::Fp8Rope;
 use crate::fused_gather::gather_rows_node;
 use crate::fused_gelu::{composed_gelu, gelu_node};
@@ -501,7 +502,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         bias: Option<FloatTensor<Self>>,
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
-        fp8_linear_node::<B, C>(x, None, weight, bias, None, fp8)
+        fp8_linear_node::<B, C>(x, None, weight, bias, None, None, fp8)
     }
 
     fn fp8_fused_linear(
@@ -510,9 +511,10 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         rope: Option<Fp8Rope<Self>>,
+        residual: Option<Fp8Residual<Self>>,
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
-        fp8_linear_node::<B, C>(x, norm, weight, bias, rope, fp8)
+        fp8_linear_node::<B, C>(x, norm, weight, bias, rope, residual, fp8)
     }
 
     fn fp8_mlp(mlp: Fp8Mlp<Self>) -> FloatTensor<Self> {

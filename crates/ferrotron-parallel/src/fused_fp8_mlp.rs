@@ -18,9 +18,11 @@ use burn::tensor::{DType, Shape, TensorMetadata};
 
 use crate::FusedOps;
 use crate::fp8_scaling::Fp8Role;
+use crate::fused_dropout::DropoutMask;
 use crate::fused_fp8::{Fp8Linear, Fp8Operand, Fp8Tensor, fp8_forward};
 use crate::fused_fp8_node::in_dtype;
 use crate::fused_fp8_norm::{Fp8InputNorm, InputNormParents, InputNormState, input_norm_backward};
+use crate::fused_fp8_residual::{Fp8Residual, add_residual};
 use crate::fused_fp8_source::{Fp8Activation, Fp8Source};
 use crate::fused_norm::{NormStats, fold_rows};
 
@@ -39,6 +41,8 @@ pub struct Fp8Mlp<B: burn::tensor::backend::Backend> {
     pub activation: Fp8Activation,
     pub fc1: Fp8Linear,
     pub fc2: Fp8Linear,
+    /// The residual the output is added to after dropout (`fused_fp8_residual.rs`), if any.
+    pub residual: Option<Fp8Residual<B>>,
 }
 
 /// What the forward leaves for the backward.
@@ -51,7 +55,10 @@ struct Saved<B: burn::tensor::backend::Backend> {
     norm_stats: Option<NormStats<B>>,
 }
 
-fn forward<B: FusedOps>(mlp: Fp8Mlp<B>, record: bool) -> (FloatTensor<B>, Saved<B>) {
+fn forward<B: FusedOps>(
+    mlp: Fp8Mlp<B>,
+    record: bool,
+) -> (FloatTensor<B>, Saved<B>, Option<DropoutMask<B>>) {
     let dtype = mlp.x.dtype();
     let mut shape = mlp.x.shape().to_vec();
     let fc1 = fp8_forward::<B>(
@@ -81,7 +88,15 @@ fn forward<B: FusedOps>(mlp: Fp8Mlp<B>, record: bool) -> (FloatTensor<B>, Saved<
         w2,
         norm_stats: fc1.norm_stats,
     };
-    (B::float_reshape(output, Shape::from(shape)), saved)
+    let output = B::float_reshape(output, Shape::from(shape));
+    match mlp.residual {
+        Some(r) if record => {
+            let (output, mask) = add_residual::<B>(output, r.residual, r.prob);
+            (output, saved, Some(mask))
+        }
+        Some(r) => (B::float_add(r.residual, output), saved, None),
+        None => (output, saved, None),
+    }
 }
 
 /// The forward without autodiff (casts that record nothing).
@@ -98,10 +113,13 @@ struct State<B: burn::tensor::backend::Backend> {
     fc1: Fp8Linear,
     fc2: Fp8Linear,
     x_shape: Vec<usize>,
+    out_shape: Vec<usize>,
     x_dtype: DType,
     weight_dtypes: [DType; 2],
     bias_dtypes: [Option<DType>; 2],
     norm: Option<InputNormState<B>>,
+    /// The residual add's keep mask and dropout probability, with one.
+    residual: Option<(DropoutMask<B>, f64)>,
 }
 
 impl<B: burn::tensor::backend::Backend> Clone for State<B> {
@@ -119,10 +137,12 @@ impl<B: burn::tensor::backend::Backend> Clone for State<B> {
             fc1: self.fc1.clone(),
             fc2: self.fc2.clone(),
             x_shape: self.x_shape.clone(),
+            out_shape: self.out_shape.clone(),
             x_dtype: self.x_dtype,
             weight_dtypes: self.weight_dtypes,
             bias_dtypes: self.bias_dtypes,
             norm: self.norm.clone(),
+            residual: self.residual.clone(),
         }
     }
 }
@@ -133,8 +153,8 @@ impl<B: burn::tensor::backend::Backend> std::fmt::Debug for State<B> {
     }
 }
 
-/// Parents: `x`, fc1's weight, fc2's weight, then fc1's bias, fc2's bias, γ and β where
-/// present.
+/// Parents: `x`, fc1's weight, fc2's weight, then fc1's bias, fc2's bias, γ, β and the
+/// residual where present.
 impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8MlpOp {
     type State = State<B>;
 
@@ -157,8 +177,18 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8MlpOp {
                 .filter(|norm| norm.has_beta)
                 .and(id(gamma_index + 1)),
         };
+        if let (Some(_), Some(node)) = (&state.residual, N.checked_sub(1).and_then(id)) {
+            grads.register::<B>(
+                node,
+                B::float_reshape(grad.clone(), Shape::from(state.out_shape.clone())),
+            );
+        }
+        let source = match state.residual.clone() {
+            Some((mask, prob)) => Fp8Source::DropoutGrad { grad, mask, prob },
+            None => Fp8Source::Plain(grad),
+        };
         let (dy, db2) = B::fp8_quantize_source(
-            Fp8Source::Plain(grad),
+            source,
             &state.fc2,
             Fp8Role::GradOutput,
             true,
@@ -232,7 +262,10 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
         .map(|norm| (norm.gamma.clone(), norm.beta.is_some()));
     // Untracked too (a recomputed range's first forward): its casts record the amaxes the
     // tracked re-run will, which the max makes harmless.
-    let (output, mut saved) = forward::<B>(mlp, true);
+    let prob = mlp.residual.as_ref().map(|r| r.prob);
+    let (output, mut saved, mask) = forward::<B>(mlp, true);
+    let residual = mask.zip(prob);
+    let out_shape = output.shape().to_vec();
     match prepared {
         OpsKind::Tracked(prep) => {
             let norm = norm_input
@@ -249,10 +282,12 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
                 fc1,
                 fc2,
                 x_shape,
+                out_shape,
                 x_dtype,
                 weight_dtypes,
                 bias_dtypes,
                 norm,
+                residual,
             };
             prep.finish(state, output)
         }
@@ -276,6 +311,7 @@ pub fn fp8_mlp_node<B: FusedOps, C: CheckpointStrategy>(
         parents.push(norm.gamma.node.clone());
         parents.extend(norm.beta.as_ref().map(|b| b.node.clone()));
     }
+    parents.extend(mlp.residual.as_ref().map(|r| r.residual.node.clone()));
     let x = mlp.x.clone();
     let inner = Fp8Mlp {
         x: mlp.x.primitive,
@@ -291,6 +327,10 @@ pub fn fp8_mlp_node<B: FusedOps, C: CheckpointStrategy>(
         activation: mlp.activation,
         fc1: mlp.fc1,
         fc2: mlp.fc2,
+        residual: mlp.residual.map(|r| Fp8Residual {
+            residual: r.residual.primitive,
+            prob: r.prob,
+        }),
     };
     macro_rules! record {
         ($n:literal) => {{
@@ -304,6 +344,7 @@ pub fn fp8_mlp_node<B: FusedOps, C: CheckpointStrategy>(
         4 => record!(4),
         5 => record!(5),
         6 => record!(6),
-        _ => record!(7),
+        7 => record!(7),
+        _ => record!(8),
     }
 }

@@ -14,8 +14,10 @@ use burn::tensor::{DType, Shape, TensorMetadata};
 
 use crate::FusedOps;
 use crate::fp8_scaling::Fp8Role;
+use crate::fused_dropout::DropoutMask;
 use crate::fused_fp8::{Fp8Linear, Fp8Operand, Fp8Tensor, fp8_forward};
 use crate::fused_fp8_norm::{Fp8InputNorm, InputNormParents, InputNormState, input_norm_backward};
+use crate::fused_fp8_residual::{Fp8Residual, add_residual};
 use crate::fused_fp8_rope::{Fp8Rope, rotate_output};
 use crate::fused_fp8_source::Fp8Source;
 
@@ -34,6 +36,8 @@ struct Fp8LinearState<B: burn::tensor::backend::Backend> {
     bias_dtype: Option<DType>,
     norm: Option<InputNormState<B>>,
     rope: Option<Fp8Rope<B>>,
+    /// The residual add's keep mask and dropout probability, with one.
+    residual: Option<(DropoutMask<B>, f64)>,
 }
 
 impl<B: burn::tensor::backend::Backend> Clone for Fp8LinearState<B> {
@@ -48,6 +52,7 @@ impl<B: burn::tensor::backend::Backend> Clone for Fp8LinearState<B> {
             bias_dtype: self.bias_dtype,
             norm: self.norm.clone(),
             rope: self.rope.clone(),
+            residual: self.residual.clone(),
         }
     }
 }
@@ -58,7 +63,7 @@ impl<B: burn::tensor::backend::Backend> std::fmt::Debug for Fp8LinearState<B> {
     }
 }
 
-/// Parents are `x`, the weight, then the bias, γ and β where present.
+/// Parents are `x`, the weight, then the bias, γ, β and the residual where present.
 impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
     type State = Fp8LinearState<B>;
 
@@ -73,12 +78,16 @@ impl<B: FusedOps, const N: usize> Backward<B, N> for Fp8LinearOp {
             .as_ref()
             .filter(|norm| norm.has_beta)
             .and(gamma.map(|g| g + 1));
+        if let (Some(_), Some(node)) = (&state.residual, N.checked_sub(1).and_then(id)) {
+            grads.register::<B>(node, grad.clone());
+        }
         let n = state.weight.width();
         let m = grad.shape().num_elements() / n.max(1);
         let grad = B::float_reshape(grad, Shape::new([m, n]));
-        let source = match state.rope.clone() {
-            Some(rope) => Fp8Source::RopeGrad { grad, rope },
-            None => Fp8Source::Plain(grad),
+        let source = match (state.rope.clone(), state.residual.clone()) {
+            (Some(rope), _) => Fp8Source::RopeGrad { grad, rope },
+            (None, Some((mask, prob))) => Fp8Source::DropoutGrad { grad, mask, prob },
+            (None, None) => Fp8Source::Plain(grad),
         };
         let (cast, db) = B::fp8_quantize_source(
             source,
@@ -148,7 +157,7 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
     norm: Option<Fp8InputNorm<B>>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
-    rope: Option<Fp8Rope<B>>,
+    (rope, residual): (Option<Fp8Rope<B>>, Option<Fp8Residual<B>>),
     fp8: &Fp8Linear,
 ) -> FloatTensor<Autodiff<B, C>> {
     let input_shape = x.primitive.shape().to_vec();
@@ -164,6 +173,13 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
     let output = match &rope {
         Some(rope) => rotate_output::<B>(forward.output, rope),
         None => forward.output,
+    };
+    let (output, residual) = match residual {
+        Some(r) => {
+            let (output, mask) = add_residual::<B>(output, r.residual, r.prob);
+            (output, Some((mask, r.prob)))
+        }
+        None => (output, None),
     };
     match prepared {
         OpsKind::Tracked(prep) => {
@@ -185,6 +201,7 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
                 bias_dtype,
                 norm,
                 rope,
+                residual,
             };
             prep.finish(state, output)
         }
@@ -193,22 +210,35 @@ fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize>(
 }
 
 /// Records `norm(x) [.., in] · weight [in, out] + bias` (`x` itself without a norm), rotated by
-/// `rope` where given, as one node on `B`'s fp8 primitives. Public so tests can drive the node
-/// with a CPU backend's reference primitives.
+/// `rope` or added to `residual` after dropout where given, as one node on `B`'s fp8
+/// primitives. Public so tests can drive the node with a CPU backend's reference primitives.
+///
+/// # Panics
+/// With both `rope` and `residual` (no layer ends in both).
 pub fn fp8_linear_node<B: FusedOps, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     norm: Option<Fp8InputNorm<Autodiff<B, C>>>,
     weight: FloatTensor<Autodiff<B, C>>,
     bias: Option<FloatTensor<Autodiff<B, C>>>,
     rope: Option<Fp8Rope<Autodiff<B, C>>>,
+    residual: Option<Fp8Residual<Autodiff<B, C>>>,
     fp8: &Fp8Linear,
 ) -> FloatTensor<Autodiff<B, C>> {
+    assert!(
+        rope.is_none() || residual.is_none(),
+        "an fp8 linear's output is rotated or added to a residual, not both"
+    );
     let mut parents = vec![x.node.clone(), weight.node.clone()];
     parents.extend(bias.as_ref().map(|b| b.node.clone()));
     if let Some(norm) = &norm {
         parents.push(norm.gamma.node.clone());
         parents.extend(norm.beta.as_ref().map(|b| b.node.clone()));
     }
+    parents.extend(residual.as_ref().map(|r| r.residual.node.clone()));
+    let residual = residual.map(|r| Fp8Residual {
+        residual: r.residual.primitive,
+        prob: r.prob,
+    });
     let norm = norm.map(|norm| Fp8InputNorm {
         gamma: norm.gamma.primitive,
         beta: norm.beta.map(|b| b.primitive),
@@ -226,13 +256,14 @@ pub fn fp8_linear_node<B: FusedOps, C: CheckpointStrategy>(
         ($n:literal) => {{
             let parents: [_; $n] = parents.try_into().expect("parents counted");
             let prepared = Fp8LinearOp.prepare::<C>(parents).compute_bound().stateful();
-            finish(prepared, x, norm, weight, bias, rope, fp8)
+            finish(prepared, x, norm, weight, bias, (rope, residual), fp8)
         }};
     }
     match parents.len() {
         2 => record!(2),
         3 => record!(3),
         4 => record!(4),
-        _ => record!(5),
+        5 => record!(5),
+        _ => record!(6),
     }
 }

@@ -15,6 +15,7 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::FusedOps;
 use crate::fp8_scaling::Fp8Role;
+use crate::fused_dropout::DropoutMask;
 use crate::fused_fp8::{Fp8Linear, Fp8Tensor};
 use crate::fused_fp8_rope::Fp8Rope;
 
@@ -50,6 +51,13 @@ pub enum Fp8Source<B: FusedOps> {
         grad: FloatTensor<B>,
         rope: Fp8Rope<B>,
     },
+    /// The dropped input's gradient of a residual add with hidden dropout from the output's
+    /// gradient `grad [rows, cols]`, the keep bits regenerated from `mask` (`fused_dropout.rs`).
+    DropoutGrad {
+        grad: FloatTensor<B>,
+        mask: DropoutMask<B>,
+        prob: f64,
+    },
 }
 
 impl<B: FusedOps> Fp8Source<B> {
@@ -66,6 +74,9 @@ impl<B: FusedOps> Fp8Source<B> {
                 Fp8Activation::Gelu => B::gelu_kernel_backward(pre, grad),
                 Fp8Activation::Swiglu => B::swiglu_kernel_backward(pre, grad),
             },
+            Fp8Source::DropoutGrad { grad, mask, prob } => {
+                B::dropout_add_kernel_backward(grad, prob, mask)
+            }
             Fp8Source::RopeGrad { grad, rope } => {
                 let shape = grad.shape();
                 let packed = rope.packed(grad);

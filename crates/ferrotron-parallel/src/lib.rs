@@ -34,6 +34,7 @@ mod fused_fp8;
 mod fused_fp8_mlp;
 mod fused_fp8_node;
 mod fused_fp8_norm;
+mod fused_fp8_residual;
 mod fused_fp8_rope;
 mod fused_fp8_source;
 mod fused_gather;
@@ -88,6 +89,7 @@ pub use fused_fp8::{
 pub use fused_fp8_mlp::{Fp8Mlp, fp8_mlp_inference, fp8_mlp_node};
 pub use fused_fp8_node::fp8_linear_node;
 pub use fused_fp8_norm::{Fp8InputNorm, fp8_quantize_norm_composed};
+pub use fused_fp8_residual::Fp8Residual;
 pub use fused_fp8_rope::Fp8Rope;
 pub use fused_fp8_source::{Fp8Activation, Fp8Source, fp8_quantize_source_composed};
 pub use fused_gather::{gather_rows_backward, gather_rows_node};

@@ -9,8 +9,8 @@ use ferrotron_parallel::{
 };
 
 use super::{
-    Cast, CastInput, CastNorm, CastRope, CastSource, Operand, ScaleFrom, cast_source, fp8_matmul,
-    supported, update_scaling,
+    Cast, CastDropout, CastInput, CastNorm, CastRope, CastSource, Operand, ScaleFrom, cast_source,
+    fp8_matmul, supported, update_scaling,
 };
 use crate::backend::convert::{engine_dtype, ok};
 use crate::backend::{Cuda, GpuDevice};
@@ -54,10 +54,23 @@ pub(crate) fn fp8_quantize_source_op(
         Fp8Scaling::Delayed { .. } => fp8.measures_first_scales(),
     };
     let mut tables = None;
+    let mut dropout = None;
     let (x, aux, kind) = match source {
         Fp8Source::Plain(x) => (x, None, CastSource::Plain),
         source if measured => {
             return fp8_quantize_source_composed::<Cuda>(source, fp8, role, record, bias_grad);
+        }
+        Fp8Source::DropoutGrad { grad, mask, prob } => {
+            // The reference kernels keep the mask itself: nothing to regenerate.
+            if mask.kept.is_some() {
+                let source = Fp8Source::DropoutGrad { grad, mask, prob };
+                return fp8_quantize_source_composed::<Cuda>(source, fp8, role, record, bias_grad);
+            }
+            dropout = Some(CastDropout {
+                rng: mask.rng,
+                prob,
+            });
+            (grad, None, CastSource::DropoutGrad)
         }
         Fp8Source::RopeGrad { grad, rope } => {
             let fits = [&rope.cos, &rope.sin]
@@ -95,6 +108,7 @@ pub(crate) fn fp8_quantize_source_op(
         aux: aux.as_ref(),
         norm: None,
         rope: tables.as_ref().map(|(cos, sin)| CastRope { cos, sin }),
+        dropout,
         source: kind,
     };
     let (tensor, bias) = cast_with(input, fp8, role, record, bias_grad, measured);
@@ -136,6 +150,7 @@ pub(crate) fn fp8_quantize_norm_op(
             beta: norm.beta.as_ref(),
         }),
         rope: None,
+        dropout: None,
         source: CastSource::Norm {
             rms,
             beta: norm.beta.is_some(),

@@ -161,6 +161,11 @@ pub enum CastSource {
         slots: usize,
         head_dim: usize,
     },
+    /// The dropped input's gradient of a residual add with hidden dropout from the output's
+    /// gradient `x [rows, cols]`: each element's keep bit drawn again from the forward's
+    /// (seed, offset) by the dropout kernels' Philox scheme (`random.rs`), kept elements scaled
+    /// by `1 / (1 − p)`, rounded to x's dtype as the dropout kernel's output is.
+    DropoutGrad,
 }
 
 impl CastSource {
@@ -175,6 +180,7 @@ impl CastSource {
             CastSource::Norm { beta: true, .. } => " layernorm beta",
             CastSource::Norm { .. } => " layernorm",
             CastSource::RopeGrad { .. } => " rope grad",
+            CastSource::DropoutGrad => " dropout grad",
         }
     }
 
@@ -188,6 +194,13 @@ impl CastSource {
         let activation = match self {
             CastSource::Plain | CastSource::Norm { .. } | CastSource::RopeGrad { .. } => {
                 return String::new();
+            }
+            CastSource::DropoutGrad => {
+                return format!(
+                    "{}{}",
+                    crate::random::PHILOX_HELPERS,
+                    crate::random::PHILOX_WORD
+                );
             }
             CastSource::Gelu => function("act", "const float a", GELU),
             CastSource::Swiglu => function("act", "const float a, const float b", swiglu::FORWARD),
@@ -208,7 +221,10 @@ impl CastSource {
     /// The `raw8` loads a row's eight values need (`in[0..]`).
     fn inputs(self) -> usize {
         match self {
-            CastSource::Plain | CastSource::Gelu | CastSource::Norm { .. } => 1,
+            CastSource::Plain
+            | CastSource::Gelu
+            | CastSource::Norm { .. }
+            | CastSource::DropoutGrad => 1,
             CastSource::Swiglu | CastSource::GeluGrad | CastSource::RopeGrad { .. } => 2,
             CastSource::SwigluGrad => 3,
         }
@@ -224,9 +240,10 @@ impl CastSource {
             );
         }
         let code = match self {
-            CastSource::Plain | CastSource::Gelu | CastSource::Norm { .. } => {
-                "      in[0] = load_raw(x + r * p.cols + c);\n"
-            }
+            CastSource::Plain
+            | CastSource::Gelu
+            | CastSource::Norm { .. }
+            | CastSource::DropoutGrad => "      in[0] = load_raw(x + r * p.cols + c);\n",
             CastSource::Swiglu => {
                 "      in[0] = load_raw(x + r * 2 * p.cols + c);\n      in[1] = load_raw(x + r * 2 * p.cols + p.cols + c);\n"
             }
@@ -248,6 +265,12 @@ impl CastSource {
 
     /// Code that fills `float v[8]` from the loaded `in[..]` (`input`: x's dtype).
     fn compute(self, input: DType) -> String {
+        if self == CastSource::DropoutGrad {
+            let kept = input.load_expr(&input.store_expr("(keep ? a * (float)p.keep_scale : 0.f)"));
+            return format!(
+                "      unpack8(in[0], v);\n      {{ const long long i0 = r * p.cols + c;\n#pragma unroll\n        for (int e = 0; e < 8; ++e) {{\n          const long long i = i0 + e;\n          const float a = v[e];\n          const bool keep = (double)philox_word((long long)p.seed, (long long)p.offset + (i >> 2), (int)(i & 3)) < p.keep_prob * 4294967296.0;\n          v[e] = {kept};\n        }} }}\n"
+            );
+        }
         if let CastSource::RopeGrad { slots, head_dim } = self {
             let width = slots * head_dim;
             let half = head_dim / 2;
@@ -293,7 +316,9 @@ impl CastSource {
                 "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = grad_up(a[j], g[j]);\n",
                 "        } }\n"
             ),
-            CastSource::RopeGrad { .. } => unreachable!("returned above"),
+            CastSource::RopeGrad { .. } | CastSource::DropoutGrad => {
+                unreachable!("returned above")
+            }
         };
         code.to_string()
     }
@@ -335,6 +360,7 @@ impl KernelSpec for CastTranspose {
         let extra = match self.source {
             CastSource::Norm { .. } => ", mean, rstd, gamma, beta",
             CastSource::RopeGrad { .. } => ", cos, sin, seq",
+            CastSource::DropoutGrad => ", seed, offset; double keep_prob, keep_scale",
             _ => "",
         };
         s += &format!(
@@ -562,6 +588,15 @@ mod tests {
                     all.push((format!("{spec:?}"), spec.source()));
                 }
             }
+            let spec = CastTranspose {
+                input,
+                format: Fp8Format::E5m2,
+                transpose: true,
+                current: false,
+                source: CastSource::DropoutGrad,
+                dbias: true,
+            };
+            all.push((format!("{spec:?}"), spec.source()));
             for (slots, head_dim) in [(6, 64), (3, 128)] {
                 let spec = CastTranspose {
                     input,

@@ -118,6 +118,7 @@ pub fn cast_transpose(
         aux: None,
         norm: None,
         rope: None,
+        dropout: None,
         source: CastSource::Plain,
     };
     Ok(cast_source(input, format, transpose, from, false)?.0)
@@ -131,7 +132,16 @@ pub struct CastInput<'a> {
     pub aux: Option<&'a CudaTensor>,
     pub norm: Option<CastNorm<'a>>,
     pub rope: Option<CastRope<'a>>,
+    pub dropout: Option<CastDropout>,
     pub source: CastSource,
+}
+
+/// The dropout a [`CastSource::DropoutGrad`] cast regenerates: the forward's (seed, counter
+/// offset) and its probability.
+#[derive(Debug, Clone, Copy)]
+pub struct CastDropout {
+    pub rng: [u64; 2],
+    pub prob: f64,
 }
 
 /// The rotary tables a [`CastSource::RopeGrad`] cast reads: `cos`, `sin` `[seq, head_dim]` in
@@ -163,7 +173,8 @@ impl CastInput<'_> {
             | CastSource::Gelu
             | CastSource::GeluGrad
             | CastSource::Norm { .. }
-            | CastSource::RopeGrad { .. } => [rows, cols],
+            | CastSource::RopeGrad { .. }
+            | CastSource::DropoutGrad => [rows, cols],
             CastSource::Swiglu => [rows, cols / 2],
             CastSource::SwigluGrad => [rows, 2 * cols],
         };
@@ -247,6 +258,17 @@ impl CastInput<'_> {
             return Err(CudaError::invalid(
                 ctx(),
                 "only RoPE's backward takes rotary tables",
+            ));
+        }
+        let dropout_ok = match (self.source, self.dropout) {
+            (CastSource::DropoutGrad, Some(d)) => (0.0..1.0).contains(&d.prob),
+            (CastSource::DropoutGrad, None) => false,
+            (_, dropout) => dropout.is_none(),
+        };
+        if !dropout_ok {
+            return Err(CudaError::invalid(
+                ctx(),
+                "a dropout gradient's cast, and only it, takes the dropout (probability in [0, 1))",
             ));
         }
         if !shape[1].is_multiple_of(8) {
@@ -376,6 +398,13 @@ pub fn cast_source(
             .ptr(cos.data_ptr())
             .ptr(sin.data_ptr())
             .int(r.cos.shape()[0] as i64);
+    }
+    if let Some(d) = input.dropout {
+        params
+            .int(d.rng[0] as i64)
+            .int(d.rng[1] as i64)
+            .float(1.0 - d.prob)
+            .float(1.0 / (1.0 - d.prob));
     }
     launch(&device, &spec, grid, THREADS, &params, &ctx)?;
     // `measured` (the amax the kernel read) is freed stream-ordered, after the kernel.

@@ -13,8 +13,8 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use super::{B, flat, tensor};
 use crate::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
 use crate::{
-    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Rope, Fp8State, FusedOps, NormKind,
-    NormSpec, end_fp8_step, gelu, norm_node,
+    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, Fp8Rope, Fp8State, FusedOps,
+    NormKind, NormSpec, dropout_add_node, end_fp8_step, gelu, norm_node,
 };
 use burn::backend::Flex;
 
@@ -110,6 +110,7 @@ fn step(
             activation: act,
             fc1: fp8.0.clone(),
             fc2: fp8.1.clone(),
+            residual: None,
         })))
     } else {
         let h = linear(x.clone(), &p.w1, &p.b1, &fp8.0);
@@ -205,11 +206,14 @@ fn normed_step(
             activation: Fp8Activation::Gelu,
             fc1: fp8.0.clone(),
             fc2: fp8.1.clone(),
+            residual: None,
         })))
     } else {
         let (w, b) = (primitive(&p.w1), p.b1.as_ref().map(primitive));
         Tensor::from_primitive(TensorPrimitive::Float(match norm {
-            Some(norm) => B::fp8_fused_linear(primitive(&input), Some(norm), w, b, None, &fp8.0),
+            Some(norm) => {
+                B::fp8_fused_linear(primitive(&input), Some(norm), w, b, None, None, &fp8.0)
+            }
             None => B::fp8_linear(primitive(&input), w, b, &fp8.0),
         }))
     };
@@ -275,6 +279,7 @@ fn rope_step(fused: bool, fp8: &(Fp8Linear, Fp8Linear)) -> Vec<Vec<f32>> {
             primitive(&w),
             Some(primitive(&b)),
             Some(rope),
+            None,
             &fp8.0,
         )))
     } else {
@@ -314,6 +319,90 @@ fn rope_inside_the_fp8_projection_gives_the_projection_then_rope_numbers() {
                 worst <= 1e-6 * scale,
                 "step {step}: part {i} differs by {worst:e} (of {scale:e})"
             );
+        }
+    }
+}
+
+/// One step of a block's fp8 half ending in `residual + dropout(y)`: the add inside the fp8
+/// node (`fused`: its backward casts the dropped gradient straight from the output's) against
+/// the fp8 node then the dropout-add node, both on the reference kernels, which draw the same
+/// Bernoulli mask from the same seed. Output, the gradients of x, the residual, w1, then the
+/// state.
+fn residual_step(fused: bool, mlp: bool, fp8: &(Fp8Linear, Fp8Linear)) -> Vec<Vec<f32>> {
+    const PROB: f64 = 0.25;
+    let p = params(Fp8Activation::Gelu, true);
+    let x = (tensor([ROWS, IN], 0.3) * 2.0).require_grad();
+    let residual = (tensor([ROWS, OUT], 0.9)).require_grad();
+    <Flex as burn::tensor::backend::Backend>::seed(&Default::default(), 11);
+    let fused_residual = || {
+        fused.then(|| Fp8Residual {
+            residual: primitive(&residual),
+            prob: PROB,
+        })
+    };
+    let y: Tensor<B, 2> = if mlp {
+        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(Fp8Mlp {
+            x: primitive(&x),
+            norm: None,
+            fc1_weight: primitive(&p.w1),
+            fc1_bias: p.b1.as_ref().map(primitive),
+            fc2_weight: primitive(&p.w2),
+            fc2_bias: p.b2.as_ref().map(primitive),
+            activation: Fp8Activation::Gelu,
+            fc1: fp8.0.clone(),
+            fc2: fp8.1.clone(),
+            residual: fused_residual(),
+        })))
+    } else {
+        let w = (tensor([IN, OUT], 0.6) * 0.3).require_grad();
+        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_fused_linear(
+            primitive(&x),
+            None,
+            primitive(&w),
+            None,
+            None,
+            fused_residual(),
+            &fp8.0,
+        )))
+    };
+    let y = if fused {
+        y
+    } else {
+        Tensor::from_primitive(TensorPrimitive::Float(dropout_add_node::<
+            Flex,
+            NoCheckpointing,
+        >(
+            primitive(&y),
+            primitive(&residual),
+            PROB,
+        )))
+    };
+    let g = tensor([ROWS, OUT], 0.5) * 1e-3;
+    let grads = (y.clone() * g).sum().backward();
+    let mut out = vec![
+        flat(y),
+        flat(x.grad(&grads).expect("dx")),
+        flat(residual.grad(&grads).expect("dresidual")),
+    ];
+    if mlp {
+        out.push(flat(p.w1.grad(&grads).expect("dw1")));
+    }
+    out.push(end_step(fp8));
+    out
+}
+
+#[test]
+fn a_residual_add_inside_the_fp8_nodes_gives_the_dropout_add_nodes_numbers() {
+    for mlp in [true, false] {
+        let (fused, unfused) = (handles(), handles());
+        for step in 0..2 {
+            let a = residual_step(true, mlp, &fused);
+            let b = residual_step(false, mlp, &unfused);
+            assert_eq!(a.len(), b.len());
+            for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(a), bits(b), "mlp {mlp}, step {step}: part {i} differs");
+            }
         }
     }
 }

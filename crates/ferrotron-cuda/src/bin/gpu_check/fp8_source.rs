@@ -46,8 +46,10 @@ fn host_values(source: CastSource, x: &[f32], aux: &[f32], [rows, cols]: [usize;
             let (r, c) = (i / cols, i % cols);
             let v = match source {
                 CastSource::Plain => x[i],
-                CastSource::Norm { .. } | CastSource::RopeGrad { .. } => {
-                    unreachable!("the norm and RoPE casts have their rows in fp8_norm_rope.rs")
+                CastSource::Norm { .. } | CastSource::RopeGrad { .. } | CastSource::DropoutGrad => {
+                    unreachable!(
+                        "the norm, RoPE and dropout casts have their rows in fp8_norm_rope.rs"
+                    )
                 }
                 CastSource::Gelu => gelu(x[i]),
                 CastSource::Swiglu => {
@@ -91,7 +93,8 @@ fn shapes(source: CastSource, rows: usize, f: usize) -> [[usize; 2]; 3] {
         CastSource::Plain
         | CastSource::Gelu
         | CastSource::Norm { .. }
-        | CastSource::RopeGrad { .. } => [[rows, f], [0, 0], [rows, f]],
+        | CastSource::RopeGrad { .. }
+        | CastSource::DropoutGrad => [[rows, f], [0, 0], [rows, f]],
         CastSource::Swiglu => [[rows, 2 * f], [0, 0], [rows, f]],
         CastSource::GeluGrad => [[rows, f], [rows, f], [rows, f]],
         CastSource::SwigluGrad => [[rows, f / 2], [rows, f], [rows, f]],
@@ -127,6 +130,7 @@ fn source_row(
             aux: aux_gpu.as_ref(),
             norm: None,
             rope: None,
+            dropout: None,
             source,
         };
         let from = ScaleFrom::Delayed {
@@ -261,6 +265,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                     aux: aux.as_ref(),
                     norm: None,
                     rope: None,
+                    dropout: None,
                     source,
                 };
                 let from = ScaleFrom::Delayed {
