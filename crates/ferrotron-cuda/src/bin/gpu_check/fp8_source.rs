@@ -48,7 +48,7 @@ fn host_values(source: CastSource, x: &[f32], aux: &[f32], [rows, cols]: [usize;
                 CastSource::Plain => x[i],
                 CastSource::Norm { .. } | CastSource::RopeGrad { .. } | CastSource::DropoutGrad => {
                     unreachable!(
-                        "the norm, RoPE and dropout casts have their rows in fp8_norm_rope.rs"
+                        "the norm, RoPE and dropout casts have their rows in fp8_fused_sources.rs"
                     )
                 }
                 CastSource::Gelu => gelu(x[i]),

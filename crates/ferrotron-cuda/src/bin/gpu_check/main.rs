@@ -14,7 +14,7 @@ mod autodiff;
 mod cases;
 mod compare;
 mod fp8;
-mod fp8_norm_rope;
+mod fp8_fused_sources;
 mod fp8_source;
 mod fused;
 mod fused_dropout;
@@ -419,7 +419,7 @@ fn main() -> anyhow::Result<()> {
     }
     if args.filter.is_empty() || args.filter == "fp8" {
         rows.extend(fp8::rows(&device));
-        rows.extend(fp8_norm_rope::rows(&device));
+        rows.extend(fp8_fused_sources::rows(&device));
     }
     let mut nccl_comm = None;
     if args.filter.is_empty() || args.filter == "nccl" {

@@ -1,12 +1,13 @@
 //! Rows for the fp8 casts that compute a layer's 16-bit tensor on the way in instead of reading
 //! it: the norm's output (`FusedOps::fp8_quantize_norm`, Transformer Engine's `LayerNormLinear`
-//! input: a row statistics pass, then a cast that normalises as it reads) and RoPE's backward
-//! of the QKV projection's gradient (`Fp8Source::RopeGrad`). Each runs against the 16-bit
-//! kernel's output cast by the plain cast, on the same GPU from the same inputs and the same
-//! delayed scale (each path's layer state warmed up by one identical step). The statistics must
-//! match to the bit (the same kernel arithmetic); an fp8 byte may differ only by one grid step,
-//! and at most one in a thousand (two kernels may contract a multiply-add differently before
-//! rounding to bf16); the inverse scale and the amax recorded must match.
+//! input: a row statistics pass, then a cast that normalises as it reads), RoPE's backward of
+//! the QKV projection's gradient (`Fp8Source::RopeGrad`) and the dropped gradient of a residual
+//! add with dropout (`Fp8Source::DropoutGrad`). Each runs against the 16-bit kernel's output
+//! cast by the plain cast, on the same GPU from the same inputs and the same delayed scale (each
+//! path's layer state warmed up by one identical step). The statistics must match to the bit
+//! (the same kernel arithmetic); an fp8 byte may differ only by one grid step, and at most one
+//! in a thousand (two kernels may contract a multiply-add differently before rounding to bf16);
+//! the inverse scale and the amax recorded must match.
 
 use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_cuda::{Cuda, GpuDevice};
@@ -177,46 +178,56 @@ fn norm_row(device: &GpuDevice, rng: &mut StdRng, kind: NormKind, [rows, cols]: 
     }
 }
 
-/// The RoPE backward cast's parts: bytes, transpose, inverse scale, the state row after it
-/// recorded its amax. `quantize` is the backend's cast of a source or the composed one.
-fn run_rope(
+/// A gradient cast's parts: bytes, transpose, inverse scale, the state row after it recorded
+/// its amax. `quantize` is the backend's cast of a source or the composed one; `source` makes
+/// the source from a gradient (the first warms the layer's scale up, the second is compared).
+fn run_source(
     quantize: QuantizeSource,
+    source: &dyn Fn(&TensorData) -> Fp8Source<Cuda>,
     grads: &[TensorData; 2],
-    tables: &[TensorData; 2],
-    [groups, slots, head_dim]: [usize; 3],
-    device: &GpuDevice,
+    bias_grad: bool,
 ) -> Result<Vec<Vec<f32>>, String> {
-    let state = Fp8State::new(hybrid_delayed(), vec!["qkv".into()]);
+    let state = Fp8State::new(hybrid_delayed(), vec!["layer".into()]);
     let layer = Fp8Linear::new(&state, 0);
-    let upload = |d: &TensorData| {
-        Tensor::<Cuda, 2>::from_data(d.clone(), (device, DType::BF16))
-            .into_primitive()
-            .tensor()
-    };
-    let source = |grad: &TensorData| Fp8Source::RopeGrad {
-        grad: upload(grad),
-        rope: Fp8Rope {
-            cos: upload(&tables[0]),
-            sin: upload(&tables[1]),
-            groups,
-            slots,
-            head_dim,
-        },
-    };
-    quantize(source(&grads[0]), &layer, Fp8Role::GradOutput, true, false);
+    quantize(
+        source(&grads[0]),
+        &layer,
+        Fp8Role::GradOutput,
+        true,
+        bias_grad,
+    );
     end_fp8_step::<Cuda>(&state, &[]);
-    let (cast, _) = quantize(source(&grads[1]), &layer, Fp8Role::GradOutput, true, false);
+    let (cast, bias) = quantize(
+        source(&grads[1]),
+        &layer,
+        Fp8Role::GradOutput,
+        true,
+        bias_grad,
+    );
     let row: Vec<f32> = state
         .rows::<Cuda>()
         .into_iter()
         .flat_map(|(_, row)| row)
         .collect();
-    Ok(vec![
+    let mut parts = vec![
         decoded(&cast.data, cast.format)?,
         decoded(&cast.transposed, cast.format)?,
         f32s(&cast.scale_inv).map_err(|e| e.to_string())?,
         row,
-    ])
+    ];
+    if let Some(bias) = bias {
+        let bias = bias
+            .cast(ferrotron_cuda::DType::F32)
+            .map_err(|e| e.to_string())?;
+        parts.push(f32s(&bias).map_err(|e| e.to_string())?);
+    }
+    Ok(parts)
+}
+
+fn upload(device: &GpuDevice, d: &TensorData) -> burn::tensor::ops::FloatTensor<Cuda> {
+    Tensor::<Cuda, 2>::from_data(d.clone(), (device, DType::BF16))
+        .into_primitive()
+        .tensor()
 }
 
 type QuantizeSource = fn(
@@ -242,17 +253,18 @@ fn rope_row(
     };
     let grads = [data(rng, [rows, cols]), data(rng, [rows, cols])];
     let tables = [data(rng, [seq, head_dim]), data(rng, [seq, head_dim])];
-    let layout = [groups, slots, head_dim];
-    let got = guarded(|| run_rope(Cuda::fp8_quantize_source, &grads, &tables, layout, device));
-    let want = guarded(|| {
-        run_rope(
-            fp8_quantize_source_composed::<Cuda>,
-            &grads,
-            &tables,
-            layout,
-            device,
-        )
-    });
+    let source = |grad: &TensorData| Fp8Source::RopeGrad {
+        grad: upload(device, grad),
+        rope: Fp8Rope {
+            cos: upload(device, &tables[0]),
+            sin: upload(device, &tables[1]),
+            groups,
+            slots,
+            head_dim,
+        },
+    };
+    let got = guarded(|| run_source(Cuda::fp8_quantize_source, &source, &grads, false));
+    let want = guarded(|| run_source(fp8_quantize_source_composed::<Cuda>, &source, &grads, false));
     let (errors, note) = compare_casts(
         got,
         want,
@@ -268,9 +280,50 @@ fn rope_row(
     }
 }
 
+/// The dropped input's gradient of a residual add with hidden dropout (probability 0.1), the
+/// keep bits those of a real dropout-add forward on this GPU.
+fn dropout_row(device: &GpuDevice, rng: &mut StdRng, [rows, cols]: [usize; 2]) -> Row {
+    const PROB: f64 = 0.1;
+    let mut data = || TensorData::new(bf16_values(rng, rows * cols, 2.0), vec![rows, cols]);
+    let grads = [data(), data()];
+    let zeros = || {
+        upload(
+            device,
+            &TensorData::new(vec![0f32; rows * cols], vec![rows, cols]),
+        )
+    };
+    let mask = guarded(|| Ok(Cuda::dropout_add_kernel_forward(zeros(), zeros(), PROB).mask));
+    let (errors, note) = match mask {
+        Ok(mask) => {
+            let source = |grad: &TensorData| Fp8Source::DropoutGrad {
+                grad: upload(device, grad),
+                mask: mask.clone(),
+                prob: PROB,
+            };
+            let got = guarded(|| run_source(Cuda::fp8_quantize_source, &source, &grads, true));
+            let want =
+                guarded(|| run_source(fp8_quantize_source_composed::<Cuda>, &source, &grads, true));
+            compare_casts(
+                got,
+                want,
+                rows * cols,
+                "dropout grad cast vs dropout kernel + cast",
+            )
+        }
+        Err(e) => (failed(), format!("dropout forward: {}", first_line(&e))),
+    };
+    Row {
+        op: "fp8_cast_source dropout grad".into(),
+        dtype: "bf16→fp8",
+        shape: format!("[{rows}, {cols}]"),
+        errors,
+        note,
+    }
+}
+
 /// LayerNorm (with β) and RMSNorm at a layer's width, and a row count that leaves the last
 /// band of rows partly filled; RoPE's backward at head dims 64 and 128 with grouped and plain
-/// heads.
+/// heads; the dropout gradient with a partly filled last band.
 pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(23);
     let mut rows = Vec::new();
@@ -280,5 +333,6 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     }
     rows.push(rope_row(device, &mut rng, [2, 128, 2, 6, 64]));
     rows.push(rope_row(device, &mut rng, [3, 40, 2, 3, 128]));
+    rows.push(dropout_row(device, &mut rng, [520, 1024]));
     rows
 }
