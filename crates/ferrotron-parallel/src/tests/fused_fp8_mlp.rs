@@ -72,6 +72,15 @@ fn end_step(fp8: &(Fp8Linear, Fp8Linear)) -> Vec<f32> {
         .collect()
 }
 
+/// Every part of two steps' numbers equal to the bit.
+fn assert_same_bits(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: parts");
+    for (i, (a, b)) in a.iter().zip(b).enumerate() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b), "{what}: part {i} differs");
+    }
+}
+
 fn primitive<const D: usize>(t: &Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
     t.clone().into_primitive().tensor()
 }
@@ -238,17 +247,11 @@ fn an_input_norm_inside_the_fp8_nodes_gives_the_norm_node_then_the_fp8_nodes_num
         for mlp in [true, false] {
             let (fused, unfused) = (handles(), handles());
             for step in 0..2 {
-                let a = normed_step(true, kind, mlp, &fused);
-                let b = normed_step(false, kind, mlp, &unfused);
-                assert_eq!(a.len(), b.len());
-                for (i, (a, b)) in a.iter().zip(&b).enumerate() {
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(a),
-                        bits(b),
-                        "{kind:?}, mlp {mlp}, step {step}: part {i} differs"
-                    );
-                }
+                assert_same_bits(
+                    &normed_step(true, kind, mlp, &fused),
+                    &normed_step(false, kind, mlp, &unfused),
+                    &format!("{kind:?}, mlp {mlp}, step {step}"),
+                );
             }
         }
     }
@@ -396,13 +399,11 @@ fn a_residual_add_inside_the_fp8_nodes_gives_the_dropout_add_nodes_numbers() {
     for mlp in [true, false] {
         let (fused, unfused) = (handles(), handles());
         for step in 0..2 {
-            let a = residual_step(true, mlp, &fused);
-            let b = residual_step(false, mlp, &unfused);
-            assert_eq!(a.len(), b.len());
-            for (i, (a, b)) in a.iter().zip(&b).enumerate() {
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(a), bits(b), "mlp {mlp}, step {step}: part {i} differs");
-            }
+            assert_same_bits(
+                &residual_step(true, mlp, &fused),
+                &residual_step(false, mlp, &unfused),
+                &format!("mlp {mlp}, step {step}"),
+            );
         }
     }
 }
