@@ -75,7 +75,13 @@ impl<B: FusedOps> Fp8Source<B> {
                 Fp8Activation::Swiglu => B::swiglu_kernel_backward(pre, grad),
             },
             Fp8Source::DropoutGrad { grad, mask, prob } => {
-                B::dropout_add_kernel_backward(grad, prob, mask)
+                // A kept mask (the reference kernels') has the forward's shape, not the rows'.
+                let shape = grad.shape();
+                let grad = match &mask.kept {
+                    Some(kept) => B::float_reshape(grad, kept.shape()),
+                    None => grad,
+                };
+                B::float_reshape(B::dropout_add_kernel_backward(grad, prob, mask), shape)
             }
             Fp8Source::RopeGrad { grad, rope } => {
                 let shape = grad.shape();

@@ -407,3 +407,86 @@ fn a_residual_add_inside_the_fp8_nodes_gives_the_dropout_add_nodes_numbers() {
         }
     }
 }
+
+/// A pre-norm block's MLP half, `h + dropout(mlp(norm(h)))`: the MLP node taking both its norm
+/// and its residual add in, both reading `h` (the node hands `h` the residual's gradient and its
+/// norm's backward adds it back), against the norm node, the MLP node and the dropout-add node.
+/// Output, `h`'s gradient, w1's, then the state.
+fn block_mlp_step(fused: bool, fp8: &(Fp8Linear, Fp8Linear)) -> Vec<Vec<f32>> {
+    const PROB: f64 = 0.25;
+    let p = params(Fp8Activation::Gelu, true);
+    let h = (tensor([2, ROWS / 2, IN], 0.3) * 2.0 + 0.5).require_grad();
+    let gamma = (tensor([IN], 0.9) * 0.2 + 1.0).require_grad();
+    let spec = NormSpec {
+        kind: NormKind::Rms,
+        epsilon: 1e-5,
+    };
+    <Flex as burn::tensor::backend::Backend>::seed(&Default::default(), 5);
+    let mlp = |x: &Tensor<B, 3>, norm, residual| Fp8Mlp {
+        x: primitive(x),
+        norm,
+        fc1_weight: primitive(&p.w1),
+        fc1_bias: p.b1.as_ref().map(primitive),
+        fc2_weight: primitive(&p.w2),
+        fc2_bias: p.b2.as_ref().map(primitive),
+        activation: Fp8Activation::Gelu,
+        fc1: fp8.0.clone(),
+        fc2: fp8.1.clone(),
+        residual,
+    };
+    let y: Tensor<B, 3> = if fused {
+        let norm = Fp8InputNorm {
+            gamma: primitive(&gamma),
+            beta: None,
+            spec,
+        };
+        let residual = Fp8Residual {
+            residual: primitive(&h),
+            prob: PROB,
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(mlp(
+            &h,
+            Some(norm),
+            Some(residual),
+        ))))
+    } else {
+        let normed: Tensor<B, 3> =
+            Tensor::from_primitive(TensorPrimitive::Float(norm_node::<Flex, NoCheckpointing>(
+                primitive(&h),
+                primitive(&gamma),
+                None,
+                spec,
+            )));
+        let out: Tensor<B, 3> =
+            Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(mlp(&normed, None, None))));
+        Tensor::from_primitive(TensorPrimitive::Float(dropout_add_node::<
+            Flex,
+            NoCheckpointing,
+        >(
+            primitive(&out),
+            primitive(&h),
+            PROB,
+        )))
+    };
+    let g = tensor([2, ROWS / 2, OUT], 0.5) * 1e-3;
+    let grads = (y.clone() * g).sum().backward();
+    vec![
+        flat(y),
+        flat(h.grad(&grads).expect("dh")),
+        flat(gamma.grad(&grads).expect("dgamma")),
+        flat(p.w1.grad(&grads).expect("dw1")),
+        end_step(fp8),
+    ]
+}
+
+#[test]
+fn a_block_mlp_half_with_norm_and_residual_in_one_node_gives_the_three_nodes_numbers() {
+    let (fused, unfused) = (handles(), handles());
+    for step in 0..2 {
+        assert_same_bits(
+            &block_mlp_step(true, &fused),
+            &block_mlp_step(false, &unfused),
+            &format!("step {step}"),
+        );
+    }
+}
