@@ -81,6 +81,28 @@ fn assert_same_bits(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
     }
 }
 
+/// The GELU MLP of `p` over `x`, with an input norm and a residual add where given.
+fn gelu_mlp<const D: usize>(
+    p: &Params,
+    x: &Tensor<B, D>,
+    norm: Option<Fp8InputNorm<B>>,
+    residual: Option<Fp8Residual<B>>,
+    fp8: &(Fp8Linear, Fp8Linear),
+) -> Fp8Mlp<B> {
+    Fp8Mlp {
+        x: primitive(x),
+        norm,
+        fc1_weight: primitive(&p.w1),
+        fc1_bias: p.b1.as_ref().map(primitive),
+        fc2_weight: primitive(&p.w2),
+        fc2_bias: p.b2.as_ref().map(primitive),
+        activation: Fp8Activation::Gelu,
+        fc1: fp8.0.clone(),
+        fc2: fp8.1.clone(),
+        residual,
+    }
+}
+
 fn primitive<const D: usize>(t: &Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
     t.clone().into_primitive().tensor()
 }
@@ -205,18 +227,9 @@ fn normed_step(
     };
     let norm = fused.then(input_norm);
     let y: Tensor<B, 3> = if mlp {
-        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(Fp8Mlp {
-            x: primitive(&input),
-            norm,
-            fc1_weight: primitive(&p.w1),
-            fc1_bias: p.b1.as_ref().map(primitive),
-            fc2_weight: primitive(&p.w2),
-            fc2_bias: p.b2.as_ref().map(primitive),
-            activation: Fp8Activation::Gelu,
-            fc1: fp8.0.clone(),
-            fc2: fp8.1.clone(),
-            residual: None,
-        })))
+        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(gelu_mlp(
+            &p, &input, norm, None, fp8,
+        ))))
     } else {
         let (w, b) = (primitive(&p.w1), p.b1.as_ref().map(primitive));
         Tensor::from_primitive(TensorPrimitive::Float(match norm {
@@ -344,18 +357,13 @@ fn residual_step(fused: bool, mlp: bool, fp8: &(Fp8Linear, Fp8Linear)) -> Vec<Ve
         })
     };
     let y: Tensor<B, 2> = if mlp {
-        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(Fp8Mlp {
-            x: primitive(&x),
-            norm: None,
-            fc1_weight: primitive(&p.w1),
-            fc1_bias: p.b1.as_ref().map(primitive),
-            fc2_weight: primitive(&p.w2),
-            fc2_bias: p.b2.as_ref().map(primitive),
-            activation: Fp8Activation::Gelu,
-            fc1: fp8.0.clone(),
-            fc2: fp8.1.clone(),
-            residual: fused_residual(),
-        })))
+        Tensor::from_primitive(TensorPrimitive::Float(B::fp8_mlp(gelu_mlp(
+            &p,
+            &x,
+            None,
+            fused_residual(),
+            fp8,
+        ))))
     } else {
         let w = (tensor([IN, OUT], 0.6) * 0.3).require_grad();
         Tensor::from_primitive(TensorPrimitive::Float(B::fp8_fused_linear(
@@ -422,18 +430,7 @@ fn block_mlp_step(fused: bool, fp8: &(Fp8Linear, Fp8Linear)) -> Vec<Vec<f32>> {
         epsilon: 1e-5,
     };
     <Flex as burn::tensor::backend::Backend>::seed(&Default::default(), 5);
-    let mlp = |x: &Tensor<B, 3>, norm, residual| Fp8Mlp {
-        x: primitive(x),
-        norm,
-        fc1_weight: primitive(&p.w1),
-        fc1_bias: p.b1.as_ref().map(primitive),
-        fc2_weight: primitive(&p.w2),
-        fc2_bias: p.b2.as_ref().map(primitive),
-        activation: Fp8Activation::Gelu,
-        fc1: fp8.0.clone(),
-        fc2: fp8.1.clone(),
-        residual,
-    };
+    let mlp = |x: &Tensor<B, 3>, norm, residual| gelu_mlp(&p, x, norm, residual, fp8);
     let y: Tensor<B, 3> = if fused {
         let norm = Fp8InputNorm {
             gamma: primitive(&gamma),
