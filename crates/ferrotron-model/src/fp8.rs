@@ -26,19 +26,10 @@ pub(crate) fn linear<B: FusedOps, const D: usize>(
     x: Tensor<B, D>,
     fp8: Option<&Fp8Linear>,
 ) -> Tensor<B, D> {
-    let Some(fp8) = fp8 else {
-        return layer.forward(x);
-    };
-    let bias = layer
-        .bias
-        .as_ref()
-        .map(|b| b.val().into_primitive().tensor());
-    Tensor::from_primitive(TensorPrimitive::Float(B::fp8_linear(
-        x.into_primitive().tensor(),
-        layer.weight.val().into_primitive().tensor(),
-        bias,
-        fp8,
-    )))
+    match fp8 {
+        Some(fp8) => fused_linear(layer, x, None, (None, None), fp8),
+        None => layer.forward(x),
+    }
 }
 
 /// `layer(norm(x))` in fp8, the norm inside the linear's node (`Norm::fp8_input`) where given,

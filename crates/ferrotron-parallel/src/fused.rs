@@ -618,22 +618,22 @@ pub trait FusedOps: Backend {
     }
 
     /// `x [.., in] · weight [in, out] + bias` with fp8 GEMMs and `fp8`'s scales (see
-    /// `fused_fp8.rs`). Default: the inference forward on [`FusedOps::fp8_quantize`] and
-    /// [`FusedOps::fp8_matmul`]; autodiff records one node.
+    /// `fused_fp8.rs`): [`FusedOps::fp8_fused_linear`] with nothing fused around it.
     fn fp8_linear(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         fp8: &Fp8Linear,
     ) -> FloatTensor<Self> {
-        fp8_linear_inference::<Self>(x, None, weight, bias, fp8)
+        Self::fp8_fused_linear(x, None, weight, bias, None, None, fp8)
     }
 
     /// [`FusedOps::fp8_linear`] of `norm(x)` (`x [.., in]`; `fused_fp8_norm.rs`: Transformer
     /// Engine's `LayerNormLinear`) where `norm` is given, its output rotated by `rope` (a packed
     /// QKV projection, `fused_fp8_rope.rs`) or added to `residual` after dropout
-    /// (`fused_fp8_residual.rs`) where one is. Default: the inference forward, where dropout is
-    /// off; autodiff records one node.
+    /// (`fused_fp8_residual.rs`) where one is. Default: the inference forward on
+    /// [`FusedOps::fp8_quantize`] and [`FusedOps::fp8_matmul`], where dropout is off; autodiff
+    /// records one node.
     fn fp8_fused_linear(
         x: FloatTensor<Self>,
         norm: Option<Fp8InputNorm<Self>>,

@@ -496,15 +496,6 @@ pub fn tied_logits_node<B: FusedOps, C: CheckpointStrategy>(
 }
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
-    fn fp8_linear(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        bias: Option<FloatTensor<Self>>,
-        fp8: &Fp8Linear,
-    ) -> FloatTensor<Self> {
-        fp8_linear_node::<B, C>(x, None, weight, bias, None, None, fp8)
-    }
-
     fn fp8_fused_linear(
         x: FloatTensor<Self>,
         norm: Option<Fp8InputNorm<Self>>,

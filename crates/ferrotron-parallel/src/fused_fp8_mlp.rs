@@ -307,19 +307,16 @@ pub fn fp8_mlp_node<B: FusedOps, C: CheckpointStrategy>(
     ];
     parents.extend(mlp.fc1_bias.as_ref().map(|b| b.node.clone()));
     parents.extend(mlp.fc2_bias.as_ref().map(|b| b.node.clone()));
-    if let Some(norm) = &mlp.norm {
-        parents.push(norm.gamma.node.clone());
-        parents.extend(norm.beta.as_ref().map(|b| b.node.clone()));
-    }
-    parents.extend(mlp.residual.as_ref().map(|r| r.residual.node.clone()));
+    let norm = mlp
+        .norm
+        .map(|norm| norm.untracked(|t| parents.push(t.node.clone())));
+    let residual = mlp
+        .residual
+        .map(|r| r.untracked(|t| parents.push(t.node.clone())));
     let x = mlp.x.clone();
     let inner = Fp8Mlp {
         x: mlp.x.primitive,
-        norm: mlp.norm.map(|norm| Fp8InputNorm {
-            gamma: norm.gamma.primitive,
-            beta: norm.beta.map(|b| b.primitive),
-            spec: norm.spec,
-        }),
+        norm,
         fc1_weight: mlp.fc1_weight.primitive,
         fc1_bias: mlp.fc1_bias.map(|b| b.primitive),
         fc2_weight: mlp.fc2_weight.primitive,
@@ -327,10 +324,7 @@ pub fn fp8_mlp_node<B: FusedOps, C: CheckpointStrategy>(
         activation: mlp.activation,
         fc1: mlp.fc1,
         fc2: mlp.fc2,
-        residual: mlp.residual.map(|r| Fp8Residual {
-            residual: r.residual.primitive,
-            prob: r.prob,
-        }),
+        residual,
     };
     macro_rules! record {
         ($n:literal) => {{

@@ -230,20 +230,8 @@ pub fn fp8_linear_node<B: FusedOps, C: CheckpointStrategy>(
     );
     let mut parents = vec![x.node.clone(), weight.node.clone()];
     parents.extend(bias.as_ref().map(|b| b.node.clone()));
-    if let Some(norm) = &norm {
-        parents.push(norm.gamma.node.clone());
-        parents.extend(norm.beta.as_ref().map(|b| b.node.clone()));
-    }
-    parents.extend(residual.as_ref().map(|r| r.residual.node.clone()));
-    let residual = residual.map(|r| Fp8Residual {
-        residual: r.residual.primitive,
-        prob: r.prob,
-    });
-    let norm = norm.map(|norm| Fp8InputNorm {
-        gamma: norm.gamma.primitive,
-        beta: norm.beta.map(|b| b.primitive),
-        spec: norm.spec,
-    });
+    let norm = norm.map(|norm| norm.untracked(|t| parents.push(t.node.clone())));
+    let residual = residual.map(|r| r.untracked(|t| parents.push(t.node.clone())));
     let (weight, bias) = (weight.primitive, bias.map(|b| b.primitive));
     let rope = rope.map(|rope| Fp8Rope {
         cos: rope.cos.primitive,

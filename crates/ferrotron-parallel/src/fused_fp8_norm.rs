@@ -12,6 +12,7 @@
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -29,6 +30,25 @@ pub struct Fp8InputNorm<B: Backend> {
     pub gamma: FloatTensor<B>,
     pub beta: Option<FloatTensor<B>>,
     pub spec: NormSpec,
+}
+
+impl<B: Backend, C: CheckpointStrategy> Fp8InputNorm<Autodiff<B, C>> {
+    /// The norm on the inner backend, after handing γ and β (parents of the node it joins, in
+    /// that order) to `parent`.
+    pub(crate) fn untracked(
+        self,
+        mut parent: impl FnMut(&FloatTensor<Autodiff<B, C>>),
+    ) -> Fp8InputNorm<B> {
+        parent(&self.gamma);
+        if let Some(beta) = &self.beta {
+            parent(beta);
+        }
+        Fp8InputNorm {
+            gamma: self.gamma.primitive,
+            beta: self.beta.map(|b| b.primitive),
+            spec: self.spec,
+        }
+    }
 }
 
 /// Default of [`FusedOps::fp8_quantize_norm`]: the norm kernel's 16-bit output, then the cast.

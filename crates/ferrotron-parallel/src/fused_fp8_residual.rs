@@ -6,6 +6,8 @@
 //! from the output's, regenerating the keep bits as it reads (`Fp8Source::DropoutGrad`), and
 //! hands the residual its gradient unchanged.
 
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
@@ -18,6 +20,21 @@ use crate::fused_dropout::DropoutMask;
 pub struct Fp8Residual<B: Backend> {
     pub residual: FloatTensor<B>,
     pub prob: f64,
+}
+
+impl<B: Backend, C: CheckpointStrategy> Fp8Residual<Autodiff<B, C>> {
+    /// The residual on the inner backend, after handing it (a parent of the node it joins) to
+    /// `parent`.
+    pub(crate) fn untracked(
+        self,
+        mut parent: impl FnMut(&FloatTensor<Autodiff<B, C>>),
+    ) -> Fp8Residual<B> {
+        parent(&self.residual);
+        Fp8Residual {
+            residual: self.residual.primitive,
+            prob: self.prob,
+        }
+    }
 }
 
 /// `residual + dropout(output)` by the backend's dropout-add kernel, and its keep mask.

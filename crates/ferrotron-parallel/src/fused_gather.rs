@@ -27,7 +27,7 @@ use crate::primitive::{unwrap, wrap};
 /// summed over each group → `[m, h]`.
 ///
 /// [`FusedOps::gather_rows`]: crate::FusedOps::gather_rows
-pub fn gather_rows_backward<B: Backend>(
+fn gather_rows_backward<B: Backend>(
     grad: FloatTensor<B>,
     back: IntTensor<B>,
     group: usize,
@@ -68,7 +68,7 @@ impl<B: FusedOps> Backward<B, 1> for GatherRowsOp {
 /// If `back` does not hold `group` entries for each row of `x`.
 ///
 /// [`FusedOps::gather_rows`]: crate::FusedOps::gather_rows
-pub fn gather_rows_node<B: FusedOps, C: CheckpointStrategy>(
+pub(crate) fn gather_rows_node<B: FusedOps, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     index: IntTensor<B>,
     back: IntTensor<B>,

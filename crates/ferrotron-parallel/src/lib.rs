@@ -92,7 +92,6 @@ pub use fused_fp8_norm::{Fp8InputNorm, fp8_quantize_norm_composed};
 pub use fused_fp8_residual::Fp8Residual;
 pub use fused_fp8_rope::Fp8Rope;
 pub use fused_fp8_source::{Fp8Activation, Fp8Source, fp8_quantize_source_composed};
-pub use fused_gather::{gather_rows_backward, gather_rows_node};
 pub use fused_gelu::{composed_gelu, gelu, gelu_backward_reference, gelu_node};
 pub use fused_grouped::{GroupedMatmulGrads, composed_grouped_matmul};
 pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};

@@ -9,8 +9,8 @@ use ferrotron_parallel::{
 };
 
 use super::{
-    Cast, CastDropout, CastInput, CastNorm, CastRope, CastSource, Operand, ScaleFrom, cast_source,
-    fp8_matmul, supported, update_scaling,
+    Cast, CastDropout, CastExtra, CastInput, CastNorm, CastRope, CastSource, Operand, ScaleFrom,
+    cast_source, fp8_matmul, supported, update_scaling,
 };
 use crate::backend::convert::{engine_dtype, ok};
 use crate::backend::{Cuda, GpuDevice};
@@ -103,12 +103,15 @@ pub(crate) fn fp8_quantize_source_op(
             (grad, Some(pre), kind)
         }
     };
+    let extra = match (&tables, dropout) {
+        (Some((cos, sin)), _) => CastExtra::Rope(CastRope { cos, sin }),
+        (None, Some(dropout)) => CastExtra::Dropout(dropout),
+        (None, None) => CastExtra::None,
+    };
     let input = CastInput {
         x: &x,
         aux: aux.as_ref(),
-        norm: None,
-        rope: tables.as_ref().map(|(cos, sin)| CastRope { cos, sin }),
-        dropout,
+        extra,
         source: kind,
     };
     let (tensor, bias) = cast_with(input, fp8, role, record, bias_grad, measured);
@@ -143,14 +146,12 @@ pub(crate) fn fp8_quantize_norm_op(
     let input = CastInput {
         x: &x,
         aux: None,
-        norm: Some(CastNorm {
+        extra: CastExtra::Norm(CastNorm {
             mean: mean.as_ref(),
             rstd: &rstd,
             gamma: &norm.gamma,
             beta: norm.beta.as_ref(),
         }),
-        rope: None,
-        dropout: None,
         source: CastSource::Norm {
             rms,
             beta: norm.beta.is_some(),

@@ -116,24 +116,29 @@ pub fn cast_transpose(
     let input = CastInput {
         x,
         aux: None,
-        norm: None,
-        rope: None,
-        dropout: None,
+        extra: CastExtra::None,
         source: CastSource::Plain,
     };
     Ok(cast_source(input, format, transpose, from, false)?.0)
 }
 
-/// What [`cast_source`] reads: `x`, `aux` for an activation's gradient, `norm` for a norm's
-/// output, `rope` for RoPE's backward (see [`CastSource`]).
+/// What [`cast_source`] reads: `x`, `aux` for an activation's gradient, and what a norm's
+/// output, RoPE's backward or a dropout's gradient needs besides (see [`CastSource`]).
 #[derive(Debug, Clone, Copy)]
 pub struct CastInput<'a> {
     pub x: &'a CudaTensor,
     pub aux: Option<&'a CudaTensor>,
-    pub norm: Option<CastNorm<'a>>,
-    pub rope: Option<CastRope<'a>>,
-    pub dropout: Option<CastDropout>,
+    pub extra: CastExtra<'a>,
     pub source: CastSource,
+}
+
+/// The operands a [`CastSource`] that computes its values from more than `x` and `aux` reads.
+#[derive(Debug, Clone, Copy)]
+pub enum CastExtra<'a> {
+    None,
+    Norm(CastNorm<'a>),
+    Rope(CastRope<'a>),
+    Dropout(CastDropout),
 }
 
 /// The dropout a [`CastSource::DropoutGrad`] cast regenerates: the forward's (seed, counter
@@ -201,76 +206,7 @@ impl CastInput<'_> {
                 ));
             }
         }
-        if let CastSource::Norm { rms, beta } = self.source {
-            let Some(norm) = self.norm else {
-                return Err(CudaError::invalid(ctx(), "a norm's cast needs the norm"));
-            };
-            let row_stat = |t: &CudaTensor| t.shape() == [rows, 1] && t.dtype() == DType::F32;
-            let param = |t: &CudaTensor| t.shape() == [cols] && t.dtype() == self.x.dtype();
-            let fits = row_stat(norm.rstd)
-                && norm.mean.is_none_or(row_stat)
-                && norm.mean.is_some() != rms
-                && param(norm.gamma)
-                && norm.beta.is_none_or(param)
-                && norm.beta.is_some() == beta;
-            if !fits {
-                return Err(CudaError::invalid(
-                    ctx(),
-                    "the norm's statistics are [rows, 1] f32 and γ, β [cols] in x's dtype",
-                ));
-            }
-        } else if self.norm.is_some() {
-            return Err(CudaError::invalid(ctx(), "only a norm's cast takes a norm"));
-        }
-        if let CastSource::RopeGrad { slots, head_dim } = self.source {
-            let Some(rope) = self.rope else {
-                return Err(CudaError::invalid(
-                    ctx(),
-                    "RoPE's backward needs its tables",
-                ));
-            };
-            let [seq, dim] = *rope.cos.shape() else {
-                return Err(CudaError::invalid(
-                    ctx(),
-                    "the rotary tables are [seq, head_dim]",
-                ));
-            };
-            let fits = dim == head_dim
-                && head_dim.is_multiple_of(16)
-                && slots >= 3
-                && seq > 0
-                && rows.is_multiple_of(seq)
-                && cols.is_multiple_of(slots * head_dim)
-                && rope.sin.shape() == rope.cos.shape()
-                && [rope.cos, rope.sin]
-                    .iter()
-                    .all(|t| t.dtype() == self.x.dtype());
-            if !fits {
-                return Err(CudaError::invalid(
-                    ctx(),
-                    format!(
-                        "RoPE's backward: tables [seq, {head_dim}] in x's dtype, rows a multiple \
-                         of seq, columns whole groups of {slots} heads, head_dim a multiple of 16"
-                    ),
-                ));
-            }
-        } else if self.rope.is_some() {
-            return Err(CudaError::invalid(
-                ctx(),
-                "only RoPE's backward takes rotary tables",
-            ));
-        }
-        let dropout_ok = match (self.source, self.dropout) {
-            (CastSource::DropoutGrad, Some(d)) => (0.0..1.0).contains(&d.prob),
-            (CastSource::DropoutGrad, None) => false,
-            (_, dropout) => dropout.is_none(),
-        };
-        if !dropout_ok {
-            return Err(CudaError::invalid(
-                ctx(),
-                "a dropout gradient's cast, and only it, takes the dropout (probability in [0, 1))",
-            ));
-        }
+        self.check_extra([rows, cols], ctx)?;
         if !shape[1].is_multiple_of(8) {
             return Err(CudaError::unsupported(
                 ctx(),
@@ -278,6 +214,111 @@ impl CastInput<'_> {
             ));
         }
         Ok(shape)
+    }
+
+    /// That `extra` is what the source reads, and of the right shapes and dtypes.
+    fn check_extra(&self, [rows, cols]: [usize; 2], ctx: &dyn Fn() -> OpContext) -> Result<()> {
+        let x = self.x.dtype();
+        let (fits, needs) = match (self.source, self.extra) {
+            (CastSource::Norm { rms, beta }, CastExtra::Norm(norm)) => {
+                let row_stat = |t: &CudaTensor| t.shape() == [rows, 1] && t.dtype() == DType::F32;
+                let param = |t: &CudaTensor| t.shape() == [cols] && t.dtype() == x;
+                let fits = row_stat(norm.rstd)
+                    && norm.mean.is_none_or(row_stat)
+                    && norm.mean.is_some() != rms
+                    && param(norm.gamma)
+                    && norm.beta.is_none_or(param)
+                    && norm.beta.is_some() == beta;
+                (
+                    fits,
+                    "the norm's statistics [rows, 1] f32 and γ, β [cols] in x's dtype".to_string(),
+                )
+            }
+            (CastSource::RopeGrad { slots, head_dim }, CastExtra::Rope(rope)) => {
+                let fits = match *rope.cos.shape() {
+                    [seq, dim] => {
+                        dim == head_dim
+                            && head_dim.is_multiple_of(16)
+                            && slots >= 3
+                            && seq > 0
+                            && rows.is_multiple_of(seq)
+                            && cols.is_multiple_of(slots * head_dim)
+                    }
+                    _ => false,
+                } && rope.sin.shape() == rope.cos.shape()
+                    && rope.cos.dtype() == x
+                    && rope.sin.dtype() == x;
+                (
+                    fits,
+                    format!(
+                        "rotary tables [seq, {head_dim}] in x's dtype, rows a multiple of seq, \
+                         columns whole groups of {slots} heads, head_dim a multiple of 16"
+                    ),
+                )
+            }
+            (CastSource::DropoutGrad, CastExtra::Dropout(d)) => (
+                (0.0..1.0).contains(&d.prob),
+                "a dropout probability in [0, 1)".to_string(),
+            ),
+            (
+                CastSource::Norm { .. } | CastSource::RopeGrad { .. } | CastSource::DropoutGrad,
+                _,
+            )
+            | (_, CastExtra::Norm(_) | CastExtra::Rope(_) | CastExtra::Dropout(_)) => (
+                false,
+                format!("the operands {:?} reads, and only those", self.source),
+            ),
+            (_, CastExtra::None) => (true, String::new()),
+        };
+        if fits {
+            Ok(())
+        } else {
+            Err(CudaError::invalid(ctx(), needs))
+        }
+    }
+
+    /// The extra operands' words of the kernel's parameters, in its struct's order, and the
+    /// (readable copies of the) tensors they point into, to keep alive until the launch.
+    fn extra_params(
+        &self,
+        params: &mut Params,
+        ctx: &dyn Fn() -> OpContext,
+    ) -> Result<Vec<CudaTensor>> {
+        let mut keep = Vec::new();
+        let mut ptr = |params: &mut Params, t: Option<&CudaTensor>| -> Result<()> {
+            match t {
+                Some(t) => {
+                    let t = readable(t, ctx)?;
+                    params.ptr(t.data_ptr());
+                    keep.push(t);
+                }
+                None => {
+                    params.ptr(0);
+                }
+            }
+            Ok(())
+        };
+        match self.extra {
+            CastExtra::None => {}
+            CastExtra::Norm(n) => {
+                for t in [n.mean, Some(n.rstd), Some(n.gamma), n.beta] {
+                    ptr(params, t)?;
+                }
+            }
+            CastExtra::Rope(r) => {
+                ptr(params, Some(r.cos))?;
+                ptr(params, Some(r.sin))?;
+                params.int(r.cos.shape()[0] as i64);
+            }
+            CastExtra::Dropout(d) => {
+                params
+                    .int(d.rng[0] as i64)
+                    .int(d.rng[1] as i64)
+                    .float(1.0 - d.prob)
+                    .float(1.0 / (1.0 - d.prob));
+            }
+        }
+        Ok(keep)
     }
 }
 
@@ -372,43 +413,11 @@ pub fn cast_source(
         .float(f64::from(scaled_max))
         .ptr(aux.as_ref().map_or(0, CudaTensor::data_ptr))
         .ptr(partial.as_ref().map_or(0, CudaTensor::data_ptr));
-    let norm = input
-        .norm
-        .map(|n| {
-            let readable = |t: &CudaTensor| readable(t, &ctx);
-            Ok::<_, CudaError>([
-                n.mean.map(readable).transpose()?,
-                Some(readable(n.rstd)?),
-                Some(readable(n.gamma)?),
-                n.beta.map(readable).transpose()?,
-            ])
-        })
-        .transpose()?;
-    if let Some(norm) = &norm {
-        for t in norm {
-            params.ptr(t.as_ref().map_or(0, CudaTensor::data_ptr));
-        }
-    }
-    let rope = input
-        .rope
-        .map(|r| Ok::<_, CudaError>([readable(r.cos, &ctx)?, readable(r.sin, &ctx)?]))
-        .transpose()?;
-    if let (Some([cos, sin]), Some(r)) = (&rope, &input.rope) {
-        params
-            .ptr(cos.data_ptr())
-            .ptr(sin.data_ptr())
-            .int(r.cos.shape()[0] as i64);
-    }
-    if let Some(d) = input.dropout {
-        params
-            .int(d.rng[0] as i64)
-            .int(d.rng[1] as i64)
-            .float(1.0 - d.prob)
-            .float(1.0 / (1.0 - d.prob));
-    }
+    let extra = input.extra_params(&mut params, &ctx)?;
     launch(&device, &spec, grid, THREADS, &params, &ctx)?;
-    // `measured` (the amax the kernel read) is freed stream-ordered, after the kernel.
-    drop(measured);
+    // `measured` (the amax the kernel read) and the extra operands' copies are freed
+    // stream-ordered, after the kernel.
+    drop((measured, extra));
     let bias = partial
         .map(|partial| column_sum(&partial, x.dtype(), &ctx))
         .transpose()?;

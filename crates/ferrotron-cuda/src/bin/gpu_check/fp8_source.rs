@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use burn::tensor::{DType, Distribution, Tensor};
-use ferrotron_cuda::fp8::{CastInput, CastSource, ScaleFrom, cast_source};
+use ferrotron_cuda::fp8::{CastExtra, CastInput, CastSource, ScaleFrom, cast_source};
 use ferrotron_cuda::{Cuda, CudaDevice, DType as EDType, GpuDevice};
 use ferrotron_parallel::fp8_scaling::{AMAX, Fp8Format, SCALE, round_to_fp8};
 use rand::rngs::StdRng;
@@ -128,9 +128,7 @@ fn source_row(
         let input = CastInput {
             x: &x_gpu,
             aux: aux_gpu.as_ref(),
-            norm: None,
-            rope: None,
-            dropout: None,
+            extra: CastExtra::None,
             source,
         };
         let from = ScaleFrom::Delayed {
@@ -263,9 +261,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 let input = CastInput {
                     x: &x,
                     aux: aux.as_ref(),
-                    norm: None,
-                    rope: None,
-                    dropout: None,
+                    extra: CastExtra::None,
                     source,
                 };
                 let from = ScaleFrom::Delayed {
