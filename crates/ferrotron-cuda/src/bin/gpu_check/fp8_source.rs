@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use burn::tensor::{DType, Distribution, Tensor};
-use ferrotron_cuda::fp8::{CastExtra, CastInput, CastSource, ScaleFrom, cast_source};
+use ferrotron_cuda::fp8::{Cast, CastExtra, CastInput, CastSource, ScaleFrom, cast_source};
 use ferrotron_cuda::{Cuda, CudaDevice, DType as EDType, GpuDevice};
 use ferrotron_parallel::fp8_scaling::{AMAX, Fp8Format, SCALE, round_to_fp8};
 use rand::rngs::StdRng;
@@ -101,6 +101,30 @@ fn shapes(source: CastSource, rows: usize, f: usize) -> [[usize; 2]; 3] {
     }
 }
 
+/// One cast of `x` (and `aux`) from `source`, with its column sums when `dbias`, at the
+/// delayed scale the one-row `state` holds, recording the amax there.
+fn delayed_cast(
+    x: &ferrotron_cuda::CudaTensor,
+    aux: Option<&ferrotron_cuda::CudaTensor>,
+    (source, dbias): (CastSource, bool),
+    state: &ferrotron_cuda::CudaTensor,
+    format: Fp8Format,
+    transpose: bool,
+) -> ferrotron_cuda::Result<(Cast, Option<ferrotron_cuda::CudaTensor>)> {
+    let input = CastInput {
+        x,
+        aux,
+        extra: CastExtra::None,
+        source,
+    };
+    let from = ScaleFrom::Delayed {
+        state,
+        scale: SCALE,
+        amax: Some(AMAX),
+    };
+    cast_source(input, format, transpose, from, dbias)
+}
+
 /// The row of one source: bytes, transpose, bias gradient and amax.
 fn source_row(
     device: &Arc<CudaDevice>,
@@ -125,19 +149,15 @@ fn source_row(
             .then(|| bf16(&aux, aux_shape))
             .transpose()?;
         let state = upload_f32(device, &[DELAYED_SCALE, 0.0, 0.0], &[1, 3]);
-        let input = CastInput {
-            x: &x_gpu,
-            aux: aux_gpu.as_ref(),
-            extra: CastExtra::None,
-            source,
-        };
-        let from = ScaleFrom::Delayed {
-            state: &state,
-            scale: SCALE,
-            amax: Some(AMAX),
-        };
-        let (cast, bias) =
-            cast_source(input, format, true, from, true).map_err(|e| e.to_string())?;
+        let (cast, bias) = delayed_cast(
+            &x_gpu,
+            aux_gpu.as_ref(),
+            (source, true),
+            &state,
+            format,
+            true,
+        )
+        .map_err(|e| e.to_string())?;
         let want = host_values(source, &x, &aux, [rows, cols]);
         let near = |i: usize, got: f32| {
             let v = f64::from(want[i]);
@@ -258,18 +278,8 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
             let engine = CudaDevice::get(device.ordinal).map_err(|e| e.to_string())?;
             let state = upload_f32(&engine, &[DELAYED_SCALE, 0.0, 0.0], &[1, 3]);
             let cast = || {
-                let input = CastInput {
-                    x: &x,
-                    aux: aux.as_ref(),
-                    extra: CastExtra::None,
-                    source,
-                };
-                let from = ScaleFrom::Delayed {
-                    state: &state,
-                    scale: SCALE,
-                    amax: Some(AMAX),
-                };
-                cast_source(input, format, transpose, from, dbias).expect("cast");
+                delayed_cast(&x, aux.as_ref(), (source, dbias), &state, format, transpose)
+                    .expect("cast");
             };
             let ms = per_call_ms(device, cast);
             let read = (x_shape[0] * x_shape[1] + aux_shape[0] * aux_shape[1]) * 2;
