@@ -21,7 +21,9 @@
 # every 10–100 steps does; each logged row is the mean over its interval), EXTRA_SETS (more
 # `--set key=value` words for every run, e.g. "--set model.activation=gelu" to compare), TAG (a
 # suffix for every row's name, so two settings of the same model in one OUT keep their rows: run
-# again with TAG=-notune FERROTRON_GEMM_TUNE=0 to compare).
+# again with TAG=-notune FERROTRON_GEMM_TUNE=0 to compare), TORCH=1 (after each row, PyTorch +
+# torch.compile trains the same model at the same shapes, `tools/torch_ref.py` reading the row's
+# plan; a second table puts the two side by side; fp8 rows have no reference and say so).
 set -uo pipefail
 
 root=$(pwd)
@@ -114,6 +116,11 @@ for entry in "${benches[@]}"; do
         python3 "$root/tools/gpu_timeline.py" "/tmp/bench-$name.timeline" >"$OUT/logs/$name.gaps.md" 2>&1
     fi
     grep -i "error\|peak device memory" "$OUT/logs/$name.log" | tail -3 | cut -c1-300
+    if [[ ${TORCH:-0} == 1 ]]; then
+        timeout "${RUN_TIMEOUT:-300}" python3 "$root/tools/torch_ref.py" --plan "$OUT/logs/$name.plan.json" \
+            --steps "$steps" --out "$OUT/logs/$name.torch.json" >"$OUT/logs/$name.torch.log" 2>&1
+        echo "PyTorch reference: exit $? $(tail -c 300 "$OUT/logs/$name.torch.log")"
+    fi
     unset -n more
 done
 
@@ -167,6 +174,27 @@ if pairs:
     table += ["", "| fp8 row | bf16 row | fp8 tokens/s | bf16 tokens/s | speed-up |", "|---|---|---:|---:|---:|"]
     for fp8, bf16 in pairs:
         table.append(f"| {fp8} | {bf16} | {speed[fp8]:,.0f} | {speed[bf16]:,.0f} | {speed[fp8] / speed[bf16]:.2f}x |")
+# The PyTorch + torch.compile reference of the same plans (TORCH=1), same call, same GPU.
+refs = []
+for r in rows:
+    path = f"{out}/logs/{r[0]}.torch.json"
+    if os.path.exists(path):
+        try:
+            ref = json.load(open(path))
+        except Exception:
+            ref = {"error": "no result"}
+        refs.append((r, ref))
+if refs:
+    table += ["", "| model | tokens/s | PyTorch + compile tokens/s | ours / PyTorch | MFU % | PyTorch MFU % | PyTorch peak GiB | PyTorch first step s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r, ref in refs:
+        if "tokens_per_second" in ref:
+            table.append("| {} | {:,.0f} | {:,.0f} | {:.2f}x | {:.1f} | {:.1f} | {:.1f} | {:.0f} |".format(
+                r[0], r[1], ref["tokens_per_second"], r[1] / ref["tokens_per_second"], r[3], 100 * ref["mfu"],
+                ref.get("peak_memory_gib") or float("nan"), ref.get("first_step_seconds", float("nan"))))
+        else:
+            why = ref.get("unsupported") or ref.get("error") or "no result"
+            table.append(f"| {r[0]} | {r[1]:,.0f} | {why} | | {r[3]:.1f} | | | |")
 # The first steps' losses show a divergence (an fp8 scale, a warm-up too short) that the
 # throughput columns hide; a pair's two rows start from the same weights and batches.
 table += ["", "| model | loss, steps 1–5 | last |", "|---|---|---:|"]
