@@ -17,6 +17,7 @@ use crate::alloc::{MemorySnapshot, MemoryStats};
 use crate::blas::BlasHandle;
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
 use crate::kernels::cache::KernelCache;
+use crate::staging::Staging;
 
 /// Pool memory kept cached after frees (bytes): effectively "keep everything" so the pool acts
 /// as a caching allocator; [`CudaDevice::empty_cache`] gives it back.
@@ -32,6 +33,7 @@ pub struct CudaDevice {
     stats: MemoryStats,
     kernels: KernelCache,
     blas: Mutex<Option<BlasHandle>>,
+    staging: Staging,
     rng_seed: AtomicU64,
     rng_offset: AtomicU64,
     tf32: AtomicBool,
@@ -140,6 +142,7 @@ impl CudaDevice {
             arch,
             stats: MemoryStats::default(),
             blas: Mutex::new(None),
+            staging: Staging::default(),
             rng_seed: AtomicU64::new(0),
             rng_offset: AtomicU64::new(0),
             tf32: AtomicBool::new(false),
@@ -191,6 +194,13 @@ impl CudaDevice {
 
     pub(crate) fn blas(&self) -> &Mutex<Option<BlasHandle>> {
         &self.blas
+    }
+
+    /// Queues the upload of `bytes` to `dst` on the compute stream (through a page-locked
+    /// buffer, `staging.rs`); `bytes` may go when this returns.
+    pub(crate) fn upload(&self, dst: sys::CUdeviceptr, bytes: &[u8]) -> Result<()> {
+        self.bind()?;
+        self.staging.upload(dst, bytes, self.cu_stream())
     }
 
     /// Current memory statistics (reserved bytes read from the pool).

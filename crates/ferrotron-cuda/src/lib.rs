@@ -25,6 +25,7 @@ pub mod linear;
 pub mod nccl;
 mod parallel_ops;
 pub mod random;
+mod staging;
 mod switches;
 pub mod tensor;
 pub mod timing;

@@ -77,11 +77,7 @@ impl CudaTensor {
         }
         let tensor = Self::empty(device, shape, dtype)?;
         if !bytes.is_empty() {
-            device.bind()?;
-            // SAFETY: the destination holds at least `bytes.len()` bytes; for pageable host
-            // memory the call returns only after the source was staged, so `bytes` may go.
-            unsafe { result::memcpy_htod_async(tensor.buffer.ptr(), bytes, device.cu_stream()) }
-                .ctx(ctx)?;
+            device.upload(tensor.buffer.ptr(), bytes)?;
         }
         Ok(tensor)
     }

@@ -343,11 +343,34 @@ impl Reporter {
 }
 
 /// Sums since the last log line, for interval averages as Megatron prints them.
-#[derive(Default)]
 struct Interval {
     steps: u64,
     loss: f64,
     lm_loss: f64,
+    /// When the interval's first step could start: the previous interval's last step done.
+    start: Instant,
+}
+
+impl Interval {
+    fn new() -> Self {
+        Interval {
+            steps: 0,
+            loss: 0.0,
+            lm_loss: 0.0,
+            start: Instant::now(),
+        }
+    }
+}
+
+/// A logged step whose statistics were left on the device: its line is written once the next
+/// step is queued behind it. Reading a queued step waits for the device to finish it; read
+/// right after queueing it, the device would then sit idle while the host logs, fetches the next
+/// batch and queues that step's first kernels (a gap measured at 1–2 % of a step on one H200
+/// with `log_interval: 1`). One step later the device has that step to run during the wait.
+struct DeferredLine {
+    iteration: u64,
+    lr: f64,
+    state: ResumeState,
 }
 
 pub(crate) fn run_loop(
@@ -381,8 +404,8 @@ pub(crate) fn run_loop(
         }
         _ => Vec::new(),
     };
-    let mut interval = Interval::default();
-    let mut interval_start = Instant::now();
+    let mut interval = Interval::new();
+    let mut deferred: Option<DeferredLine> = None;
     // The step-time histogram observes the wall time since the previous iteration ended (its
     // logging, evaluation and checkpoint done): a queued (device-resident) step returns before
     // it ran, so the call's own time would be the host's enqueue time, while this span also
@@ -405,11 +428,21 @@ pub(crate) fn run_loop(
             clip_grad: training.clip_grad,
         };
         let pending = stepper.step(&microbatches, step_context)?;
+        let queued = pending.waits();
         state.iteration = iteration;
         state.consumed_samples += u64::from(global_batch);
         state.consumed_tokens += tokens_per_iteration;
         summary.iteration = iteration;
         unread.push(pending);
+        if let Some(line) = deferred.take() {
+            let newest = unread.pop();
+            let stats = read_queued(&mut unread, &mut summary, &mut interval)?;
+            unread.extend(newest);
+            if let (Some(stats), Some(reporter)) = (stats, reporter.as_deref_mut()) {
+                log_line(reporter, context, &line, &stats, &interval)?;
+            }
+            interval = Interval::new();
+        }
 
         let last = iteration == train_iters;
         let log_due = iteration.is_multiple_of(training.log_interval) || last;
@@ -426,8 +459,11 @@ pub(crate) fn run_loop(
             .exit_interval
             .is_some_and(|n| n > 0 && iteration.is_multiple_of(n) && !last);
         // The host reads the queued steps only when it must: to log, evaluate, save or stop. A
-        // non-finite step surfaces here, before anything is saved.
-        let stats = if log_due || eval_due || interval_due || stop_requested || exit_due {
+        // non-finite step surfaces here, before anything is saved (a deferred line's step one
+        // iteration later, still before anything is saved).
+        let must_read = last || eval_due || interval_due || stop_requested || exit_due;
+        let defer = log_due && !must_read && queued;
+        let stats = if must_read || (log_due && !defer) {
             read_queued(&mut unread, &mut summary, &mut interval)?
         } else {
             None
@@ -441,27 +477,18 @@ pub(crate) fn run_loop(
             });
         }
 
-        if let (true, Some(stats), Some(reporter)) = (log_due, stats, reporter.as_deref_mut()) {
-            let steps = interval.steps as f64;
-            let step_seconds = interval_start.elapsed().as_secs_f64().max(1e-9) / steps;
-            let per_gpu = plan.flops_per_iteration / step_seconds / f64::from(plan.world_size);
-            let step_metrics = StepMetrics {
-                step: iteration,
-                loss: interval.loss / steps,
-                lr,
-                grad_norm: stats.grad_norm,
-                tokens_per_second: tokens_per_iteration as f64 / step_seconds,
-                tflops_per_gpu: per_gpu / 1e12,
-                // A CPU rank's peak is the planner's nominal one: no utilisation to report.
-                mfu: (plan.cluster.gpu != GpuKind::Cpu).then(|| per_gpu / plan.hardware.peak_flops),
-                step_seconds,
-                memory_bytes: context.options.memory.bytes(),
-            };
-            reporter.log_step(&step_metrics, interval.lm_loss / steps, &state)?;
-        }
-        if log_due {
-            interval = Interval::default();
-            interval_start = Instant::now();
+        let line = DeferredLine {
+            iteration,
+            lr,
+            state,
+        };
+        if defer {
+            deferred = Some(line);
+        } else if log_due {
+            if let (Some(stats), Some(reporter)) = (stats, reporter.as_deref_mut()) {
+                log_line(reporter, context, &line, &stats, &interval)?;
+            }
+            interval = Interval::new();
         }
 
         if eval_due {
@@ -471,7 +498,7 @@ pub(crate) fn run_loop(
                 reporter.log_eval(iteration, eval_loss)?;
             }
             // evaluation time is not training throughput
-            interval_start = Instant::now();
+            interval.start = Instant::now();
         }
         if last && let Some(test) = context.setup.data.test.as_ref() {
             let test_loss = stepper.evaluate(&batches_of(context, test)?)?;
@@ -490,7 +517,12 @@ pub(crate) fn run_loop(
         };
         if stop.is_some() {
             // Another rank's stop: this rank's queued steps are read before it saves.
-            read_queued(&mut unread, &mut summary, &mut interval)?;
+            let stats = read_queued(&mut unread, &mut summary, &mut interval)?;
+            if let (Some(line), Some(stats), Some(reporter)) =
+                (deferred.take(), stats, reporter.as_deref_mut())
+            {
+                log_line(reporter, context, &line, &stats, &interval)?;
+            }
         }
         if let Some(store) = context.setup.store.as_ref()
             && (interval_due || last || stop.is_some())
@@ -517,6 +549,35 @@ pub(crate) fn run_loop(
         iteration_end = Instant::now();
     }
     Ok(summary)
+}
+
+/// The line of the log interval ending at `line`'s step, whose statistics are `stats`.
+fn log_line(
+    reporter: &mut Reporter,
+    context: &LoopContext<'_>,
+    line: &DeferredLine,
+    stats: &StepStats,
+    interval: &Interval,
+) -> Result<(), TrainError> {
+    let plan = context.plan;
+    let tokens_per_iteration =
+        u64::from(plan.global_batch_size) * u64::from(context.setup.recipe.model.seq_length);
+    let steps = interval.steps as f64;
+    let step_seconds = interval.start.elapsed().as_secs_f64().max(1e-9) / steps;
+    let per_gpu = plan.flops_per_iteration / step_seconds / f64::from(plan.world_size);
+    let step_metrics = StepMetrics {
+        step: line.iteration,
+        loss: interval.loss / steps,
+        lr: line.lr,
+        grad_norm: stats.grad_norm,
+        tokens_per_second: tokens_per_iteration as f64 / step_seconds,
+        tflops_per_gpu: per_gpu / 1e12,
+        // A CPU rank's peak is the planner's nominal one: no utilisation to report.
+        mfu: (plan.cluster.gpu != GpuKind::Cpu).then(|| per_gpu / plan.hardware.peak_flops),
+        step_seconds,
+        memory_bytes: context.options.memory.bytes(),
+    };
+    reporter.log_step(&step_metrics, interval.lm_loss / steps, &line.state)
 }
 
 /// Reads the queued steps in order into the run's losses and the log interval's sums; the last

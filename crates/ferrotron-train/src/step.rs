@@ -105,6 +105,7 @@ pub struct StepContext {
 /// loss per microbatch and its gradient norm before clipping would stall the queue three times.
 pub(crate) struct PendingStats {
     read: Box<dyn FnOnce() -> Result<StepStats, TrainError>>,
+    waits: bool,
 }
 
 impl PendingStats {
@@ -112,7 +113,24 @@ impl PendingStats {
     pub(crate) fn ready(stats: StepStats) -> Self {
         Self {
             read: Box::new(move || Ok(stats)),
+            waits: false,
         }
+    }
+
+    /// Statistics `read` fetches when asked; `waits`: it waits for the step queued on a device.
+    pub(crate) fn later(
+        read: impl FnOnce() -> Result<StepStats, TrainError> + 'static,
+        waits: bool,
+    ) -> Self {
+        Self {
+            read: Box::new(read),
+            waits,
+        }
+    }
+
+    /// Whether reading waits for queued device work.
+    pub(crate) fn waits(&self) -> bool {
+        self.waits
     }
 
     /// The statistics; a non-finite loss or gradient norm is the step's error.
@@ -427,12 +445,7 @@ where
             lr,
         })
     };
-    Ok((
-        model,
-        PendingStats {
-            read: Box::new(read),
-        },
-    ))
+    Ok((model, PendingStats::later(read, B::device_resident_step())))
 }
 
 /// The forward and backward passes of a replicated rank whose last microbatch's gradients are

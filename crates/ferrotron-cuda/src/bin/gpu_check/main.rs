@@ -28,6 +28,7 @@ mod fused_rope;
 mod fused_swiglu;
 mod nccl;
 mod timing;
+mod uploads;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -370,7 +371,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|moe|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|moe|upload|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
                      linear overrides against their composed versions, the fp8 kernels and linear\n\
                      (Hopper), then the NCCL communicator\n\
@@ -416,6 +417,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "moe" {
         rows.extend(fused_moe::rows(&device));
+    }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "upload" {
+        rows.extend(uploads::rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fp8" {
         rows.extend(fp8::rows(&device));

@@ -13,6 +13,7 @@
 //! first or second step and the weights by ~lr = 1e-2.
 
 mod alone;
+mod deferred_lines;
 mod equivalence;
 mod exchanged;
 mod fixture;
