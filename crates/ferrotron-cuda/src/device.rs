@@ -30,6 +30,7 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     pool: PoolHandle,
     arch: String,
+    multiprocessors: usize,
     stats: MemoryStats,
     kernels: KernelCache,
     blas: Mutex<Option<BlasHandle>>,
@@ -132,6 +133,9 @@ impl CudaDevice {
         }
         .ctx(ctx_op)?;
         let arch = format!("sm_{major}{minor}");
+        let multiprocessors = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .ctx(ctx_op)?;
         tracing::debug!(ordinal, %arch, "CUDA device ready");
         Ok(Self {
             ordinal,
@@ -140,6 +144,7 @@ impl CudaDevice {
             pool: PoolHandle(pool),
             kernels: KernelCache::new(arch.clone()),
             arch,
+            multiprocessors: usize::try_from(multiprocessors).unwrap_or(1),
             stats: MemoryStats::default(),
             blas: Mutex::new(None),
             staging: Staging::default(),
@@ -157,6 +162,11 @@ impl CudaDevice {
     /// The NVRTC architecture name, e.g. `sm_90` on an H200.
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// Streaming multiprocessors (132 on an H200): how wide a grid of persistent blocks is.
+    pub(crate) fn multiprocessors(&self) -> usize {
+        self.multiprocessors
     }
 
     /// The device's name as the driver reports it.

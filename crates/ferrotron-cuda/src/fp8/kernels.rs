@@ -458,44 +458,6 @@ impl KernelSpec for CastTranspose {
     }
 }
 
-/// The bias gradient from [`CastTranspose`]'s `partial [bands, cols]` f32 sums, stored as
-/// `output`: a block of 32 columns × [`SUM_GROUPS`] groups of bands, each thread adding every
-/// `SUM_GROUPS`-th band of its column, then the groups added in order (the same numbers on every
-/// run). One thread a column walking all of a gpt-1.3b step's 384 tile rows took 48 µs a call.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct ColumnSum {
-    pub output: DType,
-}
-
-/// Groups of bands a [`ColumnSum`] block splits a column's bands into (its threads: 32 × this).
-pub(crate) const SUM_GROUPS: u32 = 8;
-
-impl KernelSpec for ColumnSum {
-    fn source(&self) -> String {
-        let out = self.output;
-        let mut s = format!("// fp8 dbias column sum {out}\n");
-        s += crate::kernels::includes(out.needs_half_headers());
-        s += "struct Params { long long bands, cols; unsigned long long partial, out; };\n";
-        s += &format!("#define GROUPS {SUM_GROUPS}\n");
-        s += "extern \"C\" __global__ void __launch_bounds__(32 * GROUPS) ferrotron_kernel(const Params p) {\n";
-        s += "  __shared__ float part[GROUPS][33];\n";
-        s += "  const int lane = threadIdx.x & 31, group = threadIdx.x >> 5;\n";
-        s += "  const long long c = blockIdx.x * 32LL + lane;\n";
-        s += "  const float* partial = (const float*)p.partial;\n";
-        s += "  float sum = 0.f;\n";
-        s += "  if (c < p.cols) for (long long t = group; t < p.bands; t += GROUPS) sum += partial[t * p.cols + c];\n";
-        s += "  part[group][lane] = sum;\n  __syncthreads();\n";
-        s += "  if (group == 0 && c < p.cols) {\n    float total = 0.f;\n";
-        s += "#pragma unroll\n    for (int g = 0; g < GROUPS; ++g) total += part[g][lane];\n";
-        s += &format!(
-            "    (({}*)p.out)[c] = {};\n  }}\n}}\n",
-            out.storage_c(),
-            out.store_expr("total")
-        );
-        s
-    }
-}
-
 /// `max |x|` of a contiguous tensor (8-element chunks) into `*amax_dst` (zeroed before).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Amax {
@@ -620,8 +582,6 @@ mod tests {
                 all.push((format!("{spec:?}"), spec.source()));
             }
             all.push((format!("amax {input}"), Amax { input }.source()));
-            let sum = ColumnSum { output: input };
-            all.push((format!("{sum:?}"), sum.source()));
         }
         all.push(("update".into(), ScaleUpdate.source()));
         all

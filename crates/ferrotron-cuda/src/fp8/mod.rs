@@ -30,7 +30,7 @@ use crate::kernels::elementwise::zeros;
 use crate::kernels::{Params, grid_for, launch};
 use crate::tensor::CudaTensor;
 pub use kernels::CastSource;
-use kernels::{Amax, CastTranspose, ColumnSum, ROW_TILES, SUM_GROUPS, ScaleUpdate, THREADS, TILE};
+use kernels::{Amax, CastTranspose, ROW_TILES, ScaleUpdate, THREADS, TILE};
 
 /// A tensor cast to fp8: `[rows, cols]` bytes, optionally the `[cols, rows]` transpose, the
 /// `[1]` f32 inverse scale of both.
@@ -419,7 +419,7 @@ pub fn cast_source(
     // stream-ordered, after the kernel.
     drop((measured, extra));
     let bias = partial
-        .map(|partial| column_sum(&partial, x.dtype(), &ctx))
+        .map(|partial| crate::kernels::column_sum::column_sum(&partial, x.dtype(), &ctx))
         .transpose()?;
     let cast = Cast {
         data,
@@ -427,27 +427,6 @@ pub fn cast_source(
         scale_inv,
     };
     Ok((cast, bias))
-}
-
-/// `Σ_bands partial [bands, cols]` as `[cols]` in `dtype`.
-fn column_sum(
-    partial: &CudaTensor,
-    dtype: DType,
-    ctx: &dyn Fn() -> OpContext,
-) -> Result<CudaTensor> {
-    let [bands, cols] = [partial.shape()[0], partial.shape()[1]];
-    let out = CudaTensor::empty(partial.device(), &[cols], dtype)?;
-    let mut params = Params::new();
-    params
-        .int(bands as i64)
-        .int(cols as i64)
-        .ptr(partial.data_ptr())
-        .ptr(out.data_ptr());
-    let spec = ColumnSum { output: dtype };
-    let grid = u32::try_from(cols.div_ceil(32))
-        .map_err(|_| CudaError::unsupported(ctx(), "more than 2^37 columns"))?;
-    launch(partial.device(), &spec, grid, 32 * SUM_GROUPS, &params, ctx)?;
-    Ok(out)
 }
 
 /// `max |x|` of a readable `x` maxed into the f32 `dst` (one element).

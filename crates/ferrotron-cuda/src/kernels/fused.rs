@@ -13,7 +13,9 @@ use ferrotron_parallel::AdamWStep;
 
 use crate::dtype::DType;
 use crate::error::{CudaError, OpContext, Result};
+use crate::kernels::column_sum::column_sum;
 use crate::kernels::elementwise::zeros;
+use crate::kernels::norm_grad_rows::NormRowsBackward;
 use crate::kernels::norm_rows::{CHUNK, NormRowsForward, NormRowsInputGrad, ROWS_PER_BLOCK};
 use crate::kernels::{BLOCK, KernelSpec, Params, grid_for, includes, launch};
 use crate::tensor::CudaTensor;
@@ -412,7 +414,16 @@ fn norm_pass(
     Ok((output, mean, rstd))
 }
 
-/// Gradients of a norm: input, γ and (with `beta`) β, γ/β in γ's dtype.
+/// Whether `FERROTRON_NORM_ONE_PASS` leaves the one-pass norm backward on (read once; off
+/// gives the warp-per-row input gradient and the separate γ/β reduction back, to compare).
+fn one_pass_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    crate::switches::enabled(&ON, "FERROTRON_NORM_ONE_PASS")
+}
+
+/// Gradients of a norm: input, γ and (with `beta`) β, γ/β in γ's dtype. Rows of up to 4,096
+/// elements in whole aligned chunks take the one-pass kernel (`norm_grad_rows.rs`), others the
+/// input gradient and a column reduction.
 pub fn norm_backward(
     x: &CudaTensor,
     gamma: &CudaTensor,
@@ -443,6 +454,44 @@ pub fn norm_backward(
     let dx = CudaTensor::empty(device, &[rows, hidden], x.dtype())?;
     let mean_ptr = mean.map_or(0, CudaTensor::data_ptr);
     let op = || x.op("norm_backward");
+    let aligned = [&x, &gamma, &grad, &dx]
+        .into_iter()
+        .chain(&into)
+        .all(chunk_aligned);
+    let one_pass = NormRowsBackward::for_hidden(
+        x.dtype(),
+        gamma.dtype(),
+        grad.dtype(),
+        (rms, beta, into.is_some()),
+        hidden,
+    )
+    .filter(|_| aligned && rows > 0 && one_pass_on());
+    if let Some(spec) = one_pass {
+        let blocks = spec.blocks(rows, device.multiprocessors());
+        let partial = || CudaTensor::empty(device, &[blocks, hidden], DType::F32);
+        let dgamma = partial()?;
+        let dbeta = spec.beta.then(partial).transpose()?;
+        let mut params = Params::new();
+        params
+            .int(rows as i64)
+            .int(hidden as i64)
+            .ptr(x.data_ptr())
+            .ptr(gamma.data_ptr())
+            .ptr(grad.data_ptr())
+            .ptr(mean_ptr)
+            .ptr(rstd.data_ptr())
+            .ptr(dx.data_ptr())
+            .ptr(into.as_ref().map_or(0, CudaTensor::data_ptr))
+            .ptr(dgamma.data_ptr())
+            .ptr(dbeta.as_ref().map_or(0, CudaTensor::data_ptr));
+        let grid = block_rows(blocks, &op)?;
+        launch(device, &spec, grid, spec.threads as u32, &params, &op)?;
+        let dgamma = column_sum(&dgamma, gamma.dtype(), &op)?;
+        let dbeta = dbeta
+            .map(|partial| column_sum(&partial, gamma.dtype(), &op))
+            .transpose()?;
+        return Ok((dx, dgamma, dbeta));
+    }
     let dgamma = zeros(device, &[hidden], DType::F32)?;
     let dbeta = if beta {
         Some(zeros(device, &[hidden], DType::F32)?)
@@ -468,10 +517,6 @@ pub fn norm_backward(
             .ptr(rstd.data_ptr())
             .ptr(dx.data_ptr())
             .ptr(into.as_ref().map_or(0, CudaTensor::data_ptr));
-        let aligned = [&x, &gamma, &grad, &dx]
-            .into_iter()
-            .chain(&into)
-            .all(chunk_aligned);
         let warp_rows = NormRowsInputGrad::for_hidden(
             x.dtype(),
             gamma.dtype(),

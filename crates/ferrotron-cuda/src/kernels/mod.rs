@@ -9,6 +9,7 @@
 #![allow(unsafe_code)]
 
 pub mod cache;
+pub(crate) mod column_sum;
 pub mod elementwise;
 pub mod flat;
 pub mod fused;
@@ -17,6 +18,7 @@ mod gpu_tests;
 pub mod index;
 pub mod loss;
 pub mod moe;
+mod norm_grad_rows;
 mod norm_rows;
 pub mod reduce;
 pub mod rope;

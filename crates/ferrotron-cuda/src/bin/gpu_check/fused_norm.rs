@@ -268,9 +268,19 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
                 false,
             ));
             rows.push(norm_row(device, &mut rng, [2, 9, 1004], dtype, kind, false));
-            // The residual's gradient added by the warp-per-row and the block kernel.
+            // The residual's gradient added by the one-pass backward and the block kernel.
             rows.push(norm_row(device, &mut rng, [4, 96, 1024], dtype, kind, true));
             rows.push(norm_row(device, &mut rng, [2, 9, 1004], dtype, kind, true));
+            // More rows than the one-pass backward has blocks: each block walks several rows
+            // (the row sums' alternating slots, the partial γ/β sums over rows).
+            rows.push(norm_row(
+                device,
+                &mut rng,
+                [8, 512, 2048],
+                dtype,
+                kind,
+                true,
+            ));
         }
         for first in [true, false] {
             rows.push(adamw_row(device, &mut rng, dtype, first));
