@@ -57,6 +57,7 @@ benches=(
     "gpt2-124m|recipes/gpt2-124m.yaml|16|none"
     "gpt-350m|recipes/gpt-350m.yaml|16|none"
     "gpt-350m-mb24|recipes/gpt-350m.yaml|24|none"
+    "gpt-350m-mb32|recipes/gpt-350m.yaml|32|none"
     "gpt-1.3b-mb2|recipes/gpt-1.3b.yaml|2|none"
     "gpt-1.3b-mb8|recipes/gpt-1.3b.yaml|8|none"
     "gpt-1.3b|recipes/gpt-1.3b.yaml|12|none"
