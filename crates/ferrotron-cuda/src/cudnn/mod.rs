@@ -429,7 +429,7 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
         op,
     )?;
     let mut last_err = None;
-    for config in configs.into_iter().take(got as usize) {
+    for (index, config) in configs.into_iter().take(got as usize).enumerate() {
         let plan = Desc::new(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, op)?;
         plan.set(
             CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
@@ -457,6 +457,9 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
                     "workspace size",
                     op,
                 )?;
+                // How many engine configs the heuristics offer says whether timing them (as
+                // `blas_tune.rs` does for GEMMs) could find a faster attention.
+                tracing::debug!(candidates = got, index, "cuDNN engine config finalised");
                 keep.push(config);
                 keep.push(heur);
                 keep.push(graph);
