@@ -108,7 +108,7 @@ fn store_dir(arch: &str) -> Option<PathBuf> {
 
 /// The file of one problem's choice: a hash of the problem and of what could change the
 /// candidates (`device`: the device's name and the library's version).
-fn choice_path(dir: &Path, problem: &str, device: &str) -> PathBuf {
+pub(crate) fn choice_path(dir: &Path, problem: &str, device: &str) -> PathBuf {
     let mut hasher = blake3::Hasher::new();
     for part in [problem, device] {
         hasher.update(part.as_bytes());
@@ -158,7 +158,7 @@ fn remember(
 }
 
 /// The index of the fastest time, earlier candidates winning ties within [`TIE`].
-fn choose(times: &[Option<f64>]) -> usize {
+pub(crate) fn choose(times: &[Option<f64>]) -> usize {
     let mut best: Option<(usize, f64)> = None;
     for (i, t) in times.iter().enumerate() {
         let Some(t) = *t else { continue };
@@ -172,9 +172,9 @@ fn choose(times: &[Option<f64>]) -> usize {
 
 /// Mean microseconds of one call, timed with events after a warm-up; `None` if any call or
 /// event fails.
-fn time_one(
+pub(crate) fn time_one<E>(
     stream: dsys::CUstream,
-    mut launch: impl FnMut() -> Result<(), CublasError>,
+    mut launch: impl FnMut() -> Result<(), E>,
 ) -> Option<f64> {
     let flags = dsys::CUevent_flags::CU_EVENT_DEFAULT;
     let start = driver::event::create(flags).ok()?;

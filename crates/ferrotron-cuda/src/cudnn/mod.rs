@@ -13,6 +13,7 @@
 pub mod graph;
 mod packed;
 pub mod sdpa;
+mod tune;
 
 pub use packed::{packed_backward, packed_forward, supports_packed};
 
@@ -25,7 +26,7 @@ use cudarc::cudnn::sys as cs;
 use crate::alloc::DeviceBuffer;
 use crate::device::CudaDevice;
 use crate::dtype::{DType, Scalar};
-use crate::error::{CudaError, OpContext, Result};
+use crate::error::{CudaError, DriverResultExt, OpContext, Result};
 use crate::kernels::elementwise::full;
 use crate::tensor::CudaTensor;
 use graph::{Dt, Graph, Op, Pw, Red};
@@ -163,12 +164,22 @@ fn pointwise_mode(mode: Pw) -> cs::cudnnPointwiseMode_t {
     }
 }
 
-/// A finalised execution plan with its workspace size and the UIDs a variant pack must supply.
-struct Plan {
+/// One finalised execution plan and its workspace size.
+struct Candidate {
     plan: Desc,
     workspace: usize,
+    /// Its engine config, kept alive with it.
+    _config: Desc,
+}
+
+/// The execution plans of one graph that finalised, in the heuristics' order (the first alone
+/// unless attention plans are timed, `tune.rs`), the plan chosen among them on first use, and
+/// the UIDs a variant pack must supply.
+struct Plan {
+    candidates: Vec<Candidate>,
+    chosen: OnceLock<usize>,
     uids: Vec<i64>,
-    /// Kept alive for the plan's lifetime (cuDNN may refer to them).
+    /// Kept alive for the plans' lifetime (cuDNN may refer to them).
     _graph: Vec<Desc>,
 }
 
@@ -429,7 +440,12 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
         op,
     )?;
     let mut last_err = None;
+    let mut candidates = Vec::new();
+    let wanted = tune::candidates();
     for (index, config) in configs.into_iter().take(got as usize).enumerate() {
+        if candidates.len() == wanted {
+            break;
+        }
         let plan = Desc::new(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, op)?;
         plan.set(
             CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
@@ -457,28 +473,32 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
                     "workspace size",
                     op,
                 )?;
-                // How many engine configs the heuristics offer says whether timing them (as
-                // `blas_tune.rs` does for GEMMs) could find a faster attention.
                 tracing::debug!(candidates = got, index, "cuDNN engine config finalised");
-                keep.push(config);
-                keep.push(heur);
-                keep.push(graph);
-                keep.extend(ops);
-                keep.extend(tensors.into_values());
-                return Ok(Plan {
+                candidates.push(Candidate {
                     plan,
                     workspace: ws.max(0) as usize,
-                    uids: g.variant_uids(),
-                    _graph: keep,
+                    _config: config,
                 });
             }
             Err(e) => last_err = Some(e),
         }
     }
-    Err(last_err.unwrap_or_else(|| CudaError::Unsupported {
-        context: op(),
-        reason: "no cuDNN engine config finalised".into(),
-    }))
+    if candidates.is_empty() {
+        return Err(last_err.unwrap_or_else(|| CudaError::Unsupported {
+            context: op(),
+            reason: "no cuDNN engine config finalised".into(),
+        }));
+    }
+    keep.push(heur);
+    keep.push(graph);
+    keep.extend(ops);
+    keep.extend(tensors.into_values());
+    Ok(Plan {
+        candidates,
+        chosen: OnceLock::new(),
+        uids: g.variant_uids(),
+        _graph: keep,
+    })
 }
 
 /// The cached plan for `key` on `device` (built on first use), with the device's handle.
@@ -523,19 +543,70 @@ fn plan_for(
     tracing::debug!(
         ?key,
         ms = started.elapsed().as_millis() as u64,
-        workspace = plan.workspace,
+        candidates = plan.candidates.len(),
         "cuDNN attention plan built"
     );
     state.plans.insert(key.clone(), plan.clone());
     Ok((state.handle.0, plan))
 }
 
-/// Executes `plan` with `pointers` (device addresses or, for by-value scalars, host pointers)
-/// for its UIDs.
+/// Executes `plan` for `key` with `pointers` (device addresses or, for by-value scalars, host
+/// pointers) for its UIDs: the candidate chosen on its first execution (`tune.rs`).
+///
+/// `zeroed` are scratch tensors cudnn-frontend zeroes before every execution (the backward's
+/// dQ accumulator): the heuristics' first plan writes them whole (`gpu_check` runs it on
+/// poisoned memory, and no memset is spent on it), any other plan gets them zeroed first.
 fn execute(
     device: &Arc<CudaDevice>,
     handle: cs::cudnnHandle_t,
-    plan: &Plan,
+    (key, plan): (&SdpaKey, &Plan),
+    pointers: &HashMap<i64, *mut c_void>,
+    zeroed: &[&CudaTensor],
+    op: &dyn Fn() -> OpContext,
+) -> Result<()> {
+    let run = |index: usize| {
+        if index > 0 {
+            device.bind()?;
+            for t in zeroed {
+                let bytes = t.numel() * t.dtype().size_in_bytes();
+                // SAFETY: a live contiguous scratch tensor of `bytes` bytes on this device,
+                // written on its stream before the plan that reads it.
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        t.data_ptr(),
+                        0,
+                        bytes,
+                        device.cu_stream(),
+                    )
+                }
+                .ctx(op)?;
+            }
+        }
+        execute_candidate(
+            device,
+            handle,
+            &plan.candidates[index],
+            &plan.uids,
+            pointers,
+            op,
+        )
+    };
+    let index = match plan.chosen.get() {
+        Some(&index) => index,
+        None => {
+            let index = tune::pick(device, &format!("{key:?}"), plan.candidates.len(), run);
+            *plan.chosen.get_or_init(|| index)
+        }
+    };
+    run(index)
+}
+
+/// Executes one candidate plan with a variant pack of `pointers` for `uids`.
+fn execute_candidate(
+    device: &Arc<CudaDevice>,
+    handle: cs::cudnnHandle_t,
+    plan: &Candidate,
+    uids: &[i64],
     pointers: &HashMap<i64, *mut c_void>,
     op: &dyn Fn() -> OpContext,
 ) -> Result<()> {
@@ -549,8 +620,8 @@ fn execute(
     let ws_ptr: *mut c_void = workspace
         .as_ref()
         .map_or(std::ptr::null_mut(), |b| b.ptr() as *mut c_void);
-    let mut ptrs = Vec::with_capacity(plan.uids.len());
-    for uid in &plan.uids {
+    let mut ptrs = Vec::with_capacity(uids.len());
+    for uid in uids {
         ptrs.push(*pointers.get(uid).ok_or_else(|| {
             CudaError::invalid(op(), format!("cuDNN variant pack lacks UID {uid}"))
         })?);
@@ -562,7 +633,7 @@ fn execute(
     pack.set(
         CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
         CUDNN_TYPE_INT64,
-        &plan.uids,
+        uids,
         op,
     )?;
     pack.set(
@@ -776,7 +847,7 @@ pub fn sdpa_forward(
         pointers.insert(sdpa::OFFSET, ptr(offset));
     }
     let _timer = crate::timing::scope(device, "attention_fwd(cudnn)");
-    execute(device, handle, &plan, &pointers, &op)?;
+    execute(device, handle, (&key, &plan), &pointers, &[], &op)?;
     Ok(SdpaForward {
         output: out,
         stats,
@@ -911,5 +982,5 @@ pub fn sdpa_backward_into(
         pointers.insert(sdpa::OFFSET, ptr(offset));
     }
     let _timer = crate::timing::scope(device, "attention_bwd(cudnn)");
-    execute(device, handle, &plan, &pointers, &op)
+    execute(device, handle, (&key, &plan), &pointers, &[&accum], &op)
 }
