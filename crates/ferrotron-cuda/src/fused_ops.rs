@@ -280,6 +280,7 @@ impl FusedOps for Cuda {
     fn gather_flat(
         pieces: Vec<FlatPiece<Self>>,
         into: Option<FloatTensor<Self>>,
+        dtype: burn::tensor::DType,
     ) -> FloatTensor<Self> {
         let floats = pieces.iter().filter_map(|p| p.grad.as_ref()).all(is_float);
         let device = pieces
@@ -287,8 +288,12 @@ impl FusedOps for Cuda {
             .find_map(|p| p.grad.as_ref())
             .or(into.as_ref())
             .map(|t| t.device().clone());
-        let (true, Some(device)) = (fused_kernels_enabled() && floats, device) else {
-            return composed_gather_flat::<Self>(pieces, into);
+        let out = crate::backend::convert::engine_dtype(dtype)
+            .ok()
+            .filter(|d| d.is_float());
+        let (true, Some(device), Some(out)) = (fused_kernels_enabled() && floats, device, out)
+        else {
+            return composed_gather_flat::<Self>(pieces, into, dtype);
         };
         let laid: Vec<_> = pieces
             .iter()
@@ -297,7 +302,7 @@ impl FusedOps for Cuda {
                 grad: p.grad.as_ref(),
             })
             .collect();
-        ok(flat::gather_flat(&device, &laid, into))
+        ok(flat::gather_flat(&device, &laid, into, out))
     }
 
     fn segment_sum_of_squares(

@@ -597,14 +597,16 @@ pub trait FusedOps: Backend {
         composed_sum_of_squares::<Self>(x)
     }
 
-    /// `into + cat(pieces)`, flat f32 (see `fused_flat.rs`): a step's gradients gathered into
-    /// the optimizer's flat buffer, summed over microbatches there. `into` is given up (a GPU
+    /// `into + cat(pieces)` as a flat `dtype` buffer (see `fused_flat.rs`): a step's gradients
+    /// gathered into the optimizer's flat buffer, summed over microbatches there (f32), or one
+    /// microbatch's gradients kept in their own dtype. `into` (of `dtype`) is given up (a GPU
     /// adds in place when nothing else holds it).
     fn gather_flat(
         pieces: Vec<FlatPiece<Self>>,
         into: Option<FloatTensor<Self>>,
+        dtype: DType,
     ) -> FloatTensor<Self> {
-        composed_gather_flat::<Self>(pieces, into)
+        composed_gather_flat::<Self>(pieces, into, dtype)
     }
 
     /// `Σ x²` over segments of flat f32 buffers as `[1]` f32 (`None`: no segments). The default

@@ -9,6 +9,10 @@
 //! f32 widening, the same microbatch sums, the norm summed per parameter in the caller's order),
 //! so CPU numbers do not move.
 //!
+//! A step of one microbatch has nothing to sum, so its buffer may keep the gradients' own dtype:
+//! widened on the way in or read as bf16 by the norm and the update, the values are the same,
+//! and a bf16 buffer is half the bytes to write and to read twice (about 2 ms of a gpt-1.3b step).
+//!
 //! [`FusedOps`]: crate::FusedOps
 
 use crate::primitive::{unwrap, wrap};
@@ -27,11 +31,12 @@ pub struct FlatPiece<B: Backend> {
 /// A segment of one of several flat buffers: `(buffer, offset, len)`.
 pub type FlatSegment = (usize, usize, usize);
 
-/// `into + cat(pieces)` as a flat f32 buffer (`cat(pieces)` without `into`), each piece widened
-/// to f32 first and a missing one read as zeros, in burn ops.
+/// `into + cat(pieces)` as a flat `dtype` buffer (`cat(pieces)` without `into`), each piece cast
+/// to `dtype` first (f32: widened) and a missing one read as zeros, in burn ops.
 pub fn composed_gather_flat<B: Backend>(
     pieces: Vec<FlatPiece<B>>,
     into: Option<FloatTensor<B>>,
+    dtype: DType,
 ) -> FloatTensor<B> {
     let device = pieces
         .iter()
@@ -43,9 +48,9 @@ pub fn composed_gather_flat<B: Backend>(
         .map(|piece| match piece.grad {
             Some(grad) => {
                 let grad = wrap::<B, 1>(B::float_reshape(grad, [piece.len].into()));
-                grad.cast(DType::F32)
+                grad.cast(dtype)
             }
-            None => Tensor::zeros([piece.len], (&device, DType::F32)),
+            None => Tensor::zeros([piece.len], (&device, dtype)),
         })
         .collect();
     let flat = Tensor::cat(parts, 0);

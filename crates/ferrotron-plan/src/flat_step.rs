@@ -16,7 +16,13 @@
 //!   it, so only a fraction [`POOL_REUSE`] of it is counted as reusable.
 //!
 //! With `POOL_REUSE = 1` the update phase would be its live bytes; the fraction is what the
-//! H200 measurements need (see the constant). Megatron's theoretical numbers stay for the
+//! H200 measurements need (see the constant).
+//!
+//! Since 2026-12-05 a step of one microbatch gathers its gradients in the weights' dtype, not
+//! fp32 (nothing is summed into them): 2 bytes per parameter fewer than the update phase counts
+//! here. The device peaks this model is tested against (`tests/bench_rows.rs`) were measured
+//! before that change, so the term stays as measured until the next H200 call re-measures them
+//! and the model is refit with both. Megatron's theoretical numbers stay for the
 //! multi-rank layouts, whose runtime reduces gradients through buffers of its own and has not
 //! been measured against this model, and for the `cpu` kind, whose step is the per-parameter
 //! host step.

@@ -237,13 +237,14 @@ impl<I: Backend> AdamW<I> {
 
     /// Add one microbatch's gradients of `model` to the step's flat buffers `into` (a fresh set
     /// for the step's first microbatch); `complete` may change the flattened gradients first
-    /// (tensor-parallel partial ones summed over their group). What the buffers hold is `laid`'s.
+    /// (tensor-parallel partial ones summed over their group). What the buffers hold is `laid`'s;
+    /// `sum` says whether anything will be added to them (see [`flat_adamw::Sum`]).
     pub(crate) fn gather_flat<B, M>(
         &mut self,
         model: &M,
         grads: GradientsParams,
         into: Option<FlatGrads<I>>,
-        laid: Laid,
+        (laid, sum): (Laid, flat_adamw::Sum),
         complete: impl FnOnce(&mut HashMap<ParamId, Tensor<I, 1>>),
     ) -> Result<FlatGrads<I>, TrainError>
     where
@@ -261,7 +262,7 @@ impl<I: Backend> AdamW<I> {
             .as_ref()
             .expect("laid out by the first microbatch or `flat_layout_of`")
             .layout;
-        flat_adamw::gather(layout, taken.grads, into)
+        flat_adamw::gather(layout, taken.grads, into, sum)
     }
 
     /// `Σ x²` of a step's flat gradients (`[1]` f32; `None`: no gradients).

@@ -357,21 +357,28 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B::InnerBackend> {
 }
 
 /// `into + this microbatch's gradients` in `layout` (a fresh buffer set without `into`); fails
-/// for a gradient of a parameter outside the layout.
+/// for a gradient of a parameter outside the layout. The buffers are f32, or with `Sum::Alone`
+/// (the step's only microbatch, nothing added to it later) each group's own dtype.
 pub(crate) fn gather<I: FusedOps>(
     layout: &Layout,
     mut taken: HashMap<ParamId, Tensor<I, 1>>,
     into: Option<FlatGrads<I>>,
+    sum: Sum,
 ) -> Result<FlatGrads<I>, TrainError> {
     let mut into = into.map(|g| g.buffers.into_iter().map(Some).collect::<Vec<_>>());
     let mut buffers = Vec::with_capacity(layout.groups.len());
     for index in 0..layout.groups.len() {
         let previous = into.as_mut().and_then(|buffers| buffers[index].take());
+        let dtype = match sum {
+            Sum::Alone if previous.is_none() => layout.groups[index].dtype,
+            _ => DType::F32,
+        };
         buffers.push(gather_group(
             layout,
             index,
             |id| taken.remove(&id),
             previous,
+            dtype,
         ));
     }
     if !taken.is_empty() {
@@ -384,13 +391,14 @@ pub(crate) fn gather<I: FusedOps>(
     Ok(FlatGrads { buffers })
 }
 
-/// `previous + this microbatch's gradients` of group `index` (zeros without `previous`), each
-/// member's flattened gradient taken from `grad` (none: zero).
+/// `previous + this microbatch's gradients` of group `index` (zeros without `previous`) as a
+/// `dtype` buffer, each member's flattened gradient taken from `grad` (none: zero).
 pub(crate) fn gather_group<I: FusedOps>(
     layout: &Layout,
     index: usize,
     mut grad: impl FnMut(ParamId) -> Option<Tensor<I, 1>>,
     previous: Option<FloatTensor<I>>,
+    dtype: DType,
 ) -> FloatTensor<I> {
     let pieces = layout
         .runs(index)
@@ -400,7 +408,15 @@ pub(crate) fn gather_group<I: FusedOps>(
             grad: id.and_then(&mut grad).map(primitive),
         })
         .collect();
-    I::gather_flat(pieces, previous)
+    I::gather_flat(pieces, previous, dtype)
+}
+
+/// Whether a step's flat gradients are a sum (f32: microbatches or data-parallel replicas are
+/// added into them) or one microbatch's gradients alone, which may keep their own dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sum {
+    Summed,
+    Alone,
 }
 
 /// Every trainable parameter of `model` (not the MoE expert bias, moved by its own rule) as
@@ -583,10 +599,14 @@ mod tests {
         AdamW::new(config, HashSet::from([model.bias.id]))
     }
 
-    /// The per-parameter step: microbatches summed in fp32, then one update per parameter.
-    fn per_parameter(model: Mixed<Ad>, optimizer: &mut AdamW<Cpu>) -> (Mixed<Ad>, f32) {
+    /// The per-parameter step: `microbatches` summed in fp32, then one update per parameter.
+    fn per_parameter(
+        model: Mixed<Ad>,
+        optimizer: &mut AdamW<Cpu>,
+        microbatches: usize,
+    ) -> (Mixed<Ad>, f32) {
         let mut sum = GradientsAccumulator::<Mixed<Ad>>::new();
-        for microbatch in 0..2 {
+        for microbatch in 0..microbatches {
             sum.accumulate(&model, grads_to_fp32(&model, grads(&model, microbatch)));
         }
         let grads = sum.grads();
@@ -597,23 +617,35 @@ mod tests {
         )
     }
 
-    fn flat(model: Mixed<Ad>, optimizer: &mut AdamW<Cpu>) -> (Mixed<Ad>, f32) {
+    /// The flat step over `microbatches`; also the flat gradient buffers' dtypes.
+    fn flat(
+        model: Mixed<Ad>,
+        optimizer: &mut AdamW<Cpu>,
+        microbatches: usize,
+        summed: Sum,
+    ) -> (Mixed<Ad>, f32, Vec<DType>) {
         let mut sum = None;
-        for microbatch in 0..2 {
+        for microbatch in 0..microbatches {
             let grads = grads(&model, microbatch);
             sum = Some(
                 optimizer
-                    .gather_flat(&model, grads, sum, Laid::FirstMicrobatch, |_| {})
+                    .gather_flat(&model, grads, sum, (Laid::FirstMicrobatch, summed), |_| {})
                     .expect("laid out"),
             );
         }
-        let sum = sum.expect("two microbatches");
+        let sum = sum.expect("a microbatch");
+        let dtypes = sum
+            .buffers
+            .iter()
+            .map(burn::tensor::TensorMetadata::dtype)
+            .collect();
         let squares = optimizer
             .flat_sum_of_squares(&sum, |_| true)
             .expect("gradients");
         (
             optimizer.step_flat(model, sum, 1e-2, None, |_, values| values),
             squares.into_scalar(),
+            dtypes,
         )
     }
 
@@ -645,11 +677,13 @@ mod tests {
         // with moments): every step against per-parameter steps, to the bit.
         for step in 0..4 {
             let (next, squares) = if step == 2 {
-                per_parameter(model, &mut opt)
+                per_parameter(model, &mut opt, 2)
             } else {
-                flat(model, &mut opt)
+                let (next, squares, dtypes) = flat(model, &mut opt, 2, Sum::Summed);
+                assert!(dtypes.iter().all(|&d| d == DType::F32), "{dtypes:?}");
+                (next, squares)
             };
-            let (next_ref, squares_ref) = per_parameter(reference, &mut opt_ref);
+            let (next_ref, squares_ref) = per_parameter(reference, &mut opt_ref, 2);
             assert_eq!(squares, squares_ref, "step {step}: Σ g²");
             assert_eq!(
                 snapshot(&next, &opt),
@@ -664,6 +698,38 @@ mod tests {
             opt.master_value(model.gain.id).is_none(),
             "fp32: its own master"
         );
+    }
+
+    /// A step of one microbatch keeps its 16-bit gradients 16-bit in the flat buffers (nothing
+    /// is added to them) and still gives the per-parameter step's numbers to the bit: the norm
+    /// and the update widen each value as the fp32 buffer held it.
+    #[test]
+    fn one_microbatch_alone_keeps_its_gradients_dtype_and_the_same_numbers() {
+        let mut model = mixed();
+        let mut reference = mixed();
+        let (mut opt, mut opt_ref) = (optimizer(&model), optimizer(&reference));
+        for step in 0..3 {
+            let (next, squares, dtypes) = flat(model, &mut opt, 1, Sum::Alone);
+            // the bf16 groups (weight, decaying; bias, not) and the f32 one (gain)
+            assert_eq!(
+                dtypes.iter().filter(|&&d| d == DType::BF16).count(),
+                2,
+                "{dtypes:?}"
+            );
+            assert_eq!(
+                dtypes.iter().filter(|&&d| d == DType::F32).count(),
+                1,
+                "{dtypes:?}"
+            );
+            let (next_ref, squares_ref) = per_parameter(reference, &mut opt_ref, 1);
+            assert_eq!(squares, squares_ref, "step {step}: Σ g²");
+            assert_eq!(
+                snapshot(&next, &opt),
+                snapshot(&next_ref, &opt_ref),
+                "step {step}"
+            );
+            (model, reference) = (next, next_ref);
+        }
     }
 
     /// ZeRO-1's layout: groups padded to equal parts (aligned), and each part's segments the
@@ -711,17 +777,12 @@ mod tests {
         let f32 = |t: Tensor<Ad, 1>| t.cast(DType::F32);
         let only_bias = f32(model.bias.val()).sum();
         let first = GradientsParams::from_grads(only_bias.backward(), &model);
+        let laid = (Laid::FirstMicrobatch, Sum::Summed);
         let sum = opt
-            .gather_flat(&model, first, None, Laid::FirstMicrobatch, |_| {})
+            .gather_flat(&model, first, None, laid, |_| {})
             .expect("laid out");
         let err = opt
-            .gather_flat(
-                &model,
-                grads(&model, 0),
-                Some(sum),
-                Laid::FirstMicrobatch,
-                |_| {},
-            )
+            .gather_flat(&model, grads(&model, 0), Some(sum), laid, |_| {})
             .expect_err("weight and gain were not in the first microbatch");
         assert!(err.to_string().contains("2 parameters"), "{err}");
     }

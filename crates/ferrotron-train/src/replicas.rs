@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
-use burn::tensor::{Shape, Tensor, TensorMetadata};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata};
 use ferrotron_model::ExpertLoads;
 use ferrotron_parallel::{Comm, InFlight, ParallelOps, ReduceOp, prefetch};
 
@@ -334,7 +334,13 @@ where
         self.reduction.complete(&mut grads);
         for &group in &self.buckets[bucket] {
             let previous = self.earlier[group].take();
-            let sum = gather_group(&self.layout, group, |id| grads.remove(&id), previous);
+            let sum = gather_group(
+                &self.layout,
+                group,
+                |id| grads.remove(&id),
+                previous,
+                DType::F32,
+            );
             self.started[group] = Some(self.reduction.begin(&self.layout.groups[group], sum));
         }
     }

@@ -18,7 +18,7 @@ use ferrotron_parallel::{Comm, ParallelOps, prefetch, recompute};
 use crate::adamw::Laid;
 use crate::backward::fence_peers;
 use crate::clip::device_clip_coefficient;
-use crate::flat_adamw::{FlatGrads, take_grads};
+use crate::flat_adamw::{FlatGrads, Sum, take_grads};
 use crate::replicas::{BucketReduction, Replicas};
 use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
 
@@ -348,6 +348,12 @@ where
         None => {
             let mut flat = None;
             let peers: Vec<&Comm> = replicas.iter().map(|r| &r.tensor.comm).collect();
+            // One microbatch and no replicas to average with: nothing is added to the buffers.
+            let sum = if microbatches.len() == 1 && replicas.is_none() {
+                Sum::Alone
+            } else {
+                Sum::Summed
+            };
             let pass = forward_backward(
                 &model,
                 microbatches,
@@ -356,12 +362,12 @@ where
                 None,
                 &peers,
                 |grads| {
-                    let sum = flat.take();
+                    let into = flat.take();
                     flat = Some(optimizer.gather_flat(
                         &model,
                         grads,
-                        sum,
-                        Laid::FirstMicrobatch,
+                        into,
+                        (Laid::FirstMicrobatch, sum),
                         |grads| {
                             if let Some(replicas) = replicas {
                                 replicas.tensor.complete(grads);
@@ -485,10 +491,15 @@ where
             seen += 1;
             if seen < microbatches.len() {
                 let sum = earlier.borrow_mut().take();
-                let gathered =
-                    optimizer.gather_flat(model, grads, sum, Laid::FirstMicrobatch, |grads| {
+                let gathered = optimizer.gather_flat(
+                    model,
+                    grads,
+                    sum,
+                    (Laid::FirstMicrobatch, Sum::Summed),
+                    |grads| {
                         replicas.tensor.complete(grads);
-                    })?;
+                    },
+                )?;
                 *earlier.borrow_mut() = Some(gathered);
             } else {
                 let reduction = reduction.borrow_mut().take().unwrap_or_else(start);

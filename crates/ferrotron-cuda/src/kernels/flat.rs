@@ -1,5 +1,5 @@
-//! Gathering per-parameter gradients into a flat fp32 buffer (`FusedOps::gather_flat`), many
-//! tensors per launch.
+//! Gathering per-parameter gradients into a flat buffer (`FusedOps::gather_flat`: f32, or one
+//! microbatch's gradients in their own dtype), many tensors per launch.
 //!
 //! Autodiff leaves one gradient per parameter; the optimizer works on one buffer per group.
 //! A cast and an add per parameter per microbatch is ~400 launches on a 1.3B model; this is
@@ -24,22 +24,23 @@ const _: () = assert!((3 + 4 * PIECES) * 8 <= 4096);
 /// Blocks per piece at most: each grid-strides over its piece.
 const BLOCKS_PER_PIECE: u64 = 512;
 
-/// `out[offset_k + i] = into[offset_k + i] + widen(piece_k[i])` (no `into`: without the sum),
-/// a missing piece (null pointer) read as zeros.
+/// `out[offset_k + i] = into[offset_k + i] + piece_k[i]` in `out`'s dtype, summed in f32 (no
+/// `into`: without the sum), a missing piece (null pointer) read as zeros.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct GatherFlat {
     grad: DType,
+    out: DType,
     accumulate: bool,
 }
 
 impl KernelSpec for GatherFlat {
     fn source(&self) -> String {
-        let g = self.grad;
+        let (g, o) = (self.grad, self.out);
         let mut s = format!(
-            "// gather flat f32 <- {g}{}\n",
+            "// gather flat {o} <- {g}{}\n",
             if self.accumulate { " accumulate" } else { "" }
         );
-        s += includes(uses_half(&[g]));
+        s += includes(uses_half(&[g, o]));
         s += &format!(
             "struct Params {{ unsigned long long out, into; unsigned long long src[{PIECES}]; \
              long long offset[{PIECES}], len[{PIECES}], first_block[{PIECES}]; long long pieces; }};\n"
@@ -49,9 +50,10 @@ impl KernelSpec for GatherFlat {
         s += "  while (k + 1 < p.pieces && p.first_block[k + 1] <= (long long)blockIdx.x) ++k;\n";
         s += "  const long long blocks = (k + 1 < p.pieces ? p.first_block[k + 1] : (long long)gridDim.x) - p.first_block[k];\n";
         s += "  const long long n = p.len[k];\n";
-        s += "  float* out = (float*)p.out + p.offset[k];\n";
+        let os = o.storage_c();
+        s += &format!("  {os}* out = ({os}*)p.out + p.offset[k];\n");
         if self.accumulate {
-            s += "  const float* into = (const float*)p.into + p.offset[k];\n";
+            s += &format!("  const {os}* into = (const {os}*)p.into + p.offset[k];\n");
         }
         s += &format!(
             "  const {gs}* src = (const {gs}*)p.src[k];\n",
@@ -63,11 +65,12 @@ impl KernelSpec for GatherFlat {
             "    const float g = src ? {} : 0.f;\n",
             g.load_expr("src[i]")
         );
-        if self.accumulate {
-            s += "    out[i] = into[i] + g;\n";
+        let sum = if self.accumulate {
+            format!("{} + g", o.load_expr("into[i]"))
         } else {
-            s += "    out[i] = g;\n";
-        }
+            "g".to_string()
+        };
+        s += &format!("    out[i] = {};\n", o.store_expr(&sum));
         s += "  }\n}\n";
         s
     }
@@ -79,24 +82,21 @@ pub struct Piece<'a> {
     pub grad: Option<&'a CudaTensor>,
 }
 
-/// `into + cat(pieces)` widened to f32 (`cat(pieces)` without `into`); `into` is written in
-/// place when nothing else holds it, else a new buffer is returned.
+/// `into + cat(pieces)` as a flat `dtype` buffer (`cat(pieces)` without `into`); `into` is
+/// written in place when nothing else holds it, else a new buffer is returned.
 pub fn gather_flat(
     device: &Arc<CudaDevice>,
     pieces: &[Piece<'_>],
     into: Option<CudaTensor>,
+    dtype: DType,
 ) -> Result<CudaTensor> {
     let total: usize = pieces.iter().map(|p| p.len).sum();
-    let op = || {
-        OpContext::new("gather_flat")
-            .shape(&[total])
-            .dtype(DType::F32)
-    };
+    let op = || OpContext::new("gather_flat").shape(&[total]).dtype(dtype);
     let into = match into {
-        Some(t) if t.numel() != total || t.dtype() != DType::F32 => {
+        Some(t) if t.numel() != total || t.dtype() != dtype => {
             return Err(CudaError::invalid(
                 t.op("gather_flat"),
-                format!("the flat buffer must hold {total} f32 values"),
+                format!("the flat buffer must hold {total} {dtype} values"),
             ));
         }
         Some(t) => Some(t.contiguous()?),
@@ -104,7 +104,7 @@ pub fn gather_flat(
     };
     let out = match &into {
         Some(t) if t.is_exclusive() && t.offset() == 0 => t.clone(),
-        _ => CudaTensor::empty(device, &[total], DType::F32)?,
+        _ => CudaTensor::empty(device, &[total], dtype)?,
     };
     // Contiguous pieces, each paired with its offset in the buffer.
     let mut offset = 0;
@@ -153,7 +153,8 @@ fn launch_run(
         return Ok(());
     }
     let spec = GatherFlat {
-        grad: dtype.unwrap_or(DType::F32),
+        grad: dtype.unwrap_or(out.dtype()),
+        out: out.dtype(),
         accumulate: into.is_some(),
     };
     let mut blocks = 0u64;
@@ -190,8 +191,13 @@ mod tests {
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
     fn flat_sources_compile() {
         for grad in [DType::F32, DType::BF16, DType::F16] {
-            for accumulate in [false, true] {
-                let source = GatherFlat { grad, accumulate }.source();
+            for (out, accumulate) in [(DType::F32, false), (DType::F32, true), (grad, false)] {
+                let source = GatherFlat {
+                    grad,
+                    out,
+                    accumulate,
+                }
+                .source();
                 crate::kernels::cache::compile_for_test(&source, "sm_90")
                     .unwrap_or_else(|e| panic!("{e}\n{source}"));
             }

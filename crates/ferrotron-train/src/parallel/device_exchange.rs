@@ -41,7 +41,7 @@ use ferrotron_parallel::{
 use super::pipeline;
 use super::rank_model::{RankModel, RankOptimizer, reported_mean};
 use crate::adamw::Laid;
-use crate::flat_adamw::{Family, FlatGrads, Group, Layout, Shard, Sharding, take_grads};
+use crate::flat_adamw::{Family, FlatGrads, Group, Layout, Shard, Sharding, Sum, take_grads};
 use crate::replicas::{
     BucketReduction, GroupReduction, Launched, TensorReplicas, divided, gathered_whole,
     layer_buckets, summed_over,
@@ -275,8 +275,13 @@ where
                     let sum = earlier.borrow_mut()[index].take();
                     // partial gradients summed over tp per microbatch, as the last one's are
                     let complete = |grads: &mut _| exchanges[index].tensor.complete(grads);
-                    let sum =
-                        optimizers[index].gather_flat(chunk, grads, sum, Laid::Every, complete)?;
+                    let sum = optimizers[index].gather_flat(
+                        chunk,
+                        grads,
+                        sum,
+                        (Laid::Every, Sum::Summed),
+                        complete,
+                    )?;
                     earlier.borrow_mut()[index] = Some(sum);
                 } else {
                     let taken = reductions.borrow_mut()[index].take();

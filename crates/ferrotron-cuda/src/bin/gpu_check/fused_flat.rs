@@ -57,9 +57,9 @@ fn gather<const FUSED: bool>(
 ) -> TensorData {
     let run = |pieces, into| {
         if FUSED {
-            Cuda::gather_flat(pieces, into)
+            Cuda::gather_flat(pieces, into, DType::F32)
         } else {
-            composed_gather_flat::<Cuda>(pieces, into)
+            composed_gather_flat::<Cuda>(pieces, into, DType::F32)
         }
     };
     let first = run(pieces(&data[0], dtype, device), None);
@@ -100,6 +100,37 @@ fn gather_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, shared: bool) 
     };
     Row {
         op: "gather_flat".into(),
+        dtype: dtype_label(dtype),
+        shape: format!("[{}]", lens.iter().sum::<usize>()),
+        errors,
+        note,
+    }
+}
+
+/// One microbatch's pieces gathered in their own `dtype` (no widening: nothing to sum), kernel
+/// against composed; the f32 piece is rounded to `dtype` on the way in by both.
+fn narrow_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
+    let lens = lengths();
+    let data: Vec<TensorData> = lens.iter().map(|&n| host(&[n], rng, dtype)).collect();
+    let run = |fused: bool| {
+        let pieces = pieces(&data, dtype, device);
+        let flat = if fused {
+            Cuda::gather_flat(pieces, None, dtype)
+        } else {
+            composed_gather_flat::<Cuda>(pieces, None, dtype)
+        };
+        Ok(tensor(flat).into_data())
+    };
+    let (errors, note) = match (guarded(|| run(true)), guarded(|| run(false))) {
+        (Ok(g), Ok(w)) => (
+            compare::compare(&g, &w, 1.0),
+            "70 pieces (one missing, one f32) into a buffer of the gradients' dtype".to_string(),
+        ),
+        (Err(e), _) => (failed(), format!("kernel: {}", first_line(&e))),
+        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
+    };
+    Row {
+        op: "gather_flat(one microbatch)".into(),
         dtype: dtype_label(dtype),
         shape: format!("[{}]", lens.iter().sum::<usize>()),
         errors,
@@ -149,6 +180,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             rows.push(gather_row(device, &mut rng, dtype, shared));
         }
     }
+    rows.push(narrow_row(device, &mut rng, DType::BF16));
     let whole = [(1, 0, 4000), (0, 0, 3_000_017), (1, 4000, 97)];
     rows.push(norm_row(device, &mut rng, &whole, "every element"));
     let some = [
