@@ -4,11 +4,12 @@
 //! stages it through its own pinned memory and, for a copy beyond what it inlines into the
 //! command stream, "may synchronize with the stream" to do so (the CUDA driver API's *API
 //! synchronization behavior*). Each step's token batch — an i64 `[batch, seq]` pair of
-//! 100–300 KiB — then waited for the previous step's queued kernels, and the device ran dry
-//! while the host came back and queued the next step: the gap the stream's timeline showed before
-//! every step's first GEMM (1–2 % of a step on one H200). Copied into page-locked memory first,
-//! an upload is queued like a kernel. PyTorch's `pin_memory` data loaders exist for the same
-//! reason.
+//! 100–300 KiB — could then wait for the previous step's queued kernels, the device running dry
+//! while the host came back and queued the next step: with the statistics read right after each
+//! step (`run_loop.rs`), a candidate cause of the gap the stream's timeline showed before every
+//! step's first GEMM (1–2 % of a step on one H200, 2026-12-04). Copied into page-locked memory
+//! first, an upload is queued like a kernel. PyTorch's `pin_memory` data loaders exist for the
+//! same reason.
 //!
 //! A buffer is reused once the event recorded after its copy has completed, so a host that runs a
 //! step ahead keeps a few buffers in flight. Small uploads, which the driver inlines, go as
