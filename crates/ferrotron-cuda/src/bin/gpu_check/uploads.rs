@@ -41,11 +41,11 @@ fn uploads(ordinal: usize) -> Result<(TensorData, TensorData), String> {
     let engine = CudaDevice::get(ordinal).map_err(err)?;
     // A queue of kernels the copies wait behind: 40 chained 8192² bf16 matmuls (~1.5 ms each).
     let n = 8192;
-    let ones = CudaTensor::from_bytes(&engine, &vec![0u8; n * n * 2], &[n, n], DType::BF16)
+    let square = CudaTensor::from_bytes(&engine, &vec![0u8; n * n * 2], &[n, n], DType::BF16)
         .map_err(err)?;
-    let mut queued = ones.clone();
+    let mut queued = square.clone();
     for _ in 0..40 {
-        queued = matmul(&queued, &ones).map_err(err)?;
+        queued = matmul(&queued, &square).map_err(err)?;
     }
     let mut rng = StdRng::seed_from_u64(7);
     let mut sent = Vec::new();
