@@ -106,6 +106,22 @@ fn readable(x: &CudaTensor, ctx: &dyn Fn() -> OpContext) -> Result<CudaTensor> {
     }
 }
 
+/// An extra operand of a cast (a norm's statistics and γ/β, RoPE's tables), of any shape:
+/// float, contiguous and 16-byte aligned (a copy otherwise).
+fn operand(x: &CudaTensor, ctx: &dyn Fn() -> OpContext) -> Result<CudaTensor> {
+    if !x.dtype().is_float() {
+        return Err(CudaError::unsupported(
+            ctx(),
+            "fp8 casts read float tensors",
+        ));
+    }
+    if x.is_contiguous() && x.data_ptr().is_multiple_of(16) {
+        Ok(x.clone())
+    } else {
+        crate::kernels::elementwise::copy(x)
+    }
+}
+
 /// `x [rows, cols]` cast to `format` (and transposed when `transpose`) in one pass.
 pub fn cast_transpose(
     x: &CudaTensor,
@@ -288,7 +304,7 @@ impl CastInput<'_> {
         let mut ptr = |params: &mut Params, t: Option<&CudaTensor>| -> Result<()> {
             match t {
                 Some(t) => {
-                    let t = readable(t, ctx)?;
+                    let t = operand(t, ctx)?;
                     params.ptr(t.data_ptr());
                     keep.push(t);
                 }
