@@ -2,7 +2,8 @@
 //!
 //! That step (ferrotron-train `device_step`) keeps per group one fp32 master buffer and two
 //! moment buffers, gathers every microbatch's gradients into one fp32 buffer as its backward
-//! ends, and updates in place, writing a new 16-bit copy of the parameters (the model keeps
+//! ends (a step of one microbatch keeps them in the weights' dtype: nothing is summed), and
+//! updates in place, writing a new 16-bit copy of the parameters (the model keeps
 //! reading the old one until the update returns). Its device memory has two phases and the
 //! peak is the larger:
 //!
@@ -16,13 +17,7 @@
 //!   it, so only a fraction [`POOL_REUSE`] of it is counted as reusable.
 //!
 //! With `POOL_REUSE = 1` the update phase would be its live bytes; the fraction is what the
-//! H200 measurements need (see the constant).
-//!
-//! Since 2026-12-05 a step of one microbatch gathers its gradients in the weights' dtype, not
-//! fp32 (nothing is summed into them): 2 bytes per parameter fewer than the update phase counts
-//! here. The device peaks this model is tested against (`tests/bench_rows.rs`) were measured
-//! before that change, so the term stays as measured until the next H200 call re-measures them
-//! and the model is refit with both. Megatron's theoretical numbers stay for the
+//! H200 measurements need (see the constant). Megatron's theoretical numbers stay for the
 //! multi-rank layouts, whose runtime reduces gradients through buffers of its own and has not
 //! been measured against this model, and for the `cpu` kind, whose step is the per-parameter
 //! host step.
@@ -72,7 +67,7 @@ pub(crate) struct State {
     pub params: f64,
     /// The 16-bit (or fp32) weights.
     pub weight: f64,
-    /// The fp32 gradient buffer.
+    /// The fp32 gradient buffer (of several microbatches).
     pub gradient: f64,
     /// fp32 master (16-bit weights only) and both moments.
     pub optimizer: f64,
@@ -93,6 +88,8 @@ pub(crate) fn peak(
     } = *state;
     let activations: f64 = activation_terms.iter().map(|t| t.value).sum();
     let several = setup.num_microbatches > 1;
+    // One microbatch has nothing to sum: its gradients stay in the weights' dtype.
+    let gradient = if several { gradient } else { weight };
     let held_gradient = if several { gradient } else { 0.0 };
     let activations_phase = MemoryBytes {
         weights: (weight * params) as u64,
@@ -151,8 +148,12 @@ pub(crate) fn peak(
             2.0 * weight * params,
             || format!("2 × {weight} B × {params:.0} parameters (the model reads the old copy until the update returns)"),
         ),
-        setup.term("update phase: fp32 gradient buffer", gradient * params, || {
-            format!("{gradient} B (flat fp32, every microbatch summed) × {params:.0} parameters")
+        setup.term("update phase: gradient buffer", gradient * params, || {
+            if several {
+                format!("{gradient} B (flat fp32, every microbatch summed) × {params:.0} parameters")
+            } else {
+                format!("{gradient} B (flat, the one microbatch's gradients in the weights' dtype) × {params:.0} parameters")
+            }
         }),
         setup.term("update phase: optimizer states", optimizer * params, || {
             format!("{optimizer} B × {params:.0} parameters, updated in place")
@@ -266,15 +267,16 @@ mod tests {
 
     #[test]
     fn the_update_phase_holds_the_gradient_buffer_and_the_new_copy() {
-        // 2 × 4096 tokens: 11 GiB of activations against 6 bytes per parameter (6.6 GiB)
-        // allocated after the backward, of which the pool reuses 15 % of the activations.
+        // 2 × 4096 tokens: 11 GiB of activations against 4 bytes per parameter (4.4 GiB: the
+        // one microbatch's bf16 gradients and the new copy) allocated after the backward, of
+        // which the pool reuses 15 % of the activations.
         let m = plan_memory(&llama(4096, 2, 1), 2, GpuKind::H200);
         let (p, a, overhead) = facts(&m);
         let b = m.per_gpu_bytes;
-        assert!(near(b.gradients, 4.0 * p), "{b:?}");
+        assert!(near(b.gradients, 2.0 * p), "one microbatch, bf16: {b:?}");
         assert!(near(b.weights, 4.0 * p), "old and new 16-bit copies: {b:?}");
         assert!(near(b.optimizer, 12.0 * p), "{b:?}");
-        let expected = 14.0 * p + a + (6.0 * p - super::POOL_REUSE * a) + overhead;
+        let expected = 14.0 * p + a + (4.0 * p - super::POOL_REUSE * a) + overhead;
         assert!(near(b.total, expected), "{} vs {expected}", b.total);
     }
 
