@@ -93,17 +93,7 @@ fn readable(x: &CudaTensor, ctx: &dyn Fn() -> OpContext) -> Result<CudaTensor> {
             format!("fp8 casts need both dimensions divisible by 8, not {rows} × {cols}"),
         ));
     }
-    if !x.dtype().is_float() {
-        return Err(CudaError::unsupported(
-            ctx(),
-            "fp8 casts read float tensors",
-        ));
-    }
-    if x.is_contiguous() && x.data_ptr().is_multiple_of(16) {
-        Ok(x.clone())
-    } else {
-        crate::kernels::elementwise::copy(x)
-    }
+    operand(x, ctx)
 }
 
 /// An extra operand of a cast (a norm's statistics and γ/β, RoPE's tables), of any shape:

@@ -466,22 +466,24 @@ pub fn norm_backward(
         hidden,
     )
     .filter(|_| aligned && rows > 0 && one_pass_on());
+    // The input gradient's parameters, which the one-pass kernel's begin with.
+    let mut params = Params::new();
+    params
+        .int(rows as i64)
+        .int(hidden as i64)
+        .ptr(x.data_ptr())
+        .ptr(gamma.data_ptr())
+        .ptr(grad.data_ptr())
+        .ptr(mean_ptr)
+        .ptr(rstd.data_ptr())
+        .ptr(dx.data_ptr())
+        .ptr(into.as_ref().map_or(0, CudaTensor::data_ptr));
     if let Some(spec) = one_pass {
         let blocks = spec.blocks(rows, device.multiprocessors());
         let partial = || CudaTensor::empty(device, &[blocks, hidden], DType::F32);
         let dgamma = partial()?;
         let dbeta = spec.beta.then(partial).transpose()?;
-        let mut params = Params::new();
         params
-            .int(rows as i64)
-            .int(hidden as i64)
-            .ptr(x.data_ptr())
-            .ptr(gamma.data_ptr())
-            .ptr(grad.data_ptr())
-            .ptr(mean_ptr)
-            .ptr(rstd.data_ptr())
-            .ptr(dx.data_ptr())
-            .ptr(into.as_ref().map_or(0, CudaTensor::data_ptr))
             .ptr(dgamma.data_ptr())
             .ptr(dbeta.as_ref().map_or(0, CudaTensor::data_ptr));
         let grid = block_rows(blocks, &op)?;
@@ -506,17 +508,6 @@ pub fn norm_backward(
             rms,
             into: into.is_some(),
         };
-        let mut params = Params::new();
-        params
-            .int(rows as i64)
-            .int(hidden as i64)
-            .ptr(x.data_ptr())
-            .ptr(gamma.data_ptr())
-            .ptr(grad.data_ptr())
-            .ptr(mean_ptr)
-            .ptr(rstd.data_ptr())
-            .ptr(dx.data_ptr())
-            .ptr(into.as_ref().map_or(0, CudaTensor::data_ptr));
         let warp_rows = NormRowsInputGrad::for_hidden(
             x.dtype(),
             gamma.dtype(),

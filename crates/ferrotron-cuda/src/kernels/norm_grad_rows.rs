@@ -128,6 +128,12 @@ impl KernelSpec for NormRowsBackward {
             s += "      acc_b[k][e] = 0.f;\n";
         }
         s += "    }\n  }\n";
+        // One element's dy and x̂, read from the row's chunks the thread holds (both loops).
+        let element = format!(
+            "          const float d = {};\n          const float xh = ({} - mean) * rstd;\n",
+            dy.load_expr("dc[k].v[e]"),
+            x.load_expr("xc[k].v[e]")
+        );
         s += "  int slot = 0;\n";
         s += "  for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {\n";
         s += &format!(
@@ -147,14 +153,7 @@ impl KernelSpec for NormRowsBackward {
         s += "#pragma unroll\n    for (int k = 0; k < C; ++k) {\n      const long long c = tid + k * T;\n      if (c < chunks) {\n";
         s += "        xc[k] = x[c];\n        dc[k] = dy[c];\n";
         s += "#pragma unroll\n        for (int e = 0; e < 8; ++e) {\n";
-        s += &format!(
-            "          const float d = {};\n",
-            dy.load_expr("dc[k].v[e]")
-        );
-        s += &format!(
-            "          const float xh = ({} - mean) * rstd;\n",
-            x.load_expr("xc[k].v[e]")
-        );
+        s += &element;
         s += "          const float gd = d * gam[k][e];\n";
         s += "          sum_g += gd;\n          sum_gx += gd * xh;\n";
         s += "          acc_g[k][e] += d * xh;\n";
@@ -189,14 +188,7 @@ impl KernelSpec for NormRowsBackward {
         }
         s += &format!("        Chunk<{xs}> o;\n");
         s += "#pragma unroll\n        for (int e = 0; e < 8; ++e) {\n";
-        s += &format!(
-            "          const float d = {};\n",
-            dy.load_expr("dc[k].v[e]")
-        );
-        s += &format!(
-            "          const float xh = ({} - mean) * rstd;\n",
-            x.load_expr("xc[k].v[e]")
-        );
+        s += &element;
         let mut term = "rstd * (d * gam[k][e] - mean_g - xh * mean_gx)".to_string();
         if self.into {
             term = format!("{term} + {}", x.load_expr("ic.v[e]"));
