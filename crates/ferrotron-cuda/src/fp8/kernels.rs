@@ -267,8 +267,14 @@ impl CastSource {
     fn compute(self, input: DType) -> String {
         if self == CastSource::DropoutGrad {
             let kept = input.load_expr(&input.store_expr("(keep ? a * (float)p.keep_scale : 0.f)"));
+            let keep = crate::random::keep_test(
+                "(long long)p.seed",
+                "(long long)p.offset",
+                "i",
+                "p.keep_prob",
+            );
             return format!(
-                "      unpack8(in[0], v);\n      {{ const long long i0 = r * p.cols + c;\n#pragma unroll\n        for (int e = 0; e < 8; ++e) {{\n          const long long i = i0 + e;\n          const float a = v[e];\n          const bool keep = (double)philox_word((long long)p.seed, (long long)p.offset + (i >> 2), (int)(i & 3)) < p.keep_prob * 4294967296.0;\n          v[e] = {kept};\n        }} }}\n"
+                "      unpack8(in[0], v);\n      {{ const long long i0 = r * p.cols + c;\n#pragma unroll\n        for (int e = 0; e < 8; ++e) {{\n          const long long i = i0 + e;\n          const float a = v[e];\n          const bool keep = {keep};\n          v[e] = {kept};\n        }} }}\n"
             );
         }
         if let CastSource::RopeGrad { slots, head_dim } = self {
