@@ -64,6 +64,7 @@ benches=(
     "gpt-1.3b|recipes/gpt-1.3b.yaml|12|none"
     "gpt-1.3b-mb16|recipes/gpt-1.3b.yaml|16|none"
     "gpt-1.3b-mb24|recipes/gpt-1.3b.yaml|24|none"
+    "gpt-1.3b-mb32|recipes/gpt-1.3b.yaml|32|none"
     "gpt-1.3b-nodrop|recipes/gpt-1.3b.yaml|12|nodrop"
     "gpt-1.3b-full|recipes/gpt-1.3b.yaml|12|full"
     "gpt-1.3b-full-mb24|recipes/gpt-1.3b.yaml|24|full"

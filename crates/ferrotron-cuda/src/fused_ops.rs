@@ -9,7 +9,7 @@
 //!
 //! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`, writing the 16-bit parameter's
 //! rounded copy in the same pass, in place on state nothing else holds), the gradient norm's
-//! sums of squares (`kernels::reduce`, reading 16-bit gradients as they are), the gathering of
+//! sums of squares (`kernels::sum_squares`, 16-byte loads of 16-bit gradients as they are), the gathering of
 //! gradients into the optimizer's flat buffers (`kernels::flat`), the softmax cross-entropy
 //! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
 //! bits drawn in the add and again in the backward), SwiGLU of the packed projection
@@ -48,6 +48,7 @@ use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
 use crate::kernels::moe;
 use crate::kernels::reduce::{ReduceOp, reduce_all};
 use crate::kernels::rope::{rope_qkv_backward, rope_qkv_forward};
+use crate::kernels::sum_squares;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
 use crate::layout::SliceArg;
 use crate::random;
@@ -286,7 +287,10 @@ impl FusedOps for Cuda {
         if !(fused_kernels_enabled() && is_float(&x)) {
             return composed_sum_of_squares::<Self>(x);
         }
-        ok(reduce_all(&x, ReduceOp::SumSquares))
+        match ok(sum_squares::sum_of_squares(&x)) {
+            Some(sum) => sum,
+            None => ok(reduce_all(&x, ReduceOp::SumSquares)),
+        }
     }
 
     fn gather_flat(

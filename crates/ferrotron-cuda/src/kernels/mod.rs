@@ -24,6 +24,7 @@ pub mod reduce;
 pub mod rope;
 pub mod scan;
 pub mod sort;
+pub(crate) mod sum_squares;
 pub mod swiglu;
 
 use std::ffi::c_void;

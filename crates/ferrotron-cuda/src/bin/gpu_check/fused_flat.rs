@@ -1,7 +1,8 @@
 //! Rows for the flat optimizer buffers: gathering gradients into one flat f32 buffer (many
 //! pieces per launch, across the launch's piece limit, a missing piece, a second dtype, summed
-//! into an earlier buffer in place and into one that is shared) and `Σ x²` over the buffers,
-//! each against the composed version on the same GPU. Allocations are poisoned, so an element
+//! into an earlier buffer in place and into one that is shared) and `Σ x²` over the buffers (f32
+//! and bf16, whose 3 M-element run takes the 16-byte-load kernel), each against the composed
+//! version on the same GPU. Allocations are poisoned, so an element
 //! the gather never wrote shows up as a NaN.
 
 use burn::tensor::ops::FloatTensor;
@@ -140,11 +141,17 @@ fn narrow_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
 
 /// Σx² over `segments` of two random buffers: every element (`segments` covering both), or
 /// with stretches left out (a tensor-parallel rank skipping the parameters its group shares).
-fn norm_row(device: &GpuDevice, rng: &mut StdRng, segments: &[FlatSegment], what: &str) -> Row {
+fn norm_row(
+    device: &GpuDevice,
+    rng: &mut StdRng,
+    dtype: DType,
+    segments: &[FlatSegment],
+    what: &str,
+) -> Row {
     let lens = [3_000_017usize, 4097];
-    let data: Vec<TensorData> = lens.iter().map(|&n| host(&[n], rng, DType::F32)).collect();
+    let data: Vec<TensorData> = lens.iter().map(|&n| host(&[n], rng, dtype)).collect();
     let run = |fused: bool| {
-        let buffers: Vec<_> = data.iter().map(|d| upload(d, DType::F32, device)).collect();
+        let buffers: Vec<_> = data.iter().map(|d| upload(d, dtype, device)).collect();
         let total = if fused {
             Cuda::segment_sum_of_squares(&buffers, segments)
         } else {
@@ -164,7 +171,7 @@ fn norm_row(device: &GpuDevice, rng: &mut StdRng, segments: &[FlatSegment], what
     };
     Row {
         op: "segment_sum_of_squares".into(),
-        dtype: "f32",
+        dtype: dtype_label(dtype),
         shape: format!("{lens:?}"),
         errors,
         note,
@@ -182,13 +189,21 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     }
     rows.push(narrow_row(device, &mut rng, DType::BF16));
     let whole = [(1, 0, 4000), (0, 0, 3_000_017), (1, 4000, 97)];
-    rows.push(norm_row(device, &mut rng, &whole, "every element"));
+    for dtype in [DType::F32, DType::BF16] {
+        rows.push(norm_row(device, &mut rng, dtype, &whole, "every element"));
+    }
     let some = [
         (1, 0, 1000),
         (0, 0, 2_000_000),
         (1, 4000, 97),
         (0, 2_500_000, 500_017),
     ];
-    rows.push(norm_row(device, &mut rng, &some, "stretches left out"));
+    rows.push(norm_row(
+        device,
+        &mut rng,
+        DType::F32,
+        &some,
+        "stretches left out",
+    ));
     rows
 }
