@@ -104,6 +104,12 @@ const BENCHES: &[Bench] = &[
         extra: &[],
     },
     Bench {
+        name: "gpt-350m-mb48",
+        preset: "gpt-350m",
+        micro_batch: 48,
+        extra: &[],
+    },
+    Bench {
         name: "gpt-1.3b-mb2",
         preset: "gpt-1.3b",
         micro_batch: 2,
@@ -119,6 +125,24 @@ const BENCHES: &[Bench] = &[
         name: "gpt-1.3b",
         preset: "gpt-1.3b",
         micro_batch: 12,
+        extra: &[],
+    },
+    Bench {
+        name: "gpt-1.3b-mb16",
+        preset: "gpt-1.3b",
+        micro_batch: 16,
+        extra: &[],
+    },
+    Bench {
+        name: "gpt-1.3b-mb24",
+        preset: "gpt-1.3b",
+        micro_batch: 24,
+        extra: &[],
+    },
+    Bench {
+        name: "gpt-1.3b-mb32",
+        preset: "gpt-1.3b",
+        micro_batch: 32,
         extra: &[],
     },
     Bench {
