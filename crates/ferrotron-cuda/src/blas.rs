@@ -10,7 +10,7 @@
 //! and cached with the problem's descriptors, so steady-state calls do no search.
 #![allow(unsafe_code)]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
@@ -105,19 +105,8 @@ struct ProblemKey {
     a: (MatrixOrder, i64, u32),
     b: (MatrixOrder, i64, u32),
     d_align: u32,
-    epilogue: Epilogue,
-}
-
-/// What cuBLASLt's epilogue does besides the product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Epilogue {
-    None,
-    /// Adds a vector over the output columns.
-    Bias,
-    /// Also writes `Σ_k b[k, :]`, the column sums of the second operand over the shared
-    /// dimension (cuBLASLt's `BGRADA`: its A is our `b`): a linear layer's bias gradient from
-    /// its weight-gradient GEMM, which reads the output gradient anyway.
-    BiasGrad,
+    /// cuBLASLt bias epilogue (a vector over the output columns added in the GEMM).
+    bias: bool,
 }
 
 impl ProblemKey {
@@ -125,11 +114,7 @@ impl ProblemKey {
     /// (`matmul_bias(cublaslt) 24576x6144x2048 NN`: m × n × k, each operand row-major `N` or
     /// transposed `T`, a batch count where there is one).
     fn timing_name(&self) -> String {
-        let op = match self.epilogue {
-            Epilogue::None => "matmul",
-            Epilogue::Bias => "matmul_bias",
-            Epilogue::BiasGrad => "matmul_bias_grad",
-        };
+        let op = if self.bias { "matmul_bias" } else { "matmul" };
         let order = |o: &MatrixOrder| if o.row_major { 'N' } else { 'T' };
         let batch = if self.batch > 1 {
             format!(" x{}", self.batch)
@@ -162,9 +147,6 @@ pub(crate) struct BlasHandle {
     handle: sys::cublasLtHandle_t,
     workspace: Arc<DeviceBuffer>,
     plans: HashMap<ProblemKey, GemmPlan>,
-    /// Problems cuBLASLt has no algorithm for (asked once: the bias-gradient epilogue is not
-    /// offered for every layout).
-    refused: HashSet<ProblemKey>,
 }
 
 // SAFETY: the handle is used only under the device's mutex, by one thread at a time.
@@ -251,50 +233,6 @@ pub fn matmul_bias(
     b: &CudaTensor,
     bias: Option<&CudaTensor>,
 ) -> Result<CudaTensor> {
-    let epilogue = match bias {
-        Some(bias) => EpilogueArg::Bias(bias),
-        None => EpilogueArg::None,
-    };
-    let (out, _) = gemm(a, b, epilogue)?.expect("only the bias gradient can be refused");
-    Ok(out)
-}
-
-/// `a · b` of two matrices and the column sums of `b`, `Σ_k b[k, :]` as `[n]` in the output
-/// dtype (f32 accumulation), from one GEMM: cuBLASLt's bias-gradient epilogue sums `b` while
-/// the product reads it. `None` where cuBLASLt has no algorithm for the epilogue on this
-/// problem (the caller sums separately).
-pub fn matmul_column_sums(
-    a: &CudaTensor,
-    b: &CudaTensor,
-) -> Result<Option<(CudaTensor, CudaTensor)>> {
-    if a.rank() != 2 || b.rank() != 2 {
-        return Err(CudaError::invalid(
-            OpContext::new("matmul_column_sums")
-                .shape(a.shape())
-                .shape(b.shape()),
-            "takes two matrices",
-        ));
-    }
-    Ok(gemm(a, b, EpilogueArg::BiasGrad)?
-        .map(|(out, sums)| (out, sums.expect("the epilogue writes the sums"))))
-}
-
-/// [`Epilogue`] with its vector: the bias to add.
-#[derive(Clone, Copy)]
-enum EpilogueArg<'a> {
-    None,
-    Bias(&'a CudaTensor),
-    BiasGrad,
-}
-
-/// `a · b` with `epilogue`: the product, and the bias gradient where asked; `None` where
-/// cuBLASLt refused the bias-gradient epilogue for this problem.
-#[allow(clippy::type_complexity)]
-fn gemm(
-    a: &CudaTensor,
-    b: &CudaTensor,
-    epilogue: EpilogueArg<'_>,
-) -> Result<Option<(CudaTensor, Option<CudaTensor>)>> {
     let ctx = || {
         OpContext::new("matmul")
             .shape(a.shape())
@@ -326,18 +264,14 @@ fn gemm(
     let mut out_shape = batch.clone();
     out_shape.extend([m, n]);
     let device = a.device().clone();
-    let batch_count: usize = batch.iter().product();
-    let wants_sums = matches!(epilogue, EpilogueArg::BiasGrad);
-    if m * n == 0 || k == 0 || batch_count == 0 {
-        // Nothing for cuBLASLt to do: an empty product, or one over an empty shared dimension
-        // (zeros, and so are the column sums).
-        let out = crate::kernels::elementwise::zeros(&device, &out_shape, a.dtype())?;
-        let sums = wants_sums
-            .then(|| crate::kernels::elementwise::zeros(&device, &[n], a.dtype()))
-            .transpose()?;
-        return Ok(Some((out, sums)));
-    }
     let out = CudaTensor::empty(&device, &out_shape, a.dtype())?;
+    let batch_count: usize = batch.iter().product();
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    if k == 0 {
+        return crate::kernels::elementwise::zeros(&device, &out_shape, a.dtype());
+    }
     let a_op = prepare(a, &batch, m, k)?;
     let b_op = prepare(b, &batch, k, n)?;
     let batch_count = i32::try_from(batch_count)
@@ -361,14 +295,10 @@ fn gemm(
             pointer_alignment(b_op.tensor.data_ptr()),
         ),
         d_align: pointer_alignment(out.data_ptr()),
-        epilogue: match epilogue {
-            EpilogueArg::None => Epilogue::None,
-            EpilogueArg::Bias(_) => Epilogue::Bias,
-            EpilogueArg::BiasGrad => Epilogue::BiasGrad,
-        },
+        bias: bias.is_some(),
     };
-    let vector = match epilogue {
-        EpilogueArg::Bias(v) => {
+    let bias = match bias {
+        Some(v) => {
             if v.shape() != [n] {
                 return Err(CudaError::invalid(
                     ctx(),
@@ -381,8 +311,7 @@ fn gemm(
                 v.cast(a.dtype())?.contiguous()?
             })
         }
-        EpilogueArg::BiasGrad => Some(CudaTensor::empty(&device, &[n], a.dtype())?),
-        EpilogueArg::None => None,
+        None => None,
     };
     device.bind()?;
     let mut guard = device
@@ -396,35 +325,23 @@ fn gemm(
             handle,
             workspace,
             plans: HashMap::new(),
-            refused: HashSet::new(),
         });
     }
     let blas = guard
         .as_mut()
         .ok_or_else(|| CudaError::invalid(ctx(), "cuBLASLt handle missing"))?;
-    if blas.refused.contains(&key) {
-        return Ok(None);
-    }
-    match run_gemm(
+    run_gemm(
         blas,
         &device,
         &key,
         data_type,
         &a_op,
         &b_op,
-        vector.as_ref(),
+        bias.as_ref(),
         &out,
-    ) {
-        Ok(()) => Ok(Some((out, vector.filter(|_| wants_sums)))),
-        // The heuristic offers no algorithm for the bias-gradient epilogue here.
-        Err(result::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED))
-            if wants_sums =>
-        {
-            blas.refused.insert(key);
-            Ok(None)
-        }
-        Err(e) => Err(CudaError::blas(ctx(), e)),
-    }
+    )
+    .map_err(|e| CudaError::blas(ctx(), e))?;
+    Ok(out)
 }
 
 fn set_desc<T>(
@@ -509,8 +426,7 @@ fn run_gemm(
     launch(blas, plan, &plan.algo, a, b, out, stream)
 }
 
-/// Points the plan's epilogue at its vector, the bias to add or the bias gradient to write (set
-/// per call: the vector moves between calls).
+/// Points the plan's bias epilogue at `bias` (set per call: the vector moves between calls).
 fn set_bias(plan: &GemmPlan, bias: Option<&CudaTensor>) -> Result<(), result::CublasError> {
     let Some(bias) = bias else { return Ok(()) };
     let ptr = bias.data_ptr() as *const c_void;
@@ -590,18 +506,12 @@ fn make_plan(
         sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
         &trans_second,
     )?;
-    // D is n × m column-major: the bias runs over its rows, our output columns, and so does
-    // the bias gradient, the sums of cuBLASLt's A (our `b`, n × k) over k.
-    let epilogue = match key.epilogue {
-        Epilogue::None => None,
-        Epilogue::Bias => Some(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS),
-        Epilogue::BiasGrad => Some(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BGRADA),
-    };
-    if let Some(epilogue) = epilogue {
+    if key.bias {
+        // D is n × m column-major: the bias runs over its rows, our output columns.
         set_desc(
             &desc,
             sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
-            &epilogue,
+            &sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
         )?;
     }
     let first = if b.order.row_major {

@@ -14,8 +14,7 @@
 //! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
 //! bits drawn in the add and again in the backward), SwiGLU of the packed projection
 //! (`kernels::swiglu`) and RoPE on it (`kernels::rope`) run on our own kernels, for every float
-//! dtype; a biased linear's bias gradient comes out of its weight-gradient GEMM
-//! (`linear::linear_weight_bias_backward`, cuBLASLt's bias-gradient epilogue); the MoE experts' grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also
+//! dtype; the MoE experts' grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also
 //! switched off alone by `FERROTRON_GROUPED_GEMM=composed`), and their routing decisions (top-k
 //! and the permutation by expert, `kernels::moe`) on ours; `FERROTRON_FUSED=composed` switches
 //! all eight back to burn's composition and the routing to the host reference. The fp8
@@ -89,17 +88,6 @@ fn is_float(t: &FloatTensor<Cuda>) -> bool {
 }
 
 impl FusedOps for Cuda {
-    fn has_linear_bias_grad_kernel(x: &FloatTensor<Self>) -> bool {
-        is_float(x)
-    }
-
-    fn linear_weight_bias_backward(
-        x: FloatTensor<Self>,
-        grad_output: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        ok(crate::linear::linear_weight_bias_backward(&x, &grad_output))
-    }
-
     fn fp8_support(device: &GpuDevice, settings: &Fp8Settings) -> Result<(), String> {
         fp8::fp8_support(device, settings)
     }

@@ -1,16 +1,14 @@
 //! Linear layers as single GEMMs: the batch dims fold into M (a view for the activations
 //! models produce), the bias rides cuBLASLt's epilogue, the weight gradient is one
-//! `xᵀ·dy` GEMM over all tokens and the bias gradient comes out of that GEMM's epilogue (or,
-//! alone, one `1ᵀ·dy` GEMV). burn's defaults use a batched GEMM with a stride-0 weight and a
-//! weight gradient of per-batch GEMMs plus a sum.
+//! `xᵀ·dy` GEMM over all tokens and the bias gradient one `1ᵀ·dy` GEMV. burn's defaults use a
+//! batched GEMM with a stride-0 weight and a weight gradient of per-batch GEMMs plus a sum.
 //!
-//! The GEMV read all of `dy` again for one vector: at gpt-1.3b's 12 × 2048 tokens four of them a
-//! layer took 242 µs, 1.5 % of a step (one H200, 2026-12-05), where the weight-gradient GEMM
-//! reads `dy` anyway. `FERROTRON_BIAS_GRAD_EPILOGUE=off` keeps the GEMV, to compare.
+//! The GEMV reads all of `dy` again for one vector. cuBLASLt's bias-gradient epilogue (`BGRADA`,
+//! its A being our `dy`) on the weight-gradient GEMM would spare that read, but on one H200
+//! (2026-12-05, gpt-1.3b at 12 × 2048) it slowed the four weight-gradient GEMMs of a layer by
+//! 359 µs where the four GEMVs take 242: the pair stays.
 
-use std::sync::OnceLock;
-
-use crate::blas::{matmul, matmul_bias, matmul_column_sums};
+use crate::blas::{matmul, matmul_bias};
 use crate::error::{CudaError, Result};
 use crate::kernels::elementwise::ones;
 use crate::tensor::CudaTensor;
@@ -71,28 +69,4 @@ pub fn linear_bias_backward(grad: &CudaTensor) -> Result<CudaTensor> {
     let [m, n] = [g.shape()[0], g.shape()[1]];
     let one = ones(g.device(), &[1, m], g.dtype())?;
     matmul(&one, &g)?.reshape(&[n])
-}
-
-/// Whether the bias gradient rides the weight-gradient GEMM (read once per process).
-fn epilogue_on() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    crate::switches::enabled(&ON, "FERROTRON_BIAS_GRAD_EPILOGUE")
-}
-
-/// [`linear_weight_backward`] and [`linear_bias_backward`] of the same `dy` from one GEMM whose
-/// epilogue sums `dy` over the tokens; where cuBLASLt offers no algorithm for that epilogue,
-/// the GEMM and the GEMV.
-pub fn linear_weight_bias_backward(
-    x: &CudaTensor,
-    grad: &CudaTensor,
-) -> Result<(CudaTensor, CudaTensor)> {
-    if epilogue_on()
-        && let Some(both) = matmul_column_sums(&fold(x)?.swap_dims(0, 1)?, &fold(grad)?)?
-    {
-        return Ok(both);
-    }
-    Ok((
-        linear_weight_backward(x, grad)?,
-        linear_bias_backward(grad)?,
-    ))
 }

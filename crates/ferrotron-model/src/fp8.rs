@@ -28,9 +28,7 @@ pub(crate) fn linear<B: FusedOps, const D: usize>(
 ) -> Tensor<B, D> {
     match fp8 {
         Some(fp8) => fused_linear(layer, x, None, (None, None), fp8),
-        None => {
-            ferrotron_parallel::linear(x, layer.weight.val(), layer.bias.as_ref().map(|b| b.val()))
-        }
+        None => layer.forward(x),
     }
 }
 

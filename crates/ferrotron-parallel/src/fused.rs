@@ -14,8 +14,7 @@
 //! The ops: causal (or unmasked) scaled-dot-product attention with grouped-query K/V, also
 //! straight from the packed QKV projection (`fused_qkv.rs`), the residual add with hidden dropout
 //! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), GELU
-//! (`fused_gelu.rs`), a linear layer's weight and bias gradients from one pass
-//! (`fused_linear.rs`), the token embedding's lookup (`fused_embedding.rs`), rotary
+//! (`fused_gelu.rs`), the token embedding's lookup (`fused_embedding.rs`), rotary
 //! embeddings on the packed projection (`fused_rope.rs`),
 //! LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
 //! (`fused_grouped.rs`), its routing decisions (`fused_moe.rs`, no gradient) and row gathers
@@ -57,7 +56,6 @@ use crate::fused_gelu::{composed_gelu, gelu_backward_reference};
 use crate::fused_grouped::{
     GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_backward_reference,
 };
-use crate::fused_linear::{composed_linear, linear_weight_bias_backward_reference};
 use crate::fused_logits::{composed_tied_logits, tied_logits_backward_reference};
 use crate::fused_loss::{
     CrossEntropySaved, cross_entropy_backward_reference, cross_entropy_forward_reference,
@@ -289,30 +287,6 @@ pub trait FusedOps: Backend {
         grad_output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         gelu_backward_reference::<Self>(x, grad_output)
-    }
-
-    /// `x · weight + bias` over the last dim (see `fused_linear.rs`).
-    fn fused_linear(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        composed_linear::<Self>(x, weight, bias)
-    }
-
-    /// Whether [`FusedOps::linear_weight_bias_backward`] is a real kernel for `x`. Default: no.
-    fn has_linear_bias_grad_kernel(x: &FloatTensor<Self>) -> bool {
-        let _ = x;
-        false
-    }
-
-    /// A biased linear's weight and bias gradients from the output gradient in one pass.
-    /// Default: the backend's `linear_weight_backward` and `linear_bias_backward`.
-    fn linear_weight_bias_backward(
-        x: FloatTensor<Self>,
-        grad_output: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        linear_weight_bias_backward_reference::<Self>(x, grad_output)
     }
 
     /// Rows of `weight [vocab, hidden]` for `indices [batch, seq]` → `[batch, seq, hidden]`:

@@ -31,7 +31,6 @@ use crate::fused_fp8_rope::Fp8Rope;
 use crate::fused_gather::gather_rows_node;
 use crate::fused_gelu::{composed_gelu, gelu_node};
 use crate::fused_grouped::composed_grouped_matmul;
-use crate::fused_linear::{composed_linear, linear_node};
 use crate::fused_logits::composed_tied_logits;
 use crate::fused_moe::{GroupLimit, MoePermutation};
 use crate::fused_norm::{NormSpec, NormStats, fold_rows};
@@ -647,18 +646,6 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             gelu_node::<B, C>(x)
         } else {
             composed_gelu::<Self>(x)
-        }
-    }
-
-    fn fused_linear(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        if B::has_linear_bias_grad_kernel(&x.primitive) {
-            linear_node::<B, C>(x, weight, bias)
-        } else {
-            composed_linear::<Self>(x, weight, bias)
         }
     }
 

@@ -40,7 +40,6 @@ mod fused_fp8_source;
 mod fused_gather;
 mod fused_gelu;
 mod fused_grouped;
-mod fused_linear;
 mod fused_logits;
 mod fused_loss;
 mod fused_moe;
@@ -95,9 +94,6 @@ pub use fused_fp8_rope::Fp8Rope;
 pub use fused_fp8_source::{Fp8Activation, Fp8Source, fp8_quantize_source_composed};
 pub use fused_gelu::{composed_gelu, gelu, gelu_backward_reference, gelu_node};
 pub use fused_grouped::{GroupedMatmulGrads, composed_grouped_matmul};
-pub use fused_linear::{
-    composed_linear, linear, linear_node, linear_weight_bias_backward_reference,
-};
 pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,

@@ -7,11 +7,12 @@
 //! make it the same way, and on one rank every operator is the identity.
 
 use burn::tensor::Tensor;
+use burn::tensor::module::linear;
 use ferrotron_parallel::collectives::{
     copy_to_region, gather_from_sequence_region, reduce_from_region,
     reduce_scatter_to_sequence_region,
 };
-use ferrotron_parallel::{Comm, ParallelContext, ParallelOps, linear, solo};
+use ferrotron_parallel::{Comm, ParallelContext, ParallelOps, solo};
 
 /// A tensor-parallel group and whether activations outside it are split along the sequence.
 #[derive(Clone, Debug)]
@@ -71,9 +72,8 @@ impl TensorParallel {
 
     /// A row-parallel layer: `x · weight` joined over the group by [`exit`](Self::exit), then
     /// the bias, once. On one rank there is nothing to join, so the bias goes into the linear
-    /// op itself: the same sum on the CPU, and on the GPU the GEMM's epilogue, its gradient out
-    /// of the weight-gradient GEMM (`ferrotron_parallel::linear`), instead of an add over the
-    /// output and a reduction in backward.
+    /// op itself: the same sum on the CPU, and on the GPU the GEMM's epilogue and a GEMV for
+    /// its gradient instead of an add over the output and a reduction in backward.
     pub fn row_parallel<B: ParallelOps, const D: usize>(
         &self,
         x: Tensor<B, D>,

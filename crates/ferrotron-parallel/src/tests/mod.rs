@@ -10,7 +10,6 @@ mod fused_fp8;
 mod fused_fp8_mlp;
 mod fused_gather;
 mod fused_grouped;
-mod fused_linear;
 mod fused_loss;
 mod fused_norm;
 mod fused_qkv;

@@ -20,7 +20,6 @@ mod fused;
 mod fused_dropout;
 mod fused_flat;
 mod fused_grouped;
-mod fused_linear;
 mod fused_loss;
 mod fused_moe;
 mod fused_norm;
@@ -412,7 +411,6 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_swiglu::rows(&device));
         rows.extend(fused_rope::rows(&device));
         rows.extend(fused_flat::rows(&device));
-        rows.extend(fused_linear::rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "fused_grouped" {
         rows.extend(fused_grouped::rows(&device));
