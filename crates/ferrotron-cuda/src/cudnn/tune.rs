@@ -17,8 +17,9 @@ use crate::blas_tune::{choice_path, choose, time_one};
 use crate::device::CudaDevice;
 use crate::error::Result;
 
-/// Plans finalised and timed per graph when tuning.
-const CANDIDATES: usize = 4;
+/// Plans finalised and timed per graph when tuning: every config cuDNN offered at the bench's
+/// shapes (2–5, 2026-12-05).
+const CANDIDATES: usize = 8;
 
 /// How many plans to finalise for a graph: [`CANDIDATES`] when tuning, else the first.
 pub(super) fn candidates() -> usize {
