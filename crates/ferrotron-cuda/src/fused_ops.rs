@@ -7,19 +7,18 @@
 //! other head dims always take it (cuDNN's fused attention has no f32 path). With cuDNN
 //! missing, the first fused call stops with an error naming what to install.
 //!
-//! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`, writing the 16-bit parameter's
-//! rounded copy in the same pass, in place on state nothing else holds), the gradient norm's
-//! sums of squares (`kernels::sum_squares`, 16-byte loads of 16-bit gradients as they are), the gathering of
-//! gradients into the optimizer's flat buffers (`kernels::flat`), the softmax cross-entropy
-//! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep
-//! bits drawn in the add and again in the backward), SwiGLU of the packed projection
-//! (`kernels::swiglu`) and RoPE on it (`kernels::rope`) run on our own kernels, for every float
-//! dtype; the MoE experts' grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also
-//! switched off alone by `FERROTRON_GROUPED_GEMM=composed`), and their routing decisions (top-k
-//! and the permutation by expert, `kernels::moe`) on ours; `FERROTRON_FUSED=composed` switches
-//! all eight back to burn's composition and the routing to the host reference. The fp8
-//! linear's primitives (casts, the fp8 GEMM, the scale update) are `crate::fp8`'s, refused
-//! below compute capability 9.0.
+//! LayerNorm/RMSNorm, the AdamW update (`kernels::fused`, writing the 16-bit parameter's rounded
+//! copy in the same pass, in place on state nothing else holds), the gradient norm's sums of
+//! squares (`kernels::sum_squares`, 16-byte loads of 16-bit gradients as they are), the gathering
+//! of gradients into the optimizer's flat buffers (`kernels::flat`), the softmax cross-entropy
+//! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep bits
+//! drawn in the add and again in the backward), SwiGLU of the packed projection (`kernels::swiglu`)
+//! and RoPE on it (`kernels::rope`) run on our own kernels, for every float dtype; the MoE experts'
+//! grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also switched off alone by
+//! `FERROTRON_GROUPED_GEMM=composed`), and their routing decisions (top-k and the permutation by
+//! expert, `kernels::moe`) on ours; `FERROTRON_FUSED=composed` switches all eight back to burn's
+//! composition and the routing to the host reference. The fp8 linear's primitives (casts, the fp8
+//! GEMM, the scale update) are `crate::fp8`'s, refused below compute capability 9.0.
 
 use std::sync::OnceLock;
 
