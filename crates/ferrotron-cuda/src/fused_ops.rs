@@ -22,7 +22,7 @@
 
 use std::sync::OnceLock;
 
-use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
+use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_parallel::fp8_scaling::{Fp8Role, Fp8Settings};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
@@ -30,8 +30,8 @@ use ferrotron_parallel::{
     Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads,
     MoePermutation, NormGrads, NormKind, NormSaved, NormSpec, NormStats, composed_adamw,
     composed_attention, composed_gather_flat, composed_grouped_matmul, composed_qkv_attention,
-    composed_rope_qkv, composed_sum_of_squares, composed_swiglu, fp8_quantize_norm_composed,
-    moe_permutation_reference, moe_topk_reference,
+    composed_rope_qkv, composed_segment_sum_of_squares, composed_sum_of_squares, composed_swiglu,
+    fp8_quantize_norm_composed, moe_permutation_reference, moe_topk_reference,
 };
 
 use crate::backend::convert::ok;
@@ -274,7 +274,7 @@ impl FusedOps for Cuda {
         if !(fused_kernels_enabled() && is_float(&x)) {
             return composed_sum_of_squares::<Self>(x);
         }
-        match ok(sum_squares::sum_of_squares(&x)) {
+        match ok(sum_squares::sum_of_squares(std::slice::from_ref(&x))) {
             Some(sum) => sum,
             None => ok(reduce_all(&x, ReduceOp::SumSquares)),
         }
@@ -312,21 +312,28 @@ impl FusedOps for Cuda {
         buffers: &[FloatTensor<Self>],
         segments: &[FlatSegment],
     ) -> Option<FloatTensor<Self>> {
-        // A GPU sum has no order to keep: one reduction per contiguous run of segments (with
-        // every parameter counted, about one per buffer; a tensor-parallel rank that leaves
-        // out the parameters its group holds in common breaks a buffer at each of them).
-        segment_runs(segments)
+        if !(fused_kernels_enabled() && buffers.iter().all(is_float)) {
+            return composed_segment_sum_of_squares::<Self>(buffers, segments);
+        }
+        // No test pins a GPU's numbers, so the sum takes its own fixed order: one launch per
+        // contiguous run of segments (with every parameter counted, about one per buffer; a
+        // tensor-parallel rank that leaves out the parameters its group holds in common breaks
+        // a buffer at each of them), all runs' partials added in f64 by one more.
+        let runs: Vec<FloatTensor<Self>> = segment_runs(segments)
             .into_iter()
             .map(|(group, offset, len)| {
                 let buffer = buffers[group].clone();
-                let part = if offset == 0 && len == buffer.numel() {
+                if offset == 0 && len == buffer.numel() {
                     buffer
                 } else {
                     ok(buffer.slice(&[SliceArg::range(offset, offset + len)]))
-                };
-                Self::sum_of_squares(part)
+                }
             })
-            .reduce(Self::float_add)
+            .collect();
+        match ok(sum_squares::sum_of_squares(&runs)) {
+            Some(sum) => Some(sum),
+            None => composed_segment_sum_of_squares::<Self>(buffers, segments),
+        }
     }
 
     fn fused_attention(

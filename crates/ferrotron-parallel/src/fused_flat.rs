@@ -61,19 +61,91 @@ pub fn composed_gather_flat<B: Backend>(
 }
 
 /// `Σ x²` over `segments` of `buffers` as `[1]` f32: each segment's sum, added in the order
-/// given (the per-parameter order of the norm without flat buffers).
+/// given (the per-parameter order of the norm without flat buffers) by [`OrderedSum`].
 pub fn composed_segment_sum_of_squares<B: crate::FusedOps>(
     buffers: &[FloatTensor<B>],
     segments: &[FlatSegment],
 ) -> Option<FloatTensor<B>> {
-    let mut total: Option<Tensor<B, 1>> = None;
+    let mut total: Option<OrderedSum<B>> = None;
     for &(buffer, offset, len) in segments {
         let piece = wrap::<B, 1>(buffers[buffer].clone()).slice(offset..offset + len);
         let squares = wrap::<B, 1>(B::sum_of_squares(unwrap(piece)));
-        total = Some(match total {
-            Some(total) => total + squares,
-            None => squares,
-        });
+        total = Some(OrderedSum::add(total, squares));
     }
-    total.map(unwrap)
+    total.map(|total| unwrap(total.total()))
+}
+
+/// `[1]` f32 values (the parameters' `Σ x²`) added on the device in the order given, each
+/// addition's rounding error kept (Knuth's two-sum, exact in f32) and added back once at the
+/// end: the sum as exactly as f64 would give it, on any backend (ours on CUDA has no f64) and
+/// without a host read. The norm decides clipping; added in plain f32, each of a model's
+/// hundreds of parameters could move the sum by half an ulp of the running total.
+#[derive(Debug, Clone)]
+pub struct OrderedSum<B: Backend> {
+    sum: Tensor<B, 1>,
+    error: Tensor<B, 1>,
+}
+
+impl<B: Backend> OrderedSum<B> {
+    /// `x` added to `sum` (or the first value).
+    pub fn add(sum: Option<Self>, x: Tensor<B, 1>) -> Self {
+        let Some(Self { sum, error }) = sum else {
+            return Self {
+                error: x.zeros_like(),
+                sum: x,
+            };
+        };
+        let total = sum.clone() + x.clone();
+        let from_x = total.clone() - sum.clone();
+        let lost = (sum - (total.clone() - from_x.clone())) + (x - from_x);
+        Self {
+            sum: total,
+            error: error + lost,
+        }
+    }
+
+    /// The sum, rounded once. An infinite sum stays infinite (its two-sum error is NaN).
+    pub fn total(self) -> Tensor<B, 1> {
+        let nan = self.error.clone().is_nan();
+        self.sum + self.error.mask_fill(nan, 0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::Tensor;
+
+    use super::OrderedSum;
+
+    fn sum(parts: &[f32]) -> f32 {
+        let device = Default::default();
+        parts
+            .iter()
+            .fold(None, |sum, &x| {
+                Some(OrderedSum::add(
+                    sum,
+                    Tensor::<Flex, 1>::from_floats([x], &device),
+                ))
+            })
+            .expect("parts")
+            .total()
+            .into_scalar()
+    }
+
+    /// Parts that plain f32 additions drop (each below half an ulp of the running sum) count:
+    /// the total is the f64 sum rounded once; an infinite part keeps the total infinite.
+    #[test]
+    fn ordered_sum_is_the_f64_sum_rounded_once() {
+        let parts: Vec<f32> = [1.0, 3e-3]
+            .into_iter()
+            .chain(std::iter::repeat_n(1e-8, 1000))
+            .chain([7.7e-9, 2.5])
+            .collect();
+        let want = parts.iter().map(|&x| f64::from(x)).sum::<f64>() as f32;
+        let plain = parts.iter().fold(0.0f32, |sum, &x| sum + x);
+        assert_ne!(plain, want, "the parts must lose bits in f32");
+        assert_eq!(sum(&parts), want);
+        assert_eq!(sum(&[2.0, f32::INFINITY, 1.0]), f32::INFINITY);
+    }
 }

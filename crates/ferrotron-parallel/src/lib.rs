@@ -80,7 +80,7 @@ pub use fused_autodiff::{
 pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
 pub use fused_embedding::{composed_embedding, embedding_backward_reference, embedding_node};
 pub use fused_flat::{
-    FlatPiece, FlatSegment, composed_gather_flat, composed_segment_sum_of_squares,
+    FlatPiece, FlatSegment, OrderedSum, composed_gather_flat, composed_segment_sum_of_squares,
 };
 pub use fused_fp8::{
     Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor, end_fp8_step, fp8_linear_inference,

@@ -7,7 +7,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::FusedOps;
+use ferrotron_parallel::{FusedOps, OrderedSum};
 
 /// The L2 norm of all gradients of `model` together (one device sync).
 pub(crate) fn global_grad_norm<B, M>(model: &M, grads: &GradientsParams) -> f64
@@ -23,7 +23,8 @@ where
 
 /// The sum of squares of all gradients of `model`, left on the device (`[1]` f32; `None`: no
 /// gradients), one [`FusedOps::sum_of_squares`] per parameter (one reduction kernel on a GPU,
-/// reading a 16-bit gradient as it is).
+/// reading a 16-bit gradient as it is), added in model order by [`OrderedSum`] (as the flat
+/// buffers' `composed_segment_sum_of_squares` adds them, so both give the same bits).
 pub(crate) fn grad_sum_of_squares<B, M>(
     model: &M,
     grads: &GradientsParams,
@@ -34,7 +35,7 @@ where
 {
     let mut visitor = SquaredNorm::<B::InnerBackend> { grads, total: None };
     model.visit(&mut visitor);
-    visitor.total
+    visitor.total.map(OrderedSum::total)
 }
 
 /// [`clip_coefficient`] computed on the device from the sum of squares, in f32, so the step
@@ -67,7 +68,7 @@ pub(crate) fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
 
 struct SquaredNorm<'a, I: Backend> {
     grads: &'a GradientsParams,
-    total: Option<Tensor<I, 1>>,
+    total: Option<OrderedSum<I>>,
 }
 
 impl<B: AutodiffBackend<InnerBackend: FusedOps>> ModuleVisitor<B>
@@ -81,10 +82,7 @@ impl<B: AutodiffBackend<InnerBackend: FusedOps>> ModuleVisitor<B>
         let squares = Tensor::from_primitive(TensorPrimitive::Float(
             <B::InnerBackend as FusedOps>::sum_of_squares(flat.into_primitive().tensor()),
         ));
-        self.total = Some(match self.total.take() {
-            Some(total) => total + squares,
-            None => squares,
-        });
+        self.total = Some(OrderedSum::add(self.total.take(), squares));
     }
 }
 

@@ -21,7 +21,7 @@
 #![allow(unsafe_code)]
 
 /// Partial sums per row reduction (a multiple of every x86 vector width for `f32`).
-pub(super) const LANES: usize = 16;
+const LANES: usize = 16;
 
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
@@ -156,7 +156,7 @@ widest! {
 
 /// The lanes summed pairwise (fixed order).
 #[inline(always)]
-pub(super) fn tree_sum(mut acc: [f32; LANES]) -> f32 {
+fn tree_sum(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;

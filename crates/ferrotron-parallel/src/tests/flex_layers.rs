@@ -223,6 +223,46 @@ fn flex_sum_of_squares_matches_the_composed_sum_on_any_number_of_threads() {
     }
 }
 
+/// A 3 M-element gradient shaped like a tied embedding's: rows of 768, one in twenty of them
+/// a thousand times larger than the rest (frequent tokens against rare ones), each element a
+/// fixed pseudo-random fraction of its row's scale.
+fn embedding_like_gradient() -> Vec<f32> {
+    let hash = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    (0..3_000_017u64)
+        .map(|i| {
+            let scale = if hash(i / 768 + (1 << 40)) % 20 == 0 {
+                1e-2
+            } else {
+                1e-5
+            };
+            let unit = (hash(i) >> 11) as f64 / (1u64 << 53) as f64;
+            ((2.0 * unit - 1.0) * scale) as f32
+        })
+        .collect()
+}
+
+#[test]
+fn flex_sum_of_squares_is_as_exact_as_f64_on_any_number_of_threads() {
+    let values = embedding_like_gradient();
+    let truth: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    let x = Tensor::<Flex, 1>::from_floats(values.as_slice(), &Default::default())
+        .into_primitive()
+        .tensor();
+    let got = back::<1>(Flex::sum_of_squares(x.clone()));
+    // Summed in f32 (2,048 squares a lane) this came out 6.5e-6 low; one rounding to f32 is
+    // at most 6e-8.
+    let error = (f64::from(got[0]) - truth) / truth;
+    assert!(error.abs() <= 2e-7, "Σx² {} vs {truth}: {error:e}", got[0]);
+    for threads in THREADS {
+        let again = on_threads(threads, || back::<1>(Flex::sum_of_squares(x.clone())));
+        assert_eq!(bits(again), bits(got.clone()), "Σx² on {threads} threads");
+    }
+}
+
 /// The weight's gradient from a lookup (repeated tokens among the ids) and a tied product that
 /// autodiff runs first, through the lookup's node or burn's `embedding`.
 fn embedding_gradient(kernel: bool, tied: bool) -> Vec<f32> {

@@ -2,7 +2,8 @@
 //! pieces per launch, across the launch's piece limit, a missing piece, a second dtype, summed
 //! into an earlier buffer in place and into one that is shared) and `Σ x²` over the buffers (f32
 //! and bf16, whose 3 M-element run takes the 16-byte-load kernel), each against the composed
-//! version on the same GPU. Allocations are poisoned, so an element
+//! version on the same GPU; and `Σ x²` of a 100 M-element buffer against the f64 sum on the
+//! host (the norm decides clipping). Allocations are poisoned, so an element
 //! the gather never wrote shows up as a NaN.
 
 use burn::tensor::ops::FloatTensor;
@@ -11,11 +12,11 @@ use ferrotron_cuda::{Cuda, GpuDevice};
 use ferrotron_parallel::{
     FlatPiece, FlatSegment, FusedOps, composed_gather_flat, composed_segment_sum_of_squares,
 };
-use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use crate::compare;
-use crate::fused::{dtype_label, host};
+use crate::fused::{dtype_label, host, round};
 use crate::{Row, failed, first_line, guarded};
 
 /// Piece lengths: more pieces than one launch takes (64), a 1 M one that takes many blocks,
@@ -178,6 +179,62 @@ fn norm_row(
     }
 }
 
+/// `Σ x²` over two runs of a 100 M-element buffer (the second starting 3 elements past a
+/// 16-byte boundary and ending between two) of rows of 2,048 values, one row in twenty a thousand
+/// times larger than the rest (an embedding's frequent and rare tokens), against the f64 sum
+/// of the same values on the host, within 2e-7. Accumulated in f32 per thread, the kernel's
+/// order simulated on the CPU came out 6e-7 low on such a buffer, which a bound of 1e-6 would
+/// pass (1e-5 on gpt-1.3b's 650 M); with f64 partials, 6e-9.
+fn norm_accuracy_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
+    const LEN: usize = 100_000_007;
+    let segments = [(0, 0, 40_000_000), (0, 40_000_003, LEN - 40_000_003)];
+    let mut scale = 0.0f32;
+    let values: Vec<f32> = (0..LEN)
+        .map(|i| {
+            if i % 2048 == 0 {
+                scale = if rng.random_range(0..20) == 0 {
+                    1e-2
+                } else {
+                    1e-5
+                };
+            }
+            rng.random_range(-1.0f32..1.0) * scale
+        })
+        .collect();
+    let data = round(TensorData::new(values, [LEN]), dtype);
+    let rounded: Vec<f64> = data.iter::<f64>().collect();
+    let truth: f64 = segments
+        .iter()
+        .map(|&(_, offset, len)| {
+            rounded[offset..offset + len]
+                .iter()
+                .map(|x| x * x)
+                .sum::<f64>()
+        })
+        .sum();
+    let got = guarded(|| {
+        let buffer = upload(&data, dtype, device);
+        let total = Cuda::segment_sum_of_squares(&[buffer], &segments)
+            .ok_or_else(|| "no segments".to_string())?;
+        Ok(tensor(total).into_data())
+    });
+    let (errors, note) = match got {
+        // f32's tolerance (relative 1e-4) scaled to 2e-7.
+        Ok(got) => (
+            compare::compare(&got, &TensorData::new(vec![truth as f32], [1]), 2e-3),
+            "against the f64 sum on the host, relative error at most 2e-7".to_string(),
+        ),
+        Err(e) => (failed(), format!("kernel: {}", first_line(&e))),
+    };
+    Row {
+        op: "segment_sum_of_squares(accuracy)".into(),
+        dtype: dtype_label(dtype),
+        shape: format!("[{LEN}]"),
+        errors,
+        note,
+    }
+}
+
 /// Every flat-buffer row.
 pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(23);
@@ -205,5 +262,8 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
         &some,
         "stretches left out",
     ));
+    for dtype in [DType::BF16, DType::F32] {
+        rows.push(norm_accuracy_row(device, &mut rng, dtype));
+    }
     rows
 }
