@@ -71,7 +71,7 @@ def recipe(work, name, model, parallel):
     tp, pp = parallel
     world = tp * pp
     return {
-        "version": 1, "name": name, "model": dict(model, make_vocab_size_divisible_by=64 // tp),
+        "version": 2, "name": name, "model": dict(model, make_vocab_size_divisible_by=64 // tp),
         "precision": {"dtype": "fp32"},
         "parallel": {"tensor": tp, "pipeline": pp, "data": 1},
         "training": {

@@ -47,7 +47,7 @@ fn write_recipe(dir: &Path, name: &str, tp: u32, extra_checkpoint: serde_json::V
         base.extend(extra.clone());
     }
     let recipe = json!({
-        "version": 1, "name": name,
+        "version": 2, "name": name,
         "model": {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
                   "seq_length": 16, "max_position_embeddings": 16,
                   "hidden_dropout": 0.0, "attention_dropout": 0.0},

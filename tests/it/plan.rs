@@ -143,7 +143,7 @@ fn layout_errors_in_the_file_carry_line_and_column() {
     let path = dir.path().join("bad.yaml");
     let gpt2 = repo().join("recipes/data/gpt2");
     let text = format!(
-        "version: 1\nname: bad\nmodel:\n  num_layers: 4\n  hidden_size: 128\n  num_attention_heads: 4\n  \
+        "version: 2\nname: bad\nmodel:\n  num_layers: 4\n  hidden_size: 128\n  num_attention_heads: 4\n  \
          vocab_size: 1000\n  seq_length: 64\nparallel:\n  tensor: 8\n  data: 2\ntraining:\n  \
          micro_batch_size: 1\n  global_batch_size: 8\n  train_iters: 1\ncluster:\n  nodes: 1\n  \
          gpus_per_node: 8\n  gpu: h100\ndata:\n  tokenizer:\n    vocab_file: {}\n    merge_file: {}\n  blend:\n    - path: {}\n",

@@ -175,7 +175,7 @@ fn git(dir: &Path, args: &[&str]) -> Output {
     output
 }
 
-const GOOD_RECIPE: &str = "version: 1\nname: good\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
+const GOOD_RECIPE: &str = "version: 2\nname: good\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
 
 /// Runs the repository's `.pre-commit-hooks.yaml` with `pre-commit` against a fixture project:
 /// a hook repository holding exactly that file (committed, as pre-commit needs), a project whose
@@ -478,7 +478,7 @@ fn validate_says_a_file_is_old_and_that_migrate_exists() {
 
     let current = recipe(&["validate", "tests/fixtures/valid.yaml"]);
     assert!(
-        stdout(&current).contains("ok: tests/fixtures/valid.yaml (format version 1)"),
+        stdout(&current).contains("ok: tests/fixtures/valid.yaml (format version 2)"),
         "{}",
         stdout(&current)
     );
@@ -506,7 +506,7 @@ fn validate_says_a_file_is_old_and_that_migrate_exists() {
 fn validate_refuses_a_newer_format() {
     let temp = tempfile::tempdir().expect("tempdir");
     let file = temp.path().join("future.yaml");
-    std::fs::write(&file, GOOD_RECIPE.replace("version: 1", "version: 2")).expect("write");
+    std::fs::write(&file, GOOD_RECIPE.replace("version: 2", "version: 3")).expect("write");
     let output = recipe(&[
         "validate",
         "--format",
@@ -534,13 +534,13 @@ fn an_old_base_is_reported_in_the_base_and_versions_are_inherited() {
     let base = GOOD_RECIPE.replace("name: good\n", "");
     std::fs::write(
         dir.join("old-base.yaml"),
-        base.replace("version: 1", "version: 0"),
+        base.replace("version: 2", "version: 0"),
     )
     .expect("write");
     std::fs::write(dir.join("base.yaml"), &base).expect("write");
     std::fs::write(
         dir.join("top.yaml"),
-        "extends: old-base.yaml\nversion: 1\nname: top\n",
+        "extends: old-base.yaml\nversion: 2\nname: top\n",
     )
     .expect("write");
     std::fs::write(
@@ -562,7 +562,7 @@ fn an_old_base_is_reported_in_the_base_and_versions_are_inherited() {
     assert_eq!(json[0]["recipe"], "top.yaml");
     let ok = recipe_in(dir, &["validate", "inherits.yaml"]);
     assert!(
-        stdout(&ok).contains("ok: inherits.yaml (format version 1)"),
+        stdout(&ok).contains("ok: inherits.yaml (format version 2)"),
         "{}",
         stdout(&ok)
     );
@@ -574,7 +574,7 @@ fn an_old_base_is_reported_in_the_base_and_versions_are_inherited() {
     assert!(
         std::fs::read_to_string(dir.join("old-base.yaml"))
             .expect("read")
-            .starts_with("version: 1\n")
+            .starts_with("version: 2\n")
     );
     assert_eq!(
         recipe_in(dir, &["validate", "top.yaml"]).status.code(),
@@ -600,7 +600,7 @@ fn migrate_shows_a_diff_then_writes_a_valid_recipe() {
         diff.contains("\n+  tensor: 2    # --tensor-model-parallel-size\n"),
         "{diff}"
     );
-    assert!(diff.contains("\n+version: 1\n"), "{diff}");
+    assert!(diff.contains("\n+version: 2\n"), "{diff}");
     assert_eq!(
         std::fs::read_to_string(repo().join(V0)).expect("fixture"),
         original,
@@ -646,7 +646,7 @@ fn migrate_shows_a_diff_then_writes_a_valid_recipe() {
     assert_eq!(std::fs::read_to_string(&target).expect("patched"), migrated);
     let valid = recipe(&["validate", copy_arg]);
     assert_eq!(valid.status.code(), Some(0), "{}", stdout(&valid));
-    assert!(stdout(&valid).contains("(format version 1)"));
+    assert!(stdout(&valid).contains("(format version 2)"));
     // Migrating again changes nothing.
     let again = recipe(&["migrate", "--check", copy_arg]);
     assert_eq!(again.status.code(), Some(0));
@@ -667,6 +667,39 @@ fn migrate_shows_a_diff_then_writes_a_valid_recipe() {
         "  distributed_optimizer: true\n",
     ] {
         assert!(shown.contains(expected), "{expected:?} in\n{shown}");
+    }
+}
+
+const V1: &str = "tests/fixtures/review/v1-schedule.yaml";
+
+/// Format 1 → 2: `decay_iters` counted after warmup becomes Megatron's end counted from the
+/// start, and WSD keeps format 1's linear cool-down; the migrated file validates and shows the
+/// same schedule.
+#[test]
+fn migrate_gives_a_format_1_schedule_megatrons_meaning() {
+    let refused = recipe(&["validate", V1]);
+    assert_eq!(refused.status.code(), Some(1));
+    let shown = recipe(&["migrate", V1]);
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
+    insta::assert_snapshot!("migrate-v1-diff", stdout(&shown));
+    insta::assert_snapshot!("migrate-v1-changes", stderr(&shown));
+    let temp = tempfile::tempdir().expect("tempdir");
+    let copy = temp.path().join("v1.yaml");
+    std::fs::copy(repo().join(V1), &copy).expect("copy");
+    let copy_arg = copy.to_str().expect("utf-8");
+    assert_eq!(
+        recipe(&["migrate", "--write", copy_arg]).status.code(),
+        Some(0)
+    );
+    assert_eq!(recipe(&["validate", copy_arg]).status.code(), Some(0));
+    let show = stdout(&recipe(&["show", copy_arg]));
+    for expected in [
+        "    warmup_iters: 2000\n",
+        "    decay_iters: 10000\n",
+        "    wsd_decay_iters: 1000\n",
+        "    wsd_decay_style: linear\n",
+    ] {
+        assert!(show.contains(expected), "{expected:?} in\n{show}");
     }
 }
 

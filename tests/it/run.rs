@@ -26,7 +26,7 @@ impl Fixture {
         std::fs::write(dir.path().join("corpus.jsonl"), slice).expect("write corpus");
         let gpt2 = repo().join("recipes/data/gpt2");
         let recipe = format!(
-            r#"version: 1
+            r#"version: 2
 name: run-test
 model:
   num_layers: 1
@@ -292,6 +292,62 @@ fn run_writes_metrics_run_dir_and_checkpoints() {
     let first = sample("3");
     assert!(first.starts_with("ROMEO:"), "{first}");
     assert_eq!(first, sample("3"));
+}
+
+/// A format-1 recipe (`decay_iters` counted after warmup) migrated by `recipe migrate` trains
+/// with format 1's rates, each iteration at Megatron's position (iteration − 1): warmup 2 and
+/// decay 3 end the decay at iteration 5 counted from the start.
+#[test]
+fn a_migrated_format_1_schedule_trains_with_its_old_rates() {
+    let fixture = Fixture::new("");
+    let text = std::fs::read_to_string(fixture.path("recipe.yaml")).expect("recipe");
+    let v1 = text.replacen("version: 2", "version: 1", 1).replace(
+        "    decay: cosine\n    warmup_iters: 1\n",
+        "    decay: linear\n    warmup_iters: 2\n    decay_iters: 3\n",
+    );
+    assert!(
+        v1.contains("decay_iters: 3"),
+        "the fixture's schedule changed"
+    );
+    std::fs::write(fixture.path("recipe.yaml"), &v1).expect("write");
+    assert_eq!(
+        fixture.run(&[]).status.code(),
+        Some(1),
+        "format 1 is refused"
+    );
+    let migrated = fixture
+        .command("migrate")
+        .args(["--write", "recipe.yaml"])
+        .output()
+        .expect("migrate runs");
+    assert_success(&migrated);
+    let text = std::fs::read_to_string(fixture.path("recipe.yaml")).expect("recipe");
+    assert!(
+        text.contains("version: 2") && text.contains("    decay_iters: 5\n"),
+        "{text}"
+    );
+    assert_success(&fixture.run(&[]));
+    let rates: Vec<f64> = fixture
+        .records()
+        .iter()
+        .filter_map(|r| r.get("lr").and_then(Value::as_f64))
+        .collect();
+    // Format 1's rate at position p: warmup to 0.003 over 2, linear to 0 over the next 3.
+    let format_1 = |p: f64| {
+        if p <= 2.0 {
+            0.003 * p / 2.0
+        } else {
+            0.003 * (1.0 - (p - 2.0) / 3.0)
+        }
+    };
+    let expected: Vec<f64> = (1..=6).map(|k| format_1(f64::from(k) - 1.0)).collect();
+    assert_eq!(rates.len(), expected.len(), "{rates:?}");
+    for (ours, theirs) in rates.iter().zip(&expected) {
+        assert!(
+            (ours - theirs).abs() <= 1e-15,
+            "{rates:?} against {expected:?}"
+        );
+    }
 }
 
 #[test]

@@ -165,7 +165,7 @@ impl TinySweep {
         std::fs::write(dir.path().join("corpus.jsonl"), slice).expect("write corpus");
         let gpt2 = root.join("recipes/data/gpt2");
         let base = format!(
-            r#"version: 1
+            r#"version: 2
 name: sweep-test
 model:
   num_layers: 1

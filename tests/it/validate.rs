@@ -87,6 +87,10 @@ broken_fixture!(
         ("schema::missing-key", 3, 1),
         ("schema::missing-key", 3, 1),
         ("schema::missing-key", 6, 1),
+        // The rules run on stand-ins for the missing keys, so what else is wrong shows too.
+        ("tokenizer::missing-file", 9, 1),
+        ("tokenizer::missing-file", 9, 1),
+        ("data::empty-blend", 10, 3),
     ]
 );
 broken_fixture!(
@@ -126,6 +130,61 @@ broken_fixture!(
         ("layout::ffn-divisible-by-tp", 13, 11),
     ]
 );
+// Issue 42: `recipes/llama3-8b.yaml` with five mistakes, one of them a typo in the required
+// `hidden_size`. The missing key gets stand-ins like a broken value, so the model and layout
+// rules still run; none of them judges the stand-in.
+broken_fixture!(
+    five_mistakes,
+    "five-mistakes",
+    &[
+        ("schema::missing-key", 8, 1),
+        ("schema::unknown-key", 10, 3),
+        ("model::heads-divisible-by-query-groups", 13, 21),
+        ("schema::value", 14, 18),
+        ("layout::world-divisible-by-model-parallel", 17, 11),
+        ("layout::heads-divisible-by-tp", 17, 11),
+        ("layout::ffn-divisible-by-tp", 17, 11),
+        ("schema::type", 26, 9),
+    ]
+);
+
+#[test]
+fn a_missing_required_key_hides_no_other_error() {
+    let (_, human, json) = validate_fixture("five-mistakes");
+    let problems = json.as_array().expect("a list");
+    assert!(problems.len() >= 6, "{human}");
+    let help_of = |path: &str| {
+        problems
+            .iter()
+            .find(|p| p["path"] == path)
+            .map(|p| p["help"].as_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(
+        help_of("model.hiden_size").as_deref(),
+        Some("did you mean `hidden_size`?")
+    );
+    assert_eq!(
+        help_of("model.hidden_size").as_deref(),
+        Some("add `model.hidden_size`")
+    );
+    for path in [
+        "training.optimizer.lr",
+        "model.normalization",
+        "model.num_query_groups",
+        "parallel.tensor",
+    ] {
+        assert!(help_of(path).is_some(), "nothing blames `{path}`:\n{human}");
+    }
+    // The stand-in for `hidden_size` (1, then 2) divides neither 32 heads nor tensor 3, and no
+    // rule said so.
+    assert!(
+        !problems.iter().any(|p| p["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("hidden_size "))),
+        "{human}"
+    );
+}
+
 broken_fixture!(
     extends_missing,
     "extends-missing",
@@ -259,6 +318,104 @@ fn unreadable_files_and_bad_usage_exit_2() {
             .code(),
         Some(2)
     );
+}
+
+/// `recipe ARGS` with the time it took; killed (and the test failed) after 20 s, which is what
+/// reading `/dev/zero` until memory runs out would otherwise take from the suite.
+fn timed_recipe(args: &[&str]) -> (std::process::Output, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let mut child = Command::new(crate::common::RECIPE)
+        .args(args)
+        .current_dir(repo())
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the recipe binary runs");
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            child.kill().expect("kill");
+            panic!("`recipe {}` still reading after 20 s", args.join(" "));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let elapsed = started.elapsed();
+    (child.wait_with_output().expect("output"), elapsed)
+}
+
+// Issue 42: `/dev/zero` was read until memory ran out, a 3 GB file read whole before the size
+// limit applied. A file that is no regular file, or too large, is refused before it is read.
+// (2 s allows for a loaded machine; each takes milliseconds.)
+#[test]
+fn endless_and_huge_files_are_refused_without_being_read() {
+    let quick = std::time::Duration::from_secs(2);
+    let (output, took) = timed_recipe(&["validate", "/dev/zero"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stdout(&output));
+    assert!(took < quick, "{took:?}");
+    assert!(
+        stdout(&output)
+            .contains("cannot read `/dev/zero`: it is a character device, not a regular file"),
+        "{}",
+        stdout(&output)
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let huge = dir.path().join("huge.yaml");
+    // Sparse: 3 GB long, no disk used.
+    std::fs::File::create(&huge)
+        .and_then(|f| f.set_len(3 << 30))
+        .expect("sparse file");
+    let huge = huge.to_str().expect("utf-8 path");
+    let (output, took) = timed_recipe(&["validate", "--format", "json", huge]);
+    assert_eq!(output.status.code(), Some(2), "{}", stdout(&output));
+    assert!(took < quick, "{took:?}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(
+        json[0]["message"],
+        format!(
+            "cannot read `{huge}`: it is 3221225472 bytes; a recipe file may have at most 1048576"
+        ),
+        "{json}"
+    );
+
+    // Through `extends:` the base is a mistake of the recipe, at its line: exit 1, as for a
+    // base that does not exist.
+    for base in ["/dev/zero", huge] {
+        let top = dir.path().join("top.yaml");
+        std::fs::write(&top, format!("extends: {base}\nname: t\n")).expect("write");
+        let (output, took) = timed_recipe(&[
+            "validate",
+            "--format",
+            "json",
+            top.to_str().expect("utf-8 path"),
+        ]);
+        assert_eq!(output.status.code(), Some(1), "{}", stdout(&output));
+        assert!(took < quick, "{took:?}");
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        assert_eq!(json[0]["code"], "recipe::extends", "{json}");
+        assert_eq!(
+            (json[0]["line"].as_u64(), json[0]["column"].as_u64()),
+            (Some(1), Some(10))
+        );
+        assert!(
+            json[0]["message"].as_str().is_some_and(
+                |m| m.starts_with(&format!("cannot read base recipe `{base}`: it is "))
+            ),
+            "{json}"
+        );
+    }
+
+    // The other commands that read recipe-like files read them the same way.
+    for args in [
+        &["show", "/dev/zero"][..],
+        &["migrate", "/dev/zero"],
+        &["diff", "/dev/zero", "recipes/gpt2-124m.yaml"],
+        &["sweep", "--dry-run", "/dev/zero"],
+    ] {
+        let (output, took) = timed_recipe(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(took < quick, "{args:?}: {took:?}");
+    }
 }
 
 #[test]

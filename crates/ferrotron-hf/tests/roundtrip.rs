@@ -82,7 +82,7 @@ fn plan(dir: &Path, family: &str, tp: u32, pp: u32) -> Plan {
         json!({"make_vocab_size_divisible_by": 128 / tp}),
     );
     let recipe = json!({
-        "version": 1, "name": format!("hf-{family}"), "model": model,
+        "version": 2, "name": format!("hf-{family}"), "model": model,
         "precision": {"dtype": "fp32"},
         "parallel": {"tensor": tp, "pipeline": pp, "data": 1, "sequence_parallel": tp > 1},
         "training": {

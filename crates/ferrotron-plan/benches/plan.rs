@@ -11,7 +11,7 @@ use serde_json::json;
 
 fn llama_405b(parallel: serde_json::Value, micro_batch_size: serde_json::Value) -> Recipe {
     serde_json::from_value(json!({
-        "version": 1,
+        "version": 2,
         "name": "llama3.1-405b",
         "model": {
             "num_layers": 126, "hidden_size": 16384, "ffn_hidden_size": 53248,

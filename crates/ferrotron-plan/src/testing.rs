@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 pub(crate) fn recipe(model: Value, parallel: Value, training: Value) -> Recipe {
     let mut recipe: Recipe = serde_json::from_value(json!({
-        "version": 1,
+        "version": 2,
         "name": "test",
         "model": model,
         "parallel": parallel,

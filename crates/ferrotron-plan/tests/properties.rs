@@ -12,7 +12,7 @@ use ferrotron_recipe::{
 };
 use proptest::prelude::*;
 
-const BASE: &str = "version: 1\nname: p\nmodel: {num_layers: 4, hidden_size: 256, num_attention_heads: 8, seq_length: 128}\ntraining: {micro_batch_size: 1, global_batch_size: 64, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
+const BASE: &str = "version: 2\nname: p\nmodel: {num_layers: 4, hidden_size: 256, num_attention_heads: 8, seq_length: 128}\ntraining: {micro_batch_size: 1, global_batch_size: 64, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
 
 fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES")

@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn annotations_carry_the_span_and_the_fix() {
-        let text = "version: 1\nname: t\nmodel: {num_layers: 2, hiden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\n";
+        let text = "version: 2\nname: t\nmodel: {num_layers: 2, hiden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\n";
         let errors = load_str("dir/t.yaml", text, &LoadOptions::default()).expect_err("invalid");
         let checked = [Checked {
             recipe: "dir/t.yaml",

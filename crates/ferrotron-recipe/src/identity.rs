@@ -63,4 +63,19 @@ mod tests {
         );
         assert_eq!(canonical_json(&b), r#"{"a":1,"b":{"c":[1,2],"d":null}}"#);
     }
+
+    /// A key added with a default is left out of the serialized recipe while it has that
+    /// default: recipes written before it existed keep their hash.
+    #[test]
+    fn a_default_eval_batches_keeps_the_hash_of_a_recipe_without_it() {
+        let recipe = crate::rules::fixture::recipe();
+        assert_eq!(recipe.training.eval_batches, crate::EvalBatches::Advance);
+        let json = serde_json::to_value(&recipe).expect("serializes");
+        assert!(json["training"].get("eval_batches").is_none(), "{json}");
+        let mut fixed = recipe.clone();
+        fixed.training.eval_batches = crate::EvalBatches::Fixed;
+        assert_ne!(fixed.content_hash(), recipe.content_hash());
+        let json = serde_json::to_value(&fixed).expect("serializes");
+        assert_eq!(json["training"]["eval_batches"], "fixed");
+    }
 }

@@ -37,12 +37,13 @@ pub use formats::{
 pub use identity::{canonical_hash, canonical_json};
 pub use layers::ENV_PREFIX;
 pub use loader::{
-    FileSystem, LoadOptions, LoadedRecipe, SourceReader, load, load_str, load_with, utf8_text,
+    FileSystem, LoadOptions, LoadedRecipe, SourceReader, load, load_str, load_with, read_text,
+    text_from, utf8_text,
 };
 pub use rules::check_rules;
 pub use schema::{json_schema, json_schema_pretty};
 pub use types::*;
 pub use version::{
-    Change, Migration, OLDEST_FORMAT_VERSION, Rename, STEPS, Step, ValueChange, inherited_version,
-    migrate_text, unified_diff,
+    Change, Inherited, InheritedDecay, Migration, OLDEST_FORMAT_VERSION, Rename, STEPS, Step,
+    ValueChange, inherited, migrate_text, unified_diff,
 };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::diagnostic::{Problem, RecipeErrors, codes};
 use crate::layers;
-use crate::limits::MAX_EXTENDS_DEPTH;
+use crate::limits::{MAX_EXTENDS_DEPTH, MAX_INPUT_BYTES};
 use crate::node::{Node, NodeValue};
 use crate::source::{Origin, SourceFile};
 use crate::{Finding, Recipe, Severity};
@@ -53,8 +53,85 @@ pub struct FileSystem;
 
 impl SourceReader for FileSystem {
     fn read(&self, path: &Path) -> std::io::Result<String> {
-        utf8_text(std::fs::read(path)?)
+        read_text(path)
     }
+}
+
+/// The text of a recipe-like file (a recipe, a base, a sweep file), read so that no path can make
+/// it hang or fill memory: what is not a regular file is refused before it is opened (`/dev/zero`
+/// never ends, a FIFO blocks the open), as is a file larger than a recipe may be (1 MiB); and at
+/// most one byte past that limit is read, for a file whose size metadata does not tell (`/proc`)
+/// or that grows while it is read.
+pub fn read_text(path: &Path) -> std::io::Result<String> {
+    let kind = std::fs::metadata(path)?.file_type();
+    if !kind.is_file() {
+        return Err(not_a_file(kind));
+    }
+    let file = std::fs::File::open(path)?;
+    // Checked again on the open file: the path may have been replaced in between.
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(not_a_file(metadata.file_type()));
+    }
+    if metadata.len() > MAX_INPUT_BYTES as u64 {
+        return Err(too_large(Some(metadata.len())));
+    }
+    text_from(file)
+}
+
+/// The text `source` yields, refused once it passes the size limit of a recipe (one byte past the
+/// limit is all that is read of it); for sources with no size to check first, such as `git show`.
+pub fn text_from(source: impl std::io::Read) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    source
+        .take(MAX_INPUT_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() > MAX_INPUT_BYTES {
+        return Err(too_large(None));
+    }
+    utf8_text(bytes)
+}
+
+/// A file over the limit, with its size when that is known without reading it.
+fn too_large(size: Option<u64>) -> std::io::Error {
+    let message = match size {
+        Some(size) => {
+            format!("it is {size} bytes; a recipe file may have at most {MAX_INPUT_BYTES}")
+        }
+        None => format!("it is over {MAX_INPUT_BYTES} bytes, the most a recipe file may have"),
+    };
+    std::io::Error::new(std::io::ErrorKind::FileTooLarge, message)
+}
+
+/// What a path that is no regular file is, as an error that names it.
+fn not_a_file(kind: std::fs::FileType) -> std::io::Error {
+    #[cfg(unix)]
+    let special = {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_char_device() {
+            Some("a character device")
+        } else if kind.is_block_device() {
+            Some("a block device")
+        } else if kind.is_fifo() {
+            Some("a named pipe (FIFO)")
+        } else if kind.is_socket() {
+            Some("a socket")
+        } else {
+            None
+        }
+    };
+    #[cfg(not(unix))]
+    let special = None;
+    let (what, error_kind) = if kind.is_dir() {
+        ("a directory", std::io::ErrorKind::IsADirectory)
+    } else {
+        (
+            special.unwrap_or("a special file"),
+            std::io::ErrorKind::InvalidInput,
+        )
+    };
+    std::io::Error::new(error_kind, format!("it is {what}, not a regular file"))
 }
 
 /// The bytes as text, or an `InvalidData` error that says where the first byte that is not
@@ -96,22 +173,31 @@ pub fn load_with(
 ) -> Result<LoadedRecipe, RecipeErrors> {
     let name = reader.display_name(path);
     let text = reader.read(path).map_err(|e| {
-        let help = if e.kind() == std::io::ErrorKind::InvalidData {
-            "save the recipe as UTF-8"
-        } else {
-            "check the path and its permissions"
-        };
         RecipeErrors::new(
             &name,
             vec![
                 Problem::error(codes::UNREADABLE, format!("cannot read `{name}`: {e}"))
-                    .with_help(Some(help.to_owned())),
+                    .with_help(Some(unreadable_help(&e).to_owned())),
             ],
         )
     })?;
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let identity = reader.identity(path);
     Loader::new(reader).run(name, dir, identity, text, opts)
+}
+
+/// The fix for a recipe file that cannot be read, by what went wrong.
+fn unreadable_help(error: &std::io::Error) -> &'static str {
+    match error.kind() {
+        std::io::ErrorKind::InvalidData => "save the recipe as UTF-8",
+        std::io::ErrorKind::FileTooLarge => {
+            "a recipe describes a run; data belongs in the files it names"
+        }
+        std::io::ErrorKind::IsADirectory | std::io::ErrorKind::InvalidInput => {
+            "name a recipe file (YAML)"
+        }
+        _ => "check the path and its permissions",
+    }
 }
 
 /// Load a recipe from text; `extends:` and relative paths resolve against the current directory.
@@ -237,7 +323,8 @@ impl<'r> Loader<'r> {
     /// An `abstract: true` recipe: keys left to the recipes that extend it may be missing;
     /// everything it does set is checked, the rules included (on stand-ins for what is missing).
     fn fragment(self, name: String, tree: &Node) -> RecipeErrors {
-        let partial = crate::partial::Partial::new(tree, &self.files, &self.problems);
+        let partial = crate::partial::Partial::new(tree, &self.files, &self.problems)
+            .map(crate::partial::Partial::of_fragment);
         let mut problems: Vec<Problem> = self
             .problems
             .into_iter()
@@ -365,15 +452,20 @@ impl<'r> Loader<'r> {
         let text = match self.reader.read(&path) {
             Ok(text) => text,
             Err(e) => {
+                let help = if e.kind() == std::io::ErrorKind::NotFound {
+                    format!(
+                        "`extends` is relative to the directory of `{}`",
+                        self.files[file].name
+                    )
+                } else {
+                    unreadable_help(&e).to_owned()
+                };
                 return fail(
                     format!(
                         "cannot read base recipe `{}`: {e}",
                         self.reader.display_name(&path)
                     ),
-                    format!(
-                        "`extends` is relative to the directory of `{}`",
-                        self.files[file].name
-                    ),
+                    help,
                     self,
                 );
             }
@@ -590,7 +682,7 @@ mod tests {
         assert_eq!(normalize(Path::new("a/..")), PathBuf::from("."));
     }
 
-    const MINIMAL: &str = "version: 1\nname: t\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
+    const MINIMAL: &str = "version: 2\nname: t\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
 
     #[test]
     fn a_minimal_recipe_loads_with_origins() {
@@ -636,6 +728,43 @@ mod tests {
                 "training::one-length"
             ]
         );
+    }
+
+    #[test]
+    fn a_missing_required_key_gets_stand_ins_and_hides_nothing() {
+        // The typo of issue 42: `hidden_size` is missing, and the query groups still get judged.
+        let text = MINIMAL.replace(
+            "hidden_size: 64, num_attention_heads: 4",
+            "hiden_size: 64, num_attention_heads: 4, num_query_groups: 3",
+        );
+        let mut errors =
+            load_str("typo.yaml", &text, &LoadOptions::default()).expect_err("invalid");
+        let found: Vec<(&str, Option<&str>)> = errors
+            .problems()
+            .iter()
+            .map(|p| (p.code(), p.path()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("schema::missing-key", Some("model.hidden_size")),
+                ("schema::unknown-key", Some("model.hiden_size")),
+                (
+                    "model::heads-divisible-by-query-groups",
+                    Some("model.num_query_groups")
+                ),
+            ]
+        );
+        // A finding that blames the stand-in is dropped even when both stand-ins give it.
+        errors.check_partial(&|_| {
+            vec![
+                Finding::error("x::stand-in", "model.hidden_size", "judges the stand-in"),
+                Finding::error("x::other", "model.num_layers", "judges what was written"),
+            ]
+        });
+        let codes: Vec<&str> = errors.problems().iter().map(|p| p.code()).collect();
+        assert!(codes.contains(&"x::other"), "{codes:?}");
+        assert!(!codes.contains(&"x::stand-in"), "{codes:?}");
     }
 
     #[test]

@@ -8,7 +8,11 @@
 //! input is broken would judge the stand-in. Rather than make every rule in every crate declare
 //! its inputs, the rules run twice, with two different stand-ins for every broken value, and only
 //! findings that come out the same both times are kept — a finding that depends on a broken
-//! value changes (or disappears) when that value does.
+//! value changes (or disappears) when that value does. A missing required key gets stand-ins the
+//! same way (so a typo in `hidden_size` does not hide the layout errors), and no finding is kept
+//! that blames a key whose value is a stand-in: it would judge what the author never wrote. Of an
+//! `abstract: true` fragment only findings about keys it sets are kept: what it leaves out (the
+//! run length, the data) is for the recipes that extend it to set.
 
 use serde_json::Value;
 
@@ -22,6 +26,10 @@ use crate::{Finding, Recipe};
 #[derive(Debug, Clone)]
 pub(crate) struct Partial {
     variants: Box<[Recipe; 2]>,
+    /// The dot paths whose values are stand-ins.
+    stood_in: Vec<String>,
+    /// Keep only findings about keys the recipe sets (a fragment's).
+    set_keys_only: bool,
     tree: Node,
     files: Vec<SourceFile>,
 }
@@ -33,6 +41,7 @@ impl Partial {
         let json = tree.to_json();
         let mut first = json.clone();
         let mut second = json;
+        let mut stood_in = Vec::new();
         for problem in problems {
             let Some(path) = problem.path() else {
                 continue;
@@ -48,6 +57,7 @@ impl Partial {
                     let b = candidates.get(1).cloned().unwrap_or_else(|| a.clone());
                     set(&mut first, path, a);
                     set(&mut second, path, b);
+                    stood_in.push(path.to_owned());
                 }
                 _ => {}
             }
@@ -56,18 +66,34 @@ impl Partial {
         let second: Recipe = serde_json::from_value(second).ok()?;
         Some(Partial {
             variants: Box::new([first, second]),
+            stood_in,
+            set_keys_only: false,
             tree: tree.clone(),
             files: files.to_vec(),
         })
     }
 
-    /// The findings of `rules` that do not depend on a broken value, located.
+    /// For an `abstract: true` fragment: findings about keys it leaves out are dropped.
+    pub(crate) fn of_fragment(mut self) -> Self {
+        self.set_keys_only = true;
+        self
+    }
+
+    /// The findings of `rules` that do not depend on a broken or missing value, located.
     pub(crate) fn check(&self, rules: &dyn Fn(&Recipe) -> Vec<Finding>) -> Vec<Problem> {
         let [first, second] = &*self.variants;
         let again = rules(second);
+        let blames_stand_in = |f: &Finding| {
+            self.stood_in.iter().any(|p| {
+                f.path
+                    .strip_prefix(p.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+            })
+        };
         let stable: Vec<Finding> = rules(first)
             .into_iter()
-            .filter(|f| again.contains(f))
+            .filter(|f| again.contains(f) && !blames_stand_in(f))
+            .filter(|f| !self.set_keys_only || self.tree.locate(&f.path, false).exact)
             .collect();
         crate::loader::locate(&stable, &self.tree, &self.files)
     }

@@ -163,7 +163,7 @@ mod tests {
     use super::*;
     use crate::{LoadOptions, load_str};
 
-    const TEXT: &str = "version: 1\nname: t\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl, weight: 2}]\n  split: '98,2,0'\n";
+    const TEXT: &str = "version: 2\nname: t\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl, weight: 2}]\n  split: '98,2,0'\n";
 
     #[test]
     fn output_reads_back_as_the_same_recipe() {

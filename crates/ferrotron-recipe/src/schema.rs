@@ -236,17 +236,22 @@ fn describe(
             } else {
                 format!("`{path}`")
             };
-            Problem::error(
-                codes::MISSING_KEY,
-                format!("missing required key `{key}` in {scope}"),
-            )
-            .with_path(&key_path)
-            .with_label(format!("`{key}` is missing"))
-            .with_help(Some(match property_description(&key_path) {
-                Some(doc) => format!("add `{key_path}` ({doc})"),
-                None => format!("add `{key_path}`"),
-            }))
-            .at(&at(&key_path, false), files)
+            // The path is the missing key's, so that `crate::partial` gives it a stand-in and the
+            // rules still run; the diagnostic points at the mapping that lacks it.
+            out.push(
+                Problem::error(
+                    codes::MISSING_KEY,
+                    format!("missing required key `{key}` in {scope}"),
+                )
+                .with_path(&key_path)
+                .with_label(format!("`{key}` is missing"))
+                .with_help(Some(match property_description(&key_path) {
+                    Some(doc) => format!("add `{key_path}` ({doc})"),
+                    None => format!("add `{key_path}`"),
+                }))
+                .at(&at(&path, true), files),
+            );
+            return;
         }
         ValidationErrorKind::Type { kind } => Problem::error(
             codes::TYPE,

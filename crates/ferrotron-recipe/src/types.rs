@@ -11,14 +11,14 @@ use serde::{Deserialize, Serialize};
 use crate::Degree;
 
 /// The recipe format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// A complete training recipe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Recipe {
-    /// Recipe format version; this build reads version 1.
-    #[schemars(range(min = 1, max = 1))]
+    /// Recipe format version; this build reads version 2.
+    #[schemars(range(min = 2, max = 2))]
     pub version: u32,
     /// Run name, used in metrics labels and run directories.
     #[schemars(length(min = 1))]
@@ -474,8 +474,15 @@ pub struct Training {
     /// Evaluate every this many iterations; 0 disables evaluation.
     #[serde(default = "defaults::eval_interval")]
     pub eval_interval: u64,
+    /// Global batches of validation data per evaluation.
     #[serde(default = "defaults::eval_iters")]
     pub eval_iters: u64,
+    /// Which validation batches each evaluation reads: `advance` (Megatron's) moves on through
+    /// the validation split, `fixed` reads the same first `eval_iters` global batches every time.
+    // Left out of the serialized recipe while it has its default, so the recipe hashes of runs
+    // and sweep members written before it existed stay what they were.
+    #[serde(default, skip_serializing_if = "EvalBatches::is_advance")]
+    pub eval_batches: EvalBatches,
     #[serde(default = "defaults::log_interval")]
     #[schemars(range(min = 1))]
     pub log_interval: u64,
@@ -483,6 +490,26 @@ pub struct Training {
     pub optimizer: Optimizer,
     #[serde(default)]
     pub schedule: Schedule,
+}
+
+/// Which validation batches an evaluation reads (`training.eval_batches`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EvalBatches {
+    /// Megatron's: evaluation k (k = 0, 1, …) reads the `eval_iters` global batches from
+    /// validation sample k · eval_iters · global_batch_size, so each evaluation sees new data
+    /// (the split holds enough samples for every evaluation of the run).
+    #[default]
+    Advance,
+    /// The first `eval_iters` global batches of the validation split at every evaluation, so
+    /// successive losses are of the same samples.
+    Fixed,
+}
+
+impl EvalBatches {
+    fn is_advance(&self) -> bool {
+        *self == EvalBatches::Advance
+    }
 }
 
 /// AdamW with decoupled weight decay (no decay on norms and biases).
@@ -522,21 +549,35 @@ impl Default for Optimizer {
     }
 }
 
+/// The learning-rate schedule, with Megatron-LM's meaning (`OptimizerParamScheduler`): iteration
+/// `k` (1-based) runs at the rate of position `k − 1`, so the first step runs at `warmup_init`
+/// and warmup reaches `lr` at iteration `warmup_iters + 1`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Schedule {
     #[serde(default)]
     pub decay: Decay,
+    /// Megatron's `--lr-warmup-iters`: iterations of linear warmup from `warmup_init` to `lr`.
     #[serde(default)]
     pub warmup_iters: u64,
-    /// Iterations over which the rate decays. Default: the training iterations minus warmup.
+    /// Megatron's `--lr-warmup-init`: the rate warmup starts from (the first iteration's rate).
+    #[serde(default)]
+    #[schemars(range(min = 0.0))]
+    pub warmup_init: f64,
+    /// Megatron's `--lr-decay-iters`: the iteration where decay ends and `min_lr` begins, counted
+    /// from the start of training (warmup included). Default: the training iterations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub decay_iters: Option<u64>,
-    /// WSD: length of the final decay phase (the rest after warmup is stable).
+    /// WSD (Megatron's `--lr-wsd-decay-iters`): length of the final decay phase, which ends at
+    /// `decay_iters`; the rest after warmup is stable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub wsd_decay_iters: Option<u64>,
+    /// WSD (Megatron's `--lr-wsd-decay-style`): the shape of the final decay phase. Default:
+    /// `exponential`, as Megatron's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wsd_decay_style: Option<WsdDecayStyle>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -547,6 +588,17 @@ pub enum Decay {
     #[default]
     Cosine,
     Wsd,
+}
+
+/// The final phase of a WSD schedule, as Megatron's `--lr-wsd-decay-style` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WsdDecayStyle {
+    #[default]
+    Exponential,
+    Linear,
+    Cosine,
+    MinusSqrt,
 }
 
 // ---------------------------------------------------------------------------------------------

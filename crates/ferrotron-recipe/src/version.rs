@@ -1,6 +1,6 @@
 //! Recipe format versions and the migrations between them.
 //!
-//! A recipe says which format it is written in (`version: 1`). The version changes only when a
+//! A recipe says which format it is written in (`version: 2`). The version changes only when a
 //! recipe that was valid would be rejected, or would mean something else, under the new format:
 //! a key renamed, moved or removed, a value's meaning or a default changed. Adding an optional
 //! key whose default keeps the old behaviour is not a new version. Every new version comes with
@@ -24,6 +24,8 @@ use crate::diagnostic::{Problem, RecipeErrors, codes};
 use crate::node::{Entry, Node, NodeValue};
 use crate::source::{Origin, SourceFile};
 use crate::types::FORMAT_VERSION;
+
+mod v1_schedule;
 
 /// The oldest format `recipe migrate` reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 0;
@@ -63,9 +65,14 @@ pub struct Step {
     pub from: u32,
     pub summary: &'static str,
     pub renames: &'static [Rename],
+    /// Values whose meaning changed, rewritten so the recipe trains as before.
+    rewrite: Option<Rewrite>,
 }
 
-/// Version 0 → 1: Megatron-LM argument names → recipe keys, and `version: 1`.
+/// A step's value rewrites: edits on the parsed file, given what its `extends` chain sets.
+type Rewrite = fn(&Node, &str, &[SourceFile], &Inherited) -> Result<Vec<Edit>, Vec<Problem>>;
+
+/// Version 0 → 1: Megatron-LM argument names → recipe keys.
 const V0_RENAMES: &[Rename] = &[
     rename("parallel", "tensor_model_parallel_size", "tensor"),
     rename("parallel", "pipeline_model_parallel_size", "pipeline"),
@@ -109,11 +116,23 @@ const V0_RENAMES: &[Rename] = &[
 
 /// Every migration step, oldest first; `STEPS[i].from == OLDEST_FORMAT_VERSION + i` and the
 /// last one ends at [`FORMAT_VERSION`].
-pub const STEPS: &[Step] = &[Step {
-    from: 0,
-    summary: "Megatron-LM argument names become recipe keys; `version: 1` is added",
-    renames: V0_RENAMES,
-}];
+pub const STEPS: &[Step] = &[
+    Step {
+        from: 0,
+        summary: "Megatron-LM argument names become recipe keys",
+        renames: V0_RENAMES,
+        rewrite: None,
+    },
+    Step {
+        from: 1,
+        summary: "`training.schedule.decay_iters` counts from the start of training as \
+                  Megatron's --lr-decay-iters (warmup included); a WSD schedule keeps its linear \
+                  cool-down (`wsd_decay_style: linear`), as the new default is Megatron's \
+                  exponential",
+        renames: &[],
+        rewrite: Some(v1_schedule::rewrite),
+    },
+];
 
 /// The format version a parsed file declares: `Some(v)` for `version: v`, `None` when it has no
 /// `version` key (or one that is not a non-negative integer, which the schema reports).
@@ -189,43 +208,96 @@ pub(crate) fn check_merged(tree: &Node, files: &[SourceFile], top: usize) -> Opt
     )
 }
 
-/// The format version the `extends:` chain of a file (whose text is `text`, at `path`) declares:
-/// the first base that has a `version:` key, or `None` when the file extends nothing or no base
-/// says. A file without `version:` inherits this one, which is how `recipe migrate` tells a
-/// version-1 file that leaves `version:` to its base from a version-0 file.
-pub fn inherited_version(path: &std::path::Path, text: &str) -> Option<u32> {
+/// What a file's `extends:` chain sets that migrating the file on its own needs to know.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Inherited {
+    /// The format version of the first base that declares one: a file without `version:`
+    /// inherits it, which is how `recipe migrate` tells a version-1 file that leaves `version:`
+    /// to its base from a version-0 file.
+    pub version: Option<u32>,
+    /// `training.schedule.warmup_iters` as the nearest base that sets it sets it.
+    pub warmup_iters: Option<u64>,
+    /// `training.schedule.decay_iters` as the nearest base that sets it sets it.
+    pub decay_iters: Option<InheritedDecay>,
+}
+
+/// A base's `decay_iters`, with what its meaning depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InheritedDecay {
+    pub value: u64,
+    /// The format that base is written in (its own `version:` or its chain's; 0 if none).
+    pub version: u32,
+    /// The `warmup_iters` that base's own chain sets (0 if none).
+    pub warmup_iters: u64,
+}
+
+/// What the `extends:` chain of a file (whose text is `text`, at `path`) sets, read base by
+/// base; empty when the file extends nothing or a base cannot be read (the loader reports that).
+pub fn inherited(path: &std::path::Path, text: &str) -> Inherited {
+    let bases = bases(path, text);
+    let version_from = |i: usize| bases[i..].iter().find_map(|b| declared(b).map(|(v, _)| v));
+    let warmup_from = |i: usize| {
+        bases[i..]
+            .iter()
+            .find_map(|b| int_at(b, "training.schedule.warmup_iters"))
+    };
+    let decay = bases
+        .iter()
+        .position(|b| int_at(b, "training.schedule.decay_iters").is_some());
+    Inherited {
+        version: version_from(0),
+        warmup_iters: warmup_from(0),
+        decay_iters: decay.map(|i| InheritedDecay {
+            value: int_at(&bases[i], "training.schedule.decay_iters").expect("found above"),
+            version: version_from(i).unwrap_or(OLDEST_FORMAT_VERSION),
+            warmup_iters: warmup_from(i).unwrap_or(0),
+        }),
+    }
+}
+
+/// A whole number at `path` of `node`, if one is there.
+fn int_at(node: &Node, path: &str) -> Option<u64> {
+    match node.at(path)?.value {
+        NodeValue::Int(v) => u64::try_from(v).ok(),
+        _ => None,
+    }
+}
+
+/// The parsed bases of a file, nearest first (as far as they can be read, and no further than
+/// the loader follows a chain).
+fn bases(path: &std::path::Path, text: &str) -> Vec<Node> {
+    let parse = |text: String| {
+        let files = vec![SourceFile {
+            name: String::new(),
+            dir: std::path::PathBuf::new(),
+            text: std::sync::Arc::new(text),
+        }];
+        crate::yaml::parse(&files, 0).0
+    };
     let mut dir = path
         .parent()
         .map(std::path::Path::to_path_buf)
         .unwrap_or_default();
-    let mut text = text.to_owned();
-    for _ in 0..32 {
-        let files = vec![SourceFile {
-            name: String::new(),
-            dir: std::path::PathBuf::new(),
-            text: std::sync::Arc::new(text.clone()),
-        }];
-        let root = crate::yaml::parse(&files, 0).0?;
-        let NodeValue::Str(extends) = &root.at("extends")?.value else {
-            return None;
+    let mut out = Vec::new();
+    let Some(mut node) = parse(text.to_owned()) else {
+        return out;
+    };
+    while out.len() < crate::limits::MAX_EXTENDS_DEPTH {
+        let Some(NodeValue::Str(extends)) = node.at("extends").map(|n| &n.value) else {
+            break;
         };
         let base = crate::loader::normalize(&dir.join(extends));
-        text = std::fs::read_to_string(&base).ok()?;
-        let files = vec![SourceFile {
-            name: String::new(),
-            dir: std::path::PathBuf::new(),
-            text: std::sync::Arc::new(text.clone()),
-        }];
-        let base_root = crate::yaml::parse(&files, 0).0?;
-        if let Some((version, _)) = declared(&base_root) {
-            return Some(version);
-        }
+        let Some(base_node) = crate::loader::read_text(&base).ok().and_then(parse) else {
+            break;
+        };
         dir = base
             .parent()
             .map(std::path::Path::to_path_buf)
             .unwrap_or_default();
+        out.push(base_node.clone());
+        node = base_node;
     }
-    None
+    out
 }
 
 /// One edit a migration made, for people: where (in the text before the migration) and what.
@@ -254,7 +326,7 @@ impl Migration {
 }
 
 /// A byte-range replacement in the text.
-struct Edit {
+pub(crate) struct Edit {
     start: usize,
     end: usize,
     text: String,
@@ -262,14 +334,14 @@ struct Edit {
 }
 
 /// Rewrite `text` (one recipe file, named `name` in diagnostics) from its format version to the
-/// current one, step by step. A file without `version:` is format 0 unless `inherited` (the
-/// version its `extends` chain declares) says otherwise. Fails with located problems when the
+/// current one, step by step. A file without `version:` is format 0 unless its `extends` chain
+/// (`inherited`, from [`inherited`]) declares a version. Fails with located problems when the
 /// text does not parse, is newer than this build, or a rename would collide with a key that is
 /// already there.
 pub fn migrate_text(
     name: &str,
     text: &str,
-    inherited: Option<u32>,
+    inherited: &Inherited,
 ) -> Result<Migration, RecipeErrors> {
     let parse = |text: &str| -> Result<(Vec<SourceFile>, Node), RecipeErrors> {
         let files = vec![SourceFile {
@@ -299,7 +371,7 @@ pub fn migrate_text(
                 ],
             ));
         }
-        None => inherited.unwrap_or(OLDEST_FORMAT_VERSION),
+        None => inherited.version.unwrap_or(OLDEST_FORMAT_VERSION),
     };
     if from > FORMAT_VERSION {
         let origin = root.at("version").map_or(&root.origin, |node| &node.origin);
@@ -318,13 +390,14 @@ pub fn migrate_text(
             .iter()
             .find(|s| s.from == version)
             .expect("a step from every version below the current one");
-        let edits = step_edits(step, &root, &current, &files, inherited.is_some())?;
+        let edits = step_edits(step, &root, &current, &files, inherited)?;
         let (next, mut made) = apply(&current, edits);
         changes.append(&mut made);
         current = next;
         version += 1;
         (files, root) = parse(&current)?;
     }
+    changes.sort_by_key(|c| (c.line, c.column));
     Ok(Migration {
         from,
         to: FORMAT_VERSION,
@@ -352,11 +425,17 @@ fn step_edits(
     root: &Node,
     text: &str,
     files: &[SourceFile],
-    inherits_version: bool,
+    inherited: &Inherited,
 ) -> Result<Vec<Edit>, RecipeErrors> {
     let name = &files[0].name;
     let mut edits = Vec::new();
     let mut problems = Vec::new();
+    if let Some(rewrite) = step.rewrite {
+        match rewrite(root, text, files, inherited) {
+            Ok(mut made) => edits.append(&mut made),
+            Err(mut found) => problems.append(&mut found),
+        }
+    }
     for rename in step.renames {
         let Some(section) = root.at(rename.section) else {
             continue;
@@ -442,9 +521,11 @@ fn step_edits(
             });
         }
     }
-    // The version itself.
+    // The version itself, once, by the last step: the line numbers of every step's changes
+    // are then those of the file as written (renames and value edits never add lines).
     let to = step.from + 1;
     match root.at("version") {
+        _ if to != FORMAT_VERSION => {}
         Some(node) => {
             let (offset, len, line, column) = position(&node.origin);
             edits.push(Edit {
@@ -454,12 +535,15 @@ fn step_edits(
                 change: Change {
                     line,
                     column,
-                    description: format!("`version: {}` became `version: {to}`", step.from),
+                    description: format!(
+                        "`version: {}` became `version: {to}`",
+                        &text[offset..offset + len]
+                    ),
                 },
             });
         }
         // A file that inherits its version from its base keeps inheriting it.
-        None if inherits_version => {}
+        None if inherited.version.is_some() => {}
         None => match insert_version(root, text, to) {
             Some(edit) => edits.push(edit),
             None => problems.push(
@@ -607,15 +691,16 @@ mod tests {
     const V0: &str = "# a comment that stays\nname: old # trailing comment\nparallel:\n  tensor_model_parallel_size: 2   # TP\n  use_distributed_optimizer: true\nmodel: {untie_embeddings_and_output_weights: true, position_embedding_type: learned_absolute}\n";
 
     #[test]
-    fn version_0_becomes_version_1_in_place() {
-        let migration = migrate_text("old.yaml", V0, None).expect("migrates");
+    fn version_0_becomes_the_current_version_in_place() {
+        let migration = migrate_text("old.yaml", V0, &Inherited::default()).expect("migrates");
         assert_eq!(migration.from, 0);
         assert_eq!(
             migration.text,
-            "# a comment that stays\nversion: 1\nname: old # trailing comment\nparallel:\n  tensor: 2   # TP\n  distributed_optimizer: true\nmodel: {tie_embeddings: false, position_embedding: learned}\n"
+            "# a comment that stays\nversion: 2\nname: old # trailing comment\nparallel:\n  tensor: 2   # TP\n  distributed_optimizer: true\nmodel: {tie_embeddings: false, position_embedding: learned}\n"
         );
         assert_eq!(migration.changes.len(), 7, "{:?}", migration.changes);
-        let again = migrate_text("old.yaml", &migration.text, None).expect("current");
+        let again =
+            migrate_text("old.yaml", &migration.text, &Inherited::default()).expect("current");
         assert!(again.is_unchanged());
         assert_eq!(again.text, migration.text);
     }
@@ -623,21 +708,30 @@ mod tests {
     #[test]
     fn version_goes_after_extends_and_inherited_versions_are_kept() {
         let text = "extends: base.yaml\nparallel:\n  data_parallel_size: 4\n";
-        let migrated = migrate_text("a.yaml", text, None).expect("migrates");
+        let migrated = migrate_text("a.yaml", text, &Inherited::default()).expect("migrates");
         assert_eq!(
             migrated.text,
-            "extends: base.yaml\nversion: 1\nparallel:\n  data: 4\n"
+            "extends: base.yaml\nversion: 2\nparallel:\n  data: 4\n"
         );
-        let inherited = migrate_text("a.yaml", text, Some(1)).expect("current");
+        let inherited = migrate_text(
+            "a.yaml",
+            text,
+            &Inherited {
+                version: Some(FORMAT_VERSION),
+                ..Inherited::default()
+            },
+        )
+        .expect("current");
         assert!(inherited.is_unchanged());
     }
 
     #[test]
     fn collisions_and_newer_versions_are_refused() {
         let both = "parallel:\n  tensor: 1\n  tensor_model_parallel_size: 2\n";
-        let errors = migrate_text("c.yaml", both, None).expect_err("collision");
+        let errors = migrate_text("c.yaml", both, &Inherited::default()).expect_err("collision");
         assert_eq!(errors.problems()[0].file_position(), Some(("c.yaml", 3, 3)));
-        let newer = migrate_text("n.yaml", "version: 9\nname: x\n", None).expect_err("newer");
+        let newer = migrate_text("n.yaml", "version: 9\nname: x\n", &Inherited::default())
+            .expect_err("newer");
         assert!(newer.problems()[0].message().contains("newer"));
     }
 

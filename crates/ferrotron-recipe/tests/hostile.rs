@@ -1,9 +1,9 @@
 //! Inputs a hostile or careless user gives the loader (issue 19): each ends in one located
 //! error, quickly and in bounded memory, never in a panic, an OOM kill or a stack overflow.
 
-use ferrotron_recipe::{LoadOptions, RecipeErrors, load, load_str};
+use ferrotron_recipe::{LoadOptions, RecipeErrors, load, load_str, read_text, text_from};
 
-const MINIMAL: &str = "version: 1\nname: t\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
+const MINIMAL: &str = "version: 2\nname: t\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
 
 /// `code file:line:col message (help)` per problem, for snapshots.
 fn summary(errors: &RecipeErrors) -> String {
@@ -141,4 +141,68 @@ fn a_file_that_is_not_utf8_names_the_byte() {
         problem.message()
     );
     assert_eq!(problem.help_text(), Some("save the recipe as UTF-8"));
+}
+
+#[test]
+fn what_is_no_regular_file_is_refused_before_it_is_opened() {
+    // Reading `/dev/zero` never ended (issue 42); opening a FIFO blocks until a writer comes.
+    let error = read_text(std::path::Path::new("/dev/zero")).expect_err("refused");
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(
+        error.to_string(),
+        "it is a character device, not a regular file"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let error = read_text(dir.path()).expect_err("refused");
+    assert_eq!(error.kind(), std::io::ErrorKind::IsADirectory);
+    assert_eq!(error.to_string(), "it is a directory, not a regular file");
+    let fifo = dir.path().join("fifo.yaml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    let error = read_text(&fifo).expect_err("refused");
+    assert_eq!(
+        error.to_string(),
+        "it is a named pipe (FIFO), not a regular file"
+    );
+    let errors =
+        load(std::path::Path::new("/dev/zero"), &LoadOptions::default()).expect_err("refused");
+    assert!(errors.is_unreadable());
+    assert_eq!(
+        errors.problems()[0].help_text(),
+        Some("name a recipe file (YAML)")
+    );
+}
+
+#[test]
+fn an_oversized_file_is_refused_without_being_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("huge.yaml");
+    // Sparse: 3 GB long, no disk used; it was read whole before the limit applied (issue 42).
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(3 << 30))
+        .expect("sparse file");
+    let errors = load(&path, &LoadOptions::default()).expect_err("refused");
+    assert!(errors.is_unreadable());
+    let problem = &errors.problems()[0];
+    assert!(
+        problem
+            .message()
+            .ends_with("it is 3221225472 bytes; a recipe file may have at most 1048576"),
+        "{}",
+        problem.message()
+    );
+    // A source with no size to check first (`git show`, a file growing while it is read) is cut
+    // one byte past the limit.
+    let error = text_from(std::io::repeat(b'a')).expect_err("refused");
+    assert_eq!(error.kind(), std::io::ErrorKind::FileTooLarge);
+    assert_eq!(
+        error.to_string(),
+        "it is over 1048576 bytes, the most a recipe file may have"
+    );
+    use std::io::Read as _;
+    let exactly = text_from(std::io::repeat(b'#').take(1 << 20)).expect("at the limit");
+    assert_eq!(exactly.len(), 1 << 20);
 }

@@ -7,7 +7,7 @@
 use ferrotron_recipe::{LoadOptions, load, load_str};
 use proptest::prelude::*;
 
-const MINIMAL: &str = "version: 1\nname: t\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
+const MINIMAL: &str = "version: 2\nname: t\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32}\ntraining: {micro_batch_size: 2, global_batch_size: 8, train_iters: 10}\ndata:\n  tokenizer: {type: gpt2-bpe, vocab_file: v.json, merge_file: m.txt}\n  blend: [{path: d.jsonl}]\n";
 
 /// Cases per property: `PROPTEST_CASES` when set, else a number the 2-core CI affords.
 fn config() -> ProptestConfig {

@@ -10,7 +10,7 @@ use crate::{ArrayTask, JobShape, SbatchScript, SlurmOptions, TaskCommand};
 
 fn gpt_plan(name: &str, parallel: serde_json::Value, cluster: Cluster) -> Plan {
     let recipe: Recipe = serde_json::from_value(json!({
-        "version": 1,
+        "version": 2,
         "name": name,
         "model": {"num_layers": 8, "hidden_size": 256, "num_attention_heads": 8,
                   "seq_length": 128, "max_position_embeddings": 128, "vocab_size": 1024},

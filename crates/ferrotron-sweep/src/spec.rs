@@ -60,7 +60,7 @@ pub struct SweepSpec {
 impl SweepSpec {
     /// Reads and checks a sweep file.
     pub fn load(path: &Path) -> Result<SweepSpec, SweepError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SweepError::ReadSpec {
+        let text = ferrotron_recipe::read_text(path).map_err(|source| SweepError::ReadSpec {
             path: path.to_path_buf(),
             source,
         })?;

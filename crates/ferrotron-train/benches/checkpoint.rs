@@ -20,7 +20,7 @@ const COLS: usize = 1024;
 
 fn plan() -> Plan {
     let recipe: Recipe = serde_json::from_value(serde_json::json!({
-        "version": 1, "name": "bench",
+        "version": 2, "name": "bench",
         "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                   "seq_length": 64, "vocab_size": 1000},
         "training": {"micro_batch_size": 1, "global_batch_size": 1, "train_iters": 1}

@@ -21,7 +21,7 @@ fn fixtures() -> PathBuf {
 fn plan(cache: &Path, tokenizer: &Tokenizer, layout: (u32, u32, u32, u32), zero: bool) -> Plan {
     let (tp, pp, vpp, dp) = layout;
     let recipe: Recipe = serde_json::from_value(json!({
-        "version": 1, "name": "parallel-bench",
+        "version": 2, "name": "parallel-bench",
         "model": {"num_layers": 8, "hidden_size": 16, "num_attention_heads": 4,
                   "num_query_groups": 2, "seq_length": 16, "make_vocab_size_divisible_by": 32,
                   "hidden_dropout": 0.0, "attention_dropout": 0.0},

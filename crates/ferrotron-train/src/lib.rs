@@ -12,6 +12,7 @@ pub mod checkpoint;
 mod clip;
 mod cpu_threads;
 mod error;
+mod eval_batches;
 mod fault;
 mod flat_adamw;
 mod fp8;

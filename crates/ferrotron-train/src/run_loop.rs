@@ -4,6 +4,7 @@
 //! [`RankStep`]; what gets printed and written (metrics, JSONL, TensorBoard, progress) is the
 //! [`Reporter`]'s, which only global rank 0 has.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -17,6 +18,7 @@ use ferrotron_telemetry::{
 use serde::Serialize;
 
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::eval_batches::eval_start;
 use crate::resume::ResumeState;
 use crate::setup::{RunSetup, write_run_dir};
 use crate::{Microbatch, PendingStats, StepContext, StepStats, StopFlag, TrainError};
@@ -322,6 +324,12 @@ impl Reporter {
         Ok(())
     }
 
+    /// The Prometheus exposition of the run's metrics (the step-time histogram's tests read it).
+    #[cfg(test)]
+    pub(crate) fn metrics_text(&self) -> String {
+        self.metrics.encode_text()
+    }
+
     fn saved(&self, iteration: u64, path: &Path) {
         self.message(&format!(
             "iteration {iteration}: saved checkpoint {}",
@@ -343,22 +351,92 @@ impl Reporter {
 }
 
 /// Sums since the last log line, for interval averages as Megatron prints them.
+#[derive(Default)]
 struct Interval {
     steps: u64,
     loss: f64,
     lm_loss: f64,
-    /// When the interval's first step could start: the previous interval's last step done.
-    start: Instant,
 }
 
-impl Interval {
-    fn new() -> Self {
-        Interval {
-            steps: 0,
-            loss: 0.0,
-            lm_loss: 0.0,
-            start: Instant::now(),
+/// When the steps finished, as far as the host can tell: the wall time of each step, device
+/// completion included, for the log lines' step time and the step-time histogram.
+///
+/// A queued step's statistics are read later, and a read waits for every step queued before it
+/// (the device runs them in order and the read queues behind them): a deferred line's read,
+/// made once the next step is queued, returns only when that next step is done too. Timing a
+/// line from the end of the previous read would give the next step's time to this line, twice
+/// the time to the first line and nothing to a line whose step was finished by an earlier read
+/// (the last step, or one that evaluates or saves: ~0.1 ms and an MFU of 300,000 % on a GPU).
+/// So the clock notes the moments when everything queued is done (a read returns; a host step
+/// returns from `step`) and the steps queued since the previous such moment share the time
+/// between the two. Time spent evaluating and saving is left out, as Megatron stops its
+/// interval timer for both.
+struct StepClock {
+    /// The last moment nothing queued was left to run (or the run's start).
+    settled: Instant,
+    /// Steps queued since `settled`.
+    unsettled: u64,
+    /// The seconds of settled steps no log line has taken yet, oldest first.
+    timed: VecDeque<f64>,
+    /// What each step counts in the histogram besides its time.
+    counts: IterationCounts,
+}
+
+impl StepClock {
+    fn new(tokens: u64, samples: u64) -> Self {
+        StepClock {
+            settled: Instant::now(),
+            unsettled: 0,
+            timed: VecDeque::new(),
+            counts: IterationCounts {
+                seconds: 0.0,
+                tokens,
+                samples,
+            },
         }
+    }
+
+    /// A step was queued; one that does not `wait` for a device is already done.
+    fn queued(&mut self, waits: bool, metrics: Option<&Metrics>) {
+        self.unsettled += 1;
+        if !waits {
+            self.settle(metrics);
+        }
+    }
+
+    /// Every step queued so far is done now: they share the time since the last such moment,
+    /// each observed by the step-time histogram.
+    fn settle(&mut self, metrics: Option<&Metrics>) {
+        if self.unsettled == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let seconds = now.duration_since(self.settled).as_secs_f64() / self.unsettled as f64;
+        for _ in 0..self.unsettled {
+            self.timed.push_back(seconds);
+            if let Some(metrics) = metrics {
+                metrics.record_iteration(IterationCounts {
+                    seconds,
+                    ..self.counts
+                });
+            }
+        }
+        self.settled = now;
+        self.unsettled = 0;
+    }
+
+    /// The time since the last settled moment was not the steps' (an evaluation, a save): left
+    /// out, when nothing is queued (as after either, which read every step first).
+    fn leave_out(&mut self) {
+        if self.unsettled == 0 {
+            self.settled = Instant::now();
+        }
+    }
+
+    /// The wall time of the oldest `steps` settled steps: a log interval's.
+    fn take(&mut self, steps: u64) -> f64 {
+        let steps = (steps as usize).min(self.timed.len());
+        self.timed.drain(..steps).sum()
     }
 }
 
@@ -398,29 +476,22 @@ pub(crate) fn run_loop(
         losses: Vec::new(),
         data_cache_keys: context.setup.data.cache_keys(),
     };
-    let eval_batches = match context.setup.data.valid.as_ref() {
-        Some(valid) if context.setup.recipe.training.eval_interval > 0 => {
-            batches_of(context, valid)?
-        }
-        _ => Vec::new(),
-    };
-    let mut interval = Interval::new();
+    let valid = context
+        .setup
+        .data
+        .valid
+        .as_ref()
+        .filter(|_| training.eval_interval > 0);
+    let mut interval = Interval::default();
+    let mut clock = StepClock::new(tokens_per_iteration, u64::from(global_batch));
     let mut deferred: Option<DeferredLine> = None;
-    // The step-time histogram observes the wall time since the previous iteration ended (its
-    // logging, evaluation and checkpoint done): a queued (device-resident) step returns before
-    // it ran, so the call's own time would be the host's enqueue time, while this span also
-    // holds the wait where the host reads the queue.
-    let mut iteration_end = Instant::now();
     let mut unread: Vec<PendingStats> = Vec::new();
 
     while state.iteration < train_iters {
         let iteration = state.iteration + 1;
         fail::fail_point!("train-step");
         let microbatches = rank_microbatches(context, state.consumed_samples)?;
-        let lr = context
-            .setup
-            .schedule
-            .lr(iteration, state.consumed_tokens + tokens_per_iteration);
+        let lr = context.setup.schedule.lr(iteration, state.consumed_tokens);
         let step_context = StepContext {
             iteration,
             seed: training.seed,
@@ -429,6 +500,7 @@ pub(crate) fn run_loop(
         };
         let pending = stepper.step(&microbatches, step_context)?;
         let queued = pending.waits();
+        clock.queued(queued, metrics(&reporter));
         state.iteration = iteration;
         state.consumed_samples += u64::from(global_batch);
         state.consumed_tokens += tokens_per_iteration;
@@ -437,18 +509,22 @@ pub(crate) fn run_loop(
         if let Some(line) = deferred.take() {
             let newest = unread.pop();
             let stats = read_queued(&mut unread, &mut summary, &mut interval)?;
+            clock.settle(metrics(&reporter));
             unread.extend(newest);
-            if let (Some(stats), Some(reporter)) = (stats, reporter.as_deref_mut()) {
-                log_line(reporter, context, &line, &stats, &interval)?;
-            }
-            interval = Interval::new();
+            end_interval(
+                &mut reporter,
+                context,
+                &line,
+                stats,
+                &mut interval,
+                &mut clock,
+            )?;
         }
 
         let last = iteration == train_iters;
         let log_due = iteration.is_multiple_of(training.log_interval) || last;
-        let eval_due = training.eval_interval > 0
-            && (iteration.is_multiple_of(training.eval_interval) || last)
-            && !eval_batches.is_empty();
+        let eval_due =
+            valid.is_some() && (iteration.is_multiple_of(training.eval_interval) || last);
         let interval_due = recipe
             .checkpoint
             .interval
@@ -464,18 +540,13 @@ pub(crate) fn run_loop(
         let must_read = last || eval_due || interval_due || stop_requested || exit_due;
         let defer = log_due && !must_read && queued;
         let stats = if must_read || (log_due && !defer) {
-            read_queued(&mut unread, &mut summary, &mut interval)?
+            let stats = read_queued(&mut unread, &mut summary, &mut interval)?;
+            clock.settle(metrics(&reporter));
+            stats
         } else {
             None
         };
         interval.steps += 1;
-        if let Some(reporter) = reporter.as_deref_mut() {
-            reporter.metrics.record_iteration(IterationCounts {
-                seconds: iteration_end.elapsed().as_secs_f64(),
-                tokens: tokens_per_iteration,
-                samples: u64::from(global_batch),
-            });
-        }
 
         let line = DeferredLine {
             iteration,
@@ -485,23 +556,27 @@ pub(crate) fn run_loop(
         if defer {
             deferred = Some(line);
         } else if log_due {
-            if let (Some(stats), Some(reporter)) = (stats, reporter.as_deref_mut()) {
-                log_line(reporter, context, &line, &stats, &interval)?;
-            }
-            interval = Interval::new();
+            end_interval(
+                &mut reporter,
+                context,
+                &line,
+                stats,
+                &mut interval,
+                &mut clock,
+            )?;
         }
 
-        if eval_due {
-            let eval_loss = stepper.evaluate(&eval_batches)?;
+        if eval_due && let Some(valid) = valid {
+            let start = eval_start(training, iteration, global_batch);
+            let eval_loss = stepper.evaluate(&eval_microbatches(context, valid, start)?)?;
             summary.last_eval_loss = Some(eval_loss);
             if let Some(reporter) = reporter.as_deref_mut() {
                 reporter.log_eval(iteration, eval_loss)?;
             }
-            // evaluation time is not training throughput
-            interval.start = Instant::now();
+            clock.leave_out();
         }
         if last && let Some(test) = context.setup.data.test.as_ref() {
-            let test_loss = stepper.evaluate(&batches_of(context, test)?)?;
+            let test_loss = stepper.evaluate(&eval_microbatches(context, test, 0)?)?;
             summary.test_loss = Some(test_loss);
             if let Some(reporter) = reporter.as_deref_mut() {
                 reporter.log_test(iteration, test_loss)?;
@@ -518,10 +593,16 @@ pub(crate) fn run_loop(
         if stop.is_some() {
             // Another rank's stop: this rank's queued steps are read before it saves.
             let stats = read_queued(&mut unread, &mut summary, &mut interval)?;
-            if let (Some(line), Some(stats), Some(reporter)) =
-                (deferred.take(), stats, reporter.as_deref_mut())
-            {
-                log_line(reporter, context, &line, &stats, &interval)?;
+            clock.settle(metrics(&reporter));
+            if let Some(line) = deferred.take() {
+                end_interval(
+                    &mut reporter,
+                    context,
+                    &line,
+                    stats,
+                    &mut interval,
+                    &mut clock,
+                )?;
             }
         }
         if let Some(store) = context.setup.store.as_ref()
@@ -538,6 +619,7 @@ pub(crate) fn run_loop(
                 reporter.saved(iteration, &path);
             }
             summary.checkpoint = Some(path);
+            clock.leave_out();
         }
         if let Some(reason) = stop {
             if let Some(reporter) = reporter.as_deref() {
@@ -546,24 +628,48 @@ pub(crate) fn run_loop(
             summary.stopped = Some(reason);
             break;
         }
-        iteration_end = Instant::now();
     }
     Ok(summary)
 }
 
-/// The line of the log interval ending at `line`'s step, whose statistics are `stats`.
+/// The lead rank's metrics, where the step-time histogram goes.
+fn metrics<'a>(reporter: &'a Option<&mut Reporter>) -> Option<&'a Metrics> {
+    reporter.as_deref().map(|reporter| &reporter.metrics)
+}
+
+/// Ends the log interval whose last step is `line`'s (statistics `stats`): every rank takes its
+/// steps' time off the clock, the lead rank writes its line.
+fn end_interval(
+    reporter: &mut Option<&mut Reporter>,
+    context: &LoopContext<'_>,
+    line: &DeferredLine,
+    stats: Option<StepStats>,
+    interval: &mut Interval,
+    clock: &mut StepClock,
+) -> Result<(), TrainError> {
+    let ended = std::mem::take(interval);
+    let seconds = clock.take(ended.steps);
+    match (stats, reporter.as_deref_mut()) {
+        (Some(stats), Some(reporter)) => log_line(reporter, context, line, &stats, &ended, seconds),
+        _ => Ok(()),
+    }
+}
+
+/// The line of the log interval ending at `line`'s step, whose statistics are `stats` and whose
+/// steps took `seconds` of wall time.
 fn log_line(
     reporter: &mut Reporter,
     context: &LoopContext<'_>,
     line: &DeferredLine,
     stats: &StepStats,
     interval: &Interval,
+    seconds: f64,
 ) -> Result<(), TrainError> {
     let plan = context.plan;
     let tokens_per_iteration =
         u64::from(plan.global_batch_size) * u64::from(context.setup.recipe.model.seq_length);
     let steps = interval.steps as f64;
-    let step_seconds = interval.start.elapsed().as_secs_f64().max(1e-9) / steps;
+    let step_seconds = seconds.max(1e-9) / steps;
     let per_gpu = plan.flops_per_iteration / step_seconds / f64::from(plan.world_size);
     let step_metrics = StepMetrics {
         step: line.iteration,
@@ -599,45 +705,52 @@ fn read_queued(
     Ok(last)
 }
 
-/// The microbatches of this rank's share of the global batch that starts at `consumed`.
+/// The microbatches of this rank's share of the training global batch that starts at
+/// `consumed`.
 fn rank_microbatches(
     context: &LoopContext<'_>,
     consumed: u64,
 ) -> Result<Vec<Microbatch>, TrainError> {
+    global_batch_microbatches(context, &context.setup.data.train, consumed)
+}
+
+/// This rank's microbatches of the `eval_iters` global batches of `dataset` from sample `start`,
+/// each global batch shared over the data-parallel ranks as a training batch is, so any number
+/// of ranks evaluates the same samples in the same microbatches.
+fn eval_microbatches(
+    context: &LoopContext<'_>,
+    dataset: &BlendedDataset,
+    start: u64,
+) -> Result<Vec<Microbatch>, TrainError> {
+    let global_batch = u64::from(context.plan.global_batch_size);
+    let mut microbatches = Vec::new();
+    for batch in 0..context.setup.recipe.training.eval_iters {
+        let first = start + batch * global_batch;
+        microbatches.extend(global_batch_microbatches(context, dataset, first)?);
+    }
+    Ok(microbatches)
+}
+
+/// The microbatches of this rank's share of the global batch of `dataset` that starts at sample
+/// `first`.
+fn global_batch_microbatches(
+    context: &LoopContext<'_>,
+    dataset: &BlendedDataset,
+    first: u64,
+) -> Result<Vec<Microbatch>, TrainError> {
     let plan = context.plan;
     let seq_length = context.setup.recipe.model.seq_length as usize;
     let indices = rank_batch_indices(
-        consumed,
+        first,
         plan.global_batch_size,
         context.dp_rank,
         context.dp_size,
     );
     let samples = indices
-        .map(|i| context.setup.data.train.sample(i))
+        .map(|i| dataset.sample(i))
         .collect::<Result<Vec<_>, _>>()?;
     samples
         .chunks(plan.micro_batch_size as usize)
-        .map(|chunk| Microbatch::from_samples(chunk, seq_length))
-        .collect()
-}
-
-/// The fixed validation batches every evaluation uses: `eval_iters` global batches from the
-/// start of the validation split (this rank's data-parallel share of them), so successive
-/// evaluations are comparable.
-/// `eval_iters` global batches of `dataset`, this rank's share, as microbatches.
-fn batches_of(
-    context: &LoopContext<'_>,
-    valid: &BlendedDataset,
-) -> Result<Vec<Microbatch>, TrainError> {
-    let training = &context.setup.recipe.training;
-    let seq_length = context.setup.recipe.model.seq_length as usize;
-    let count = (training.eval_iters * u64::from(context.plan.global_batch_size)).min(valid.len());
-    let count = u32::try_from(count).unwrap_or(u32::MAX);
-    let samples = rank_batch_indices(0, count, context.dp_rank, context.dp_size)
-        .map(|i| valid.sample(i))
-        .collect::<Result<Vec<_>, _>>()?;
-    samples
-        .chunks(context.plan.micro_batch_size as usize)
         .map(|chunk| Microbatch::from_samples(chunk, seq_length))
         .collect()
 }

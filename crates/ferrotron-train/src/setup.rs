@@ -12,6 +12,7 @@ use ferrotron_plan::Plan;
 use ferrotron_recipe::{Recipe, ResumePolicy};
 
 use crate::checkpoint::{CheckpointStore, ModelShape, ShardedCheckpoint};
+use crate::eval_batches::valid_samples;
 use crate::{LrSchedule, TrainError};
 
 /// A rank's run inputs derived from the plan.
@@ -29,18 +30,13 @@ impl RunSetup {
         let global_batch = u64::from(plan.global_batch_size);
         let train_iters = plan.train_iters;
         let seed = recipe.training.seed;
-        let eval_samples = if recipe.training.eval_interval > 0 {
-            recipe.training.eval_iters * global_batch
-        } else {
-            0
-        };
         let data = build_gpt_data(
             &recipe.data,
             recipe.model.seq_length,
             seed,
             [
                 train_iters * global_batch,
-                eval_samples,
+                valid_samples(&recipe.training, train_iters, plan.global_batch_size),
                 recipe.training.eval_iters * global_batch,
             ],
             tokenizer,

@@ -128,7 +128,8 @@ impl PendingStats {
         }
     }
 
-    /// Whether reading waits for queued device work.
+    /// Whether reading waits for queued device work: for every step queued before the read, not
+    /// only this one (the loop's step times rely on it).
     pub(crate) fn waits(&self) -> bool {
         self.waits
     }

@@ -166,7 +166,7 @@ fn fixtures() -> PathBuf {
 /// A 2-layer GPT on the parallel fixture's corpus, its checkpoints under `dir/name`.
 fn plan(dir: &Path, name: &str, tokenizer: &Tokenizer) -> Plan {
     let recipe: Recipe = serde_json::from_value(serde_json::json!({
-        "version": 1, "name": "bf16-resume",
+        "version": 2, "name": "bf16-resume",
         "model": {"num_layers": 2, "hidden_size": 16, "num_attention_heads": 2,
                   "seq_length": 16, "make_vocab_size_divisible_by": 32,
                   "hidden_dropout": 0.0, "attention_dropout": 0.0},

@@ -10,7 +10,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::{Command, ExitCode, Stdio};
 
 use crate::exit;
 use ferrotron_plan::{Plan, PlanOptions};
@@ -67,17 +67,32 @@ impl GitRevision {
 }
 
 impl SourceReader for GitRevision {
+    /// Reads `git show`'s output only up to the size limit of a recipe: a large blob named by
+    /// mistake is refused without being read whole.
     fn read(&self, path: &Path) -> io::Result<String> {
         let spec = self.spec(path)?;
-        let output = Command::new("git").args(["show", &spec]).output()?;
-        if !output.status.success() {
+        let mut child = Command::new("git")
+            .args(["show", &spec])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| io::Error::other("no pipe from `git show`"))?;
+        let text = ferrotron_recipe::text_from(stdout);
+        if text.is_err() {
+            // Too large or not UTF-8: what git has left to write is not wanted.
+            let _ = child.kill();
+        }
+        let output = child.wait_with_output()?;
+        if !output.status.success() && text.is_ok() {
             let message = String::from_utf8_lossy(&output.stderr).trim().to_owned();
             return Err(io::Error::other(format!(
                 "`git show {spec}` failed: {message}"
             )));
         }
-        String::from_utf8(output.stdout)
-            .map_err(|_| io::Error::other(format!("`{spec}` is not UTF-8 text")))
+        text.map_err(|e| io::Error::new(e.kind(), format!("`{spec}`: {e}")))
     }
 
     fn display_name(&self, path: &Path) -> String {

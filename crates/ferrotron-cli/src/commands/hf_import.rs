@@ -163,7 +163,7 @@ fn recipe_of(hf: &HfModel) -> anyhow::Result<Recipe> {
         .file_name()
         .map_or_else(|| "hf".to_owned(), |n| n.to_string_lossy().into_owned());
     let recipe = json!({
-        "version": 1, "name": name, "model": hf.config.model,
+        "version": 2, "name": name, "model": hf.config.model,
         "training": {"micro_batch_size": 1, "global_batch_size": 1, "train_iters": 1},
         "data": {"tokenizer": tokenizer},
         "runtime": {"backend": "cpu"}

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::exit;
-use ferrotron_recipe::{FORMAT_VERSION, inherited_version, migrate_text, unified_diff};
+use ferrotron_recipe::{FORMAT_VERSION, inherited, migrate_text, unified_diff};
 
 use super::validate::{handler, render};
 
@@ -35,7 +35,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let handler = handler();
     for path in &args.files {
         let name = path.display().to_string();
-        let text = match std::fs::read_to_string(path) {
+        let text = match ferrotron_recipe::read_text(path) {
             Ok(text) => text,
             Err(e) => {
                 eprintln!("error: cannot read `{name}`: {e}");
@@ -43,7 +43,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
-        let migration = match migrate_text(&name, &text, inherited_version(path, &text)) {
+        let migration = match migrate_text(&name, &text, &inherited(path, &text)) {
             Ok(migration) => migration,
             Err(errors) => {
                 for problem in errors.problems() {

@@ -26,7 +26,7 @@ pub(crate) mod fixture {
     /// A small valid recipe for rule tests to break one field at a time.
     pub(crate) fn recipe() -> Recipe {
         let json = serde_json::json!({
-            "version": 1,
+            "version": 2,
             "name": "t",
             "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32},
             "training": {"micro_batch_size": 2, "global_batch_size": 8, "train_iters": 100},

@@ -113,9 +113,29 @@ fn check_schedule(recipe: &Recipe, out: &mut Vec<Finding>) {
                     s.warmup_iters
                 ),
             )
-            .with_help(format!("use decay_iters > {}", s.warmup_iters)),
+            .with_help(format!(
+                "decay_iters is where decay ends, counted from the start of training as                  Megatron's --lr-decay-iters (warmup included): use decay_iters > {}",
+                s.warmup_iters
+            )),
         );
     }
+    if s.warmup_init > t.optimizer.lr {
+        out.push(
+            Finding::error(
+                "schedule::warmup-init-above-lr",
+                "training.schedule.warmup_init",
+                format!(
+                    "warmup_init {} is larger than lr {}: warmup would lower the rate",
+                    s.warmup_init, t.optimizer.lr
+                ),
+            )
+            .with_help(format!(
+                "use warmup_init ≤ {} (Megatron's default is 0)",
+                t.optimizer.lr
+            )),
+        );
+    }
+    let decay_end = s.decay_iters.unwrap_or(iterations);
     match (s.decay, s.wsd_decay_iters) {
         (Decay::Wsd, None) => out.push(
             Finding::error(
@@ -125,16 +145,20 @@ fn check_schedule(recipe: &Recipe, out: &mut Vec<Finding>) {
             )
             .with_help("set training.schedule.wsd_decay_iters"),
         ),
-        (Decay::Wsd, Some(wsd)) if wsd + s.warmup_iters > iterations => out.push(
+        (Decay::Wsd, Some(wsd)) if wsd + s.warmup_iters > decay_end => out.push(
             Finding::error(
                 "schedule::wsd-too-long",
                 "training.schedule.wsd_decay_iters",
                 format!(
-                    "warmup ({}) plus wsd_decay_iters ({wsd}) exceed the {iterations} training iterations",
+                    "warmup ({}) plus wsd_decay_iters ({wsd}) exceed the {decay_end} iterations \
+                     where decay ends",
                     s.warmup_iters
                 ),
             )
-            .with_help(format!("use wsd_decay_iters ≤ {}", iterations.saturating_sub(s.warmup_iters))),
+            .with_help(format!(
+                "use wsd_decay_iters ≤ {}",
+                decay_end.saturating_sub(s.warmup_iters)
+            )),
         ),
         (decay, Some(_)) if decay != Decay::Wsd => out.push(
             Finding::error(
@@ -145,6 +169,16 @@ fn check_schedule(recipe: &Recipe, out: &mut Vec<Finding>) {
             .with_help("remove wsd_decay_iters or set training.schedule.decay: wsd"),
         ),
         _ => {}
+    }
+    if s.wsd_decay_style.is_some() && s.decay != Decay::Wsd {
+        out.push(
+            Finding::error(
+                "schedule::wsd-style-without-wsd",
+                "training.schedule.wsd_decay_style",
+                "wsd_decay_style only applies to the WSD schedule",
+            )
+            .with_help("remove wsd_decay_style or set training.schedule.decay: wsd"),
+        );
     }
 }
 
@@ -290,7 +324,7 @@ fn nearest_multiple(value: u32, of: u32) -> u32 {
 mod tests {
     use super::*;
     use crate::rules::fixture::{codes, recipe};
-    use crate::{Degree, RecomputeMethod};
+    use crate::{Degree, RecomputeMethod, Schedule, WsdDecayStyle};
 
     fn run(recipe: &Recipe) -> Vec<Finding> {
         crate::rules::fixture::run(check, recipe)
@@ -401,5 +435,38 @@ mod tests {
         assert_eq!(codes(&run(&r)), ["schedule::wsd-needs-decay-iters"]);
         r.training.schedule.wsd_decay_iters = Some(200);
         assert_eq!(codes(&run(&r)), ["schedule::wsd-too-long"]);
+    }
+
+    /// `decay_iters` is Megatron's `--lr-decay-iters`: where decay ends, warmup included, so the
+    /// WSD phase must fit between warmup and it, and it must come after warmup.
+    #[test]
+    fn the_schedule_follows_megatrons_lengths() {
+        let mut r = recipe();
+        let iterations = r.training.train_iters.expect("iterations");
+        r.training.schedule.decay = Decay::Wsd;
+        r.training.schedule.warmup_iters = 2;
+        r.training.schedule.decay_iters = Some(6);
+        r.training.schedule.wsd_decay_iters = Some(4);
+        assert!(iterations > 6 && run(&r).is_empty(), "{:?}", run(&r));
+        r.training.schedule.wsd_decay_iters = Some(5);
+        assert_eq!(codes(&run(&r)), ["schedule::wsd-too-long"]);
+        r.training.schedule.wsd_decay_iters = Some(4);
+        r.training.schedule.decay_iters = Some(2);
+        assert_eq!(
+            codes(&run(&r)),
+            ["schedule::decay-within-warmup", "schedule::wsd-too-long"]
+        );
+        r.training.schedule = Schedule {
+            warmup_init: r.training.optimizer.lr * 2.0,
+            wsd_decay_style: Some(WsdDecayStyle::Linear),
+            ..Schedule::default()
+        };
+        assert_eq!(
+            codes(&run(&r)),
+            [
+                "schedule::warmup-init-above-lr",
+                "schedule::wsd-style-without-wsd"
+            ]
+        );
     }
 }

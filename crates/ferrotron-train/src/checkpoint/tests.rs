@@ -22,7 +22,7 @@ fn rank_groups(plan: &Plan, rank: &RankContext) -> Result<ProcessGroups<ThreadCo
 
 fn recipe() -> Recipe {
     serde_json::from_value(serde_json::json!({
-        "version": 1,
+        "version": 2,
         "name": "ckpt-test",
         "model": {"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
                   "seq_length": 8, "vocab_size": 60, "make_vocab_size_divisible_by": 32},

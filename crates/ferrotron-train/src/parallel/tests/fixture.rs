@@ -89,7 +89,7 @@ impl Layout {
 /// A plan of the tiny GPT for `layout` with data under `dir`.
 pub(super) fn plan(dir: &Path, layout: Layout, layers: u32, iterations: u64, extra: Value) -> Plan {
     let mut recipe = json!({
-        "version": 1,
+        "version": 2,
         "name": "parallel-equivalence",
         "model": {
             "num_layers": layers, "hidden_size": 32, "num_attention_heads": 4,

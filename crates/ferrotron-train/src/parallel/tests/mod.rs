@@ -15,12 +15,14 @@
 mod alone;
 mod deferred_lines;
 mod equivalence;
+mod evaluation;
 mod exchanged;
 mod fixture;
 mod plan_groups;
 mod recompute;
 mod replicated;
 mod resume;
+mod step_times;
 mod stops;
 
 /// Relative difference allowed between one-rank and parallel losses, per step.

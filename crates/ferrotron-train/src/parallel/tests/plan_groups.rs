@@ -37,7 +37,7 @@ fn tiny_plan(parallel: serde_json::Value, moe: Option<serde_json::Value>) -> Pla
         model["moe"] = moe;
     }
     let recipe: Recipe = serde_json::from_value(json!({
-        "version": 1,
+        "version": 2,
         "name": "dist-test",
         "model": model,
         "parallel": parallel,
