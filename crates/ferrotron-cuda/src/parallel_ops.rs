@@ -40,7 +40,8 @@ fn expect<T>(result: Result<T, CommError>) -> T {
 }
 
 /// A collective of `comm` on `x`: through NCCL ordered at `finish` (`device`), else through the
-/// host (`host`, done at once); the identity on a group of one.
+/// host (`host`, done at once, inside `ferrotron_dist::deferred` so a recorded call order marks
+/// it as the caller means it); the identity on a group of one.
 fn started(
     x: CudaTensor,
     comm: &Comm,
@@ -55,7 +56,7 @@ fn started(
             let (out, started) = expect(device(nccl, &x));
             InFlight::pending(out, Box::new(move || expect(started.wait())))
         }
-        None => InFlight::ready(host(x)),
+        None => InFlight::ready(ferrotron_dist::deferred(|| host(x))),
     }
 }
 

@@ -10,6 +10,10 @@
 //! tp/pp/dp/cp/ep/edp/embedding communicators from the members of its groups ([`GroupMembers`],
 //! which the runtime takes from the plan: this crate knows nothing of plans).
 //!
+//! [`Recording`] wraps any communicator to log the calls of each rank, and [`replay`] plays
+//! every rank's log under NCCL's rules (one queue per GPU, blocking sends) to find the orders
+//! that would hang or corrupt a GPU run: the thread-rank equivalence tests replay each layout.
+//!
 //! Two promises matter more than speed: reductions are deterministic (summed in rank order, so
 //! a parallel run can be compared bit for bit with a sequential reference), and nothing hangs
 //! (every wait has a timeout naming the group, the collective and the missing ranks; a failing
@@ -21,8 +25,10 @@ mod element;
 mod error;
 mod fabric;
 mod groups;
+mod recording;
 mod recycle;
 mod rendezvous;
+mod replay;
 mod tcp_comm;
 mod tcp_comm_mesh;
 mod tcp_comm_wire;
@@ -37,6 +43,8 @@ pub use element::{DType, Element, ReduceOp};
 pub use error::{CommError, GroupLabel, WorldError};
 pub use groups::{GroupMembers, ProcessGroups};
 pub use half::bf16;
+pub use recording::{Call, CallLog, CallLogs, Op, Recording, deferred};
+pub use replay::{Blocked, Issued, OrderError, Replayed, replay};
 pub use tcp_comm::{DEFAULT_CONNECT_TIMEOUT, TcpComm, TcpConfig};
 pub use tcp_comm_mesh::TcpError;
 pub use thread_comm::ThreadComm;

@@ -72,6 +72,16 @@ impl ThreadComm {
         }
     }
 
+    /// Another handle of this rank on the same group, with deposit buffers of its own.
+    pub(crate) fn handle(&self) -> ThreadComm {
+        ThreadComm {
+            fabric: self.fabric.clone(),
+            group: self.group.clone(),
+            rank: self.rank,
+            recycler: Recycler::default(),
+        }
+    }
+
     fn signature<T: Element>(&self, op: &'static str) -> Signature {
         Signature {
             op,

@@ -14,6 +14,7 @@ use crate::communicator::Communicator;
 use crate::error::{CommError, GroupLabel, WorldError};
 use crate::fabric::Fabric;
 use crate::groups::{GroupMembers, ProcessGroups};
+use crate::recording::{CallLogs, Recording};
 use crate::thread_comm::ThreadComm;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -51,6 +52,13 @@ impl RankContext {
     /// This rank's tp/pp/dp/cp/ep/edp/embedding communicators over `members`.
     pub fn groups(&self, members: &GroupMembers) -> Result<ProcessGroups<ThreadComm>, CommError> {
         ProcessGroups::new(members, &self.world)
+    }
+
+    /// The world communicator recording every call into this rank's log of `logs` (one per
+    /// rank of the world), as will every group made from it (pass it to
+    /// [`ProcessGroups::new`]); [`CallLogs::replay`] then checks the ranks' order.
+    pub fn recorded_world(&self, logs: &CallLogs) -> Recording<ThreadComm> {
+        Recording::new(self.world.handle(), logs.rank(self.rank()).clone())
     }
 }
 

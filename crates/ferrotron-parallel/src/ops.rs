@@ -16,7 +16,7 @@ use crate::comm::Comm;
 use crate::fused::FusedOps;
 use crate::host::{self, Host};
 use crate::recompute::{Rerun, RngMark, Run};
-use ferrotron_dist::{CommError, ReduceOp};
+use ferrotron_dist::{CommError, ReduceOp, deferred};
 
 /// What orders later work after a collective (and keeps its buffers allocated until then).
 pub type Wait = Box<dyn FnOnce()>;
@@ -138,12 +138,16 @@ pub trait ParallelOps: FusedOps {
 
     /// A sum all-reduce (no gradient) whose result later work waits for only when it is
     /// [`InFlight::finish`]ed, so the computation queued in between overlaps the transfer (the
-    /// data-parallel gradient buckets). Default: [`ParallelOps::all_reduce_detached`], done at once.
+    /// data-parallel gradient buckets). Default: [`ParallelOps::all_reduce_detached`], done at once
+    /// (inside [`ferrotron_dist::deferred`], so a recorded call order marks it, as the other
+    /// `*_started` defaults do).
     fn all_reduce_started(x: FloatTensor<Self>, comm: &Comm) -> InFlight<Self> {
         if comm.size() == 1 {
             return InFlight::ready(x);
         }
-        InFlight::ready(host::all_reduce::<Self>(x, ReduceOp::Sum, comm))
+        InFlight::ready(deferred(|| {
+            host::all_reduce::<Self>(x, ReduceOp::Sum, comm)
+        }))
     }
 
     /// Sum over the group of `x` (1-D, length divisible by the group size), this rank keeping
@@ -153,7 +157,7 @@ pub trait ParallelOps: FusedOps {
         if comm.size() == 1 {
             return InFlight::ready(x);
         }
-        InFlight::ready(host::reduce_scatter::<Self>(x, 0, comm))
+        InFlight::ready(deferred(|| host::reduce_scatter::<Self>(x, 0, comm)))
     }
 
     /// Every member's `x` (1-D) concatenated in rank order: an all-gather ordered like
@@ -163,7 +167,7 @@ pub trait ParallelOps: FusedOps {
         if comm.size() == 1 {
             return InFlight::ready(x);
         }
-        InFlight::ready(host::all_gather::<Self>(x, 0, comm))
+        InFlight::ready(deferred(|| host::all_gather::<Self>(x, 0, comm)))
     }
 
     /// Sends `x` to group rank `peer` of `comm` (a pipeline stage's activation or input

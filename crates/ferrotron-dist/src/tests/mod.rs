@@ -1,8 +1,10 @@
-//! Multi-rank tests: every collective on 1–4 thread ranks, failures, determinism, groups.
+//! Multi-rank tests: every collective on 1–4 thread ranks, failures, determinism, groups, the
+//! recorded call order and its replay.
 
 mod collectives;
 mod determinism;
 mod failures;
+mod order;
 mod tcp;
 mod tcp_process;
 

@@ -22,6 +22,14 @@ use ferrotron_recipe::{
 
 use crate::{ExpertLoads, GptModel, ModelConfig};
 
+/// The thread ranks' recorded calls replayed under NCCL's rules (`ferrotron_dist::replay`):
+/// every layout these tests split the model over issues one collective order on every rank.
+pub(crate) fn assert_one_call_order(logs: &ferrotron_dist::CallLogs) {
+    if let Err(err) = logs.replay() {
+        panic!("{err}");
+    }
+}
+
 pub(crate) type Cpu = Flex;
 pub(crate) type CpuAutodiff = Autodiff<Flex>;
 

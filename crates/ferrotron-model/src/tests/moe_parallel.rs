@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor, TensorData};
-use ferrotron_dist::{Communicator, RankContext, World};
+use ferrotron_dist::{CallLogs, Communicator, World};
 use ferrotron_parallel::{Comm, ParallelContext, ParamRole};
 use ferrotron_recipe::TokenDispatcher;
 
@@ -32,6 +32,11 @@ const SEED: u64 = 11;
 /// Rank threads build their full layer from one seed, one at a time: the RNG is process-global.
 static INIT: Mutex<()> = Mutex::new(());
 
+/// The world communicator a test's groups are made from: a thread rank's, recorded or not.
+trait WorldComm: Communicator + Sync + std::fmt::Debug + 'static {}
+
+impl<C: Communicator + Sync + std::fmt::Debug + 'static> WorldComm for C {}
+
 #[derive(Debug, Clone, Copy)]
 struct Layout {
     ep: usize,
@@ -45,8 +50,8 @@ impl Layout {
     }
 
     /// Megatron's expert grid `etp-ep`: etp ranks are neighbours.
-    fn context(&self, rank: &RankContext) -> ParallelContext {
-        let me = rank.rank() as usize;
+    fn context<W: WorldComm>(&self, world: &W) -> ParallelContext {
+        let me = world.global_rank() as usize;
         let (etp_index, ep_index) = (me % self.etp, me / self.etp);
         let etp_members: Vec<u32> = (0..self.etp)
             .map(|i| (ep_index * self.etp + i) as u32)
@@ -55,11 +60,7 @@ impl Layout {
             .map(|i| (i * self.etp + etp_index) as u32)
             .collect();
         let group = |name: &str, members: &[u32]| -> Comm {
-            Arc::new(
-                rank.world()
-                    .new_group(name, members)
-                    .expect("thread groups form"),
-            )
+            Arc::new(world.new_group(name, members).expect("thread groups form"))
         };
         ParallelContext {
             ep: group("ep", &ep_members),
@@ -198,15 +199,17 @@ impl ModuleVisitor<CpuAutodiff> for GradCollector<'_> {
 /// The layer on `layout`'s thread ranks, each with its own tokens.
 fn parallel_outcomes(model: &Model, layout: Layout) -> (Vec<Outcome>, Vec<Vec<ParamRole>>) {
     let hidden = model.hidden_size as usize;
+    let logs = CallLogs::new(layout.world());
     let results = World::new(layout.world() as u32)
         .run(|rank| {
-            let ctx = layout.context(&rank);
+            let ctx = layout.context(&rank.recorded_world(&logs));
             let local = full_layer(model).shard_with(&ctx, layout.dispatcher)?;
             let roles = local.param_roles("moe", &ctx);
             let outcome = run_layer(&local, &roles, hidden, rank.rank() as usize);
             Ok::<_, crate::ModelError>((outcome, roles))
         })
         .expect("every rank runs");
+    assert_one_call_order(&logs);
     results.into_iter().unzip()
 }
 
@@ -405,9 +408,10 @@ fn a_rank_whose_experts_get_no_tokens_still_joins_every_exchange() {
         load_balancing: LoadBalancing::None,
         ..moe_section()
     });
+    let logs = CallLogs::new(2);
     let outcomes = World::new(2)
         .run(|rank| {
-            let ctx = layout(2, 1, TokenDispatcher::Alltoall).context(&rank);
+            let ctx = layout(2, 1, TokenDispatcher::Alltoall).context(&rank.recorded_world(&logs));
             let mut local = full_layer(&model).shard(&ctx)?;
             let device = Default::default();
             local.expert_bias = Some(
@@ -420,6 +424,7 @@ fn a_rank_whose_experts_get_no_tokens_still_joins_every_exchange() {
             Ok::<_, crate::ModelError>(run_layer(&local, &[], 16, rank.rank() as usize))
         })
         .expect("every rank runs");
+    assert_one_call_order(&logs);
     for outcome in &outcomes {
         // Each of the 8 tokens picks experts 0 and 1.
         assert_eq!(outcome.loads, vec![8, 8, 0, 0]);
@@ -459,19 +464,15 @@ impl SplitLayout {
         (rank % self.tp, rank / self.tp)
     }
 
-    fn context(&self, rank: &RankContext) -> ParallelContext {
-        let me = rank.rank() as usize;
+    fn context<W: WorldComm>(&self, world: &W) -> ParallelContext {
+        let me = world.global_rank() as usize;
         let (tp_index, cp_index) = self.coordinates(me);
         let (etp_index, ep_index) = (me % self.etp, me / self.etp);
         let members = |count: usize, rank_of: &dyn Fn(usize) -> usize| -> Vec<u32> {
             (0..count).map(|i| rank_of(i) as u32).collect()
         };
         let group = |name: &str, members: Vec<u32>| -> Comm {
-            Arc::new(
-                rank.world()
-                    .new_group(name, &members)
-                    .expect("thread groups form"),
-            )
+            Arc::new(world.new_group(name, &members).expect("thread groups form"))
         };
         ParallelContext {
             tp: group("tp", members(self.tp, &|t| t + self.tp * cp_index)),
@@ -548,9 +549,10 @@ fn assert_split_matches_one_rank(model: &Model, layout: SplitLayout) {
     let hidden = model.hidden_size as usize;
     let (x, probe) = microbatch(hidden);
     let cp = layout.cp as f32;
+    let logs = CallLogs::new(layout.world());
     let results = World::new(layout.world() as u32)
         .run(|rank| {
-            let ctx = layout.context(&rank);
+            let ctx = layout.context(&rank.recorded_world(&logs));
             let local = full_layer(model).shard_with(&ctx, layout.dispatcher)?;
             let roles = local.param_roles("moe", &ctx);
             let positions = layout.positions(rank.rank() as usize);
@@ -564,6 +566,7 @@ fn assert_split_matches_one_rank(model: &Model, layout: SplitLayout) {
             Ok::<_, crate::ModelError>((outcome, roles))
         })
         .expect("every rank runs");
+    assert_one_call_order(&logs);
     let layer = full_layer(model);
     let reference_roles = layer.param_roles("moe", &ParallelContext::single());
     let reference = run_split(
@@ -705,7 +708,7 @@ fn roles_name_global_experts_and_cut_swiglu_halves_over_etp() {
     let layout = layout(2, 2, TokenDispatcher::Alltoall);
     let roles = World::new(4)
         .run(|rank| {
-            let ctx = layout.context(&rank);
+            let ctx = layout.context(rank.world());
             let local = full_layer(&model).shard(&ctx)?;
             Ok::<_, crate::ModelError>(local.param_roles("moe", &ctx))
         })
@@ -742,7 +745,7 @@ fn layouts_that_cannot_split_the_experts_are_refused() {
     let model = swiglu_moe();
     let errors = World::new(3)
         .run(|rank| {
-            let ctx = layout(3, 1, TokenDispatcher::Alltoall).context(&rank);
+            let ctx = layout(3, 1, TokenDispatcher::Alltoall).context(rank.world());
             Ok::<_, crate::ModelError>(full_layer(&model).shard(&ctx).err())
         })
         .expect("every rank runs");
@@ -757,7 +760,7 @@ fn layouts_that_cannot_split_the_experts_are_refused() {
 
     let errors = World::new(3)
         .run(|rank| {
-            let ctx = layout(1, 3, TokenDispatcher::Alltoall).context(&rank);
+            let ctx = layout(1, 3, TokenDispatcher::Alltoall).context(rank.world());
             Ok::<_, crate::ModelError>(full_layer(&model).shard(&ctx).err())
         })
         .expect("every rank runs");
@@ -837,15 +840,17 @@ fn whole_model_on_ep2_etp2_matches_one_rank_per_rank_batch() {
         build::<CpuAutodiff>(&model, SEED)
     };
     let layout = layout(2, 2, TokenDispatcher::Alltoall);
+    let logs = CallLogs::new(4);
     let results = World::new(4)
         .run(|rank| {
-            let ctx = layout.context(&rank);
+            let ctx = layout.context(&rank.recorded_world(&logs));
             let config = config(&model);
             let local = crate::GptModel::shard(&full(), &ctx, &crate::ChunkSpec::whole(&config))?;
             let (loss, grads) = model_step(&local, rank.rank() as usize);
             Ok::<_, crate::ModelError>((loss, grads, local.param_roles()))
         })
         .expect("every rank runs");
+    assert_one_call_order(&logs);
     let one_rank = full();
     let reference: Vec<(f32, HashMap<String, Vec<f32>>)> =
         (0..4).map(|rank| model_step(&one_rank, rank)).collect();

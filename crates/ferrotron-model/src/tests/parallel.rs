@@ -12,7 +12,7 @@ use std::sync::Arc;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
-use ferrotron_dist::{Communicator, RankContext, World};
+use ferrotron_dist::{CallLogs, Communicator, Recording, ThreadComm, World};
 use ferrotron_parallel::{ParallelContext, ParamRole, ReduceOp, ShardSpec, with_process_rng};
 
 use super::*;
@@ -149,10 +149,12 @@ struct Layout {
     sequence_parallel: bool,
 }
 
-/// Megatron's rank order (tp fastest, then cp): this rank's tp and cp groups.
-fn context(rank: &RankContext, layout: Layout) -> Result<ParallelContext, BoxError> {
-    let world = rank.world();
-    let global = rank.rank() as usize;
+/// Megatron's rank order (tp fastest, then cp): this rank's tp and cp groups over `world`.
+fn context<W>(world: &W, layout: Layout) -> Result<ParallelContext, BoxError>
+where
+    W: Communicator + Sync + std::fmt::Debug + 'static,
+{
+    let global = world.global_rank() as usize;
     let (tp_rank, cp_rank) = (global % layout.tp, global / layout.tp);
     let tp_members: Vec<u32> = (0..layout.tp)
         .map(|i| (cp_rank * layout.tp + i) as u32)
@@ -201,9 +203,9 @@ fn run_rank(
     model: &Model,
     layout: Layout,
     stages: usize,
-    rank: RankContext,
+    world: &Recording<ThreadComm>,
 ) -> Result<RankResult, BoxError> {
-    let ctx = context(&rank, layout)?;
+    let ctx = context(world, layout)?;
     let config = config(model);
     let device = Default::default();
     let full = with_process_rng(|| {
@@ -294,9 +296,11 @@ fn assert_equivalent(model: &Model, layout: Layout) {
 /// As [`assert_equivalent`], each rank running the model as `stages` pipeline chunks.
 fn assert_equivalent_in_stages(model: &Model, layout: Layout, stages: usize) {
     let expected = reference(model);
+    let logs = CallLogs::new(layout.tp * layout.cp);
     let ranks = World::new((layout.tp * layout.cp) as u32)
-        .run(|rank| run_rank(model, layout, stages, rank))
+        .run(|rank| run_rank(model, layout, stages, &rank.recorded_world(&logs)))
         .expect("every rank runs");
+    assert_one_call_order(&logs);
     let mut covered = HashSet::new();
     for (rank, result) in ranks.iter().enumerate() {
         assert!(
@@ -398,9 +402,10 @@ fn cp2_inference_logits_are_the_one_rank_logits_at_global_positions() {
     let full = with_process_rng(|| build::<Cpu>(&model, SEED));
     let expected = full.forward(inputs.clone()).logits;
     let vocab = config.padded_vocab_size;
+    let logs = CallLogs::new(2);
     let ranks = World::new(2)
         .run(|rank| -> Result<(Vec<f32>, Vec<f32>), BoxError> {
-            let ctx = context(&rank, CP2)?;
+            let ctx = context(&rank.recorded_world(&logs), CP2)?;
             let gpt = GptModel::shard(&full, &ctx, &ChunkSpec::whole(&config))?;
             let local = crate::context_parallel_slice(inputs.clone(), ctx.cp_rank(), 2)?;
             let positions = crate::context_parallel_positions(SEQ, ctx.cp_rank(), 2)?;
@@ -413,6 +418,7 @@ fn cp2_inference_logits_are_the_one_rank_logits_at_global_positions() {
             Ok((values(gpt.forward(local).logits), want))
         })
         .expect("every rank runs");
+    assert_one_call_order(&logs);
     for (rank, (logits, want)) in ranks.iter().enumerate() {
         assert_eq!(logits.len(), BATCH * SEQ / 2 * vocab);
         assert_close(&format!("rank {rank} logits"), logits, want);
@@ -623,7 +629,7 @@ fn boundary_shape_divides_the_sequence_by_cp_and_by_tp_with_sequence_parallelism
     let config = config(&model);
     let shapes = World::new(4)
         .run(|rank| -> Result<[usize; 3], BoxError> {
-            let ctx = context(&rank, TP2_CP2_SP)?;
+            let ctx = context(rank.world(), TP2_CP2_SP)?;
             let gpt = with_process_rng(|| {
                 GptModel::<Cpu>::new_parallel(
                     &config,

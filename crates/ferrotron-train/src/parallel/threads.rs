@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_data::Tokenizer;
-use ferrotron_dist::{World, WorldError};
+use ferrotron_dist::{CallLogs, ProcessGroups, World, WorldError};
 use ferrotron_parallel::{ParallelContext, ParallelOps};
 use ferrotron_plan::Plan;
 
@@ -35,7 +35,7 @@ where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
-    let mut outcomes = train_threads_detailed::<B>(plan, tokenizer, options, device)?;
+    let mut outcomes = train_threads_detailed::<B>(plan, tokenizer, options, device, None)?;
     if outcomes.is_empty() {
         return Err(TrainError::Config("the world has no ranks".into()));
     }
@@ -43,12 +43,15 @@ where
 }
 
 /// [`train_threads`], returning every rank's outcome (summary and final parameters with their
-/// shard specs) in rank order: what equivalence tests compare with a one-rank run.
+/// shard specs) in rank order: what equivalence tests compare with a one-rank run. With `logs`,
+/// each rank's communicators record every call into its log (`ferrotron_dist::Recording`),
+/// which the tests replay under NCCL's ordering rules.
 pub(crate) fn train_threads_detailed<B>(
     plan: &Plan,
     tokenizer: &Tokenizer,
     options: &RunOptions,
     device: &B::Device,
+    logs: Option<&CallLogs>,
 ) -> Result<Vec<RankOutcome>, TrainError>
 where
     B: AutodiffBackend + ParallelOps,
@@ -62,10 +65,18 @@ where
         .run(|rank| {
             let span = tracing::info_span!("rank", rank = rank.rank());
             let members = group_members(plan, rank.rank(), rank.world_size() as usize)?;
-            let groups = rank
-                .groups(&members)
-                .map_err(|e| comm_error("building this rank's process groups", e))?;
-            let ctx = ParallelContext::from_groups(groups, sequence_parallel);
+            let failed = |e| comm_error("building this rank's process groups", e);
+            let ctx = match logs {
+                Some(logs) => {
+                    let world = rank.recorded_world(logs);
+                    let groups = ProcessGroups::new(&members, &world).map_err(failed)?;
+                    ParallelContext::from_groups(groups, sequence_parallel)
+                }
+                None => {
+                    let groups = rank.groups(&members).map_err(failed)?;
+                    ParallelContext::from_groups(groups, sequence_parallel)
+                }
+            };
             rank_pool(rank.rank(), threads)?.install(|| {
                 let _entered = span.enter();
                 run_rank::<B>(plan, ctx, options, &setup, device)

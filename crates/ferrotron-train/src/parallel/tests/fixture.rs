@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use ferrotron_data::Tokenizer;
+use ferrotron_dist::{Call, CallLogs, replay};
 use ferrotron_parallel::{ParallelContext, ShardSpec};
 use ferrotron_plan::{Plan, PlanOptions};
 use ferrotron_recipe::Recipe;
@@ -153,13 +154,38 @@ pub(super) fn options(dir: &Path) -> RunOptions {
     }
 }
 
-/// Every rank of `plan` as a thread, in rank order.
+/// Every rank of `plan` as a thread, in rank order; and, when the run succeeds, the ranks'
+/// calls replayed under NCCL's rules (`ferrotron_dist::replay`), so every layout a test trains
+/// is also checked to issue one collective order on every rank (no mismatch, no deadlock).
 pub(super) fn train_world(
     plan: &Plan,
     options: &RunOptions,
 ) -> Result<Vec<RankOutcome>, TrainError> {
+    let (outcomes, calls) = train_world_recorded(plan, options)?;
+    let layout = &plan.recipe.parallel;
+    let replayed = replay(&calls).unwrap_or_else(|err| panic!("{layout:?}: {err}"));
+    eprintln!(
+        "call order replayed: {} calls ({} deferred) on {} ranks",
+        replayed.calls, replayed.deferred, plan.world_size
+    );
+    Ok(outcomes)
+}
+
+/// Every rank of `plan` as a thread, with each rank's calls in issue order.
+pub(super) fn train_world_recorded(
+    plan: &Plan,
+    options: &RunOptions,
+) -> Result<(Vec<RankOutcome>, Vec<Vec<Call>>), TrainError> {
     let tokenizer = tokenizer(plan);
-    train_threads_detailed::<CpuTrainBackend>(plan, &tokenizer, options, &Default::default())
+    let logs = CallLogs::new(plan.world_size as usize);
+    let outcomes = train_threads_detailed::<CpuTrainBackend>(
+        plan,
+        &tokenizer,
+        options,
+        &Default::default(),
+        Some(&logs),
+    )?;
+    Ok((outcomes, logs.calls()))
 }
 
 /// A one-rank `plan` as `recipe run` trains it: one rank alone, no thread world.

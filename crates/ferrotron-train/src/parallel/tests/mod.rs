@@ -13,6 +13,7 @@
 //! first or second step and the weights by ~lr = 1e-2.
 
 mod alone;
+mod call_order;
 mod deferred_lines;
 mod equivalence;
 mod evaluation;
