@@ -117,13 +117,15 @@ for step in range(1, steps + 1):
     if step in (1, 2, 3) or step % 5 == 0:
         cells = [f"{curves[t][step]:.4f}" if step in curves[t] else "—" for t in shown]
         print(f"| {step} | " + " | ".join(cells) + " |")
-# Before the first gradient spike (a CPU step whose gradient norm is over 10x the run's median)
+# Before the first gradient spike (a CPU step whose gradient norm is over 3x the run's median)
 # the curves must agree step by step; a spike amplifies rounding differences chaotically (any two
 # fp32 backends part there), so after it only the level of the curve is compared: the mean loss
-# of the last 10 steps.
+# of the last 10 steps. (10x until 2026-12-06: under Megatron's schedule the LLaMA-style curve has
+# spikes of 3.6x and 8.2x at steps 31 and 34, after which its bf16 run parts by 3e-2 and its fp32
+# one by 1e-4 at step 39, while both agree to 5e-3 and 2e-7 up to step 30.)
 norms = norms_of(f"{family}-cpu")
 median = sorted(norms.values())[len(norms) // 2] if norms else 0.0
-spike = min((s for s, g in norms.items() if g > 10 * median), default=steps + 1)
+spike = min((s for s, g in norms.items() if g > 3 * median), default=steps + 1)
 print(f"\nfirst gradient spike on the cpu run: step {spike if spike <= steps else 'none'} "
       f"(grad norm {norms.get(spike, float('nan')):.1f}, median {median:.2f})\n")
 # An MoE's top-k routing is a discontinuous function of the router logits: once rounding flips
