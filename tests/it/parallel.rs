@@ -41,7 +41,7 @@ use ferrotron_train::NamedTensor;
 use ferrotron_train::checkpoint::{ShardKind, ShardedCheckpoint};
 use serde_json::Value;
 
-use crate::common::{DIVERGE, wait_ranks};
+use crate::common::DIVERGE;
 
 /// Relative tolerance of losses and gradient norms, per step (see the module docs).
 const LOSS_RTOL: f64 = 1e-5;
@@ -200,6 +200,42 @@ impl RunDir {
             .collect();
         assert!(!hashes.is_empty(), "{} holds no tensors", folder.display());
         hashes
+    }
+
+    /// Runs `layout` as a world of processes on this machine, one rank each with torchrun's
+    /// variables, `per_rank` adding to each rank's command; their outputs by rank, whatever
+    /// their exit.
+    fn torchrun_world(&self, layout: Layout, per_rank: impl Fn(u32, &mut Command)) -> Vec<Output> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+            .to_string();
+        let size = layout.world.to_string();
+        let children: Vec<_> = (0..layout.world)
+            .map(|rank| {
+                let mut command = self.command(layout, &[]);
+                per_rank(rank, &mut command);
+                let rank = rank.to_string();
+                command
+                    .envs([
+                        ("RANK", rank.as_str()),
+                        ("LOCAL_RANK", rank.as_str()),
+                        ("WORLD_SIZE", size.as_str()),
+                        ("LOCAL_WORLD_SIZE", size.as_str()),
+                        ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", port.as_str()),
+                    ])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("the recipe binary starts")
+            })
+            .collect();
+        children
+            .into_iter()
+            .map(|child| child.wait_with_output().expect("the rank exits"))
+            .collect()
     }
 
     fn manifest(&self, iteration: u64) -> Value {
@@ -408,6 +444,10 @@ layouts! {
         Layout { world: 8, set: &["parallel.expert=4"] };
 }
 
+const TP2: Layout = Layout {
+    world: 2,
+    set: &["parallel.tensor=2"],
+};
 const TP2_PP2: Layout = Layout {
     world: 4,
     set: &["parallel.tensor=2", "parallel.pipeline=2"],
@@ -493,10 +533,6 @@ fn resume_distributed_optimizer_as_tp2_and_back() {
     const ZERO1: Layout = Layout {
         world: 2,
         set: &["parallel.data=2", "parallel.distributed_optimizer=true"],
-    };
-    const TP2: Layout = Layout {
-        world: 2,
-        set: &["parallel.tensor=2"],
     };
     check_resharded_resume(
         "dp2 + distributed optimizer → tp2 → dp2 + distributed optimizer",
@@ -600,44 +636,85 @@ fn resume_across_vocabulary_padding() {
 fn process_world_matches_one_rank() {
     let (_reference_dir, reference) = train(Model::Gpt, ONE_RANK);
     let run = RunDir::new(Model::Gpt);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-        .to_string();
-    let children: Vec<_> = (0..2)
-        .map(|rank| {
-            let rank = rank.to_string();
-            Command::new(env!("CARGO_BIN_EXE_recipe"))
-                .current_dir(run.path())
-                .args([
-                    "run",
-                    "gpt.yaml",
-                    "--backend",
-                    "cpu",
-                    "--set",
-                    "parallel.tensor=2",
-                ])
-                .env_remove("RUST_LOG")
-                .envs([
-                    ("RANK", rank.as_str()),
-                    ("LOCAL_RANK", rank.as_str()),
-                    ("WORLD_SIZE", "2"),
-                    ("LOCAL_WORLD_SIZE", "2"),
-                    ("MASTER_ADDR", "127.0.0.1"),
-                    ("MASTER_PORT", port.as_str()),
-                ])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("the recipe binary starts")
-        })
-        .collect();
-    wait_ranks(children);
+    for (rank, output) in run.torchrun_world(TP2, |_, _| {}).iter().enumerate() {
+        assert!(
+            output.status.success(),
+            "rank {rank} failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
     // Rank 0 alone logs: one line per step, not two.
     assert_eq!(run.metric_lines().len() as u64, STEPS);
     assert_same_curve("tp2 over TCP", &reference.steps, &run.steps());
     assert_same_weights("tp2 over TCP", &reference.weights, &run.weights(STEPS));
+}
+
+/// Ranks of a process world that planned different runs (here rank 1 got another `--set`)
+/// stop before building any group: every rank exits unsuccessfully at once, naming the
+/// differing rank and both plan hashes.
+#[test]
+fn ranks_with_different_plans_refuse_to_train() {
+    let run = RunDir::new(Model::Gpt);
+    let started = std::time::Instant::now();
+    let outputs = run.torchrun_world(TP2, |rank, command| {
+        command.args(["--set", &format!("training.seed={}", 1 + rank)]);
+    });
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the ranks waited {:?} instead of stopping at once",
+        started.elapsed()
+    );
+    let hash = |line: &str, who: &str| -> String {
+        let at = line.find(who).expect("the line names the rank") + who.len();
+        line[at..].chars().take(64).collect()
+    };
+    let mut hashes = Vec::new();
+    for (rank, output) in outputs.iter().enumerate() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "rank {rank}: {stderr}");
+        let line = stderr
+            .lines()
+            .find(|line| line.contains("plan hash differs across the ranks"))
+            .unwrap_or_else(|| panic!("rank {rank} names the mismatch: {stderr}"));
+        assert!(line.contains("the ranks planned different runs"), "{line}");
+        assert!(
+            line.ends_with("(all that differ from rank 0: rank 1)"),
+            "{line}"
+        );
+        hashes.push((hash(line, "rank 1 has "), hash(line, "rank 0 has ")));
+    }
+    assert_eq!(hashes[0], hashes[1], "both ranks name the same hashes");
+    let (theirs, ours) = &hashes[0];
+    assert_eq!(theirs.len(), 64);
+    assert_ne!(theirs, ours);
+    assert!(
+        !run.path().join("ckpt").exists(),
+        "nothing was trained or saved"
+    );
+}
+
+/// `parallel.distributed_timeout_minutes` is the deadline of the process world's collectives:
+/// with 0.01 minutes, a rank stalled for seconds (an injected sleep at step 2) makes its peer
+/// fail after 600 ms in the tensor-parallel group, not after the default ten minutes.
+#[test]
+fn the_recipes_distributed_timeout_is_the_worlds_deadline() {
+    let run = RunDir::new(Model::Gpt);
+    let started = std::time::Instant::now();
+    let outputs = run.torchrun_world(TP2, |rank, command| {
+        command.args(["--set", "parallel.distributed_timeout_minutes=0.01"]);
+        if rank == 1 {
+            command.env("FAILPOINTS", "train-step=1*off->sleep(4000)");
+        }
+    });
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    let stderr = String::from_utf8_lossy(&outputs[0].stderr);
+    assert!(!outputs[0].status.success(), "{stderr}");
+    assert!(stderr.contains("timed out after 600ms"), "{stderr}");
+    assert!(!outputs[1].status.success(), "rank 1 is told");
 }
 
 /// Without `--world-size` the recipe's `cluster` section sizes the world (here 1 × 2: two thread
@@ -780,10 +857,6 @@ fn sample_reads_a_sharded_checkpoint() {
 /// TCP between them): they train exactly what N thread ranks of the same layout train.
 #[test]
 fn nproc_per_node_trains_what_the_thread_world_trains() {
-    const TP2: Layout = Layout {
-        world: 2,
-        set: &["parallel.tensor=2"],
-    };
     for (what, layout) in [("tp2", TP2), ("tp2 pp2", TP2_PP2)] {
         let (_threads_dir, threads) = train(Model::Gpt, layout);
         let processes = RunDir::new(Model::Gpt);
@@ -812,6 +885,36 @@ fn nproc_per_node_trains_what_the_thread_world_trains() {
             threads.weights.keys().collect(),
         );
         assert_same_weights(what, &threads.weights, &processes.weights(STEPS));
+    }
+}
+
+/// The ranks a `--nproc-per-node` launch starts run with NVLink multicast off
+/// (`NCCL_NVLS_ENABLE=0`, which the lent GPU hosts need) unless the user chose a value, which
+/// they keep. Each rank says at debug level what NCCL will read.
+#[test]
+fn launched_ranks_keep_nvls_off_unless_the_user_chose() {
+    let run = RunDir::new(Model::Gpt);
+    for (chosen, expected) in [(None, "0"), (Some("1"), "1")] {
+        let mut command = run.command(TP2, &["--nproc-per-node", "2", "--dry-run"]);
+        command.env("RUST_LOG", "ferrotron::nccl=debug");
+        match chosen {
+            Some(value) => command.env("NCCL_NVLS_ENABLE", value),
+            None => command.env_remove("NCCL_NVLS_ENABLE"),
+        };
+        let output = command.output().expect("the recipe binary runs");
+        run.check(TP2, &output);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|line| line.contains("NCCL_NVLS_ENABLE="))
+            .collect();
+        assert_eq!(lines.len(), 2, "one line per rank: {stderr}");
+        for line in lines {
+            assert!(
+                line.ends_with(&format!("NCCL_NVLS_ENABLE={expected}")),
+                "{chosen:?}: {line}"
+            );
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod commands;
 mod exit;
 mod failure;
+mod nccl_env;
 
 mod allocator;
 
@@ -64,6 +65,8 @@ struct CompletionsArgs {
 
 fn main() -> ExitCode {
     allocator::keep_freed_memory();
+    // Before any thread exists: it changes the process environment (see the module).
+    nccl_env::set_defaults();
     quiet_on_broken_pipe();
     let _faults = ferrotron_train::FaultInjection::from_env();
     let cli = Cli::parse();

@@ -227,6 +227,14 @@ impl CudaDevice {
         self.stats.snapshot(if ok.is_ok() { reserved } else { 0 })
     }
 
+    /// Free and total bytes of the GPU as the driver sees them (`cuMemGetInfo`): what every
+    /// user of the device left, this process's pool and NCCL's buffers included. Does not wait
+    /// for the stream.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        result::mem_get_info().ctx(|| OpContext::new("memory_info"))
+    }
+
     /// Restarts peak-memory tracking (e.g. at the start of a step).
     pub fn reset_peak_memory(&self) {
         self.stats.reset_peak();

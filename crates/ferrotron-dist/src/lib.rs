@@ -19,6 +19,7 @@
 //! (every wait has a timeout naming the group, the collective and the missing ranks; a failing
 //! rank releases the others with an error).
 
+mod agreement;
 pub mod arguments;
 mod communicator;
 mod element;
@@ -38,6 +39,7 @@ mod world;
 #[cfg(test)]
 mod tests;
 
+pub use agreement::{AgreementError, check_agreement};
 pub use communicator::Communicator;
 pub use element::{DType, Element, ReduceOp};
 pub use error::{CommError, GroupLabel, WorldError};

@@ -5,6 +5,8 @@
 //! are `Option`s here: `None` means "derive it", and [`Recipe::with_derived_defaults`] fills them
 //! so `recipe show` prints the values that will actually be used.
 
+use std::time::Duration;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -312,6 +314,28 @@ pub struct Parallel {
     /// Overlap the distributed optimizer's parameter all-gather with the forward pass.
     #[serde(default = "defaults::yes")]
     pub overlap_param_gather: bool,
+    /// Megatron's `--distributed-timeout-minutes`: how long a rank of a process world (srun,
+    /// torchrun, `--nproc-per-node`) waits for the others in a collective or while a group
+    /// forms, in every group, before the run fails naming the ranks that did not arrive.
+    /// Fractions allowed (0.5 is 30 s). Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.01, max = 10080.0))]
+    pub distributed_timeout_minutes: Option<f64>,
+}
+
+/// [`Parallel::distributed_timeout_minutes`] when unset, as in Megatron.
+pub const DEFAULT_DISTRIBUTED_TIMEOUT_MINUTES: f64 = 10.0;
+
+impl Parallel {
+    /// `distributed_timeout_minutes` as a duration (the default when unset; a value the schema
+    /// refuses, should one get here, also reads as the default).
+    pub fn distributed_timeout(&self) -> Duration {
+        let default = Duration::from_secs_f64(DEFAULT_DISTRIBUTED_TIMEOUT_MINUTES * 60.0);
+        self.distributed_timeout_minutes
+            .filter(|minutes| (0.01..=10080.0).contains(minutes))
+            .and_then(|minutes| Duration::try_from_secs_f64(minutes * 60.0).ok())
+            .unwrap_or(default)
+    }
 }
 
 impl Default for Parallel {
@@ -334,6 +358,7 @@ impl Default for Parallel {
             overlap_grad_reduce: true,
             ddp_bucket_size: None,
             overlap_param_gather: true,
+            distributed_timeout_minutes: None,
         }
     }
 }
@@ -1039,5 +1064,30 @@ mod defaults {
     }
     pub(super) fn gpus_per_node() -> u32 {
         8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_distributed_timeout_is_ten_minutes_unless_set_and_keeps_old_hashes() {
+        let recipe = crate::rules::fixture::recipe();
+        assert_eq!(
+            recipe.parallel.distributed_timeout(),
+            Duration::from_secs(600)
+        );
+        let json = serde_json::to_value(&recipe).expect("serializes");
+        assert!(
+            json["parallel"]
+                .get("distributed_timeout_minutes")
+                .is_none(),
+            "recipes written before the key keep their hash: {json}"
+        );
+        let mut half = recipe.clone();
+        half.parallel.distributed_timeout_minutes = Some(0.5);
+        assert_eq!(half.parallel.distributed_timeout(), Duration::from_secs(30));
+        assert_ne!(half.content_hash(), recipe.content_hash());
     }
 }

@@ -8,6 +8,7 @@
 //! GPUs, NCCL). `recipe submit` writes the batch script that asks for what the plan needs
 //! ([`SbatchScript`]) and hands it to `sbatch` ([`submit`]).
 
+mod gpu;
 mod hostlist;
 mod launch;
 mod sbatch;
@@ -16,6 +17,7 @@ mod submit;
 #[cfg(test)]
 mod tests;
 
+pub use gpu::{CUDA_VISIBLE_DEVICES, GpuChoice, gpu_ordinal};
 pub use hostlist::{HostlistError, expand_hostlist};
 pub use launch::{LaunchEnv, LaunchError, Launcher, PORT_BASE, PORT_SPAN, port_for_job};
 pub use sbatch::{ArrayTask, JobShape, SbatchScript, SlurmOptions, TaskCommand, shell_quote};

@@ -13,6 +13,16 @@ use std::sync::Arc;
 pub struct MemoryProbe {
     what: &'static str,
     read: Arc<dyn Fn() -> u64 + Send + Sync>,
+    device: Option<DeviceMemory>,
+}
+
+/// Free and total bytes of a rank's GPU as the driver sees them (what NCCL's buffers and the
+/// allocator's pool leave), read where a run wants them logged (around its first step: issue
+/// 44, NCCL allocating its connections while the pool holds the device).
+#[derive(Clone)]
+struct DeviceMemory {
+    rank: u32,
+    read: Arc<dyn Fn() -> Option<(u64, u64)> + Send + Sync>,
 }
 
 impl MemoryProbe {
@@ -26,6 +36,39 @@ impl MemoryProbe {
         MemoryProbe {
             what,
             read: Arc::new(read),
+            device: None,
+        }
+    }
+
+    /// This probe, also reading the free and total bytes of global rank `rank`'s GPU
+    /// (`read`: `None` when the driver cannot tell) for [`MemoryProbe::log_device`].
+    pub fn with_device(
+        self,
+        rank: u32,
+        read: impl Fn() -> Option<(u64, u64)> + Send + Sync + 'static,
+    ) -> MemoryProbe {
+        MemoryProbe {
+            device: Some(DeviceMemory {
+                rank,
+                read: Arc::new(read),
+            }),
+            ..self
+        }
+    }
+
+    /// Logs the GPU's free and total memory at info level, saying `when`; nothing without a
+    /// GPU. Reading it does not wait for the device.
+    pub fn log_device(&self, when: &str) {
+        let Some(device) = &self.device else {
+            return;
+        };
+        if let Some((free, total)) = (device.read)() {
+            tracing::info!(
+                rank = device.rank,
+                free_mib = free >> 20,
+                total_mib = total >> 20,
+                "device memory {when}"
+            );
         }
     }
 
@@ -62,6 +105,22 @@ fn resident_bytes(status: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_probe_with_a_device_reads_it_when_logging() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let reads = Arc::new(AtomicU32::new(0));
+        MemoryProbe::new("fixed", || 42).log_device("before the first step");
+        let counted = reads.clone();
+        let probe = MemoryProbe::new("fixed", || 42).with_device(3, move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Some((1 << 30, 80 << 30))
+        });
+        probe.log_device("before the first step");
+        probe.clone().log_device("after queueing the first step");
+        assert_eq!(reads.load(Ordering::Relaxed), 2);
+        assert_eq!(probe.bytes(), 42);
+    }
 
     #[test]
     fn a_probe_reads_what_it_was_given() {

@@ -487,6 +487,7 @@ pub(crate) fn run_loop(
     let mut deferred: Option<DeferredLine> = None;
     let mut unread: Vec<PendingStats> = Vec::new();
 
+    let first_iteration = state.iteration + 1;
     while state.iteration < train_iters {
         let iteration = state.iteration + 1;
         fail::fail_point!("train-step");
@@ -498,7 +499,20 @@ pub(crate) fn run_loop(
             lr,
             clip_grad: training.clip_grad,
         };
+        // The first step of this process is where the model's buffers, the pool and anything
+        // NCCL still connects lazily meet: free device memory on either side of its queueing
+        // (allocations happen as work is queued, so no wait is needed to see them).
+        let first = iteration == first_iteration;
+        if first {
+            context.options.memory.log_device("before the first step");
+        }
         let pending = stepper.step(&microbatches, step_context)?;
+        if first {
+            context
+                .options
+                .memory
+                .log_device("after queueing the first step");
+        }
         let queued = pending.waits();
         clock.queued(queued, metrics(&reporter));
         state.iteration = iteration;

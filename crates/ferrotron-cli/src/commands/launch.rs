@@ -5,9 +5,12 @@
 //! rank of a process world that a launcher started (srun, torchrun), whose rank, size and
 //! rendezvous address come from the launcher's environment. Both plan the same way (the world
 //! size decides the cluster) and end in the runtime's per-rank loop, so a layout behaves the
-//! same in threads and in processes; only the communicator differs (in-process vs. TCP).
+//! same in threads and in processes; only the communicator differs (in-process vs. TCP). A
+//! process world first checks that every rank planned the same run (the plan hash), and its
+//! every group waits `parallel.distributed_timeout_minutes` for a peer before failing.
 //!
-//! The backend decides the GPU a process uses (the launcher's local rank), the GPU kind the
+//! The backend decides the GPU a process uses (the launcher's local rank, or the one GPU the
+//! launcher bound to the task: `ferrotron_slurm::gpu_ordinal`), the GPU kind the
 //! planner sees (the chip found on the machine, so throughput and MFU are measured against its
 //! peak, not the recipe's guess), the compute dtype (`precision.dtype` on GPUs, fp32 on the CPU)
 //! and, on our own CUDA backend, the peak device memory reported at the end. Backends are types
@@ -16,8 +19,6 @@
 //! our own is checked against) is behind the cargo feature of the same name: it pulls cubecl and
 //! takes minutes to build.
 
-use std::time::Duration;
-
 use anyhow::Context;
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
@@ -25,15 +26,12 @@ use ferrotron_data::Tokenizer;
 use ferrotron_parallel::{ParallelContext, ParallelOps};
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{Backend, Cluster, GpuKind, Recipe};
-use ferrotron_slurm::{LaunchEnv, Launcher};
+use ferrotron_slurm::{GpuChoice, LaunchEnv, Launcher};
 use ferrotron_telemetry::MemoryProbe;
 use ferrotron_train::precision::{compute_dtype, use_compute_dtype};
 use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary, train_rank};
 
 use super::run::CommArg;
-
-/// How long a collective may wait for a peer before the run fails naming the missing ranks.
-const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -98,7 +96,8 @@ impl World {
 
 impl Launch {
     /// `backend` for this world: a GPU backend uses the GPU numbered by the launcher's local
-    /// rank (srun/torchrun, `--nproc-per-node`), else GPU 0. A CUDA world of several processes
+    /// rank (srun/torchrun, `--nproc-per-node`; GPU 0 when the launcher bound one GPU to each
+    /// task, so `CUDA_VISIBLE_DEVICES` lists one), else GPU 0. A CUDA world of several processes
     /// trains over NCCL communicators; `comm` nccl uses them for one GPU too, and tcp replaces
     /// them by the host's TCP mesh (ranks beyond the GPU count then share GPUs). Fails early,
     /// before planning, when the binary lacks the backend or the world needs more than one GPU
@@ -113,8 +112,8 @@ impl Launch {
                     .max(1);
                 env.local_rank as usize % gpus
             }
-            World::Process(env) => env.local_rank as usize,
-            World::Threads { .. } => 0,
+            World::Process(env) if backend != Backend::Cpu => gpu_of(env)?,
+            World::Process(_) | World::Threads { .. } => 0,
         };
         let compute = match backend {
             Backend::Cpu if force_nccl => anyhow::bail!(
@@ -258,6 +257,13 @@ impl Launch {
                 ferrotron_cuda::CudaDevice::get(ordinal)
                     .map(|device| device.memory_stats().allocated_bytes)
                     .unwrap_or(0)
+            })
+            .with_device(self.rank(), move || {
+                let (free, total) = ferrotron_cuda::CudaDevice::get(ordinal)
+                    .ok()?
+                    .memory_info()
+                    .ok()?;
+                Some((free as u64, total as u64))
             }),
             Compute::Cpu | Compute::BurnCuda { .. } => MemoryProbe::process(),
         }
@@ -358,13 +364,7 @@ where
 {
     let span = tracing::info_span!("rank", rank = env.rank);
     let _entered = span.enter();
-    let config = env.tcp_config(COLLECTIVE_TIMEOUT);
-    let world = ferrotron_dist::TcpComm::connect(&config).with_context(|| {
-        format!(
-            "rank {} could not join the world at {}:{}",
-            env.rank, config.master_addr, config.master_port
-        )
-    })?;
+    let world = join_world(env, plan)?;
     let groups = ferrotron_train::group_members(plan, env.rank, env.world_size as usize)
         .map_err(anyhow::Error::from)
         .and_then(|members| Ok(ferrotron_dist::ProcessGroups::new(&members, &world)?));
@@ -383,6 +383,26 @@ where
             Err(flat(err))
         }
     }
+}
+
+/// This rank's TCP world, once every rank has shown it runs the same plan (the plan hash,
+/// gathered from all): ranks started with another recipe, `--set` or environment override would
+/// otherwise build other groups and fail far from the cause, or train a different model.
+fn join_world(env: &LaunchEnv, plan: &Plan) -> anyhow::Result<ferrotron_dist::TcpComm> {
+    // Every group of the world shares its connections and so this deadline, as do the NCCL
+    // groups, which take the NCCL world's.
+    let config = env.tcp_config(plan.recipe.parallel.distributed_timeout());
+    let world = ferrotron_dist::TcpComm::connect(&config).with_context(|| {
+        format!(
+            "rank {} could not join the world at {}:{}",
+            env.rank, config.master_addr, config.master_port
+        )
+    })?;
+    ferrotron_dist::check_agreement(&world, "plan hash", &plan.plan_hash).context(
+        "the ranks planned different runs; start every rank with the same recipe, --set \
+         overrides and FERROTRON_* variables",
+    )?;
+    Ok(world)
 }
 
 /// One GPU rank over NCCL: the world communicator (its unique id over the TCP rendezvous of
@@ -405,13 +425,7 @@ fn train_gpu_rank_nccl(
         World::Process(env) => {
             let span = tracing::info_span!("rank", rank = env.rank);
             let _entered = span.enter();
-            let config = env.tcp_config(COLLECTIVE_TIMEOUT);
-            let tcp = ferrotron_dist::TcpComm::connect(&config).with_context(|| {
-                format!(
-                    "rank {} could not join the world at {}:{}",
-                    env.rank, config.master_addr, config.master_port
-                )
-            })?;
+            let tcp = join_world(env, plan)?;
             let comm = NcclComm::world(tcp, &engine)
                 .with_context(|| format!("rank {}: creating the NCCL world", env.rank))?;
             (comm, env.rank, env.world_size as usize)
@@ -425,7 +439,7 @@ fn train_gpu_rank_nccl(
             anyhow::bail!("{size} GPU ranks in one process: start one process per GPU")
         }
     };
-    nccl_world.set_timeout(COLLECTIVE_TIMEOUT);
+    nccl_world.set_timeout(plan.recipe.parallel.distributed_timeout());
     tracing::info!(
         group = ?ferrotron_dist::Communicator::label(&nccl_world),
         gpu = ordinal,
@@ -442,6 +456,13 @@ fn train_gpu_rank_nccl(
             return Err(err).context("building this rank's NCCL groups");
         }
     };
+    // Connect every group now, while the device is empty, not at its first use at a step's
+    // memory peak (`ferrotron_cuda::nccl::warm_up` says why); virtual stages wrap the ring.
+    let wraps = plan.stages.iter().any(|stage| stage.chunks.len() > 1);
+    if let Err(err) = ferrotron_cuda::nccl::warm_up(&groups, wraps) {
+        nccl_world.abort(&err.to_string());
+        return Err(err).context("warming up this rank's NCCL groups");
+    }
     let ctx = ferrotron_parallel::ParallelContext::from_groups(
         groups,
         plan.recipe.parallel.sequence_parallel,
@@ -495,6 +516,30 @@ where
     use_recipe_dtype::<B>(plan, device, "alone")?;
     let alone = ParallelContext::single();
     Ok(train_rank::<B>(plan, alone, tokenizer, options, device)?)
+}
+
+/// The GPU of a process rank: its local rank's, or 0 when the launcher bound one GPU to the
+/// task and hid the others (`ferrotron_slurm::gpu_ordinal`); logged, since a wrong guess shows
+/// up as two ranks on one GPU or an invalid device ordinal.
+fn gpu_of(env: &LaunchEnv) -> anyhow::Result<usize> {
+    let visible = std::env::var(ferrotron_slurm::CUDA_VISIBLE_DEVICES).ok();
+    let choice =
+        ferrotron_slurm::gpu_ordinal(env.local_rank, env.tasks_per_node, visible.as_deref())
+            .with_context(|| format!("choosing the GPU of rank {}", env.rank))?;
+    let why = match choice {
+        GpuChoice::AllVisible { .. } => "CUDA_VISIBLE_DEVICES unset: the local rank's".to_owned(),
+        GpuChoice::Bound => "the one GPU CUDA_VISIBLE_DEVICES shows this task".to_owned(),
+        GpuChoice::Listed { visible, .. } => {
+            format!("the local rank's of {visible} in CUDA_VISIBLE_DEVICES")
+        }
+    };
+    tracing::info!(
+        rank = env.rank,
+        local_rank = env.local_rank,
+        gpu = choice.ordinal(),
+        "GPU: {why}"
+    );
+    Ok(choice.ordinal())
 }
 
 /// The planner's GPU kind for a CUDA device name ("NVIDIA H200", "NVIDIA H100 80GB HBM3", ...).

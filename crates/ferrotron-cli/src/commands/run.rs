@@ -130,6 +130,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
         None => recipe.runtime.backend,
     };
     ferrotron_telemetry::init_tracing(recipe.logging.format);
+    crate::nccl_env::log();
 
     let world = World::detect(args.world_size, recipe)?;
     let launch = match Launch::select(backend, world, args.comm) {

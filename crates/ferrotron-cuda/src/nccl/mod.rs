@@ -14,6 +14,7 @@
 //! | `args.rs` | argument checks NCCL itself would not make |
 //! | `types.rs` | element types → NCCL data types, reductions |
 //! | `stats.rs` | bytes and GPU time per collective kind; algorithm and bus bandwidth |
+//! | `warmup.rs` | connecting every communicator of a rank before the model is built (issue 44) |
 //! | `exporter.rs` | those bandwidths as Prometheus series in the default registry (served on `/metrics`) |
 
 mod args;
@@ -23,6 +24,7 @@ mod host;
 pub mod stats;
 mod tensor;
 mod types;
+mod warmup;
 
 pub use args::{divisible_rows, pairwise_counts, uneven_rows};
 pub use comm::{
@@ -31,3 +33,4 @@ pub use comm::{
 pub use stats::{CollectiveKind, KindStats, KindTotals};
 pub use tensor::{RecvSpec, StartedCollective};
 pub use types::{reduce_op, reducible_type, tensor_type, wire_type};
+pub use warmup::{GroupKind, WarmupOp, pipeline_neighbours, run_warmup, warm_up, warmup_plan};

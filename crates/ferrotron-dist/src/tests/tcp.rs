@@ -352,3 +352,80 @@ fn a_rank_outside_the_world_is_refused() {
     let err = TcpComm::connect(&TcpConfig::new(4, 4, "127.0.0.1", 1)).expect_err("rank 4 of 4");
     assert_eq!(err.to_string(), "rank 4 is outside a world of 4");
 }
+
+#[test]
+fn ranks_with_another_plan_hash_are_named_on_every_rank() {
+    let results = on_tcp_ranks(3, LONG, |world| {
+        let hash = if world.rank() == 2 { "beef" } else { "c0ffee" };
+        Ok(crate::check_agreement(&world, "plan hash", hash).map_err(|e| e.to_string()))
+    });
+    for (rank, result) in all_ok(results).into_iter().enumerate() {
+        assert_eq!(
+            result,
+            Err(
+                "plan hash differs across the ranks: rank 2 has beef but rank 0 has c0ffee \
+                 (all that differ from rank 0: rank 2)"
+                    .to_owned()
+            ),
+            "rank {rank}"
+        );
+    }
+}
+
+#[test]
+fn agreement_holds_in_groups_and_for_empty_values() {
+    let results = on_tcp_ranks(4, LONG, |world| {
+        let everyone = crate::check_agreement(&world, "plan hash", "same");
+        let empty = crate::check_agreement(&world, "nothing", "");
+        let odd = [1, 3];
+        let group = if odd.contains(&world.global_rank()) {
+            let group = world.new_group("dp", &odd)?;
+            let mine = format!("v{}", world.global_rank());
+            Some(crate::check_agreement(&group, "value", &mine).map_err(|e| e.to_string()))
+        } else {
+            None
+        };
+        Ok((everyone.is_ok() && empty.is_ok(), group))
+    });
+    for (rank, (agreed, group)) in all_ok(results).into_iter().enumerate() {
+        assert!(agreed, "rank {rank}");
+        let expected = (rank % 2 == 1).then(|| {
+            Err(
+                "value differs across the ranks: rank 3 has v3 but rank 1 has v1 (all that \
+                 differ from rank 1: rank 3)"
+                    .to_owned(),
+            )
+        });
+        assert_eq!(group, expected, "rank {rank}");
+    }
+}
+
+/// Groups share the world's connections and its deadline: a sub-group's collective times out
+/// after the world's timeout, naming the sub-group and the member that did not arrive.
+#[test]
+fn sub_groups_time_out_with_the_worlds_deadline() {
+    let results = on_tcp_ranks(3, Duration::from_millis(300), |world| {
+        let rank = world.global_rank();
+        let result = if rank < 2 {
+            let dp = world.new_group("dp", &[0, 1])?;
+            let mut buf = [1.0f32; 2];
+            if rank == 0 {
+                dp.all_reduce(&mut buf, ReduceOp::Sum)
+            } else {
+                Ok(())
+            }
+        } else {
+            Ok(())
+        };
+        // Alive (connections open) until rank 0 has timed out.
+        thread::sleep(Duration::from_millis(700));
+        result
+    });
+    assert_eq!(
+        results[0]
+            .as_ref()
+            .expect_err("rank 1 never calls it")
+            .to_string(),
+        "all_reduce on group dp[0,1] timed out after 300ms: rank 1 did not arrive"
+    );
+}

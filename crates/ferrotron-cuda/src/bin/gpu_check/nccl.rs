@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use ferrotron_cuda::nccl::{self, NcclComm, RecvSpec};
 use ferrotron_cuda::{CudaDevice, CudaTensor, DType};
-use ferrotron_dist::{Communicator, ReduceOp, bf16};
+use ferrotron_dist::{Communicator, GroupMembers, ProcessGroups, ReduceOp, bf16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -433,7 +433,54 @@ fn group_rows(comm: &NcclComm, rng: &mut StdRng) -> Vec<Row> {
         "new_group tp[rank]; non-member refused",
         out,
     ));
+    rows.push(warm_up_row(comm));
     rows
+}
+
+/// The warm-up (issue 44): a rank alone plans nothing and `warm_up` returns at once; then every
+/// kind of warm-up operation runs on groups of one (the pipeline exchange as a send to oneself)
+/// and the final wait returns.
+fn warm_up_row(comm: &NcclComm) -> Row {
+    use nccl::{GroupKind, WarmupOp};
+    let out = guarded(|| {
+        let me = comm.global_rank();
+        let alone = vec![me];
+        let members = GroupMembers {
+            tp: alone.clone(),
+            pp: alone.clone(),
+            dp: alone.clone(),
+            cp: alone.clone(),
+            dp_cp: alone.clone(),
+            ep: alone.clone(),
+            etp: alone.clone(),
+            edp: alone.clone(),
+            embedding: Some(alone),
+        };
+        let planned = nccl::warmup_plan(&members, me, true).map_err(err)?;
+        if !planned.is_empty() {
+            return Err(format!("a rank alone planned {planned:?}"));
+        }
+        let groups = ProcessGroups::new(&members, comm).map_err(err)?;
+        nccl::warm_up(&groups, true).map_err(err)?;
+        let ops = [
+            WarmupOp::AllReduce(GroupKind::Tp),
+            WarmupOp::Neighbours {
+                group: GroupKind::Pp,
+                peers: vec![0],
+            },
+            WarmupOp::AllToAll(GroupKind::Ep),
+            WarmupOp::AllReduce(GroupKind::Embedding),
+        ];
+        nccl::run_warmup(&groups, &ops).map_err(err)?;
+        Ok((vec![0.0], vec![0.0]))
+    });
+    row(
+        "warm_up",
+        "f32",
+        "[1]".into(),
+        "empty plan alone; all-reduce, send/recv to self, all-to-all, wait",
+        out,
+    )
 }
 
 /// Every NCCL row (needs libnccl.so on LD_LIBRARY_PATH).
