@@ -522,8 +522,13 @@ pub(crate) fn run_loop(
         unread.push(pending);
         if let Some(line) = deferred.take() {
             let newest = unread.pop();
-            let stats = read_queued(&mut unread, &mut summary, &mut interval)?;
-            clock.settle(metrics(&reporter));
+            let stats = read_queued(
+                &mut unread,
+                &mut summary,
+                &mut interval,
+                &mut clock,
+                metrics(&reporter),
+            )?;
             unread.extend(newest);
             end_interval(
                 &mut reporter,
@@ -554,9 +559,13 @@ pub(crate) fn run_loop(
         let must_read = last || eval_due || interval_due || stop_requested || exit_due;
         let defer = log_due && !must_read && queued;
         let stats = if must_read || (log_due && !defer) {
-            let stats = read_queued(&mut unread, &mut summary, &mut interval)?;
-            clock.settle(metrics(&reporter));
-            stats
+            read_queued(
+                &mut unread,
+                &mut summary,
+                &mut interval,
+                &mut clock,
+                metrics(&reporter),
+            )?
         } else {
             None
         };
@@ -606,8 +615,13 @@ pub(crate) fn run_loop(
         };
         if stop.is_some() {
             // Another rank's stop: this rank's queued steps are read before it saves.
-            let stats = read_queued(&mut unread, &mut summary, &mut interval)?;
-            clock.settle(metrics(&reporter));
+            let stats = read_queued(
+                &mut unread,
+                &mut summary,
+                &mut interval,
+                &mut clock,
+                metrics(&reporter),
+            )?;
             if let Some(line) = deferred.take() {
                 end_interval(
                     &mut reporter,
@@ -706,6 +720,8 @@ fn read_queued(
     unread: &mut Vec<PendingStats>,
     summary: &mut RunSummary,
     interval: &mut Interval,
+    clock: &mut StepClock,
+    metrics: Option<&Metrics>,
 ) -> Result<Option<StepStats>, TrainError> {
     let mut last = None;
     for pending in unread.drain(..) {
@@ -716,6 +732,8 @@ fn read_queued(
         interval.lm_loss += step.lm_loss;
         last = Some(step);
     }
+    // Nothing queued before the read is left to run: those steps are done now.
+    clock.settle(metrics);
     Ok(last)
 }
 
