@@ -21,9 +21,10 @@
 #       TCP against one GPU with the same global batch: pipeline 2 × data 2 with ZeRO-1 (bf16
 #       and fp32), context parallel 2, and MoE (4 experts, top-2) over data 2 and over expert 2 ×
 #       data 4 with ZeRO-1 (expert groups cut over expert-dp, dense ones over dp);
-#   (m) only with PARTS containing m and at least two GPUs (2, 4 or 8): the same recipe with
-#       data parallel over every GPU (--nproc-per-node N --set parallel.data=N, the same global
-#       batch of 8), over NCCL, against the one-GPU run's losses (equal up to reduction order).
+#   (m) only with PARTS containing m and at least two GPUs (2, 4 or 8): every layout over NCCL
+#       (tp2 with and without SP, pp2, pp2·vpp2, dp2, dp2 + ZeRO-1, cp2, MoE ep2 and ep2·etp2,
+#       tp2·pp2·dp2; each when the machine has its world size) against one GPU with the same
+#       global batch, and gpt-1.3b's data-parallel scaling with the bus bandwidth per collective.
 #
 # Built here, run there (the GPU machine has no Rust toolchain):
 #   CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo build --workspace --bins
@@ -237,15 +238,79 @@ if [[ $parts == *x* ]]; then
     grep -h -i "error" "$logs"/tiny-*-{zero1,cp2,dp2}.log 2>/dev/null | head -n 5 >>"$tables"
 fi
 
-# ---- (m) data parallel over every GPU, over NCCL --------------------------------------------
+# ---- (m) every layout over NCCL on several GPUs, and data-parallel scaling -------------------
+# Each layout against one GPU with the same global batch (8 sequences a step) and the same micro
+# batch, as (t) and (x) do over TCP: tp2 (with and without sequence parallelism), pp2,
+# pp2·vpp2, dp2, dp2 + ZeRO-1, cp2, and the MoE over ep2 and ep2·etp2, then tp2·pp2·dp2; a
+# layout runs when the machine has its world size in GPUs. Then gpt-1.3b's data-parallel
+# scaling (12 sequences of 2048 a GPU, 10 steps) on 1, 2, 4 and 8 GPUs up to the machine's
+# count: tokens/s per GPU and the per-collective bus bandwidth the NCCL run prints at exit.
 if [[ $parts == *m* && $ngpu -ge 2 ]]; then
-    [[ -e $logs/tiny-bf16-plain.jsonl ]] || train tiny-bf16-plain --world-size 1
-    # The same 8 samples per step, split over the GPUs (8 / N each).
-    train tiny-bf16-dp$ngpu --nproc-per-node "$ngpu" --set parallel.data="$ngpu" \
-        --set training.global_batch_size=8 --set training.micro_batch_size=$((8 / ngpu))
-    compare "(m) data parallel over $ngpu GPUs (NCCL) vs one GPU, same global batch" \
-        tiny-bf16-plain "tiny-bf16-dp$ngpu"
-    grep -A 9 "NCCL collectives" "$logs/tiny-bf16-dp$ngpu.log" >>"$tables" || true
+    mb=(--set training.global_batch_size=8 --set training.micro_batch_size=4)
+    mb2=(--set training.global_batch_size=8 --set training.micro_batch_size=2)
+    fp32=(--set precision.dtype=fp32)
+    same_vocab=(--set model.make_vocab_size_divisible_by=256)
+    sp=(--set parallel.sequence_parallel=true)
+    # shellcheck source=tools/gpu-families.sh
+    source "$root/tools/gpu-families.sh"
+    [[ -e $logs/tiny-bf16-mb4.jsonl ]] || train tiny-bf16-mb4 --world-size 1 "${mb[@]}"
+    [[ -e $logs/tiny-bf16-mb4-v256.jsonl ]] || train tiny-bf16-mb4-v256 --world-size 1 "${mb[@]}" "${same_vocab[@]}"
+    train tiny-bf16-mb2 --world-size 1 "${mb2[@]}"
+    train tiny-f32-moe-m --world-size 1 "${mb[@]}" "${fp32[@]}" "${moe_sets[@]}"
+    train tiny-f32-moe-m-v256 --world-size 1 "${mb[@]}" "${fp32[@]}" "${moe_sets[@]}" "${same_vocab[@]}"
+    # name | GPUs | reference | overrides (one string, split on spaces)
+    layouts=(
+        "nccl-tp2|2|tiny-bf16-mb4-v256|--set parallel.tensor=2 --set parallel.data=1"
+        "nccl-tp2-sp|2|tiny-bf16-mb4-v256|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.data=1"
+        "nccl-pp2|2|tiny-bf16-mb4|--set parallel.pipeline=2 --set parallel.data=1"
+        "nccl-pp2-vpp2|2|tiny-bf16-mb2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set parallel.data=1 --set training.micro_batch_size=2"
+        "nccl-dp2|2|tiny-bf16-mb4|--set parallel.data=2"
+        "nccl-dp2-zero1|2|tiny-bf16-mb4|--set parallel.data=2 --set parallel.distributed_optimizer=true"
+        "nccl-cp2|2|tiny-bf16-mb4|--set parallel.context=2 --set parallel.data=1"
+        "nccl-moe-ep2|2|tiny-f32-moe-m|--set parallel.data=2 --set parallel.expert=2 --set precision.dtype=fp32 MOE"
+        "nccl-moe-ep2-etp2|4|tiny-f32-moe-m-v256|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.data=2 --set parallel.expert=2 --set parallel.expert_tensor=2 --set precision.dtype=fp32 MOE"
+        "nccl-tp2-pp2-dp2|8|tiny-bf16-mb4-v256|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2 --set parallel.data=2 --set parallel.distributed_optimizer=true"
+    )
+    for layout in "${layouts[@]}"; do
+        IFS='|' read -r name gpus reference sets <<<"$layout"
+        if [[ $ngpu -lt $gpus ]]; then
+            echo "$name: needs $gpus GPUs, the machine has $ngpu" >>"$logs/runs.txt"
+            continue
+        fi
+        read -r -a words <<<"${sets/ MOE/}"
+        [[ $sets == *MOE ]] && words+=("${moe_sets[@]}")
+        train "$name" --nproc-per-node "$gpus" "${mb[@]}" "${words[@]}"
+        compare "(m) $name over NCCL on $gpus GPUs vs one GPU ($reference)" "$reference" "$name"
+        grep -A 9 "NCCL collectives" "$logs/$name.log" >>"$tables" || true
+    done
+    big=(--set checkpoint.dir=null --set training.train_tokens=null --set training.train_iters=10
+        --set training.schedule.warmup_iters=3 --set training.log_interval=1
+        --set training.eval_interval=100000 --set 'data.blend=[{path: recipes/data/shakespeare.jsonl}]'
+        --set data.split=98,2,0 --set training.micro_batch_size=12)
+    echo "### (m) gpt-1.3b data-parallel scaling over NCCL (12 × 2048 a GPU, 10 steps)" >>"$tables"
+    echo >>"$tables"
+    echo "| GPUs | tokens/s (steps 4–10) | tokens/s a GPU |" >>"$tables"
+    echo "|---:|---:|---:|" >>"$tables"
+    for n in 1 2 4 8; do
+        [[ $n -le $ngpu ]] || break
+        start=$SECONDS
+        timeout "$run_timeout" "$dist/recipe" run recipes/gpt-1.3b.yaml --backend cuda --nproc-per-node "$n" \
+            --run-dir "$work/gpt13-dp$n" "${big[@]}" --set parallel.data="$n" \
+            --set parallel.distributed_optimizer=$([[ $n -gt 1 ]] && echo true || echo false) \
+            --set training.global_batch_size=$((12 * n)) \
+            --set "logging.jsonl=$logs/gpt13-dp$n.jsonl" >"$logs/gpt13-dp$n.log" 2>&1
+        echo "gpt13-dp$n: exit $? in $((SECONDS - start)) s" >>"$logs/runs.txt"
+        python3 - "$logs/gpt13-dp$n.jsonl" "$n" >>"$tables" <<'PY'
+import json, os, sys
+path, n = sys.argv[1], int(sys.argv[2])
+rows = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+rates = [r["tokens_per_second"] for r in rows if r.get("step", 0) >= 4 and "tokens_per_second" in r]
+mean = sum(rates) / len(rates) if rates else float("nan")
+print(f"| {n} | {mean:,.0f} | {mean / n:,.0f} |")
+PY
+        grep -A 9 "NCCL collectives" "$logs/gpt13-dp$n.log" >>"$tables" || true
+    done
+    echo >>"$tables"
 fi
 
 echo >>"$tables"
