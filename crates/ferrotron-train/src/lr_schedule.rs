@@ -21,7 +21,7 @@ pub(crate) enum ScheduleUnit {
     /// Optimizer steps.
     Iterations,
     /// Tokens consumed (Megatron's sample-based schedule, in tokens).
-    Tokens { per_iteration: u64 },
+    Tokens,
 }
 
 /// A resolved schedule: warmup, then constant / linear / cosine / WSD decay to `min_lr`.
@@ -56,7 +56,7 @@ impl LrSchedule {
         let seq_length = u64::from(recipe.model.seq_length);
         let (unit, scale, default_end) = match recipe.training.train_tokens {
             Some(tokens) => (
-                ScheduleUnit::Tokens { per_iteration },
+                ScheduleUnit::Tokens,
                 per_iteration as f64,
                 (tokens / seq_length * seq_length) as f64,
             ),
@@ -102,7 +102,7 @@ impl LrSchedule {
     pub(crate) fn lr(&self, iteration: u64, consumed_tokens: u64) -> f64 {
         let position = match self.unit {
             ScheduleUnit::Iterations => iteration.saturating_sub(1) as f64,
-            ScheduleUnit::Tokens { .. } => consumed_tokens as f64,
+            ScheduleUnit::Tokens => consumed_tokens as f64,
         };
         self.lr_at(position)
     }

@@ -122,7 +122,7 @@ fn wsd_styles_cool_down_over_the_final_phase() {
 #[test]
 fn token_budgets_count_tokens_consumed_before_the_step() {
     let mut s = schedule(Decay::Linear, 10.0 * 64.0, 110.0 * 64.0, 0.0);
-    s.unit = ScheduleUnit::Tokens { per_iteration: 64 };
+    s.unit = ScheduleUnit::Tokens;
     close(s.lr(6, 5 * 64), 0.5);
     close(s.lr(61, 60 * 64), 0.55);
 }
