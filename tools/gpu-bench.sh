@@ -52,6 +52,14 @@ moe_small=("${gpt2_tokenizer[@]}" --set model.num_layers=8 --set model.hidden_si
     --set model.seq_length=2048 --set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.expert=1
     --set parallel.sequence_parallel=false --set recompute.granularity=none)
 
+# Today's dense 8B-class families (issue 45) at 4 layers: the real hidden size, heads, query
+# groups, head dim, QKV bias, QK-norm, sliding window and RoPE scaling, on one GPU.
+dense_4l=(--set 'data.tokenizer={type: gpt2-bpe, vocab_file: recipes/data/gpt2/vocab.json, merge_file: recipes/data/gpt2/merges.txt}'
+    --set data.tokenizer.file=null --set model.num_layers=4 --set parallel.tensor=1 --set parallel.pipeline=1
+    --set parallel.context=1 --set parallel.sequence_parallel=false --set recompute.granularity=none
+    --set recompute.method=null --set recompute.num_layers=null)
+mistral_4l=("${dense_4l[@]}" --set model.vocab_size=50257) # GPT-2 ids exceed Mistral's 32000
+
 # name | recipe | micro batch | extra overrides (an array's name)
 benches=(
     "gpt2-124m|recipes/gpt2-124m.yaml|16|none"
@@ -71,6 +79,10 @@ benches=(
     "llama-1b|recipes/llama3-8b.yaml|2|llama_1b"
     "llama-1b-mb4|recipes/llama3-8b.yaml|4|llama_1b"
     "llama-1b-mb6|recipes/llama3-8b.yaml|6|llama_1b"
+    "llama3.1-8b-4l|recipes/llama3.1-8b.yaml|2|dense_4l"
+    "qwen2.5-7b-4l|recipes/qwen2.5-7b.yaml|4|dense_4l"
+    "qwen3-8b-4l|recipes/qwen3-8b.yaml|4|dense_4l"
+    "mistral-7b-4l|recipes/mistral-7b.yaml|2|mistral_4l"
     "moe-8x|recipes/mixtral-8x7b.yaml|4|moe_small"
     "moe-8x-mb16|recipes/mixtral-8x7b.yaml|16|moe_small"
     "gpt-1.3b-fp8|recipes/gpt-1.3b.yaml|12|fp8"

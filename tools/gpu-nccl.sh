@@ -21,6 +21,10 @@
 #       TCP against one GPU with the same global batch: pipeline 2 × data 2 with ZeRO-1 (bf16
 #       and fp32), context parallel 2, and MoE (4 experts, top-2) over data 2 and over expert 2 ×
 #       data 4 with ZeRO-1 (expert groups cut over expert-dp, dense ones over dp);
+#   (f) failures of a GPU rank (issue 44): two data-parallel ranks on ONE GPU over TCP, rank 1
+#       killed (SIGKILL) after two steps, then stopped (SIGSTOP) with a distributed timeout of
+#       3 s: how long until the launcher exits, and whether rank 0's error names rank 1 (the
+#       NCCL side of the watchdog is part (a)'s `watchdog_blocked_stream` row);
 #   (m) only with PARTS containing m and at least two GPUs (2, 4 or 8): every layout over NCCL
 #       (tp2 with and without SP, pp2, pp2·vpp2, dp2, dp2 + ZeRO-1, cp2, MoE ep2 and ep2·etp2,
 #       tp2·pp2·dp2; each when the machine has its world size) against one GPU with the same
@@ -38,7 +42,7 @@
 #
 # Env: OUT (results, default /tmp/gpu-nccl-out), FERROTRON_DIST (binaries, default .gpu-dist),
 # PARTS (default "ab"; t for two ranks on one GPU over TCP, x for the device exchange's
-# layouts on one GPU over TCP, m for the multi-GPU run), STEPS
+# layouts on one GPU over TCP, f for the failing ranks, m for the multi-GPU run), STEPS
 # (30), RUN_TIMEOUT (300).
 # Output: the tables last on stdout and in $OUT/gpu-nccl.md; full logs under $OUT/logs.
 set -uo pipefail
@@ -245,6 +249,42 @@ fi
 # layout runs when the machine has its world size in GPUs. Then gpt-1.3b's data-parallel
 # scaling (12 sequences of 2048 a GPU, 10 steps) on 1, 2, 4 and 8 GPUs up to the machine's
 # count: tokens/s per GPU and the per-collective bus bandwidth the NCCL run prints at exit.
+fault() { # fault TAG SIGNAL [recipe args]: signal rank 1 after two logged steps
+    local tag=$1 signal=$2
+    shift 2
+    FERROTRON_COMM=tcp "$dist/recipe" run recipes/shakespeare-tiny.yaml --backend cuda \
+        --nproc-per-node 2 --set parallel.data=2 --set training.train_iters=100000 \
+        --set training.global_batch_size=8 --set training.micro_batch_size=4 \
+        --set training.log_interval=1 --set checkpoint.dir=null --run-dir "$work/$tag" \
+        --set "logging.jsonl=$logs/$tag.jsonl" "$@" >"$logs/$tag.log" 2>&1 &
+    local launcher=$! waited=0
+    while [[ $(wc -l <"$logs/$tag.jsonl" 2>/dev/null || echo 0) -lt 2 && $waited -lt 1200 ]]; do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    local victim=""
+    for pid in $(cat /proc/$launcher/task/*/children 2>/dev/null); do
+        tr '\0' '\n' </proc/$pid/environ 2>/dev/null | grep -qx RANK=1 && victim=$pid
+    done
+    local start=$SECONDS
+    [[ -n $victim ]] && kill "-$signal" "$victim"
+    timeout 120 tail --pid="$launcher" -f /dev/null
+    wait "$launcher"
+    local rc=$? named=no
+    grep -q "rank 1" "$logs/$tag.log" && named=yes
+    echo "| $tag | SIG$signal | $rc | $((SECONDS - start)) s | $named | $(grep -m1 '^error' "$logs/$tag.log" | cut -c1-150) |" >>"$tables"
+}
+
+if [[ $parts == *f* ]]; then
+    echo "### (f) a failing GPU rank of two on one GPU over TCP" >>"$tables"
+    echo >>"$tables"
+    echo "| run | signal to rank 1 | launcher exit | ended after | names rank 1 | first error line |" >>"$tables"
+    echo "|---|---|---:|---:|---|---|" >>"$tables"
+    fault fault-kill KILL
+    fault fault-stop STOP --set parallel.distributed_timeout_minutes=0.05
+    echo >>"$tables"
+fi
+
 if [[ $parts == *m* && $ngpu -ge 2 ]]; then
     mb=(--set training.global_batch_size=8 --set training.micro_batch_size=4)
     mb2=(--set training.global_batch_size=8 --set training.micro_batch_size=2)

@@ -5,7 +5,8 @@
 same GPU, in the same call. This script builds the model a plan describes (the resolved recipe's
 `model` section and the padded vocabulary: GPT with learned positions, LayerNorm, GELU, biases,
 tied embeddings and dropout, or LLaMA-style with RoPE, RMSNorm, SwiGLU and grouped-query
-attention, and MoE layers), trains it on random tokens at the plan's micro batch and reports
+attention, and MoE layers; Qwen2.5's QKV bias, Qwen3's QK-norm, Mistral's sliding window through
+`flex_attention`, Llama 3.1's and YaRN's scaled RoPE), trains it on random tokens at the plan's micro batch and reports
 tokens/s, the step time and MFU by the plan's own FLOPs (`flops_per_iteration`, Megatron's
 formula), so its MFU is comparable with `recipe run`'s to the digit.
 
@@ -86,10 +87,12 @@ def check_supported(recipe, plan):
         raise Unsupported(f"normalization {model['normalization']!r}")
     if model["position_embedding"] not in ("learned", "rope"):
         raise Unsupported(f"position_embedding {model['position_embedding']!r}")
+    if model.get("window_size") and model["attention_dropout"] > 0:
+        raise Unsupported("a sliding window with attention dropout (flex_attention has none)")
 
 
-def norm(model):
-    h, eps = model["hidden_size"], model["norm_epsilon"]
+def norm(model, width=None):
+    h, eps = width or model["hidden_size"], model["norm_epsilon"]
     if model["normalization"] == "layernorm":
         return nn.LayerNorm(h, eps=eps)
     return nn.RMSNorm(h, eps=eps)
@@ -110,6 +113,35 @@ def rotate(x, cos, sin):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def inverse_frequencies(model):
+    """RoPE's inverse frequencies, scaled as `model.rope_scaling` says (ferrotron-model's rope.rs,
+    after transformers' `_compute_*_parameters`), and the factor on cos and sin (YaRN's)."""
+    dim, theta = model["kv_channels"], model["rotary_base"]
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = model.get("rope_scaling")
+    if not scaling:
+        return inv, 1.0
+    kind, factor = scaling["type"], scaling["factor"]
+    if kind == "linear":
+        return inv / factor, 1.0
+    if kind == "llama3":
+        context = scaling.get("original_max_position_embeddings") or 8192
+        low, high = scaling.get("low_freq_factor") or 1.0, scaling.get("high_freq_factor") or 4.0
+        wavelength = 2 * math.pi / inv
+        smooth = (context / wavelength - low) / (high - low)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        return torch.where(wavelength < context / high, inv,
+                           torch.where(wavelength > context / low, inv / factor, blended)), 1.0
+    context = scaling.get("original_max_position_embeddings") or 4096
+    pair = lambda rotations: dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+    lo = max(math.floor(pair(scaling.get("beta_fast") or 32.0)), 0)
+    hi = min(math.ceil(pair(scaling.get("beta_slow") or 1.0)), dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - lo) / ((hi + 0.001 if lo == hi else hi) - lo)).clamp(0, 1)
+    mscale = lambda m: 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+    temperature = mscale(scaling.get("mscale", 1.0)) / mscale(scaling.get("mscale_all_dim", 0.0))
+    return inv / factor * ramp + inv * (1 - ramp), temperature
+
+
 class Attention(nn.Module):
     def __init__(self, model):
         super().__init__()
@@ -119,8 +151,34 @@ class Attention(nn.Module):
         self.dropout = model["attention_dropout"]
         bias = model["add_bias_linear"]
         h = model["hidden_size"]
-        self.qkv = nn.Linear(h, (self.heads + 2 * self.groups) * self.dim, bias=bias)
+        qkv_bias = bias or model.get("add_qkv_bias", False)
+        self.qkv = nn.Linear(h, (self.heads + 2 * self.groups) * self.dim, bias=qkv_bias)
         self.proj = nn.Linear(self.heads * self.dim, h, bias=bias)
+        qk_norm = model.get("qk_layernorm", False)
+        self.q_norm = norm(model, self.dim) if qk_norm else None
+        self.k_norm = norm(model, self.dim) if qk_norm else None
+        window = model.get("window_size")
+        self.window = window[0] if window and window[0] + 1 < model["seq_length"] else None
+        self.block_mask = None
+
+    def attend(self, q, k, v):
+        if self.window is None:
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+                enable_gqa=self.groups != self.heads)
+        # A sliding window the way PyTorch offers it today: flex_attention with a block mask on a
+        # GPU; on the CPU (no flex backward there) the band as SDPA's boolean mask.
+        left, s = self.window, q.shape[2]
+        band = lambda b, h, i, j: (j <= i) & (i - j <= left)
+        if q.device.type == "cpu":
+            i = torch.arange(s)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=band(None, None, i[:, None], i[None, :]),
+                enable_gqa=self.groups != self.heads)
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        if self.block_mask is None:
+            self.block_mask = create_block_mask(band, None, None, s, s, device=q.device)
+        return flex_attention(q, k, v, block_mask=self.block_mask, enable_gqa=self.groups != self.heads)
 
     def forward(self, x, rope):
         b, s, _ = x.shape
@@ -128,11 +186,11 @@ class Attention(nn.Module):
         q = q.view(b, s, self.heads, self.dim)
         k = k.view(b, s, self.groups, self.dim)
         v = v.view(b, s, self.groups, self.dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.groups != self.heads)
+        out = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.proj(out.transpose(1, 2).reshape(b, s, self.heads * self.dim))
 
 
@@ -251,12 +309,11 @@ class Model(nn.Module):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
         if model["position_embedding"] == "rope":
-            dim = model["kv_channels"]
-            inv = 1.0 / (model["rotary_base"] ** (torch.arange(0, dim, 2).float() / dim))
-            angles = torch.outer(torch.arange(s).float(), inv)
+            inv, temperature = inverse_frequencies(model)
+            angles = torch.outer(torch.arange(s, dtype=torch.float64), inv)
             angles = torch.cat((angles, angles), dim=-1)[None, :, None, :]  # [1, s, 1, dim]
-            self.register_buffer("cos", angles.cos(), persistent=False)
-            self.register_buffer("sin", angles.sin(), persistent=False)
+            self.register_buffer("cos", (angles.cos() * temperature).float(), persistent=False)
+            self.register_buffer("sin", (angles.sin() * temperature).float(), persistent=False)
 
     def forward(self, tokens, labels):
         x = self.embedding(tokens)

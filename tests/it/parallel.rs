@@ -43,6 +43,8 @@ use serde_json::Value;
 
 use crate::common::DIVERGE;
 
+mod faults;
+
 /// Relative tolerance of losses and gradient norms, per step (see the module docs).
 const LOSS_RTOL: f64 = 1e-5;
 /// Absolute part of the weight tolerance.
@@ -926,15 +928,23 @@ struct LocalWorld {
 
 impl LocalWorld {
     fn start(nproc: u32) -> Self {
+        Self::start_with(nproc, &[])
+    }
+
+    /// [`LocalWorld::start`] with recipe overrides.
+    fn start_with(nproc: u32, set: &[&str]) -> Self {
         let run = RunDir::new(Model::Gpt);
-        let launcher = run
-            .command(
-                Layout {
-                    world: nproc,
-                    set: &["parallel.tensor=2", "training.train_iters=100000"],
-                },
-                &["--nproc-per-node", &nproc.to_string()],
-            )
+        let mut command = run.command(
+            Layout {
+                world: nproc,
+                set: &["parallel.tensor=2", "training.train_iters=100000"],
+            },
+            &["--nproc-per-node", &nproc.to_string()],
+        );
+        for extra in set {
+            command.args(["--set", extra]);
+        }
+        let launcher = command
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -68,6 +68,8 @@ fn main() -> ExitCode {
     // Before any thread exists: it changes the process environment (see the module).
     nccl_env::set_defaults();
     quiet_on_broken_pipe();
+    // A panicking rank of a process world tells its peers at once (nothing outside one).
+    ferrotron_dist::watchdog::abort_on_panic(ferrotron_dist::watchdog::global());
     let _faults = ferrotron_train::FaultInjection::from_env();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -251,6 +251,9 @@ impl CudaDevice {
     /// asynchronous error a kernel raised.
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
+        // As in `CudaTensor::to_bytes`: a wait the process watchdog watches.
+        let _waiting =
+            ferrotron_dist::watchdog::global().waiting("waiting for the GPU's queued work");
         self.stream
             .synchronize()
             .ctx(|| OpContext::new("synchronize"))

@@ -1,5 +1,5 @@
 //! [`FusedOps`] for [`Cuda`]: attention on cuDNN's fused flash-attention engines (bf16/f16,
-//! head dims 64 and 128, causal or not, grouped K/V unrepeated, dropout by cuDNN's Philox from
+//! head dims 64 and 128, causal or not, with or without a sliding window, grouped K/V unrepeated, dropout by cuDNN's Philox from
 //! the device's seed and a fresh counter range, regenerated in the backward), also straight
 //! from the packed QKV projection (`cudnn::packed`).
 //!
@@ -12,11 +12,12 @@
 //! squares (`kernels::sum_squares`, 16-byte loads of 16-bit gradients as they are), the gathering
 //! of gradients into the optimizer's flat buffers (`kernels::flat`), the softmax cross-entropy
 //! (`kernels::loss`) and the residual add with hidden dropout (`random::dropout_add`, the keep bits
-//! drawn in the add and again in the backward), SwiGLU of the packed projection (`kernels::swiglu`)
-//! and RoPE on it (`kernels::rope`) run on our own kernels, for every float dtype; the MoE experts'
+//! drawn in the add and again in the backward), SwiGLU of the packed projection (`kernels::swiglu`),
+//! RoPE on it (`kernels::rope`) and its per-head QK-norm (`kernels::qk_norm`) run on our own
+//! kernels, for every float dtype; the MoE experts'
 //! grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also switched off alone by
 //! `FERROTRON_GROUPED_GEMM=composed`), and their routing decisions (top-k and the permutation by
-//! expert, `kernels::moe`) on ours; `FERROTRON_FUSED=composed` switches all eight back to burn's
+//! expert, `kernels::moe`) on ours; `FERROTRON_FUSED=composed` switches all nine back to burn's
 //! composition and the routing to the host reference. The fp8 linear's primitives (casts, the fp8
 //! GEMM, the scale update) are `crate::fp8`'s, refused below compute capability 9.0.
 
@@ -28,10 +29,11 @@ use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8InputNorm, Fp8Linear,
     Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads,
-    MoePermutation, NormGrads, NormKind, NormSaved, NormSpec, NormStats, composed_adamw,
-    composed_attention, composed_gather_flat, composed_grouped_matmul, composed_qkv_attention,
-    composed_rope_qkv, composed_segment_sum_of_squares, composed_sum_of_squares, composed_swiglu,
-    fp8_quantize_norm_composed, moe_permutation_reference, moe_topk_reference,
+    MoePermutation, NormGrads, NormKind, NormSaved, NormSpec, NormStats, QkNormGrads, QkNormParams,
+    QkNormSaved, composed_adamw, composed_attention, composed_gather_flat, composed_grouped_matmul,
+    composed_qk_norm, composed_qkv_attention, composed_rope_qkv, composed_segment_sum_of_squares,
+    composed_sum_of_squares, composed_swiglu, fp8_quantize_norm_composed,
+    moe_permutation_reference, moe_topk_reference,
 };
 
 use crate::backend::convert::ok;
@@ -44,6 +46,7 @@ use crate::kernels::flat;
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
 use crate::kernels::loss::{cross_entropy_backward, cross_entropy_forward};
 use crate::kernels::moe;
+use crate::kernels::qk_norm::{self, qk_norm_backward, qk_norm_forward};
 use crate::kernels::reduce::{ReduceOp, reduce_all};
 use crate::kernels::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::sum_squares;
@@ -79,6 +82,14 @@ fn forward_of(saved: AttentionSaved<Cuda>) -> cudnn::SdpaForward {
         output: saved.output,
         stats: saved.stats,
         rng: saved.rng,
+    }
+}
+
+/// cuDNN's mask for a spec over `keys` keys (a window reaching every key is none).
+fn mask_of(spec: &AttentionSpec, keys: usize) -> cudnn::SdpaMask {
+    cudnn::SdpaMask {
+        causal: spec.causal,
+        window: spec.effective_window(keys).map(|left| left as i64),
     }
 }
 
@@ -360,7 +371,10 @@ impl FusedOps for Cuda {
         value: &FloatTensor<Self>,
         spec: &AttentionSpec,
     ) -> bool {
-        fused_attention_enabled() && spec.dropout < 1.0 && cudnn::supports(query, key, value)
+        fused_attention_enabled()
+            && spec.dropout < 1.0
+            && cudnn::supports(query, key, value)
+            && cudnn::supports_mask(mask_of(spec, key.shape()[2]), spec.dropout)
     }
 
     fn attention_kernel_forward(
@@ -374,7 +388,7 @@ impl FusedOps for Cuda {
             &query,
             &key,
             &value,
-            spec.causal,
+            mask_of(&spec, key.shape()[2]),
             scale,
             spec.dropout as f32,
         ));
@@ -397,7 +411,7 @@ impl FusedOps for Cuda {
             &value,
             &forward,
             &grad_output,
-            spec.causal,
+            mask_of(&spec, key.shape()[2]),
             scale,
             spec.dropout as f32,
         ));
@@ -467,6 +481,76 @@ impl FusedOps for Cuda {
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         ok(rope_qkv_backward(&grad, &cos, &sin))
+    }
+
+    fn fused_qk_norm(
+        qkv: FloatTensor<Self>,
+        params: QkNormParams<Self>,
+        spec: NormSpec,
+    ) -> FloatTensor<Self> {
+        if Self::has_qk_norm_kernel(&qkv, &params.weight[0], &spec) {
+            Self::qk_norm_kernel_forward(qkv, params, spec).output
+        } else {
+            composed_qk_norm::<Self>(qkv, params, spec)
+        }
+    }
+
+    fn has_qk_norm_kernel(
+        qkv: &FloatTensor<Self>,
+        weight: &FloatTensor<Self>,
+        _: &NormSpec,
+    ) -> bool {
+        fused_kernels_enabled()
+            && is_float(qkv)
+            && is_float(weight)
+            && qkv.rank() == 5
+            && qkv.shape()[3] >= 3
+            && (1..=qk_norm::MAX_HEAD_DIM).contains(&qkv.shape()[4])
+    }
+
+    fn qk_norm_kernel_forward(
+        qkv: FloatTensor<Self>,
+        params: QkNormParams<Self>,
+        spec: NormSpec,
+    ) -> QkNormSaved<Self> {
+        let [q_weight, k_weight] = &params.weight;
+        let bias = params.bias.as_ref().map(|[q, k]| [q, k]);
+        let out = ok(qk_norm_forward(
+            &qkv,
+            [q_weight, k_weight],
+            bias,
+            spec.epsilon,
+        ));
+        QkNormSaved {
+            output: out.output,
+            stats: NormStats {
+                mean: out.mean,
+                rstd: out.rstd,
+            },
+        }
+    }
+
+    fn qk_norm_kernel_backward(
+        qkv: FloatTensor<Self>,
+        weight: [FloatTensor<Self>; 2],
+        has_bias: bool,
+        stats: NormStats<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> QkNormGrads<Self> {
+        assert_eq!(
+            has_bias,
+            stats.mean.is_some(),
+            "qk-norm: LayerNorm has a bias"
+        );
+        let [q_weight, k_weight] = &weight;
+        let (qkv, weight, bias) = ok(qk_norm_backward(
+            &qkv,
+            [q_weight, k_weight],
+            stats.mean.as_ref(),
+            &stats.rstd,
+            &grad_output,
+        ));
+        QkNormGrads { qkv, weight, bias }
     }
 
     fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -552,7 +636,10 @@ impl FusedOps for Cuda {
     }
 
     fn has_qkv_attention_kernel(qkv: &FloatTensor<Self>, spec: &AttentionSpec) -> bool {
-        fused_attention_enabled() && spec.dropout < 1.0 && cudnn::supports_packed(qkv)
+        fused_attention_enabled()
+            && spec.dropout < 1.0
+            && cudnn::supports_packed(qkv)
+            && cudnn::supports_mask(mask_of(spec, qkv.shape()[1]), spec.dropout)
     }
 
     fn qkv_attention_kernel_forward(
@@ -562,7 +649,7 @@ impl FusedOps for Cuda {
         let scale = spec.scale_for(qkv.shape()[4]) as f32;
         let f = ok(cudnn::packed_forward(
             &qkv,
-            spec.causal,
+            mask_of(&spec, qkv.shape()[1]),
             scale,
             spec.dropout as f32,
         ));
@@ -581,7 +668,7 @@ impl FusedOps for Cuda {
             &qkv,
             &forward,
             &grad_output,
-            spec.causal,
+            mask_of(&spec, qkv.shape()[1]),
             scale,
             spec.dropout as f32,
         ))

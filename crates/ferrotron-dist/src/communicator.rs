@@ -86,4 +86,11 @@ pub trait Communicator: Send + Sized {
     fn members_are_threads(&self) -> bool {
         false
     }
+
+    /// Checks that every member issued the same calls on this group so far (collective over
+    /// the members). Transports that compare each call as it happens (threads, TCP) have
+    /// nothing to check; NCCL compares [`crate::OrderDigest`]s.
+    fn agree_on_order(&self) -> Result<(), CommError> {
+        Ok(())
+    }
 }

@@ -22,10 +22,13 @@
 mod agreement;
 pub mod arguments;
 mod communicator;
+mod digest;
 mod element;
 mod error;
 mod fabric;
+pub mod fault;
 mod groups;
+mod lane;
 mod recording;
 mod recycle;
 mod rendezvous;
@@ -34,6 +37,7 @@ mod tcp_comm;
 mod tcp_comm_mesh;
 mod tcp_comm_wire;
 mod thread_comm;
+pub mod watchdog;
 mod world;
 
 #[cfg(test)]
@@ -41,10 +45,12 @@ mod tests;
 
 pub use agreement::{AgreementError, check_agreement};
 pub use communicator::Communicator;
+pub use digest::{OrderDigest, agree_on_digest};
 pub use element::{DType, Element, ReduceOp};
 pub use error::{CommError, GroupLabel, WorldError};
 pub use groups::{GroupMembers, ProcessGroups};
 pub use half::bf16;
+pub use lane::Lane;
 pub use recording::{Call, CallLog, CallLogs, Op, Recording, deferred};
 pub use replay::{Blocked, Issued, OrderError, Replayed, replay};
 pub use tcp_comm::{DEFAULT_CONNECT_TIMEOUT, TcpComm, TcpConfig};

@@ -1,9 +1,9 @@
 //! [`Recording`]: a communicator that keeps an ordered log of every call its rank makes.
 //!
 //! NCCL needs the members of each communicator to issue the same operations in the same order,
-//! and a GPU's collectives of *all* its communicators run one after another on one
-//! communication stream (`ferrotron_cuda::nccl`), so a rank that issues collectives of two
-//! groups in another order than its peers hangs the job, and one that issues a different
+//! and a GPU's collectives run one after another on its lane's communication stream
+//! ([`crate::Lane`]), so a rank that issues collectives of two groups of a lane (or an
+//! immediate one of either) in another order than its peers hangs the job, and one that issues a different
 //! length on a group corrupts it. The thread and TCP transports catch the second kind call by
 //! call, but not the first whenever their buffering lets the run through (a thread rank's
 //! `send` never waits for the `recv`). So the calls are recorded, one log per rank shared by all
@@ -16,9 +16,8 @@
 //! The `*_started` collectives of the runtime (data-parallel gradient buckets, ZeRO-1's
 //! parameter gather, which the caller waits for only later) reach a communicator through the
 //! same trait methods as blocking ones; only their caller knows it will wait later, so it runs
-//! them inside [`deferred`], and the log marks them. On NCCL both kinds are queued on the one
-//! communication stream in issue order, so the replay orders them alike; the mark says which
-//! kind a reported call was.
+//! them inside [`deferred`], and the log marks them: the host goes on past a deferred call
+//! (it waits on its lane's stream) but waits for an immediate one, and the replay models both.
 
 use std::cell::Cell;
 use std::fmt;

@@ -1,14 +1,18 @@
 //! [`replay`]: every rank's log of calls ([`crate::Recording`]) played against the others'
 //! under NCCL's rules, to find the orders that would hang or corrupt a GPU run before one does.
 //!
-//! The model is the NCCL transport's: a GPU queues the collectives of all its communicators on
-//! one communication stream, in issue order (deferred ones too: they only let the *compute*
-//! stream go on), and a queued collective completes once every member of its group has it at
-//! the head of its own stream; a send completes together with the peer's matching receive (a
-//! NCCL send may wait for it; the thread transport's buffered send does not, which is how a
-//! thread world can finish an order a GPU world would hang on). So each rank is one queue, and
-//! the replay repeatedly completes whatever can complete at the heads, until either every queue
-//! is empty or nothing can:
+//! The model is the NCCL transport's: a GPU queues each communicator's collectives on its
+//! lane's communication stream ([`crate::Lane`]: data-parallel groups on one, the others on
+//! the other), in issue order, and a queued collective completes once every member of its
+//! group has it at the head of that stream; a send completes together with the peer's matching
+//! receive (a NCCL send may wait for it; the thread transport's buffered send does not, which
+//! is how a thread world can finish an order a GPU world would hang on). The host issues a
+//! deferred call and goes on; after an immediate one it waits until the call completed (exact
+//! for the host-slice collectives, conservative for device ones, whose enqueue returns at
+//! once: the replay may report a hang a GPU would escape, never the reverse). So each rank is
+//! a host cursor and two queues, and the replay repeatedly issues what the hosts can and
+//! completes whatever can complete at the heads, until either everything is done or nothing
+//! can move:
 //!
 //! - **Mismatch**: every member of a group has a call on that group at its head but they
 //!   disagree (operation, dtype, length, reduce op, root; all-to-all counts pairwise; a send's
@@ -18,11 +22,12 @@
 //!   every blocked rank, the call it waits in and the ranks it waits for, and a cycle of them
 //!   when there is one.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
 use crate::element::{DType, ReduceOp};
 use crate::error::GroupLabel;
+use crate::lane::Lane;
 use crate::recording::{Call, Op};
 
 /// A replay that completed every call.
@@ -155,15 +160,26 @@ struct Replay<'a> {
     logs: &'a [Vec<Call>],
     /// For every call, how many calls its rank made on its group before it.
     positions: Vec<Vec<usize>>,
-    /// The index of each rank's next call.
-    heads: Vec<usize>,
+    /// The index of each rank's next call to issue.
+    next: Vec<usize>,
+    /// Each rank's issued, unfinished calls (log indices) on each lane's stream, in issue order.
+    queues: Vec<[VecDeque<usize>; 2]>,
+    /// The immediate call each rank's host waits for before it issues another.
+    waiting: Vec<Option<usize>>,
 }
 
-/// What a call at a rank's head can do now.
+/// What the call at the head of a rank's lane can do now.
 enum Step {
-    /// These global ranks' heads complete together.
+    /// These global ranks' heads (on that lane) complete together.
     Complete(Vec<u32>),
     Wait,
+}
+
+fn lane_of(call: &Call) -> usize {
+    match Lane::of_group(&call.group.name) {
+        Lane::Model => 0,
+        Lane::Data => 1,
+    }
 }
 
 impl<'a> Replay<'a> {
@@ -193,7 +209,9 @@ impl<'a> Replay<'a> {
         Ok(Replay {
             logs,
             positions,
-            heads: vec![0; logs.len()],
+            next: vec![0; logs.len()],
+            queues: vec![Default::default(); logs.len()],
+            waiting: vec![None; logs.len()],
         })
     }
 
@@ -203,19 +221,26 @@ impl<'a> Replay<'a> {
             deferred: 0,
         };
         loop {
+            self.issue();
             let mut progressed = false;
             for rank in 0..self.logs.len() as u32 {
-                while let Step::Complete(ranks) = self.step(rank)? {
-                    for r in ranks {
-                        let call = &self.logs[r as usize][self.heads[r as usize]];
-                        done.calls += 1;
-                        done.deferred += usize::from(call.deferred);
-                        self.heads[r as usize] += 1;
+                for lane in 0..2 {
+                    while let Step::Complete(ranks) = self.step(rank, lane)? {
+                        for r in ranks {
+                            let index = self.queues[r as usize][lane]
+                                .pop_front()
+                                .expect("a completed head");
+                            done.calls += 1;
+                            done.deferred += usize::from(self.logs[r as usize][index].deferred);
+                            if self.waiting[r as usize] == Some(index) {
+                                self.waiting[r as usize] = None;
+                            }
+                        }
+                        progressed = true;
                     }
-                    progressed = true;
                 }
             }
-            if self.pending().next().is_none() {
+            if self.pending().next().is_none() && self.all_issued() {
                 return Ok(done);
             }
             if !progressed {
@@ -224,27 +249,52 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// The ranks that have calls left, with the call at their head.
-    fn pending(&self) -> impl Iterator<Item = (u32, &'a Call)> {
-        (0..self.logs.len() as u32).filter_map(|r| self.call_at(r).map(|call| (r, call)))
+    /// Every host issues calls onto its lanes until it reaches an immediate one (which it waits
+    /// for: conservative for device collectives, exact for host ones) or its log's end; a
+    /// deferred call only queues.
+    fn issue(&mut self) {
+        for rank in 0..self.logs.len() {
+            while self.waiting[rank].is_none() && self.next[rank] < self.logs[rank].len() {
+                let index = self.next[rank];
+                let call = &self.logs[rank][index];
+                self.queues[rank][lane_of(call)].push_back(index);
+                if !call.deferred {
+                    self.waiting[rank] = Some(index);
+                }
+                self.next[rank] += 1;
+            }
+        }
     }
 
-    fn call_at(&self, rank: u32) -> Option<&'a Call> {
-        self.logs[rank as usize].get(self.heads[rank as usize])
+    fn all_issued(&self) -> bool {
+        (0..self.logs.len()).all(|r| self.next[r] == self.logs[r].len())
     }
 
-    fn issued(&self, rank: u32) -> Option<Issued> {
-        let index = self.heads[rank as usize];
-        self.call_at(rank).map(|call| Issued {
-            rank,
-            index,
-            position: self.positions[rank as usize][index],
-            call: call.clone(),
+    /// Every queued head: rank, lane, call.
+    fn pending(&self) -> impl Iterator<Item = (u32, usize, &'a Call)> {
+        (0..self.logs.len() as u32).flat_map(move |r| {
+            (0..2).filter_map(move |lane| self.head(r, lane).map(|call| (r, lane, call)))
         })
     }
 
-    fn step(&self, rank: u32) -> Result<Step, OrderError> {
-        let Some(call) = self.call_at(rank) else {
+    fn head(&self, rank: u32, lane: usize) -> Option<&'a Call> {
+        self.queues[rank as usize][lane]
+            .front()
+            .map(|&index| &self.logs[rank as usize][index])
+    }
+
+    fn issued(&self, rank: u32, lane: usize) -> Option<Issued> {
+        let index = *self.queues[rank as usize][lane].front()?;
+        Some(Issued {
+            rank,
+            index,
+            position: self.positions[rank as usize][index],
+            call: self.logs[rank as usize][index].clone(),
+        })
+    }
+
+    fn step(&self, rank: u32, lane: usize) -> Result<Step, OrderError> {
+        let Some(call) = self.head(rank, lane) else {
             return Ok(Step::Wait);
         };
         let group = &call.group;
@@ -252,16 +302,16 @@ impl<'a> Replay<'a> {
             return Ok(Step::Complete(vec![rank]));
         }
         match call.op {
-            Op::Send { peer } => self.pair(rank, group.ranks[peer]),
-            Op::Recv { peer } => self.pair(group.ranks[peer], rank),
-            _ => self.collective(group),
+            Op::Send { peer } => self.pair(rank, group.ranks[peer], lane),
+            Op::Recv { peer } => self.pair(group.ranks[peer], rank, lane),
+            _ => self.collective(group, lane),
         }
     }
 
     /// `sender`'s send to `receiver` against `receiver`'s receive from `sender`, if both are
-    /// at their heads.
-    fn pair(&self, sender: u32, receiver: u32) -> Result<Step, OrderError> {
-        let (Some(send), Some(recv)) = (self.call_at(sender), self.call_at(receiver)) else {
+    /// at the heads of their `lane`.
+    fn pair(&self, sender: u32, receiver: u32, lane: usize) -> Result<Step, OrderError> {
+        let (Some(send), Some(recv)) = (self.head(sender, lane), self.head(receiver, lane)) else {
             return Ok(Step::Wait);
         };
         let matched = |call: &Call, op_peer: Option<usize>, other: u32| {
@@ -281,6 +331,7 @@ impl<'a> Replay<'a> {
         if (send.dtype, send.len) != (recv.dtype, recv.len) {
             return Err(self.mismatch(
                 &send.group,
+                lane,
                 &[sender, receiver],
                 format!(
                     "rank {sender} sends {} but rank {receiver} receives {}",
@@ -292,11 +343,11 @@ impl<'a> Replay<'a> {
         Ok(Step::Complete(vec![sender, receiver]))
     }
 
-    /// Every member's head on `group`, if each is a collective call on it.
-    fn collective(&self, group: &GroupLabel) -> Result<Step, OrderError> {
+    /// Every member's head on `lane`, if each is a collective call on `group`.
+    fn collective(&self, group: &GroupLabel, lane: usize) -> Result<Step, OrderError> {
         let mut calls = Vec::with_capacity(group.ranks.len());
         for &member in &group.ranks {
-            match self.call_at(member) {
+            match self.head(member, lane) {
                 Some(call) if call.group == *group && !call.op.is_point_to_point() => {
                     calls.push(call);
                 }
@@ -304,38 +355,51 @@ impl<'a> Replay<'a> {
             }
         }
         if let Some(detail) = disagreement(group, &calls) {
-            return Err(self.mismatch(group, &group.ranks, detail));
+            return Err(self.mismatch(group, lane, &group.ranks, detail));
         }
         Ok(Step::Complete(group.ranks.clone()))
     }
 
-    fn mismatch(&self, group: &GroupLabel, ranks: &[u32], detail: String) -> OrderError {
+    fn mismatch(
+        &self,
+        group: &GroupLabel,
+        lane: usize,
+        ranks: &[u32],
+        detail: String,
+    ) -> OrderError {
         OrderError::Mismatch {
             group: group.clone(),
             detail,
-            calls: ranks.iter().filter_map(|&r| self.issued(r)).collect(),
+            calls: ranks.iter().filter_map(|&r| self.issued(r, lane)).collect(),
         }
+    }
+
+    /// Whether `rank` has nothing left: every call issued and finished.
+    fn finished(&self, rank: u32) -> bool {
+        let r = rank as usize;
+        self.next[r] == self.logs[r].len() && self.queues[r].iter().all(VecDeque::is_empty)
     }
 
     /// Why nothing can complete: a group whose members all stand at calls on it that cannot
     /// go together (a collective against a send) is a mismatch; anything else a deadlock.
     fn stuck(&self) -> OrderError {
         let mut blocked = Vec::new();
-        for (rank, call) in self.pending() {
+        for (rank, lane, call) in self.pending() {
             let group = &call.group;
-            let on_group = |r: u32| self.call_at(r).is_some_and(|c| c.group == *group);
+            let on_group = |r: u32| self.head(r, lane).is_some_and(|c| c.group == *group);
             let waits_for: Vec<u32> = match call.op {
                 Op::Send { peer } | Op::Recv { peer } => vec![group.ranks[peer]],
                 _ => {
                     if group.ranks.iter().all(|&r| on_group(r)) {
                         return self.mismatch(
                             group,
+                            lane,
                             &group.ranks,
                             "a collective against a send or receive".to_owned(),
                         );
                     }
                     let collective_here = |r: u32| {
-                        self.call_at(r)
+                        self.head(r, lane)
                             .is_some_and(|c| c.group == *group && !c.op.is_point_to_point())
                     };
                     group
@@ -347,14 +411,14 @@ impl<'a> Replay<'a> {
                 }
             };
             blocked.push(Blocked {
-                waiting: self.issued(rank).expect("a rank with a head call"),
+                waiting: self.issued(rank, lane).expect("a queued head"),
                 waits_for,
             });
         }
         let mut finished: Vec<(u32, usize)> = blocked
             .iter()
             .flat_map(|b| b.waits_for.iter().copied())
-            .filter(|&r| self.call_at(r).is_none())
+            .filter(|&r| self.finished(r))
             .map(|r| (r, self.logs[r as usize].len()))
             .collect();
         finished.sort_unstable();

@@ -107,12 +107,30 @@ impl TcpComm {
             name: "world".to_owned(),
             ranks,
         };
+        let mesh = Arc::new(mesh);
+        if mesh.world_size > 1 {
+            Mesh::beat_while_alive(Arc::downgrade(&mesh));
+            let watched: Arc<dyn crate::watchdog::Watched> = mesh.clone();
+            crate::watchdog::global().watch(Arc::downgrade(&watched));
+        }
         TcpComm {
             key: group_key(&label.name, &label.ranks),
             rank: mesh.rank as usize,
             label,
-            mesh: Arc::new(mesh),
+            mesh,
         }
+    }
+
+    /// How long every wait of this world lasts before it fails (the recipe's distributed
+    /// timeout).
+    pub fn timeout(&self) -> Duration {
+        self.mesh.timeout
+    }
+
+    /// What the watchdog sees of this world (tests).
+    #[cfg(test)]
+    pub(crate) fn health(&self) -> crate::watchdog::Health {
+        crate::watchdog::Watched::health(&*self.mesh)
     }
 
     /// Tells every process of the world that this one is failing: their waiting collectives
@@ -385,6 +403,10 @@ impl Communicator for TcpComm {
             ..Self::signature::<T>("all_reduce")
         };
         self.post_all(&scatter, |peer| &buf[chunk(len, n, peer)])?;
+        // Inside the collective: this rank's part is sent, the others wait for the rest.
+        fail::fail_point!("tcp-all-reduce", |what| -> Result<(), CommError> {
+            crate::fault::die(what)
+        });
         let mine = chunk(len, n, self.rank);
         let reduced = self.reduce_in_rank_order(&scatter, &buf[mine.clone()], mine.len(), op)?;
         let gather = Signature {

@@ -14,6 +14,11 @@
 //! order. A connection that ends marks that peer closed; a wait on a closed peer with an empty
 //! queue fails at once (a dead process is an error, not a hang), and an `Abort` frame from a
 //! failing peer fails every wait of the world.
+//!
+//! A thread of its own sends every peer a heartbeat each [`HEARTBEAT`], and the readers note
+//! when each peer was last heard, so the process watchdog (`crate::watchdog`) can name a peer
+//! that stopped (`SIGSTOP`, a hung kernel driver, a swapped-out node) when a deadline passes:
+//! a busy rank still beats, a stopped one does not.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -24,6 +29,10 @@ use std::time::{Duration, Instant};
 
 use crate::tcp_comm::TcpConfig;
 use crate::tcp_comm_wire::{Channel, Frame, Header, MAGIC, VERSION};
+use crate::watchdog::{Health, Watched};
+
+/// How often a process tells its peers it is alive.
+pub(crate) const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// Why a TCP world could not be formed.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +87,10 @@ struct InboxState {
     queues: HashMap<QueueKey, VecDeque<Frame>>,
     closed: HashMap<u32, String>,
     aborted: Option<String>,
+    /// When each peer's last frame (of any kind) arrived.
+    heard: HashMap<u32, Instant>,
+    /// Peers that said they are done (a `Bye`): their connection closing is the end of a run.
+    left: std::collections::HashSet<u32>,
 }
 
 /// Frames received and not yet consumed, shared with the reader threads.
@@ -115,6 +128,7 @@ pub(crate) struct Mesh {
 
 impl Drop for Mesh {
     fn drop(&mut self) {
+        self.leave();
         for link in self.links.iter().flatten() {
             let _ = link.control.shutdown(Shutdown::Both);
         }
@@ -203,8 +217,13 @@ impl Mesh {
         if !first {
             return;
         }
+        self.tell_everyone(Channel::Abort, reason.as_bytes());
+    }
+
+    /// Sends a frame of `channel` (outside any group) with `payload` to every peer, best effort.
+    fn tell_everyone(&self, channel: Channel, payload: &[u8]) {
         let header = Header {
-            channel: Channel::Abort,
+            channel,
             group: 0,
             signature: crate::rendezvous::Signature {
                 op: "barrier",
@@ -214,10 +233,10 @@ impl Mesh {
                 root: None,
             },
             count: 0,
-            payload_bytes: reason.len() as u64,
+            payload_bytes: payload.len() as u64,
         };
         let mut frame = header.frame();
-        frame.extend_from_slice(reason.as_bytes());
+        frame.extend_from_slice(payload);
         for peer in 0..self.world_size {
             if peer != self.rank {
                 let _ = self.send(peer, &frame);
@@ -225,9 +244,66 @@ impl Mesh {
         }
     }
 
+    /// Tells every peer this process is done with the world (once; again is harmless), so its
+    /// connection closing next is not taken for a failure.
+    pub(crate) fn leave(&self) {
+        self.tell_everyone(Channel::Bye, &[]);
+    }
+
+    /// Beats every [`HEARTBEAT`] until the mesh is dropped (from a thread of its own).
+    pub(crate) fn beat_while_alive(mesh: std::sync::Weak<Mesh>) {
+        let _ = thread::Builder::new()
+            .name("tcp-comm-heartbeat".to_owned())
+            .spawn(move || {
+                while let Some(mesh) = mesh.upgrade() {
+                    mesh.tell_everyone(Channel::Heartbeat, &[]);
+                    drop(mesh);
+                    thread::sleep(HEARTBEAT);
+                }
+            });
+    }
+
     /// Why this process's world is failing, if it is.
     pub(crate) fn aborted(&self) -> Option<String> {
         self.inbox.lock().aborted.clone()
+    }
+}
+
+impl Watched for Mesh {
+    fn health(&self) -> Health {
+        let state = self.inbox.lock();
+        if let Some(reason) = &state.aborted {
+            return Health::Failed(reason.clone());
+        }
+        match state
+            .closed
+            .iter()
+            .filter(|(peer, _)| !state.left.contains(peer))
+            .min_by_key(|(peer, _)| **peer)
+        {
+            Some((_, reason)) => Health::PeerGone(reason.clone()),
+            None => Health::Fine,
+        }
+    }
+
+    /// The peers' readers say which rank the reason came from.
+    fn abort(&self, reason: &str) {
+        Mesh::abort(self, reason);
+    }
+
+    fn leave(&self) {
+        Mesh::leave(self);
+    }
+
+    fn silent_peers(&self, quiet: Duration) -> Vec<(u32, Duration)> {
+        let state = self.inbox.lock();
+        state
+            .heard
+            .iter()
+            .filter(|(peer, _)| !state.closed.contains_key(peer))
+            .map(|(&peer, at)| (peer, at.elapsed()))
+            .filter(|(_, silent)| *silent >= quiet)
+            .collect()
     }
 }
 
@@ -255,6 +331,13 @@ pub(crate) fn connect(config: &TcpConfig, listener: Option<TcpListener>) -> Resu
         join(config, &address)?
     };
     let inbox = Arc::new(Inbox::default());
+    let now = Instant::now();
+    inbox.update(|state| {
+        state.heard = (0..world_size)
+            .filter(|&p| p != rank)
+            .map(|p| (p, now))
+            .collect();
+    });
     let mut links = Vec::with_capacity(streams.len());
     for (peer, stream) in streams.into_iter().enumerate() {
         let Some(stream) = stream else {
@@ -317,6 +400,18 @@ fn read_frames(mut stream: TcpStream, peer: u32, inbox: &Inbox) {
         if let Err(e) = stream.read_exact(&mut payload) {
             break format!("the connection to rank {peer} failed mid-message: {e}");
         }
+        if header.channel == Channel::Bye {
+            inbox.update(|state| {
+                state.left.insert(peer);
+            });
+            continue;
+        }
+        if header.channel == Channel::Heartbeat {
+            inbox.update(|state| {
+                state.heard.insert(peer, Instant::now());
+            });
+            continue;
+        }
         if header.channel == Channel::Abort {
             let why = String::from_utf8_lossy(&payload).into_owned();
             inbox.update(|state| {
@@ -328,6 +423,7 @@ fn read_frames(mut stream: TcpStream, peer: u32, inbox: &Inbox) {
         }
         let key = (header.group, header.channel, peer);
         inbox.update(|state| {
+            state.heard.insert(peer, Instant::now());
             state
                 .queues
                 .entry(key)

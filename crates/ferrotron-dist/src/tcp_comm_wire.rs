@@ -18,7 +18,7 @@ use crate::rendezvous::Signature;
 /// "FTRN": the first bytes of every rendezvous greeting, so a stray connection is recognised.
 pub(crate) const MAGIC: u32 = 0x4654_524e;
 /// Bumped whenever the frame or greeting layout changes; peers of different versions refuse.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 
 /// The operations a frame can belong to; the index is the wire code.
 const OPS: [&str; 9] = [
@@ -44,6 +44,11 @@ pub(crate) enum Channel {
     PointToPoint,
     /// The sender is failing; the payload is why (UTF-8).
     Abort,
+    /// The sender is alive (sent every [`crate::tcp_comm_mesh::HEARTBEAT`]; no payload).
+    Heartbeat,
+    /// The sender is done with the world (its run ended): its connection closing next is not a
+    /// failure.
+    Bye,
 }
 
 impl Channel {
@@ -52,6 +57,8 @@ impl Channel {
             Channel::Collective => 0,
             Channel::PointToPoint => 1,
             Channel::Abort => 2,
+            Channel::Heartbeat => 3,
+            Channel::Bye => 4,
         }
     }
 
@@ -60,6 +67,8 @@ impl Channel {
             0 => Ok(Channel::Collective),
             1 => Ok(Channel::PointToPoint),
             2 => Ok(Channel::Abort),
+            3 => Ok(Channel::Heartbeat),
+            4 => Ok(Channel::Bye),
             other => Err(invalid(format!("unknown frame kind {other}"))),
         }
     }

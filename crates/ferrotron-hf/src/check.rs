@@ -6,11 +6,16 @@ use ferrotron_recipe::{Finding, Model, PositionEmbedding};
 
 use crate::config::HfConfig;
 
+/// The value of an optional section the model does not set.
+const ABSENT: &str = "absent";
+
 /// Every way `recipe` (with its real vocabulary `vocab`) differs from `hf` or asks for what
 /// `hf`'s class cannot compute. Empty when the weights load into exactly that model.
 pub(crate) fn check(recipe: &Model, vocab: u32, hf: &HfConfig) -> Vec<Finding> {
-    let theirs = fields(&hf.model, hf.vocab);
-    let mut out: Vec<Finding> = fields(recipe, vocab)
+    // a window over the recipe's whole sequence masks nothing: compare windows over it
+    let seq = recipe.seq_length;
+    let theirs = fields(&hf.model, hf.vocab, seq);
+    let mut out: Vec<Finding> = fields(recipe, vocab, seq)
         .into_iter()
         .filter_map(|(path, a)| {
             let (_, b) = theirs.iter().find(|(p, _)| *p == path)?;
@@ -23,7 +28,11 @@ pub(crate) fn check(recipe: &Model, vocab: u32, hf: &HfConfig) -> Vec<Finding> {
                 path,
                 format!("{path} is {a}; the Hugging Face model's config.json says {b}"),
             )
-            .with_help(format!("set {key}: {b}"))
+            .with_help(if b == ABSENT {
+                format!("remove {path}")
+            } else {
+                format!("set {key}: {b}")
+            })
         })
         .collect();
     for refusal in hf.family.refusals(recipe) {
@@ -35,25 +44,13 @@ pub(crate) fn check(recipe: &Model, vocab: u32, hf: &HfConfig) -> Vec<Finding> {
             ));
         }
     }
-    if let Some(window) = hf.sliding_window.filter(|&w| w < recipe.seq_length) {
-        out.push(
-            Finding::error(
-                "hf::inexpressible",
-                "model.seq_length",
-                format!(
-                    "config.json's sliding_window {window} masks tokens further back; this \
-                     model attends to the whole sequence"
-                ),
-            )
-            .with_help(format!("train with seq_length at most {window}")),
-        );
-    }
     out.extend(hf.problems.iter().cloned());
     out
 }
 
-/// The values that decide tensor shapes or the function computed, by recipe key.
-fn fields(model: &Model, vocab: u32) -> Vec<(&'static str, String)> {
+/// The values that decide tensor shapes or the function computed, by recipe key, over
+/// sequences of `seq` tokens.
+fn fields(model: &Model, vocab: u32, seq: u32) -> Vec<(&'static str, String)> {
     let moe = model.moe.as_ref();
     let mut out = vec![
         ("model.num_layers", model.num_layers.to_string()),
@@ -83,9 +80,21 @@ fn fields(model: &Model, vocab: u32) -> Vec<(&'static str, String)> {
         ),
         ("model.tie_embeddings", model.tie_embeddings.to_string()),
         ("model.add_bias_linear", model.add_bias_linear.to_string()),
+        ("model.add_qkv_bias", model.qkv_bias().to_string()),
+        ("model.qk_layernorm", model.qk_layernorm.to_string()),
+        (
+            "model.window_size",
+            match model
+                .window_size
+                .filter(|[left, _]| left.saturating_add(1) < seq)
+            {
+                Some([left, right]) => format!("[{left}, {right}]"),
+                None => ABSENT.to_owned(),
+            },
+        ),
         (
             "model.moe",
-            if moe.is_some() { "set" } else { "absent" }.to_owned(),
+            if moe.is_some() { "set" } else { ABSENT }.to_owned(),
         ),
     ];
     match moe {
@@ -104,8 +113,109 @@ fn fields(model: &Model, vocab: u32) -> Vec<(&'static str, String)> {
             "model.max_position_embeddings",
             model.max_position_embeddings().to_string(),
         )),
-        PositionEmbedding::Rope => out.push(("model.rotary_base", model.rotary_base.to_string())),
+        PositionEmbedding::Rope => {
+            out.push(("model.rotary_base", model.rotary_base.to_string()));
+            out.push(rope_scaling(model));
+        }
         PositionEmbedding::None => {}
     }
     out
+}
+
+/// The rotary scaling as a YAML flow mapping with every key of its type (defaults filled in),
+/// so that a difference anywhere in it reads as the value to set.
+fn rope_scaling(model: &Model) -> (&'static str, String) {
+    let Some(s) = model.rope_scaling.map(|s| s.with_defaults()) else {
+        return ("model.rope_scaling", ABSENT.to_owned());
+    };
+    let mut keys = vec![
+        format!("type: {}", s.scaling_type.name()),
+        format!("factor: {}", s.factor),
+    ];
+    for (key, value) in [
+        ("low_freq_factor", s.low_freq_factor),
+        ("high_freq_factor", s.high_freq_factor),
+        (
+            "original_max_position_embeddings",
+            s.original_max_position_embeddings.map(f64::from),
+        ),
+        ("beta_fast", s.beta_fast),
+        ("beta_slow", s.beta_slow),
+        ("mscale", s.mscale),
+        ("mscale_all_dim", s.mscale_all_dim),
+    ] {
+        if let Some(value) = value {
+            keys.push(format!("{key}: {value}"));
+        }
+    }
+    ("model.rope_scaling", format!("{{{}}}", keys.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::config::CONFIG_FILE;
+
+    fn hf(config: Value) -> HfConfig {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(CONFIG_FILE), config.to_string()).expect("write");
+        HfConfig::read(dir.path()).expect("reads")
+    }
+
+    /// A Qwen3 with a window and scaled RoPE against a recipe of plain LLaMA: each difference at
+    /// its key, with the value to set (or the key to remove).
+    #[test]
+    fn qk_norms_windows_and_rope_scaling_are_compared_at_their_keys() {
+        let qwen3 = hf(json!({
+            "model_type": "qwen3", "vocab_size": 41, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+            "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 0,
+            "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+        }));
+        let mut section = json!({
+            "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+            "num_query_groups": 2, "ffn_hidden_size": 64, "seq_length": 32,
+            "position_embedding": "rope", "normalization": "rmsnorm", "activation": "swiglu",
+            "norm_epsilon": 1e-6, "tie_embeddings": false, "add_bias_linear": false,
+            "rope_scaling": {"type": "linear", "factor": 4.0}
+        });
+        let findings = |section: &Value| {
+            let model: Model = serde_json::from_value(section.clone()).expect("a model");
+            check(&model, 41, &qwen3)
+        };
+        let found: Vec<(String, Option<String>)> = findings(&section)
+            .into_iter()
+            .map(|f| (f.path, f.help))
+            .collect();
+        let help = |h: &str| Some(h.to_owned());
+        assert_eq!(
+            found,
+            [
+                (
+                    "model.qk_layernorm".to_owned(),
+                    help("set qk_layernorm: true")
+                ),
+                (
+                    "model.window_size".to_owned(),
+                    help("set window_size: [7, 0]")
+                ),
+                (
+                    "model.rope_scaling".to_owned(),
+                    help("set rope_scaling: {type: linear, factor: 2}")
+                ),
+            ]
+        );
+        // a window over the whole sequence is none
+        section["seq_length"] = json!(8);
+        section["qk_layernorm"] = json!(true);
+        section["rope_scaling"]["factor"] = json!(2.0);
+        assert_eq!(findings(&section), vec![]);
+        section["window_size"] = json!([3, 0]);
+        let found = findings(&section);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].help.as_deref(), Some("remove model.window_size"));
+    }
 }

@@ -1,7 +1,13 @@
 //! `config.json` both ways. Writing spells our model section in the class's keys; reading fills
 //! every key the file leaves out with the class's documented default (transformers'
-//! `GPT2Config`, `LlamaConfig`, `MixtralConfig`), then expresses the result as a recipe model
-//! section, so one comparison ([`crate::check`]) covers a recipe against any config.json.
+//! `GPT2Config`, `LlamaConfig`, `MixtralConfig`, `MistralConfig`, `Qwen2Config`,
+//! `Qwen3Config`), then expresses the result as a recipe model section, so one comparison
+//! ([`crate::check`]) covers a recipe against any config.json.
+//!
+//! Sliding windows: Mistral and Mixtral apply `sliding_window` to every layer when it is set;
+//! Qwen2 and Qwen3 only when `use_sliding_window` is, and then to the layers `layer_types` (or,
+//! without it, layers from `max_window_layers` on) name. A recipe's `window_size` is every
+//! layer's, so a window on some layers only is refused, and written as `max_window_layers: 0`.
 
 use std::path::Path;
 
@@ -11,6 +17,7 @@ use serde_json::{Value, json};
 use crate::HfError;
 use crate::family::Family;
 use crate::names::Dims;
+use crate::rope_config;
 use crate::sink::OutDtype;
 
 pub const CONFIG_FILE: &str = "config.json";
@@ -32,19 +39,43 @@ pub(crate) fn write_config(model: &Model, dims: &Dims, dtype: OutDtype, eod: Opt
             "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false,
             "reorder_and_upcast_attn": false,
         }),
-        Family::Llama | Family::Mixtral => json!({
-            "num_hidden_layers": dims.layers, "hidden_size": dims.hidden,
-            "intermediate_size": dims.ffn, "num_attention_heads": dims.heads,
-            "num_key_value_heads": dims.groups, "head_dim": dims.head_dim,
-            "hidden_act": "silu",
-            "max_position_embeddings": model.max_position_embeddings().max(model.seq_length),
-            "rms_norm_eps": model.norm_epsilon, "rope_theta": model.rotary_base,
-            "rope_scaling": null, "attention_dropout": model.attention_dropout,
-        }),
+        _ => {
+            let mut config = json!({
+                "num_hidden_layers": dims.layers, "hidden_size": dims.hidden,
+                "intermediate_size": dims.ffn, "num_attention_heads": dims.heads,
+                "num_key_value_heads": dims.groups, "head_dim": dims.head_dim,
+                "hidden_act": "silu",
+                "max_position_embeddings": model.max_position_embeddings().max(model.seq_length),
+                "rms_norm_eps": model.norm_epsilon, "attention_dropout": model.attention_dropout,
+            });
+            for (key, value) in rope_config::write(model) {
+                config[key] = value;
+            }
+            config
+        }
     };
+    // transformers' sliding_window: W keys, the query's own included
+    let window = model.window_size.map(|[left, _]| left + 1);
     let extra = match family {
         Family::Gpt2 => json!({}),
         Family::Llama => json!({"attention_bias": dims.bias, "mlp_bias": dims.bias}),
+        Family::Mistral => json!({"sliding_window": window}),
+        Family::Qwen2 | Family::Qwen3 => {
+            let kind = if window.is_some() {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            };
+            let mut qwen = json!({
+                "use_sliding_window": window.is_some(), "sliding_window": window,
+                "max_window_layers": if window.is_some() { 0 } else { dims.layers },
+                "layer_types": vec![kind; dims.layers],
+            });
+            if family == Family::Qwen3 {
+                qwen["attention_bias"] = json!(false);
+            }
+            qwen
+        }
         Family::Mixtral => {
             let moe = model.moe.as_ref();
             json!({
@@ -52,7 +83,7 @@ pub(crate) fn write_config(model: &Model, dims: &Dims, dtype: OutDtype, eod: Opt
                 "num_experts_per_tok": moe.map_or(2, |m| m.router_topk),
                 "router_aux_loss_coef": moe.map_or(0.0, |m| m.aux_loss_coeff),
                 "output_router_logits": false, "router_jitter_noise": 0.0,
-                "sliding_window": null,
+                "sliding_window": window,
             })
         }
     };
@@ -77,8 +108,6 @@ pub struct HfConfig {
     pub model: Model,
     /// The vocabulary (embedding rows).
     pub vocab: u32,
-    /// Mixtral's sliding attention window, if the file sets one.
-    pub sliding_window: Option<u32>,
     /// Settings of the file no recipe can express, at the recipe key they concern.
     pub problems: Vec<Finding>,
 }
@@ -94,8 +123,10 @@ impl HfConfig {
             HfError::config(
                 &path,
                 format!(
-                    "model_type `{model_type}` is not one of gpt2 (GPT2LMHeadModel), llama \
-                     (LlamaForCausalLM), mixtral (MixtralForCausalLM)"
+                    "model_type `{model_type}` is not one of {}",
+                    Family::ALL
+                        .map(|f| format!("{} ({})", f.model_type(), f.class()))
+                        .join(", ")
                 ),
             )
         })?;
@@ -105,16 +136,13 @@ impl HfConfig {
         };
         let (section, problems) = match family {
             Family::Gpt2 => gpt2(&get)?,
-            Family::Llama | Family::Mixtral => llama(&get, family)?,
+            _ => llama(&get, family)?,
         };
         let model: Model = serde_json::from_value(section)
             .map_err(|e| HfError::config(&path, format!("not a model this build reads: {e}")))?;
         Ok(HfConfig {
             family,
             vocab: model.vocab_size.unwrap_or_default(),
-            sliding_window: json["sliding_window"]
-                .as_u64()
-                .and_then(|w| u32::try_from(w).ok()),
             model,
             problems,
         })
@@ -189,16 +217,77 @@ fn gpt2(get: &Getter<'_>) -> Result<(Value, Vec<Finding>), HfError> {
     Ok((section, problems))
 }
 
+/// transformers' defaults of the rotary classes, where they differ.
+struct Defaults {
+    ffn: u64,
+    positions: u64,
+    /// `None`: as many as attention heads.
+    groups: Option<u64>,
+    /// `None`: hidden_size / heads.
+    head_dim: Option<u64>,
+    vocab: u64,
+    eps: f64,
+    theta: f64,
+    /// `sliding_window` when the file leaves it out (Mistral's, and Qwen's where
+    /// `use_sliding_window` is on); a file says `null` for none.
+    window: Option<u64>,
+}
+
+impl Defaults {
+    fn of(family: Family) -> Defaults {
+        let llama = Defaults {
+            ffn: 11008,
+            positions: 2048,
+            groups: None,
+            head_dim: None,
+            vocab: 32000,
+            eps: 1e-6,
+            theta: 1e4,
+            window: None,
+        };
+        let qwen = Defaults {
+            ffn: 22016,
+            positions: 32768,
+            groups: Some(32),
+            vocab: 151936,
+            window: Some(4096),
+            ..llama
+        };
+        match family {
+            Family::Mixtral => Defaults {
+                ffn: 14336,
+                positions: 131072,
+                groups: Some(8),
+                eps: 1e-5,
+                theta: 1e6,
+                ..llama
+            },
+            Family::Mistral => Defaults {
+                ffn: 14336,
+                positions: 131072,
+                groups: Some(8),
+                window: Some(4096),
+                ..llama
+            },
+            Family::Qwen2 => qwen,
+            Family::Qwen3 => Defaults {
+                head_dim: Some(128),
+                ..qwen
+            },
+            Family::Gpt2 | Family::Llama => llama,
+        }
+    }
+}
+
 fn llama(get: &Getter<'_>, family: Family) -> Result<(Value, Vec<Finding>), HfError> {
-    let mixtral = family == Family::Mixtral;
+    let defaults = Defaults::of(family);
     let hidden = get.u64("hidden_size", 4096)?;
     let heads = get.u64("num_attention_heads", 32)?;
-    let ffn = get.u64("intermediate_size", if mixtral { 14336 } else { 11008 })?;
-    let positions = get.u64(
-        "max_position_embeddings",
-        if mixtral { 131072 } else { 2048 },
-    )?;
-    let mut problems = Vec::new();
+    let layers = get.u64("num_hidden_layers", 32)?;
+    let positions = get.u64("max_position_embeddings", defaults.positions)?;
+    let rope = rope_config::read(get.json, defaults.theta, positions);
+    let mut problems = rope.problems;
+    let window = window(get, family, layers, &mut problems)?;
     let mut refuse = |path: &str, message: String| {
         problems.push(Finding::error("hf::inexpressible", path, message));
     };
@@ -209,59 +298,130 @@ fn llama(get: &Getter<'_>, family: Family) -> Result<(Value, Vec<Finding>), HfEr
             format!("config.json's hidden_act {activation} is not SiLU (SwiGLU)"),
         );
     }
-    let scaling = get.or("rope_scaling", Value::Null);
-    let rope_type = get.or("rope_parameters", json!({}))["rope_type"].clone();
-    if !scaling.is_null() || !(rope_type.is_null() || rope_type == json!("default")) {
-        refuse(
-            "model.rotary_base",
-            "config.json scales RoPE (rope_scaling / rope_parameters); this model's rotary \
-             embeddings are unscaled"
-                .to_owned(),
-        );
-    }
-    // transformers 5 moved rope_theta into rope_parameters
-    let theta = get.or(
-        "rope_theta",
-        get.or("rope_parameters", json!({}))
-            .get("rope_theta")
-            .cloned()
-            .unwrap_or(json!(if mixtral { 1.0e6 } else { 1.0e4 })),
-    );
-    let bias = get.or("attention_bias", json!(false));
-    if !mixtral && get.or("mlp_bias", json!(false)) != bias {
-        refuse(
-            "model.add_bias_linear",
-            "config.json's attention_bias and mlp_bias differ; add_bias_linear sets both"
-                .to_owned(),
-        );
-    }
-    // a window at least as long as the sequence never masks anything
-    let window = get.or("sliding_window", Value::Null).as_u64();
+    let attention_bias = get.or("attention_bias", json!(false));
+    let bias = match family {
+        Family::Llama => {
+            if get.or("mlp_bias", json!(false)) != attention_bias {
+                refuse(
+                    "model.add_bias_linear",
+                    "config.json's attention_bias and mlp_bias differ; add_bias_linear sets both"
+                        .to_owned(),
+                );
+            }
+            attention_bias
+        }
+        Family::Qwen3 => {
+            if attention_bias != json!(false) {
+                refuse(
+                    "model.add_bias_linear",
+                    "config.json's attention_bias puts biases on q, k, v and o_proj and none in \
+                     the MLP; add_bias_linear sets all of them, add_qkv_bias q, k and v only"
+                        .to_owned(),
+                );
+            }
+            json!(false)
+        }
+        _ => json!(false),
+    };
     let mut section = json!({
-        "num_layers": get.u64("num_hidden_layers", 32)?, "hidden_size": hidden,
-        "ffn_hidden_size": ffn, "num_attention_heads": heads,
-        "num_query_groups": get.u64("num_key_value_heads", if mixtral { 8 } else { heads })?,
-        "kv_channels": get.u64("head_dim", hidden / heads.max(1))?,
-        "vocab_size": get.u64("vocab_size", 32000)?,
-        "seq_length": window.map_or(positions, |w| w.min(positions)),
-        "max_position_embeddings": positions, "position_embedding": "rope", "rotary_base": theta,
+        "num_layers": layers, "hidden_size": hidden,
+        "ffn_hidden_size": get.u64("intermediate_size", defaults.ffn)?,
+        "num_attention_heads": heads,
+        "num_query_groups": get.u64("num_key_value_heads", defaults.groups.unwrap_or(heads))?,
+        "kv_channels": get.u64("head_dim", defaults.head_dim.unwrap_or(hidden / heads.max(1)))?,
+        "vocab_size": get.u64("vocab_size", defaults.vocab)?,
+        "seq_length": positions, "max_position_embeddings": positions,
+        "position_embedding": "rope", "rotary_base": rope.theta,
         "normalization": "rmsnorm", "activation": "swiglu",
-        "norm_epsilon": get.or("rms_norm_eps", json!(if mixtral { 1e-5 } else { 1e-6 })),
+        "norm_epsilon": get.or("rms_norm_eps", json!(defaults.eps)),
         "tie_embeddings": get.or("tie_word_embeddings", json!(false)),
         "add_bias_linear": bias,
         "hidden_dropout": 0.0,
         "attention_dropout": get.or("attention_dropout", json!(0.0)),
         "init_method_std": get.or("initializer_range", json!(0.02)),
     });
-    if mixtral {
-        section["moe"] = json!({
-            "num_experts": get.u64("num_local_experts", 8)?,
-            "router_topk": get.u64("num_experts_per_tok", 2)?,
-            "aux_loss_coeff": get.or("router_aux_loss_coef", json!(0.001)),
-            "ffn_hidden_size": ffn,
-        });
+    if let Some(scaling) = rope.scaling {
+        section["rope_scaling"] = json!(scaling);
+    }
+    if let Some(w) = window {
+        section["window_size"] = json!([w.saturating_sub(1), 0]);
+    }
+    match family {
+        Family::Qwen2 => section["add_qkv_bias"] = json!(true),
+        Family::Qwen3 => section["qk_layernorm"] = json!(true),
+        Family::Mixtral => {
+            let ffn = section["ffn_hidden_size"].clone();
+            section["moe"] = json!({
+                "num_experts": get.u64("num_local_experts", 8)?,
+                "router_topk": get.u64("num_experts_per_tok", 2)?,
+                "aux_loss_coeff": get.or("router_aux_loss_coef", json!(0.001)),
+                "ffn_hidden_size": ffn,
+            });
+        }
+        _ => {}
     }
     Ok((section, problems))
+}
+
+/// The sliding window (transformers' `sliding_window`: keys a query sees, itself included) every
+/// layer attends through; a window on some layers only is a problem at `model.window_size`.
+fn window(
+    get: &Getter<'_>,
+    family: Family,
+    layers: u64,
+    problems: &mut Vec<Finding>,
+) -> Result<Option<u64>, HfError> {
+    let defaults = Defaults::of(family);
+    // null is no window; only a missing key takes the class's default
+    let size = |default: Option<u64>| -> Result<Option<u64>, HfError> {
+        match get.json.get("sliding_window") {
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(w) => w.as_u64().map(Some).ok_or_else(|| {
+                HfError::config(get.path, "sliding_window is not a whole number or null")
+            }),
+        }
+    };
+    match family {
+        Family::Gpt2 | Family::Llama => Ok(None),
+        Family::Mistral | Family::Mixtral => size(defaults.window),
+        Family::Qwen2 | Family::Qwen3 => {
+            if get.or("use_sliding_window", json!(false)) != json!(true) {
+                return Ok(None);
+            }
+            let Some(w) = size(defaults.window)? else {
+                return Ok(None);
+            };
+            let sliding: Vec<bool> = match get.json["layer_types"].as_array() {
+                Some(kinds) => kinds.iter().map(|k| k == "sliding_attention").collect(),
+                None => {
+                    let first = get.u64("max_window_layers", 28)?;
+                    (0..layers).map(|layer| layer >= first).collect()
+                }
+            };
+            if sliding.iter().all(|&s| s) {
+                return Ok(Some(w));
+            }
+            if sliding.iter().any(|&s| s) {
+                let on: Vec<String> = (0..sliding.len())
+                    .filter(|&l| sliding[l])
+                    .map(|l| l.to_string())
+                    .collect();
+                problems.push(Finding::error(
+                    "hf::inexpressible",
+                    "model.window_size",
+                    format!(
+                        "config.json's use_sliding_window with layer_types / max_window_layers \
+                         puts its sliding window of {w} on layers {} of {} only; window_size \
+                         applies to every layer",
+                        on.join(", "),
+                        sliding.len()
+                    ),
+                ));
+            }
+            Ok(None)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -283,10 +443,40 @@ mod tests {
                            "position_embedding": "rope", "rotary_base": 5e5,
                            "normalization": "rmsnorm", "activation": "swiglu",
                            "tie_embeddings": false, "add_bias_linear": true});
-        let mut mixtral = llama.clone();
-        mixtral["add_bias_linear"] = json!(false);
-        mixtral["moe"] = json!({"num_experts": 4, "router_topk": 2, "ffn_hidden_size": 24});
-        for section in [gpt2, llama, mixtral] {
+        let with = |extra: Value| {
+            let mut section = llama.clone();
+            section["add_bias_linear"] = json!(false);
+            for (k, v) in extra.as_object().expect("an object") {
+                section[k] = v.clone();
+            }
+            section
+        };
+        let mixtral = with(json!({"window_size": [31, 0],
+                                  "moe": {"num_experts": 4, "router_topk": 2,
+                                          "ffn_hidden_size": 24}}));
+        let llama3 = with(json!({"rope_scaling": {"type": "llama3", "factor": 8.0,
+                                                  "original_max_position_embeddings": 16}}));
+        let linear = with(json!({"rope_scaling": {"type": "linear", "factor": 2.0}}));
+        let yarn = json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                          "mscale": 0.7, "beta_fast": 16.0});
+        let qwen2 = with(json!({"add_qkv_bias": true, "rope_scaling": yarn}));
+        let qwen2_sliding = with(json!({"add_qkv_bias": true, "window_size": [7, 0]}));
+        let qwen3 = with(json!({"qk_layernorm": true, "window_size": [7, 0],
+                                "rope_scaling": {"type": "yarn", "factor": 2.0,
+                                                 "mscale": 1.0, "mscale_all_dim": 1.0}}));
+        let mistral = with(json!({"window_size": [4095, 0]}));
+        let sections = [
+            gpt2,
+            llama,
+            mixtral,
+            llama3,
+            linear,
+            qwen2,
+            qwen2_sliding,
+            qwen3,
+            mistral,
+        ];
+        for section in sections {
             let ours = model(section);
             let dims = Dims::of(&ours, 41, 128);
             let dir = tempfile::tempdir().expect("tempdir");
@@ -310,21 +500,97 @@ mod tests {
         );
     }
 
-    #[test]
-    fn scaled_rope_and_mismatched_biases_cannot_be_expressed() {
+    fn read(config: Value) -> HfConfig {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = json!({"model_type": "llama", "rope_scaling": {"rope_type": "llama3"},
-                            "attention_bias": true, "mlp_bias": false, "hidden_act": "gelu"});
         std::fs::write(dir.path().join(CONFIG_FILE), config.to_string()).expect("write");
-        let read = HfConfig::read(dir.path()).expect("reads");
-        let paths: Vec<&str> = read.problems.iter().map(|f| f.path.as_str()).collect();
+        HfConfig::read(dir.path()).expect("reads")
+    }
+
+    fn problems(config: &HfConfig) -> Vec<&str> {
+        config.problems.iter().map(|f| f.path.as_str()).collect()
+    }
+
+    #[test]
+    fn unscaled_rope_types_and_mismatched_biases_cannot_be_expressed() {
+        let config = read(
+            json!({"model_type": "llama", "rope_scaling": {"rope_type": "dynamic"},
+                                 "attention_bias": true, "mlp_bias": false,
+                                 "hidden_act": "gelu"}),
+        );
         assert_eq!(
-            paths,
+            problems(&config),
             [
+                "model.rope_scaling",
                 "model.activation",
-                "model.rotary_base",
                 "model.add_bias_linear"
             ]
         );
+        let qwen3 = read(json!({"model_type": "qwen3", "attention_bias": true}));
+        assert_eq!(problems(&qwen3), ["model.add_bias_linear"]);
+    }
+
+    /// Llama 3.1 8B's config.json as published (transformers 4.x spelling).
+    #[test]
+    fn llama_3_1_reads_with_its_scaling() {
+        let config = read(json!({
+            "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+            "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+            "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "vocab_size": 128256, "attention_bias": false, "mlp_bias": false
+        }));
+        assert!(config.problems.is_empty());
+        assert_eq!(config.model.rotary_base, 5e5);
+        let expected: ferrotron_recipe::RopeScaling = serde_json::from_value(json!({
+            "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192
+        }))
+        .expect("a rope_scaling");
+        assert_eq!(config.model.rope_scaling, Some(expected));
+    }
+
+    /// Qwen attends through its window only with use_sliding_window, and only on the layers
+    /// from max_window_layers on (or those layer_types names); one window for some layers is
+    /// refused at window_size. Mistral's window is every layer's, null none, absent 4096.
+    #[test]
+    fn sliding_windows_read_as_each_class_applies_them() {
+        let qwen = |extra: Value| {
+            let mut config = json!({"model_type": "qwen2", "num_hidden_layers": 4,
+                                    "sliding_window": 8});
+            for (k, v) in extra.as_object().expect("an object") {
+                config[k] = v.clone();
+            }
+            read(config)
+        };
+        let off = qwen(json!({"use_sliding_window": false, "max_window_layers": 0}));
+        assert_eq!(off.model.window_size, None);
+        let all = qwen(json!({"use_sliding_window": true, "max_window_layers": 0}));
+        assert_eq!(all.model.window_size, Some([7, 0]));
+        assert!(all.problems.is_empty());
+        let none = qwen(json!({"use_sliding_window": true, "max_window_layers": 4}));
+        assert_eq!((none.model.window_size, none.problems.len()), (None, 0));
+        let some = qwen(json!({"use_sliding_window": true, "max_window_layers": 2}));
+        assert_eq!(problems(&some), ["model.window_size"]);
+        assert!(
+            some.problems[0]
+                .message
+                .contains("on layers 2, 3 of 4 only"),
+            "{}",
+            some.problems[0].message
+        );
+        let typed = qwen(json!({"use_sliding_window": true, "max_window_layers": 4,
+                                "layer_types": vec!["sliding_attention"; 4]}));
+        assert_eq!(typed.model.window_size, Some([7, 0]));
+        let mistral = |window: Option<Value>| {
+            let mut config = json!({"model_type": "mistral"});
+            if let Some(w) = window {
+                config["sliding_window"] = w;
+            }
+            read(config).model.window_size
+        };
+        assert_eq!(mistral(Some(json!(null))), None);
+        assert_eq!(mistral(Some(json!(8))), Some([7, 0]));
+        assert_eq!(mistral(None), Some([4095, 0]));
     }
 }

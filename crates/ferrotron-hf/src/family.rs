@@ -1,10 +1,13 @@
 //! Which transformers class a model is, and what in a recipe's model section that class cannot
 //! express. The classes are fixed functions: `GPT2LMHeadModel` has learned positions, LayerNorm,
-//! GELU and biases; `LlamaForCausalLM` rotary positions, RMSNorm and SwiGLU; Mixtral adds
-//! softmax top-k routing without shared experts. A model outside them would export weights that
-//! transformers silently computes something else with, so every such feature is refused, by the
-//! recipe key that turns it on, before anything is written (and reported at that key's line when
-//! a recipe is imported into).
+//! GELU and biases; `LlamaForCausalLM` rotary positions, RMSNorm and SwiGLU, biases everywhere or
+//! nowhere; `MistralForCausalLM` is LLaMA without biases and with a sliding window;
+//! `Qwen2ForCausalLM` has biases on q, k and v only; `Qwen3ForCausalLM` per-head RMSNorms on q
+//! and k; Mixtral adds softmax top-k routing without shared experts. Every rotary class scales
+//! RoPE the same way (transformers' `rope_parameters`). A model outside them would export
+//! weights that transformers silently computes something else with, so every such feature is
+//! refused, by the recipe key that turns it on, before anything is written (and reported at that
+//! key's line when a recipe is imported into).
 
 use ferrotron_recipe::{
     Activation, LoadBalancing, Model, Normalization, PositionEmbedding, ScoreFunction,
@@ -16,6 +19,9 @@ pub enum Family {
     Gpt2,
     Llama,
     Mixtral,
+    Mistral,
+    Qwen2,
+    Qwen3,
 }
 
 /// A feature of a model section that its class cannot express, at the key that sets it.
@@ -27,13 +33,29 @@ pub struct Refusal {
 }
 
 impl Family {
+    pub const ALL: [Family; 6] = [
+        Family::Gpt2,
+        Family::Llama,
+        Family::Mixtral,
+        Family::Mistral,
+        Family::Qwen2,
+        Family::Qwen3,
+    ];
+
     /// The class a model section maps to: MoE models to Mixtral, learned positions to GPT-2,
-    /// everything else to LLaMA (whose refusals then say what differs).
+    /// q/k norms to Qwen3, q/k/v biases alone to Qwen2, a sliding window to Mistral, everything
+    /// else to LLaMA (whose refusals then say what differs).
     pub fn of(model: &Model) -> Family {
         if model.moe.is_some() {
             Family::Mixtral
         } else if model.position_embedding == PositionEmbedding::Learned {
             Family::Gpt2
+        } else if model.qk_layernorm {
+            Family::Qwen3
+        } else if model.add_qkv_bias && !model.add_bias_linear {
+            Family::Qwen2
+        } else if model.window_size.is_some() {
+            Family::Mistral
         } else {
             Family::Llama
         }
@@ -45,6 +67,9 @@ impl Family {
             Family::Gpt2 => "GPT2LMHeadModel",
             Family::Llama => "LlamaForCausalLM",
             Family::Mixtral => "MixtralForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Qwen3 => "Qwen3ForCausalLM",
         }
     }
 
@@ -54,14 +79,22 @@ impl Family {
             Family::Gpt2 => "gpt2",
             Family::Llama => "llama",
             Family::Mixtral => "mixtral",
+            Family::Mistral => "mistral",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
         }
     }
 
     /// The class for a `model_type`.
     pub fn from_model_type(model_type: &str) -> Option<Family> {
-        [Family::Gpt2, Family::Llama, Family::Mixtral]
+        Family::ALL
             .into_iter()
             .find(|f| f.model_type() == model_type)
+    }
+
+    /// Whether the class can attend through a sliding window on every layer.
+    pub fn has_sliding_window(self) -> bool {
+        !matches!(self, Family::Gpt2 | Family::Llama)
     }
 
     /// Everything in `model` this class cannot express; empty when it is exactly expressible.
@@ -94,8 +127,14 @@ impl Family {
                         format!("{class} derives the head size as hidden_size / heads"),
                     );
                 }
+                if model.rope_scaling.is_some() {
+                    refuse(
+                        "model.rope_scaling",
+                        format!("{class} has learned positions, no rotary embeddings to scale"),
+                    );
+                }
             }
-            Family::Llama | Family::Mixtral => {
+            _ => {
                 if model.position_embedding != PositionEmbedding::Rope {
                     refuse(
                         "model.position_embedding",
@@ -110,10 +149,59 @@ impl Family {
                 }
             }
         }
-        if self == Family::Mixtral && model.add_bias_linear {
+        match self {
+            // GPT-2 exports the biases a model lacks as zeros: any of them are expressible
+            Family::Gpt2 => {}
+            Family::Llama => {
+                if model.add_qkv_bias && !model.add_bias_linear {
+                    refuse(
+                        "model.add_qkv_bias",
+                        format!(
+                            "{class}'s attention_bias puts biases on o_proj too; a q/k/v bias \
+                             alone is Qwen2ForCausalLM's"
+                        ),
+                    );
+                }
+            }
+            Family::Qwen2 => {
+                if model.add_bias_linear {
+                    refuse(
+                        "model.add_bias_linear",
+                        format!("{class} has biases on q, k and v only"),
+                    );
+                } else if !model.add_qkv_bias {
+                    refuse(
+                        "model.add_qkv_bias",
+                        format!("{class} always has biases on q, k and v"),
+                    );
+                }
+            }
+            Family::Mixtral | Family::Mistral | Family::Qwen3 => {
+                if model.add_bias_linear {
+                    refuse(
+                        "model.add_bias_linear",
+                        format!("{class} has no biases in its linear layers"),
+                    );
+                } else if model.add_qkv_bias {
+                    refuse(
+                        "model.add_qkv_bias",
+                        format!("{class} has no biases on q, k and v"),
+                    );
+                }
+            }
+        }
+        if model.qk_layernorm != (self == Family::Qwen3) {
+            let reason = if self == Family::Qwen3 {
+                format!("{class} always normalises each query and key head")
+            } else {
+                format!("{class} has no query/key norms (Qwen3ForCausalLM has)")
+            };
+            refuse("model.qk_layernorm", reason);
+        }
+        if model.window_size.is_some() && !self.has_sliding_window() {
             refuse(
-                "model.add_bias_linear",
-                format!("{class} has no biases in its linear layers"),
+                "model.window_size",
+                format!("{class} has no sliding-window attention"),
             );
         }
         if let Some(moe) = &model.moe {
@@ -169,10 +257,12 @@ impl Family {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn model(extra: serde_json::Value) -> Model {
-        let mut base = serde_json::json!({
+        let mut base = json!({
             "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 16,
             "position_embedding": "rope", "normalization": "rmsnorm", "activation": "swiglu",
             "add_bias_linear": false
@@ -193,7 +283,7 @@ mod tests {
 
     #[test]
     fn deepseek_style_moe_is_refused_feature_by_feature() {
-        let deepseek = model(serde_json::json!({"moe": {
+        let deepseek = model(json!({"moe": {
             "num_experts": 8, "router_topk": 2, "score_function": "sigmoid", "expert_bias": true,
             "num_groups": 4, "group_topk": 2, "layer_freq": 2, "shared_expert_ffn_hidden_size": 64
         }, "add_bias_linear": true}));
@@ -209,26 +299,106 @@ mod tests {
                 "model.moe.shared_expert_ffn_hidden_size",
             ]
         );
-        let mixtral = model(serde_json::json!({"moe": {"num_experts": 8, "router_topk": 2}}));
+        let mixtral = model(json!({"moe": {"num_experts": 8, "router_topk": 2}}));
         assert!(paths(&mixtral).is_empty());
     }
 
     #[test]
     fn mixed_families_name_what_differs() {
-        let learned_rms = model(serde_json::json!({"position_embedding": "learned"}));
+        let learned_rms = model(json!({"position_embedding": "learned"}));
         assert_eq!(Family::of(&learned_rms), Family::Gpt2);
         assert_eq!(
             paths(&learned_rms),
             ["model.normalization", "model.activation"]
         );
-        let gqa_gpt = model(serde_json::json!({
+        let gqa_gpt = model(json!({
             "position_embedding": "learned", "normalization": "layernorm", "activation": "gelu",
             "num_query_groups": 2
         }));
         assert_eq!(paths(&gqa_gpt), ["model.num_query_groups"]);
-        let nope = model(serde_json::json!({"position_embedding": "none"}));
+        let nope = model(json!({"position_embedding": "none"}));
         assert_eq!(paths(&nope), ["model.position_embedding"]);
         // LLaMA has attention_bias and mlp_bias: biases are expressible there
-        assert!(paths(&model(serde_json::json!({"add_bias_linear": true}))).is_empty());
+        assert!(paths(&model(json!({"add_bias_linear": true}))).is_empty());
+    }
+
+    #[test]
+    fn todays_dense_families_are_told_apart_by_their_features() {
+        let cases = [
+            (
+                json!({"rope_scaling": {"type": "llama3", "factor": 8.0}}),
+                Family::Llama,
+            ),
+            (json!({"add_qkv_bias": true}), Family::Qwen2),
+            (
+                json!({"add_qkv_bias": true, "window_size": [7, 0]}),
+                Family::Qwen2,
+            ),
+            (
+                json!({"qk_layernorm": true, "kv_channels": 16}),
+                Family::Qwen3,
+            ),
+            (
+                json!({"qk_layernorm": true, "window_size": [7, 0]}),
+                Family::Qwen3,
+            ),
+            (json!({"window_size": [4095, 0]}), Family::Mistral),
+        ];
+        for (extra, family) in cases {
+            let m = model(extra.clone());
+            assert_eq!(Family::of(&m), family, "{extra}");
+            assert_eq!(paths(&m), Vec::<String>::new(), "{extra}");
+            assert_eq!(Family::from_model_type(family.model_type()), Some(family));
+        }
+    }
+
+    /// Each class refuses, at its key, what it has no weights or switch for, whichever class
+    /// the model section would map to (a recipe checked against another class's config.json).
+    #[test]
+    fn each_class_refuses_the_features_it_lacks() {
+        let refused = |family: Family, extra: serde_json::Value| -> Vec<String> {
+            family
+                .refusals(&model(extra))
+                .into_iter()
+                .map(|r| r.path)
+                .collect()
+        };
+        let window = json!({"window_size": [7, 0]});
+        assert_eq!(
+            refused(Family::Llama, window.clone()),
+            ["model.window_size"]
+        );
+        assert!(refused(Family::Mistral, window.clone()).is_empty());
+        assert_eq!(
+            refused(Family::Qwen2, window.clone()),
+            ["model.add_qkv_bias"]
+        );
+        assert_eq!(
+            refused(Family::Qwen3, json!({"add_qkv_bias": true})),
+            ["model.add_qkv_bias", "model.qk_layernorm"]
+        );
+        assert_eq!(
+            refused(
+                Family::Qwen2,
+                json!({"add_bias_linear": true, "qk_layernorm": true})
+            ),
+            ["model.add_bias_linear", "model.qk_layernorm"]
+        );
+        assert_eq!(
+            refused(Family::Llama, json!({"add_qkv_bias": true})),
+            ["model.add_qkv_bias"]
+        );
+        assert_eq!(
+            refused(Family::Mistral, json!({"add_bias_linear": true})),
+            ["model.add_bias_linear"]
+        );
+        let gpt2 = json!({"position_embedding": "learned", "normalization": "layernorm",
+                          "activation": "gelu", "add_bias_linear": false, "add_qkv_bias": true,
+                          "qk_layernorm": true, "window_size": [7, 0]});
+        // q/k/v biases alone export with zero biases elsewhere
+        assert_eq!(
+            refused(Family::Gpt2, gpt2),
+            ["model.qk_layernorm", "model.window_size"]
+        );
     }
 }

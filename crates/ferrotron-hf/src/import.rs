@@ -74,7 +74,7 @@ impl HfModel {
         // `transformer.` / `model.` prefix that transformers adds on load; add it here.
         let prefix = match config.family {
             Family::Gpt2 => "transformer.",
-            Family::Llama | Family::Mixtral => "model.",
+            _ => "model.",
         };
         let mut files = Vec::new();
         let mut index = HashMap::new();

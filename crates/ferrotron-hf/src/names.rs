@@ -39,6 +39,10 @@ pub struct Dims {
     pub positions: usize,
     /// Whether our model has linear biases.
     pub bias: bool,
+    /// Whether the fused query/key/value projection has a bias (`bias`, or Qwen2's alone).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorms on queries and keys (Qwen3's `q_norm` / `k_norm`).
+    pub qk_norm: bool,
     pub tied: bool,
 }
 
@@ -59,6 +63,8 @@ impl Dims {
             padded_vocab,
             positions: model.max_position_embeddings() as usize,
             bias: model.add_bias_linear,
+            qkv_bias: model.qkv_bias(),
+            qk_norm: model.qk_layernorm,
             tied: model.tie_embeddings,
         }
     }
@@ -232,7 +238,7 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
                 let mlp = format!("{ours}.feed_forward.Dense");
                 linear(
                     &mut push,
-                    dims,
+                    dims.bias,
                     &format!("{hf}.mlp.c_fc"),
                     &format!("{mlp}.fc1"),
                     [h, dims.ffn],
@@ -240,14 +246,14 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
                 );
                 linear(
                     &mut push,
-                    dims,
+                    dims.bias,
                     &format!("{hf}.mlp.c_proj"),
                     &format!("{mlp}.fc2"),
                     [dims.ffn, h],
                     Selection::WHOLE,
                 );
             }
-            Family::Llama => {
+            Family::Llama | Family::Mistral | Family::Qwen2 | Family::Qwen3 => {
                 let mlp = format!("{ours}.feed_forward.Dense");
                 swiglu(
                     &mut push,
@@ -299,6 +305,10 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
     out
 }
 
+/// Our per-head query and key norms' weights, under a layer's `attention` (`ferrotron-model`).
+const QUERY_NORM: &str = "q_norm.Rms.gamma";
+const KEY_NORM: &str = "k_norm.Rms.gamma";
+
 type Push<'a> = dyn FnMut(String, String, Vec<usize>, Selection) + 'a;
 
 fn norms(push: &mut Push<'_>, hf: &str, ours: &str, hidden: usize, norm: Normalization) {
@@ -328,17 +338,17 @@ fn norms(push: &mut Push<'_>, hf: &str, ours: &str, hidden: usize, norm: Normali
     }
 }
 
-/// A linear layer: its weight under `selection`, its bias (when the model has biases) under
-/// the same columns.
+/// A linear layer: its weight under `selection`, its bias (when it has one) under the same
+/// columns.
 fn linear(
     push: &mut Push<'_>,
-    dims: &Dims,
+    bias: bool,
     hf: &str,
     ours: &str,
     shape: [usize; 2],
     selection: Selection,
 ) {
-    if dims.bias {
+    if bias {
         let bias = Selection {
             transpose: false,
             ..selection.clone()
@@ -377,7 +387,7 @@ fn attention(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str) {
         let fused = [query, key, value].concat();
         linear(
             push,
-            dims,
+            dims.qkv_bias,
             &format!("{hf}.attn.c_attn"),
             &qkv_name,
             qkv,
@@ -385,7 +395,7 @@ fn attention(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str) {
         );
         linear(
             push,
-            dims,
+            dims.bias,
             &format!("{hf}.attn.c_proj"),
             &proj_name,
             [heads * d, h],
@@ -395,7 +405,7 @@ fn attention(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str) {
         for (name, columns) in [("q_proj", query), ("k_proj", key), ("v_proj", value)] {
             linear(
                 push,
-                dims,
+                dims.qkv_bias,
                 &format!("{hf}.self_attn.{name}"),
                 &qkv_name,
                 qkv,
@@ -404,12 +414,22 @@ fn attention(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str) {
         }
         linear(
             push,
-            dims,
+            dims.bias,
             &format!("{hf}.self_attn.o_proj"),
             &proj_name,
             [heads * d, h],
             Selection::transposed(),
         );
+        if dims.qk_norm {
+            for (hf_norm, our_norm) in [("q_norm", QUERY_NORM), ("k_norm", KEY_NORM)] {
+                push(
+                    format!("{hf}.self_attn.{hf_norm}.weight"),
+                    format!("{ours}.{our_norm}"),
+                    vec![d],
+                    Selection::WHOLE,
+                );
+            }
+        }
     }
 }
 
@@ -419,7 +439,7 @@ fn swiglu(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str, [gate, up, dow
     let fc1 = format!("{ours}.fc1");
     linear(
         push,
-        dims,
+        dims.bias,
         &format!("{hf}.{gate}"),
         &fc1,
         [h, 2 * f],
@@ -427,7 +447,7 @@ fn swiglu(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str, [gate, up, dow
     );
     linear(
         push,
-        dims,
+        dims.bias,
         &format!("{hf}.{up}"),
         &fc1,
         [h, 2 * f],
@@ -435,7 +455,7 @@ fn swiglu(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str, [gate, up, dow
     );
     linear(
         push,
-        dims,
+        dims.bias,
         &format!("{hf}.{down}"),
         &format!("{ours}.fc2"),
         [f, h],
@@ -447,6 +467,7 @@ fn swiglu(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str, [gate, up, dow
 fn with_zero_biases(out: &mut Vec<Piece>, dims: &Dims) {
     let biased = Dims {
         bias: true,
+        qkv_bias: true,
         ..dims.clone()
     };
     *out = pieces(&biased)

@@ -1,13 +1,15 @@
-//! The name and shape mapping against `config.json` files that transformers 5.24 wrote from
-//! each class's documented defaults (`GPT2Config()`, `LlamaConfig()`, `MixtralConfig()`, under
-//! tests/fixtures/): every tensor name and shape of the first layer and outside the layers is
-//! snapshotted, and the parameter count must be the published one of the model those defaults
-//! describe (GPT-2 small, LLaMA-2 7B, Mixtral 8x7B).
+//! The name and shape mapping against `config.json` files that transformers wrote: 5.24 from
+//! each class's documented defaults (`GPT2Config()`, `LlamaConfig()`, `MixtralConfig()`), 5.25
+//! from the published configurations of Llama 3.1 8B, Qwen2.5 7B, Qwen3 8B and Mistral 7B v0.1
+//! (under tests/fixtures/): every tensor name and shape of the first layer and outside the layers
+//! is snapshotted, and the parameter count must be the published one of the model (GPT-2 small,
+//! LLaMA-2 7B, Mixtral 8x7B, and transformers' own count of the four, on the meta device).
 
 use std::path::Path;
 
 use ferrotron_hf::names::{Dims, pieces};
 use ferrotron_hf::{Family, HfConfig};
+use ferrotron_recipe::RopeScalingType;
 
 fn fixture(name: &str) -> HfConfig {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -67,7 +69,57 @@ fn mixtral_8x7b() {
 }
 
 #[test]
+fn llama_3_1_8b() {
+    let config = fixture("llama3.1");
+    assert_eq!(config.family, Family::Llama);
+    let scaling = config.model.rope_scaling.expect("llama3 scaling");
+    assert_eq!(
+        (scaling.scaling_type, scaling.factor),
+        (RopeScalingType::Llama3, 8.0)
+    );
+    assert_eq!(scaling.original_max_position_embeddings, Some(8192));
+    assert_eq!(config.model.rotary_base, 5e5);
+    let (names, count) = mapping(&config);
+    assert_eq!(count, 8_030_261_248);
+    insta::assert_snapshot!("llama3.1", names);
+}
+
+#[test]
+fn qwen2_5_7b() {
+    let config = fixture("qwen2.5");
+    assert_eq!(config.family, Family::Qwen2);
+    // use_sliding_window: false, whatever sliding_window says
+    assert_eq!(config.model.window_size, None);
+    let (names, count) = mapping(&config);
+    assert_eq!(count, 7_615_616_512);
+    insta::assert_snapshot!("qwen2.5", names);
+}
+
+#[test]
+fn qwen3_8b() {
+    let config = fixture("qwen3");
+    assert_eq!(config.family, Family::Qwen3);
+    assert!(config.model.qk_layernorm);
+    let (names, count) = mapping(&config);
+    assert_eq!(count, 8_190_735_360);
+    insta::assert_snapshot!("qwen3", names);
+}
+
+#[test]
+fn mistral_7b() {
+    let config = fixture("mistral");
+    assert_eq!(config.family, Family::Mistral);
+    assert_eq!(config.model.window_size, Some([4095, 0]));
+    let (names, count) = mapping(&config);
+    assert_eq!(count, 7_241_732_096);
+    insta::assert_snapshot!("mistral", names);
+}
+
+#[test]
 fn defaults_are_their_own_model() {
+    for name in ["llama3.1", "qwen2.5", "qwen3", "mistral"] {
+        assert_eq!(fixture(name).problems, vec![], "{name}");
+    }
     for name in ["llama", "mixtral"] {
         let config = fixture(name);
         assert_eq!(config.problems, vec![], "{name}");

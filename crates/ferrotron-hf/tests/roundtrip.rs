@@ -1,5 +1,6 @@
-//! Export → import round trips, bit for bit, for every family from a one-rank and a tp2·pp2
-//! checkpoint: a tiny model trained one step on thread ranks, exported as transformers files,
+//! Export → import round trips, bit for bit, for every family (LLaMA also with scaled RoPE,
+//! Qwen2 with its q/k/v biases, a window and YaRN, Qwen3 with q/k norms and a head size of its
+//! own, Mistral with a window) from a one-rank and a tp2·pp2 checkpoint: a tiny model trained one step on thread ranks, exported as transformers files,
 //! imported back; every global tensor must come back with the same bits (the vocabulary rows
 //! of the real vocabulary: padding rows are not part of a transformers model), and the import
 //! must load into the run's layout with its vocabulary re-padded.
@@ -59,6 +60,36 @@ fn model(family: &str) -> Value {
             &mut model,
             json!({"moe": {"num_experts": 4, "router_topk": 2, "ffn_hidden_size": 48}}),
         );
+    }
+    // today's dense families, each with what sets it apart on (sequences of 16 tokens:
+    // longer than the window of 8 and the scaled RoPE's original context of 8)
+    let scaled = |scaling: Value| json!({"rope_scaling": scaling});
+    match family {
+        "llama3" => merge(
+            &mut model,
+            scaled(json!({"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8})),
+        ),
+        "qwen2" => merge(
+            &mut model,
+            json!({"add_qkv_bias": true, "window_size": [7, 0],
+                   "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": 8}}),
+        ),
+        "qwen3" => merge(
+            &mut model,
+            json!({"qk_layernorm": true, "kv_channels": 16,
+                   "rope_scaling": {"type": "linear", "factor": 2.0}}),
+        ),
+        "qwen3-biased" => merge(
+            &mut model,
+            json!({"qk_layernorm": true, "add_bias_linear": true}),
+        ),
+        "mistral" => merge(&mut model, json!({"window_size": [7, 0]})),
+        "gpt2-qkv-bias" => merge(
+            &mut model,
+            json!({"add_bias_linear": false, "add_qkv_bias": true}),
+        ),
+        _ => {}
     }
     if family == "deepseek" {
         let moe = json!({"num_experts": 4, "router_topk": 2, "shared_expert_ffn_hidden_size": 32});
@@ -157,6 +188,24 @@ fn inexpressible_models_are_refused_before_anything_is_written() {
     assert!(!out.exists());
 }
 
+#[test]
+fn q_k_norms_with_linear_biases_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, checkpoint) = trained(dir.path(), "qwen3-biased", 1, 1);
+    let out = dir.path().join("hf");
+    let options = ExportOptions {
+        dtype: OutDtype::F32,
+        max_shard_bytes: u64::MAX,
+    };
+    let err = export(&checkpoint, &out, options).expect_err("Qwen3 has no MLP biases");
+    assert_eq!(
+        err.to_string(),
+        "Qwen3ForCausalLM cannot express this model:\n  \
+         model.add_bias_linear: Qwen3ForCausalLM has no biases in its linear layers"
+    );
+    assert!(!out.exists());
+}
+
 /// Train `family` on tp × pp ranks, export (in `dtype`, files of at most `max_shard_bytes`),
 /// import; check every tensor and return the number of safetensors files written.
 fn round_trip(family: &str, tp: u32, pp: u32, dtype: OutDtype, max_shard_bytes: u64) -> usize {
@@ -242,6 +291,15 @@ fn gpt2_bf16_rounds_to_nearest_even() {
     round_trip("gpt2", 1, 1, OutDtype::Bf16, u64::MAX);
 }
 
+/// GPT-2 with q/k/v biases alone: the other biases are exported as zeros and left out again.
+#[test]
+fn gpt2_with_qkv_biases_alone_one_rank() {
+    assert_eq!(
+        round_trip("gpt2-qkv-bias", 1, 1, OutDtype::F32, u64::MAX),
+        1
+    );
+}
+
 #[test]
 fn llama_one_rank() {
     assert_eq!(round_trip("llama", 1, 1, OutDtype::F32, u64::MAX), 1);
@@ -260,6 +318,36 @@ fn mixtral_one_rank() {
 #[test]
 fn mixtral_tp2_pp2_in_sharded_files() {
     assert!(round_trip("mixtral", 2, 2, OutDtype::F32, 30_000) > 1);
+}
+
+#[test]
+fn llama3_scaled_one_rank() {
+    assert_eq!(round_trip("llama3", 1, 1, OutDtype::F32, u64::MAX), 1);
+}
+
+#[test]
+fn qwen2_one_rank() {
+    assert_eq!(round_trip("qwen2", 1, 1, OutDtype::F32, u64::MAX), 1);
+}
+
+#[test]
+fn qwen2_tp2_pp2_in_sharded_files() {
+    assert!(round_trip("qwen2", 2, 2, OutDtype::F32, 30_000) > 1);
+}
+
+#[test]
+fn qwen3_one_rank() {
+    assert_eq!(round_trip("qwen3", 1, 1, OutDtype::F32, u64::MAX), 1);
+}
+
+#[test]
+fn qwen3_tp2_pp2_in_sharded_files() {
+    assert!(round_trip("qwen3", 2, 2, OutDtype::F32, 30_000) > 1);
+}
+
+#[test]
+fn mistral_tp2_pp2_in_sharded_files() {
+    assert!(round_trip("mistral", 2, 2, OutDtype::F32, 30_000) > 1);
 }
 
 /// OpenAI's GPT-2 on the Hub stores the base model's names (`h.0.attn.c_attn.weight`); they

@@ -47,6 +47,10 @@ fn model() -> Model {
         hidden_dropout: 0.0,
         attention_dropout: 0.0,
         init_method_std: 0.02,
+        rope_scaling: None,
+        add_qkv_bias: false,
+        qk_layernorm: false,
+        window_size: None,
         moe: Some(Moe {
             num_experts: 8,
             router_topk: 2,

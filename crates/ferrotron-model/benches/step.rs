@@ -39,6 +39,10 @@ fn tiny_gpt() -> Model {
         attention_dropout: 0.0,
         init_method_std: 0.02,
         moe: None,
+        rope_scaling: None,
+        add_qkv_bias: false,
+        qk_layernorm: false,
+        window_size: None,
     }
 }
 

@@ -15,6 +15,15 @@
 //! attention takes the packed projection whole (`FusedOps::fused_qkv_attention`), rotary
 //! embeddings applied to its query and key slots in place (`FusedOps::fused_rope_qkv`), so
 //! kernels write the projection's gradient in one piece.
+//!
+//! Variants of today's dense families, each Megatron's switch: a bias on the QKV projection
+//! alone (`--add-qkv-bias`, Qwen2.5; split by query group like the weight); QK-norm
+//! (`--qk-layernorm`, Qwen3: the query heads and the key head of the packed projection
+//! normalised over `head_dim` before RoPE, through `FusedOps::fused_qk_norm`, one `[head_dim]`
+//! weight each shared by every head, so replicated over tp with a gradient summed over tp, as
+//! Megatron all-reduces `q_layernorm`/`k_layernorm`); a causal sliding window
+//! (`--window-size`, Mistral: `AttentionSpec::window`, and on the context-parallel path a mask
+//! by global position).
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
@@ -24,8 +33,8 @@ use burn::tensor::module::attention;
 use burn::tensor::{Bool, Tensor, TensorPrimitive};
 use ferrotron_parallel::collectives::gather_from_sequence_region;
 use ferrotron_parallel::{
-    AttentionSpec, Comm, Fp8Linear, Fp8Residual, Fp8Rope, FusedOps, ParallelOps, repeat_groups,
-    solo, split_qkv,
+    AttentionSpec, Comm, Fp8Linear, Fp8Residual, Fp8Rope, FusedOps, ParallelOps, QkNormParams,
+    repeat_groups, solo, split_qkv,
 };
 use ferrotron_recipe::PositionEmbedding;
 
@@ -43,7 +52,14 @@ pub struct SelfAttention<B: Backend> {
     /// `[heads·head_dim, hidden]` (rows divided by tp).
     proj: Linear<B>,
     rope: Option<RotaryEmbedding<B>>,
+    /// QK-norm's query and key norms over `[head_dim]` (Megatron's `q_layernorm`,
+    /// `k_layernorm`), where the model has them.
+    q_norm: Option<Norm<B>>,
+    k_norm: Option<Norm<B>>,
     dropout: Dropout,
+    /// The sliding window's left size (Megatron's `--window-size (left, 0)`).
+    #[module(skip)]
+    window: Option<usize>,
     /// Heads and groups on this rank.
     num_heads: usize,
     num_groups: usize,
@@ -64,17 +80,28 @@ impl<B: Backend> SelfAttention<B> {
         let head_dim = config.kv_channels;
         let std = config.init_method_std;
         let bias = config.add_bias_linear;
+        let qk_norm = || {
+            config
+                .qk_layernorm
+                .then(|| Norm::new(config.normalization, head_dim, config.norm_epsilon, device))
+        };
         let rope = (config.position_embedding == PositionEmbedding::Rope).then(|| {
             // Keep in step with `GptModel::max_sequence_length`.
             let positions = config.max_position_embeddings.max(config.seq_length);
-            RotaryEmbedding::new(head_dim, positions, config.rotary_base, device)
+            RotaryEmbedding::new(
+                head_dim,
+                positions,
+                config.rotary_base,
+                config.rope_scaling.as_ref(),
+                device,
+            )
         });
         SelfAttention {
             qkv: normal_linear(
                 config.hidden_size,
                 (heads + 2 * groups) * head_dim,
                 std,
-                bias,
+                config.add_qkv_bias,
                 device,
             ),
             proj: normal_linear(
@@ -85,7 +112,10 @@ impl<B: Backend> SelfAttention<B> {
                 device,
             ),
             rope,
+            q_norm: qk_norm(),
+            k_norm: qk_norm(),
             dropout: DropoutConfig::new(config.attention_dropout).init(),
+            window: config.window_size.map(|(left, _)| left),
             num_heads: heads,
             num_groups: groups,
             head_dim,
@@ -128,6 +158,12 @@ impl<B: Backend> SelfAttention<B> {
         match name {
             "qkv.weight" => Placement::split(tp, 1, 1),
             "qkv.bias" | "proj.weight" => Placement::split(tp, 0, 1),
+            // Every rank normalises its own heads with the same weights: a partial sum over tp
+            // with or without sequence parallelism.
+            _ if name.starts_with("q_norm.") || name.starts_with("k_norm.") => Placement {
+                tp_partial: tp.size() > 1,
+                ..Placement::replicated(tp)
+            },
             _ => Placement::replicated(tp),
         }
     }
@@ -163,7 +199,8 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
         };
         let [_, seq, _] = x.dims();
         let rope = match &self.rope {
-            Some(rope) if self.packed(positions) => {
+            // QK-norm comes between the projection and RoPE, so RoPE stays out of the node.
+            Some(rope) if self.packed(positions) && self.q_norm.is_none() => {
                 let (cos, sin) = rope.packed_tables(positions, seq);
                 Some(Fp8Rope {
                     cos: cos.into_primitive().tensor(),
@@ -208,11 +245,12 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
         let [batch, seq, _] = qkv.dims();
         let (heads, groups, head_dim) = (self.num_heads, self.num_groups, self.head_dim);
         let per_group = heads / groups;
-        let qkv = qkv.reshape([batch, seq, groups, per_group + 2, head_dim]);
+        let qkv = self.qk_norm(qkv.reshape([batch, seq, groups, per_group + 2, head_dim]));
         let spec = AttentionSpec {
             causal: true,
             scale: None,
             dropout: self.dropout.prob,
+            window: self.window,
         };
         if self.packed(positions) {
             // Straight from the packed projection, rotated in place where the model has RoPE:
@@ -241,7 +279,7 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
         } else {
             (key, value)
         };
-        let context = match positions.future() {
+        let context = match positions.hidden_keys(self.window) {
             // One sequence chunk per rank: causal attention through the fused op (the composed
             // default is the arithmetic this layer always had; a GPU backend runs one kernel
             // on the unrepeated grouped K/V).
@@ -252,17 +290,14 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
                 spec,
             ))),
             // Context parallel: keys from every chunk, masked by global position (composed).
-            Some(future) => {
+            Some(hidden) => {
                 let key = repeat_groups(key, per_group);
                 let value = repeat_groups(value, per_group);
                 if self.dropout.prob > 0.0 && B::ad_enabled(&query.device()) {
-                    self.attention_with_dropout(query, key, value, future.clone())
+                    self.attention_with_dropout(query, key, value, hidden)
                 } else {
                     let [_, _, keys, _] = key.dims();
-                    let mask = future
-                        .clone()
-                        .unsqueeze::<4>()
-                        .expand([batch, heads, seq, keys]);
+                    let mask = hidden.unsqueeze::<4>().expand([batch, heads, seq, keys]);
                     attention(query, key, value, Some(mask), None, Default::default())
                 }
             }
@@ -270,6 +305,25 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
         context
             .swap_dims(1, 2)
             .reshape([batch, seq, heads * head_dim])
+    }
+
+    /// QK-norm of the packed projection `[batch, seq, groups, slots, head_dim]` where the model
+    /// has it (the value slot untouched), else the projection as it is.
+    fn qk_norm(&self, qkv: Tensor<B, 5>) -> Tensor<B, 5> {
+        let (Some(q_norm), Some(k_norm)) = (&self.q_norm, &self.k_norm) else {
+            return qkv;
+        };
+        let (q_weight, q_bias, spec) = q_norm.primitives();
+        let (k_weight, k_bias, _) = k_norm.primitives();
+        let params = QkNormParams {
+            weight: [q_weight, k_weight],
+            bias: q_bias.zip(k_bias).map(|(q, k)| [q, k]),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(B::fused_qk_norm(
+            qkv.into_primitive().tensor(),
+            params,
+            spec,
+        )))
     }
 
     /// The output projection of the `[batch, seq, heads·head_dim]` context.
@@ -282,20 +336,21 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
         )
     }
 
-    /// Attention over gathered keys with a global-position mask and live dropout.
+    /// Attention over gathered keys with a global-position mask (true: hidden) and live
+    /// dropout.
     fn attention_with_dropout(
         &self,
         query: Tensor<B, 4>,
         key: Tensor<B, 4>,
         value: Tensor<B, 4>,
-        future: Tensor<B, 2, Bool>,
+        hidden: Tensor<B, 2, Bool>,
     ) -> Tensor<B, 4> {
         let [batch, heads, seq, _] = query.dims();
         let [_, _, keys, _] = key.dims();
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let scores = query.matmul(key.swap_dims(2, 3)) * scale;
-        let future = future.unsqueeze::<4>().expand([batch, heads, seq, keys]);
-        let probabilities = softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
+        let hidden = hidden.unsqueeze::<4>().expand([batch, heads, seq, keys]);
+        let probabilities = softmax(scores.mask_fill(hidden, f32::NEG_INFINITY), 3);
         self.dropout.forward(probabilities).matmul(value)
     }
 }
@@ -342,6 +397,41 @@ mod tests {
         let b = values(mha.forward(x, &positions));
         for (u, v) in a.iter().zip(&b) {
             assert!((u - v).abs() < 1e-5, "{u} vs {v}");
+        }
+    }
+
+    /// QK-norm makes attention blind to the scale of the query and key projections (the value
+    /// slot is left alone): scaling their columns changes nothing with it and much without it.
+    #[test]
+    fn qk_norm_normalises_query_and_key_heads_but_not_values() {
+        let device = Default::default();
+        // Inputs large enough that the scores, not only their softmax's uniform start, matter.
+        let x = Tensor::<Cpu, 3>::random([2, 6, 16], Distribution::Normal(0.0, 10.0), &device);
+        let positions = SequencePositions::new(6, 0, 1, &device).expect("one cp rank");
+        for qk_layernorm in [true, false] {
+            let mut model = llama_model(); // 4 heads in 2 groups of (2 q, k, v) slots of 4
+            model.qk_layernorm = qk_layernorm;
+            model.norm_epsilon = 1e-12;
+            let attention = SelfAttention::<Cpu>::new(&config(&model), &device);
+            let mut scaled = attention.clone();
+            let slots = Tensor::<Cpu, 1>::from_floats([3.0, 3.0, 3.0, 1.0], &device)
+                .reshape([1, 1, 4, 1])
+                .expand([1, 2, 4, 4])
+                .reshape([1, 32]);
+            scaled.qkv.weight = Param::from_tensor(attention.qkv.weight.val() * slots);
+            let a = values(attention.forward(x.clone(), &positions));
+            let b = values(scaled.forward(x.clone(), &positions));
+            let largest = a
+                .iter()
+                .zip(&b)
+                .map(|(u, v)| (u - v).abs())
+                .fold(0.0, f32::max);
+            let size = a.iter().map(|u| u.abs()).fold(0.0, f32::max);
+            if qk_layernorm {
+                assert!(largest < 1e-5 * size, "{largest} of {size}");
+            } else {
+                assert!(largest > 1e-2 * size, "{largest} of {size}");
+            }
         }
     }
 

@@ -4,12 +4,13 @@
 
 use burn::tensor::backend::Backend;
 use ferrotron_recipe::{
-    Activation, LoadBalancing, Model, Moe, Normalization, PositionEmbedding, ScoreFunction,
-    TokenDispatcher, TokenDropPolicy,
+    Activation, LoadBalancing, Model, Moe, Normalization, PositionEmbedding, RopeScalingType,
+    ScoreFunction, TokenDispatcher, TokenDropPolicy,
 };
 
 use crate::{GptModel, ModelError};
 pub use ferrotron_parallel::GroupLimit;
+pub use ferrotron_recipe::RopeScaling;
 
 /// Every number and switch the model needs, with Megatron's derived defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +34,16 @@ pub struct ModelConfig {
     pub activation: Activation,
     pub tie_embeddings: bool,
     pub add_bias_linear: bool,
+    /// Rotary frequency scaling, every key of its type set (`None`: unscaled).
+    pub rope_scaling: Option<RopeScaling>,
+    /// A bias on the query/key/value projection (true whenever `add_bias_linear` is).
+    pub add_qkv_bias: bool,
+    /// Megatron's `--qk-layernorm`: a per-head norm over `kv_channels` on queries and keys
+    /// before the rotary embedding.
+    pub qk_layernorm: bool,
+    /// `(left, right)` as Megatron's `--window-size`: query `i` sees keys `i - left ..= i`
+    /// (`right` is always 0, causal). `None`: full causal attention.
+    pub window_size: Option<(usize, usize)>,
     pub hidden_dropout: f64,
     pub attention_dropout: f64,
     pub init_method_std: f64,
@@ -164,6 +175,8 @@ impl ModelConfig {
                 });
             }
         }
+        let rope_scaling = resolve_rope_scaling(model)?;
+        let window_size = resolve_window_size(model)?;
         let moe = model
             .moe
             .as_ref()
@@ -187,12 +200,89 @@ impl ModelConfig {
             activation: model.activation,
             tie_embeddings: model.tie_embeddings,
             add_bias_linear: model.add_bias_linear,
+            rope_scaling,
+            add_qkv_bias: model.qkv_bias(),
+            qk_layernorm: model.qk_layernorm,
+            window_size,
             hidden_dropout: model.hidden_dropout,
             attention_dropout: model.attention_dropout,
             init_method_std: model.init_method_std,
             moe,
         })
     }
+}
+
+/// The recipe's rotary scaling with every default filled, or a refusal of what the tables
+/// cannot be built from (the recipe rules say the same with a location; this guards the
+/// configurations built without them).
+fn resolve_rope_scaling(model: &Model) -> Result<Option<RopeScaling>, ModelError> {
+    let Some(scaling) = model.rope_scaling else {
+        return Ok(None);
+    };
+    if model.position_embedding != PositionEmbedding::Rope {
+        return Err(ModelError::Incompatible(
+            "model.rope_scaling scales rotary embeddings; it needs model.position_embedding: rope"
+                .to_owned(),
+        ));
+    }
+    if let Some(key) = scaling.foreign_keys().first() {
+        return Err(ModelError::Incompatible(format!(
+            "model.rope_scaling.{key} does not apply to type {}",
+            scaling.scaling_type.name()
+        )));
+    }
+    let scaling = scaling.with_defaults();
+    if !(scaling.factor.is_finite() && scaling.factor > 0.0) {
+        return Err(ModelError::OutOfRange {
+            field: "rope_scaling.factor",
+            value: scaling.factor,
+            expected: "a finite value > 0",
+        });
+    }
+    positive(
+        "rope_scaling.original_max_position_embeddings",
+        scaling.original_max_position_embeddings(),
+    )?;
+    match scaling.scaling_type {
+        RopeScalingType::Llama3 => {
+            let (low, high) = (scaling.low_freq_factor(), scaling.high_freq_factor());
+            if !(low.is_finite() && high.is_finite() && low > 0.0 && low < high) {
+                return Err(ModelError::Incompatible(format!(
+                    "model.rope_scaling needs 0 < low_freq_factor < high_freq_factor (got {low} and {high})"
+                )));
+            }
+        }
+        RopeScalingType::Linear => {}
+        RopeScalingType::Yarn => {
+            let (fast, slow) = (scaling.beta_fast(), scaling.beta_slow());
+            if !(fast.is_finite() && slow.is_finite() && slow > 0.0 && slow < fast) {
+                return Err(ModelError::Incompatible(format!(
+                    "model.rope_scaling needs 0 < beta_slow < beta_fast (got {slow} and {fast})"
+                )));
+            }
+            for (field, value) in [
+                ("rope_scaling.mscale", scaling.mscale()),
+                ("rope_scaling.mscale_all_dim", scaling.mscale_all_dim()),
+            ] {
+                non_negative(field, value)?;
+            }
+        }
+    }
+    Ok(Some(scaling))
+}
+
+/// The recipe's attention window, refused unless causal (`right` 0) and at least one key back.
+fn resolve_window_size(model: &Model) -> Result<Option<(usize, usize)>, ModelError> {
+    let Some([left, right]) = model.window_size else {
+        return Ok(None);
+    };
+    if right != 0 {
+        return Err(ModelError::Incompatible(format!(
+            "model.window_size [{left}, {right}]: only causal windows are supported (right 0)"
+        )));
+    }
+    positive("window_size[0]", left)?;
+    Ok(Some((to_usize(left), 0)))
 }
 
 impl MoeConfig {

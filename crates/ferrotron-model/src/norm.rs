@@ -10,6 +10,7 @@ use burn::module::{Module, Param};
 use burn::nn::Initializer;
 use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Shape, Tensor, TensorMetadata};
 use ferrotron_parallel::{Fp8InputNorm, FusedOps, NormKind, NormSpec};
 use ferrotron_recipe::Normalization;
@@ -40,6 +41,31 @@ impl<B: Backend> Norm<B> {
             Normalization::Rmsnorm => {
                 Norm::Rms(RmsNormConfig::new(dim).with_epsilon(epsilon).init(device))
             }
+        }
+    }
+}
+
+impl<B: Backend> Norm<B> {
+    /// The weight, the bias (LayerNorm's) and the spec, as primitives for a fused op.
+    pub(crate) fn primitives(&self) -> (FloatTensor<B>, Option<FloatTensor<B>>, NormSpec) {
+        let primitive = |param: &Param<Tensor<B, 1>>| param.val().into_primitive().tensor();
+        match self {
+            Norm::Layer(norm) => (
+                primitive(&norm.gamma),
+                norm.beta.as_ref().map(primitive),
+                NormSpec {
+                    kind: NormKind::Layer,
+                    epsilon: norm.epsilon,
+                },
+            ),
+            Norm::Rms(norm) => (
+                primitive(&norm.gamma),
+                None,
+                NormSpec {
+                    kind: NormKind::Rms,
+                    epsilon: norm.epsilon,
+                },
+            ),
         }
     }
 }

@@ -63,6 +63,8 @@ pub trait DynComm: Send + Sync + fmt::Debug {
     fn barrier(&self) -> Result<(), CommError>;
     /// [`Communicator::members_are_threads`].
     fn members_are_threads(&self) -> bool;
+    /// [`Communicator::agree_on_order`].
+    fn agree_on_order(&self) -> Result<(), CommError>;
 
     /// The concrete communicator, so a backend can take a faster path for a transport it knows
     /// (the CUDA backend's device-side NCCL collectives downcast to its `NcclComm`).
@@ -193,6 +195,9 @@ impl<C: Communicator + Sync + fmt::Debug + 'static> DynComm for C {
     }
     fn members_are_threads(&self) -> bool {
         Communicator::members_are_threads(self)
+    }
+    fn agree_on_order(&self) -> Result<(), CommError> {
+        Communicator::agree_on_order(self)
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

@@ -72,6 +72,26 @@ impl ParallelContext {
         }
     }
 
+    /// Every group's members agree they issued the same collectives so far
+    /// ([`ferrotron_dist::Communicator::agree_on_order`]), checked group by group in one fixed
+    /// order on every rank.
+    pub fn agree_on_order(&self) -> Result<(), ferrotron_dist::CommError> {
+        let groups = [
+            &self.tp,
+            &self.cp,
+            &self.ep,
+            &self.etp,
+            &self.dp,
+            &self.dp_cp,
+            &self.edp,
+            &self.pp,
+        ];
+        for comm in groups.into_iter().chain(&self.embedding) {
+            comm.agree_on_order()?;
+        }
+        Ok(())
+    }
+
     pub fn tp_rank(&self) -> usize {
         self.tp.rank()
     }

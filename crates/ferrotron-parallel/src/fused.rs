@@ -15,8 +15,8 @@
 //! straight from the packed QKV projection (`fused_qkv.rs`), the residual add with hidden dropout
 //! (`fused_dropout.rs`), SwiGLU from the packed projection (`fused_swiglu.rs`), GELU
 //! (`fused_gelu.rs`), the token embedding's lookup (`fused_embedding.rs`), rotary
-//! embeddings on the packed projection (`fused_rope.rs`),
-//! LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
+//! embeddings on the packed projection (`fused_rope.rs`) and its per-head QK-norm
+//! (`fused_qk_norm.rs`), LayerNorm/RMSNorm (`fused_norm.rs`), the MoE experts' grouped matmul
 //! (`fused_grouped.rs`), its routing decisions (`fused_moe.rs`, no gradient) and row gathers
 //! differentiated by gathers (`fused_gather.rs`), the softmax
 //! cross-entropy (`fused_loss.rs`), alone or with the tied output layer (`fused_tied_loss.rs`),
@@ -65,6 +65,10 @@ use crate::fused_norm::{
     NormGrads, NormSaved, NormSpec, NormStats, fold_rows, norm_backward_reference,
     norm_forward_reference,
 };
+use crate::fused_qk_norm::{
+    QkNormGrads, QkNormParams, QkNormSaved, composed_qk_norm, qk_norm_backward_reference,
+    qk_norm_forward_reference,
+};
 use crate::fused_qkv::{
     composed_qkv_attention, qkv_attention_backward_reference, qkv_attention_forward_reference,
 };
@@ -87,6 +91,11 @@ pub struct AttentionSpec {
     /// Dropout probability on the attention probabilities (applied only while autodiff is
     /// enabled, as `burn::nn::Dropout` does).
     pub dropout: f64,
+    /// Sliding-window attention's left window (Megatron's `--window-size (left, 0)`, Transformer
+    /// Engine's `window_size`): query `i` also sees no key before `i − left`, so with `causal`
+    /// it attends `i − left ≤ j ≤ i` (`left + 1` keys). `None`: no left bound. (Hugging Face's
+    /// `sliding_window = w` keeps `w` keys: `left = w − 1`.)
+    pub window: Option<usize>,
 }
 
 impl AttentionSpec {
@@ -95,6 +104,34 @@ impl AttentionSpec {
             causal: true,
             scale: None,
             dropout: 0.0,
+            window: None,
+        }
+    }
+
+    /// The left window where it hides a key of `keys` (a window of `keys − 1` or more leaves
+    /// every key in reach, so it is no mask at all).
+    pub fn effective_window(&self, keys: usize) -> Option<usize> {
+        self.window.filter(|&left| left + 1 < keys)
+    }
+
+    /// The mask of hidden keys `[seq, keys]` (true: hidden), `None` where every key is seen.
+    pub fn hidden_keys<B: Backend>(
+        &self,
+        seq: usize,
+        keys: usize,
+        device: &B::Device,
+    ) -> Option<Tensor<B, 2, Bool>> {
+        // burn's `tril_mask` is true outside the lower triangle: exactly the future keys;
+        // `triu_mask` with offset `−left` is true where `j < i − left`: the keys left behind.
+        let future = self
+            .causal
+            .then(|| Tensor::<B, 2, Bool>::tril_mask([seq, keys], 0, device));
+        let behind = self
+            .effective_window(keys)
+            .map(|left| Tensor::<B, 2, Bool>::triu_mask([seq, keys], -(left as i64), device));
+        match (future, behind) {
+            (Some(future), Some(behind)) => Some(future.bool_or(behind)),
+            (future, behind) => future.or(behind),
         }
     }
 
@@ -424,6 +461,50 @@ pub trait FusedOps: Backend {
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         rope_qkv_backward_reference::<Self>(grad, cos, sin)
+    }
+
+    /// QK-norm (Megatron's `--qk-layernorm`) on the packed projection `qkv [b, s, g, slots, d]`:
+    /// each query head and the key head normalised over `d` and scaled by `params`' query or key
+    /// weight (plus bias, LayerNorm only); the value slot passes through (see `fused_qk_norm.rs`).
+    fn fused_qk_norm(
+        qkv: FloatTensor<Self>,
+        params: QkNormParams<Self>,
+        spec: NormSpec,
+    ) -> FloatTensor<Self> {
+        composed_qk_norm::<Self>(qkv, params, spec)
+    }
+
+    /// Whether [`FusedOps::qk_norm_kernel_forward`] is a real kernel for this projection and
+    /// weight. Default: no.
+    fn has_qk_norm_kernel(
+        qkv: &FloatTensor<Self>,
+        weight: &FloatTensor<Self>,
+        spec: &NormSpec,
+    ) -> bool {
+        let _ = (qkv, weight, spec);
+        false
+    }
+
+    /// QK-norm forward: the normalised projection and the head rows' f32 statistics. Default:
+    /// the reference.
+    fn qk_norm_kernel_forward(
+        qkv: FloatTensor<Self>,
+        params: QkNormParams<Self>,
+        spec: NormSpec,
+    ) -> QkNormSaved<Self> {
+        qk_norm_forward_reference::<Self>(qkv, params, spec)
+    }
+
+    /// QK-norm backward: the packed gradient and the `[query, key]` parameters' gradients from
+    /// the forward's statistics. Default: the reference.
+    fn qk_norm_kernel_backward(
+        qkv: FloatTensor<Self>,
+        weight: [FloatTensor<Self>; 2],
+        has_bias: bool,
+        stats: NormStats<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> QkNormGrads<Self> {
+        qk_norm_backward_reference::<Self>(qkv, weight, has_bias, stats, grad_output)
     }
 
     /// Whether [`FusedOps::norm_kernel_forward`] is a real kernel for these inputs. Default: no.
@@ -774,22 +855,26 @@ pub fn composed_attention<B: Backend>(
     let value = repeat_groups(value, per);
     let [_, _, keys, _] = key.dims();
     let device = query.device();
+    let hidden = |mask: Tensor<B, 2, Bool>| mask.unsqueeze::<4>().expand([batch, heads, seq, keys]);
     let context = if spec.dropout > 0.0 && B::ad_enabled(&device) {
         let scores = query.matmul(key.swap_dims(2, 3)) * spec.scale_for(head_dim);
-        let scores = if spec.causal {
-            // burn's `tril_mask` is true outside the lower triangle: exactly the future keys.
-            let future = Tensor::<B, 2, Bool>::tril_mask([seq, keys], 0, &device)
-                .unsqueeze::<4>()
-                .expand([batch, heads, seq, keys]);
-            scores.mask_fill(future, f32::NEG_INFINITY)
-        } else {
-            scores
+        let scores = match spec.hidden_keys::<B>(seq, keys, &device) {
+            Some(mask) => scores.mask_fill(hidden(mask), f32::NEG_INFINITY),
+            None => scores,
         };
         let probabilities = burn::tensor::activation::softmax(scores, 3);
         DropoutConfig::new(spec.dropout)
             .init()
             .forward(probabilities)
             .matmul(value)
+    } else if spec.effective_window(keys).is_some() {
+        // The band as an explicit mask (burn's attention has only the causal one built in).
+        let options = AttentionModuleOptions {
+            scale: spec.scale,
+            ..Default::default()
+        };
+        let mask = spec.hidden_keys::<B>(seq, keys, &device).map(hidden);
+        burn_attention(query, key, value, mask, None, options)
     } else {
         let options = AttentionModuleOptions {
             is_causal: spec.causal,
@@ -815,13 +900,12 @@ fn scores_f32<B: Backend>(
         .cast(DType::F32)
         .matmul(key.cast(DType::F32).swap_dims(2, 3))
         * spec.scale_for(head_dim);
-    if spec.causal {
-        let future = Tensor::<B, 2, Bool>::tril_mask([seq, keys], 0, &query.device())
-            .unsqueeze::<4>()
-            .expand([batch, heads, seq, keys]);
-        scores.mask_fill(future, f32::NEG_INFINITY)
-    } else {
-        scores
+    match spec.hidden_keys::<B>(seq, keys, &query.device()) {
+        Some(hidden) => {
+            let hidden = hidden.unsqueeze::<4>().expand([batch, heads, seq, keys]);
+            scores.mask_fill(hidden, f32::NEG_INFINITY)
+        }
+        None => scores,
     }
 }
 

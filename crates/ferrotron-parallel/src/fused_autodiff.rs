@@ -6,7 +6,8 @@
 //! never the `[b, h, s, s]` scores or probabilities, which is the memory the fused op saves. The
 //! packed attention node keeps the packed projection instead of three views of it, and hands
 //! back one packed gradient.
-//! The norm node keeps x, γ and two f32 numbers per row instead of every intermediate; the
+//! The norm node keeps x, γ and two f32 numbers per row instead of every intermediate (the
+//! QK-norm node likewise, per head row of the packed projection); the
 //! cross-entropy node the logits, the labels and one f32 log-sum-exp per row; the tied-logits
 //! node its two operands, as burn's matmul does.
 
@@ -34,6 +35,7 @@ use crate::fused_grouped::composed_grouped_matmul;
 use crate::fused_logits::composed_tied_logits;
 use crate::fused_moe::{GroupLimit, MoePermutation};
 use crate::fused_norm::{NormSpec, NormStats, fold_rows};
+use crate::fused_qk_norm::{QkNormParams, composed_qk_norm};
 use crate::fused_qkv::composed_qkv_attention;
 use crate::fused_rope::composed_rope_qkv;
 use crate::fused_swiglu::composed_swiglu;
@@ -411,6 +413,97 @@ pub fn norm_node<B: FusedOps, C: CheckpointStrategy>(
 }
 
 #[derive(Debug)]
+struct QkNormOp;
+
+/// State of one QK-norm node: the projection, the `[query, key]` weights, the head rows'
+/// statistics.
+type QkNormState<B> = (FloatTensor<B>, [FloatTensor<B>; 2], NormStats<B>);
+
+/// Parents are the projection, the query and key weights and, for a LayerNorm, the query and
+/// key biases (`N` = 5).
+impl<B: FusedOps, const N: usize> Backward<B, N> for QkNormOp {
+    type State = QkNormState<B>;
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (qkv, weight, stats) = ops.state;
+        let out = B::qk_norm_kernel_backward(qkv, weight, N == 5, stats, grad);
+        let [q_weight, k_weight] = out.weight;
+        let mut computed = vec![out.qkv, q_weight, k_weight];
+        computed.extend(out.bias.into_iter().flatten());
+        for (parent, grad) in ops.parents.iter().zip(computed) {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+fn finish_qk_norm<B: FusedOps, C: CheckpointStrategy, const N: usize>(
+    prepared: OpsKind<QkNormOp, B, QkNormState<B>, C, N>,
+    qkv: FloatTensor<B>,
+    params: QkNormParams<B>,
+    spec: NormSpec,
+) -> FloatTensor<Autodiff<B, C>> {
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let weight = params.weight.clone();
+            let saved = B::qk_norm_kernel_forward(qkv.clone(), params, spec);
+            prep.finish((qkv, weight, saved.stats), saved.output)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(B::qk_norm_kernel_forward(qkv, params, spec).output)
+        }
+    }
+}
+
+/// Records QK-norm on the packed projection as one node whose forward and backward are `B`'s
+/// kernels (see `fused_qk_norm.rs`); it keeps the projection, the weights and two f32 numbers
+/// per head row. Public so tests can drive the node with a CPU backend's reference kernels.
+pub fn qk_norm_node<B: FusedOps, C: CheckpointStrategy>(
+    qkv: FloatTensor<Autodiff<B, C>>,
+    params: QkNormParams<Autodiff<B, C>>,
+    spec: NormSpec,
+) -> FloatTensor<Autodiff<B, C>> {
+    let [q_weight, k_weight] = params.weight;
+    let inner_weight = [q_weight.primitive.clone(), k_weight.primitive.clone()];
+    match params.bias {
+        Some([q_bias, k_bias]) => {
+            let prepared = QkNormOp
+                .prepare::<C>([
+                    qkv.node.clone(),
+                    q_weight.node.clone(),
+                    k_weight.node.clone(),
+                    q_bias.node.clone(),
+                    k_bias.node.clone(),
+                ])
+                .compute_bound()
+                .stateful();
+            let inner = QkNormParams {
+                weight: inner_weight,
+                bias: Some([q_bias.primitive, k_bias.primitive]),
+            };
+            finish_qk_norm(prepared, qkv.primitive, inner, spec)
+        }
+        None => {
+            let prepared = QkNormOp
+                .prepare::<C>([
+                    qkv.node.clone(),
+                    q_weight.node.clone(),
+                    k_weight.node.clone(),
+                ])
+                .compute_bound()
+                .stateful();
+            let inner = QkNormParams {
+                weight: inner_weight,
+                bias: None,
+            };
+            finish_qk_norm(prepared, qkv.primitive, inner, spec)
+        }
+    }
+}
+
+#[derive(Debug)]
 struct CrossEntropyOp;
 
 /// State of one cross-entropy node: the logits, the labels and the per-row log-sum-exp.
@@ -670,6 +763,18 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             rope_qkv_node::<B, C>(qkv, cos, sin)
         } else {
             composed_rope_qkv::<Self>(qkv, cos, sin)
+        }
+    }
+
+    fn fused_qk_norm(
+        qkv: FloatTensor<Self>,
+        params: QkNormParams<Self>,
+        spec: NormSpec,
+    ) -> FloatTensor<Self> {
+        if B::has_qk_norm_kernel(&qkv.primitive, &params.weight[0].primitive, &spec) {
+            qk_norm_node::<B, C>(qkv, params, spec)
+        } else {
+            composed_qk_norm::<Self>(qkv, params, spec)
         }
     }
 

@@ -44,6 +44,7 @@ mod fused_logits;
 mod fused_loss;
 mod fused_moe;
 mod fused_norm;
+mod fused_qk_norm;
 mod fused_qkv;
 mod fused_rope;
 mod fused_swiglu;
@@ -75,7 +76,7 @@ pub use fused_adamw::{
 };
 pub use fused_autodiff::{
     attention_node, cross_entropy_node, dropout_add_node, grouped_matmul_node, norm_node,
-    qkv_attention_node, rope_qkv_node, swiglu_node, tied_logits_node,
+    qk_norm_node, qkv_attention_node, rope_qkv_node, swiglu_node, tied_logits_node,
 };
 pub use fused_dropout::{DropoutMask, DropoutSaved, composed_dropout_add};
 pub use fused_embedding::{composed_embedding, embedding_backward_reference, embedding_node};
@@ -105,6 +106,10 @@ pub use fused_moe::{
 pub use fused_norm::{
     NormGrads, NormKind, NormSaved, NormSpec, NormStats, composed_norm, norm,
     norm_backward_reference, norm_forward_reference,
+};
+pub use fused_qk_norm::{
+    QkNormGrads, QkNormParams, QkNormSaved, composed_qk_norm, qk_norm_backward_reference,
+    qk_norm_forward_reference,
 };
 pub use fused_qkv::{composed_qkv_attention, split_qkv};
 pub use fused_rope::composed_rope_qkv;

@@ -5,6 +5,10 @@
 //! recomputation is not counted, and core attention is halved for the causal mask (newer
 //! Megatron; older releases counted the full s² term). Keeping the exact formula lets users
 //! compare our MFU with Megatron's logs number for number.
+//!
+//! The same function counts neither a sliding window (`--window-size`: the core-attention term
+//! stays `s/2` per query, as if every earlier key were seen), nor QK-norm, nor the QKV bias,
+//! nor RoPE scaling: Megatron's MFU of a Mistral or Qwen3 run is computed that way, so ours is.
 
 use ferrotron_recipe::{Activation, Model, Recipe};
 
@@ -46,6 +50,23 @@ fn ffn_expansion(model: &Model) -> f64 {
 pub(crate) fn core_attention_per_layer_token(model: &Model, seq: f64) -> f64 {
     let q = f64::from(model.kv_channels()) * f64::from(model.num_attention_heads);
     FORWARD_BACKWARD * FMA * q * seq / 2.0 * 2.0
+}
+
+/// The share of the causal score triangle a sliding window leaves (1 without one): each query
+/// `i` of a sequence of `s` sees `min(i + 1, left + 1)` keys instead of `i + 1`. Megatron's
+/// FLOPs ignore it (see the module docs); the time model scales core attention by it, because
+/// a windowed kernel skips the hidden blocks.
+pub(crate) fn window_share(model: &Model) -> f64 {
+    let s = f64::from(model.seq_length);
+    let Some([left, _]) = model.window_size else {
+        return 1.0;
+    };
+    let w = f64::from(left) + 1.0;
+    if w >= s {
+        return 1.0;
+    }
+    let seen = w * (w + 1.0) / 2.0 + (s - w) * w;
+    seen / (s * (s + 1.0) / 2.0)
 }
 
 /// Attention projections per layer per token: h·(q + k + v) + q·h.
@@ -168,5 +189,35 @@ mod tests {
         // 16 dense layers: 6·4096·14336·3 = 1,056,964,608 each.
         let flops = token_flops(&recipe.model, 32000);
         close(flops.mlp, 16.0 * 2_189_426_688.0 + 16.0 * 1_056_964_608.0);
+    }
+
+    /// Megatron's formula has no term for a window, QK-norm, the QKV bias or scaled RoPE.
+    #[test]
+    fn window_qk_norm_qkv_bias_and_rope_scaling_add_no_flops() {
+        let plain = llama3_8b();
+        let mut variant = plain.clone();
+        variant.model.window_size = Some([4095, 0]);
+        variant.model.qk_layernorm = true;
+        variant.model.add_qkv_bias = true;
+        variant.model.rope_scaling = Some(
+            serde_json::from_value(serde_json::json!({"type": "llama3", "factor": 8.0}))
+                .expect("rope_scaling"),
+        );
+        assert_eq!(
+            flops_per_iteration(&variant, 128_256, 128),
+            flops_per_iteration(&plain, 128_256, 128)
+        );
+    }
+
+    #[test]
+    fn a_window_keeps_its_share_of_the_causal_triangle() {
+        let mut recipe = llama3_8b();
+        assert_eq!(window_share(&recipe.model), 1.0);
+        recipe.model.seq_length = 4;
+        recipe.model.window_size = Some([1, 0]);
+        // queries see 1, 2, 2, 2 keys of the causal 1, 2, 3, 4
+        close(window_share(&recipe.model), 7.0 / 10.0);
+        recipe.model.window_size = Some([3, 0]);
+        assert_eq!(window_share(&recipe.model), 1.0);
     }
 }

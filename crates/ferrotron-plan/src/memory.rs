@@ -65,9 +65,9 @@ fn local_parameters(setup: &Setup<'_>, stage: &StageInfo) -> LocalParameters {
     let (tp, ep, etp) = (f64::from(d.tp), f64::from(d.ep), f64::from(d.etp));
     let p = &setup.params;
     let h = f64::from(model.hidden_size);
-    // Row-parallel output biases and norms are replicated over tensor ranks.
+    // Row-parallel output biases and norms (QK-norm's too) are replicated over tensor ranks.
     let bias = if model.add_bias_linear { h } else { 0.0 };
-    let replicated_attention = bias;
+    let replicated_attention = bias + crate::params::qk_norm_parameters(model) as f64;
     let attention =
         (p.attention_per_layer as f64 - replicated_attention) / tp + replicated_attention;
     let norms = p.norms_per_layer as f64;

@@ -16,7 +16,8 @@ pub struct ParameterCount {
     pub embedding: u64,
     /// Learned absolute positions: max_position_embeddings × hidden (0 for RoPE / none).
     pub position_embedding: u64,
-    /// Self-attention of one layer: QKV and output projections with their biases.
+    /// Self-attention of one layer: QKV and output projections with their biases, and
+    /// QK-norm's two norms where the model has them.
     pub attention_per_layer: u64,
     /// The two norms of one layer (input and pre-MLP).
     pub norms_per_layer: u64,
@@ -62,6 +63,16 @@ pub(crate) fn norm_parameters(model: &Model, width: u64) -> u64 {
     }
 }
 
+/// QK-norm's query and key norms of one layer (each over `kv_channels`, shared by the heads),
+/// 0 without `qk_layernorm`.
+pub(crate) fn qk_norm_parameters(model: &Model) -> u64 {
+    if model.qk_layernorm {
+        2 * norm_parameters(model, u64::from(model.kv_channels()))
+    } else {
+        0
+    }
+}
+
 /// Parameters of one MLP (fc1 and fc2, with biases when the model has them).
 pub(crate) fn mlp_parameters(model: &Model, ffn: u64) -> u64 {
     let h = u64::from(model.hidden_size);
@@ -87,12 +98,10 @@ pub fn parameter_count(model: &Model, padded_vocab_size: u32) -> ParameterCount 
 
     let qkv_out = (heads + 2 * groups) * kv;
     let proj_in = heads * kv;
-    let attention_biases = if model.add_bias_linear {
-        qkv_out + h
-    } else {
-        0
-    };
-    let attention_per_layer = h * qkv_out + proj_in * h + attention_biases;
+    let qkv_bias = if model.qkv_bias() { qkv_out } else { 0 };
+    let proj_bias = if model.add_bias_linear { h } else { 0 };
+    let attention_per_layer =
+        h * qkv_out + proj_in * h + qkv_bias + proj_bias + qk_norm_parameters(model);
     let norms_per_layer = 2 * norm_parameters(model, h);
     let mlp_per_layer = mlp_parameters(model, u64::from(model.ffn_hidden_size()));
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::flops::{
     attention_projections_per_layer_token, core_attention_per_layer_token,
-    dense_mlp_per_layer_token, logits_per_token, moe_mlp_per_layer_token,
+    dense_mlp_per_layer_token, logits_per_token, moe_mlp_per_layer_token, window_share,
 };
 use crate::setup::Setup;
 use crate::stages::StageInfo;
@@ -113,9 +113,13 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     if stage.has_output_layer {
         gemm += tokens * logits_per_token(model, setup.padded_vocab) / tp;
     }
-    // Core attention over the full (causal) sequence for this rank's queries.
-    let mut attention =
-        tokens * layers * core_attention_per_layer_token(model, f64::from(model.seq_length)) / tp;
+    // Core attention over the full (causal) sequence for this rank's queries, of which a sliding
+    // window computes only its band.
+    let mut attention = tokens
+        * layers
+        * core_attention_per_layer_token(model, f64::from(model.seq_length))
+        * window_share(model)
+        / tp;
     if recompute != RecomputeGranularity::None {
         attention *= 4.0 / 3.0;
     }

@@ -69,6 +69,20 @@ const FULL: &[&str] = &[
 
 const NODROP: &[&str] = &["model.attention_dropout=0.0", "model.hidden_dropout=0.0"];
 
+/// The 8B-class presets of issue 45 cut to 4 layers: hidden 4096 (Qwen2.5's 3584) and the real
+/// head layout, vocabulary, switches and sequence, one GPU, no recomputation. (The script reads
+/// the corpus with the GPT-2 tokenizer, whose ids fit every vocabulary here but Mistral's.)
+const DENSE_4L: &[&str] = &[
+    "model.num_layers=4",
+    "parallel.tensor=1",
+    "parallel.pipeline=1",
+    "parallel.context=1",
+    "parallel.sequence_parallel=false",
+    "recompute.granularity=none",
+    "recompute.method=null",
+    "recompute.num_layers=null",
+];
+
 /// One row of the script's `benches`: name, preset, micro batch, extra overrides (the script's
 /// arrays, concatenated).
 struct Bench {
@@ -198,6 +212,30 @@ const BENCHES: &[Bench] = &[
         preset: "llama3-8b",
         micro_batch: 6,
         extra: &[LLAMA_1B, FP8],
+    },
+    Bench {
+        name: "llama3.1-8b-4l",
+        preset: "llama3.1-8b",
+        micro_batch: 2,
+        extra: &[DENSE_4L],
+    },
+    Bench {
+        name: "qwen2.5-7b-4l",
+        preset: "qwen2.5-7b",
+        micro_batch: 4,
+        extra: &[DENSE_4L],
+    },
+    Bench {
+        name: "qwen3-8b-4l",
+        preset: "qwen3-8b",
+        micro_batch: 4,
+        extra: &[DENSE_4L],
+    },
+    Bench {
+        name: "mistral-7b-4l",
+        preset: "mistral-7b",
+        micro_batch: 2,
+        extra: &[DENSE_4L, &[GPT2_VOCAB]],
     },
     Bench {
         name: "moe-8x",

@@ -126,6 +126,183 @@ pub struct Model {
     /// Mixture-of-Experts layers; absent for a dense model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<Moe>,
+    /// Rotary frequency scaling for a context longer than the one trained first (Llama 3.1's
+    /// `llama3`, `linear`, `yarn`); absent: unscaled rotary embeddings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
+    /// Megatron's `--add-qkv-bias`: a bias on the query/key/value projection only, every other
+    /// linear layer without (Qwen2.5). `add_bias_linear: true` implies it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub add_qkv_bias: bool,
+    /// Megatron's `--qk-layernorm`: normalize each query and each key head over its head
+    /// dimension (with the model's `normalization`) before the rotary embedding (Qwen3, OLMo2).
+    /// One weight of `kv_channels` for queries and one for keys, shared by every head.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_layernorm: bool,
+    /// Megatron's `--window-size` `[left, right]`: query `i` sees keys `i - left ..= i + right`
+    /// (TransformerEngine's and flash-attention's convention); only causal windows
+    /// (`right: 0`) are supported. Hugging Face's `sliding_window: W` (Mistral) lets a query see
+    /// `W` keys, itself included, so it is `[W - 1, 0]`. Absent: full causal attention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_size: Option<[u32; 2]>,
+}
+
+/// How rotary frequencies are scaled, with the parameters of Hugging Face's `rope_scaling`
+/// (whose names Megatron-Core's rotary embeddings take too). Which keys apply depends on
+/// `type`; the semantic rules refuse a key of another type, and an unset key of this type
+/// takes the default its method returns.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RopeScaling {
+    #[serde(rename = "type")]
+    pub scaling_type: RopeScalingType,
+    /// How many times longer the context is (Megatron's `--rope-scaling-factor`).
+    #[schemars(range(min = 0.0))]
+    pub factor: f64,
+    /// `llama3`: wavelengths longer than original context / low_freq_factor are divided by
+    /// `factor`. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub low_freq_factor: Option<f64>,
+    /// `llama3`: wavelengths shorter than original context / high_freq_factor are kept.
+    /// Default 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub high_freq_factor: Option<f64>,
+    /// `llama3` and `yarn`: the context the model was first trained at. Default 8192 (`llama3`,
+    /// Llama 3.1's) or 4096 (`yarn`, Megatron-Core's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub original_max_position_embeddings: Option<u32>,
+    /// `yarn`: rotations per original context above which a frequency is kept. Default 32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta_fast: Option<f64>,
+    /// `yarn`: rotations per original context below which a frequency is interpolated.
+    /// Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta_slow: Option<f64>,
+    /// `yarn`: the attention temperature's scale. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mscale: Option<f64>,
+    /// `yarn`: the temperature scale divided out (DeepSeek-V3 sets it equal to `mscale`).
+    /// Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mscale_all_dim: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RopeScalingType {
+    /// Llama 3.1: long wavelengths divided by `factor`, short ones kept, a smooth blend between.
+    Llama3,
+    /// Positions divided by `factor` (position interpolation).
+    Linear,
+    /// YaRN: NTK-by-parts interpolation and an attention temperature on cos/sin.
+    Yarn,
+}
+
+impl RopeScalingType {
+    /// The keys of [`RopeScaling`] besides `type` and `factor` this type reads.
+    pub fn keys(self) -> &'static [&'static str] {
+        match self {
+            RopeScalingType::Llama3 => &[
+                "low_freq_factor",
+                "high_freq_factor",
+                "original_max_position_embeddings",
+            ],
+            RopeScalingType::Linear => &[],
+            RopeScalingType::Yarn => &[
+                "original_max_position_embeddings",
+                "beta_fast",
+                "beta_slow",
+                "mscale",
+                "mscale_all_dim",
+            ],
+        }
+    }
+
+    /// The name as written in a recipe.
+    pub fn name(self) -> &'static str {
+        match self {
+            RopeScalingType::Llama3 => "llama3",
+            RopeScalingType::Linear => "linear",
+            RopeScalingType::Yarn => "yarn",
+        }
+    }
+}
+
+impl RopeScaling {
+    pub fn low_freq_factor(&self) -> f64 {
+        self.low_freq_factor.unwrap_or(1.0)
+    }
+
+    pub fn high_freq_factor(&self) -> f64 {
+        self.high_freq_factor.unwrap_or(4.0)
+    }
+
+    pub fn original_max_position_embeddings(&self) -> u32 {
+        self.original_max_position_embeddings
+            .unwrap_or(match self.scaling_type {
+                RopeScalingType::Yarn => 4096,
+                _ => 8192,
+            })
+    }
+
+    pub fn beta_fast(&self) -> f64 {
+        self.beta_fast.unwrap_or(32.0)
+    }
+
+    pub fn beta_slow(&self) -> f64 {
+        self.beta_slow.unwrap_or(1.0)
+    }
+
+    pub fn mscale(&self) -> f64 {
+        self.mscale.unwrap_or(1.0)
+    }
+
+    pub fn mscale_all_dim(&self) -> f64 {
+        self.mscale_all_dim.unwrap_or(0.0)
+    }
+
+    /// The keys set here that `type` does not read (each one a mistake the rules refuse).
+    pub fn foreign_keys(&self) -> Vec<&'static str> {
+        let set = [
+            ("low_freq_factor", self.low_freq_factor.is_some()),
+            ("high_freq_factor", self.high_freq_factor.is_some()),
+            (
+                "original_max_position_embeddings",
+                self.original_max_position_embeddings.is_some(),
+            ),
+            ("beta_fast", self.beta_fast.is_some()),
+            ("beta_slow", self.beta_slow.is_some()),
+            ("mscale", self.mscale.is_some()),
+            ("mscale_all_dim", self.mscale_all_dim.is_some()),
+        ];
+        let own = self.scaling_type.keys();
+        set.into_iter()
+            .filter(|(key, is_set)| *is_set && !own.contains(key))
+            .map(|(key, _)| key)
+            .collect()
+    }
+
+    /// A copy with every key of its type set to the value used (what `recipe show` prints).
+    pub fn with_defaults(&self) -> RopeScaling {
+        let own = self.scaling_type.keys();
+        let pick = |key: &str, value: f64| own.contains(&key).then_some(value);
+        RopeScaling {
+            scaling_type: self.scaling_type,
+            factor: self.factor,
+            low_freq_factor: pick("low_freq_factor", self.low_freq_factor()),
+            high_freq_factor: pick("high_freq_factor", self.high_freq_factor()),
+            original_max_position_embeddings: own
+                .contains(&"original_max_position_embeddings")
+                .then_some(self.original_max_position_embeddings()),
+            beta_fast: pick("beta_fast", self.beta_fast()),
+            beta_slow: pick("beta_slow", self.beta_slow()),
+            mscale: pick("mscale", self.mscale()),
+            mscale_all_dim: pick("mscale_all_dim", self.mscale_all_dim()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -932,6 +1109,12 @@ impl Model {
         u32::try_from(padded).unwrap_or(u32::MAX)
     }
 
+    /// Whether the query/key/value projection has a bias (`add_qkv_bias`, or every linear
+    /// layer's through `add_bias_linear`).
+    pub fn qkv_bias(&self) -> bool {
+        self.add_qkv_bias || self.add_bias_linear
+    }
+
     /// Whether layer `index` (0-based) is an MoE layer.
     pub fn is_moe_layer(&self, index: u32) -> bool {
         self.moe
@@ -967,6 +1150,9 @@ impl Recipe {
         m.num_query_groups = Some(self.model.num_query_groups());
         m.kv_channels = Some(self.model.kv_channels());
         m.max_position_embeddings = Some(self.model.max_position_embeddings());
+        if let Some(scaling) = m.rope_scaling.as_mut() {
+            *scaling = scaling.with_defaults();
+        }
         if let Some(moe) = m.moe.as_mut() {
             moe.ffn_hidden_size = Some(moe.expert_ffn_hidden_size(&self.model));
         }
@@ -1089,5 +1275,44 @@ mod tests {
         half.parallel.distributed_timeout_minutes = Some(0.5);
         assert_eq!(half.parallel.distributed_timeout(), Duration::from_secs(30));
         assert_ne!(half.content_hash(), recipe.content_hash());
+    }
+
+    /// The dense families' keys are left out of a recipe that does not use them (recipes
+    /// written before them keep their hash), and `recipe show` prints each scaling type's
+    /// defaults.
+    #[test]
+    fn the_dense_family_keys_keep_old_hashes_and_show_their_defaults() {
+        let recipe = crate::rules::fixture::recipe();
+        let json = serde_json::to_value(&recipe).expect("serializes");
+        for key in [
+            "rope_scaling",
+            "add_qkv_bias",
+            "qk_layernorm",
+            "window_size",
+        ] {
+            assert!(json["model"].get(key).is_none(), "{key}: {json}");
+        }
+        let mut qwen = recipe.clone();
+        qwen.model.qk_layernorm = true;
+        assert_ne!(qwen.content_hash(), recipe.content_hash());
+        let mut llama = recipe.clone();
+        llama.model.rope_scaling = Some(
+            serde_json::from_value(serde_json::json!({"type": "llama3", "factor": 8.0}))
+                .expect("llama3"),
+        );
+        let shown = llama
+            .with_derived_defaults()
+            .model
+            .rope_scaling
+            .expect("kept");
+        assert_eq!(
+            (
+                shown.low_freq_factor,
+                shown.high_freq_factor,
+                shown.original_max_position_embeddings,
+                shown.beta_fast
+            ),
+            (Some(1.0), Some(4.0), Some(8192), None)
+        );
     }
 }

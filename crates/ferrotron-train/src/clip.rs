@@ -6,8 +6,10 @@ use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_parallel::{FusedOps, OrderedSum};
+
+use crate::host_read::read_to_host;
 
 /// The L2 norm of all gradients of `model` together (one device sync).
 pub(crate) fn global_grad_norm<B, M>(model: &M, grads: &GradientsParams) -> f64
@@ -16,7 +18,7 @@ where
     M: AutodiffModule<B>,
 {
     match grad_sum_of_squares::<B, M>(model, grads) {
-        Some(total) => total.into_scalar().to_f64().sqrt(),
+        Some(total) => read_to_host(|| total.into_scalar().to_f64()).sqrt(),
         None => 0.0,
     }
 }
@@ -56,6 +58,27 @@ pub(crate) fn device_clip_coefficient<I: Backend>(
     })
 }
 
+/// [`clip_coefficient`] of the norm `√sum_of_squares`, computed on the device in f64 and
+/// rounded to f32 (`[1]`): the host's coefficient to the bit (square root, sum and quotient are
+/// correctly rounded in both), without waiting for the norm. 1 when clipping is off.
+pub(crate) fn exact_device_clip_coefficient<I: Backend>(
+    sum_of_squares: &Tensor<I, 1>,
+    max_norm: f64,
+) -> Tensor<I, 1> {
+    let device = sum_of_squares.device();
+    let scalar = |value: f64| {
+        Tensor::<I, 1>::from_data(TensorData::new(vec![value], [1]), (&device, DType::F64))
+    };
+    if max_norm <= 0.0 {
+        return scalar(1.0).cast(DType::F32);
+    }
+    let norm = sum_of_squares.clone().cast(DType::F64).sqrt();
+    scalar(max_norm)
+        .div(norm + scalar(1e-6))
+        .clamp_max(1.0)
+        .cast(DType::F32)
+}
+
 /// The factor gradients are multiplied by so their global norm is at most `max_norm`
 /// (Megatron: `max_norm / (norm + 1e-6)` when below 1; `max_norm` 0 disables clipping).
 pub(crate) fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
@@ -91,6 +114,8 @@ mod tests {
     use super::*;
     use crate::params::tests::{CpuAutodiff, tiny};
 
+    type Cpu = crate::CpuBackend;
+
     #[test]
     fn norm_spans_all_parameters() {
         let device = Default::default();
@@ -107,6 +132,32 @@ mod tests {
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         let norm = global_grad_norm::<CpuAutodiff, _>(&model, &grads);
         assert!((norm - 20f64.sqrt()).abs() < 1e-6, "norm {norm}");
+    }
+
+    #[test]
+    fn the_device_coefficient_is_the_hosts_to_the_bit() {
+        let device = Default::default();
+        let mut state: u64 = 7;
+        for max_norm in [0.0, 0.3, 1.0, 5.0] {
+            for _ in 0..200 {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // sums of squares from 1e-6 to 1e6, around every max_norm²
+                let exponent = (state >> 40) as f64 / (1u64 << 24) as f64 * 12.0 - 6.0;
+                let squares = 10f64.powf(exponent) as f32;
+                let tensor = Tensor::<Cpu, 1>::from_floats([squares], &device);
+                let on_device = exact_device_clip_coefficient(&tensor, max_norm)
+                    .into_scalar()
+                    .to_f32();
+                let host = clip_coefficient(f64::from(squares).sqrt(), max_norm) as f32;
+                assert_eq!(
+                    on_device.to_bits(),
+                    host.to_bits(),
+                    "Σg² {squares}, max {max_norm}"
+                );
+            }
+        }
     }
 
     #[test]

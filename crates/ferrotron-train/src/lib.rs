@@ -16,10 +16,12 @@ mod eval_batches;
 mod fault;
 mod flat_adamw;
 mod fp8;
+mod host_read;
 mod init;
 mod lr_schedule;
 mod parallel;
 mod params;
+mod pending;
 pub mod precision;
 mod replicas;
 mod resume;
@@ -45,7 +47,7 @@ pub(crate) use clip::{clip_coefficient, global_grad_norm};
 pub(crate) use lr_schedule::LrSchedule;
 #[cfg(test)]
 pub(crate) use parallel::train_threads_detailed;
-pub(crate) use step::PendingStats;
+pub(crate) use pending::PendingStats;
 
 /// The CPU backend (burn-flex) used for inference and evaluation.
 pub type CpuBackend = burn::backend::Flex;

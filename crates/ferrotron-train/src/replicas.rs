@@ -24,6 +24,7 @@ use ferrotron_parallel::{Comm, InFlight, ParallelOps, ReduceOp, prefetch};
 use crate::TrainError;
 use crate::error::comm_error;
 use crate::flat_adamw::{FlatGrads, Group, Layout, from_primitive, gather_group, primitive};
+use crate::host_read::read_to_host;
 
 /// Elements per gradient bucket (Megatron's `--ddp-bucket-size` default of 40M).
 pub(crate) const GRAD_BUCKET_ELEMENTS: usize = 40_000_000;
@@ -485,7 +486,7 @@ pub(crate) fn sum_loads(comm: &Comm, loads: &mut ExpertLoads) -> Result<(), Trai
         return Ok(());
     }
     let mut flat: Vec<u64> = loads.layers.iter().flatten().copied().collect();
-    comm.all_reduce_u64(&mut flat, ReduceOp::Sum)
+    read_to_host(|| comm.all_reduce_u64(&mut flat, ReduceOp::Sum))
         .map_err(|e| comm_error("expert-load all-reduce", e))?;
     let mut at = 0;
     for layer in &mut loads.layers {

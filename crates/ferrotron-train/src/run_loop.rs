@@ -3,6 +3,17 @@
 //! conditions. What a step *is* (one model, or pipeline chunks with collectives) sits behind
 //! [`RankStep`]; what gets printed and written (metrics, JSONL, TensorBoard, progress) is the
 //! [`Reporter`]'s, which only global rank 0 has.
+//!
+//! Steps are queued and their statistics read only where the loop needs them — a logged step,
+//! an evaluation, a checkpoint, the exit interval, the last step — all queued steps at once, in
+//! one host read (`crate::pending`). Those iterations are the same on every rank, and so is what
+//! is read, so decisions taken from it are the ranks' common ones: a non-finite step fails all
+//! of them, and a stop (SIGTERM/SIGINT, which some ranks may see an iteration before others) is
+//! agreed there by a device all-reduce of the ranks' flags read with the statistics. Megatron's
+//! `--exit-signal-handler` agrees every iteration by reading an all-gather, a host
+//! synchronisation per step; here a signal takes effect at the next logged step (one iteration
+//! later when that step's read is deferred), the price of no host read between them. A rank
+//! alone has nobody to agree with and stops on its flag after the step it is in.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -19,6 +30,7 @@ use serde::Serialize;
 
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::eval_batches::eval_start;
+use crate::pending::{DeviceValues, read_together};
 use crate::resume::ResumeState;
 use crate::setup::{RunSetup, write_run_dir};
 use crate::{Microbatch, PendingStats, StepContext, StepStats, StopFlag, TrainError};
@@ -133,9 +145,17 @@ pub(crate) trait RankStep {
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,
     ) -> Result<PathBuf, TrainError>;
-    /// Whether `local` holds on any rank. A stop must be agreed, or the ranks that go on would
+    /// Whether the rank has peers to agree with on stopping: alone, it stops on its own flag.
+    fn has_peers(&self) -> bool;
+    /// Queues the agreement on stopping: a value above 0 when `local` holds on any rank, read
+    /// with the queued steps' statistics. A stop must be agreed, or the ranks that go on would
     /// wait forever for those that stopped.
-    fn any_rank(&self, local: bool) -> Result<bool, TrainError>;
+    fn agree_stop(&self, local: bool) -> DeviceValues;
+    /// Every group's members issued the same collectives so far (debug builds check it after
+    /// each step: `ferrotron_dist::OrderDigest`); nothing to check for a rank alone.
+    fn agree_on_order(&self) -> Result<(), TrainError> {
+        Ok(())
+    }
 }
 
 /// What the loop reads, shared by every rank of the process.
@@ -486,11 +506,16 @@ pub(crate) fn run_loop(
     let mut clock = StepClock::new(tokens_per_iteration, u64::from(global_batch));
     let mut deferred: Option<DeferredLine> = None;
     let mut unread: Vec<PendingStats> = Vec::new();
+    // the ranks' agreement on stopping, queued at the last read point and not read yet
+    let mut vote: Option<DeviceValues> = None;
+    let has_peers = stepper.has_peers();
 
     let first_iteration = state.iteration + 1;
     while state.iteration < train_iters {
         let iteration = state.iteration + 1;
-        fail::fail_point!("train-step");
+        fail::fail_point!("train-step", |what| -> Result<RunSummary, TrainError> {
+            ferrotron_dist::fault::die(what)
+        });
         let microbatches = rank_microbatches(context, state.consumed_samples)?;
         let lr = context.setup.schedule.lr(iteration, state.consumed_tokens);
         let step_context = StepContext {
@@ -507,6 +532,9 @@ pub(crate) fn run_loop(
             context.options.memory.log_device("before the first step");
         }
         let pending = stepper.step(&microbatches, step_context)?;
+        if cfg!(debug_assertions) {
+            stepper.agree_on_order()?;
+        }
         if first {
             context
                 .options
@@ -520,15 +548,19 @@ pub(crate) fn run_loop(
         state.consumed_tokens += tokens_per_iteration;
         summary.iteration = iteration;
         unread.push(pending);
+        // whether the ranks agreed to stop, in a read of this iteration
+        let mut agreed_stop = false;
         if let Some(line) = deferred.take() {
             let newest = unread.pop();
-            let stats = read_queued(
+            let (stats, stop) = read_queued(
                 &mut unread,
+                vote.take(),
                 &mut summary,
                 &mut interval,
                 &mut clock,
                 metrics(&reporter),
             )?;
+            agreed_stop |= stop;
             unread.extend(newest);
             end_interval(
                 &mut reporter,
@@ -555,17 +587,26 @@ pub(crate) fn run_loop(
             .is_some_and(|n| n > 0 && iteration.is_multiple_of(n) && !last);
         // The host reads the queued steps only when it must: to log, evaluate, save or stop. A
         // non-finite step surfaces here, before anything is saved (a deferred line's step one
-        // iteration later, still before anything is saved).
-        let must_read = last || eval_due || interval_due || stop_requested || exit_due;
+        // iteration later, still before anything is saved). Every rank reads at the same
+        // iterations, and ranks with peers agree on a stop only there (see the module docs): a
+        // rank alone stops on its own flag at once.
+        let must_read =
+            last || eval_due || interval_due || exit_due || (stop_requested && !has_peers);
+        if has_peers && (must_read || log_due) {
+            vote = Some(stepper.agree_stop(stop_requested));
+        }
         let defer = log_due && !must_read && queued;
         let stats = if must_read || (log_due && !defer) {
-            read_queued(
+            let (stats, stop) = read_queued(
                 &mut unread,
+                vote.take(),
                 &mut summary,
                 &mut interval,
                 &mut clock,
                 metrics(&reporter),
-            )?
+            )?;
+            agreed_stop |= stop;
+            stats
         } else {
             None
         };
@@ -606,7 +647,12 @@ pub(crate) fn run_loop(
             }
         }
 
-        let stop = if stepper.any_rank(stop_requested)? {
+        let signalled = if has_peers {
+            agreed_stop
+        } else {
+            stop_requested
+        };
+        let stop = if signalled {
             Some(StopReason::Signal)
         } else if exit_due {
             Some(StopReason::ExitInterval)
@@ -615,8 +661,9 @@ pub(crate) fn run_loop(
         };
         if stop.is_some() {
             // Another rank's stop: this rank's queued steps are read before it saves.
-            let stats = read_queued(
+            let (stats, _) = read_queued(
                 &mut unread,
+                vote.take(),
                 &mut summary,
                 &mut interval,
                 &mut clock,
@@ -714,18 +761,21 @@ fn log_line(
     reporter.log_step(&step_metrics, interval.lm_loss / steps, &line.state)
 }
 
-/// Reads the queued steps in order into the run's losses and the log interval's sums; the last
-/// one's statistics (for the log line) come back. A non-finite step is the error here.
+/// Reads the queued steps in order into the run's losses and the log interval's sums, and the
+/// ranks' `vote` on stopping with them, in one host read; the last step's statistics (for the
+/// log line) and whether the ranks agreed to stop come back. A non-finite step is the error
+/// here.
 fn read_queued(
     unread: &mut Vec<PendingStats>,
+    vote: Option<DeviceValues>,
     summary: &mut RunSummary,
     interval: &mut Interval,
     clock: &mut StepClock,
     metrics: Option<&Metrics>,
-) -> Result<Option<StepStats>, TrainError> {
+) -> Result<(Option<StepStats>, bool), TrainError> {
+    let (steps, stop) = read_together(std::mem::take(unread), vote)?;
     let mut last = None;
-    for pending in unread.drain(..) {
-        let step = pending.read()?;
+    for step in steps {
         summary.last_loss = Some(step.loss);
         summary.losses.push(step.loss);
         interval.loss += step.loss;
@@ -734,7 +784,7 @@ fn read_queued(
     }
     // Nothing queued before the read is left to run: those steps are done now.
     clock.settle(metrics);
-    Ok(last)
+    Ok((last, stop))
 }
 
 /// The microbatches of this rank's share of the training global batch that starts at

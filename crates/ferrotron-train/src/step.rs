@@ -19,6 +19,8 @@ use crate::adamw::Laid;
 use crate::backward::fence_peers;
 use crate::clip::device_clip_coefficient;
 use crate::flat_adamw::{FlatGrads, Sum, take_grads};
+use crate::host_read::read_to_host;
+use crate::pending::{DeviceValues, PendingStats};
 use crate::replicas::{BucketReduction, Replicas};
 use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
 
@@ -100,52 +102,6 @@ pub struct StepContext {
     pub clip_grad: f64,
 }
 
-/// A step's [`StepStats`], read from the device when the caller asks (a logged step), not when
-/// the step is queued: on a GPU each read waits for every queued kernel, so a step that read its
-/// loss per microbatch and its gradient norm before clipping would stall the queue three times.
-pub(crate) struct PendingStats {
-    read: Box<dyn FnOnce() -> Result<StepStats, TrainError>>,
-    waits: bool,
-}
-
-impl PendingStats {
-    /// Statistics already on the host.
-    pub(crate) fn ready(stats: StepStats) -> Self {
-        Self {
-            read: Box::new(move || Ok(stats)),
-            waits: false,
-        }
-    }
-
-    /// Statistics `read` fetches when asked; `waits`: it waits for the step queued on a device.
-    pub(crate) fn later(
-        read: impl FnOnce() -> Result<StepStats, TrainError> + 'static,
-        waits: bool,
-    ) -> Self {
-        Self {
-            read: Box::new(read),
-            waits,
-        }
-    }
-
-    /// Whether reading waits for queued device work: for every step queued before the read, not
-    /// only this one (the loop's step times rely on it).
-    pub(crate) fn waits(&self) -> bool {
-        self.waits
-    }
-
-    /// The statistics; a non-finite loss or gradient norm is the step's error.
-    pub(crate) fn read(self) -> Result<StepStats, TrainError> {
-        (self.read)()
-    }
-}
-
-impl std::fmt::Debug for PendingStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PendingStats")
-    }
-}
-
 /// Run one optimizer step. On a non-finite loss or gradient norm nothing is applied: the error
 /// names the iteration and the value, and the caller stops without saving.
 pub fn train_step<B>(
@@ -206,10 +162,9 @@ where
     })?;
     let grads = single.unwrap_or_else(|| accumulator.grads());
     let read = |values: &[Tensor<B::InnerBackend, 1>]| {
-        values
-            .iter()
-            .fold(0.0, |sum, v| sum + v.clone().into_scalar().to_f64())
-            * scale
+        values.iter().fold(0.0, |sum, v| {
+            sum + read_to_host(|| v.clone().into_scalar().to_f64())
+        }) * scale
     };
     let loss = read(&pass.losses);
     let lm_loss = read(&pass.lm_losses);
@@ -425,19 +380,14 @@ where
     }
     let iteration = context.iteration;
     let lr = context.lr;
-    let read = move || {
-        let inner_device = losses.device();
-        let zero = || Tensor::<B::InnerBackend, 1>::zeros([1], (&inner_device, DType::F32));
-        let parts = vec![
-            losses,
-            squares.map_or_else(zero, |s| s.cast(DType::F32)),
-            clip.unwrap_or_else(|| zero().add_scalar(1.0)),
-        ];
-        let values = Tensor::cat(parts, 0)
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .map_err(|e| TrainError::Config(format!("reading the step's statistics: {e:?}")))?;
+    let inner_device = losses.device();
+    let zero = || Tensor::<B::InnerBackend, 1>::zeros([1], (&inner_device, DType::F32));
+    let parts = vec![
+        losses,
+        squares.map_or_else(zero, |s| s.cast(DType::F32)),
+        clip.unwrap_or_else(|| zero().add_scalar(1.0)),
+    ];
+    let decode = move |values: &[f32]| {
         let mean = |v: &[f32]| v.iter().map(|&x| f64::from(x)).sum::<f64>() * scale;
         let loss = mean(&values[..count]);
         let lm_loss = mean(&values[count..2 * count]);
@@ -452,7 +402,11 @@ where
             lr,
         })
     };
-    Ok((model, PendingStats::later(read, B::device_resident_step())))
+    let values = DeviceValues::new(parts);
+    Ok((
+        model,
+        PendingStats::later(Some(values), decode, B::device_resident_step()),
+    ))
 }
 
 /// The forward and backward passes of a replicated rank whose last microbatch's gradients are
@@ -528,7 +482,7 @@ pub fn evaluate<B: Backend + ParallelOps>(
         .iter()
         .map(|microbatch| {
             let (inputs, labels) = microbatch.tensors::<B>(device);
-            model.loss(inputs, labels).lm_loss.into_scalar().to_f64()
+            read_to_host(|| model.loss(inputs, labels).lm_loss.into_scalar().to_f64())
         })
         .sum();
     total / microbatches.len() as f64

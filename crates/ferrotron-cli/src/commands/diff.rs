@@ -203,6 +203,8 @@ fn resume_risk(path: &str) -> Option<&'static str> {
         "model.activation",
         "model.tie_embeddings",
         "model.add_bias_linear",
+        "model.add_qkv_bias",
+        "model.qk_layernorm",
         "model.moe",
         "model.moe.num_experts",
         "model.moe.layer_freq",
@@ -216,6 +218,9 @@ fn resume_risk(path: &str) -> Option<&'static str> {
         "model.vocab_size" | "model.make_vocab_size_divisible_by" => Some("vocabulary"),
         "training.seed" => Some("seed"),
         "model.seq_length" => Some("data samples"),
+        _ if path.starts_with("model.window_size") || path.starts_with("model.rope_scaling") => {
+            Some("model shape")
+        }
         "data.split" | "data.json_key" => Some("data blend"),
         _ if path.starts_with("data.tokenizer") => Some("tokenizer"),
         _ if path == "data.blend" || path.starts_with("data.blend.") => Some("data blend"),

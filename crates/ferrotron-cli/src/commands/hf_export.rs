@@ -12,7 +12,8 @@ use crate::exit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Format {
-    /// Hugging Face transformers (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM).
+    /// Hugging Face transformers (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
+    /// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM).
     Hf,
 }
 

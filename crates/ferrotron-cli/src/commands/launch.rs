@@ -377,7 +377,11 @@ where
     };
     let ctx = ParallelContext::from_groups(groups, plan.recipe.parallel.sequence_parallel);
     match train_rank::<B>(plan, ctx, tokenizer, options, device) {
-        Ok(summary) => Ok(summary),
+        Ok(summary) => {
+            // Done with the world: the peers still writing are told this is no failure.
+            ferrotron_dist::watchdog::global().leave();
+            Ok(summary)
+        }
         Err(err) => {
             world.abort(&err.to_string());
             Err(flat(err))
@@ -398,11 +402,28 @@ fn join_world(env: &LaunchEnv, plan: &Plan) -> anyhow::Result<ferrotron_dist::Tc
             env.rank, config.master_addr, config.master_port
         )
     })?;
+    watch_world(env.rank, config.timeout);
     ferrotron_dist::check_agreement(&world, "plan hash", &plan.plan_hash).context(
         "the ranks planned different runs; start every rank with the same recipe, --set \
          overrides and FERROTRON_* variables",
     )?;
+    // In the world, before its first collective of training (the fault tests' "before").
+    fail::fail_point!("rank-joined", |what| -> anyhow::Result<
+        ferrotron_dist::TcpComm,
+    > { ferrotron_dist::fault::die(what) });
     Ok(world)
+}
+
+/// Arms the process watchdog (`ferrotron_dist::watchdog`): from here on no wait of this rank
+/// outlives the distributed timeout, a failed peer ends it, and a wait nothing can release ends
+/// the process with the reason and exit code 1.
+fn watch_world(rank: u32, timeout: std::time::Duration) {
+    let dog = ferrotron_dist::watchdog::global();
+    dog.on_stuck(Box::new(move |reason| {
+        crate::failure::sayln!("error: rank {rank}: {reason}; ending the process");
+        std::process::exit(i32::from(crate::exit::FAILED));
+    }));
+    dog.arm(rank, timeout);
 }
 
 /// One GPU rank over NCCL: the world communicator (its unique id over the TCP rendezvous of
@@ -470,7 +491,10 @@ fn train_gpu_rank_nccl(
     let device = ferrotron_cuda::GpuDevice::new(ordinal);
     use_recipe_dtype::<B>(plan, &device, "over NCCL")?;
     match train_rank::<B>(plan, ctx, tokenizer, options, &device) {
-        Ok(summary) => Ok(summary),
+        Ok(summary) => {
+            ferrotron_dist::watchdog::global().leave();
+            Ok(summary)
+        }
         Err(err) => {
             nccl_world.abort(&err.to_string());
             Err(flat(err))

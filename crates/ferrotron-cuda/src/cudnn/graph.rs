@@ -40,6 +40,7 @@ pub enum Pw {
     Log,
     Identity,
     CmpGe,
+    CmpGt,
     BinarySelect,
     GenIndex { axis: i64 },
 }
@@ -194,7 +195,7 @@ impl Graph {
     /// Pointwise op into an existing tensor `y`, f32 math.
     pub fn pw_into(&mut self, mode: Pw, x: i64, b: Option<i64>, t: Option<i64>, y: i64) {
         let prec = match mode {
-            Pw::CmpGe => Dt::Bool,
+            Pw::CmpGe | Pw::CmpGt => Dt::Bool,
             _ => Dt::F32,
         };
         assert_eq!(

@@ -31,6 +31,7 @@ use crate::kernels::elementwise::full;
 use crate::tensor::CudaTensor;
 use graph::{Dt, Graph, Op, Pw, Red};
 use sdpa::SdpaKey;
+pub use sdpa::SdpaMask;
 
 /// Whether `libcudnn` can be opened here.
 pub fn available() -> bool {
@@ -159,6 +160,7 @@ fn pointwise_mode(mode: Pw) -> cs::cudnnPointwiseMode_t {
         Pw::Log => CUDNN_POINTWISE_LOG,
         Pw::Identity => CUDNN_POINTWISE_IDENTITY,
         Pw::CmpGe => CUDNN_POINTWISE_CMP_GE,
+        Pw::CmpGt => CUDNN_POINTWISE_CMP_GT,
         Pw::BinarySelect => CUDNN_POINTWISE_BINARY_SELECT,
         Pw::GenIndex { .. } => CUDNN_POINTWISE_GEN_INDEX,
     }
@@ -757,6 +759,20 @@ pub fn supports(q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> bool {
         && q.shape()[1].is_multiple_of(k.shape()[1].max(1))
 }
 
+/// Whether this cuDNN's fused attention takes `mask` with `dropout`: a sliding window from 9.2,
+/// with dropout from 9.10.2 (cudnn-frontend's SDPA support checks). Without cuDNN, yes: the first
+/// call then names what to install.
+pub fn supports_mask(mask: SdpaMask, dropout: f64) -> bool {
+    mask_supported_by(version(), mask, dropout)
+}
+
+fn mask_supported_by(version: Option<usize>, mask: SdpaMask, dropout: f64) -> bool {
+    match version {
+        Some(v) if mask.window.is_some() => v >= 90200 && (dropout == 0.0 || v >= 91002),
+        _ => true,
+    }
+}
+
 /// What the forward produced and the backward needs.
 #[derive(Debug, Clone)]
 pub struct SdpaForward {
@@ -776,12 +792,12 @@ fn seed_offset(device: &Arc<CudaDevice>, rng: [u64; 2]) -> Result<(CudaTensor, C
     Ok((fill(rng[0])?, fill(rng[1])?))
 }
 
-/// Fused attention forward: `softmax(scale·q·kᵀ (+ causal mask)) (dropout) · v`.
+/// Fused attention forward: `softmax(scale·q·kᵀ (+ causal mask, sliding window)) (dropout) · v`.
 pub fn sdpa_forward(
     q: &CudaTensor,
     k: &CudaTensor,
     v: &CudaTensor,
-    causal: bool,
+    mask: SdpaMask,
     scale: f32,
     dropout: f32,
 ) -> Result<SdpaForward> {
@@ -810,7 +826,7 @@ pub fn sdpa_forward(
         seq_kv: skv as i64,
         head_dim: d as i64,
         dtype: dt,
-        causal,
+        mask,
         dropout_bits: if dropout > 0.0 { dropout.to_bits() } else { 0 },
         strides: vec![q_s, k_s, v_s, o_s],
     };
@@ -827,6 +843,7 @@ pub fn sdpa_forward(
         1.0 / (1.0 - dropout),
         1.0 - dropout,
         1.0,
+        mask.left_bound().unwrap_or(0.0),
     ];
     let mut pointers: HashMap<i64, *mut c_void> = HashMap::new();
     pointers.insert(sdpa::Q, ptr(&q));
@@ -837,6 +854,7 @@ pub fn sdpa_forward(
     pointers.insert(sdpa::SCALE, (&mut scalars[0] as *mut f32).cast());
     pointers.insert(sdpa::NEG_INF, (&mut scalars[1] as *mut f32).cast());
     pointers.insert(sdpa::DROPOUT_SCALE, (&mut scalars[2] as *mut f32).cast());
+    pointers.insert(sdpa::LEFT_BOUND, (&mut scalars[5] as *mut f32).cast());
     let rng_tensors = if dropout > 0.0 {
         Some(seed_offset(device, rng)?)
     } else {
@@ -863,7 +881,7 @@ pub fn sdpa_backward(
     v: &CudaTensor,
     saved: &SdpaForward,
     grad: &CudaTensor,
-    causal: bool,
+    mask: SdpaMask,
     scale: f32,
     dropout: f32,
 ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
@@ -874,7 +892,7 @@ pub fn sdpa_backward(
     let dk = bshd(device, b, g, skv, d, q.dtype())?;
     let dv = bshd(device, b, g, skv, d, q.dtype())?;
     let grads = [dq, dk, dv];
-    sdpa_backward_into(q, k, v, saved, grad, causal, scale, dropout, &grads)?;
+    sdpa_backward_into(q, k, v, saved, grad, mask, scale, dropout, &grads)?;
     let [dq, dk, dv] = grads;
     Ok((dq, dk, dv))
 }
@@ -889,7 +907,7 @@ pub fn sdpa_backward_into(
     v: &CudaTensor,
     saved: &SdpaForward,
     grad: &CudaTensor,
-    causal: bool,
+    mask: SdpaMask,
     scale: f32,
     dropout: f32,
     grads: &[CudaTensor; 3],
@@ -939,7 +957,7 @@ pub fn sdpa_backward_into(
         seq_kv: skv as i64,
         head_dim: d as i64,
         dtype: dt,
-        causal,
+        mask,
         dropout_bits: if dropout > 0.0 { dropout.to_bits() } else { 0 },
         strides: vec![q_s, k_s, v_s, o_s, do_s, strides[0], strides[1], strides[2]],
     };
@@ -950,6 +968,7 @@ pub fn sdpa_backward_into(
         1.0 / (1.0 - dropout),
         1.0 - dropout,
         1.0,
+        mask.left_bound().unwrap_or(0.0),
     ];
     let mut pointers: HashMap<i64, *mut c_void> = HashMap::new();
     for (uid, t) in [
@@ -972,6 +991,7 @@ pub fn sdpa_backward_into(
     pointers.insert(sdpa::DROPOUT_SCALE, (&mut scalars[2] as *mut f32).cast());
     pointers.insert(sdpa::DROPOUT_KEEP, (&mut scalars[3] as *mut f32).cast());
     pointers.insert(sdpa::ONE, (&mut scalars[4] as *mut f32).cast());
+    pointers.insert(sdpa::LEFT_BOUND, (&mut scalars[5] as *mut f32).cast());
     let rng_tensors = if dropout > 0.0 {
         Some(seed_offset(device, saved.rng)?)
     } else {
@@ -983,4 +1003,28 @@ pub fn sdpa_backward_into(
     }
     let _timer = crate::timing::scope(device, "attention_bwd(cudnn)");
     execute(device, handle, (&key, &plan), &pointers, &[&accum], &op)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sliding_window_needs_cudnn_9_2_and_with_dropout_9_10_2() {
+        let window = SdpaMask {
+            causal: true,
+            window: Some(4095),
+        };
+        let causal = SdpaMask {
+            window: None,
+            ..window
+        };
+        assert!(mask_supported_by(Some(90100), causal, 0.1));
+        assert!(!mask_supported_by(Some(90100), window, 0.0));
+        assert!(mask_supported_by(Some(90200), window, 0.0));
+        assert!(!mask_supported_by(Some(91001), window, 0.1));
+        // The GPU machine's cuDNN.
+        assert!(mask_supported_by(Some(91900), window, 0.1));
+        assert!(mask_supported_by(None, window, 0.1));
+    }
 }

@@ -9,7 +9,9 @@
 //! strided across groups, so cuDNN gets a contiguous copy of the query and its gradient is
 //! written to a fresh tensor and copied into its slots once.
 
-use super::{SdpaForward, in_place_strides, sdpa_backward, sdpa_backward_into, sdpa_forward};
+use super::{
+    SdpaForward, SdpaMask, in_place_strides, sdpa_backward, sdpa_backward_into, sdpa_forward,
+};
 use crate::error::{CudaError, OpContext, Result};
 use crate::layout::SliceArg;
 use crate::tensor::CudaTensor;
@@ -75,13 +77,13 @@ pub fn supports_packed(qkv: &CudaTensor) -> bool {
 /// output is the same data as `[b, h, s, d]`).
 pub fn packed_forward(
     qkv: &CudaTensor,
-    causal: bool,
+    mask: SdpaMask,
     scale: f32,
     dropout: f32,
 ) -> Result<SdpaForward> {
     let (q, k, v) = views(qkv)?;
     let q = query(qkv, q)?;
-    let mut forward = sdpa_forward(&q, &k, &v, causal, scale, dropout)?;
+    let mut forward = sdpa_forward(&q, &k, &v, mask, scale, dropout)?;
     forward.output = forward.output.swap_dims(1, 2)?;
     Ok(forward)
 }
@@ -92,7 +94,7 @@ pub fn packed_backward(
     qkv: &CudaTensor,
     saved: &SdpaForward,
     grad: &CudaTensor,
-    causal: bool,
+    mask: SdpaMask,
     scale: f32,
     dropout: f32,
 ) -> Result<CudaTensor> {
@@ -115,7 +117,7 @@ pub fn packed_backward(
                 &v,
                 &saved,
                 &grad,
-                causal,
+                mask,
                 scale,
                 dropout,
                 &[dq, dk, dv],
@@ -123,7 +125,7 @@ pub fn packed_backward(
         }
         None => {
             let (dq, dk_fresh, dv_fresh) =
-                sdpa_backward(&q, &k, &v, &saved, &grad, causal, scale, dropout)?;
+                sdpa_backward(&q, &k, &v, &saved, &grad, mask, scale, dropout)?;
             let [b, s, g, per, d] = packed_dims(qkv).expect("checked by views");
             let into = |range, from: &CudaTensor, heads: usize| -> Result<()> {
                 let slot = slots(&packed, range)?;

@@ -1,9 +1,13 @@
 //! The scaled-dot-product attention graphs cuDNN's fused flash-attention engines recognise,
 //! node for node as NVIDIA's cudnn-frontend builds them (`CompositeSDPANode` and
-//! `CompositeSDPABackwardNode` in `scaled_dot_product_flash_attention.h`, causal mask from
-//! `attn_score_modifiers.h`/`diagonal_band_mask.h`, softmax with stats from `softmax.h`):
+//! `CompositeSDPABackwardNode` in `scaled_dot_product_flash_attention.h`, causal mask and
+//! sliding window from `attn_score_modifiers.h`'s `sliding_window_mask` as
+//! `diagonal_band_mask.h`'s `CompositeDiagonalBandMaskNode` builds them for cuDNN before 9.21
+//! (the GPU machine has 9.19; 9.21's single band-mask operation is not needed), softmax with
+//! stats from `softmax.h`):
 //!
-//! forward: `S = Q·Kᵀ` → `·scale` → causal select(-inf) → max, sub, exp, sum, `stats = max +
+//! forward: `S = Q·Kᵀ` → `·scale` → causal select(-inf) (→ window select(-inf)) → max, sub,
+//! exp, sum, `stats = max +
 //! ln sum`, div → (dropout: `·Bernoulli(1-p)·1/(1-p)`) → `O = P·V`;
 //!
 //! backward: `softmax_sum = Σ dO∘O (· (1-p))` (f32, in memory), `P = exp(Q·Kᵀ·scale − stats)`
@@ -30,6 +34,24 @@ pub const NEG_INF: i64 = 21;
 pub const ONE: i64 = 22;
 pub const DROPOUT_SCALE: i64 = 23;
 pub const DROPOUT_KEEP: i64 = 24;
+/// cudnn-frontend's `diagonal_band_left_bound` (`left + 1`) as an f32 scalar.
+pub const LEFT_BOUND: i64 = 25;
+
+/// Which keys a query sees, top-left aligned (query `i`, key `j`): `j ≤ i` when `causal`, and
+/// `j ≥ i − left` with a sliding `window` of `left` (Megatron's `--window-size (left, 0)`;
+/// cudnn-frontend's `diagonal_band_left_bound` is `left + 1`: it keeps `j + bound > i`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SdpaMask {
+    pub causal: bool,
+    pub window: Option<i64>,
+}
+
+impl SdpaMask {
+    /// The left bound's value, for the variant pack.
+    pub fn left_bound(&self) -> Option<f32> {
+        self.window.map(|left| (left + 1) as f32)
+    }
+}
 
 /// Everything that selects one compiled plan: shapes, element strides of every tensor with
 /// memory, dtype, mask and dropout. (The scale and the dropout seed are run-time values.)
@@ -43,7 +65,7 @@ pub struct SdpaKey {
     pub seq_kv: i64,
     pub head_dim: i64,
     pub dtype: Dt,
-    pub causal: bool,
+    pub mask: SdpaMask,
     /// Dropout probability as f32 bits (0 = none).
     pub dropout_bits: u32,
     /// `[b, h, s, d]` element strides of q, k, v, o (and dO, dQ, dK, dV for the backward).
@@ -93,18 +115,65 @@ impl Dims {
     }
 }
 
-/// Causal mask on `x` (top-left diagonal): keep column ≤ row, else `-inf`.
-fn causal_mask(g: &mut Graph, x: i64) -> i64 {
-    let row = g.pw("gen_row_index", Pw::GenIndex { axis: 2 }, x, None, Dt::I32);
-    let col = g.pw("gen_col_index", Pw::GenIndex { axis: 3 }, x, None, Dt::I32);
-    let keep = g.pw("row>=col", Pw::CmpGe, row, Some(col), Dt::Bool);
+/// `x` with `-inf` where `keep` is false (`NEG_INF` registered by [`masked`]).
+fn select(g: &mut Graph, name: &str, x: i64, keep: i64) -> i64 {
     let (dims, strides) = {
         let t = g.tensor(x);
         (t.dims.clone(), t.strides.clone())
     };
-    let y = g.virt("causal_masked", &dims, &strides, Dt::F32);
+    let y = g.virt(name, &dims, &strides, Dt::F32);
     g.pw_into(Pw::BinarySelect, x, Some(NEG_INF), Some(keep), y);
     y
+}
+
+/// The scores `x` masked as `mask` says: the causal mask (top-left diagonal: keep column ≤ row)
+/// then the sliding window's left bound (keep column + bound > row, the bound an f32 scalar as
+/// the frontend passes it), each a pair of generated indices, a comparison and a select.
+fn masked(g: &mut Graph, mask: SdpaMask, x: i64) -> i64 {
+    if !mask.causal && mask.window.is_none() {
+        return x;
+    }
+    g.scalar(NEG_INF, "-inf");
+    let mut last = x;
+    if mask.causal {
+        let row = g.pw(
+            "gen_row_index",
+            Pw::GenIndex { axis: 2 },
+            last,
+            None,
+            Dt::I32,
+        );
+        let col = g.pw(
+            "gen_col_index",
+            Pw::GenIndex { axis: 3 },
+            last,
+            None,
+            Dt::I32,
+        );
+        let keep = g.pw("row>=col", Pw::CmpGe, row, Some(col), Dt::Bool);
+        last = select(g, "causal_masked", last, keep);
+    }
+    if mask.window.is_some() {
+        let bound = g.scalar(LEFT_BOUND, "left_bound");
+        let row = g.pw(
+            "gen_row_index",
+            Pw::GenIndex { axis: 2 },
+            last,
+            None,
+            Dt::I32,
+        );
+        let col = g.pw(
+            "gen_col_index",
+            Pw::GenIndex { axis: 3 },
+            last,
+            None,
+            Dt::I32,
+        );
+        let shifted = g.pw("col+window", Pw::Add, col, Some(bound), Dt::F32);
+        let keep = g.pw("col+window>row", Pw::CmpGt, shifted, Some(row), Dt::Bool);
+        last = select(g, "window_masked", last, keep);
+    }
+    last
 }
 
 /// The forward graph. Inputs Q, K, V (and SEED, OFFSET with dropout); outputs O and STATS.
@@ -130,11 +199,8 @@ pub fn forward_graph(key: &SdpaKey) -> Graph {
 
     let s = g.virt("bmm1", &sdims, &sstrides, Dt::F32);
     g.matmul(q, kt, s);
-    let mut last = g.pw("attn_scale", Pw::Mul, s, Some(scale), Dt::F32);
-    if key.causal {
-        g.scalar(NEG_INF, "-inf");
-        last = causal_mask(&mut g, last);
-    }
+    let scaled = g.pw("attn_scale", Pw::Mul, s, Some(scale), Dt::F32);
+    let mut last = masked(&mut g, key.mask, scaled);
     // Softmax, as `CompositeSoftmaxNode` with stats.
     let max = g.virt("max", &rows, &row_strides, Dt::F32);
     g.reduce(Red::Max, last, max);
@@ -219,11 +285,8 @@ pub fn backward_graph(key: &SdpaKey) -> Graph {
     let s = g.virt("matmul_Q_KT", &sdims, &sstrides, Dt::F32);
     g.matmul(q, kt, s);
     let s = g.pw("mul_s_attn_scale", Pw::Mul, s, Some(scale), Dt::F32);
-    let mut last = g.pw("sub_s_m", Pw::Sub, s, Some(stats), Dt::F32);
-    if key.causal {
-        g.scalar(NEG_INF, "-inf");
-        last = causal_mask(&mut g, last);
-    }
+    let shifted = g.pw("sub_s_m", Pw::Sub, s, Some(stats), Dt::F32);
+    let mut last = masked(&mut g, key.mask, shifted);
     let exp_s = g.pw("exp_s", Pw::Exp, last, None, Dt::F32);
     last = exp_s;
     if let Some(mask) = mask {
@@ -322,7 +385,10 @@ mod tests {
             seq_kv: s,
             head_dim: d,
             dtype: Dt::Bf16,
-            causal: true,
+            mask: SdpaMask {
+                causal: true,
+                window: None,
+            },
             dropout_bits: dropout.to_bits(),
             strides,
         }
@@ -421,6 +487,60 @@ mod tests {
                 assert!(!g.tensor(uid).is_virtual);
             }
         }
+    }
+
+    /// The modes of a graph's pointwise ops, in order.
+    fn pointwise_modes(g: &Graph) -> Vec<Pw> {
+        g.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Pointwise { mode, .. } => Some(*mode),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sliding_window_adds_the_frontends_left_bound_mask_after_the_causal_one() {
+        for (backward, dropout) in [(false, 0.0), (true, 0.0), (false, 0.1), (true, 0.1)] {
+            let mut k = key(backward, 2, dropout);
+            k.mask.window = Some(31);
+            let g = if backward {
+                backward_graph(&k)
+            } else {
+                forward_graph(&k)
+            };
+            let inputs = if backward {
+                backward_inputs(&k)
+            } else {
+                forward_inputs(&k)
+            };
+            g.validate(&inputs)
+                .unwrap_or_else(|e| panic!("backward {backward} dropout {dropout}: {e}"));
+            let modes = pointwise_modes(&g);
+            let causal = modes
+                .windows(2)
+                .position(|w| w == [Pw::CmpGe, Pw::BinarySelect])
+                .expect("the causal mask");
+            assert_eq!(
+                modes[causal + 2..causal + 7],
+                [
+                    Pw::GenIndex { axis: 2 },
+                    Pw::GenIndex { axis: 3 },
+                    Pw::Add,
+                    Pw::CmpGt,
+                    Pw::BinarySelect
+                ],
+                "backward {backward}: col + bound > row right after the causal select"
+            );
+            let bound = g.tensor(LEFT_BOUND);
+            assert!(bound.by_value && bound.dtype == Dt::F32);
+            assert_eq!(k.mask.left_bound(), Some(32.0));
+        }
+        // Without a window the graphs are the causal ones, unchanged.
+        let plain = forward_graph(&key(false, 2, 0.0));
+        assert!(!plain.variant_uids().contains(&LEFT_BOUND));
+        assert!(!pointwise_modes(&plain).contains(&Pw::CmpGt));
     }
 
     #[test]

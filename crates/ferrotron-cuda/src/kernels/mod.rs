@@ -20,6 +20,7 @@ pub mod loss;
 pub mod moe;
 mod norm_grad_rows;
 mod norm_rows;
+pub mod qk_norm;
 pub mod reduce;
 pub mod rope;
 pub mod scan;

@@ -1,9 +1,10 @@
 //! [`NcclComm`]: one NCCL communicator of one group on one GPU, its communication stream, the
 //! events that order it against the device's compute stream, and failure handling.
 //!
-//! **Ordering.** Every collective is queued on the device's *communication* stream (one per
-//! device, shared by all its communicators, so collectives of different groups run in program
-//! order exactly as on every other rank): an event recorded on the compute stream makes the
+//! **Ordering.** Every collective is queued on one of the device's *communication* streams
+//! (`lane.rs`: data-parallel groups on one, every other group on the other, so a group's
+//! collectives run in program order exactly as on every other rank, and a deferred gradient
+//! reduction never delays the model's collectives): an event recorded on the compute stream makes the
 //! communication stream wait for the kernels that produced the inputs, and an event recorded
 //! after the NCCL call makes the compute stream wait before anything queued later. No host
 //! synchronisation. Buffers come from the stream-ordered pool on the compute stream; because the
@@ -19,18 +20,21 @@
 //! group and the collective; later calls on any communicator fail at once with the same reason.
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
 use std::ffi::{CStr, c_int};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream, sys as driver_sys};
 use cudarc::nccl::result::{NcclError, NcclStatus};
 use cudarc::nccl::sys::{self, ncclComm_t, ncclResult_t, ncclUniqueId};
-use ferrotron_dist::{CommError, Communicator, GroupLabel, TcpComm};
+use ferrotron_dist::watchdog::{self, Health, Watched};
+use ferrotron_dist::{
+    CommError, Communicator, GroupLabel, Lane, OrderDigest, TcpComm, agree_on_digest,
+};
 
 use crate::device::CudaDevice;
+use crate::nccl::lane::comm_stream;
 use crate::nccl::stats::{self, CollectiveKind};
 
 /// How long the host waits for a collective it must see finished (it includes the compute work
@@ -62,6 +66,8 @@ pub(crate) struct Events {
     ready: CudaEvent,
     /// Recorded on the communication stream after the NCCL call; the compute stream waits.
     done: CudaEvent,
+    /// Every call queued so far, for [`NcclComm::agree_on_digest`].
+    digest: OrderDigest,
 }
 
 /// A queued collective, its communicator's events still held.
@@ -74,6 +80,9 @@ pub(crate) struct Inner {
     /// Why this communicator was aborted; set once (also by another communicator's failure).
     aborted: OnceLock<String>,
     calls: Mutex<Events>,
+    /// Held while the handle is aborted or asked for its asynchronous error (the watchdog does
+    /// the latter from its own thread).
+    handle: Mutex<()>,
     device: Arc<CudaDevice>,
     stream: Arc<CudaStream>,
     pub(crate) label: GroupLabel,
@@ -164,41 +173,17 @@ pub(crate) fn describe(result: ncclResult_t, comm: Option<ncclComm_t>) -> String
     }
 }
 
-/// The communication stream of a device, created on first use and shared by its communicators.
-fn comm_stream(device: &Arc<CudaDevice>) -> Result<Arc<CudaStream>, String> {
-    static STREAMS: OnceLock<Mutex<HashMap<usize, Arc<CudaStream>>>> = OnceLock::new();
-    let mut streams = STREAMS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(stream) = streams.get(&device.ordinal()) {
-        return Ok(stream.clone());
-    }
-    let stream = device
-        .context()
-        .new_stream()
-        .map_err(|e| format!("creating the communication stream: {e:?}"))?;
-    streams.insert(device.ordinal(), stream.clone());
-    Ok(stream)
+/// Hands a live communicator to the process watchdog, which aborts it with every other one of
+/// the process (and the TCP world) when any fails, and polls its asynchronous error.
+fn register(inner: &Arc<Inner>) {
+    let watched: Arc<dyn Watched> = inner.clone();
+    watchdog::global().watch(Arc::downgrade(&watched));
 }
 
-/// Every live communicator of the process, so one failure aborts them all.
-fn registry() -> &'static Mutex<Vec<Weak<Inner>>> {
-    static LIVE: OnceLock<Mutex<Vec<Weak<Inner>>>> = OnceLock::new();
-    LIVE.get_or_init(Default::default)
-}
-
-/// Aborts every live NCCL communicator of this process with `reason` (their blocked and later
-/// calls fail), and tells each one's TCP bootstrap peers.
+/// Aborts every live communicator of this process with `reason` (their blocked and later calls
+/// fail), NCCL's and the TCP world's, whose peers are told.
 pub fn abort_all(reason: &str) {
-    let live: Vec<Arc<Inner>> = {
-        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        reg.retain(|w| w.strong_count() > 0);
-        reg.iter().filter_map(Weak::upgrade).collect()
-    };
-    for inner in live {
-        inner.abort(reason);
-    }
+    watchdog::global().abort_all(reason);
 }
 
 fn default_timeout() -> Duration {
@@ -210,12 +195,29 @@ fn default_timeout() -> Duration {
         .unwrap_or(DEFAULT_TIMEOUT)
 }
 
+impl Watched for Inner {
+    fn health(&self) -> Health {
+        match self.async_error() {
+            Some(err) => Health::Failed(format!("{}: NCCL reported {err}", self.label)),
+            None => Health::Fine,
+        }
+    }
+
+    fn abort(&self, reason: &str) {
+        Inner::abort(self, reason);
+    }
+}
+
 impl Inner {
     fn abort(&self, reason: &str) {
+        // The watchdog's thread may be asking for the asynchronous error right now.
+        let _handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
         if self.aborted.set(reason.to_owned()).is_ok() {
             tracing::error!(group = %self.label, reason, "aborting NCCL communicator");
             // SAFETY: the handle is live and aborted exactly once (guarded by the OnceLock);
-            // after this nothing uses it (every call checks `aborted` first, under `calls`).
+            // after this nothing uses it (every call checks `aborted` first, under `calls`, and
+            // the asynchronous error under `handle`). NCCL allows the abort while another
+            // thread is blocked in a call on it.
             if let Err(err) = unsafe { cudarc::nccl::result::comm_abort(self.raw.0) } {
                 tracing::warn!(error = ?err.0, "ncclCommAbort failed");
             }
@@ -227,11 +229,13 @@ impl Inner {
 
     /// The asynchronous error NCCL recorded for this communicator, if any.
     fn async_error(&self) -> Option<String> {
+        let _handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
         if self.aborted.get().is_some() {
             return None;
         }
         let mut result = ncclResult_t::ncclSuccess;
-        // SAFETY: the handle is live (not aborted, checked above; destroyed only on drop).
+        // SAFETY: the handle is live: not aborted (checked above, and `handle` keeps an abort
+        // out until this returns) and destroyed only on drop.
         let status = unsafe { sys::ncclCommGetAsyncError(self.raw.0, &mut result) };
         if status != ncclResult_t::ncclSuccess {
             return Some(describe(status, None));
@@ -304,7 +308,7 @@ impl NcclComm {
         };
         let id = new_unique_id(&label)?;
         super::exporter::register(global_rank);
-        Self::init(device, label, 0, id, Bootstrap::Solo)
+        Self::init(device, label, 0, id, Bootstrap::Solo, default_timeout())
     }
 
     /// The world communicator of a process world: rank 0 of `bootstrap` creates the unique id
@@ -314,7 +318,9 @@ impl NcclComm {
         let rank = bootstrap.rank();
         let id = shared_unique_id(&bootstrap, &label)?;
         super::exporter::register(bootstrap.global_rank());
-        Self::init(device, label, rank, id, Bootstrap::Tcp(bootstrap))
+        // The TCP world's deadline is the recipe's distributed timeout.
+        let timeout = bootstrap.timeout();
+        Self::init(device, label, rank, id, Bootstrap::Tcp(bootstrap), timeout)
     }
 
     fn init(
@@ -323,6 +329,7 @@ impl NcclComm {
         rank: usize,
         id: ncclUniqueId,
         bootstrap: Bootstrap,
+        timeout: Duration,
     ) -> Result<NcclComm, CommError> {
         let size = label.ranks.len();
         let fail = |reason: String| CommError::Aborted {
@@ -331,7 +338,7 @@ impl NcclComm {
             reason,
         };
         device.bind().map_err(|e| fail(e.to_string()))?;
-        let stream = comm_stream(device).map_err(fail)?;
+        let stream = comm_stream(device, Lane::of_group(&label.name)).map_err(fail)?;
         let event = || {
             device
                 .context()
@@ -341,6 +348,7 @@ impl NcclComm {
         let events = Events {
             ready: event()?,
             done: event()?,
+            digest: OrderDigest::default(),
         };
         let mut raw: ncclComm_t = std::ptr::null_mut();
         // SAFETY: `raw` is written by NCCL; the device's context is current on this thread, so
@@ -358,18 +366,16 @@ impl NcclComm {
             raw: RawComm(raw),
             aborted: OnceLock::new(),
             calls: Mutex::new(events),
+            handle: Mutex::new(()),
             device: device.clone(),
             stream,
             label,
             rank,
             size,
-            timeout_ms: AtomicU64::new(default_timeout().as_millis() as u64),
+            timeout_ms: AtomicU64::new(timeout.as_millis().max(1) as u64),
             bootstrap,
         });
-        registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::downgrade(&inner));
+        register(&inner);
         Ok(NcclComm { inner })
     }
 
@@ -449,6 +455,7 @@ impl NcclComm {
         let events = Events {
             ready: new_event()?,
             done: new_event()?,
+            digest: OrderDigest::default(),
         };
         let me = self.global_rank();
         let provisional = GroupLabel {
@@ -459,18 +466,16 @@ impl NcclComm {
             raw,
             aborted: OnceLock::new(),
             calls: Mutex::new(events),
+            handle: Mutex::new(()),
             device: device.clone(),
-            stream: self.inner.stream.clone(),
+            stream: comm_stream(&device, Lane::of_group(name)).map_err(|e| self.fail(op, e))?,
             label: provisional,
             rank: rank as usize,
             size: size as usize,
             timeout_ms: AtomicU64::new(self.inner.timeout_ms.load(Ordering::Relaxed)),
             bootstrap: Bootstrap::Solo,
         });
-        registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::downgrade(&inner));
+        register(&inner);
         let child = NcclComm { inner };
         let mut members = vec![0u32; size as usize];
         child.all_gather(&[me], &mut members)?;
@@ -490,10 +495,7 @@ impl NcclComm {
         };
         inner.bootstrap = bootstrap;
         let inner = Arc::new(inner);
-        registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::downgrade(&inner));
+        register(&inner);
         Ok(NcclComm { inner })
     }
 
@@ -524,7 +526,14 @@ impl NcclComm {
         }
         if members.len() == 1 {
             let id = new_unique_id(&label)?;
-            return Self::init(&self.inner.device, label, 0, id, Bootstrap::Solo);
+            return Self::init(
+                &self.inner.device,
+                label,
+                0,
+                id,
+                Bootstrap::Solo,
+                self.timeout(),
+            );
         }
         let Bootstrap::Tcp(tcp) = &self.inner.bootstrap else {
             return Err(CommError::InvalidArgument {
@@ -536,7 +545,14 @@ impl NcclComm {
         };
         let sub = Communicator::new_group(tcp, name, members)?;
         let id = shared_unique_id(&sub, &label)?;
-        Self::init(&self.inner.device, label, rank, id, Bootstrap::Tcp(sub))
+        Self::init(
+            &self.inner.device,
+            label,
+            rank,
+            id,
+            Bootstrap::Tcp(sub),
+            self.timeout(),
+        )
     }
 
     /// Takes the call lock after checking that neither this communicator nor NCCL failed.
@@ -647,7 +663,8 @@ impl NcclComm {
         bytes: usize,
         call: impl FnOnce(ncclComm_t, sys::cudaStream_t) -> Result<(), NcclError>,
     ) -> Result<Queued<'_>, CommError> {
-        let guard = self.lock(op)?;
+        let mut guard = self.lock(op)?;
+        guard.digest.add(op, bytes as u64);
         let inner = &self.inner;
         let device = &inner.device;
         let cuda = |what: &str, e: cudarc::driver::DriverError| {
@@ -684,6 +701,18 @@ impl NcclComm {
             .map_err(|e| cuda("recording the done event", e))?;
         stats::record(kind, bytes, inner.size, start, end);
         Ok(Queued { guard })
+    }
+
+    /// The members compare their digests of every call queued so far over the TCP bootstrap
+    /// (`ferrotron_dist::OrderDigest` says why); a communicator without one (a split, or a
+    /// process alone) has no members to disagree with over it.
+    pub(crate) fn agree_on_digest(&self) -> Result<(), CommError> {
+        let Bootstrap::Tcp(tcp) = &self.inner.bootstrap else {
+            return Ok(());
+        };
+        let digest = self.lock("agree_on_order")?.digest;
+        agree_on_digest(tcp, &self.inner.label, digest)
+            .inspect_err(|err| abort_all(&err.to_string()))
     }
 
     /// Polls `event` until it completed, NCCL reports an error, or the deadline passes.

@@ -93,6 +93,10 @@ fn vptr(p: u64) -> *mut c_void {
 }
 
 impl Communicator for NcclComm {
+    fn agree_on_order(&self) -> Result<(), CommError> {
+        self.agree_on_digest()
+    }
+
     fn rank(&self) -> usize {
         self.inner.rank
     }

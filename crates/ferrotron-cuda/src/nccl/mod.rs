@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `comm.rs` | creation (solo, world over TCP, `new_group`, `split`), stream ordering, waits with a deadline, abort |
 //! | `tensor.rs` | collectives on `CudaTensor`s (even and uneven all-gather, reduce-scatter, all-reduce, broadcast, grouped send/recv, uneven all-to-all, along any dim) |
+//! | `lane.rs` | the two communication streams: data-parallel traffic apart from the model's collectives |
 //! | `host.rs` | `Communicator` on host slices, staged through device buffers |
 //! | `args.rs` | argument checks NCCL itself would not make |
 //! | `types.rs` | element types → NCCL data types, reductions |
@@ -21,6 +22,7 @@ mod args;
 mod comm;
 mod exporter;
 mod host;
+mod lane;
 pub mod stats;
 mod tensor;
 mod types;

@@ -28,16 +28,25 @@ pub struct RecvSpec {
 }
 
 /// A collective queued on the communication stream that the compute stream has not been
-/// ordered after yet (see [`NcclComm::all_reduce_tensor_started`]).
+/// ordered after yet (see [`NcclComm::all_reduce_tensor_started`]). Dropped without
+/// [`StartedCollective::wait`] (an error path, a panic unwinding), it still orders the compute
+/// stream after the collective, so neither its input nor its output is freed while NCCL reads
+/// or writes them.
 pub struct StartedCollective {
     comm: NcclComm,
     finished: cudarc::driver::CudaEvent,
+    ordered: bool,
     _input: CudaTensor,
 }
 
 impl StartedCollective {
     /// Orders the compute stream after the collective; what it read may then be freed.
-    pub fn wait(self) -> Result<(), CommError> {
+    pub fn wait(mut self) -> Result<(), CommError> {
+        self.ordered = true;
+        self.order()
+    }
+
+    fn order(&self) -> Result<(), CommError> {
         self.comm
             .device()
             .stream()
@@ -48,6 +57,16 @@ impl StartedCollective {
                     format!("CUDA error while ordering the compute stream: {e:?}"),
                 )
             })
+    }
+}
+
+impl Drop for StartedCollective {
+    fn drop(&mut self) {
+        if !self.ordered
+            && let Err(err) = self.order()
+        {
+            tracing::warn!(%err, "a started collective dropped unwaited");
+        }
     }
 }
 
@@ -205,6 +224,7 @@ impl NcclComm {
                 Ok(Some(StartedCollective {
                     comm: self.clone(),
                     finished,
+                    ordered: false,
                     _input: input,
                 }))
             }

@@ -302,7 +302,8 @@ pub fn run_warmup(
         last = Some(comm);
     }
     if let Some(comm) = last {
-        let event = comm.stream().record_event(None).map_err(|e| {
+        // The compute stream waits for every collective above, on either lane.
+        let event = comm.device().stream().record_event(None).map_err(|e| {
             comm.fail(
                 "warm_up",
                 format!("CUDA error while recording an event: {e:?}"),

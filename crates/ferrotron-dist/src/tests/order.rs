@@ -134,6 +134,37 @@ fn opposite_orders_over_two_groups_are_a_named_cycle() {
     );
 }
 
+/// The same opposite orders with the data-parallel all-reduce deferred: it waits on the data
+/// lane's stream while the hosts go on, so the tensor-parallel collectives (model lane) pass it
+/// on either rank and nothing hangs; on one stream for both groups this order would.
+#[test]
+fn a_deferred_data_parallel_call_does_not_hold_back_the_model_lane() {
+    let (tp, dp) = (group("tp", &[0, 1]), group("dp", &[0, 1]));
+    let bucket = Call {
+        deferred: true,
+        ..sum(&dp, 2)
+    };
+    let logs = vec![
+        vec![bucket.clone(), sum(&tp, 4), sum(&tp, 8)],
+        vec![sum(&tp, 4), sum(&tp, 8), bucket],
+    ];
+    let replayed = replay(&logs).expect("the lanes are independent");
+    assert_eq!((replayed.calls, replayed.deferred), (6, 2));
+}
+
+/// An immediate data-parallel call makes its host wait, whatever its lane: rank 0 waits in dp
+/// before it issues tp, rank 1 in tp before dp.
+#[test]
+fn an_immediate_call_on_the_other_lane_still_orders_its_host() {
+    let (tp, dp) = (group("tp", &[0, 1]), group("dp", &[0, 1]));
+    let logs = vec![
+        vec![sum(&dp, 2), sum(&tp, 4)],
+        vec![sum(&tp, 4), sum(&dp, 2)],
+    ];
+    let err = replay(&logs).expect_err("a cycle across the lanes");
+    assert!(err.to_string().ends_with("cycle: rank 0 → 1 → 0"), "{err}");
+}
+
 /// Three groups of two over three ranks, each rank entering its two groups in an order that is
 /// fine pairwise: only the three together wait in a ring.
 #[test]

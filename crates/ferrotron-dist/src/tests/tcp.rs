@@ -429,3 +429,25 @@ fn sub_groups_time_out_with_the_worlds_deadline() {
         "all_reduce on group dp[0,1] timed out after 300ms: rank 1 did not arrive"
     );
 }
+
+/// A rank whose run ended says so before its connections close (`Bye`): its peer, still busy
+/// (say, writing its last checkpoint), sees a world in health, not a lost peer.
+#[test]
+fn a_rank_that_leaves_after_its_last_collective_is_no_failure() {
+    let results = on_tcp_ranks(2, LONG, |comm| {
+        comm.barrier()?;
+        if comm.rank() == 1 {
+            drop(comm);
+            return Ok(None);
+        }
+        // The peer's connection closes right after its `Bye`; give the reader time to see both.
+        thread::sleep(Duration::from_secs(1));
+        Ok(Some(comm.health()))
+    });
+    let health = all_ok(results)
+        .into_iter()
+        .flatten()
+        .next()
+        .expect("rank 0's view");
+    assert_eq!(health, crate::watchdog::Health::Fine);
+}

@@ -20,6 +20,8 @@ pub struct SequencePositions<B: Backend> {
     /// `[len, len·cp]`: true where a key gathered from every cp rank (in rank order) lies in the
     /// query's future; `None` for plain causal attention.
     future: Option<Tensor<B, 2, Bool>>,
+    /// The global positions of the keys gathered from every cp rank, `[len·cp]`, in rank order.
+    keys: Option<Tensor<B, 1, Int>>,
 }
 
 impl<B: Backend> SequencePositions<B> {
@@ -35,6 +37,7 @@ impl<B: Backend> SequencePositions<B> {
                 len,
                 global: None,
                 future: None,
+                keys: None,
             });
         }
         let seq = len * cp_size;
@@ -48,6 +51,7 @@ impl<B: Backend> SequencePositions<B> {
             .flat_map(|&q| keys.iter().map(move |&k| k > q))
             .collect();
         let ids: Vec<i64> = queries.iter().map(|&p| p as i64).collect();
+        let keys: Vec<i64> = keys.iter().map(|&p| p as i64).collect();
         Ok(SequencePositions {
             len,
             global: Some(Tensor::from_data(TensorData::new(ids, [len]), device)),
@@ -55,6 +59,7 @@ impl<B: Backend> SequencePositions<B> {
                 TensorData::new(future, [len, seq]),
                 device,
             )),
+            keys: Some(Tensor::from_data(TensorData::new(keys, [seq]), device)),
         })
     }
 
@@ -82,5 +87,23 @@ impl<B: Backend> SequencePositions<B> {
     /// The mask for attention over keys gathered from every cp rank, `None` for plain causal.
     pub fn future(&self) -> Option<&Tensor<B, 2, Bool>> {
         self.future.as_ref()
+    }
+
+    /// The keys gathered from every cp rank each query does not see, `[len, len·cp]` (true:
+    /// hidden): its future and, with a sliding `window` (the left size), every key more than
+    /// `window` positions behind it. `None` for plain causal attention (one cp rank).
+    pub fn hidden_keys(&self, window: Option<usize>) -> Option<Tensor<B, 2, Bool>> {
+        let (Some(future), Some(queries), Some(keys)) = (&self.future, &self.global, &self.keys)
+        else {
+            return None;
+        };
+        let Some(left) = window else {
+            return Some(future.clone());
+        };
+        let shape = future.dims();
+        let queries = queries.clone().unsqueeze_dim::<2>(1).expand(shape);
+        let keys = keys.clone().unsqueeze_dim::<2>(0).expand(shape);
+        let behind = (keys + left as i64).lower(queries);
+        Some(future.clone().bool_or(behind))
     }
 }

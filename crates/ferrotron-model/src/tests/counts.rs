@@ -175,6 +175,46 @@ fn every_dense_switch_combination_builds_runs_and_matches_the_planner() {
     }
 }
 
+/// Qwen2.5's QKV bias alone, Qwen3's QK-norm (RMSNorm, and LayerNorm with its bias) with a
+/// head dimension that is not hidden / heads: the model holds what the planner counts.
+#[test]
+fn qkv_bias_and_qk_norm_are_the_planned_parameters() {
+    for normalization in [Normalization::Rmsnorm, Normalization::Layernorm] {
+        for (add_qkv_bias, qk_layernorm, add_bias_linear) in [
+            (true, false, false),
+            (false, true, false),
+            (true, true, false),
+            (false, true, true),
+        ] {
+            let model = Model {
+                normalization,
+                add_qkv_bias,
+                qk_layernorm,
+                add_bias_linear,
+                kv_channels: Some(6),
+                num_layers: 2,
+                ..llama_model()
+            };
+            let gpt = build::<Cpu>(&model, 1);
+            let planned = ferrotron_plan::parameter_count(&model, PADDED_VOCAB).total;
+            assert_eq!(gpt.num_trainable_params() as u64, planned, "{model:?}");
+            let plain = ferrotron_plan::parameter_count(&llama_model(), PADDED_VOCAB);
+            let qkv_out = (4 + 2 * 2) * 6;
+            let per_norm = match normalization {
+                Normalization::Rmsnorm => 6,
+                Normalization::Layernorm => 12,
+            };
+            let extra = u64::from(add_qkv_bias || add_bias_linear) * qkv_out
+                + u64::from(add_bias_linear) * 16
+                + u64::from(qk_layernorm) * 2 * per_norm;
+            let count = ferrotron_plan::parameter_count(&model, PADDED_VOCAB);
+            let projections = 16 * qkv_out + 4 * 6 * 16;
+            assert_eq!(count.attention_per_layer, projections + extra, "{model:?}");
+            assert_eq!(plain.attention_per_layer, 16 * (4 + 2 * 2) * 4 + 16 * 16);
+        }
+    }
+}
+
 #[test]
 #[should_panic(expected = "longer than the 8 positions")]
 fn sequences_longer_than_the_learned_table_are_refused() {

@@ -63,7 +63,13 @@ fn a_chunk_names_its_fp8_linears_and_skips_the_bf16_layers() {
 
 #[test]
 fn an_fp8_forward_stays_close_to_the_plain_one() {
-    for model in [gpt2_model(), llama_model()] {
+    let qwen3 = Model {
+        qk_layernorm: true,
+        add_qkv_bias: true,
+        window_size: Some([3, 0]),
+        ..llama_model()
+    };
+    for model in [gpt2_model(), llama_model(), qwen3] {
         let (inputs, _) = batch();
         let plain = build::<CpuAutodiff>(&model, 3);
         let fp8 = build::<CpuAutodiff>(&model, 3).with_fp8(hybrid(), |_| true);

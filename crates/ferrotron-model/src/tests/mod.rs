@@ -2,6 +2,7 @@
 
 mod causal;
 mod counts;
+mod dense_families;
 mod fp8;
 mod init;
 mod moe;
@@ -60,6 +61,10 @@ pub(crate) fn gpt2_model() -> Model {
         attention_dropout: 0.0,
         init_method_std: 0.02,
         moe: None,
+        rope_scaling: None,
+        add_qkv_bias: false,
+        qk_layernorm: false,
+        window_size: None,
     }
 }
 

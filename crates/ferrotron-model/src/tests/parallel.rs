@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_dist::{CallLogs, Communicator, Recording, ThreadComm, World};
@@ -31,7 +31,7 @@ const SEQ: usize = 16;
 const ATOL: f32 = 1e-6;
 const RTOL: f32 = 1e-4;
 
-fn small(model: Model) -> Model {
+pub(super) fn small(model: Model) -> Model {
     Model {
         hidden_size: 32,
         ffn_hidden_size: Some(64),
@@ -46,14 +46,43 @@ fn gpt2_small() -> Model {
 }
 
 /// RoPE, RMSNorm, SwiGLU, 4 heads in 2 query groups, untied, no biases.
-fn llama_small() -> Model {
+pub(super) fn llama_small() -> Model {
     small(llama_model())
 }
 
 fn init(model: &Model) -> GptModel<Train> {
     // Flex's RNG is process-global: ranks build their full models one at a time after seeding,
     // under the lock the dropout marks of other ranks' forwards take too.
-    with_process_rng(|| build::<Train>(model, SEED))
+    with_process_rng(|| build::<Train>(model, SEED)).map(&mut Shifted)
+}
+
+/// Norm weights start at one and biases at zero, where a bias added on every tp rank, a norm
+/// weight of the wrong head or a bias of the wrong shard would not show: every 1-D parameter is
+/// shifted by a fixed pattern (no RNG, so every rank's full model gets the same values).
+struct Shifted;
+
+impl<B: Backend> ModuleMapper<B> for Shifted {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if D != 1 {
+            return param;
+        }
+        param.map(|value| {
+            let trained = value.is_require_grad();
+            let shape = value.shape();
+            let pattern: Vec<f32> = (0..shape.num_elements())
+                .map(|i| 0.2 * (0.7 * i as f32 + 0.3).sin())
+                .collect();
+            let pattern =
+                Tensor::<B, D>::from_data(TensorData::new(pattern, shape), &value.device());
+            let device = value.device();
+            let shifted = Tensor::from_data((value.detach() + pattern).into_data(), &device);
+            if trained {
+                shifted.require_grad()
+            } else {
+                shifted
+            }
+        })
+    }
 }
 
 /// A fixed batch: `[BATCH, SEQ]` tokens and their next-token labels, all below the vocabulary.
@@ -143,10 +172,10 @@ fn reference(model: &Model) -> Reference {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Layout {
-    tp: usize,
-    cp: usize,
-    sequence_parallel: bool,
+pub(super) struct Layout {
+    pub(super) tp: usize,
+    pub(super) cp: usize,
+    pub(super) sequence_parallel: bool,
 }
 
 /// Megatron's rank order (tp fastest, then cp): this rank's tp and cp groups over `world`.
@@ -211,7 +240,8 @@ fn run_rank(
     let full = with_process_rng(|| {
         <Train as Backend>::seed(&device, SEED);
         config.init::<Train>(&device)
-    });
+    })
+    .map(&mut Shifted);
     let chunks = pipeline_chunks(&config, stages)
         .iter()
         .map(|chunk| GptModel::shard(&full, &ctx, chunk))
@@ -289,12 +319,12 @@ fn assert_close(what: &str, actual: &[f32], expected: &[f32]) {
 }
 
 /// Runs `layout` on `tp·cp` thread ranks and compares with the one-rank model.
-fn assert_equivalent(model: &Model, layout: Layout) {
+pub(super) fn assert_equivalent(model: &Model, layout: Layout) {
     assert_equivalent_in_stages(model, layout, 1);
 }
 
 /// As [`assert_equivalent`], each rank running the model as `stages` pipeline chunks.
-fn assert_equivalent_in_stages(model: &Model, layout: Layout, stages: usize) {
+pub(super) fn assert_equivalent_in_stages(model: &Model, layout: Layout, stages: usize) {
     let expected = reference(model);
     let logs = CallLogs::new(layout.tp * layout.cp);
     let ranks = World::new((layout.tp * layout.cp) as u32)
@@ -327,21 +357,21 @@ fn assert_equivalent_in_stages(model: &Model, layout: Layout, stages: usize) {
     assert_eq!(covered, all, "the shards cover every one-rank parameter");
 }
 
-const TP2: Layout = Layout {
+pub(super) const TP2: Layout = Layout {
     tp: 2,
     cp: 1,
     sequence_parallel: false,
 };
-const TP2_SP: Layout = Layout {
+pub(super) const TP2_SP: Layout = Layout {
     sequence_parallel: true,
     ..TP2
 };
-const CP2: Layout = Layout {
+pub(super) const CP2: Layout = Layout {
     tp: 1,
     cp: 2,
     sequence_parallel: false,
 };
-const TP2_CP2_SP: Layout = Layout {
+pub(super) const TP2_CP2_SP: Layout = Layout {
     tp: 2,
     cp: 2,
     sequence_parallel: true,

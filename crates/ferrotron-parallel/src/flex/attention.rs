@@ -45,6 +45,7 @@ pub(super) struct Packed {
     dim: usize,
     scale: f32,
     causal: bool,
+    window: Option<usize>,
 }
 
 impl Packed {
@@ -58,6 +59,7 @@ impl Packed {
             dim: shape[4],
             scale: spec.scale_for(shape[4]) as f32,
             causal: spec.causal,
+            window: spec.window,
         }
     }
 
@@ -69,9 +71,10 @@ impl Packed {
         self.groups * self.per_group
     }
 
-    /// Keys query row `i` sees.
-    fn keys(&self, i: usize) -> usize {
-        if self.causal { i + 1 } else { self.seq }
+    /// The keys query row `i` sees: `first..end`.
+    fn keys(&self, i: usize) -> (usize, usize) {
+        let first = self.window.map_or(0, |left| i.saturating_sub(left));
+        (first, if self.causal { i + 1 } else { self.seq })
     }
 
     /// Slot `slot` of group `g` of sample `b`, for every position: `[seq, dim]`.
@@ -113,8 +116,9 @@ fn transposed(x: &[f32], seq: usize, dim: usize) -> Vec<f32> {
     out
 }
 
-/// `out[j] = scale · Σ_t q[t] · xt[t][j]` for the first `out.len()` columns of `xt [dim, seq]`:
-/// every column summed in the order `t = 0, 1, …`, so the loop vectorises over `j`.
+/// `out[j] = scale · Σ_t q[t] · xt[t][j]` for the first `out.len()` columns of `xt [dim, seq]`
+/// (`&xt[first..]` starts at column `first`: a sliding window's first key): every column summed
+/// in the order `t = 0, 1, …`, so the loop vectorises over `j`.
 #[inline(always)]
 fn products(q: &[f32], xt: &[f32], seq: usize, scale: f32, out: &mut [f32]) {
     out.fill(0.0);
@@ -184,13 +188,14 @@ widest! {
         for h in 0..p.per_group {
             let query = p.gather(qkv, b, g, h);
             for i in 0..s {
-                let weights = &mut weights[..p.keys(i)];
-                products(&query[i * d..(i + 1) * d], &key, s, p.scale, weights);
+                let (first, end) = p.keys(i);
+                let weights = &mut weights[..end - first];
+                products(&query[i * d..(i + 1) * d], &key[first..], s, p.scale, weights);
                 let max = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 weights.iter_mut().for_each(|w| *w = exp::exp(*w - max));
                 let sum = weights.iter().sum::<f32>();
                 let row = &mut out[(i * p.per_group + h) * d..(i * p.per_group + h + 1) * d];
-                for (j, &w) in weights.iter().enumerate() {
+                for (j, &w) in (first..).zip(weights.iter()) {
                     axpy(row, w, &value[j * d..(j + 1) * d]);
                 }
                 let inverse = 1.0 / sum;
@@ -274,18 +279,18 @@ widest! {
             let lse = &state.stats[(b * p.heads() + head) * s..][..s];
             for i in 0..s {
                 let (q, d_o) = (&query[i * d..(i + 1) * d], &d_out[i * d..(i + 1) * d]);
-                let keys = p.keys(i);
-                let (probs, d_scores) = (&mut probs[..keys], &mut d_scores[..keys]);
-                products(q, &key_t, s, p.scale, probs);
+                let (first, end) = p.keys(i);
+                let (probs, d_scores) = (&mut probs[..end - first], &mut d_scores[..end - first]);
+                products(q, &key_t[first..], s, p.scale, probs);
                 probs.iter_mut().for_each(|x| *x = exp::exp(*x - lse[i]));
                 // dS = P ∘ (dO·vᵀ − rowsum(dO ∘ O)), scaled for q·kᵀ's gradients
-                products(d_o, &value_t, s, 1.0, d_scores);
+                products(d_o, &value_t[first..], s, 1.0, d_scores);
                 let delta = dot(d_o, &out[i * d..(i + 1) * d]);
                 for (ds, &prob) in d_scores.iter_mut().zip(probs.iter()) {
                     *ds = prob * (*ds - delta) * p.scale;
                 }
                 let d_q = &mut local[(i * p.slots() + h) * d..(i * p.slots() + h + 1) * d];
-                for (j, (&prob, &ds)) in probs.iter().zip(d_scores.iter()).enumerate() {
+                for (j, (&prob, &ds)) in (first..).zip(probs.iter().zip(d_scores.iter())) {
                     axpy(&mut d_value[j * d..(j + 1) * d], prob, d_o);
                     axpy(d_q, ds, &key[j * d..(j + 1) * d]);
                     axpy(&mut d_key[j * d..(j + 1) * d], ds, q);

@@ -105,6 +105,7 @@ fn attention_spec(causal: bool) -> AttentionSpec {
         causal,
         scale: None,
         dropout: 0.0,
+        window: None,
     }
 }
 

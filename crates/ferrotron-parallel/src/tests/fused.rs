@@ -77,6 +77,7 @@ fn composed_default_is_bit_identical_to_the_old_model_path() {
             causal: true,
             scale: None,
             dropout,
+            window: None,
         };
         // Autodiff (training): values and every gradient.
         let device = Default::default();
@@ -124,6 +125,7 @@ fn attention_node_gradients_equal_the_composed_graph() {
             causal,
             scale,
             dropout: 0.0,
+            window: None,
         };
         let (q, k, v) = qkv(groups);
         let composed = fused(q.clone(), k.clone(), v.clone(), spec);

@@ -59,6 +59,7 @@ fn composed_packed_attention_is_bit_identical_to_the_sliced_path() {
             causal: true,
             scale: None,
             dropout,
+            window: None,
         };
         let device = Default::default();
         let weights = tensor([2, 6, groups * per, 8], 2.3);
@@ -93,6 +94,7 @@ fn packed_node_gradient_equals_the_composed_graph() {
             causal,
             scale: None,
             dropout: 0.0,
+            window: None,
         };
         let shape = [2, 6, groups, per + 2, 8];
         let weights = tensor([2, 6, groups * per, 8], 1.9);

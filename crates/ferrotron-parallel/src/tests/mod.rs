@@ -12,6 +12,7 @@ mod fused_gather;
 mod fused_grouped;
 mod fused_loss;
 mod fused_norm;
+mod fused_qk_norm;
 mod fused_qkv;
 mod fused_rope;
 mod fused_swiglu;
@@ -19,6 +20,7 @@ mod plain;
 mod regions;
 mod shards;
 mod single;
+mod sliding_window;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,6 +4,7 @@
 //! Each rule names the key to blame and a concrete fix. They run on the typed recipe, after the
 //! schema check, so they can rely on types and ranges; they never stop at the first problem.
 
+mod attention;
 mod data;
 mod model;
 mod training;
@@ -14,6 +15,7 @@ use crate::{Finding, Recipe};
 pub fn check_rules(recipe: &Recipe) -> Vec<Finding> {
     let mut findings = Vec::new();
     model::check(recipe, &mut findings);
+    attention::check(recipe, &mut findings);
     training::check(recipe, &mut findings);
     data::check(recipe, &mut findings);
     findings

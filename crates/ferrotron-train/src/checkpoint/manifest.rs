@@ -7,7 +7,9 @@ use std::path::Path;
 
 use ferrotron_parallel::ShardSpec;
 use ferrotron_plan::Plan;
-use ferrotron_recipe::{Activation, Model, Normalization, PositionEmbedding, Tokenizer};
+use ferrotron_recipe::{
+    Activation, Model, Normalization, PositionEmbedding, RopeScaling, Tokenizer,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::TrainError;
@@ -183,6 +185,16 @@ pub struct ModelShape {
     pub activation: Activation,
     pub tie_embeddings: bool,
     pub add_bias_linear: bool,
+    /// The dense families' switches (issue 45), left out while off so manifests written before
+    /// them read, and compare, as they did.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub add_qkv_bias: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_layernorm: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_size: Option<[u32; 2]>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
     pub num_experts: Option<u32>,
     pub moe_layer_freq: Option<u32>,
     pub expert_ffn_hidden_size: Option<u32>,
@@ -206,6 +218,11 @@ impl ModelShape {
             activation: model.activation,
             tie_embeddings: model.tie_embeddings,
             add_bias_linear: model.add_bias_linear,
+            // Beyond add_bias_linear's, which already gives the projection its bias.
+            add_qkv_bias: model.add_qkv_bias && !model.add_bias_linear,
+            qk_layernorm: model.qk_layernorm,
+            window_size: model.window_size,
+            rope_scaling: model.rope_scaling.map(|scaling| scaling.with_defaults()),
             num_experts: moe.map(|m| m.num_experts),
             moe_layer_freq: moe.map(|m| m.layer_freq),
             expert_ffn_hidden_size: moe.map(|m| m.expert_ffn_hidden_size(model)),
@@ -218,10 +235,25 @@ impl ModelShape {
     pub fn differences(&self, recipe: &ModelShape) -> Vec<String> {
         let ours = field_values(self);
         let theirs = field_values(recipe);
-        ours.into_iter()
-            .zip(theirs)
-            .filter(|((_, a), (_, b))| a != b)
-            .map(|((field, a), (_, b))| format!("{field}: checkpoint {a}, recipe {b}"))
+        // A field left out while off (the dense families' switches) is on one side only.
+        let mut fields: Vec<&str> = ours.iter().map(|(field, _)| field.as_str()).collect();
+        for (field, _) in &theirs {
+            if !fields.contains(&field.as_str()) {
+                fields.push(field);
+            }
+        }
+        let value = |values: &[(String, String)], field: &str| {
+            values
+                .iter()
+                .find(|(name, _)| name == field)
+                .map_or_else(|| "none".to_owned(), |(_, value)| value.clone())
+        };
+        fields
+            .into_iter()
+            .filter_map(|field| {
+                let (a, b) = (value(&ours, field), value(&theirs, field));
+                (a != b).then(|| format!("{field}: checkpoint {a}, recipe {b}"))
+            })
             .collect()
     }
 }

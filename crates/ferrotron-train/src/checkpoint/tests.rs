@@ -216,6 +216,23 @@ fn another_models_tensors_are_refused_by_name() {
             .to_string()
             .contains("num_layers: checkpoint 2, recipe 3")
     );
+    // A switch the checkpoint's manifest leaves out (off) differs from one the recipe turns on.
+    shape.num_layers = 2;
+    shape.qk_layernorm = true;
+    shape.window_size = Some([4095, 0]);
+    let err = checkpoint
+        .check_compatible(&shape, 7)
+        .expect_err("model")
+        .to_string();
+    assert!(
+        err.contains("qk_layernorm: checkpoint none, recipe true"),
+        "{err}"
+    );
+    assert!(
+        err.contains("window_size: checkpoint none, recipe [4095,0]"),
+        "{err}"
+    );
+    assert!(!err.contains("num_layers"), "{err}");
 }
 
 #[test]

@@ -6,8 +6,10 @@
 //! between first and last stage, then each flat group averaged over the ranks holding the same
 //! parameters (dense over dp×cp, experts over expert-dp): all-reduced, or with the distributed
 //! optimizer (ZeRO-1) reduce-scattered to this rank's part, updated there and all-gathered
-//! whole. On a GPU with NCCL no gradient or parameter crosses to the host; the norm's one scalar
-//! is read to decide clipping and finiteness before the update, as every rank must decide alike.
+//! whole. On a GPU with NCCL no gradient or parameter crosses to the host, and neither does a
+//! statistic: the clipping coefficient is computed on the device from the all-reduced norm, and
+//! the losses and the norm are read with the queued steps when the loop logs (`crate::pending`),
+//! where every rank takes the finiteness decision alike.
 //!
 //! The flat groups are cut into buckets of layers (`parallel.ddp_bucket_size`, as the
 //! replicated step's), and a chunk's last microbatch runs its backward layer by layer: with
@@ -30,25 +32,28 @@ use std::collections::HashMap;
 
 use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::cast::ToElement;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 use ferrotron_model::GptModel;
 use ferrotron_parallel::{
     Comm, InFlight, ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch,
 };
 
 use super::pipeline;
-use super::rank_model::{RankModel, RankOptimizer, reported_mean};
+use super::rank_model::{RankModel, RankOptimizer};
 use crate::adamw::Laid;
+use crate::clip::exact_device_clip_coefficient;
 use crate::flat_adamw::{Family, FlatGrads, Group, Layout, Shard, Sharding, Sum, take_grads};
+use crate::pending::DeviceValues;
 use crate::replicas::{
     BucketReduction, GroupReduction, Launched, TensorReplicas, divided, gathered_whole,
     layer_buckets, summed_over,
 };
 use crate::rng::with_process_rng;
 use crate::step::check_finite;
-use crate::{AdamW, Microbatch, StepContext, StepStats, TrainError, clip_coefficient};
+use crate::{
+    AdamW, Microbatch, PendingStats, StepContext, StepStats, TrainError, clip_coefficient,
+};
 
 /// How a rank's per-chunk exchange runs.
 pub(super) struct ExchangeSettings {
@@ -215,12 +220,13 @@ where
     B::InnerBackend: ParallelOps,
 {
     /// One optimizer step of a rank with peers and one AdamW per chunk: the schedule with the
-    /// reductions started as the chunks' gradients become final, the agreed norm and the update.
+    /// reductions started as the chunks' gradients become final, the agreed norm and the
+    /// update, all queued without a host read; the statistics stay on the device until read.
     pub(super) fn device_exchanged_step(
         &mut self,
         microbatches: &[Microbatch],
         context: StepContext,
-    ) -> Result<StepStats, TrainError> {
+    ) -> Result<PendingStats, TrainError> {
         let RankOptimizer::PerChunk(optimizers) = &mut self.optimizer else {
             return Err(TrainError::Config(
                 "the device exchange needs one optimizer per chunk".into(),
@@ -292,10 +298,13 @@ where
                 Ok(())
             },
         )?;
-        let scale = 1.0 / microbatches.len() as f64;
-        let [loss, lm_loss] =
-            reported_mean(ctx, [outcome.loss_sum * scale, outcome.lm_loss_sum * scale])?;
-        check_finite(loss, context.iteration, "the loss")?;
+        let losses = stage_losses::<B::InnerBackend>(
+            ctx,
+            outcome.losses,
+            outcome.lm_losses,
+            microbatches.len(),
+            device,
+        )?;
         let mut reduced = Vec::with_capacity(count);
         for launched in launched {
             let launched = launched.ok_or_else(|| {
@@ -321,16 +330,10 @@ where
                 (sum, part) => sum.or(part),
             };
         }
-        // the world's Σg²: tp, dp×cp and pp together are every rank; read once
+        // the world's Σg² (tp, dp×cp and pp together are every rank) and the clipping it asks
         let world = [&ctx.tp, &ctx.dp_cp, &ctx.pp];
-        let grad_norm = summed_over(squares, world, device)
-            .into_scalar()
-            .to_f64()
-            .sqrt();
-        check_finite(grad_norm, context.iteration, "the gradient norm")?;
-        let clip = clip_coefficient(grad_norm, context.clip_grad);
-        let device_clip =
-            Tensor::<B::InnerBackend, 1>::from_data([clip as f32], device).cast(DType::F32);
+        let squares = summed_over(squares, world, device);
+        let device_clip = exact_device_clip_coefficient(&squares, context.clip_grad);
         // the next forward's waits, if one did not reach them all, before the parameters change
         prefetch::settle();
         let chunks = std::mem::take(&mut self.chunks);
@@ -353,12 +356,83 @@ where
                 )
             })
             .collect();
+        let decode = reported_stats(ctx.dp_cp_size(), microbatches.len(), context);
         self.update_expert_bias(outcome.loads)?;
+        let values = DeviceValues::new(vec![losses, squares]);
+        Ok(PendingStats::later(
+            Some(values),
+            decode,
+            B::device_resident_step(),
+        ))
+    }
+}
+
+/// Every microbatch's objective and LM loss on the last stage, as every rank reads them: the
+/// last stage's `[losses…, lm losses…]` (f32) over the pipeline, gathered over the data- and
+/// context-parallel ranks in rank order. Device collectives; the arithmetic that makes one
+/// loss of them waits for the read ([`reported_stats`]), so it stays the host's f64.
+fn stage_losses<I: ParallelOps>(
+    ctx: &ParallelContext,
+    losses: Vec<Tensor<I, 1>>,
+    lm_losses: Vec<Tensor<I, 1>>,
+    microbatches: usize,
+    device: &I::Device,
+) -> Result<Tensor<I, 1>, TrainError> {
+    let mine = if ctx.is_last_stage() {
+        if losses.len() != microbatches || lm_losses.len() != microbatches {
+            return Err(TrainError::Config(format!(
+                "the last pipeline stage computed {} losses for {microbatches} microbatches",
+                losses.len()
+            )));
+        }
+        let f32 = |t: Tensor<I, 1>| t.cast(DType::F32);
+        Tensor::cat(losses.into_iter().chain(lm_losses).map(f32).collect(), 0)
+    } else {
+        // the other stages add nothing to the last one's values (x + 0 is x, exactly)
+        Tensor::zeros([2 * microbatches], (device, DType::F32))
+    };
+    let over_stages = summed_over(Some(mine), [&ctx.pp], device);
+    if ctx.dp_cp.size() == 1 {
+        return Ok(over_stages);
+    }
+    let gathered = I::all_gather_started(over_stages.into_primitive().tensor(), &ctx.dp_cp);
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(
+        gathered.finish(),
+    )))
+}
+
+/// What makes a step's statistics of its values as read (`[losses of every data × context rank
+/// (see [`stage_losses`]), Σg²]`): each rank's mean over its microbatches in f64, their sum in
+/// rank order divided by their count (the host reduction's arithmetic, which the thread and TCP
+/// transports do in rank order), the norm, and the clipping coefficient the device computed
+/// from it (the same f64 arithmetic, before its rounding to f32).
+fn reported_stats(
+    ranks: usize,
+    microbatches: usize,
+    context: StepContext,
+) -> impl FnOnce(&[f32]) -> Result<StepStats, TrainError> {
+    move |values| {
+        let scale = 1.0 / microbatches as f64;
+        let sum = |values: &[f32]| values.iter().fold(0.0, |sum, &v| sum + f64::from(v)) * scale;
+        let per_rank = values[..2 * microbatches * ranks].chunks_exact(2 * microbatches);
+        let mut means = per_rank.map(|rank| {
+            let (losses, lm_losses) = rank.split_at(microbatches);
+            [sum(losses), sum(lm_losses)]
+        });
+        let first = means.next().unwrap_or([f64::NAN; 2]);
+        let [mut loss, mut lm_loss] = means.fold(first, |[a, b], [c, d]| [a + c, b + d]);
+        if ranks > 1 {
+            loss /= ranks as f64;
+            lm_loss /= ranks as f64;
+        }
+        check_finite(loss, context.iteration, "the loss")?;
+        let grad_norm = f64::from(values[2 * microbatches * ranks]).sqrt();
+        check_finite(grad_norm, context.iteration, "the gradient norm")?;
         Ok(StepStats {
             loss,
             lm_loss,
             grad_norm,
-            clip_coefficient: clip,
+            clip_coefficient: clip_coefficient(grad_norm, context.clip_grad),
             lr: context.lr,
         })
     }

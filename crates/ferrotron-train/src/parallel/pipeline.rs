@@ -31,14 +31,15 @@ use super::host::private_leaves;
 use super::schedule::{self, Op, StagePosition};
 use crate::backward::{backward_by_range, fence_peers};
 use crate::error::comm_error;
+use crate::host_read::read_to_host;
 use crate::{Microbatch, TrainError};
 
 /// What a stage's step produced besides the gradients (which went to `absorb`).
-#[derive(Debug)]
-pub(super) struct PipelineOutcome {
-    /// Sum over microbatches of the objective and of the LM loss (last stage only; 0 elsewhere).
-    pub loss_sum: f64,
-    pub lm_loss_sum: f64,
+pub(super) struct PipelineOutcome<B: AutodiffBackend> {
+    /// Each microbatch's objective and LM loss in the order of their forwards, left on the
+    /// device (last stage only; empty elsewhere).
+    pub losses: Vec<Tensor<B::InnerBackend, 1>>,
+    pub lm_losses: Vec<Tensor<B::InnerBackend, 1>>,
     /// Per local chunk: tokens per expert, summed over microbatches.
     pub loads: Vec<ExpertLoads>,
 }
@@ -119,7 +120,7 @@ pub(super) fn run_step<B>(
     device: &B::Device,
     mut by_range: Option<&mut ChunkRangeDone<'_, B>>,
     mut absorb: impl FnMut(usize, &GptModel<B>, GradientsParams) -> Result<(), TrainError>,
-) -> Result<PipelineOutcome, TrainError>
+) -> Result<PipelineOutcome<B>, TrainError>
 where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
@@ -131,7 +132,7 @@ where
     let mut grads_in: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
     let mut grads_out: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
     let mut in_flight: HashMap<(usize, usize), InFlight<B>> = HashMap::new();
-    let (mut loss_sum, mut lm_loss_sum) = (0.0, 0.0);
+    let (mut losses, mut lm_losses) = (Vec::new(), Vec::new());
     for op in ops {
         match op {
             Op::RecvActivation { chunk, microbatch } => {
@@ -195,8 +196,8 @@ where
                         Forwarded::Hidden { hidden, aux_loss }
                     }
                     ChunkOutput::Loss(loss) => {
-                        loss_sum += loss.loss.clone().into_scalar().to_f64();
-                        lm_loss_sum += loss.lm_loss.into_scalar().to_f64();
+                        losses.push(loss.loss.clone().inner());
+                        lm_losses.push(loss.lm_loss.inner());
                         loads[compute.chunk].accumulate(&loss.expert_loads);
                         Forwarded::Loss(loss.loss)
                     }
@@ -258,8 +259,8 @@ where
         }
     }
     Ok(PipelineOutcome {
-        loss_sum,
-        lm_loss_sum,
+        losses,
+        lm_losses,
         loads,
     })
 }
@@ -306,7 +307,7 @@ where
                     send(ctx, hidden, position.next_stage())?;
                 }
                 ChunkOutput::Loss(loss) => {
-                    lm_loss_sum += loss.lm_loss.into_scalar().to_f64();
+                    lm_loss_sum += read_to_host(|| loss.lm_loss.into_scalar().to_f64());
                 }
             }
         }

@@ -12,6 +12,7 @@ use ferrotron_plan::Plan;
 use super::host::param_values;
 use super::rank_model::RankModel;
 use crate::cpu_threads::{process_threads, rank_pool, use_cpu_threads};
+use crate::host_read::host_reads;
 use crate::resume::ResumeState;
 use crate::run_loop::{Lead, run_rank_loop};
 use crate::setup::RunSetup;
@@ -53,6 +54,9 @@ pub(crate) struct RankOutcome {
     /// Every local parameter with where it sits in the one-rank model.
     #[cfg_attr(not(test), expect(dead_code, reason = "the equivalence tests read it"))]
     pub(crate) params: Vec<(ShardSpec, Vec<f32>)>,
+    /// The host reads of its loop (`crate::host_read`): steps, evaluations and saves.
+    #[cfg_attr(not(test), expect(dead_code, reason = "the host-read tests read it"))]
+    pub(crate) host_reads: u64,
 }
 
 /// The rank loop on an already prepared setup (shared by thread ranks of one process).
@@ -97,6 +101,7 @@ where
     let rank = ctx.global_rank();
     let lead = if rank == 0 { Lead::Yes } else { Lead::No };
     let dp = (ctx.dp_rank() as u32, ctx.dp_size() as u32);
+    let reads_before = host_reads();
     let summary = run_rank_loop(
         plan,
         setup,
@@ -107,6 +112,7 @@ where
         dp,
         &mut model,
     )?;
+    let host_reads = host_reads() - reads_before;
     let mut params = Vec::new();
     for (chunk, roles) in model.chunks.iter().zip(&model.roles) {
         let mut values = param_values::<B, _>(chunk);
@@ -120,6 +126,7 @@ where
         rank,
         summary,
         params,
+        host_reads,
     })
 }
 

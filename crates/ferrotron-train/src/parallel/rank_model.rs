@@ -1,8 +1,9 @@
 //! One rank's share of the model and optimizer, and one optimizer step over it: the pipeline
 //! schedule, gradient synchronisation, the global norm, the finiteness guard, clipping and the
-//! (plain or distributed) AdamW, then the MoE expert-bias update. Every decision that ends a step
-//! early (a non-finite loss or norm) is taken from values all ranks share after their
-//! reductions, so all ranks stop together instead of leaving peers waiting in a collective.
+//! (plain or distributed) AdamW, then the MoE expert-bias update, all queued without a host read.
+//! Every decision that ends the run (a non-finite loss or norm, a stop) is taken where the loop
+//! reads the queued steps, from values all ranks share after their device reductions, so all
+//! ranks stop at the same iteration instead of leaving peers waiting in a collective.
 //!
 //! A rank alone in its world holds the whole model and steps it with the one-rank step
 //! ([`train_step_deferred`]) instead: there is nothing to exchange, the flat gradient buffers
@@ -16,6 +17,7 @@ use std::path::PathBuf;
 
 use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig, RecomputePolicy};
 use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch};
 use ferrotron_plan::Plan;
@@ -26,8 +28,12 @@ use super::schedule::StagePosition;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
 use crate::error::comm_error;
 use crate::flat_adamw::{Shard, Sharding};
+use crate::host_read::read_to_host;
 use crate::init::seeded_model;
-use crate::replicas::{GRAD_BUCKET_ELEMENTS, Replicas, TensorReplicas, layer_buckets, sum_loads};
+use crate::pending::DeviceValues;
+use crate::replicas::{
+    GRAD_BUCKET_ELEMENTS, Replicas, TensorReplicas, layer_buckets, sum_loads, summed_over,
+};
 use crate::run_loop::RankStep;
 use crate::step::{device_step, train_step_deferred};
 use crate::{AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, TrainError};
@@ -240,14 +246,12 @@ pub(super) fn reported_mean<const N: usize>(
         values = [0.0; N];
     }
     if ctx.pp.size() > 1 {
-        ctx.pp
-            .all_reduce_f64(&mut values, ReduceOp::Sum)
+        read_to_host(|| ctx.pp.all_reduce_f64(&mut values, ReduceOp::Sum))
             .map_err(|e| comm_error("loss broadcast over the pipeline", e))?;
     }
     let dp_cp = ctx.dp_cp.size();
     if dp_cp > 1 {
-        ctx.dp_cp
-            .all_reduce_f64(&mut values, ReduceOp::Sum)
+        read_to_host(|| ctx.dp_cp.all_reduce_f64(&mut values, ReduceOp::Sum))
             .map_err(|e| comm_error("loss average over data-parallel ranks", e))?;
         values.iter_mut().for_each(|v| *v /= dp_cp as f64);
     }
@@ -280,7 +284,7 @@ where
             RankOptimizer::PerChunk(_) => {
                 let stats = self.device_exchanged_step(microbatches, context)?;
                 crate::fp8::end_step(&self.chunks, &self.ctx);
-                return Ok(PendingStats::ready(stats));
+                return Ok(stats);
             }
         };
         let model = self.chunks.pop().ok_or_else(|| {
@@ -343,16 +347,26 @@ where
         self.save_checkpoint(store, info)
     }
 
-    fn any_rank(&self, local: bool) -> Result<bool, TrainError> {
+    fn has_peers(&self) -> bool {
+        !is_alone(&self.ctx)
+    }
+
+    /// The number of ranks whose `local` holds, summed over tp, dp×cp and pp (together the
+    /// world) by device collectives: nothing waits for it until the loop reads it.
+    fn agree_stop(&self, local: bool) -> DeviceValues {
         let ctx = &self.ctx;
-        let mut flag = [u64::from(local)];
-        for comm in [&ctx.tp, &ctx.dp_cp, &ctx.pp] {
-            if comm.size() > 1 {
-                comm.all_reduce_u64(&mut flag, ReduceOp::Max)
-                    .map_err(|e| comm_error("agreeing on a stop", e))?;
-            }
-        }
-        Ok(flag[0] != 0)
+        let flag = Tensor::<B::InnerBackend, 1>::from_data(
+            TensorData::new(vec![if local { 1.0f32 } else { 0.0 }], [1]),
+            (&self.device, DType::F32),
+        );
+        let world = [&ctx.tp, &ctx.dp_cp, &ctx.pp];
+        DeviceValues::new(vec![summed_over(Some(flag), world, &self.device)])
+    }
+
+    fn agree_on_order(&self) -> Result<(), TrainError> {
+        self.ctx
+            .agree_on_order()
+            .map_err(|e| comm_error("agreeing on the collective order", e))
     }
 }
 

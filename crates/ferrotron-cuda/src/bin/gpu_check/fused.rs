@@ -147,19 +147,39 @@ fn attention_grads<const FUSED: bool>(
 }
 
 /// One attention row: fused in `dtype` against composed in f32.
-#[allow(clippy::too_many_arguments)]
 fn attention_row(
     device: &GpuDevice,
     rng: &mut StdRng,
-    [b, h, g, s, d]: [usize; 5],
+    dims: [usize; 5],
     dtype: DType,
     causal: bool,
 ) -> Row {
     let spec = AttentionSpec {
         causal,
-        scale: None,
-        dropout: 0.0,
+        ..AttentionSpec::causal()
     };
+    attention_row_against(device, rng, dims, dtype, spec, spec)
+}
+
+/// What an attention row's note and name say of its mask.
+pub(crate) fn mask_label(spec: &AttentionSpec) -> String {
+    let causal = if spec.causal { ", causal" } else { "" };
+    match spec.window {
+        Some(left) => format!("{causal}, window {left}"),
+        None => causal.to_string(),
+    }
+}
+
+/// One attention row: fused `spec` in `dtype` against composed `reference` (the same spec, or
+/// one it must equal) in f32.
+pub(crate) fn attention_row_against(
+    device: &GpuDevice,
+    rng: &mut StdRng,
+    [b, h, g, s, d]: [usize; 5],
+    dtype: DType,
+    spec: AttentionSpec,
+    reference: AttentionSpec,
+) -> Row {
     let data = [
         host(&[b, h, s, d], rng, dtype),
         host(&[b, g, s, d], rng, dtype),
@@ -181,17 +201,29 @@ fn attention_row(
     })
     .unwrap_or(false);
     let got = guarded(|| Ok(attention_grads::<true>(&data, dtype, spec, device)));
-    let want = guarded(|| Ok(attention_grads::<false>(&data, DType::F32, spec, device)));
+    let want = guarded(|| {
+        Ok(attention_grads::<false>(
+            &data,
+            DType::F32,
+            reference,
+            device,
+        ))
+    });
     let (errors, note) = match (got, want) {
         (Ok(got), Ok(want)) => {
             let got = round(got, dtype);
             let want = round(want, dtype);
+            let against = if reference == spec {
+                String::new()
+            } else {
+                format!(" (composed{})", mask_label(&reference))
+            };
             (
                 compare::compare(&got, &want, 4.0),
                 format!(
-                    "{} vs composed f32; out + dq, dk, dv{}",
+                    "{} vs composed f32{against}; out + dq, dk, dv{}",
                     if kernel { "cuDNN fused" } else { "composed" },
-                    if causal { ", causal" } else { "" }
+                    mask_label(&spec)
                 ),
             )
         }
@@ -200,8 +232,10 @@ fn attention_row(
     };
     Row {
         op: format!(
-            "fused_attention d{d} {}",
-            if g == h { "mha" } else { "gqa" }
+            "fused_attention d{d} {}{}",
+            if g == h { "mha" } else { "gqa" },
+            spec.window
+                .map_or(String::new(), |left| format!(" window {left}"))
         ),
         dtype: dtype_label(dtype),
         shape: format!("q [{b}, {h}, {s}, {d}] kv [{b}, {g}, {s}, {d}]"),
@@ -210,13 +244,19 @@ fn attention_row(
     }
 }
 
-/// Dropout: `<dV, v>` against the loss, and the mean output with v = 1.
-fn dropout_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
+/// Dropout: `<dV, v>` against the loss, and the mean output with v = 1; with a sliding
+/// `window`, the same checks of the banded probabilities.
+pub(crate) fn dropout_row(
+    device: &GpuDevice,
+    rng: &mut StdRng,
+    dtype: DType,
+    window: Option<usize>,
+) -> Row {
     let [b, h, g, s, d] = [2, 8, 4, 512, 64];
     let spec = AttentionSpec {
-        causal: true,
-        scale: None,
         dropout: 0.2,
+        window,
+        ..AttentionSpec::causal()
     };
     let run = || -> Result<(f64, f64, f64), String> {
         let q: Tensor<A, 4> = upload(&host(&[b, h, s, d], rng, dtype), dtype, device);
@@ -258,7 +298,10 @@ fn dropout_row(device: &GpuDevice, rng: &mut StdRng, dtype: DType) -> Row {
         Err(e) => (failed(), format!("backend: {}", first_line(&e))),
     };
     Row {
-        op: "fused_attention dropout".into(),
+        op: format!(
+            "fused_attention dropout{}",
+            window.map_or(String::new(), |left| format!(" window {left}"))
+        ),
         dtype: dtype_label(dtype),
         shape: format!("q [{b}, {h}, {s}, {d}] kv [{b}, {g}, {s}, {d}]"),
         errors,
@@ -360,7 +403,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
         DType::F32,
         true,
     ));
-    rows.push(dropout_row(device, &mut rng, DType::BF16));
+    rows.push(dropout_row(device, &mut rng, DType::BF16, None));
     for dtype in [DType::F32, DType::BF16] {
         rows.push(linear_row(device, &mut rng, dtype));
     }

@@ -44,9 +44,18 @@ fn packed_grads<const FUSED: bool>(
     .into_data()
 }
 
-fn packed_row(device: &GpuDevice, rng: &mut StdRng, [b, s, g, per, d]: [usize; 5]) -> Row {
+fn packed_row(device: &GpuDevice, rng: &mut StdRng, dims: [usize; 5]) -> Row {
+    packed_row_with(device, rng, dims, AttentionSpec::causal())
+}
+
+/// One packed-attention row for `spec`: the packed node in bf16 against composed in f32.
+pub(crate) fn packed_row_with(
+    device: &GpuDevice,
+    rng: &mut StdRng,
+    [b, s, g, per, d]: [usize; 5],
+    spec: AttentionSpec,
+) -> Row {
     let dtype = DType::BF16;
-    let spec = AttentionSpec::causal();
     let qkv = host(&[b, s, g, per + 2, d], rng, dtype);
     let weights = host(&[b, s, g * per, d], rng, DType::F32);
     let probe = Tensor::<Cuda, 5>::zeros([b, s, g, per + 2, d], (device, dtype))
@@ -67,12 +76,13 @@ fn packed_row(device: &GpuDevice, rng: &mut StdRng, [b, s, g, per, d]: [usize; 5
         (Ok(got), Ok(want)) => (
             compare::compare(&round(got, dtype), &round(want, dtype), 4.0),
             format!(
-                "{} vs composed f32; out + packed d qkv, causal",
+                "{} vs composed f32; out + packed d qkv{}",
                 if kernel {
                     "packed cuDNN"
                 } else {
                     "composed (no kernel!)"
-                }
+                },
+                crate::fused::mask_label(&spec)
             ),
         ),
         (Err(e), _) => (failed(), format!("packed: {}", first_line(&e))),
@@ -81,8 +91,10 @@ fn packed_row(device: &GpuDevice, rng: &mut StdRng, [b, s, g, per, d]: [usize; 5
     let errors = if kernel { errors } else { failed() };
     Row {
         op: format!(
-            "fused_qkv_attention d{d} {}",
-            if per == 1 { "mha" } else { "gqa" }
+            "fused_qkv_attention d{d} {}{}",
+            if per == 1 { "mha" } else { "gqa" },
+            spec.window
+                .map_or(String::new(), |left| format!(" window {left}"))
         ),
         dtype: dtype_label(dtype),
         shape: format!("qkv [{b}, {s}, {g}, {}, {d}]", per + 2),

@@ -23,10 +23,13 @@ mod fused_grouped;
 mod fused_loss;
 mod fused_moe;
 mod fused_norm;
+mod fused_qk_norm;
 mod fused_qkv;
 mod fused_rope;
 mod fused_swiglu;
+mod fused_window;
 mod nccl;
+mod nccl_faults;
 mod timing;
 mod uploads;
 
@@ -371,7 +374,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|moe|upload|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|moe|upload|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
                      linear overrides against their composed versions, the fp8 kernels and linear\n\
                      (Hopper), then the NCCL communicator\n\
@@ -388,6 +391,9 @@ fn parse_args() -> anyhow::Result<Args> {
 
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
+    if let Ok(which) = std::env::var(nccl_faults::CHILD) {
+        nccl_faults::child(&which, args.device_index);
+    }
     let device = ferrotron_cuda::GpuDevice::new(args.device_index);
     let engine = ferrotron_cuda::CudaDevice::get(args.device_index)
         .with_context(|| format!("opening CUDA device {}", args.device_index))?;
@@ -412,6 +418,12 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_rope::rows(&device));
         rows.extend(fused_flat::rows(&device));
     }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "qk_norm" {
+        rows.extend(fused_qk_norm::rows(&device));
+    }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "window" {
+        rows.extend(fused_window::rows(&device));
+    }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "fused_grouped" {
         rows.extend(fused_grouped::rows(&device));
     }
@@ -429,6 +441,9 @@ fn main() -> anyhow::Result<()> {
     if args.filter.is_empty() || args.filter == "nccl" {
         let (nccl_rows, comm) = nccl::rows(args.device_index);
         rows.extend(nccl_rows);
+        if let Some(comm) = &comm {
+            rows.extend(nccl_faults::rows(comm));
+        }
         nccl_comm = comm;
     }
     let _ = std::panic::take_hook();
@@ -445,6 +460,8 @@ fn main() -> anyhow::Result<()> {
         }
     } else if args.timings && args.filter == "fp8" {
         println!("\n{}", fp8_source::timings(&device));
+    } else if args.timings && args.filter == "window" {
+        println!("\n{}", fused_window::timings(&device));
     } else if args.timings {
         if let Some(comm) = &nccl_comm {
             println!("\n{}", nccl::timings(comm));
@@ -457,6 +474,7 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused_norm::timings(&device));
         println!("\n{}", fused_loss::timings(&device));
         println!("\n{}", fused_qkv::timings(&device));
+        println!("\n{}", fused_window::timings(&device));
         println!("\n{}", fused_dropout::timings(&device));
         println!("\n{}", fp8_source::timings(&device));
     }

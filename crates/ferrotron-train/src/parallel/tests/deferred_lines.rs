@@ -8,15 +8,17 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+use burn::tensor::Tensor;
 use ferrotron_data::Tokenizer;
 use serde_json::{Value, json};
 
 use super::fixture::{Layout, options, plan, write_data};
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::pending::DeviceValues;
 use crate::resume::ResumeState;
 use crate::run_loop::{Lead, RankStep, run_rank_loop};
 use crate::setup::RunSetup;
-use crate::{Microbatch, PendingStats, StepContext, StepStats, TrainError};
+use crate::{CpuBackend, Microbatch, PendingStats, StepContext, StepStats, TrainError};
 
 /// Records `queue N`, `read N` and `evaluate`; step `fail`'s read is a non-finite error and
 /// "another rank" asks to stop after step `stop`.
@@ -35,7 +37,7 @@ impl RankStep for Recorder {
         self.events.borrow_mut().push(format!("queue {iteration}"));
         let events = self.events.clone();
         let fail = self.fail == Some(iteration);
-        let read = move || {
+        let read = move |_: &[f32]| {
             events.borrow_mut().push(format!("read {iteration}"));
             if fail {
                 return Err(TrainError::NonFinite {
@@ -53,7 +55,7 @@ impl RankStep for Recorder {
                 lr: context.lr,
             })
         };
-        Ok(PendingStats::later(read, self.waits))
+        Ok(PendingStats::later(None, read, self.waits))
     }
 
     fn evaluate(&mut self, _: &[Microbatch]) -> Result<f64, TrainError> {
@@ -65,8 +67,19 @@ impl RankStep for Recorder {
         unreachable!("the test recipes save nothing")
     }
 
-    fn any_rank(&self, local: bool) -> Result<bool, TrainError> {
-        Ok(local || self.stop == Some(self.queued))
+    /// With `stop`, the recorder plays a rank with peers, one of which asks to stop once step
+    /// `stop` is queued.
+    fn has_peers(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    fn agree_stop(&self, local: bool) -> DeviceValues {
+        let any = local || self.stop == Some(self.queued);
+        let flag = Tensor::<CpuBackend, 1>::from_floats(
+            [if any { 1.0 } else { 0.0 }],
+            &Default::default(),
+        );
+        DeviceValues::new(vec![flag])
     }
 }
 
@@ -264,6 +277,13 @@ fn another_ranks_stop_reads_and_logs_the_deferred_step() {
         lines,
     } = run_with(dir.path(), 4, recorder(true, None, Some(2)), json!({}));
     outcome.expect("a stop is a clean end");
-    assert_eq!(order, events(&["queue 1", "queue 2", "read 1", "read 2"]));
-    assert_eq!(lines, vec![(1, 1.0, 8), (2, 2.0, 16)]);
+    // the vote queued with step 2 is read with it once step 3 is queued: every rank stops
+    // there, after reading (and logging) step 3 too
+    assert_eq!(
+        order,
+        events(&[
+            "queue 1", "queue 2", "read 1", "queue 3", "read 2", "read 3"
+        ])
+    );
+    assert_eq!(lines, vec![(1, 1.0, 8), (2, 2.0, 16), (3, 3.0, 24)]);
 }

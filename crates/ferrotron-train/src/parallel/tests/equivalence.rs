@@ -8,13 +8,24 @@ use super::fixture::{
 };
 use super::{LOSS_TOLERANCE, WEIGHT_TOLERANCE};
 
-const ITERATIONS: u64 = 4;
+pub(super) const ITERATIONS: u64 = 4;
 
 fn check(layout: Layout, layers: u32) {
     check_with(layout, layers, json!({}), ITERATIONS);
 }
 
-fn check_with(layout: Layout, layers: u32, extra: serde_json::Value, iterations: u64) {
+pub(super) fn check_with(layout: Layout, layers: u32, extra: serde_json::Value, iterations: u64) {
+    check_within(layout, layers, extra, iterations, WEIGHT_TOLERANCE);
+}
+
+/// [`check_with`], the final weights within `weight_tolerance` of the one-rank run's.
+pub(super) fn check_within(
+    layout: Layout,
+    layers: u32,
+    extra: serde_json::Value,
+    iterations: u64,
+    weight_tolerance: f32,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     write_data(dir.path());
     let single = Layout {
@@ -74,7 +85,7 @@ fn check_with(layout: Layout, layers: u32, extra: serde_json::Value, iterations:
     let assembled = assemble(outcomes.into_iter().flat_map(|o| o.params));
     let difference = max_weight_difference(&weights, &assembled);
     assert!(
-        difference <= WEIGHT_TOLERANCE,
+        difference <= weight_tolerance,
         "{layout:?}: final weights differ by up to {difference:e}"
     );
     eprintln!(

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use super::LOSS_TOLERANCE;
 use super::fixture::{Layout, options, plan, train_alone, train_world, write_data};
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::pending::DeviceValues;
 use crate::resume::ResumeState;
 use crate::run_loop::{Lead, RankStep, run_rank_loop};
 use crate::setup::RunSetup;
@@ -58,8 +59,12 @@ impl RankStep for Evaluations {
         unreachable!("the test recipes save nothing")
     }
 
-    fn any_rank(&self, local: bool) -> Result<bool, TrainError> {
-        Ok(local)
+    fn has_peers(&self) -> bool {
+        false
+    }
+
+    fn agree_stop(&self, _: bool) -> DeviceValues {
+        unreachable!("a rank alone stops on its own flag")
     }
 }
 

@@ -15,10 +15,12 @@
 mod alone;
 mod call_order;
 mod deferred_lines;
+mod dense_families;
 mod equivalence;
 mod evaluation;
 mod exchanged;
 mod fixture;
+mod host_reads;
 mod plan_groups;
 mod recompute;
 mod replicated;

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::fixture::{Layout, options, plan, write_data};
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::pending::DeviceValues;
 use crate::resume::ResumeState;
 use crate::run_loop::{LoopContext, RankStep, Reporter, run_loop};
 use crate::setup::RunSetup;
@@ -47,7 +48,7 @@ impl RankStep for QueuedDevice {
         let starts = self.idle_at.get().map_or(now, |idle| idle.max(now));
         self.idle_at.set(Some(starts + STEP));
         let idle_at = self.idle_at.clone();
-        let read = move || {
+        let read = move |_: &[f32]| {
             wait_for(&idle_at);
             Ok(StepStats {
                 loss: 1.0,
@@ -57,7 +58,7 @@ impl RankStep for QueuedDevice {
                 lr: context.lr,
             })
         };
-        Ok(PendingStats::later(read, true))
+        Ok(PendingStats::later(None, read, true))
     }
 
     fn evaluate(&mut self, _: &[Microbatch]) -> Result<f64, TrainError> {
@@ -70,8 +71,12 @@ impl RankStep for QueuedDevice {
         unreachable!("the test recipes save nothing")
     }
 
-    fn any_rank(&self, local: bool) -> Result<bool, TrainError> {
-        Ok(local)
+    fn has_peers(&self) -> bool {
+        false
+    }
+
+    fn agree_stop(&self, _: bool) -> DeviceValues {
+        unreachable!("a rank alone stops on its own flag")
     }
 }
 

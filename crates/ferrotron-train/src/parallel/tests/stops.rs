@@ -1,6 +1,7 @@
 //! Stopping a parallel run is a decision every rank takes together: a non-finite loss is seen by
-//! all ranks after the loss reduction (so all fail, none waits in a collective), and a stop
-//! request on one rank's flag is agreed by an all-reduce before anyone saves and leaves.
+//! all ranks when they read the step's shared statistics (so all fail, none waits in a
+//! collective), and a stop request on one rank's flag is agreed by a device all-reduce read with
+//! them, before anyone saves and leaves.
 
 use serde_json::json;
 
@@ -65,5 +66,41 @@ fn a_stop_request_stops_every_rank_after_one_checkpoint() {
         .checkpoint
         .as_ref()
         .expect("a checkpoint was saved");
+    assert!(crate::checkpoint::is_committed(checkpoint));
+}
+
+#[test]
+fn ranks_with_peers_agree_on_a_stop_where_they_next_read_their_steps() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_data(dir.path());
+    let stored = plan(
+        dir.path(),
+        layout(),
+        2,
+        8,
+        json!({
+            "checkpoint": {"dir": dir.path().join("ckpt")},
+            "training": {"log_interval": 3}
+        }),
+    );
+    let options = options(dir.path());
+    options.stop.request();
+    let outcomes = train_world(&stored, &options).expect("the run stops cleanly");
+    // the flag is seen before step 1, but the ranks agree (and read) only at the logged step 3
+    for outcome in &outcomes {
+        assert_eq!(outcome.summary.stopped, Some(StopReason::Signal));
+        assert_eq!(outcome.summary.iteration, 3);
+        assert_eq!(outcome.summary.losses.len(), 3);
+    }
+    let checkpoint = outcomes[0]
+        .summary
+        .checkpoint
+        .as_ref()
+        .expect("a checkpoint was saved");
+    assert!(
+        checkpoint.ends_with("iter_0000003"),
+        "{}",
+        checkpoint.display()
+    );
     assert!(crate::checkpoint::is_committed(checkpoint));
 }
