@@ -97,13 +97,15 @@ impl CudaTensor {
                 .shape(self.shape())
                 .dtype(self.dtype)
         };
+        // Behind the queued work may be a collective whose peer died; the process watchdog
+        // aborts it (releasing this wait) or ends the process, never lets it hang. The copy
+        // itself already waits (into pageable memory it returns only once done), so the watch
+        // starts before it.
+        let _waiting = ferrotron_dist::watchdog::global().waiting("copying a tensor to the host");
         // SAFETY: `t` is contiguous, so `len` bytes from its first element are its elements;
         // the stream is synchronised before `out` is read or dropped.
         unsafe { result::memcpy_dtoh_async(&mut out, t.data_ptr(), device.cu_stream()) }
             .ctx(ctx)?;
-        // Behind the queued work may be a collective whose peer died; the process watchdog
-        // aborts it (releasing this wait) or ends the process, never lets it hang.
-        let _waiting = ferrotron_dist::watchdog::global().waiting("copying a tensor to the host");
         device.stream().synchronize().ctx(ctx)?;
         Ok(out)
     }

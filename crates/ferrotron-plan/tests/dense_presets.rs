@@ -2,8 +2,9 @@
 //! parameter count is the one its Hugging Face config.json gives (the embedding rows as
 //! published, which 128 divides, so Megatron's padding at one tensor rank adds none), its
 //! layout fits 80 GiB H100s, and `recipe plan`'s FLOPs per iteration are Megatron-LM's
-//! `num_floating_point_operations` (training.py at 001b00c2), whose values below were evaluated
-//! from that function's terms for each preset's shape, padded vocabulary and batch.
+//! `num_floating_point_operations`: the values below are that function's own output, run by
+//! `tools/megatron_flops_ref.py` on Megatron-LM's training.py (d98e8a64dd, 2026-12-06) for each
+//! preset's shape, padded vocabulary and batch; all eight agree to 0 relative difference.
 
 use std::path::Path;
 
