@@ -126,13 +126,6 @@ fn select(g: &mut Graph, name: &str, x: i64, keep: i64) -> i64 {
     y
 }
 
-/// The generated row and column indices over `x`'s last two axes.
-fn row_and_column(g: &mut Graph, x: i64) -> (i64, i64) {
-    let row = g.pw("gen_row_index", Pw::GenIndex { axis: 2 }, x, None, Dt::I32);
-    let col = g.pw("gen_col_index", Pw::GenIndex { axis: 3 }, x, None, Dt::I32);
-    (row, col)
-}
-
 /// The scores `x` masked as `mask` says: the causal mask (top-left diagonal: keep column ≤ row)
 /// then the sliding window's left bound (keep column + bound > row, the bound an f32 scalar as
 /// the frontend passes it), each a pair of generated indices, a comparison and a select.
@@ -143,13 +136,39 @@ fn masked(g: &mut Graph, mask: SdpaMask, x: i64) -> i64 {
     g.scalar(NEG_INF, "-inf");
     let mut last = x;
     if mask.causal {
-        let (row, col) = row_and_column(g, last);
+        let row = g.pw(
+            "gen_row_index",
+            Pw::GenIndex { axis: 2 },
+            last,
+            None,
+            Dt::I32,
+        );
+        let col = g.pw(
+            "gen_col_index",
+            Pw::GenIndex { axis: 3 },
+            last,
+            None,
+            Dt::I32,
+        );
         let keep = g.pw("row>=col", Pw::CmpGe, row, Some(col), Dt::Bool);
         last = select(g, "causal_masked", last, keep);
     }
     if mask.window.is_some() {
         let bound = g.scalar(LEFT_BOUND, "left_bound");
-        let (row, col) = row_and_column(g, last);
+        let row = g.pw(
+            "gen_row_index",
+            Pw::GenIndex { axis: 2 },
+            last,
+            None,
+            Dt::I32,
+        );
+        let col = g.pw(
+            "gen_col_index",
+            Pw::GenIndex { axis: 3 },
+            last,
+            None,
+            Dt::I32,
+        );
         let shifted = g.pw("col+window", Pw::Add, col, Some(bound), Dt::F32);
         let keep = g.pw("col+window>row", Pw::CmpGt, shifted, Some(row), Dt::Bool);
         last = select(g, "window_masked", last, keep);
