@@ -189,6 +189,7 @@ pub(crate) fn time_one<E>(
         for _ in 0..REPEATS {
             launch().ok()?;
         }
+        // SAFETY: as above; `end` is synchronised before its time is read.
         unsafe {
             driver::event::record(end, stream).ok()?;
             driver::event::synchronize(end).ok()?;

@@ -68,8 +68,8 @@ struct Desc(cs::cudnnBackendDescriptor_t);
 impl Desc {
     fn new(kind: cs::cudnnBackendDescriptorType_t, op: &dyn Fn() -> OpContext) -> Result<Self> {
         let mut d: cs::cudnnBackendDescriptor_t = std::ptr::null_mut();
-        // SAFETY: `d` receives a fresh descriptor.
         check(
+            // SAFETY: `d` receives a fresh descriptor.
             unsafe { cs::cudnnBackendCreateDescriptor(kind, &mut d) },
             &format!("create {kind:?}"),
             op,
@@ -112,8 +112,8 @@ impl Desc {
     }
 
     fn finalize(&self, what: &str, op: &dyn Fn() -> OpContext) -> Result<()> {
-        // SAFETY: a live descriptor whose attributes were set above.
         check(
+            // SAFETY: a live descriptor whose attributes were set above.
             unsafe { cs::cudnnBackendFinalize(self.0) },
             &format!("finalize {what}"),
             op,
@@ -400,8 +400,8 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
     )?;
     heur.finalize("engine heuristics", op)?;
     let mut count: i64 = 0;
-    // SAFETY: a count query (no elements requested).
     check(
+        // SAFETY: a count query (no elements requested).
         unsafe {
             cs::cudnnBackendGetAttribute(
                 heur.0,
@@ -426,8 +426,8 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
         .collect::<Result<_>>()?;
     let mut raw: Vec<cs::cudnnBackendDescriptor_t> = configs.iter().map(|d| d.0).collect();
     let mut got: i64 = 0;
-    // SAFETY: `raw` holds `count` created engine-config descriptors for cuDNN to fill.
     check(
+        // SAFETY: `raw` holds `count` created engine-config descriptors for cuDNN to fill.
         unsafe {
             cs::cudnnBackendGetAttribute(
                 heur.0,
@@ -460,8 +460,8 @@ fn build_plan(handle: cs::cudnnHandle_t, g: &Graph, op: &dyn Fn() -> OpContext) 
             Ok(()) => {
                 let mut ws: i64 = 0;
                 let mut n: i64 = 0;
-                // SAFETY: reads one int64 into `ws`.
                 check(
+                    // SAFETY: reads one int64 into `ws`.
                     unsafe {
                         cs::cudnnBackendGetAttribute(
                             plan.0,
@@ -520,8 +520,8 @@ fn plan_for(
             let mut h: cs::cudnnHandle_t = std::ptr::null_mut();
             // SAFETY: `h` receives a new handle for the current context.
             check(unsafe { cs::cudnnCreate(&mut h) }, "cudnnCreate", op)?;
-            // SAFETY: the device's stream lives as long as the device (the process).
             check(
+                // SAFETY: the device's stream lives as long as the device (the process).
                 unsafe { cs::cudnnSetStream(h, device.cu_stream().cast()) },
                 "cudnnSetStream",
                 op,
