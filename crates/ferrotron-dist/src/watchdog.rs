@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 /// How long a process may live on after its world was aborted before the watchdog ends it.
 pub const STUCK_GRACE: Duration = Duration::from_secs(10);
-/// How long an ending process may take to exit before it is aborted (SIGABRT).
+/// How long an ending process may take to exit before it is aborted (SIGABRT): a stuck
+/// handler that ends the process with [`end_process`] never needs it.
 const LAST_RESORT: Duration = Duration::from_secs(5);
 /// How often the watchdog looks.
 const PERIOD: Duration = Duration::from_millis(50);
@@ -327,7 +328,7 @@ impl Watchdog {
             Some(handler) => handler(reason),
             None => {
                 eprintln!("error: {reason}");
-                std::process::exit(1);
+                end_process(1);
             }
         }
     }
@@ -402,3 +403,18 @@ pub fn abort_on_panic(dog: &'static Arc<Watchdog>) {
 #[cfg(test)]
 #[path = "watchdog_tests.rs"]
 mod tests;
+
+/// Ends a stuck process with `code` at once. `std::process::exit` runs the exit handlers,
+/// among them the CUDA driver's teardown, which waits for a stream the abort could not release
+/// (measured on an H100: the process then lives until [`LAST_RESORT`] aborts it, SIGABRT
+/// instead of `code`); `_exit` hands the process to the kernel, which frees the device.
+pub fn end_process(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
+    let _ = std::io::stdout().flush();
+    #[allow(unsafe_code)]
+    // SAFETY: `_exit` takes no pointers and never returns; nothing after it runs.
+    unsafe {
+        libc::_exit(code)
+    }
+}

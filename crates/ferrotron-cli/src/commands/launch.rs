@@ -421,7 +421,7 @@ fn watch_world(rank: u32, timeout: std::time::Duration) {
     let dog = ferrotron_dist::watchdog::global();
     dog.on_stuck(Box::new(move |reason| {
         crate::failure::sayln!("error: rank {rank}: {reason}; ending the process");
-        std::process::exit(i32::from(crate::exit::FAILED));
+        ferrotron_dist::watchdog::end_process(i32::from(crate::exit::FAILED));
     }));
     dog.arm(rank, timeout);
 }

@@ -275,7 +275,7 @@ fn watchdog_child(device_index: usize) -> ! {
     let dog = ferrotron_dist::watchdog::global();
     dog.on_stuck(Box::new(|reason| {
         eprintln!("watchdog: {reason}");
-        std::process::exit(ENDED_BY_WATCHDOG);
+        ferrotron_dist::watchdog::end_process(ENDED_BY_WATCHDOG);
     }));
     dog.arm(0, Duration::from_secs(1));
     let blocked = (|| -> Result<(), String> {
