@@ -71,6 +71,7 @@ fn model() -> Model {
             ffn_hidden_size: Some(256),
             shared_expert_ffn_hidden_size: None,
         }),
+        mla: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn tiny_gpt() -> Model {
         add_qkv_bias: false,
         qk_layernorm: false,
         window_size: None,
+        mla: None,
     }
 }
 

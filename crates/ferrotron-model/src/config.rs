@@ -4,7 +4,7 @@
 
 use burn::tensor::backend::Backend;
 use ferrotron_recipe::{
-    Activation, LoadBalancing, Model, Moe, Normalization, PositionEmbedding, RopeScalingType,
+    Activation, LoadBalancing, Mla, Model, Moe, Normalization, PositionEmbedding, RopeScalingType,
     ScoreFunction, TokenDispatcher, TokenDropPolicy,
 };
 
@@ -48,6 +48,71 @@ pub struct ModelConfig {
     pub attention_dropout: f64,
     pub init_method_std: f64,
     pub moe: Option<MoeConfig>,
+    /// Multi-latent attention (Megatron's `--multi-latent-attention`); `None`: grouped-query
+    /// attention over `num_query_groups` and `kv_channels`.
+    pub mla: Option<MlaConfig>,
+}
+
+/// Multi-latent attention's sizes, resolved (see [`ferrotron_recipe::Mla`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaConfig {
+    /// `None`: a full-rank query projection.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_head_dim: usize,
+    pub qk_pos_emb_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+impl MlaConfig {
+    /// A query's (and a key's) channels per head: the plain part and the rotary part.
+    pub fn q_head_dim(&self) -> usize {
+        self.qk_head_dim + self.qk_pos_emb_head_dim
+    }
+
+    fn resolve(mla: &Mla, model: &Model) -> Result<Self, ModelError> {
+        if let Some(rank) = mla.q_lora_rank {
+            positive("mla.q_lora_rank", rank)?;
+        }
+        positive("mla.kv_lora_rank", mla.kv_lora_rank)?;
+        positive("mla.qk_head_dim", mla.qk_head_dim)?;
+        positive("mla.qk_pos_emb_head_dim", mla.qk_pos_emb_head_dim)?;
+        positive("mla.v_head_dim", mla.v_head_dim)?;
+        if model.position_embedding != PositionEmbedding::Rope {
+            return Err(ModelError::Incompatible(
+                "multi-latent attention rotates a decoupled part of queries and keys; it needs \
+                 model.position_embedding: rope"
+                    .to_owned(),
+            ));
+        }
+        if !mla.qk_pos_emb_head_dim.is_multiple_of(2) {
+            return Err(ModelError::Incompatible(format!(
+                "rotary position embeddings rotate pairs of channels, so model.mla.qk_pos_emb_head_dim must be even (got {})",
+                mla.qk_pos_emb_head_dim
+            )));
+        }
+        if model.num_query_groups() != model.num_attention_heads {
+            return Err(ModelError::Incompatible(format!(
+                "multi-latent attention has no query groups (Megatron refuses \
+                 --group-query-attention with it): leave model.num_query_groups unset (got {})",
+                model.num_query_groups()
+            )));
+        }
+        if model.add_qkv_bias {
+            return Err(ModelError::Incompatible(
+                "model.add_qkv_bias applies to the fused QKV projection, which multi-latent \
+                 attention does not have"
+                    .to_owned(),
+            ));
+        }
+        Ok(MlaConfig {
+            q_lora_rank: mla.q_lora_rank.map(to_usize),
+            kv_lora_rank: to_usize(mla.kv_lora_rank),
+            qk_head_dim: to_usize(mla.qk_head_dim),
+            qk_pos_emb_head_dim: to_usize(mla.qk_pos_emb_head_dim),
+            v_head_dim: to_usize(mla.v_head_dim),
+        })
+    }
 }
 
 /// Mixture-of-Experts settings, resolved.
@@ -182,6 +247,11 @@ impl ModelConfig {
             .as_ref()
             .map(|moe| MoeConfig::resolve(moe, model))
             .transpose()?;
+        let mla = model
+            .mla
+            .as_ref()
+            .map(|mla| MlaConfig::resolve(mla, model))
+            .transpose()?;
         Ok(ModelConfig {
             num_layers: to_usize(model.num_layers),
             hidden_size: to_usize(model.hidden_size),
@@ -208,6 +278,7 @@ impl ModelConfig {
             attention_dropout: model.attention_dropout,
             init_method_std: model.init_method_std,
             moe,
+            mla,
         })
     }
 }

@@ -25,7 +25,7 @@ mod parallel;
 mod recompute;
 mod rope;
 
-pub use config::{Capacity, GroupLimit, ModelConfig, MoeConfig, RopeScaling};
+pub use config::{Capacity, GroupLimit, MlaConfig, ModelConfig, MoeConfig, RopeScaling};
 pub use error::ModelError;
 pub use expert_loads::ExpertLoads;
 pub use generate::generate;

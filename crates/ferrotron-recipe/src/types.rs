@@ -145,6 +145,49 @@ pub struct Model {
     /// `W` keys, itself included, so it is `[W - 1, 0]`. Absent: full causal attention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_size: Option<[u32; 2]>,
+    /// Megatron's `--multi-latent-attention` (DeepSeek-V2/V3): queries and keys/values through
+    /// low-rank latents, a rotary part of every query head and one rotary key part shared by
+    /// every head. With it, `qk_layernorm` puts the norms on the query and key/value latents,
+    /// as Megatron's MLA layer spec does; `num_query_groups` and `kv_channels` do not apply.
+    /// Absent: standard (grouped-query) attention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<Mla>,
+}
+
+/// Multi-latent attention's sizes, Megatron's names and defaults (`--q-lora-rank`,
+/// `--kv-lora-rank`, `--qk-head-dim`, `--qk-pos-emb-head-dim`, `--v-head-dim`). DeepSeek-V3:
+/// 1536, 512, 128, 64, 128.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Mla {
+    /// The query latent's size; absent: a full-rank query projection (DeepSeek-V2-Lite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_HIDDEN))]
+    pub q_lora_rank: Option<u32>,
+    /// The key/value latent's size (the part of a token cached at inference).
+    #[serde(default = "defaults::kv_lora_rank")]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_HIDDEN))]
+    pub kv_lora_rank: u32,
+    /// Per head, the query and key channels without rotary embedding.
+    #[serde(default = "defaults::qk_head_dim")]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_KV_CHANNELS))]
+    pub qk_head_dim: u32,
+    /// Per head, the rotary query channels; the key's rotary part, of the same size, is one
+    /// shared by every head.
+    #[serde(default = "defaults::qk_pos_emb_head_dim")]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_KV_CHANNELS))]
+    pub qk_pos_emb_head_dim: u32,
+    /// Per head, the value channels.
+    #[serde(default = "defaults::v_head_dim")]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_KV_CHANNELS))]
+    pub v_head_dim: u32,
+}
+
+impl Mla {
+    /// A query's (and a key's) channels per head: the plain part and the rotary part.
+    pub fn q_head_dim(&self) -> u32 {
+        self.qk_head_dim + self.qk_pos_emb_head_dim
+    }
 }
 
 /// How rotary frequencies are scaled, with the parameters of Hugging Face's `rope_scaling`
@@ -1182,6 +1225,24 @@ mod defaults {
     pub(super) fn make_vocab_size_divisible_by() -> u32 {
         128
     }
+    /// Megatron's MLA defaults (`--kv-lora-rank` 32, `--qk-head-dim` 128,
+    /// `--qk-pos-emb-head-dim` 64, `--v-head-dim` 128).
+    pub(super) fn kv_lora_rank() -> u32 {
+        32
+    }
+
+    pub(super) fn qk_head_dim() -> u32 {
+        128
+    }
+
+    pub(super) fn qk_pos_emb_head_dim() -> u32 {
+        64
+    }
+
+    pub(super) fn v_head_dim() -> u32 {
+        128
+    }
+
     pub(super) fn rotary_base() -> f64 {
         10000.0
     }

@@ -65,6 +65,7 @@ pub(crate) fn gpt2_model() -> Model {
         add_qkv_bias: false,
         qk_layernorm: false,
         window_size: None,
+        mla: None,
     }
 }
 
