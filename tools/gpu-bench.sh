@@ -21,7 +21,7 @@
 # every 10–100 steps does; each logged row is the mean over its interval), EXTRA_SETS (more
 # `--set key=value` words for every run, e.g. "--set model.activation=gelu" to compare), TAG (a
 # suffix for every row's name, so two settings of the same model in one OUT keep their rows: run
-# again with TAG=-notune FERROTRON_GEMM_TUNE=0 to compare), TORCH=1 (after each row, PyTorch +
+# again with TAG=-notune EXTRA_SETS='--set runtime.gemm_tune=false' to compare), TORCH=1 (after each row, PyTorch +
 # torch.compile trains the same model at the same shapes, `tools/torch_ref.py` reading the row's
 # plan; a second table puts the two side by side; fp8 rows have no reference and say so).
 set -uo pipefail
@@ -60,6 +60,29 @@ dense_4l=(--set 'data.tokenizer={type: gpt2-bpe, vocab_file: recipes/data/gpt2/v
     --set recompute.method=null --set recompute.num_layers=null)
 mistral_4l=("${dense_4l[@]}" --set model.vocab_size=50257) # GPT-2 ids exceed Mistral's 32000
 
+# Issue 46's fine-grained MoE presets cut to one GPU. qwen3-30b-a3b at 4 layers: the real hidden
+# size, heads, query groups, head dim, QK-norm, vocabulary and every layer's 128 experts of 768,
+# top-8, no expert parallelism. deepseek-v3 at 3 layers (one dense, as its first three are, then
+# two MoE: Megatron's list form of layer_freq): its multi-latent attention at the real sizes (128
+# heads, latents 1536 and 512, d_qk 192 ≠ d_v 128 in cuDNN's attention, YaRN's softmax scale),
+# hidden 7168, dense FFN 18432, experts of 2048 with one shared, top-8 by sigmoid scores with the
+# expert bias in 4 of 8 groups, scaled by 2.5 — but 16 of its 256 experts, so the 3.2B
+# parameters and their optimizer state fit 80 GB (a token still takes 8 routed experts and the
+# shared one: the real MoE layer's FLOPs per token), and the GPT-2 vocabulary (the corpus's ids;
+# 50257 rows instead of 129280). qwen3-235b-a22b at 2 layers with 32 of its 128 experts of 1536
+# (hidden 4096, 64 heads on 4 groups of 128, top-8: the real layer's FLOPs per token).
+moe_1gpu=(--set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.expert=1
+    --set parallel.context=1 --set parallel.sequence_parallel=false --set recompute.granularity=none
+    --set recompute.method=null --set recompute.num_layers=null)
+qwen3_moe_4l=("${dense_4l[@]}" "${moe_1gpu[@]}")
+deepseek_3l=("${gpt2_tokenizer[@]}" "${moe_1gpu[@]}" --set model.num_layers=3
+    --set 'model.moe.layer_freq=[0, 1, 1]' --set model.moe.num_experts=16
+    --set parallel.num_layers_in_first_pipeline_stage=null
+    --set parallel.num_layers_in_last_pipeline_stage=null)
+qwen3_235b_2l=("${dense_4l[@]}" "${moe_1gpu[@]}" --set model.num_layers=2 --set model.moe.num_experts=32
+    --set parallel.num_layers_in_first_pipeline_stage=null
+    --set parallel.num_layers_in_last_pipeline_stage=null)
+
 # name | recipe | micro batch | extra overrides (an array's name)
 benches=(
     "gpt2-124m|recipes/gpt2-124m.yaml|16|none"
@@ -83,6 +106,11 @@ benches=(
     "qwen2.5-7b-4l|recipes/qwen2.5-7b.yaml|4|dense_4l"
     "qwen3-8b-4l|recipes/qwen3-8b.yaml|4|dense_4l"
     "mistral-7b-4l|recipes/mistral-7b.yaml|2|mistral_4l"
+    "qwen3-30b-a3b-4l|recipes/qwen3-30b-a3b.yaml|2|qwen3_moe_4l"
+    "qwen3-30b-a3b-4l-mb4|recipes/qwen3-30b-a3b.yaml|4|qwen3_moe_4l"
+    "deepseek-v3-3l|recipes/deepseek-v3.yaml|1|deepseek_3l"
+    "deepseek-v3-3l-mb2|recipes/deepseek-v3.yaml|2|deepseek_3l"
+    "qwen3-235b-a22b-2l|recipes/qwen3-235b-a22b.yaml|2|qwen3_235b_2l"
     "moe-8x|recipes/mixtral-8x7b.yaml|4|moe_small"
     "moe-8x-mb16|recipes/mixtral-8x7b.yaml|16|moe_small"
     "gpt-1.3b-fp8|recipes/gpt-1.3b.yaml|12|fp8"

@@ -11,7 +11,8 @@
 # (b) recipes/shakespeare-tiny.yaml (an fp32 recipe) for 50 steps from one seed on: cpu, cuda (ours,
 #     fp32), cuda with precision.dtype=bf16, burn-cuda (fp32, when the binary has it), for each
 #     model family (FAMILIES, default "gpt llama moe": the recipe as shipped, then LLaMA-style
-#     and MoE variants of the same size, see part (b) below). Every
+#     and MoE variants of the same size; also qwen3, mistral, and issue 46's mla (multi-latent
+#     attention), deepseek (mla + DeepSeek-V3's MoE) and qwen3moe: tools/gpu-families.sh). Every
 #     backend starts from the same weights (drawn on the CPU from the seed) and reads the same
 #     batches, so the curves differ only by arithmetic. Tolerances, max |loss − cpu loss| / cpu loss
 #     over all steps: fp32 backends 1e-2 (reduction order and cuBLASLt's algorithms compound over
@@ -87,6 +88,9 @@ if [[ $parts == *b* ]]; then
             moe) sets=("${moe_sets[@]}") ;;
             qwen3) sets=("${qwen3_sets[@]}") ;;
             mistral) sets=("${mistral_sets[@]}") ;;
+            mla) sets=("${mla_sets[@]}") ;;
+            deepseek) sets=("${deepseek_sets[@]}") ;;
+            qwen3moe) sets=("${qwen3moe_sets[@]}") ;;
         esac
         train "$family-cpu" cpu "$tiny" "$steps_b" "${sets[@]}"
         train "$family-cuda-fp32" cuda "$tiny" "$steps_b" "${sets[@]}"
@@ -136,9 +140,9 @@ print(f"\nfirst gradient spike on the cpu run: step {spike if spike <= steps els
 # one token's expert, the curves part exponentially without any gradient spike (measured on the
 # H200 in fp32: 1e-7 relative for 15 steps, 3e-5 by step 20, 1e-2 by step 37). Its curves are
 # compared step by step over the first 20 steps, then by level.
-if family == "moe" and spike > 21:
+if family in ("moe", "deepseek", "qwen3moe") and spike > 21:
     spike = 21
-    print("moe: steps compared one by one up to step 20 (routing flips part the curves later)\n")
+    print(f"{family}: steps compared one by one up to step 20 (routing flips part the curves later)\n")
 print("| backend | steps | max rel diff, steps 1–" + str(spike - 1) + " | tolerance | mean of last 10 vs cpu | tolerance | result |")
 print("|---|---|---|---|---|---|---|")
 cpu = curves[f"{family}-cpu"]

@@ -2,10 +2,13 @@
 # Ferrotron <-> Hugging Face transformers parity, on CPU in fp32 (anywhere with torch and
 # transformers: the GPU machine, or here with PYTHON=/work/pyref/bin/python). For GPT-2, LLaMA
 # (llama3 / linear / yarn RoPE scaling), Mixtral, Qwen2 (q/k/v biases; a sliding window), Qwen3
-# (q/k norms, head_dim != hidden / heads) and Mistral (sliding window), each from one rank and
-# from tp2·pp2: train a tiny checkpoint with `recipe run`, export it, load it with transformers;
-# and import transformers' own randomly initialised models; the same token batch, longer than the
-# RoPE scaling's original context and the window, through both sides. Prints one table: max
+# (q/k norms, head_dim != hidden / heads), Mistral (sliding window), Qwen3-MoE (normalised or not,
+# dense layers between) and DeepSeek-V3 (MLA, YaRN, sigmoid group-limited routing with a bias, a
+# shared expert, a dense first layer; rotary channels as pairs or halves; with or without a query
+# latent), each from one rank and from tp2·pp2, the MoE classes also from ep2 and tp2·ep2: train a
+# tiny checkpoint with `recipe run`, export it, load it with transformers; and import
+# transformers' own randomly initialised models; the same token batch, longer than the RoPE
+# scaling's original context and the window, through both sides. Prints one table: max
 # |Δ logit| and both losses per row; exit 0 when every row is within 1e-4.
 #
 #   RECIPE_BIN=target/release/recipe tools/hf-parity.sh        # from the repository root

@@ -5,11 +5,16 @@ Both directions, for every class `recipe export` / `recipe import` speak (GPT2LM
 LlamaForCausalLM with llama3 / linear / yarn RoPE scaling, MixtralForCausalLM,
 Qwen2ForCausalLM with its q/k/v biases (and a sliding window on every layer),
 Qwen3ForCausalLM with per-head q/k norms and a head_dim other than hidden / heads,
-MistralForCausalLM with a sliding window), each from a one-rank and from a tp2·pp2 layout:
+MistralForCausalLM with a sliding window, Qwen3MoeForCausalLM with normalised and unnormalised
+top-k probabilities, dense layers between the MoE ones or a sliding window,
+DeepseekV3ForCausalLM with multi-latent attention (with or without a query latent, its rotary
+channels stored as pairs or as halves), YaRN, sigmoid group-limited routing with a selection
+bias, a shared expert, routed_scaling_factor and a dense first layer), each from a one-rank and
+from a tp2·pp2 layout, the MoE classes also from an ep2 and a tp2·ep2 (ep·etp) one:
   export: train a tiny checkpoint with `recipe run` (CPU, fp32) on that layout, `recipe export
           --format hf`, load the folder with transformers;
   import: build transformers' own randomly initialised small model of the class, save_pretrained,
-          then `recipe import` it (one rank), or start a tp2·pp2 `recipe run` from it
+          then `recipe import` it (one rank), or start a multi-rank `recipe run` from it
           (`checkpoint.init_from`, one step at lr 0, so the checkpoint it saves went through the
           layout's loader and saver and still holds the imported weights);
 then the same token batch through both sides (`recipe logits` on ours) and print, per row, the
@@ -84,6 +89,20 @@ YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGI
 # DeepSeek-style temperature: both set, so transformers and Megatron-Core agree on the factor
 YARN_TEMPERED = dict(YARN, beta_fast=16.0, beta_slow=2.0, mscale=0.707, mscale_all_dim=0.5)
 SLIDING = {"window_size": [WINDOW - 1, 0]}
+QWEN3 = dict(LLAMA, qk_layernorm=True, kv_channels=16, norm_epsilon=1.0e-6, rotary_base=1.0e6)
+# MLA with a query latent, a rotary part (4) other than the rest of a q/k head (8) and a value
+# head (6) of its own; DeepSeek's MoE on the second layer only (first_k_dense_replace 1); YaRN
+# whose mscale_all_dim (the softmax's) differs from mscale
+DEEPSEEK = {k: v for k, v in LLAMA.items() if k != "num_query_groups"}
+DEEPSEEK.update(
+    qk_layernorm=True, norm_epsilon=1.0e-6,
+    mla={"q_lora_rank": 24, "kv_lora_rank": 16, "qk_head_dim": 8, "qk_pos_emb_head_dim": 4,
+         "v_head_dim": 6},
+    rope_scaling=dict(YARN, mscale=1.0, mscale_all_dim=0.8),
+    moe={"num_experts": 8, "router_topk": 2, "ffn_hidden_size": 12, "score_function": "sigmoid",
+         "expert_bias": True, "num_groups": 2, "group_topk": 1,
+         "shared_expert_ffn_hidden_size": 12, "router_topk_scaling_factor": 2.5,
+         "layer_freq": [0, 1]})
 VARIANTS = {
     "gpt2": ("GPT2LMHeadModel", GPT2),
     "llama3": ("LlamaForCausalLM", dict(LLAMA, rotary_base=500000.0, rope_scaling=LLAMA3)),
@@ -98,8 +117,30 @@ VARIANTS = {
     "qwen3": ("Qwen3ForCausalLM", dict(LLAMA, qk_layernorm=True, kv_channels=16,
                                        norm_epsilon=1.0e-6, rotary_base=1.0e6)),
     "mistral": ("MistralForCausalLM", dict(LLAMA, **SLIDING)),
+    # the second layer dense (mlp_only_layers [1])
+    "qwen3-moe": ("Qwen3MoeForCausalLM", dict(QWEN3, moe={"num_experts": 8, "router_topk": 2,
+                                                          "ffn_hidden_size": 24,
+                                                          "layer_freq": [1, 0]})),
+    # a sliding window on every layer (use_sliding_window)
+    "qwen3-moe-sliding": ("Qwen3MoeForCausalLM", dict(QWEN3, **SLIDING,
+                                                      moe={"num_experts": 4, "router_topk": 2,
+                                                           "ffn_hidden_size": 24})),
+    # norm_topk_prob false: softmax over all experts, then top-k
+    "qwen3-moe-unnormalised": ("Qwen3MoeForCausalLM",
+                               dict(QWEN3, moe={"num_experts": 4, "router_topk": 2,
+                                                "ffn_hidden_size": 24, "pre_softmax": True})),
+    "deepseek-v3": ("DeepseekV3ForCausalLM", DEEPSEEK),
+    # the same, but transformers' model stores its rotary channels as halves
+    # (rope_interleave false), which import reorders into pairs (export writes pairs)
+    "deepseek-v3-rope-halves": ("DeepseekV3ForCausalLM", DEEPSEEK),
+    # a full-rank query projection (q_proj, no q_lora_rank: DeepSeek-V2-Lite's)
+    "deepseek-v3-q-proj": ("DeepseekV3ForCausalLM",
+                           dict(DEEPSEEK, mla={k: v for k, v in DEEPSEEK["mla"].items()
+                                               if k != "q_lora_rank"})),
 }
-LAYOUTS = {"1 rank": (1, 1), "tp2·pp2": (2, 2)}
+# (tensor, pipeline, expert) parallel degrees; expert parallelism over 2 data-parallel ranks
+# (expert tensor parallelism is the tensor degree: tp2·ep2 cuts each expert over 2 ranks too)
+LAYOUTS = {"1 rank": (1, 1, 1), "tp2·pp2": (2, 2, 1), "ep2": (1, 1, 2), "tp2·ep2": (2, 1, 2)}
 
 
 def rope(model):
@@ -126,7 +167,7 @@ def hf_config(variant):
     heads = model["num_attention_heads"]
     llama = dict(
         hidden_size=model["hidden_size"], num_hidden_layers=model["num_layers"],
-        num_attention_heads=heads, num_key_value_heads=model["num_query_groups"],
+        num_attention_heads=heads, num_key_value_heads=model.get("num_query_groups", heads),
         head_dim=model.get("kv_channels", model["hidden_size"] // heads),
         intermediate_size=model["ffn_hidden_size"], max_position_embeddings=SEQ,
         rms_norm_eps=model["norm_epsilon"], **rope(model), **common)
@@ -146,7 +187,35 @@ def hf_config(variant):
                 max_window_layers=0 if window else model["num_layers"], **llama)
     if cls == "Qwen2ForCausalLM":
         return transformers.Qwen2Config(**qwen)
-    return transformers.Qwen3Config(attention_bias=False, **qwen)
+    if cls == "Qwen3ForCausalLM":
+        return transformers.Qwen3Config(attention_bias=False, **qwen)
+    moe = model["moe"]
+    layers = model["num_layers"]
+    pattern = moe.get("layer_freq", 1)
+    if isinstance(pattern, int):
+        pattern = [1 if i % pattern == 0 else 0 for i in range(layers)]
+    if cls == "Qwen3MoeForCausalLM":
+        return transformers.Qwen3MoeConfig(
+            attention_bias=False, num_experts=moe["num_experts"],
+            num_experts_per_tok=moe["router_topk"], moe_intermediate_size=moe["ffn_hidden_size"],
+            norm_topk_prob=not moe.get("pre_softmax", False), decoder_sparse_step=1,
+            mlp_only_layers=[i for i in range(layers) if not pattern[i]],
+            use_sliding_window=window is not None, sliding_window=window, **llama)
+    mla = model["mla"]
+    return transformers.DeepseekV3Config(
+        attention_bias=False, q_lora_rank=mla.get("q_lora_rank"),
+        kv_lora_rank=mla["kv_lora_rank"], qk_nope_head_dim=mla["qk_head_dim"],
+        qk_rope_head_dim=mla["qk_pos_emb_head_dim"], v_head_dim=mla["v_head_dim"],
+        rope_interleave=variant != "deepseek-v3-rope-halves", n_routed_experts=moe["num_experts"],
+        num_experts_per_tok=moe["router_topk"], moe_intermediate_size=moe["ffn_hidden_size"],
+        n_shared_experts=moe["shared_expert_ffn_hidden_size"] // moe["ffn_hidden_size"],
+        routed_scaling_factor=moe.get("router_topk_scaling_factor", 1.0),
+        n_group=moe.get("num_groups", 1), topk_group=moe.get("group_topk", 1),
+        norm_topk_prob=moe["router_topk"] > 1, first_k_dense_replace=pattern.index(1),
+        num_nextn_predict_layers=0,
+        # head_dim is qk_rope_head_dim there, which the config derives itself
+        **{k: v for k, v in llama.items() if k not in ("head_dim", "num_key_value_heads")},
+        num_key_value_heads=heads)
 
 
 def random_model(variant):
@@ -163,12 +232,18 @@ def random_model(variant):
                 param.uniform_(0.5, 1.5)
             elif name.endswith(".bias"):
                 param.uniform_(-0.2, 0.2)
+            elif name.endswith("mlp.gate.weight"):
+                # routers far from ties, so both sides pick the same experts
+                param.normal_(0.0, 1.0)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.uniform_(-0.3, 0.3)
     return model.eval()
 
 
 def recipe(work, name, model, parallel, training=None, checkpoint=None):
-    tp, pp = parallel
-    world = tp * pp
+    tp, pp, ep = parallel
+    world = tp * pp * ep
     train = {
         "micro_batch_size": 2, "global_batch_size": 4, "train_iters": TRAIN_ITERS,
         "log_interval": 1, "eval_interval": 0, "seed": 1234,
@@ -179,7 +254,8 @@ def recipe(work, name, model, parallel, training=None, checkpoint=None):
     return {
         "version": 2, "name": name, "model": dict(model, make_vocab_size_divisible_by=64 // tp),
         "precision": {"dtype": "fp32"},
-        "parallel": {"tensor": tp, "pipeline": pp, "data": 1, "sequence_parallel": tp > 1},
+        "parallel": {"tensor": tp, "pipeline": pp, "data": ep, "expert": ep,
+                     "sequence_parallel": tp > 1},
         "training": train,
         "data": {
             "tokenizer": {"type": "hf", "file": os.path.join(work, "tokenizer.json")},
@@ -218,7 +294,7 @@ class Runner:
         with open(path, "w") as f:
             json.dump(recipe(work, name, parallel=parallel, **recipe_args), f, indent=1)
         args = ["run", path]
-        world = parallel[0] * parallel[1]
+        world = parallel[0] * parallel[1] * parallel[2]
         if world > 1:
             args += ["--world-size", world]
         self.recipe(*args)
@@ -266,7 +342,7 @@ def compare(runner, checkpoint, model, ids, work, tag):
 
 def export_row(runner, work, variant, layout):
     parallel = LAYOUTS[layout]
-    name = f"export-{variant}-tp{parallel[0]}pp{parallel[1]}"
+    name = f"export-{variant}-tp{parallel[0]}pp{parallel[1]}ep{parallel[2]}"
     checkpoints = runner.run(work, name, parallel, model=VARIANTS[variant][1])
     hf_dir = os.path.join(work, name, "hf")
     runner.recipe("export", checkpoints, "--format", "hf", "--out", hf_dir)
@@ -278,18 +354,22 @@ def export_row(runner, work, variant, layout):
 
 def import_row(runner, work, variant, layout):
     parallel = LAYOUTS[layout]
-    name = f"import-{variant}-tp{parallel[0]}pp{parallel[1]}"
+    name = f"import-{variant}-tp{parallel[0]}pp{parallel[1]}ep{parallel[2]}"
     hf_dir = os.path.join(work, name, "hf")
     model = random_model(variant)
     model.save_pretrained(hf_dir, safe_serialization=True)
-    if parallel == (1, 1):
+    if parallel == (1, 1, 1):
         checkpoints = os.path.join(work, name, "checkpoints")
         runner.recipe("import", hf_dir, "--out", checkpoints)
     else:
         # the recipe's model section must be config.json's (`recipe run` refuses otherwise);
         # one step at lr 0 saves the imported weights through the layout's shards
+        section = VARIANTS[variant][1]
+        if section.get("moe", {}).get("expert_bias"):
+            # the selection bias's update does not stop at lr 0: keep the imported one
+            section = dict(section, moe=dict(section["moe"], expert_bias_update_rate=0.0))
         checkpoints = runner.run(
-            work, name, parallel, model=VARIANTS[variant][1],
+            work, name, parallel, model=section,
             training={"train_iters": 1, "optimizer": {"lr": 0.0, "weight_decay": 0.0}},
             checkpoint={"init_from": {"hf": hf_dir}})
     return compare(runner, checkpoints, model, tokens(2), work, name)
@@ -309,7 +389,10 @@ def main():
     variants = args.only or list(VARIANTS)
     jobs = [(direction, job, variant, layout)
             for direction, job in (("export", export_row), ("import", import_row))
-            for variant in variants for layout in LAYOUTS]
+            for variant in variants for layout in LAYOUTS
+            if LAYOUTS[layout][2] == 1 or "moe" in VARIANTS[variant][1]
+            # export always writes pairs: that variant's export rows would repeat deepseek-v3's
+            if not (direction == "export" and variant == "deepseek-v3-rope-halves")]
     for direction, job, variant, layout in jobs:
         cls = VARIANTS[variant][0]
         try:

@@ -28,6 +28,7 @@ statistics. Runs on the CPU too (small shapes, for checking the script), there i
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -59,6 +60,13 @@ def moe_layers(model):
     if not moe:
         return set()
     freq = moe.get("layer_freq", 1)
+    if isinstance(freq, str):
+        # Megatron's `--moe-layer-freq` string (`moe_freq_type`: digits and `,[]()+*` only)
+        if re.search(r"[^,\d\[\]()+*]", freq):
+            raise Unsupported(f"moe.layer_freq {freq!r}")
+        freq = eval(freq)
+    if isinstance(freq, list):
+        return {i for i, moe_layer in enumerate(freq) if moe_layer}
     return {i for i in range(model["num_layers"]) if i % freq == 0}
 
 
@@ -221,6 +229,7 @@ class Moe(nn.Module):
         self.experts, self.k = moe["num_experts"], moe["router_topk"]
         self.pre_softmax = moe.get("pre_softmax", False)
         self.score = moe.get("score_function", "softmax")
+        self.scaling = moe.get("router_topk_scaling_factor") or 1.0
         self.aux = moe["aux_loss_coeff"] if moe.get("load_balancing") == "aux_loss" else 0.0
         gated = 2 if model["activation"] == "swiglu" else 1
         std = model["init_method_std"]
@@ -240,7 +249,7 @@ class Moe(nn.Module):
             top, experts = logits.topk(self.k, dim=-1)
             scores = top.softmax(-1)
             full = logits.softmax(-1)
-        return scores, experts, full
+        return scores * self.scaling, experts, full
 
     def forward(self, x):
         shape = x.shape

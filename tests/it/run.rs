@@ -920,16 +920,32 @@ fn newest_iteration(fixture: &Fixture) -> u64 {
         .unwrap_or(0)
 }
 
+/// The arguments of the SIGKILL tests: a checkpoint every step, synchronous or asynchronous.
+fn checkpoint_every_step(async_save: bool) -> Vec<String> {
+    [
+        "training.train_iters=12".to_owned(),
+        "checkpoint.interval=1".to_owned(),
+        "training.eval_interval=0".to_owned(),
+        format!("checkpoint.async_save={async_save}"),
+    ]
+    .into_iter()
+    .flat_map(|set| ["--set".to_owned(), set])
+    .collect()
+}
+
 #[test]
 fn sigkill_right_after_checkpoints_resumes_bit_identically() {
-    let args = [
-        "--set",
-        "training.train_iters=12",
-        "--set",
-        "checkpoint.interval=1",
-        "--set",
-        "training.eval_interval=0",
-    ];
+    sigkill_right_after_checkpoints(false);
+}
+
+#[test]
+fn sigkill_right_after_async_checkpoints_resumes_bit_identically() {
+    sigkill_right_after_checkpoints(true);
+}
+
+fn sigkill_right_after_checkpoints(async_save: bool) {
+    let args = checkpoint_every_step(async_save);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let straight = Fixture::new("");
     assert_success(&straight.run(&args));
 
@@ -975,14 +991,17 @@ fn temp_folders(fixture: &Fixture) -> Vec<(String, usize)> {
 
 #[test]
 fn sigkill_in_the_middle_of_checkpoint_writes_resumes_bit_identically() {
-    let args = [
-        "--set",
-        "training.train_iters=12",
-        "--set",
-        "checkpoint.interval=1",
-        "--set",
-        "training.eval_interval=0",
-    ];
+    sigkill_in_the_middle_of_checkpoint_writes(false);
+}
+
+#[test]
+fn sigkill_in_the_middle_of_async_checkpoint_writes_resumes_bit_identically() {
+    sigkill_in_the_middle_of_checkpoint_writes(true);
+}
+
+fn sigkill_in_the_middle_of_checkpoint_writes(async_save: bool) {
+    let args = checkpoint_every_step(async_save);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let straight = Fixture::new("");
     assert_success(&straight.run(&args));
     let files_per_checkpoint = std::fs::read_dir(straight.path("ckpt/iter_0000012"))

@@ -216,6 +216,35 @@ broken_fixture!(
         ("schedule::warmup-too-long", 15, 19),
     ]
 );
+// Issue 46: multi-latent attention with the fused QKV projection's switches. Its head sizes are
+// its own, so 64 / 3 heads (an odd, fractional kv_channels) is not refused.
+broken_fixture!(
+    mla_mistakes,
+    "mla-mistakes",
+    &[
+        ("mla::no-query-groups", 5, 21),
+        ("mla::needs-rope", 6, 23),
+        ("mla::no-qkv-bias", 8, 17),
+        ("mla::odd-rotary-dim", 13, 26),
+    ]
+);
+
+// Megatron's list form of `--moe-layer-freq`: an entry other than 0/1 is pointed at itself; a
+// pattern (here Megatron's string form) of the wrong length at the key, with how many to add.
+broken_fixture!(
+    moe_layer_freq,
+    "moe-layer-freq",
+    &[
+        ("moe::layer-freq-value", 7, 24),
+        ("moe::zero-topk-scaling-factor", 8, 33),
+    ]
+);
+
+broken_fixture!(
+    moe_layer_freq_length,
+    "moe-layer-freq-length",
+    &[("moe::layer-freq-length", 7, 17)]
+);
 
 #[test]
 fn diagnostics_in_a_base_name_the_base_file() {

@@ -3,7 +3,7 @@
 //! The heuristic ranks algorithms with a model of the chip; its first choice is not always the
 //! fastest on a transformer's shapes, and every GEMM of a step repeats thousands of times, so a
 //! few milliseconds of timing when a shape is first seen can pay for itself many times over.
-//! `FERROTRON_GEMM_TUNE` (`off`/`0`/`composed` turn it off) switches this on or off; off, the
+//! The recipe's `runtime.gemm_tune` switches this on or off; off, the
 //! heuristic's first candidate is used as before.
 //!
 //! Different algorithms may round differently (split-K orders its partial sums), so the choice
@@ -16,7 +16,6 @@
 #![allow(unsafe_code)]
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use cudarc::cublaslt::{result::CublasError, sys};
 use cudarc::driver::{result as driver, sys as dsys};
@@ -33,10 +32,9 @@ const REPEATS: usize = 3;
 /// A later candidate must beat the best so far by this fraction to be chosen.
 const TIE: f64 = 0.02;
 
-/// Whether GEMMs are tuned (read once per process).
+/// Whether GEMMs are tuned (the recipe's `runtime.gemm_tune`).
 pub(crate) fn enabled() -> bool {
-    static CELL: OnceLock<bool> = OnceLock::new();
-    crate::switches::enabled(&CELL, "FERROTRON_GEMM_TUNE")
+    crate::switches::paths().gemm_tune
 }
 
 /// The candidate (an index into `algos`) that ran fastest, and each candidate's mean time in

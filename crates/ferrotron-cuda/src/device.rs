@@ -151,7 +151,9 @@ impl CudaDevice {
             rng_seed: AtomicU64::new(0),
             rng_offset: AtomicU64::new(0),
             tf32: AtomicBool::new(false),
-            poison: AtomicBool::new(std::env::var_os("FERROTRON_CUDA_POISON").is_some()),
+            poison: AtomicBool::new(
+                crate::switches::env_var(crate::switches::EnvVars::CUDA_POISON).is_some(),
+            ),
         })
     }
 

@@ -1,9 +1,11 @@
 //! [`FusedOps`] for [`Cuda`]: attention on cuDNN's fused flash-attention engines (bf16/f16,
-//! head dims 64 and 128, causal or not, with or without a sliding window, grouped K/V unrepeated, dropout by cuDNN's Philox from
+//! head dims 64 and 128, or on Hopper a value head dim of its own (multi-latent attention:
+//! d_qk 192 with d_v 128, any multiples of 8 up to 256; `cudnn::supports` says why), causal or
+//! not, with or without a sliding window, grouped K/V unrepeated, dropout by cuDNN's Philox from
 //! the device's seed and a fresh counter range, regenerated in the backward), also straight
 //! from the packed QKV projection (`cudnn::packed`).
 //!
-//! `FERROTRON_ATTENTION=composed` keeps burn's composition (today's arithmetic); f32 inputs and
+//! `runtime.fused_attention: false` keeps burn's composition (today's arithmetic); f32 inputs and
 //! other head dims always take it (cuDNN's fused attention has no f32 path). With cuDNN
 //! missing, the first fused call stops with an error naming what to install.
 //!
@@ -16,12 +18,10 @@
 //! RoPE on it (`kernels::rope`) and its per-head QK-norm (`kernels::qk_norm`) run on our own
 //! kernels, for every float dtype; the MoE experts'
 //! grouped matmul runs as cuBLAS grouped GEMMs (`grouped_blas`, also switched off alone by
-//! `FERROTRON_GROUPED_GEMM=composed`), and their routing decisions (top-k and the permutation by
-//! expert, `kernels::moe`) on ours; `FERROTRON_FUSED=composed` switches all nine back to burn's
+//! `runtime.grouped_gemm: false`), and their routing decisions (top-k and the permutation by
+//! expert, `kernels::moe`) on ours; `runtime.fused_kernels: false` switches all nine back to burn's
 //! composition and the routing to the host reference. The fp8 linear's primitives (casts, the fp8
 //! GEMM, the scale update) are `crate::fp8`'s, refused below compute capability 9.0.
-
-use std::sync::OnceLock;
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_parallel::fp8_scaling::{Fp8Role, Fp8Settings};
@@ -54,17 +54,15 @@ use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
 use crate::layout::SliceArg;
 use crate::random;
 
-/// Whether fused attention is switched on (`FERROTRON_ATTENTION` unset or `cudnn`).
+/// Whether fused attention is on (the recipe's `runtime.fused_attention`).
 pub(crate) fn fused_attention_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    crate::switches::enabled(&ON, "FERROTRON_ATTENTION")
+    crate::switches::paths().fused_attention
 }
 
-/// Whether the norm, cross-entropy and AdamW kernels are switched on (`FERROTRON_FUSED` unset or not
-/// `composed`).
+/// Whether the norm, cross-entropy, AdamW and the other kernels are on (the recipe's
+/// `runtime.fused_kernels`).
 pub(crate) fn fused_kernels_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    crate::switches::enabled(&ON, "FERROTRON_FUSED")
+    crate::switches::paths().fused_kernels
 }
 
 /// What an attention node keeps, from cuDNN's forward.
@@ -227,13 +225,18 @@ impl FusedOps for Cuda {
         step: AdamWStep,
         device_scale: DeviceScale<Self>,
     ) -> AdamWTensors<Self> {
-        let moments_f32 = moments
+        // moments stored as the step says (f32, or 16-bit under the precision-aware optimizer)
+        let stored = |m: &crate::tensor::CudaTensor, dtype: burn::tensor::DType| {
+            crate::backend::convert::engine_dtype(dtype).is_ok_and(|d| m.dtype() == d)
+        };
+        let [m_dtype, v_dtype] = step.moment_dtypes;
+        let moments_stored = moments
             .as_ref()
-            .is_none_or(|(m, v)| m.dtype() == DType::F32 && v.dtype() == DType::F32);
+            .is_none_or(|(m, v)| stored(m, m_dtype) && stored(v, v_dtype));
         if !(fused_kernels_enabled()
             && value.dtype() == DType::F32
             && is_float(&grad)
-            && moments_f32)
+            && moments_stored)
         {
             return composed_adamw::<Self>(value, grad, moments, step, device_scale);
         }

@@ -55,11 +55,10 @@ fn data_type(dtype: DType) -> Option<sys::cudaDataType_t> {
 }
 
 /// Whether the grouped matmul runs for these dtypes (one float type for both operands) and
-/// `FERROTRON_GROUPED_GEMM` leaves it on (`composed` gives the per-expert GEMMs back, to
+/// the recipe's `runtime.grouped_gemm` leaves it on (off gives the per-expert GEMMs back, to
 /// compare).
 pub fn supports(x: DType, weight: DType) -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    crate::switches::enabled(&ON, "FERROTRON_GROUPED_GEMM") && x == weight && data_type(x).is_some()
+    crate::switches::paths().grouped_gemm && x == weight && data_type(x).is_some()
 }
 
 /// Checks `x [rows, k]`, `weight [groups, k, n]` against the group sizes: `(k, n)`.

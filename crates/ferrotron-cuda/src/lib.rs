@@ -26,7 +26,7 @@ pub mod nccl;
 mod parallel_ops;
 pub mod random;
 mod staging;
-mod switches;
+pub mod switches;
 pub mod tensor;
 pub mod timing;
 

@@ -16,11 +16,11 @@
 //! before; past [`PINNED_LIMIT`] bytes of buffers the smallest busy buffer that fits is waited for,
 //! and an upload of more than a quarter of that (a checkpoint's weights, once) is a plain pageable
 //! copy.
-//! `FERROTRON_PINNED_UPLOADS=off` turns staging off.
+//! `runtime.pinned_uploads: false` turns staging off.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use cudarc::driver::{result, sys};
 
@@ -192,10 +192,9 @@ fn allocate(capacity: usize) -> Option<Chunk> {
     }
 }
 
-/// Whether `FERROTRON_PINNED_UPLOADS` leaves staging on (read once).
+/// Whether uploads are staged (the recipe's `runtime.pinned_uploads`).
 fn on() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    crate::switches::enabled(&ON, "FERROTRON_PINNED_UPLOADS")
+    crate::switches::paths().pinned_uploads
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::driver::{result, sys};
 
 use crate::device::CudaDevice;
+use crate::switches::EnvVars;
 
 /// Pairs resolved in one go once this many are pending.
 const FLUSH_AT: usize = 4096;
@@ -57,7 +58,7 @@ static ENABLED: AtomicU8 = AtomicU8::new(0);
 pub fn enabled() -> bool {
     match ENABLED.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var_os("FERROTRON_OP_TIMING").is_some_and(|v| v != "0")
+            let on = crate::switches::env_var(EnvVars::OP_TIMING).is_some_and(|v| v != "0")
                 || timeline_path().is_some();
             ENABLED.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             if on {
@@ -71,9 +72,9 @@ pub fn enabled() -> bool {
 
 /// Where the timeline goes (`FERROTRON_OP_TIMELINE`), if one is kept.
 fn timeline_path() -> Option<String> {
-    std::env::var("FERROTRON_OP_TIMELINE")
-        .ok()
-        .filter(|p| !p.is_empty() && p != "0")
+    crate::switches::env_var(EnvVars::OP_TIMELINE)
+        .filter(|p| !p.is_empty() && *p != "0")
+        .map(str::to_owned)
 }
 
 /// Switches timing on or off for this process (the gpu_check binary's `--op-timing`).
@@ -250,9 +251,9 @@ extern "C" fn exit_report() {
         "ferrotron op timing (FERROTRON_OP_TIMING)\n{}",
         format_table(&rows)
     );
-    match std::env::var("FERROTRON_OP_TIMING") {
-        Ok(path) if path != "1" && !path.is_empty() => {
-            if let Err(err) = std::fs::write(&path, &table) {
+    match crate::switches::env_var(EnvVars::OP_TIMING) {
+        Some(path) if path != "1" && !path.is_empty() => {
+            if let Err(err) = std::fs::write(path, &table) {
                 eprintln!("cannot write op timing to {path}: {err}\n{table}");
             }
         }

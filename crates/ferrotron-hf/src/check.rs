@@ -2,7 +2,7 @@
 //! recipe key to change, so `recipe run` with `checkpoint.init_from` and `recipe import --recipe`
 //! report them at their lines like any validation error.
 
-use ferrotron_recipe::{Finding, Model, PositionEmbedding};
+use ferrotron_recipe::{Finding, Model, PositionEmbedding, ScoreFunction};
 
 use crate::config::HfConfig;
 
@@ -63,7 +63,14 @@ fn fields(model: &Model, vocab: u32, seq: u32) -> Vec<(&'static str, String)> {
             "model.num_query_groups",
             model.num_query_groups().to_string(),
         ),
-        ("model.kv_channels", model.kv_channels().to_string()),
+        (
+            "model.kv_channels",
+            // multi-latent attention's head sizes are its own (model.mla)
+            match model.mla {
+                Some(_) => "(multi-latent attention's)".to_owned(),
+                None => model.kv_channels().to_string(),
+            },
+        ),
         ("model.vocab_size", vocab.to_string()),
         (
             "model.position_embedding",
@@ -97,16 +104,75 @@ fn fields(model: &Model, vocab: u32, seq: u32) -> Vec<(&'static str, String)> {
             if moe.is_some() { "set" } else { ABSENT }.to_owned(),
         ),
     ];
-    match moe {
-        Some(moe) => out.extend([
+    out.push((
+        "model.mla",
+        if model.mla.is_some() { "set" } else { ABSENT }.to_owned(),
+    ));
+    if let Some(mla) = &model.mla {
+        out.extend([
+            (
+                "model.mla.q_lora_rank",
+                mla.q_lora_rank
+                    .map_or_else(|| ABSENT.to_owned(), |r| r.to_string()),
+            ),
+            ("model.mla.kv_lora_rank", mla.kv_lora_rank.to_string()),
+            ("model.mla.qk_head_dim", mla.qk_head_dim.to_string()),
+            (
+                "model.mla.qk_pos_emb_head_dim",
+                mla.qk_pos_emb_head_dim.to_string(),
+            ),
+            ("model.mla.v_head_dim", mla.v_head_dim.to_string()),
+        ]);
+    }
+    let layers = model.moe_layers();
+    if !layers.iter().all(|&l| l) {
+        out.push(("model.ffn_hidden_size", model.ffn_hidden_size().to_string()));
+    }
+    if let Some(moe) = moe {
+        let optional =
+            |value: Option<u32>| value.map_or_else(|| ABSENT.to_owned(), |v| v.to_string());
+        let pattern: Vec<&str> = layers.iter().map(|&l| if l { "1" } else { "0" }).collect();
+        out.extend([
             ("model.moe.num_experts", moe.num_experts.to_string()),
             ("model.moe.router_topk", moe.router_topk.to_string()),
             (
                 "model.moe.ffn_hidden_size",
                 moe.expert_ffn_hidden_size(model).to_string(),
             ),
-        ]),
-        None => out.push(("model.ffn_hidden_size", model.ffn_hidden_size().to_string())),
+            (
+                "model.moe.score_function",
+                format!("{:?}", moe.score_function).to_lowercase(),
+            ),
+            // softmax before top-k differs only where more than one expert is picked
+            (
+                "model.moe.pre_softmax",
+                (moe.pre_softmax
+                    && moe.router_topk > 1
+                    && moe.score_function == ScoreFunction::Softmax)
+                    .to_string(),
+            ),
+            ("model.moe.expert_bias", moe.expert_bias.to_string()),
+            (
+                "model.moe.num_groups",
+                optional(moe.num_groups.filter(|&g| g > 1)),
+            ),
+            (
+                "model.moe.group_topk",
+                optional(
+                    moe.group_topk
+                        .filter(|_| moe.num_groups.is_some_and(|g| g > 1)),
+                ),
+            ),
+            (
+                "model.moe.shared_expert_ffn_hidden_size",
+                optional(moe.shared_expert_ffn_hidden_size),
+            ),
+            (
+                "model.moe.router_topk_scaling_factor",
+                moe.topk_scaling_factor().to_string(),
+            ),
+            ("model.moe.layer_freq", format!("[{}]", pattern.join(", "))),
+        ]);
     }
     match model.position_embedding {
         PositionEmbedding::Learned => out.push((
@@ -217,5 +283,55 @@ mod tests {
         let found = findings(&section);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].help.as_deref(), Some("remove model.window_size"));
+    }
+
+    /// DeepSeek-V3's routing and latent sizes against a recipe that differs in each: every
+    /// difference at its key, with the value to set.
+    #[test]
+    fn moe_routing_and_latent_sizes_are_compared_at_their_keys() {
+        let deepseek = hf(json!({
+            "model_type": "deepseek_v3", "vocab_size": 41, "hidden_size": 32,
+            "intermediate_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "n_shared_experts": 2,
+            "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "q_lora_rank": null,
+            "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+            "max_position_embeddings": 32, "rms_norm_eps": 1e-6, "num_nextn_predict_layers": 0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}
+        }));
+        assert_eq!(deepseek.problems, vec![]);
+        let section = json!({
+            "num_layers": 3, "hidden_size": 32, "num_attention_heads": 4, "ffn_hidden_size": 64,
+            "seq_length": 32, "position_embedding": "rope", "normalization": "rmsnorm",
+            "activation": "swiglu", "norm_epsilon": 1e-6, "tie_embeddings": false,
+            "add_bias_linear": false, "qk_layernorm": true,
+            "mla": {"q_lora_rank": 8, "kv_lora_rank": 16, "qk_head_dim": 8,
+                    "qk_pos_emb_head_dim": 4, "v_head_dim": 8},
+            "moe": {"num_experts": 8, "router_topk": 2, "ffn_hidden_size": 16,
+                    "score_function": "sigmoid", "expert_bias": true, "num_groups": 2,
+                    "group_topk": 1, "shared_expert_ffn_hidden_size": 16,
+                    "layer_freq": [0, 0, 1]}
+        });
+        let model: Model = serde_json::from_value(section).expect("a model");
+        let found: Vec<(String, Option<String>)> = check(&model, 41, &deepseek)
+            .into_iter()
+            .map(|f| (f.path, f.help))
+            .collect();
+        let at = |path: &str, help: &str| (path.to_owned(), Some(help.to_owned()));
+        assert_eq!(
+            found,
+            [
+                at("model.mla.q_lora_rank", "remove model.mla.q_lora_rank"),
+                at(
+                    "model.moe.shared_expert_ffn_hidden_size",
+                    "set shared_expert_ffn_hidden_size: 32"
+                ),
+                at(
+                    "model.moe.router_topk_scaling_factor",
+                    "set router_topk_scaling_factor: 2.5"
+                ),
+                at("model.moe.layer_freq", "set layer_freq: [0, 1, 1]"),
+            ]
+        );
     }
 }

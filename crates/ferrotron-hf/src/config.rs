@@ -1,8 +1,14 @@
 //! `config.json` both ways. Writing spells our model section in the class's keys; reading fills
 //! every key the file leaves out with the class's documented default (transformers'
 //! `GPT2Config`, `LlamaConfig`, `MixtralConfig`, `MistralConfig`, `Qwen2Config`,
-//! `Qwen3Config`), then expresses the result as a recipe model section, so one comparison
-//! ([`crate::check`]) covers a recipe against any config.json.
+//! `Qwen3Config`, `Qwen3MoeConfig`, `DeepseekV3Config`), then expresses the result as a recipe
+//! model section, so one comparison ([`crate::check`]) covers a recipe against any config.json.
+//!
+//! MoE layers: Qwen3-MoE's are those not in `mlp_only_layers` whose `layer + 1` is a multiple of
+//! `decoder_sparse_step`, DeepSeek-V3's those from `first_k_dense_replace` on; both are Megatron's
+//! `layer_freq` list (its number where one says the same). DeepSeek-V3's multi-token prediction
+//! layers (`num_nextn_predict_layers`, stored as layers past `num_hidden_layers`) are not part of
+//! this model: import skips them, export writes none.
 //!
 //! Sliding windows: Mistral and Mixtral apply `sliding_window` to every layer when it is set;
 //! Qwen2 and Qwen3 only when `use_sliding_window` is, and then to the layers `layer_types` (or,
@@ -11,12 +17,12 @@
 
 use std::path::Path;
 
-use ferrotron_recipe::{Activation, Finding, Model};
+use ferrotron_recipe::{Activation, Finding, LoadBalancing, Model};
 use serde_json::{Value, json};
 
 use crate::HfError;
 use crate::family::Family;
-use crate::names::Dims;
+use crate::names::{Dims, MlaDims};
 use crate::rope_config;
 use crate::sink::OutDtype;
 
@@ -76,9 +82,26 @@ pub(crate) fn write_config(model: &Model, dims: &Dims, dtype: OutDtype, eod: Opt
             }
             qwen
         }
+        Family::Qwen3Moe => {
+            let moe = model.moe.as_ref();
+            json!({
+                "attention_bias": false,
+                "use_sliding_window": window.is_some(), "sliding_window": window,
+                "moe_intermediate_size": dims.expert_ffn,
+                "num_experts": dims.experts,
+                "num_experts_per_tok": moe.map_or(1, |m| m.router_topk),
+                "norm_topk_prob": !moe.is_some_and(|m| m.pre_softmax),
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": dense_layers(dims),
+                "router_aux_loss_coef": moe.map_or(0.0, |m| m.aux_loss_coeff),
+                "output_router_logits": false,
+            })
+        }
+        Family::DeepseekV3 => deepseek_v3(model, dims),
         Family::Mixtral => {
             let moe = model.moe.as_ref();
             json!({
+                "intermediate_size": dims.expert_ffn,
                 "num_local_experts": dims.experts,
                 "num_experts_per_tok": moe.map_or(2, |m| m.router_topk),
                 "router_aux_loss_coef": moe.map_or(0.0, |m| m.aux_loss_coeff),
@@ -101,6 +124,51 @@ pub(crate) fn write_config(model: &Model, dims: &Dims, dtype: OutDtype, eod: Opt
     config
 }
 
+/// The layers without experts.
+fn dense_layers(dims: &Dims) -> Vec<usize> {
+    (0..dims.layers).filter(|&l| !dims.moe_layers[l]).collect()
+}
+
+/// DeepSeek-V3's own keys: multi-latent attention, routing, dense first layers; no MTP layers.
+fn deepseek_v3(model: &Model, dims: &Dims) -> Value {
+    let mla = dims.mla.unwrap_or(MlaDims {
+        q_lora_rank: None,
+        kv_lora_rank: 0,
+        qk_head_dim: 0,
+        qk_pos_emb_head_dim: 0,
+        v_head_dim: 0,
+        rope_interleave: true,
+    });
+    let moe = model.moe.as_ref();
+    let topk = moe.map_or(1, |m| m.router_topk);
+    let dense_first = dims.moe_layers.iter().take_while(|&&l| !l).count();
+    let (experts, expert_ffn) = match moe {
+        Some(_) => (dims.experts, dims.expert_ffn),
+        // a dense model: every layer is one of the first dense ones
+        None => (1, dims.ffn),
+    };
+    json!({
+        "num_key_value_heads": dims.heads, "head_dim": mla.qk_pos_emb_head_dim,
+        "attention_bias": false,
+        "q_lora_rank": mla.q_lora_rank, "kv_lora_rank": mla.kv_lora_rank,
+        "qk_nope_head_dim": mla.qk_head_dim, "qk_rope_head_dim": mla.qk_pos_emb_head_dim,
+        "v_head_dim": mla.v_head_dim, "rope_interleave": true,
+        "moe_intermediate_size": expert_ffn,
+        "n_routed_experts": experts,
+        "num_experts_per_tok": topk,
+        "n_shared_experts": dims.shared_ffn.map_or(0, |s| s / expert_ffn.max(1)),
+        "routed_scaling_factor": moe.map_or(1.0, |m| m.topk_scaling_factor()),
+        "n_group": moe.and_then(|m| m.num_groups).unwrap_or(1),
+        "topk_group": moe.and_then(|m| m.group_topk).unwrap_or(1),
+        "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": topk > 1,
+        "first_k_dense_replace": dense_first, "moe_layer_freq": 1,
+        "aux_loss_alpha": moe.map_or(0.0, |m| m.aux_loss_coeff),
+        "seq_aux": moe.is_some_and(|m| m.load_balancing == LoadBalancing::SeqAuxLoss),
+        "num_nextn_predict_layers": 0,
+    })
+}
+
 /// A transformers model's configuration as a recipe model section.
 #[derive(Debug, Clone)]
 pub struct HfConfig {
@@ -110,6 +178,11 @@ pub struct HfConfig {
     pub vocab: u32,
     /// Settings of the file no recipe can express, at the recipe key they concern.
     pub problems: Vec<Finding>,
+    /// DeepSeek-V3's multi-token prediction layers (`num_nextn_predict_layers`), which import
+    /// skips.
+    pub mtp_layers: u64,
+    /// DeepSeek-V3's `rope_interleave`: whether the rotary channels are stored as pairs.
+    pub rope_interleave: bool,
 }
 
 impl HfConfig {
@@ -134,18 +207,48 @@ impl HfConfig {
             json: &json,
             path: &path,
         };
-        let (section, problems) = match family {
+        let (section, mut problems) = match family {
             Family::Gpt2 => gpt2(&get)?,
+            Family::DeepseekV3 => deepseek_v3_section(&get)?,
             _ => llama(&get, family)?,
         };
+        if let Some(method) = json.get("quantization_config").filter(|q| !q.is_null()) {
+            problems.push(Finding::error(
+                "hf::inexpressible",
+                "model",
+                format!(
+                    "config.json's quantization_config ({}) stores quantized weights with their \
+                     scales; import reads full-precision weights (dequantize them first, e.g. \
+                     DeepSeek-V3's fp8_cast_bf16.py)",
+                    method["quant_method"].as_str().unwrap_or("quantized")
+                ),
+            ));
+        }
         let model: Model = serde_json::from_value(section)
             .map_err(|e| HfError::config(&path, format!("not a model this build reads: {e}")))?;
+        let deepseek = family == Family::DeepseekV3;
         Ok(HfConfig {
             family,
             vocab: model.vocab_size.unwrap_or_default(),
             model,
             problems,
+            mtp_layers: if deepseek {
+                get.u64("num_nextn_predict_layers", 1)?
+            } else {
+                0
+            },
+            rope_interleave: get.or("rope_interleave", json!(true)) == json!(true),
         })
+    }
+
+    /// The mapping's sizes of this model (its real vocabulary unpadded).
+    pub fn dims(&self) -> Dims {
+        let vocab = self.vocab as usize;
+        let mut dims = Dims::of(&self.model, vocab, vocab);
+        if let Some(mla) = &mut dims.mla {
+            mla.rope_interleave = self.rope_interleave;
+        }
+        dims
     }
 }
 
@@ -274,6 +377,18 @@ impl Defaults {
                 head_dim: Some(128),
                 ..qwen
             },
+            Family::Qwen3Moe => Defaults {
+                ffn: 6144,
+                groups: Some(4),
+                ..qwen
+            },
+            Family::DeepseekV3 => Defaults {
+                ffn: 18432,
+                positions: 4096,
+                vocab: 129280,
+                window: None,
+                ..llama
+            },
             Family::Gpt2 | Family::Llama => llama,
         }
     }
@@ -310,12 +425,23 @@ fn llama(get: &Getter<'_>, family: Family) -> Result<(Value, Vec<Finding>), HfEr
             }
             attention_bias
         }
-        Family::Qwen3 => {
+        Family::Qwen3 | Family::Qwen3Moe => {
             if attention_bias != json!(false) {
                 refuse(
                     "model.add_bias_linear",
                     "config.json's attention_bias puts biases on q, k, v and o_proj and none in \
                      the MLP; add_bias_linear sets all of them, add_qkv_bias q, k and v only"
+                        .to_owned(),
+                );
+            }
+            json!(false)
+        }
+        Family::DeepseekV3 => {
+            if attention_bias != json!(false) {
+                refuse(
+                    "model.add_bias_linear",
+                    "config.json's attention_bias puts biases on q_a_proj, kv_a_proj_with_mqa and \
+                     o_proj only; add_bias_linear puts them on every linear layer"
                         .to_owned(),
                 );
             }
@@ -349,6 +475,30 @@ fn llama(get: &Getter<'_>, family: Family) -> Result<(Value, Vec<Finding>), HfEr
     match family {
         Family::Qwen2 => section["add_qkv_bias"] = json!(true),
         Family::Qwen3 => section["qk_layernorm"] = json!(true),
+        Family::Qwen3Moe => {
+            section["qk_layernorm"] = json!(true);
+            let layers = layers as usize;
+            let step = get.u64("decoder_sparse_step", 1)?.max(1) as usize;
+            let dense: Vec<u64> = serde_json::from_value(get.or("mlp_only_layers", json!([])))
+                .map_err(|_| {
+                    HfError::config(get.path, "mlp_only_layers is not a list of layers")
+                })?;
+            let moe_layers: Vec<bool> = (0..layers)
+                .map(|l| !dense.contains(&(l as u64)) && (l + 1).is_multiple_of(step))
+                .collect();
+            let experts = match get.json.get("num_experts") {
+                Some(Value::Number(_)) => get.u64("num_experts", 128)?,
+                _ => get.u64("num_local_experts", 128)?,
+            };
+            section["moe"] = json!({
+                "num_experts": experts,
+                "router_topk": get.u64("num_experts_per_tok", 8)?,
+                "pre_softmax": get.or("norm_topk_prob", json!(false)) != json!(true),
+                "aux_loss_coeff": get.or("router_aux_loss_coef", json!(0.001)),
+                "ffn_hidden_size": get.u64("moe_intermediate_size", 768)?,
+                "layer_freq": layer_freq(&moe_layers),
+            });
+        }
         Family::Mixtral => {
             let ffn = section["ffn_hidden_size"].clone();
             section["moe"] = json!({
@@ -359,6 +509,144 @@ fn llama(get: &Getter<'_>, family: Family) -> Result<(Value, Vec<Finding>), HfEr
             });
         }
         _ => {}
+    }
+    Ok((section, problems))
+}
+
+/// Megatron's `layer_freq` for which layers are MoE layers: its number where one gives them
+/// (layer `i` is MoE when `i % n == 0`), else the list of 0/1.
+fn layer_freq(moe_layers: &[bool]) -> Value {
+    let every = (1..=moe_layers.len().max(1)).find(|&n| {
+        moe_layers
+            .iter()
+            .enumerate()
+            .all(|(i, &moe)| moe == i.is_multiple_of(n))
+    });
+    match every {
+        Some(n) => json!(n),
+        None => json!(moe_layers.iter().map(|&m| u32::from(m)).collect::<Vec<_>>()),
+    }
+}
+
+/// `DeepseekV3Config` as a model section: the rotary families' keys, then multi-latent
+/// attention's sizes and DeepSeek's routing, and what of them Megatron computes otherwise.
+fn deepseek_v3_section(get: &Getter<'_>) -> Result<(Value, Vec<Finding>), HfError> {
+    let (mut section, mut problems) = llama(get, Family::DeepseekV3)?;
+    let mut refuse = |path: &str, message: String| {
+        problems.push(Finding::error("hf::inexpressible", path, message));
+    };
+    if let Some(object) = section.as_object_mut() {
+        // every head has its own keys and values, and the head sizes are MLA's
+        object.remove("num_query_groups");
+        object.remove("kv_channels");
+    }
+    section["qk_layernorm"] = json!(true);
+    let mut mla = json!({
+        "kv_lora_rank": get.u64("kv_lora_rank", 512)?,
+        "qk_head_dim": get.u64("qk_nope_head_dim", 128)?,
+        "qk_pos_emb_head_dim": get.u64("qk_rope_head_dim", 64)?,
+        "v_head_dim": get.u64("v_head_dim", 128)?,
+    });
+    match get.json.get("q_lora_rank") {
+        Some(Value::Null) => {}
+        _ => mla["q_lora_rank"] = json!(get.u64("q_lora_rank", 1536)?),
+    }
+    section["mla"] = mla;
+    let layers = get.u64("num_hidden_layers", 61)?;
+    let dense_first = get.u64("first_k_dense_replace", 3)?.min(layers);
+    let topk = get.u64("num_experts_per_tok", 8)?;
+    let groups = get.u64("n_group", 8)?;
+    let group_topk = get.u64("topk_group", 4)?;
+    for (key, expected) in [("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")] {
+        let given = get.or(key, json!(expected));
+        if given != json!(expected) {
+            refuse(
+                "model.moe.score_function",
+                format!(
+                    "config.json's {key} {given} is not DeepSeek-V3's {expected:?}, the only \
+                     routing DeepseekV3ForCausalLM computes"
+                ),
+            );
+        }
+    }
+    if get.or("norm_topk_prob", json!(true)) != json!(topk > 1) {
+        refuse(
+            "model.moe.router_topk",
+            format!(
+                "config.json's norm_topk_prob {} with {topk} experts a token: Megatron's \
+                 sigmoid router normalises the top-k scores exactly when router_topk > 1",
+                get.or("norm_topk_prob", json!(true))
+            ),
+        );
+    }
+    if groups > 1 && topk / group_topk.max(1) != 2 {
+        refuse(
+            "model.moe.group_topk",
+            format!(
+                "config.json's groups are scored by their top 2 experts; Megatron's by \
+                 num_experts_per_tok / topk_group = {}",
+                topk / group_topk.max(1)
+            ),
+        );
+    }
+    let expert_ffn = get.u64("moe_intermediate_size", 2048)?;
+    let shared = get.u64("n_shared_experts", 1)?;
+    if shared == 0 && dense_first < layers {
+        refuse(
+            "model.moe.shared_expert_ffn_hidden_size",
+            "config.json's n_shared_experts 0 builds shared experts of no channels; this model's \
+             MoE layers have a shared expert or none"
+                .to_owned(),
+        );
+    }
+    let all_dim = get.json["rope_parameters"]["mscale_all_dim"]
+        .as_f64()
+        .or_else(|| get.json["rope_scaling"]["mscale_all_dim"].as_f64());
+    let read_all_dim = section["rope_scaling"]["mscale_all_dim"].as_f64();
+    if let (Some(given), Some(read)) = (all_dim, read_all_dim)
+        && given != read
+    {
+        refuse(
+            "model.rope_scaling.mscale_all_dim",
+            format!(
+                "config.json's YaRN mscale_all_dim {given} scales DeepSeek-V3's softmax, while \
+                 its cos/sin factor needs mscale_all_dim {read}; one value cannot give both"
+            ),
+        );
+    }
+    if get.or("rms_norm_eps", json!(1e-6)).as_f64() != Some(1e-6) {
+        refuse(
+            "model.norm_epsilon",
+            "config.json's rms_norm_eps is not 1e-6, the epsilon DeepseekV3ForCausalLM \
+             normalises its latents with; this model uses one epsilon for every norm"
+                .to_owned(),
+        );
+    }
+    if dense_first < layers {
+        let mut moe = json!({
+            "num_experts": get.u64("n_routed_experts", 256)?,
+            "router_topk": topk,
+            "score_function": "sigmoid",
+            "expert_bias": true,
+            "ffn_hidden_size": expert_ffn,
+            "layer_freq": layer_freq(&(0..layers).map(|l| l >= dense_first).collect::<Vec<_>>()),
+        });
+        if groups > 1 {
+            moe["num_groups"] = json!(groups);
+            moe["group_topk"] = json!(group_topk);
+        }
+        if shared > 0 {
+            moe["shared_expert_ffn_hidden_size"] = json!(shared * expert_ffn);
+        }
+        let scaling = get.or("routed_scaling_factor", json!(2.5));
+        if scaling.as_f64() != Some(1.0) {
+            moe["router_topk_scaling_factor"] = scaling;
+        }
+        if get.or("seq_aux", json!(true)) == json!(true) {
+            moe["load_balancing"] = json!("seq_aux_loss");
+        }
+        moe["aux_loss_coeff"] = get.or("aux_loss_alpha", json!(0.001));
+        section["moe"] = moe;
     }
     Ok((section, problems))
 }
@@ -383,8 +671,16 @@ fn window(
         }
     };
     match family {
-        Family::Gpt2 | Family::Llama => Ok(None),
+        Family::Gpt2 | Family::Llama | Family::DeepseekV3 => Ok(None),
         Family::Mistral | Family::Mixtral => size(defaults.window),
+        // `Qwen3MoeConfig` keeps sliding_window only with use_sliding_window, for every layer
+        Family::Qwen3Moe => {
+            if get.or("use_sliding_window", json!(false)) == json!(true) {
+                size(defaults.window)
+            } else {
+                Ok(None)
+            }
+        }
         Family::Qwen2 | Family::Qwen3 => {
             if get.or("use_sliding_window", json!(false)) != json!(true) {
                 return Ok(None);
@@ -465,6 +761,29 @@ mod tests {
                                 "rope_scaling": {"type": "yarn", "factor": 2.0,
                                                  "mscale": 1.0, "mscale_all_dim": 1.0}}));
         let mistral = with(json!({"window_size": [4095, 0]}));
+        let qwen3_moe = with(json!({"qk_layernorm": true, "window_size": [7, 0],
+                                    "moe": {"num_experts": 8, "router_topk": 2,
+                                            "ffn_hidden_size": 8, "layer_freq": [0, 1],
+                                            "pre_softmax": true}}));
+        let mut deepseek = with(json!({
+            "num_layers": 3, "qk_layernorm": true, "norm_epsilon": 1e-6,
+            "mla": {"kv_lora_rank": 16, "qk_head_dim": 8, "qk_pos_emb_head_dim": 4,
+                    "v_head_dim": 6},
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.8,
+                             "original_max_position_embeddings": 8},
+            "moe": {"num_experts": 8, "router_topk": 4, "ffn_hidden_size": 8,
+                    "score_function": "sigmoid", "expert_bias": true, "num_groups": 4,
+                    "group_topk": 2, "shared_expert_ffn_hidden_size": 16,
+                    "router_topk_scaling_factor": 2.5, "layer_freq": [0, 1, 1]}}));
+        if let Some(section) = deepseek.as_object_mut() {
+            section.remove("num_query_groups");
+            section.remove("kv_channels");
+        }
+        // multi-latent attention without experts: every layer one of the dense first ones
+        let mut dense_mla = deepseek.clone();
+        if let Some(section) = dense_mla.as_object_mut() {
+            section.remove("moe");
+        }
         let sections = [
             gpt2,
             llama,
@@ -475,6 +794,9 @@ mod tests {
             qwen2_sliding,
             qwen3,
             mistral,
+            qwen3_moe,
+            deepseek,
+            dense_mla,
         ];
         for section in sections {
             let ours = model(section);
@@ -484,6 +806,7 @@ mod tests {
             std::fs::write(dir.path().join(CONFIG_FILE), written.to_string()).expect("write");
             let read = HfConfig::read(dir.path()).expect("reads");
             assert_eq!(read.family, dims.family);
+            assert_eq!(read.problems, vec![], "{written}");
             assert_eq!(crate::check::check(&ours, 41, &read), vec![], "{written}");
             assert_eq!(written["torch_dtype"], "bfloat16");
         }
@@ -495,7 +818,12 @@ mod tests {
         std::fs::write(dir.path().join(CONFIG_FILE), r#"{"model_type": "bert"}"#).expect("write");
         let err = HfConfig::read(dir.path()).expect_err("not a causal LM we read");
         assert!(
-            err.to_string().contains("model_type `bert` is not one of"),
+            err.to_string().contains(
+                "model_type `bert` is not one of gpt2 (GPT2LMHeadModel), llama \
+                 (LlamaForCausalLM), mixtral (MixtralForCausalLM), mistral (MistralForCausalLM), \
+                 qwen2 (Qwen2ForCausalLM), qwen3 (Qwen3ForCausalLM), qwen3_moe \
+                 (Qwen3MoeForCausalLM), deepseek_v3 (DeepseekV3ForCausalLM)"
+            ),
             "{err}"
         );
     }
@@ -527,6 +855,42 @@ mod tests {
         );
         let qwen3 = read(json!({"model_type": "qwen3", "attention_bias": true}));
         assert_eq!(problems(&qwen3), ["model.add_bias_linear"]);
+    }
+
+    /// Qwen3-MoE's MoE layers: not in mlp_only_layers and `layer + 1` a multiple of
+    /// decoder_sparse_step; Megatron's number where one gives them, else the list.
+    #[test]
+    fn qwen3_moe_layers_read_as_layer_freq() {
+        let layers = |extra: Value| {
+            let mut config = json!({"model_type": "qwen3_moe", "num_hidden_layers": 4});
+            for (k, v) in extra.as_object().expect("an object") {
+                config[k] = v.clone();
+            }
+            let read = read(config);
+            let moe = read.model.moe.as_ref().expect("MoE");
+            (
+                serde_json::to_value(&moe.layer_freq).expect("JSON"),
+                read.model.moe_layers(),
+            )
+        };
+        assert_eq!(layers(json!({})), (json!(1), vec![true; 4]));
+        assert_eq!(
+            layers(json!({"mlp_only_layers": [1, 3]})),
+            (json!(2), vec![true, false, true, false])
+        );
+        assert_eq!(
+            layers(json!({"decoder_sparse_step": 2, "mlp_only_layers": [3]})),
+            (json!([0, 1, 0, 0]), vec![false, true, false, false])
+        );
+        // transformers 5 writes num_local_experts, the Hub's files num_experts
+        let experts = |key: &str| {
+            let config = read(json!({"model_type": "qwen3_moe", key: 6}));
+            config.model.moe.expect("MoE").num_experts
+        };
+        assert_eq!(
+            (experts("num_experts"), experts("num_local_experts")),
+            (6, 6)
+        );
     }
 
     /// Llama 3.1 8B's config.json as published (transformers 4.x spelling).

@@ -20,7 +20,7 @@ use crate::HfError;
 use crate::config::HfConfig;
 use crate::export::INDEX_FILE;
 use crate::family::Family;
-use crate::names::{Dims, Piece, Source, pieces};
+use crate::names::{Piece, Source, pieces};
 use crate::safetensors_file::TensorFile;
 use crate::sink::{self, LazyTensor, OutDtype};
 
@@ -105,15 +105,48 @@ impl HfModel {
     /// Every difference between `recipe` (with its real vocabulary) and this model, at the
     /// recipe's keys.
     pub fn check(&self, recipe: &Model, vocab: u32) -> Vec<Finding> {
-        crate::check::check(recipe, vocab, &self.config)
+        let mut findings = crate::check::check(recipe, vocab, &self.config);
+        let skipped = self.multi_token_prediction_tensors();
+        if let (Some(first), Some(last)) = (skipped.first(), skipped.last()) {
+            findings.push(Finding::warning(
+                "hf::mtp-skipped",
+                "model",
+                format!(
+                    "config.json's {} multi-token prediction layer(s) ({} tensors, {first} … \
+                     {last}) are not part of this model and are not imported",
+                    self.config.mtp_layers,
+                    skipped.len()
+                ),
+            ));
+        }
+        findings
+    }
+
+    /// DeepSeek-V3's multi-token prediction weights: the layers past `num_hidden_layers`.
+    pub fn multi_token_prediction_tensors(&self) -> Vec<String> {
+        if self.config.mtp_layers == 0 {
+            return Vec::new();
+        }
+        let layers = u64::from(self.config.model.num_layers);
+        let mut names: Vec<String> = self
+            .index
+            .keys()
+            .filter(|name| {
+                name.strip_prefix("model.layers.")
+                    .and_then(|rest| rest.split('.').next())
+                    .and_then(|layer| layer.parse::<u64>().ok())
+                    .is_some_and(|layer| (layers..layers + self.config.mtp_layers).contains(&layer))
+            })
+            .cloned()
+            .collect();
+        names.sort();
+        names
     }
 
     /// Write this model as the iteration-0 checkpoint of `store`, for `plan` (whose model
     /// section [`Self::check`] found equal to this one). Returns the committed folder.
     pub fn import(&self, plan: &Plan, store: &CheckpointStore) -> Result<PathBuf, HfError> {
-        let vocab = self.config.vocab as usize;
-        let dims = Dims::of(&self.config.model, vocab, vocab);
-        let pieces = pieces(&dims);
+        let pieces = pieces(&self.config.dims());
         let targets = self.targets(&pieces)?;
         let temp = store.temp_folder(IMPORTED_ITERATION, "hf");
         store.begin(&temp)?;
@@ -201,12 +234,14 @@ impl HfModel {
             }
         }
         let tied = self.config.model.tie_embeddings;
+        let skipped = self.multi_token_prediction_tensors();
         let mut extra: Vec<&String> = self
             .index
             .keys()
             .filter(|name| !pieces.iter().any(|p| &p.hf == *name))
             .filter(|name| !BUFFERS.iter().any(|b| name.ends_with(b)))
             .filter(|name| !(tied && name.as_str() == "lm_head.weight"))
+            .filter(|name| !skipped.contains(name))
             .collect();
         extra.sort();
         problems.extend(

@@ -1,7 +1,7 @@
 //! Hugging Face interop: a checkpoint of any parallel layout exported as a transformers model
 //! folder (`GPT2LMHeadModel`, `LlamaForCausalLM`, `MixtralForCausalLM`, `MistralForCausalLM`,
-//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`), and such a folder imported as a checkpoint to start
-//! training from.
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `DeepseekV3ForCausalLM`), and
+//! such a folder imported as a checkpoint to start training from.
 //!
 //! Both directions go through one table ([`names::pieces`]): each transformers tensor is a
 //! selection (rows, column ranges, transpose) of one of our global tensors, so import is the

@@ -12,6 +12,12 @@
 //! `i` with `i + head_dim/2`, see `ferrotron-model`'s `rope.rs`), which is transformers'
 //! `rotate_half` convention. The permutation in Meta→HF converters undoes Meta's interleaved
 //! pairs, which we never had.
+//!
+//! Experts are stored one by one (Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`, Qwen3-MoE's
+//! and DeepSeek-V3's `mlp.experts.{e}.gate_proj/up_proj/down_proj`), each a selection of our
+//! `feed_forward.Moe.experts.{e}` fc1/fc2 like a dense MLP's; DeepSeek-V3's shared experts are
+//! our one shared MLP of their summed width. Multi-latent attention's projections copy
+//! transposed, their rotary channels reordered only for files that store them as halves.
 
 use std::ops::Range;
 
@@ -28,9 +34,19 @@ pub struct Dims {
     pub heads: usize,
     pub groups: usize,
     pub head_dim: usize,
-    /// Dense FFN size, or each expert's for Mixtral.
+    /// The dense layers' FFN size.
     pub ffn: usize,
+    /// Each routed expert's FFN size.
+    pub expert_ffn: usize,
     pub experts: usize,
+    /// Which layers have an MoE feed-forward (the others are dense).
+    pub moe_layers: Vec<bool>,
+    /// The shared experts' FFN size, all of them together (Megatron's one shared MLP).
+    pub shared_ffn: Option<usize>,
+    /// DeepSeek-V3's expert selection bias.
+    pub expert_bias: bool,
+    /// Multi-latent attention's sizes.
+    pub mla: Option<MlaDims>,
     /// The real vocabulary: the HF rows.
     pub vocab: usize,
     /// Our embedding rows (the real vocabulary padded for tensor parallelism).
@@ -46,10 +62,40 @@ pub struct Dims {
     pub tied: bool,
 }
 
+/// Multi-latent attention's sizes (Megatron's names, see `ferrotron_recipe::Mla`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaDims {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    /// Per head, the query/key channels without rotary embedding (`qk_nope_head_dim`).
+    pub qk_head_dim: usize,
+    /// Per head, the rotary channels (`qk_rope_head_dim`).
+    pub qk_pos_emb_head_dim: usize,
+    pub v_head_dim: usize,
+    /// transformers' `rope_interleave`: the rotary channels are stored as interleaved pairs,
+    /// which Megatron's MLA de-interleaves itself, so they copy straight. Without it they are
+    /// stored as halves and are permuted into pairs on the way in (and written with it).
+    pub rope_interleave: bool,
+}
+
+impl MlaDims {
+    fn q_head_dim(&self) -> usize {
+        self.qk_head_dim + self.qk_pos_emb_head_dim
+    }
+}
+
 impl Dims {
     pub fn of(model: &Model, vocab: usize, padded_vocab: usize) -> Dims {
         let family = Family::of(model);
         let moe = model.moe.as_ref();
+        let mla = model.mla.map(|m| MlaDims {
+            q_lora_rank: m.q_lora_rank.map(|r| r as usize),
+            kv_lora_rank: m.kv_lora_rank as usize,
+            qk_head_dim: m.qk_head_dim as usize,
+            qk_pos_emb_head_dim: m.qk_pos_emb_head_dim as usize,
+            v_head_dim: m.v_head_dim as usize,
+            rope_interleave: true,
+        });
         Dims {
             family,
             layers: model.num_layers as usize,
@@ -57,8 +103,13 @@ impl Dims {
             heads: model.num_attention_heads as usize,
             groups: model.num_query_groups() as usize,
             head_dim: model.kv_channels() as usize,
-            ffn: moe.map_or(model.ffn_hidden_size(), |m| m.expert_ffn_hidden_size(model)) as usize,
+            ffn: model.ffn_hidden_size() as usize,
+            expert_ffn: moe.map_or(0, |m| m.expert_ffn_hidden_size(model) as usize),
             experts: moe.map_or(0, |m| m.num_experts as usize),
+            moe_layers: model.moe_layers(),
+            shared_ffn: moe.and_then(|m| m.shared_expert_ffn_hidden_size.map(|s| s as usize)),
+            expert_bias: moe.is_some_and(|m| m.expert_bias),
+            mla,
             vocab,
             padded_vocab,
             positions: model.max_position_embeddings() as usize,
@@ -225,7 +276,16 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
             h,
             norm,
         );
-        attention(&mut push, dims, &hf, &format!("{ours}.attention"));
+        match &dims.mla {
+            Some(mla) => latent_attention(
+                &mut push,
+                dims,
+                mla,
+                &format!("{hf}.self_attn"),
+                &format!("{ours}.{}", mla::LAYER),
+            ),
+            None => attention(&mut push, dims, &hf, &format!("{ours}.attention")),
+        }
         norms(
             &mut push,
             &format!("{hf}.{post_norm}"),
@@ -253,11 +313,12 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
                     Selection::WHOLE,
                 );
             }
-            Family::Llama | Family::Mistral | Family::Qwen2 | Family::Qwen3 => {
+            _ if !dims.moe_layers[layer] => {
                 let mlp = format!("{ours}.feed_forward.Dense");
                 swiglu(
                     &mut push,
                     dims,
+                    dims.ffn,
                     &format!("{hf}.mlp"),
                     &mlp,
                     ["gate_proj", "up_proj", "down_proj"],
@@ -266,19 +327,40 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
             Family::Mixtral => {
                 let moe = format!("{ours}.feed_forward.Moe");
                 let block = format!("{hf}.block_sparse_moe");
-                push(
-                    format!("{block}.gate.weight"),
-                    format!("{moe}.router.weight"),
-                    vec![h, dims.experts],
-                    Selection::transposed(),
-                );
+                router(&mut push, dims, &format!("{block}.gate"), &moe);
                 for expert in 0..dims.experts {
                     swiglu(
                         &mut push,
                         dims,
+                        dims.expert_ffn,
                         &format!("{block}.experts.{expert}"),
                         &format!("{moe}.experts.{expert}"),
                         ["w1", "w3", "w2"],
+                    );
+                }
+            }
+            _ => {
+                let moe = format!("{ours}.feed_forward.Moe");
+                let block = format!("{hf}.mlp");
+                router(&mut push, dims, &format!("{block}.gate"), &moe);
+                for expert in 0..dims.experts {
+                    swiglu(
+                        &mut push,
+                        dims,
+                        dims.expert_ffn,
+                        &format!("{block}.experts.{expert}"),
+                        &format!("{moe}.experts.{expert}"),
+                        ["gate_proj", "up_proj", "down_proj"],
+                    );
+                }
+                if let Some(shared) = dims.shared_ffn {
+                    swiglu(
+                        &mut push,
+                        dims,
+                        shared,
+                        &format!("{block}.shared_experts"),
+                        &format!("{moe}.shared_expert"),
+                        ["gate_proj", "up_proj", "down_proj"],
                     );
                 }
             }
@@ -308,6 +390,8 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
 /// Our per-head query and key norms' weights, under a layer's `attention` (`ferrotron-model`).
 const QUERY_NORM: &str = "q_norm.Rms.gamma";
 const KEY_NORM: &str = "k_norm.Rms.gamma";
+/// An MoE layer's selection bias, under its `feed_forward.Moe`.
+const EXPERT_BIAS: &str = "expert_bias";
 
 type Push<'a> = dyn FnMut(String, String, Vec<usize>, Selection) + 'a;
 
@@ -433,9 +517,141 @@ fn attention(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str) {
     }
 }
 
-/// Megatron's fused SwiGLU fc1 `[gate | up]` and fc2 as transformers' gate, up and down.
-fn swiglu(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str, [gate, up, down]: [&str; 3]) {
-    let (h, f) = (dims.hidden, dims.ffn);
+/// Multi-latent attention's parameters (`ferrotron-model`'s `mla.rs`, Megatron's names).
+mod mla {
+    /// A layer's multi-latent attention.
+    pub(super) const LAYER: &str = "latent_attention";
+    pub(super) const Q_DOWN: &str = "linear_q_down_proj";
+    pub(super) const Q_UP: &str = "linear_q_up_proj";
+    pub(super) const Q: &str = "linear_q_proj";
+    pub(super) const Q_NORM: &str = "q_layernorm.Rms.gamma";
+    pub(super) const KV_DOWN: &str = "linear_kv_down_proj";
+    pub(super) const KV_UP: &str = "linear_kv_up_proj";
+    pub(super) const KV_NORM: &str = "kv_layernorm.Rms.gamma";
+    pub(super) const OUT: &str = "linear_proj";
+}
+
+/// DeepSeek-V3's attention: every projection is one of ours transposed, per head in the same
+/// channel order (query `[nope | rope]`, key/value up-projection `[k_nope | v]`, key/value
+/// down-projection `[latent | k_rope]`); only the rotary channels of files without
+/// `rope_interleave` are reordered.
+fn latent_attention(push: &mut Push<'_>, dims: &Dims, mla: &MlaDims, hf: &str, ours: &str) {
+    let (h, heads) = (dims.hidden, dims.heads);
+    let (q_head, rope) = (mla.q_head_dim(), mla.qk_pos_emb_head_dim);
+    let query: Vec<Range<usize>> = (0..heads)
+        .flat_map(|head| {
+            let start = head * q_head;
+            std::iter::once(start..start + mla.qk_head_dim).chain(rotary_columns(
+                start + mla.qk_head_dim,
+                rope,
+                mla.rope_interleave,
+            ))
+        })
+        .collect();
+    let ours_of = |name: &str| format!("{ours}.{name}");
+    match mla.q_lora_rank {
+        Some(rank) => {
+            push(
+                format!("{hf}.q_a_proj.weight"),
+                ours_of(&format!("{}.weight", mla::Q_DOWN)),
+                vec![h, rank],
+                Selection::transposed(),
+            );
+            push(
+                format!("{hf}.q_a_layernorm.weight"),
+                ours_of(mla::Q_NORM),
+                vec![rank],
+                Selection::WHOLE,
+            );
+            push(
+                format!("{hf}.q_b_proj.weight"),
+                ours_of(&format!("{}.weight", mla::Q_UP)),
+                vec![rank, heads * q_head],
+                Selection::columns(query, true),
+            );
+        }
+        None => push(
+            format!("{hf}.q_proj.weight"),
+            ours_of(&format!("{}.weight", mla::Q)),
+            vec![h, heads * q_head],
+            Selection::columns(query, true),
+        ),
+    }
+    let latent = mla.kv_lora_rank;
+    let down = std::iter::once(0..latent).chain(rotary_columns(latent, rope, mla.rope_interleave));
+    push(
+        format!("{hf}.kv_a_proj_with_mqa.weight"),
+        ours_of(&format!("{}.weight", mla::KV_DOWN)),
+        vec![h, latent + rope],
+        Selection::columns(down, true),
+    );
+    push(
+        format!("{hf}.kv_a_layernorm.weight"),
+        ours_of(mla::KV_NORM),
+        vec![latent],
+        Selection::WHOLE,
+    );
+    push(
+        format!("{hf}.kv_b_proj.weight"),
+        ours_of(&format!("{}.weight", mla::KV_UP)),
+        vec![latent, heads * (mla.qk_head_dim + mla.v_head_dim)],
+        Selection::transposed(),
+    );
+    push(
+        format!("{hf}.o_proj.weight"),
+        ours_of(&format!("{}.weight", mla::OUT)),
+        vec![heads * mla.v_head_dim, h],
+        Selection::transposed(),
+    );
+}
+
+/// Our `rope` rotary channels from `start` in the order transformers stores them: the same with
+/// `rope_interleave` (Megatron's MLA de-interleaves pairs itself, as transformers'
+/// `apply_rotary_pos_emb_interleave` does); without, transformers rotates halves directly, so
+/// its channel `j` of the first half is our `2j` and of the second half our `2j + 1`.
+fn rotary_columns(start: usize, rope: usize, interleave: bool) -> Vec<Range<usize>> {
+    if interleave {
+        return std::iter::once(start..start + rope).collect();
+    }
+    let half = rope / 2;
+    (0..rope)
+        .map(|j| {
+            let ours = if j < half { 2 * j } else { 2 * (j - half) + 1 };
+            start + ours..start + ours + 1
+        })
+        .collect()
+}
+
+/// The router `[hidden, experts]` as transformers' `gate.weight` `[experts, hidden]`, and
+/// DeepSeek-V3's selection bias beside it.
+fn router(push: &mut Push<'_>, dims: &Dims, hf: &str, ours: &str) {
+    push(
+        format!("{hf}.weight"),
+        format!("{ours}.router.weight"),
+        vec![dims.hidden, dims.experts],
+        Selection::transposed(),
+    );
+    if dims.expert_bias {
+        push(
+            format!("{hf}.e_score_correction_bias"),
+            format!("{ours}.{EXPERT_BIAS}"),
+            vec![dims.experts],
+            Selection::WHOLE,
+        );
+    }
+}
+
+/// Megatron's fused SwiGLU fc1 `[gate | up]` (of `f` channels each) and fc2 as transformers'
+/// gate, up and down.
+fn swiglu(
+    push: &mut Push<'_>,
+    dims: &Dims,
+    f: usize,
+    hf: &str,
+    ours: &str,
+    [gate, up, down]: [&str; 3],
+) {
+    let h = dims.hidden;
     let fc1 = format!("{ours}.fc1");
     linear(
         push,

@@ -3,7 +3,11 @@
 //! from the published configurations of Llama 3.1 8B, Qwen2.5 7B, Qwen3 8B and Mistral 7B v0.1
 //! (under tests/fixtures/): every tensor name and shape of the first layer and outside the layers
 //! is snapshotted, and the parameter count must be the published one of the model (GPT-2 small,
-//! LLaMA-2 7B, Mixtral 8x7B, and transformers' own count of the four, on the meta device).
+//! LLaMA-2 7B, Mixtral 8x7B, and transformers' own count of the four, on the meta device). The
+//! same for the published configurations of DeepSeek-V3 and Qwen3-30B-A3B (transformers 4.x
+//! spelling; transformers 5.25's count on the meta device, DeepSeek-V3's selection biases
+//! included and its multi-token prediction layer not, which transformers does not build), and
+//! for the tiny models transformers 5.25 saved for tests/it/hf.rs.
 
 use std::path::Path;
 
@@ -33,7 +37,7 @@ fn mapping(config: &HfConfig) -> (String, u64) {
         .filter(|p| {
             let layer = p.hf.contains(".h.") || p.hf.contains(".layers.");
             let first = p.hf.contains(".h.0.") || p.hf.contains(".layers.0.");
-            let expert = p.hf.contains(".experts.");
+            let expert = p.hf.contains(".experts.") && !p.hf.contains(".shared_experts.");
             !layer || (first && (!expert || p.hf.contains(".experts.0.")))
         })
         .map(|p| format!("{} {:?}", p.hf, p.shape))
@@ -113,6 +117,80 @@ fn mistral_7b() {
     let (names, count) = mapping(&config);
     assert_eq!(count, 7_241_732_096);
     insta::assert_snapshot!("mistral", names);
+}
+
+/// The first MoE layer's names: DeepSeek-V3's layer 0 is dense.
+fn moe_layer(config: &HfConfig, layer: usize) -> String {
+    let vocab = config.vocab as usize;
+    let prefix = format!(".layers.{layer}.");
+    pieces(&Dims::of(&config.model, vocab, vocab))
+        .iter()
+        .filter(|p| p.hf.contains(&prefix))
+        .filter(|p| !p.hf.contains(".experts.") || p.hf.contains(".experts.0."))
+        .map(|p| format!("{} {:?}", p.hf, p.shape))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn deepseek_v3() {
+    let config = fixture("deepseek-v3");
+    assert_eq!(config.family, Family::DeepseekV3);
+    assert_eq!(config.problems, vec![]);
+    assert_eq!(config.mtp_layers, 1);
+    let moe = config.model.moe.as_ref().expect("MoE");
+    let dense_first: Vec<bool> = (0..61).map(|l| l >= 3).collect();
+    assert_eq!(config.model.moe_layers(), dense_first);
+    assert_eq!(
+        (
+            moe.num_groups,
+            moe.group_topk,
+            moe.router_topk_scaling_factor
+        ),
+        (Some(8), Some(4), Some(2.5))
+    );
+    assert_eq!(moe.shared_expert_ffn_hidden_size, Some(2048));
+    let (names, count) = mapping(&config);
+    assert_eq!(count, 671_026_419_200);
+    insta::assert_snapshot!("deepseek-v3", names);
+    insta::assert_snapshot!("deepseek-v3-layer-3", moe_layer(&config, 3));
+}
+
+#[test]
+fn qwen3_30b_a3b() {
+    let config = fixture("qwen3-30b-a3b");
+    assert_eq!(config.family, Family::Qwen3Moe);
+    assert_eq!(config.problems, vec![]);
+    let moe = config.model.moe.as_ref().expect("MoE");
+    assert!(
+        !moe.pre_softmax,
+        "norm_topk_prob: true is softmax after top-k"
+    );
+    let (names, count) = mapping(&config);
+    assert_eq!(count, 30_532_122_624);
+    insta::assert_snapshot!("qwen3-30b-a3b", names);
+}
+
+/// The tiny models transformers saved: every tensor of their files is in the mapping (the
+/// multi-token prediction layer aside), with its shape, and the counts are transformers'.
+#[test]
+fn transformers_tiny_moe_models() {
+    for (name, family, count) in [
+        ("qwen3-moe-tiny", Family::Qwen3Moe, 17_136),
+        ("deepseek-v3-tiny", Family::DeepseekV3, 17_496),
+    ] {
+        let config = fixture(name);
+        assert_eq!(
+            (config.family, &config.problems),
+            (family, &vec![]),
+            "{name}"
+        );
+        assert_eq!(mapping(&config).1, count, "{name}");
+    }
+    let qwen = fixture("qwen3-moe-tiny");
+    assert_eq!(qwen.model.moe_layers(), [true, false, true, false]);
+    let deepseek = fixture("deepseek-v3-tiny");
+    assert_eq!(deepseek.model.moe_layers(), [false, true, true, true]);
 }
 
 #[test]

@@ -1,6 +1,9 @@
 //! Export → import round trips, bit for bit, for every family (LLaMA also with scaled RoPE,
 //! Qwen2 with its q/k/v biases, a window and YaRN, Qwen3 with q/k norms and a head size of its
-//! own, Mistral with a window) from a one-rank and a tp2·pp2 checkpoint: a tiny model trained one step on thread ranks, exported as transformers files,
+//! own, Mistral with a window, Qwen3-MoE with dense layers between its MoE ones, DeepSeek-V3 with
+//! multi-latent attention, DeepSeek's routing and a dense first layer) from a one-rank and a
+//! tp2·pp2 checkpoint, the MoE families also from an ep2 one: a tiny model trained one step on
+//! thread ranks, exported as transformers files,
 //! imported back; every global tensor must come back with the same bits (the vocabulary rows
 //! of the real vocabulary: padding rows are not part of a transformers model), and the import
 //! must load into the run's layout with its vocabulary re-padded.
@@ -95,6 +98,36 @@ fn model(family: &str) -> Value {
         let moe = json!({"num_experts": 4, "router_topk": 2, "shared_expert_ffn_hidden_size": 32});
         merge(&mut model, json!({ "moe": moe }));
     }
+    match family {
+        "qwen3-moe" => merge(
+            &mut model,
+            json!({"qk_layernorm": true, "kv_channels": 16,
+                   "moe": {"num_experts": 4, "router_topk": 2, "ffn_hidden_size": 24,
+                           "pre_softmax": true, "layer_freq": [0, 1]}}),
+        ),
+        "deepseek-v3" => merge(
+            &mut model,
+            json!({"qk_layernorm": true, "norm_epsilon": 1e-6, "num_query_groups": 4,
+                   "mla": {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_head_dim": 8,
+                           "qk_pos_emb_head_dim": 4, "v_head_dim": 6},
+                   "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": 8,
+                                    "mscale": 1.0, "mscale_all_dim": 0.8},
+                   "moe": {"num_experts": 8, "router_topk": 2, "ffn_hidden_size": 12,
+                           "score_function": "sigmoid", "expert_bias": true,
+                           "num_groups": 2, "group_topk": 1,
+                           "shared_expert_ffn_hidden_size": 24,
+                           "router_topk_scaling_factor": 2.5, "layer_freq": [0, 1]}}),
+        ),
+        _ => {}
+    }
+    if family == "deepseek-v3-q-proj" {
+        merge(&mut model, self::model("deepseek-v3"));
+        model["mla"]
+            .as_object_mut()
+            .expect("mla")
+            .remove("q_lora_rank");
+    }
     model
 }
 
@@ -104,8 +137,9 @@ fn merge(base: &mut Value, extra: Value) {
     }
 }
 
-/// A plan of the tiny `family` model for tp × pp ranks, data and checkpoints under `dir`.
-fn plan(dir: &Path, family: &str, tp: u32, pp: u32) -> Plan {
+/// A plan of the tiny `family` model for tp × pp × ep ranks (expert parallelism over as many
+/// data-parallel ranks), data and checkpoints under `dir`.
+fn plan(dir: &Path, family: &str, tp: u32, pp: u32, ep: u32) -> Plan {
     let mut model = model(family);
     // the same padded vocabulary (128) at every tp
     merge(
@@ -115,9 +149,10 @@ fn plan(dir: &Path, family: &str, tp: u32, pp: u32) -> Plan {
     let recipe = json!({
         "version": 2, "name": format!("hf-{family}"), "model": model,
         "precision": {"dtype": "fp32"},
-        "parallel": {"tensor": tp, "pipeline": pp, "data": 1, "sequence_parallel": tp > 1},
+        "parallel": {"tensor": tp, "pipeline": pp, "data": ep, "expert": ep,
+                     "sequence_parallel": tp > 1},
         "training": {
-            "micro_batch_size": 2, "global_batch_size": 4, "train_iters": 1, "log_interval": 1,
+            "micro_batch_size": 2, "global_batch_size": 4 * ep, "train_iters": 1, "log_interval": 1,
             "eval_interval": 0, "seed": 7, "optimizer": {"lr": 0.01},
             "schedule": {"decay": "constant", "warmup_iters": 0}
         },
@@ -127,7 +162,7 @@ fn plan(dir: &Path, family: &str, tp: u32, pp: u32) -> Plan {
             "split": "100,0,0", "cache_dir": dir.join("cache")
         },
         "checkpoint": {"dir": dir.join("checkpoints")},
-        "cluster": {"nodes": 1, "gpus_per_node": tp * pp, "gpu": "cpu"},
+        "cluster": {"nodes": 1, "gpus_per_node": tp * pp * ep, "gpu": "cpu"},
         "runtime": {"backend": "cpu"}
     });
     let recipe: Recipe = serde_json::from_value(recipe).expect("the test recipe parses");
@@ -138,10 +173,10 @@ fn plan(dir: &Path, family: &str, tp: u32, pp: u32) -> Plan {
     ferrotron_plan::plan(&recipe, &options).unwrap_or_else(|f| panic!("plans: {f:?}"))
 }
 
-/// Train one step of `family` on tp × pp thread ranks; the committed checkpoint.
-fn trained(dir: &Path, family: &str, tp: u32, pp: u32) -> (Plan, PathBuf) {
+/// Train one step of `family` on tp × pp × ep thread ranks; the committed checkpoint.
+fn trained(dir: &Path, family: &str, tp: u32, pp: u32, ep: u32) -> (Plan, PathBuf) {
     write_data(dir);
-    let plan = plan(dir, family, tp, pp);
+    let plan = plan(dir, family, tp, pp, ep);
     let options = RunOptions {
         run_dir: dir.join("run"),
         stop: StopFlag::default(),
@@ -173,17 +208,25 @@ fn real_rows(name: &str, shape: &[usize], values: &[f32], vocab: usize) -> Vec<u
 #[test]
 fn inexpressible_models_are_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_, checkpoint) = trained(dir.path(), "deepseek", 1, 1);
+    let (_, checkpoint) = trained(dir.path(), "deepseek", 1, 1, 1);
     let out = dir.path().join("hf");
     let options = ExportOptions {
         dtype: OutDtype::F32,
         max_shard_bytes: u64::MAX,
     };
-    let err = export(&checkpoint, &out, options).expect_err("shared experts are refused");
+    // shared experts are DeepSeek-V3's, which then names what else it lacks or computes otherwise
+    let err = export(&checkpoint, &out, options).expect_err("refused");
     assert_eq!(
         err.to_string(),
-        "MixtralForCausalLM cannot express this model:\n  \
-         model.moe.shared_expert_ffn_hidden_size: MixtralForCausalLM has no shared experts"
+        "DeepseekV3ForCausalLM cannot express this model:\n  \
+         model.qk_layernorm: DeepseekV3ForCausalLM always normalises the query and key/value \
+         latents\n  \
+         model.mla: DeepseekV3ForCausalLM always has multi-latent attention\n  \
+         model.moe.score_function: DeepseekV3ForCausalLM routes with sigmoid scores\n  \
+         model.moe.expert_bias: DeepseekV3ForCausalLM always adds its selection bias \
+         e_score_correction_bias (a zero bias selects as none does)\n  \
+         model.moe.shared_expert_ffn_hidden_size: DeepseekV3ForCausalLM has n_shared_experts \
+         shared experts of moe_intermediate_size (64) each, and 32 is no multiple of it"
     );
     assert!(!out.exists());
 }
@@ -191,7 +234,7 @@ fn inexpressible_models_are_refused_before_anything_is_written() {
 #[test]
 fn q_k_norms_with_linear_biases_are_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_, checkpoint) = trained(dir.path(), "qwen3-biased", 1, 1);
+    let (_, checkpoint) = trained(dir.path(), "qwen3-biased", 1, 1, 1);
     let out = dir.path().join("hf");
     let options = ExportOptions {
         dtype: OutDtype::F32,
@@ -209,8 +252,18 @@ fn q_k_norms_with_linear_biases_are_refused_before_anything_is_written() {
 /// Train `family` on tp × pp ranks, export (in `dtype`, files of at most `max_shard_bytes`),
 /// import; check every tensor and return the number of safetensors files written.
 fn round_trip(family: &str, tp: u32, pp: u32, dtype: OutDtype, max_shard_bytes: u64) -> usize {
+    round_trip_ep(family, (tp, pp, 1), dtype, max_shard_bytes)
+}
+
+/// [`round_trip`] on tp × pp × ep ranks.
+fn round_trip_ep(
+    family: &str,
+    (tp, pp, ep): (u32, u32, u32),
+    dtype: OutDtype,
+    max_shard_bytes: u64,
+) -> usize {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (plan, checkpoint) = trained(dir.path(), family, tp, pp);
+    let (plan, checkpoint) = trained(dir.path(), family, tp, pp, ep);
     let hf_dir = dir.path().join("hf");
     let options = ExportOptions {
         dtype,
@@ -355,7 +408,7 @@ fn mistral_tp2_pp2_in_sharded_files() {
 #[test]
 fn gpt2_files_without_the_transformer_prefix_import() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (plan, checkpoint) = trained(dir.path(), "gpt2", 1, 1);
+    let (plan, checkpoint) = trained(dir.path(), "gpt2", 1, 1, 1);
     let hf_dir = dir.path().join("hf");
     let options = ExportOptions {
         dtype: OutDtype::F32,
@@ -389,5 +442,57 @@ fn gpt2_files_without_the_transformer_prefix_import() {
     assert_eq!(
         original.global(name).expect("assembles").values,
         back.global(name).expect("assembles").values
+    );
+}
+
+#[test]
+fn qwen3_moe_one_rank() {
+    assert_eq!(round_trip("qwen3-moe", 1, 1, OutDtype::F32, u64::MAX), 1);
+}
+
+#[test]
+fn qwen3_moe_tp2_pp2_in_sharded_files() {
+    assert!(round_trip("qwen3-moe", 2, 2, OutDtype::F32, 30_000) > 1);
+}
+
+#[test]
+fn qwen3_moe_ep2() {
+    assert_eq!(
+        round_trip_ep("qwen3-moe", (1, 1, 2), OutDtype::F32, u64::MAX),
+        1
+    );
+}
+
+#[test]
+fn deepseek_v3_one_rank() {
+    assert_eq!(round_trip("deepseek-v3", 1, 1, OutDtype::F32, u64::MAX), 1);
+}
+
+#[test]
+fn deepseek_v3_tp2_pp2_in_sharded_files() {
+    assert!(round_trip("deepseek-v3", 2, 2, OutDtype::F32, 30_000) > 1);
+}
+
+/// A full-rank query projection (`q_proj`; DeepSeek-V2-Lite's).
+#[test]
+fn deepseek_v3_without_a_query_latent_tp2_pp2() {
+    assert!(round_trip("deepseek-v3-q-proj", 2, 2, OutDtype::F32, 30_000) > 1);
+}
+
+/// Experts cut over 2 expert-tensor-parallel ranks (etp follows tp) as well as placed on 2
+/// expert-parallel ones.
+#[test]
+fn deepseek_v3_tp2_ep2() {
+    assert_eq!(
+        round_trip_ep("deepseek-v3", (2, 1, 2), OutDtype::F32, u64::MAX),
+        1
+    );
+}
+
+#[test]
+fn deepseek_v3_ep2() {
+    assert_eq!(
+        round_trip_ep("deepseek-v3", (1, 1, 2), OutDtype::F32, u64::MAX),
+        1
     );
 }

@@ -15,8 +15,8 @@ use ferrotron_model::ModelConfig;
 use ferrotron_model::moe::MoeLayer;
 use ferrotron_parallel::{Comm, ParallelContext};
 use ferrotron_recipe::{
-    Activation, LoadBalancing, Model, Moe, Normalization, PositionEmbedding, ScoreFunction,
-    TokenDispatcher, TokenDropPolicy,
+    Activation, LayerFreq, LoadBalancing, Model, Moe, Normalization, PositionEmbedding,
+    ScoreFunction, TokenDispatcher, TokenDropPolicy,
 };
 
 type B = Autodiff<Flex>;
@@ -67,7 +67,8 @@ fn model() -> Model {
             token_drop_policy: TokenDropPolicy::Probs,
             pad_to_capacity: false,
             token_dispatcher: TokenDispatcher::Alltoall,
-            layer_freq: 1,
+            layer_freq: LayerFreq::Every(1),
+            router_topk_scaling_factor: None,
             ffn_hidden_size: Some(256),
             shared_expert_ffn_hidden_size: None,
         }),

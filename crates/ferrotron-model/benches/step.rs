@@ -7,8 +7,8 @@ use burn::tensor::{Int, Tensor, TensorData};
 use criterion::{Criterion, criterion_group, criterion_main};
 use ferrotron_model::ModelConfig;
 use ferrotron_recipe::{
-    Activation, LoadBalancing, Model, Moe, Normalization, PositionEmbedding, ScoreFunction,
-    TokenDispatcher, TokenDropPolicy,
+    Activation, LayerFreq, LoadBalancing, Model, Moe, Normalization, PositionEmbedding,
+    ScoreFunction, TokenDispatcher, TokenDropPolicy,
 };
 
 const BATCH: usize = 4;
@@ -72,7 +72,8 @@ fn tiny_moe() -> Model {
             token_drop_policy: TokenDropPolicy::Probs,
             pad_to_capacity: false,
             token_dispatcher: TokenDispatcher::Alltoall,
-            layer_freq: 1,
+            layer_freq: LayerFreq::Every(1),
+            router_topk_scaling_factor: None,
             ffn_hidden_size: Some(128),
             shared_expert_ffn_hidden_size: None,
         }),

@@ -1,6 +1,7 @@
 //! One pre-norm transformer layer, Megatron's order: x + drop(attn(norm(x))), then
-//! x + drop(ffn(norm(x))). The feed-forward part is dense or a mixture of experts, chosen per
-//! layer by `layer_freq`.
+//! x + drop(ffn(norm(x))). The attention is grouped-query (`attention`) or, with `model.mla`,
+//! multi-latent (`latent_attention`: its own parameter names, so a layer holds one of the two);
+//! the feed-forward part is dense or a mixture of experts, chosen per layer by `layer_freq`.
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
@@ -10,6 +11,7 @@ use ferrotron_parallel::{Fp8Linear, Fp8Residual, ParallelContext, ParallelOps, P
 
 use crate::attention::SelfAttention;
 use crate::init::scaled_std;
+use crate::mla::MultiLatentAttention;
 use crate::mlp::{Mlp, MlpShape};
 use crate::moe::{MoeLayer, MoeStats};
 use crate::norm::Norm;
@@ -28,7 +30,10 @@ pub enum FeedForward<B: Backend> {
 #[derive(Module, Debug)]
 pub struct TransformerBlock<B: Backend> {
     input_norm: Norm<B>,
-    attention: SelfAttention<B>,
+    /// Grouped-query attention; `None` with multi-latent attention.
+    attention: Option<SelfAttention<B>>,
+    /// Multi-latent attention (`ModelConfig.mla`).
+    latent_attention: Option<MultiLatentAttention<B>>,
     pre_mlp_norm: Norm<B>,
     feed_forward: FeedForward<B>,
     hidden_dropout: Dropout,
@@ -45,7 +50,10 @@ impl<B: Backend> TransformerBlock<B> {
             )
         };
         let input_norm = norm();
-        let attention = SelfAttention::new(config, device);
+        let (attention, latent_attention) = match &config.mla {
+            None => (Some(SelfAttention::new(config, device)), None),
+            Some(mla) => (None, Some(MultiLatentAttention::new(config, mla, device))),
+        };
         let pre_mlp_norm = norm();
         let feed_forward = match &config.moe {
             Some(moe) if config.is_moe_layer(index) => {
@@ -66,6 +74,7 @@ impl<B: Backend> TransformerBlock<B> {
         TransformerBlock {
             input_norm,
             attention,
+            latent_attention,
             pre_mlp_norm,
             feed_forward,
             hidden_dropout: DropoutConfig::new(config.hidden_dropout).init(),
@@ -81,7 +90,16 @@ impl<B: Backend> TransformerBlock<B> {
         };
         Ok(TransformerBlock {
             input_norm: cut_module(&self.input_norm, replicated)?,
-            attention: self.attention.shard(tp, &ctx.cp)?,
+            attention: self
+                .attention
+                .as_ref()
+                .map(|attention| attention.shard(tp, &ctx.cp))
+                .transpose()?,
+            latent_attention: self
+                .latent_attention
+                .as_ref()
+                .map(|attention| attention.shard(tp, &ctx.cp))
+                .transpose()?,
             pre_mlp_norm: cut_module(&self.pre_mlp_norm, replicated)?,
             feed_forward,
             hidden_dropout: self.hidden_dropout.clone(),
@@ -101,11 +119,20 @@ impl<B: Backend> TransformerBlock<B> {
             &format!("{prefix}.input_norm"),
             replicated,
         );
-        roles.extend(roles_of(
-            &self.attention,
-            &format!("{prefix}.attention"),
-            |name| SelfAttention::<B>::placement(name, tp),
-        ));
+        if let Some(attention) = &self.attention {
+            roles.extend(roles_of(
+                attention,
+                &format!("{prefix}.attention"),
+                |name| SelfAttention::<B>::placement(name, tp),
+            ));
+        }
+        if let Some(attention) = &self.latent_attention {
+            roles.extend(roles_of(
+                attention,
+                &format!("{prefix}.latent_attention"),
+                |name| MultiLatentAttention::<B>::placement(name, tp),
+            ));
+        }
         roles.extend(roles_of(
             &self.pre_mlp_norm,
             &format!("{prefix}.pre_mlp_norm"),
@@ -124,12 +151,19 @@ impl<B: Backend> TransformerBlock<B> {
         roles
     }
 
-    /// The linears that take fp8 GEMMs, by path under the layer: attention's two and a dense
-    /// MLP's two (MoE experts keep the grouped GEMM).
-    pub(crate) fn fp8_linears(&self) -> Vec<&'static str> {
-        let mut names = vec!["attention.qkv", "attention.proj"];
+    /// The linears that take fp8 GEMMs, by path under the layer: attention's two (multi-latent
+    /// attention's four or five) and a dense MLP's two (MoE experts keep the grouped GEMM).
+    pub(crate) fn fp8_linears(&self) -> Vec<String> {
+        let mut names: Vec<String> = match &self.latent_attention {
+            Some(mla) => mla
+                .linear_names()
+                .into_iter()
+                .map(|name| format!("latent_attention.{name}"))
+                .collect(),
+            None => vec!["attention.qkv".to_owned(), "attention.proj".to_owned()],
+        };
         if let FeedForward::Dense(_) = &self.feed_forward {
-            names.extend(["feed_forward.Dense.fc1", "feed_forward.Dense.fc2"]);
+            names.extend(["feed_forward.Dense.fc1", "feed_forward.Dense.fc2"].map(String::from));
         }
         names
     }
@@ -138,13 +172,20 @@ impl<B: Backend> TransformerBlock<B> {
     pub(crate) fn with_fp8(self, handles: Vec<Fp8Linear>) -> Self {
         let mut handles = handles.into_iter();
         let mut next = || handles.next().expect("one fp8 handle per fp8 linear");
-        let attention = self.attention.with_fp8(next(), next());
+        let attention = self
+            .attention
+            .map(|attention| attention.with_fp8(next(), next()));
+        let latent_attention = self.latent_attention.map(|mla| {
+            let count = mla.linear_names().len();
+            mla.with_fp8((0..count).map(|_| next()).collect())
+        });
         let feed_forward = match self.feed_forward {
             FeedForward::Dense(mlp) => FeedForward::Dense(mlp.with_fp8(next(), next())),
             moe => moe,
         };
         TransformerBlock {
             attention,
+            latent_attention,
             feed_forward,
             ..self
         }
@@ -184,12 +225,18 @@ impl<B: ParallelOps> TransformerBlock<B> {
         x: Tensor<B, 3>,
         positions: &SequencePositions<B>,
     ) -> (Tensor<B, 3>, Option<MoeStats<B>>) {
-        let attended = self.attention.forward_normed(
-            x.clone(),
-            &self.input_norm,
-            positions,
-            self.fp8_residual(&x),
-        );
+        let attended = match (&self.attention, &self.latent_attention) {
+            (Some(attention), _) => attention.forward_normed(
+                x.clone(),
+                &self.input_norm,
+                positions,
+                self.fp8_residual(&x),
+            ),
+            (None, Some(mla)) => {
+                Sublayer::Output(mla.forward(self.input_norm.forward(x.clone()), positions))
+            }
+            (None, None) => unreachable!("a layer holds one kind of attention"),
+        };
         let x = self.add_residual(attended, x);
         let (transformed, stats) = match &self.feed_forward {
             FeedForward::Dense(mlp) => {

@@ -105,6 +105,11 @@ impl MlaConfig {
                     .to_owned(),
             ));
         }
+        if model.window_size.is_some() {
+            return Err(ModelError::Incompatible(
+                "multi-latent attention has no sliding window: remove model.window_size".to_owned(),
+            ));
+        }
         Ok(MlaConfig {
             q_lora_rank: mla.q_lora_rank.map(to_usize),
             kv_lora_rank: to_usize(mla.kv_lora_rank),
@@ -131,7 +136,12 @@ pub struct MoeConfig {
     pub group_limit: Option<GroupLimit>,
     /// `None` is dropless.
     pub capacity: Option<Capacity>,
-    pub layer_freq: usize,
+    /// Megatron's `moe_layer_pattern`: whether each layer (`num_layers` of them) is an MoE
+    /// layer, from the recipe's `layer_freq` in any of its forms.
+    pub layer_pattern: Vec<bool>,
+    /// Megatron's `--moe-router-topk-scaling-factor` (1 when the recipe leaves it out): the
+    /// routed combine weights are multiplied by it after their normalisation.
+    pub topk_scaling_factor: f64,
     pub expert_ffn_hidden_size: usize,
     pub shared_expert_ffn_hidden_size: Option<usize>,
     /// How tokens reach experts on other expert-parallel ranks (one rank: no difference).
@@ -171,7 +181,7 @@ impl ModelConfig {
     pub fn is_moe_layer(&self, index: usize) -> bool {
         self.moe
             .as_ref()
-            .is_some_and(|moe| index.is_multiple_of(moe.layer_freq))
+            .is_some_and(|moe| moe.layer_pattern.get(index).copied().unwrap_or(false))
     }
 
     /// Build the model with Megatron's initialisation; deterministic given `B::seed`.
@@ -226,7 +236,8 @@ impl ModelConfig {
             });
         }
         if model.position_embedding == PositionEmbedding::Rope {
-            if !model.kv_channels().is_multiple_of(2) {
+            // Multi-latent attention rotates its own `qk_pos_emb_head_dim` channels instead.
+            if model.mla.is_none() && !model.kv_channels().is_multiple_of(2) {
                 return Err(ModelError::Incompatible(format!(
                     "rotary position embeddings rotate pairs of channels, so model.kv_channels must be even (got {})",
                     model.kv_channels()
@@ -360,7 +371,18 @@ impl MoeConfig {
     fn resolve(moe: &Moe, model: &Model) -> Result<Self, ModelError> {
         positive("moe.num_experts", moe.num_experts)?;
         positive("moe.router_topk", moe.router_topk)?;
-        positive("moe.layer_freq", moe.layer_freq)?;
+        let layer_pattern = moe
+            .layer_freq
+            .pattern(model.num_layers)
+            .map_err(|e| ModelError::Incompatible(format!("model.moe.layer_freq: {e}")))?;
+        let topk_scaling_factor = moe.topk_scaling_factor();
+        if !(topk_scaling_factor.is_finite() && topk_scaling_factor > 0.0) {
+            return Err(ModelError::OutOfRange {
+                field: "moe.router_topk_scaling_factor",
+                value: topk_scaling_factor,
+                expected: "a finite value > 0 (leave it out for 1)",
+            });
+        }
         positive("moe.ffn_hidden_size", moe.expert_ffn_hidden_size(model))?;
         if moe.router_topk > moe.num_experts {
             return Err(ModelError::Incompatible(format!(
@@ -427,7 +449,8 @@ impl MoeConfig {
             expert_bias_update_rate: moe.expert_bias_update_rate,
             group_limit,
             capacity,
-            layer_freq: to_usize(moe.layer_freq),
+            layer_pattern,
+            topk_scaling_factor,
             expert_ffn_hidden_size: to_usize(moe.expert_ffn_hidden_size(model)),
             shared_expert_ffn_hidden_size: moe.shared_expert_ffn_hidden_size.map(to_usize),
             token_dispatcher: moe.token_dispatcher,

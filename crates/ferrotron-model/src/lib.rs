@@ -17,6 +17,7 @@ mod expert_loads;
 mod fp8;
 mod generate;
 mod init;
+mod mla;
 mod mlp;
 mod model;
 pub mod moe;

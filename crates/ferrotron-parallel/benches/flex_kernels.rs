@@ -99,6 +99,7 @@ fn adamw_bench(c: &mut Criterion) {
         bias_correction2: 0.05,
         grad_scale: 0.5,
         rounded: None,
+        moment_dtypes: ferrotron_parallel::F32_MOMENTS,
     };
     let inputs = || {
         (

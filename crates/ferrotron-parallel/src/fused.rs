@@ -144,7 +144,7 @@ impl AttentionSpec {
 /// What a fused attention forward keeps for its backward, besides q, k, v.
 #[derive(Debug, Clone)]
 pub struct AttentionSaved<B: Backend> {
-    /// `[batch, heads, seq, head_dim]`.
+    /// `[batch, heads, seq, d_v]` (the value's head dim).
     pub output: FloatTensor<B>,
     /// Per query row `max + ln Σ exp` of the scaled, masked scores: `[batch, heads, seq, 1]`, f32.
     pub stats: FloatTensor<B>,
@@ -152,7 +152,8 @@ pub struct AttentionSaved<B: Backend> {
     pub rng: [u64; 2],
 }
 
-/// Gradients of a fused attention: dq `[b, h, s, d]`, dk and dv `[b, groups, s_kv, d]`.
+/// Gradients of a fused attention: dq `[b, h, s, d]`, dk `[b, groups, s_kv, d]`, dv
+/// `[b, groups, s_kv, d_v]`.
 #[derive(Debug, Clone)]
 pub struct AttentionGrads<B: Backend> {
     pub query: FloatTensor<B>,
@@ -161,10 +162,12 @@ pub struct AttentionGrads<B: Backend> {
 }
 
 pub trait FusedOps: Backend {
-    /// `query [b, heads, s_q, d]`, `key`/`value [b, groups, s_kv, d]` with `heads` a multiple
-    /// of `groups` (grouped-query attention: each group's key/value serves `heads / groups`
-    /// consecutive query heads, never repeated in memory by a fused kernel) →
-    /// `[b, heads, s_q, d]`.
+    /// `query [b, heads, s_q, d]`, `key [b, groups, s_kv, d]`, `value [b, groups, s_kv, d_v]`
+    /// with `heads` a multiple of `groups` (grouped-query attention: each group's key/value
+    /// serves `heads / groups` consecutive query heads, never repeated in memory by a fused
+    /// kernel) → `[b, heads, s_q, d_v]`. `d_v` may differ from `d` (multi-latent attention:
+    /// `d = qk_head_dim + qk_pos_emb_head_dim`, `d_v = v_head_dim`); `spec.scale` then says the
+    /// softmax scale, as the default `1/sqrt(d)` is not MLA's.
     fn fused_attention(
         query: FloatTensor<Self>,
         key: FloatTensor<Self>,
@@ -970,13 +973,15 @@ pub fn attention_backward_reference<B: Backend>(
     let grad_scores = probabilities * (grad_prob - row);
     let grad_query = grad_scores.clone().matmul(key_rep) * scale;
     let grad_key = grad_scores.swap_dims(2, 3).matmul(query.cast(DType::F32)) * scale;
+    // Keys and values may differ in head dim (multi-latent attention): fold each by its own.
     let fold = |x: Tensor<B, 4>| -> Tensor<B, 4> {
         if per == 1 {
             return x;
         }
-        x.reshape([batch, groups, per, keys, head_dim])
+        let dim = x.dims()[3];
+        x.reshape([batch, groups, per, keys, dim])
             .sum_dim(2)
-            .reshape([batch, groups, keys, head_dim])
+            .reshape([batch, groups, keys, dim])
     };
     let _ = seq;
     AttentionGrads {

@@ -30,7 +30,14 @@ pub struct AdamWStep {
     /// The parameter's own 16-bit dtype, whose rounded copy of the new value the update also
     /// writes (the model's weight after the step); `None` for an fp32 parameter.
     pub rounded: Option<DType>,
+    /// How the two moments are stored (Megatron's `--exp-avg-dtype`, `--exp-avg-sq-dtype`):
+    /// the update reads them widened to f32, computes in f32 (the new value from the unrounded
+    /// moments, as TransformerEngine's `FusedAdam` does) and writes them back in these dtypes.
+    pub moment_dtypes: [DType; 2],
 }
+
+/// Moments kept in f32, what every optimizer had before the precision-aware one.
+pub const F32_MOMENTS: [DType; 2] = [DType::F32, DType::F32];
 
 /// A gradient factor that lives on the device (`[1]`, f32): the clipping coefficient of a step
 /// whose host never read the gradient norm. Applied after [`AdamWStep::grad_scale`].
@@ -63,12 +70,18 @@ pub fn composed_adamw<B: Backend>(
     if let Some(scale) = device_scale {
         grad = grad * wrap::<B, 1>(scale);
     }
+    let widened = |moment: FloatTensor<B>| {
+        let moment = wrap::<B, 1>(moment);
+        if moment.dtype() == DType::F32 {
+            moment
+        } else {
+            moment.cast(DType::F32)
+        }
+    };
     let (exp_avg, exp_avg_sq) = match moments {
         Some((exp_avg, exp_avg_sq)) => (
-            wrap::<B, 1>(exp_avg).mul_scalar(step.beta1)
-                + grad.clone().mul_scalar(1.0 - step.beta1),
-            wrap::<B, 1>(exp_avg_sq).mul_scalar(step.beta2)
-                + grad.square().mul_scalar(1.0 - step.beta2),
+            widened(exp_avg).mul_scalar(step.beta1) + grad.clone().mul_scalar(1.0 - step.beta1),
+            widened(exp_avg_sq).mul_scalar(step.beta2) + grad.square().mul_scalar(1.0 - step.beta2),
         ),
         None => (
             grad.clone().mul_scalar(1.0 - step.beta1),
@@ -82,11 +95,19 @@ pub fn composed_adamw<B: Backend>(
     let v_hat = exp_avg_sq.clone().div_scalar(step.bias_correction2);
     let update = m_hat.div(v_hat.sqrt().add_scalar(step.eps));
     value = value - update.mul_scalar(step.lr);
+    let stored = |moment: burn::tensor::Tensor<B, 1>, dtype: DType| {
+        if dtype == DType::F32 {
+            unwrap(moment)
+        } else {
+            unwrap(moment.cast(dtype))
+        }
+    };
+    let [exp_avg_dtype, exp_avg_sq_dtype] = step.moment_dtypes;
     AdamWTensors {
         rounded: step.rounded.map(|dtype| unwrap(value.clone().cast(dtype))),
         value: unwrap(value),
-        exp_avg: unwrap(exp_avg),
-        exp_avg_sq: unwrap(exp_avg_sq),
+        exp_avg: stored(exp_avg, exp_avg_dtype),
+        exp_avg_sq: stored(exp_avg_sq, exp_avg_sq_dtype),
     }
 }
 

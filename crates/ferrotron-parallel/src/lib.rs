@@ -72,7 +72,7 @@ pub use fused::{
     attention_forward_reference, composed_attention, repeat_groups,
 };
 pub use fused_adamw::{
-    AdamWStep, AdamWTensors, DeviceScale, composed_adamw, composed_sum_of_squares,
+    AdamWStep, AdamWTensors, DeviceScale, F32_MOMENTS, composed_adamw, composed_sum_of_squares,
 };
 pub use fused_autodiff::{
     attention_node, cross_entropy_node, dropout_add_node, grouped_matmul_node, norm_node,

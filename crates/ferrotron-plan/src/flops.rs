@@ -6,11 +6,18 @@
 //! Megatron; older releases counted the full s² term). Keeping the exact formula lets users
 //! compare our MFU with Megatron's logs number for number.
 //!
+//! Multi-latent attention is counted by the function's `multi_latent_attention` branch: the
+//! low-rank projections with one FMA per latent channel for each latent norm (its `+ 1`), the
+//! shared rotary key projection, and a core attention of `n·(d_qk + d_rope)/2` (QKᵀ) plus
+//! `n·d_v/2` (PV) per key. MoE layers come from `layer_freq` in any form (Megatron's
+//! `moe_layer_pattern`), each with its top-k routed experts and its shared expert; the dense
+//! layers (DeepSeek-V3's first three) have the model's `ffn_hidden_size`.
+//!
 //! The same function counts neither a sliding window (`--window-size`: the core-attention term
 //! stays `s/2` per query, as if every earlier key were seen), nor QK-norm, nor the QKV bias,
 //! nor RoPE scaling: Megatron's MFU of a Mistral or Qwen3 run is computed that way, so ours is.
 
-use ferrotron_recipe::{Activation, Model, Recipe};
+use ferrotron_recipe::{Activation, Mla, Model, Recipe};
 
 /// Per-token FLOPs of one forward+backward pass (× 3 for fwd, wgrad, dgrad; × 2 per FMA),
 /// split the way the time model needs them.
@@ -46,9 +53,16 @@ fn ffn_expansion(model: &Model) -> f64 {
 }
 
 /// Core attention per layer per token at sequence length `seq`: q_size · s/2 (causal) · 2
-/// (QKᵀ and PV), times the fwd/bwd and FMA factors.
+/// (QKᵀ and PV), times the fwd/bwd and FMA factors. With MLA, QKᵀ over the query head dim and
+/// PV over the value head dim: (n·d_q/2 + n·d_v/2) · s.
 pub(crate) fn core_attention_per_layer_token(model: &Model, seq: f64) -> f64 {
-    let q = f64::from(model.kv_channels()) * f64::from(model.num_attention_heads);
+    let heads = f64::from(model.num_attention_heads);
+    if let Some(mla) = &model.mla {
+        let qk = heads * f64::from(mla.q_head_dim());
+        let v = heads * f64::from(mla.v_head_dim);
+        return FORWARD_BACKWARD * FMA * (qk / 2.0 + v / 2.0) * seq;
+    }
+    let q = f64::from(model.kv_channels()) * heads;
     FORWARD_BACKWARD * FMA * q * seq / 2.0 * 2.0
 }
 
@@ -69,13 +83,35 @@ pub(crate) fn window_share(model: &Model) -> f64 {
     seen / (s * (s + 1.0) / 2.0)
 }
 
-/// Attention projections per layer per token: h·(q + k + v) + q·h.
+/// Attention projections per layer per token: h·(q + k + v) + q·h, or MLA's (see
+/// [`mla_projections_per_layer_token`]).
 pub(crate) fn attention_projections_per_layer_token(model: &Model) -> f64 {
+    if let Some(mla) = &model.mla {
+        return mla_projections_per_layer_token(model, mla);
+    }
     let h = f64::from(model.hidden_size);
     let kv = f64::from(model.kv_channels());
     let q = kv * f64::from(model.num_attention_heads);
     let k = kv * f64::from(model.num_query_groups());
     FORWARD_BACKWARD * FMA * (h * (q + 2.0 * k) + q * h)
+}
+
+/// Megatron's MLA `standard_self_attn_term`: the query's down and up projections (or its
+/// full-rank one) with the latent norm's `+ 1`, the key/value down projection's latent part,
+/// up projection and norm, the shared rotary key's projection, and the output projection.
+fn mla_projections_per_layer_token(model: &Model, mla: &Mla) -> f64 {
+    let h = f64::from(model.hidden_size);
+    let heads = f64::from(model.num_attention_heads);
+    let q_head = f64::from(mla.q_head_dim());
+    let q_term = match mla.q_lora_rank {
+        None => h * heads * q_head,
+        Some(rank) => f64::from(rank) * (h + heads * q_head + 1.0),
+    };
+    let kv_term = f64::from(mla.kv_lora_rank)
+        * (h + heads * f64::from(mla.qk_head_dim + mla.v_head_dim) + 1.0)
+        + h * f64::from(mla.qk_pos_emb_head_dim);
+    let output = heads * f64::from(mla.v_head_dim) * h;
+    FORWARD_BACKWARD * FMA * (q_term + kv_term + output)
 }
 
 /// Dense MLP per layer per token.
@@ -103,9 +139,7 @@ pub(crate) fn logits_per_token(model: &Model, padded_vocab_size: u32) -> f64 {
 /// Per-token model FLOPs of the whole model, by kind.
 pub fn token_flops(model: &Model, padded_vocab_size: u32) -> TokenFlops {
     let layers = f64::from(model.num_layers);
-    let moe_layers = (0..model.num_layers)
-        .filter(|&i| model.is_moe_layer(i))
-        .count() as f64;
+    let moe_layers = f64::from(model.num_moe_layers());
     let dense_layers = layers - moe_layers;
     TokenFlops {
         attention_projections: layers * attention_projections_per_layer_token(model),
@@ -183,12 +217,43 @@ mod tests {
     fn shared_experts_and_layer_frequency_are_counted() {
         let mut recipe = mixtral_8x7b();
         let moe = recipe.model.moe.as_mut().expect("moe");
-        moe.layer_freq = 2;
+        moe.layer_freq = ferrotron_recipe::LayerFreq::Every(2);
         moe.shared_expert_ffn_hidden_size = Some(1024);
         // 16 MoE layers: 6·4096·(14336·2 + 1024)·3 = 2,189,426,688 each;
         // 16 dense layers: 6·4096·14336·3 = 1,056,964,608 each.
         let flops = token_flops(&recipe.model, 32000);
         close(flops.mlp, 16.0 * 2_189_426_688.0 + 16.0 * 1_056_964_608.0);
+    }
+
+    /// Megatron's `multi_latent_attention` branch without a query latent (DeepSeek-V2-Lite's
+    /// shape: one dense layer by the list form of layer_freq, then 64 experts, top-6, two shared
+    /// experts of 1408). Megatron-LM's own function gives 16,386,180,096 per token:
+    /// attention 6·(2048·16·192 + 512·(2048 + 16·256 + 1) + 2048·64 + 16·128·2048)
+    /// = 82,578,432
+    /// and core 6·(16·192/2 + 16·128/2)·4096 = 62,914,560 per layer, × 27;
+    /// MLPs 6·2048·10944·3 + 26 · 6·2048·(1408·6 + 2816)·3 = 11,199,578,112;
+    /// logits 6·2048·102400 = 1,258,291,200.
+    #[test]
+    fn multi_latent_attention_without_a_query_latent_matches_megatron() {
+        let recipe = crate::testing::recipe(
+            serde_json::json!({"num_layers": 27, "hidden_size": 2048, "ffn_hidden_size": 10944,
+                "num_attention_heads": 16, "vocab_size": 102400, "seq_length": 4096,
+                "position_embedding": "rope", "normalization": "rmsnorm", "activation": "swiglu",
+                "tie_embeddings": false, "add_bias_linear": false, "qk_layernorm": true,
+                "mla": {"kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+                        "v_head_dim": 128},
+                "moe": {"num_experts": 64, "router_topk": 6, "ffn_hidden_size": 1408,
+                        "shared_expert_ffn_hidden_size": 2816,
+                        "layer_freq": [0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                       1, 1, 1, 1, 1, 1, 1, 1]}}),
+            serde_json::json!({}),
+            serde_json::json!({"micro_batch_size": 1, "global_batch_size": 1, "train_iters": 1}),
+        );
+        let flops = token_flops(&recipe.model, 102400);
+        close(flops.attention_projections, 27.0 * 82_578_432.0);
+        close(flops.core_attention, 27.0 * 62_914_560.0);
+        close(flops.mlp, 11_199_578_112.0);
+        close(flops.total(), 16_386_180_096.0);
     }
 
     /// Megatron's formula has no term for a window, QK-norm, the QKV bias or scaled RoPE.

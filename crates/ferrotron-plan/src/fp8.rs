@@ -52,12 +52,13 @@ pub(crate) fn fp8_layers(recipe: &Recipe, stage: &StageInfo) -> Fp8Layers {
         return Fp8Layers::default();
     }
     let total = recipe.model.num_layers;
+    let moe_layers = recipe.model.moe_layers();
     let mut layers = Fp8Layers::default();
     for chunk in &stage.chunks {
         for index in chunk.first_layer..chunk.first_layer + chunk.num_layers {
             if precision.fp8_layer(index, total) {
                 layers.all += 1.0;
-                if !recipe.model.is_moe_layer(index) {
+                if !moe_layers.get(index as usize).copied().unwrap_or(false) {
                     layers.dense += 1.0;
                 }
             }

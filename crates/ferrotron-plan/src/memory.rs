@@ -15,7 +15,9 @@
 //! generalised to GQA, SwiGLU, MoE and flash attention, term by term; every term is returned
 //! so `--explain` shows the arithmetic. Every stage is evaluated and the most loaded one wins.
 
-use ferrotron_recipe::{Activation, Dtype, Model, RecomputeGranularity, RecomputeMethod};
+use ferrotron_recipe::{
+    Activation, Dtype, Model, Optimizer, RecomputeGranularity, RecomputeMethod,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::flat_step;
@@ -65,9 +67,12 @@ fn local_parameters(setup: &Setup<'_>, stage: &StageInfo) -> LocalParameters {
     let (tp, ep, etp) = (f64::from(d.tp), f64::from(d.ep), f64::from(d.etp));
     let p = &setup.params;
     let h = f64::from(model.hidden_size);
-    // Row-parallel output biases and norms (QK-norm's too) are replicated over tensor ranks.
+    // Row-parallel output biases and norms (QK-norm's too) are replicated over tensor ranks, and
+    // so are multi-latent attention's down projections.
     let bias = if model.add_bias_linear { h } else { 0.0 };
-    let replicated_attention = bias + crate::params::qk_norm_parameters(model) as f64;
+    let replicated_attention = bias
+        + crate::params::qk_norm_parameters(model) as f64
+        + crate::params::mla_replicated_parameters(model) as f64;
     let attention =
         (p.attention_per_layer as f64 - replicated_attention) / tp + replicated_attention;
     let norms = p.norms_per_layer as f64;
@@ -109,13 +114,15 @@ fn local_parameters(setup: &Setup<'_>, stage: &StageInfo) -> LocalParameters {
     LocalParameters { dense, expert }
 }
 
-/// Bytes per parameter: (weight, gradient, optimizer states).
-fn bytes_per_parameter(dtype: Dtype) -> (f64, f64, f64) {
+/// Bytes per parameter: (weight, gradient, optimizer states). Adam's m and v take 4 bytes each,
+/// or 2 in bf16 under Megatron's precision-aware optimizer (`--exp-avg-dtype bf16`).
+fn bytes_per_parameter(dtype: Dtype, optimizer: &Optimizer) -> (f64, f64, f64) {
+    let moments = (optimizer.exp_avg_dtype.bytes() + optimizer.exp_avg_sq_dtype.bytes()) as f64;
     match dtype {
         // bf16/fp16 weight, fp32 main gradient, fp32 master copy + Adam m and v.
-        Dtype::Bf16 | Dtype::Fp16 => (2.0, 4.0, 12.0),
+        Dtype::Bf16 | Dtype::Fp16 => (2.0, 4.0, 4.0 + moments),
         // fp32 weight doubles as master; fp32 gradient; Adam m and v.
-        Dtype::Fp32 => (4.0, 4.0, 8.0),
+        Dtype::Fp32 => (4.0, 4.0, moments),
     }
 }
 
@@ -128,25 +135,44 @@ pub(crate) fn layer_activation_terms(setup: &Setup<'_>, moe_layer: bool) -> Vec<
     let sp = setup.sequence_shards();
     let sb = setup.local_tokens();
     let h = f64::from(model.hidden_size);
-    let kv = f64::from(model.kv_channels());
-    let q = f64::from(model.num_attention_heads) * kv;
-    let k = f64::from(model.num_query_groups()) * kv;
     let a = f64::from(model.num_attention_heads);
     let s = f64::from(model.seq_length) / f64::from(d.cp);
     let b = f64::from(setup.layout.micro_batch_size);
     let masks = if model.hidden_dropout > 0.0 { 2.0 } else { 0.0 };
-    let mut terms = vec![
-        setup.term(
-            "norm inputs, residual inputs, dropout masks",
-            (8.0 + masks) * sb * h / sp,
-            || format!("(8 + {masks}) · s·b·h / sp = (8 + {masks}) · {sb}·{h} / {sp}"),
-        ),
-        setup.term(
-            "Q, K, V and attention output",
-            2.0 * sb * (2.0 * q + 2.0 * k) / tp,
-            || format!("2 · s·b·(2q + 2k) / tp = 2·{sb}·(2·{q} + 2·{k}) / {tp}"),
-        ),
-    ];
+    let mut terms = vec![setup.term(
+        "norm inputs, residual inputs, dropout masks",
+        (8.0 + masks) * sb * h / sp,
+        || format!("(8 + {masks}) · s·b·h / sp = (8 + {masks}) · {sb}·{h} / {sp}"),
+    )];
+    match &model.mla {
+        None => {
+            let kv = f64::from(model.kv_channels());
+            let (q, k) = (a * kv, f64::from(model.num_query_groups()) * kv);
+            terms.push(setup.term(
+                "Q, K, V and attention output",
+                2.0 * sb * (2.0 * q + 2.0 * k) / tp,
+                || format!("2 · s·b·(2q + 2k) / tp = 2·{sb}·(2·{q} + 2·{k}) / {tp}"),
+            ));
+        }
+        Some(mla) => {
+            let q = a * f64::from(mla.q_head_dim());
+            let v = a * f64::from(mla.v_head_dim);
+            terms.push(setup.term(
+                "MLA Q, K (n·d_q each), V and attention output (n·d_v each)",
+                2.0 * sb * (2.0 * q + 2.0 * v) / tp,
+                || format!("2 · s·b·(2q + 2v) / tp = 2·{sb}·(2·{q} + 2·{v}) / {tp}"),
+            ));
+            // The latents, whole on every tensor rank: the norms' inputs and the up
+            // projections' inputs, plus the shared rotary key.
+            let latents = f64::from(mla.q_lora_rank.unwrap_or(0) + mla.kv_lora_rank);
+            let rope = f64::from(mla.qk_pos_emb_head_dim);
+            terms.push(setup.term(
+                "MLA latents (norm and up-projection inputs) and rotary key",
+                2.0 * sb * (2.0 * latents + rope),
+                || format!("2 · s·b·(2·latents + d_rope) = 2·{sb}·(2·{latents} + {rope})"),
+            ));
+        }
+    }
     let softmax_recomputed = setup.recipe.recompute.granularity == RecomputeGranularity::Selective;
     if setup.flash_attention() {
         terms.push(setup.term(
@@ -336,7 +362,10 @@ fn stage_activation_terms(setup: &Setup<'_>, stage: &StageInfo) -> Vec<Term> {
 /// Memory of one GPU of `stage`, with terms.
 fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<Term>) {
     let local = local_parameters(setup, stage);
-    let (weight, gradient, optimizer) = bytes_per_parameter(setup.recipe.precision.dtype);
+    let (weight, gradient, optimizer) = bytes_per_parameter(
+        setup.recipe.precision.dtype,
+        &setup.recipe.training.optimizer,
+    );
     let params = local.dense + local.expert;
     let activation_terms = stage_activation_terms(setup, stage);
     let overhead = setup.spec.framework_overhead_bytes;
@@ -377,7 +406,10 @@ fn megatron_memory(
     overhead: f64,
 ) -> (MemoryBytes, Vec<Term>) {
     let d = setup.layout.degrees;
-    let (weight, gradient, optimizer) = bytes_per_parameter(setup.recipe.precision.dtype);
+    let (weight, gradient, optimizer) = bytes_per_parameter(
+        setup.recipe.precision.dtype,
+        &setup.recipe.training.optimizer,
+    );
     let distributed = setup.recipe.parallel.distributed_optimizer;
     let dense_shards = if distributed {
         // Each distributed-optimizer instance holds a full copy, sharded over its share of dp·cp.
@@ -430,7 +462,7 @@ fn megatron_memory(
                     local.dense, local.expert
                 )
             } else {
-                format!("{optimizer} B (fp32 master, Adam m and v) × {params:.0} parameters")
+                format!("{optimizer} B (master weights, Adam m and v) × {params:.0} parameters")
             },),
     ];
     terms.extend(activation_terms.into_iter().map(|t| Term {
@@ -575,6 +607,27 @@ mod tests {
         // 6 + 12/8 = 7.5 bytes per parameter.
         assert!(
             (state / params.total as f64 - 7.5).abs() < 1e-6,
+            "{}",
+            state / params.total as f64
+        );
+    }
+
+    #[test]
+    fn bf16_moments_take_6_plus_8_over_dp() {
+        let mut recipe = llama3_8b();
+        recipe.parallel.distributed_optimizer = true;
+        let optimizer = &mut recipe.training.optimizer;
+        optimizer.use_precision_aware_optimizer = true;
+        optimizer.exp_avg_dtype = ferrotron_recipe::StateDtype::Bf16;
+        optimizer.exp_avg_sq_dtype = ferrotron_recipe::StateDtype::Bf16;
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        let s = setup(&recipe, &c, layout(1, 1, 8, 1), params, 128256, false);
+        let b = memory(&s).per_gpu_bytes;
+        let state = (b.weights + b.gradients + b.optimizer) as f64;
+        // fp32 master + bf16 m and v: 6 + (4 + 2 + 2)/8 = 7 bytes per parameter.
+        assert!(
+            (state / params.total as f64 - 7.0).abs() < 1e-6,
             "{}",
             state / params.total as f64
         );

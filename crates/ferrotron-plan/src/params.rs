@@ -4,7 +4,7 @@
 //! count equals [`ParameterCount::total`], so this file is the single written-down definition of
 //! "what tensors a layer has". Buffers (RoPE tables, the MoE expert bias) are not parameters.
 
-use ferrotron_recipe::{Activation, Model, Normalization, PositionEmbedding};
+use ferrotron_recipe::{Activation, Mla, Model, Normalization, PositionEmbedding};
 use serde::{Deserialize, Serialize};
 
 /// Parameters of the whole (unsharded) model, broken down the way the planner shards them.
@@ -45,6 +45,12 @@ impl ParameterCount {
         self.attention_per_layer + self.norms_per_layer + self.mlp_per_layer
     }
 
+    /// Parameters one token passes through, embeddings included (the input embedding's and
+    /// positions' tables and the output layer count whole, as models publish "active" sizes).
+    pub fn active(&self) -> u64 {
+        self.active_non_embedding + self.embedding + self.position_embedding + self.output_layer
+    }
+
     /// An MoE layer: attention, norms, router, experts and shared expert.
     pub fn moe_layer(&self) -> u64 {
         self.attention_per_layer
@@ -64,13 +70,45 @@ pub(crate) fn norm_parameters(model: &Model, width: u64) -> u64 {
 }
 
 /// QK-norm's query and key norms of one layer (each over `kv_channels`, shared by the heads),
-/// 0 without `qk_layernorm`.
+/// 0 without `qk_layernorm`. With multi-latent attention they are Megatron's latent norms: over
+/// the query latent (when there is one) and the key/value latent.
 pub(crate) fn qk_norm_parameters(model: &Model) -> u64 {
-    if model.qk_layernorm {
-        2 * norm_parameters(model, u64::from(model.kv_channels()))
-    } else {
-        0
+    if !model.qk_layernorm {
+        return 0;
     }
+    match &model.mla {
+        Some(mla) => {
+            mla.q_lora_rank
+                .map_or(0, |rank| norm_parameters(model, u64::from(rank)))
+                + norm_parameters(model, u64::from(mla.kv_lora_rank))
+        }
+        None => 2 * norm_parameters(model, u64::from(model.kv_channels())),
+    }
+}
+
+/// Multi-latent attention's weights that every tensor rank holds whole (Megatron replicates the
+/// down projections over tensor ranks): the query's and the key/value's down projections.
+pub(crate) fn mla_replicated_parameters(model: &Model) -> u64 {
+    let Some(mla) = &model.mla else { return 0 };
+    let h = u64::from(model.hidden_size);
+    mla.q_lora_rank.map_or(0, |rank| h * u64::from(rank))
+        + h * u64::from(mla.kv_lora_rank + mla.qk_pos_emb_head_dim)
+}
+
+/// One layer's multi-latent attention without its norms: the down projections, the query's
+/// up (or full-rank) projection, the key/value up projection and the output projection, all
+/// without biases but the output's (`add_bias_linear`).
+fn mla_projection_parameters(model: &Model, mla: &Mla) -> u64 {
+    let h = u64::from(model.hidden_size);
+    let heads = u64::from(model.num_attention_heads);
+    let q_up = match mla.q_lora_rank {
+        Some(rank) => u64::from(rank) * heads * u64::from(mla.q_head_dim()),
+        None => h * heads * u64::from(mla.q_head_dim()),
+    };
+    let kv_up = u64::from(mla.kv_lora_rank) * heads * u64::from(mla.qk_head_dim + mla.v_head_dim);
+    let output = heads * u64::from(mla.v_head_dim) * h;
+    let output_bias = if model.add_bias_linear { h } else { 0 };
+    mla_replicated_parameters(model) + q_up + kv_up + output + output_bias
 }
 
 /// Parameters of one MLP (fc1 and fc2, with biases when the model has them).
@@ -100,8 +138,10 @@ pub fn parameter_count(model: &Model, padded_vocab_size: u32) -> ParameterCount 
     let proj_in = heads * kv;
     let qkv_bias = if model.qkv_bias() { qkv_out } else { 0 };
     let proj_bias = if model.add_bias_linear { h } else { 0 };
-    let attention_per_layer =
-        h * qkv_out + proj_in * h + qkv_bias + proj_bias + qk_norm_parameters(model);
+    let attention_per_layer = match &model.mla {
+        Some(mla) => mla_projection_parameters(model, mla) + qk_norm_parameters(model),
+        None => h * qkv_out + proj_in * h + qkv_bias + proj_bias + qk_norm_parameters(model),
+    };
     let norms_per_layer = 2 * norm_parameters(model, h);
     let mlp_per_layer = mlp_parameters(model, u64::from(model.ffn_hidden_size()));
 
@@ -120,9 +160,7 @@ pub fn parameter_count(model: &Model, padded_vocab_size: u32) -> ParameterCount 
         }
         None => (0, 0, 0, (0, 0)),
     };
-    let moe_layers = (0..model.num_layers)
-        .filter(|&i| model.is_moe_layer(i))
-        .count() as u32;
+    let moe_layers = model.num_moe_layers();
     let dense_layers = model.num_layers - moe_layers;
 
     let embedding = v * h;
@@ -204,5 +242,37 @@ mod tests {
         // active: (41,943,040 + 8,192 + 32,768 + 2·176,160,768) = 394,305,536 per layer,
         // × 32 + 4,096 = 12,617,781,248; plus the 262M embeddings: Mistral's "12.9B active".
         assert_eq!(count.active_non_embedding, 12_617_781_248);
+        assert_eq!(count.active(), 12_617_781_248 + 262_144_000);
+    }
+
+    /// Multi-latent attention as Megatron allocates it (DeepSeek-V3's sizes): no biases, the
+    /// latent norms under `qk_layernorm`.
+    #[test]
+    fn multi_latent_attention_has_megatrons_tensors() {
+        let mut model = llama3_8b().model;
+        model.hidden_size = 7168;
+        model.num_attention_heads = 128;
+        model.qk_layernorm = true;
+        model.mla = Some(
+            serde_json::from_value(serde_json::json!({"q_lora_rank": 1536, "kv_lora_rank": 512}))
+                .expect("mla"),
+        );
+        // q: 7168·1536 + 1536 (q_layernorm) + 1536·128·192; kv: 7168·576 + 512 (kv_layernorm)
+        // + 512·128·256; output 128·128·7168.
+        let expected = 11_010_048 + 1_536 + 37_748_736 + 4_128_768 + 512 + 16_777_216 + 117_440_512;
+        assert_eq!(
+            parameter_count(&model, 128256).attention_per_layer,
+            expected
+        );
+        assert_eq!(qk_norm_parameters(&model), 1_536 + 512);
+        assert_eq!(mla_replicated_parameters(&model), 11_010_048 + 4_128_768);
+        model.mla =
+            Some(serde_json::from_value(serde_json::json!({"kv_lora_rank": 512})).expect("mla"));
+        // Without a query latent: 7168·128·192 and no q_layernorm.
+        let full_rank_q = 7168 * 128 * 192;
+        assert_eq!(
+            parameter_count(&model, 128256).attention_per_layer,
+            full_rank_q + 4_128_768 + 512 + 16_777_216 + 117_440_512
+        );
     }
 }

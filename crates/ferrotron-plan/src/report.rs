@@ -131,8 +131,9 @@ pub fn render_human(plan: &Plan) -> String {
     let p = &plan.parameters;
     let _ = writeln!(
         out,
-        "  params    {} total, {} active per token (non-embedding); embedding {}",
+        "  params    {} total, {} active per token ({} non-embedding); embedding {}",
         count(p.total),
+        count(p.active()),
         count(p.active_non_embedding),
         count(p.embedding)
     );

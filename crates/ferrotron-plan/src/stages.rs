@@ -96,6 +96,7 @@ pub(crate) fn stages(
             parameters: 0,
         })
         .collect();
+    let moe_layers = model.moe_layers();
     let mut next_layer = 0;
     for (virtual_stage, ranks) in counts.iter().enumerate() {
         for (rank, &count) in ranks.iter().enumerate() {
@@ -106,7 +107,7 @@ pub(crate) fn stages(
                 num_layers: count,
             });
             for layer in next_layer..next_layer + count {
-                if model.is_moe_layer(layer) {
+                if moe_layers.get(layer as usize).copied().unwrap_or(false) {
                     stage.moe_layers += 1;
                     stage.parameters += params.moe_layer();
                 } else {

@@ -164,8 +164,17 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     let tp_time = layers * 4.0 * all_reduce(activation_bytes, tp, tp_bandwidth, latency);
     // CP: ring exchange of K and V (forward) and of K, V, dK, dV (backward), cp − 1 steps,
     // hidden behind core attention when it is long enough.
-    let kv_heads = (f64::from(model.num_query_groups()) / tp).max(1.0);
-    let kv_bytes = 2.0 * tokens * 2.0 * kv_heads * f64::from(model.kv_channels());
+    // Multi-latent attention exchanges every head's key (d_q) and value (d_v).
+    let kv_bytes = match &model.mla {
+        Some(mla) => {
+            let heads = f64::from(model.num_attention_heads) / tp;
+            2.0 * tokens * heads * f64::from(mla.q_head_dim() + mla.v_head_dim)
+        }
+        None => {
+            let kv_heads = (f64::from(model.num_query_groups()) / tp).max(1.0);
+            2.0 * tokens * 2.0 * kv_heads * f64::from(model.kv_channels())
+        }
+    };
     let cp_bandwidth = setup.bandwidth(d.tp * d.cp);
     let cp_comm = if d.cp > 1 {
         layers * 3.0 * (cp - 1.0) * (kv_bytes / cp_bandwidth + latency)

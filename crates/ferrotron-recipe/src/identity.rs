@@ -78,4 +78,31 @@ mod tests {
         let json = serde_json::to_value(&fixed).expect("serializes");
         assert_eq!(json["training"]["eval_batches"], "fixed");
     }
+
+    /// Keys added after recipes were hashed stay out of the serialized recipe at their
+    /// defaults: the backend's paths, asynchronous saves, the optimizer states' dtypes.
+    #[test]
+    fn later_keys_at_their_defaults_keep_the_hash() {
+        let recipe = crate::rules::fixture::recipe();
+        let json = serde_json::to_value(&recipe).expect("serializes");
+        assert_eq!(
+            json["runtime"],
+            serde_json::json!({"backend": "cpu"}),
+            "{json}"
+        );
+        assert!(json["checkpoint"].get("async_save").is_none(), "{json}");
+        let optimizer = &json["training"]["optimizer"];
+        for key in [
+            "use_precision_aware_optimizer",
+            "exp_avg_dtype",
+            "exp_avg_sq_dtype",
+        ] {
+            assert!(optimizer.get(key).is_none(), "{key}: {json}");
+        }
+        let mut composed = recipe.clone();
+        composed.runtime.fused_attention = false;
+        assert_ne!(composed.content_hash(), recipe.content_hash());
+        let json = serde_json::to_value(&composed).expect("serializes");
+        assert_eq!(json["runtime"]["fused_attention"], false);
+    }
 }

@@ -13,6 +13,7 @@ mod finding;
 mod finite;
 mod formats;
 mod identity;
+mod layer_freq;
 mod layers;
 mod limits;
 mod loader;
@@ -35,6 +36,7 @@ pub use formats::{
     sarif_log,
 };
 pub use identity::{canonical_hash, canonical_json};
+pub use layer_freq::{LayerFreq, LayerFreqError};
 pub use layers::ENV_PREFIX;
 pub use loader::{
     FileSystem, LoadOptions, LoadedRecipe, SourceReader, load, load_str, load_with, read_text,

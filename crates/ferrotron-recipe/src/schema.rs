@@ -363,6 +363,14 @@ pub(crate) fn nearest<'a>(
     best.filter(|(_, score)| *score >= 0.8).map(|(c, _)| c)
 }
 
+/// Megatron on/off switches whose recipe form is a section of settings: the flag, the section,
+/// an example of it.
+const SWITCH_SECTIONS: [(&str, &str, &str); 1] = [(
+    "multi_latent_attention",
+    "model.mla",
+    "mla: {q_lora_rank: 1536, kv_lora_rank: 512}",
+)];
+
 /// Scope words and a fix for an unknown `key` under `parent`: the nearest sibling, else the
 /// section where that key does belong, else the list of valid keys.
 fn unknown_key_help(parent: &str, key: &str) -> (String, String) {
@@ -383,6 +391,15 @@ fn unknown_key_help(parent: &str, key: &str) -> (String, String) {
         .collect();
     if let Some(first) = elsewhere.first() {
         return (scope, format!("`{normalized}` belongs at `{first}`"));
+    }
+    if let Some((_, section, example)) = SWITCH_SECTIONS
+        .iter()
+        .find(|(switch, _, _)| *switch == normalized)
+    {
+        return (
+            scope,
+            format!("Megatron's switch is the section `{section}` here, e.g. `{example}`"),
+        );
     }
     let listed = siblings
         .iter()
@@ -521,5 +538,11 @@ mod tests {
     fn misplaced_keys_are_found_in_their_section() {
         let (_, help) = unknown_key_help("training", "lr");
         assert_eq!(help, "`lr` belongs at `training.optimizer.lr`");
+        let (_, help) = unknown_key_help("model", "multi-latent-attention");
+        assert_eq!(
+            help,
+            "Megatron's switch is the section `model.mla` here, e.g. \
+             `mla: {q_lora_rank: 1536, kv_lora_rank: 512}`"
+        );
     }
 }

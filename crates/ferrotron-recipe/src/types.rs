@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::Degree;
+use crate::layer_freq::LayerFreq;
 
 /// The recipe format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 2;
@@ -424,10 +425,12 @@ pub struct Moe {
     pub pad_to_capacity: bool,
     #[serde(default)]
     pub token_dispatcher: TokenDispatcher,
-    /// Every `layer_freq`-th layer is an MoE layer (1: all layers).
-    #[serde(default = "defaults::one")]
-    #[schemars(range(min = 1))]
-    pub layer_freq: u32,
+    /// Megatron's `--moe-layer-freq`: an integer N makes every N-th layer from layer 0 an MoE
+    /// layer (1: all layers); a list gives one 0/1 per layer (1 = MoE), e.g. DeepSeek-V3's
+    /// three dense first layers `[0, 0, 0, 1, …]`, also as Megatron's string
+    /// `"([0]*3+[1]*58)"`.
+    #[serde(default)]
+    pub layer_freq: LayerFreq,
     /// Per-expert FFN size. Default: model.ffn_hidden_size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = crate::bounds::MAX_FFN_HIDDEN))]
@@ -436,6 +439,12 @@ pub struct Moe {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = crate::bounds::MAX_FFN_HIDDEN))]
     pub shared_expert_ffn_hidden_size: Option<u32>,
+    /// Megatron's `--moe-router-topk-scaling-factor`: the routed experts' combine weights are
+    /// multiplied by it after normalisation (DeepSeek-V3's `routed_scaling_factor`, 2.5).
+    /// Absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub router_topk_scaling_factor: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -779,6 +788,42 @@ pub struct Optimizer {
     #[serde(default = "defaults::weight_decay")]
     #[schemars(range(min = 0.0))]
     pub weight_decay: f64,
+    /// Megatron's `--use-precision-aware-optimizer`: the optimizer may keep its states in lower
+    /// precision (`exp_avg_dtype`, `exp_avg_sq_dtype`). As in Megatron it needs the distributed
+    /// optimizer (`parallel.distributed_optimizer`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub use_precision_aware_optimizer: bool,
+    /// Megatron's `--exp-avg-dtype`: how AdamW's first moment is stored; the update computes
+    /// in fp32 whatever it is. Anything but `fp32` needs `use_precision_aware_optimizer`.
+    #[serde(default, skip_serializing_if = "StateDtype::is_fp32")]
+    pub exp_avg_dtype: StateDtype,
+    /// Megatron's `--exp-avg-sq-dtype`: how AdamW's second moment is stored.
+    #[serde(default, skip_serializing_if = "StateDtype::is_fp32")]
+    pub exp_avg_sq_dtype: StateDtype,
+}
+
+/// How an optimizer state is stored (Megatron's `--exp-avg-dtype` choices that Ferrotron
+/// trains with: fp16 and fp8 states need per-tensor scaling, which it does not have).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StateDtype {
+    #[default]
+    Fp32,
+    Bf16,
+}
+
+impl StateDtype {
+    pub fn is_fp32(&self) -> bool {
+        *self == StateDtype::Fp32
+    }
+
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            StateDtype::Fp32 => 4,
+            StateDtype::Bf16 => 2,
+        }
+    }
 }
 
 impl Default for Optimizer {
@@ -790,6 +835,9 @@ impl Default for Optimizer {
             beta2: defaults::beta2(),
             eps: defaults::eps(),
             weight_decay: defaults::weight_decay(),
+            use_precision_aware_optimizer: false,
+            exp_avg_dtype: StateDtype::Fp32,
+            exp_avg_sq_dtype: StateDtype::Fp32,
         }
     }
 }
@@ -989,6 +1037,12 @@ pub struct Checkpoint {
     /// Weights to start from when `dir` holds no checkpoint yet (needs `dir` and `resume: auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<InitFrom>,
+    /// Megatron's `--async-save`: a save stops training only to copy this rank's shards to host
+    /// memory; a thread writes, hashes and commits them while training goes on (at most one
+    /// save in flight; the last step's and a stop's save are waited for). The files are the
+    /// synchronous save's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub async_save: bool,
 }
 
 /// Where a fresh run's weights come from instead of the random initialisation.
@@ -1009,6 +1063,7 @@ impl Default for Checkpoint {
             resume: defaults::resume(),
             init_from: None,
             verify: true,
+            async_save: false,
         }
     }
 }
@@ -1098,7 +1153,13 @@ pub enum GpuKind {
     Cpu,
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+/// How the run executes. Besides the backend and its threads, the CUDA backend's own paths,
+/// each on by default (the measured, GPU-tested choice); turning one off takes burn's
+/// composition instead, to compare. Several change a run's numbers, so they are the recipe's,
+/// recorded with it in the run manifest; each is left out of the serialized recipe while on, so
+/// the hashes of recipes written before they existed stay put. The environment variables that
+/// only help debugging (`FERROTRON_OP_TIMING`, …) are listed in `ferrotron_cuda::switches`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Runtime {
     #[serde(default)]
@@ -1107,6 +1168,48 @@ pub struct Runtime {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub threads: Option<u32>,
+    /// cuDNN's fused flash attention (off: burn's attention, composed).
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub fused_attention: bool,
+    /// The norm, cross-entropy, AdamW, RoPE, QK-norm, SwiGLU and MoE routing kernels.
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub fused_kernels: bool,
+    /// The vectorised loop of contiguous element-wise maps.
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub vector_maps: bool,
+    /// One grouped GEMM for all experts (off: a GEMM per expert).
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub grouped_gemm: bool,
+    /// Time cuBLASLt's candidate algorithms per GEMM shape and keep the fastest (off: the
+    /// heuristic's first).
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub gemm_tune: bool,
+    /// Time cuDNN's candidate plans per attention graph and keep the fastest (off: the first).
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub attention_tune: bool,
+    /// The one-pass norm backward (off: the input gradient and the γ/β reduction apart).
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub norm_one_pass: bool,
+    /// Uploads through pinned staging buffers (off: pageable copies).
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub pinned_uploads: bool,
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            backend: Backend::default(),
+            threads: None,
+            fused_attention: true,
+            fused_kernels: true,
+            vector_maps: true,
+            grouped_gemm: true,
+            gemm_tune: true,
+            attention_tune: true,
+            norm_one_pass: true,
+            pinned_uploads: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -1158,11 +1261,26 @@ impl Model {
         self.add_qkv_bias || self.add_bias_linear
     }
 
-    /// Whether layer `index` (0-based) is an MoE layer.
+    /// Whether layer `index` (0-based) is an MoE layer. A `layer_freq` the semantic rules refuse
+    /// (a list of the wrong length, a malformed expression) makes no layer MoE.
     pub fn is_moe_layer(&self, index: u32) -> bool {
+        self.moe_layers()
+            .get(index as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Whether each layer is an MoE layer (all false for a dense model).
+    pub fn moe_layers(&self) -> Vec<bool> {
         self.moe
             .as_ref()
-            .is_some_and(|moe| index.is_multiple_of(moe.layer_freq.max(1)))
+            .and_then(|moe| moe.layer_freq.pattern(self.num_layers).ok())
+            .unwrap_or_else(|| vec![false; self.num_layers as usize])
+    }
+
+    /// How many layers are MoE layers.
+    pub fn num_moe_layers(&self) -> u32 {
+        self.moe_layers().iter().filter(|&&moe| moe).count() as u32
     }
 }
 
@@ -1170,6 +1288,11 @@ impl Moe {
     pub fn expert_ffn_hidden_size(&self, model: &Model) -> u32 {
         self.ffn_hidden_size
             .unwrap_or_else(|| model.ffn_hidden_size())
+    }
+
+    /// The routed combine weights' factor (`router_topk_scaling_factor`, 1 when absent).
+    pub fn topk_scaling_factor(&self) -> f64 {
+        self.router_topk_scaling_factor.unwrap_or(1.0)
     }
 }
 
@@ -1336,6 +1459,45 @@ mod tests {
         half.parallel.distributed_timeout_minutes = Some(0.5);
         assert_eq!(half.parallel.distributed_timeout(), Duration::from_secs(30));
         assert_ne!(half.content_hash(), recipe.content_hash());
+    }
+
+    /// A recipe's MoE section written before the list form of `layer_freq` and
+    /// `router_topk_scaling_factor` serializes, and so hashes, exactly as it did; the new
+    /// forms change the hash.
+    #[test]
+    fn the_moe_keys_keep_old_hashes() {
+        let mut recipe = crate::rules::fixture::recipe();
+        recipe.model.moe = Some(
+            serde_json::from_value(serde_json::json!({"num_experts": 8, "layer_freq": 2}))
+                .expect("moe"),
+        );
+        let json = serde_json::to_value(&recipe).expect("serializes");
+        let moe = &json["model"]["moe"];
+        assert_eq!(moe["layer_freq"], serde_json::json!(2), "{moe}");
+        assert!(moe.get("router_topk_scaling_factor").is_none(), "{moe}");
+        // The JSON as the u32 field wrote it, every key of the section: the same hash.
+        let before = serde_json::json!({
+            "num_experts": 8, "router_topk": 2, "load_balancing": "aux_loss",
+            "aux_loss_coeff": 0.01, "score_function": "softmax", "pre_softmax": false,
+            "expert_bias": false, "expert_bias_update_rate": 0.001, "token_drop_policy": "probs",
+            "pad_to_capacity": false, "token_dispatcher": "alltoall", "layer_freq": 2
+        });
+        let mut old = json.clone();
+        old["model"]["moe"] = before;
+        assert_eq!(crate::canonical_hash(&old), recipe.content_hash());
+
+        let mut listed = recipe.clone();
+        listed.model.moe.as_mut().expect("moe").layer_freq = LayerFreq::Pattern(vec![1, 0]);
+        assert_eq!(listed.model.moe_layers(), recipe.model.moe_layers());
+        assert_ne!(listed.content_hash(), recipe.content_hash());
+        let mut scaled = recipe.clone();
+        scaled
+            .model
+            .moe
+            .as_mut()
+            .expect("moe")
+            .router_topk_scaling_factor = Some(2.5);
+        assert_ne!(scaled.content_hash(), recipe.content_hash());
     }
 
     /// The dense families' keys are left out of a recipe that does not use them (recipes

@@ -159,4 +159,90 @@ fn presets_carry_the_published_shapes() {
     let mixtral = get("mixtral-8x7b.yaml");
     let moe = mixtral.model.moe.expect("mixtral is MoE");
     assert_eq!((moe.num_experts, moe.router_topk), (8, 2));
+
+    // DeepSeek-V3: multi-latent attention, three dense layers (Megatron's pattern string),
+    // 256 sigmoid-routed experts in 8 groups with the bias, scaling 2.5 and a shared expert.
+    let deepseek = get("deepseek-v3.yaml").model;
+    let mla = deepseek.mla.expect("multi-latent attention");
+    assert_eq!(
+        (
+            mla.q_lora_rank,
+            mla.kv_lora_rank,
+            mla.qk_head_dim,
+            mla.qk_pos_emb_head_dim,
+            mla.v_head_dim
+        ),
+        (Some(1536), 512, 128, 64, 128)
+    );
+    let moe_layers = deepseek.moe_layers();
+    assert_eq!(moe_layers.len(), 61);
+    assert_eq!(moe_layers.iter().position(|&moe| moe), Some(3));
+    assert_eq!(deepseek.num_moe_layers(), 58);
+    let moe = deepseek.moe.as_ref().expect("DeepSeek-V3 is MoE");
+    assert_eq!(
+        (
+            moe.num_experts,
+            moe.router_topk,
+            moe.num_groups,
+            moe.group_topk,
+            moe.router_topk_scaling_factor,
+            moe.shared_expert_ffn_hidden_size,
+            moe.ffn_hidden_size,
+            moe.expert_bias,
+            moe.score_function,
+        ),
+        (
+            256,
+            8,
+            Some(8),
+            Some(4),
+            Some(2.5),
+            Some(2048),
+            Some(2048),
+            true,
+            ferrotron_recipe::ScoreFunction::Sigmoid
+        )
+    );
+    assert_eq!(
+        (
+            deepseek.ffn_hidden_size,
+            deepseek.vocab_size,
+            deepseek.qk_layernorm
+        ),
+        (Some(18432), Some(129280), true)
+    );
+
+    // Qwen3-MoE: every layer MoE, 128 softmax experts, top-8 renormalised (norm_topk_prob).
+    for (name, layers, hidden, expert_ffn) in [
+        ("qwen3-30b-a3b.yaml", 48, 2048, 768),
+        ("qwen3-235b-a22b.yaml", 94, 4096, 1536),
+    ] {
+        let qwen = get(name).model;
+        let moe = qwen.moe.as_ref().expect("Qwen3-MoE is MoE");
+        assert_eq!(
+            (
+                qwen.num_layers,
+                qwen.hidden_size,
+                qwen.num_query_groups,
+                qwen.num_moe_layers(),
+                moe.num_experts,
+                moe.router_topk,
+                moe.ffn_hidden_size,
+                moe.pre_softmax,
+                qwen.qk_layernorm
+            ),
+            (
+                layers,
+                hidden,
+                Some(4),
+                layers,
+                128,
+                8,
+                Some(expert_ffn),
+                false,
+                true
+            ),
+            "{name}"
+        );
+    }
 }

@@ -140,6 +140,8 @@ fn run_member(
         seed: valid.recipe.training.seed,
         data_cache_keys: None,
         hosts: Vec::new(),
+        // the member's own `recipe run` records its environment in its manifest
+        environment: Vec::new(),
     };
     let manifest = RunManifest::start(&dir, &recipe_json, plan_record(&valid.plan)?, details)?;
 

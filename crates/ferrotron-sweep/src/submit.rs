@@ -159,6 +159,7 @@ mod tests {
             seed: 1,
             data_cache_keys: None,
             hosts: Vec::new(),
+            environment: Vec::new(),
         };
         let valid = members
             .iter()

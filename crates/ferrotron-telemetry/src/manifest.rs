@@ -113,6 +113,9 @@ pub struct RunDetails {
     pub data_cache_keys: Option<Vec<String>>,
     /// The hosts of a multi-node run (a launcher's node list); empty means this host alone.
     pub hosts: Vec<String>,
+    /// The backend's debugging and location environment variables that are set (name, value):
+    /// what the recipe does not say about how the run executed.
+    pub environment: Vec<(String, String)>,
 }
 
 /// The provenance record of one run directory.
@@ -136,6 +139,9 @@ pub struct RunManifest {
     pub data_cache_keys: Option<Vec<String>>,
     pub world: WorldLayout,
     pub hosts: Vec<String>,
+    /// The backend's environment variables that were set (`RunDetails::environment`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub environment: std::collections::BTreeMap<String, String>,
     pub gpu_kinds: Vec<GpuKind>,
     /// RFC 3339, UTC.
     pub started_at: String,
@@ -172,6 +178,7 @@ impl RunManifest {
             } else {
                 details.hosts
             },
+            environment: details.environment.into_iter().collect(),
             gpu_kinds: vec![plan.gpu],
             started_at: now_rfc3339(),
             finished_at: None,
@@ -342,6 +349,7 @@ mod tests {
             seed: 1,
             data_cache_keys: None,
             hosts: vec!["node01".into(), "node02".into()],
+            environment: Vec::new(),
         };
         RunManifest::start(dir.path(), &json!({"name": "t"}), plan(), details).unwrap();
         let on_disk = RunManifest::read(dir.path()).unwrap();
@@ -349,6 +357,31 @@ mod tests {
             on_disk.hosts,
             vec!["node01".to_owned(), "node02".to_owned()]
         );
+    }
+
+    #[test]
+    fn the_backends_environment_is_recorded_and_absent_when_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let details = RunDetails {
+            seed: 1,
+            data_cache_keys: None,
+            hosts: Vec::new(),
+            environment: vec![("FERROTRON_OP_TIMING".into(), "/tmp/ops.md".into())],
+        };
+        RunManifest::start(dir.path(), &json!({"name": "t"}), plan(), details).unwrap();
+        let on_disk = RunManifest::read(dir.path()).unwrap();
+        assert_eq!(on_disk.environment["FERROTRON_OP_TIMING"], "/tmp/ops.md");
+
+        let quiet = tempfile::tempdir().unwrap();
+        let details = RunDetails {
+            seed: 1,
+            data_cache_keys: None,
+            hosts: Vec::new(),
+            environment: Vec::new(),
+        };
+        RunManifest::start(quiet.path(), &json!({"name": "t"}), plan(), details).unwrap();
+        let text = std::fs::read_to_string(quiet.path().join("manifest.json")).unwrap();
+        assert!(!text.contains("environment"), "{text}");
     }
 
     #[test]
@@ -360,6 +393,7 @@ mod tests {
             seed: 7,
             data_cache_keys: Some(vec!["k1".into()]),
             hosts: Vec::new(),
+            environment: Vec::new(),
         };
         let mut manifest = RunManifest::start(&run_dir, &recipe, plan(), details).unwrap();
         let on_disk = RunManifest::read(&run_dir).unwrap();

@@ -30,15 +30,26 @@ pub struct AdamWConfig {
     pub beta2: f64,
     pub eps: f64,
     pub weight_decay: f64,
+    /// How `exp_avg` and `exp_avg_sq` are stored (f32, or bf16 under Megatron's
+    /// precision-aware optimizer); the update computes in f32 either way.
+    pub moment_dtypes: [burn::tensor::DType; 2],
 }
 
 impl AdamWConfig {
     pub fn from_recipe(optimizer: &ferrotron_recipe::Optimizer) -> Self {
+        let dtype = |stored: ferrotron_recipe::StateDtype| match stored {
+            ferrotron_recipe::StateDtype::Fp32 => burn::tensor::DType::F32,
+            ferrotron_recipe::StateDtype::Bf16 => burn::tensor::DType::BF16,
+        };
         AdamWConfig {
             beta1: optimizer.beta1,
             beta2: optimizer.beta2,
             eps: optimizer.eps,
             weight_decay: optimizer.weight_decay,
+            moment_dtypes: [
+                dtype(optimizer.exp_avg_dtype),
+                dtype(optimizer.exp_avg_sq_dtype),
+            ],
         }
     }
 }
@@ -311,6 +322,7 @@ impl<I: Backend> AdamW<I> {
             bias_correction2,
             grad_scale: 1.0,
             rounded: MasterWeights::<I>::rounded_dtype(group.dtype),
+            moment_dtypes: config.moment_dtypes,
         };
         if self.sharding.is_some() {
             flat.cut();
@@ -371,6 +383,7 @@ impl<I: Backend> AdamW<I> {
                 .map(|&(id, len)| (id.and_then(|id| self.moments.remove(&id)), len))
                 .collect();
             moments.push(saved.iter().any(|(m, _)| m.is_some()).then(|| {
+                let [m_dtype, v_dtype] = self.config.moment_dtypes;
                 let (m, v): (Vec<_>, Vec<_>) = saved
                     .into_iter()
                     .map(|(saved, len)| match saved {
@@ -378,7 +391,10 @@ impl<I: Backend> AdamW<I> {
                             exp_avg,
                             exp_avg_sq,
                         }) => (exp_avg, exp_avg_sq),
-                        None => (zeros(len), zeros(len)),
+                        None => (
+                            zeros_of::<I>(len, m_dtype, &device),
+                            zeros_of::<I>(len, v_dtype, &device),
+                        ),
                     })
                     .unzip();
                 (Tensor::cat(m, 0), Tensor::cat(v, 0))
@@ -481,11 +497,13 @@ impl<I: Backend> AdamW<I> {
                         ));
                         continue;
                     }
+                    // stored as trained: a bf16 moment saved widened comes back exactly
+                    let [m_dtype, v_dtype] = self.config.moment_dtypes;
                     moments.insert(
                         entry.id,
                         Moments {
-                            exp_avg: fp32_tensor(&avg.values, device),
-                            exp_avg_sq: fp32_tensor(&avg_sq.values, device),
+                            exp_avg: stored_as(fp32_tensor(&avg.values, device), m_dtype),
+                            exp_avg_sq: stored_as(fp32_tensor(&avg_sq.values, device), v_dtype),
                         },
                     );
                 }
@@ -506,7 +524,24 @@ impl<I: Backend> AdamW<I> {
 }
 
 fn fp32_zeros<I: Backend>(len: usize, device: &I::Device) -> Tensor<I, 1> {
-    Tensor::zeros([len], (device, burn::tensor::DType::F32))
+    zeros_of(len, burn::tensor::DType::F32, device)
+}
+
+fn zeros_of<I: Backend>(
+    len: usize,
+    dtype: burn::tensor::DType,
+    device: &I::Device,
+) -> Tensor<I, 1> {
+    Tensor::zeros([len], (device, dtype))
+}
+
+/// A moment read from a checkpoint (f32) in the dtype the optimizer keeps it in.
+fn stored_as<I: Backend>(moment: Tensor<I, 1>, dtype: burn::tensor::DType) -> Tensor<I, 1> {
+    if dtype == burn::tensor::DType::F32 {
+        moment
+    } else {
+        moment.cast(dtype)
+    }
 }
 
 /// Moments are fp32 whatever the device's default float dtype (mixed precision computes in bf16).
@@ -552,6 +587,7 @@ where
             bias_correction2: self.bias_correction2,
             grad_scale: self.grad_scale,
             rounded: MasterWeights::<B::InnerBackend>::rounded_dtype(param_dtype),
+            moment_dtypes: config.moment_dtypes,
         };
         let moments = self
             .optimizer
@@ -618,6 +654,7 @@ mod tests {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
+            moment_dtypes: ferrotron_parallel::F32_MOMENTS,
         }
     }
 

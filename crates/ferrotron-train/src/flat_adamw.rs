@@ -595,6 +595,7 @@ mod tests {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
+            moment_dtypes: ferrotron_parallel::F32_MOMENTS,
         };
         AdamW::new(config, HashSet::from([model.bias.id]))
     }

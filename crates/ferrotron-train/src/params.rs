@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 
 /// A float tensor taken off the device: its name, shape and values (f32, row-major).
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +35,18 @@ impl NamedTensor {
         Tensor::from_data(
             TensorData::new(self.values.clone(), self.shape.clone()),
             device,
+        )
+    }
+
+    /// [`Self::to_tensor`] in `dtype` rather than the device's default float dtype.
+    pub fn to_tensor_as<B: Backend, const D: usize>(
+        &self,
+        device: &B::Device,
+        dtype: DType,
+    ) -> Tensor<B, D> {
+        Tensor::from_data(
+            TensorData::new(self.values.clone(), self.shape.clone()),
+            (device, dtype),
         )
     }
 }
@@ -170,7 +182,9 @@ impl<B: Backend> ModuleMapper<B> for TensorLoader<'_> {
             return Param::from_mapped_value(id, tensor, mapper);
         }
         let require_grad = tensor.is_require_grad();
-        let mut loaded: Tensor<B, D> = stored.to_tensor(&tensor.device());
+        // made in the dtype of the parameter it replaces: the compute dtype, or f32 where the
+        // model keeps one whatever it computes in (the MoE expert bias)
+        let mut loaded: Tensor<B, D> = stored.to_tensor_as(&tensor.device(), tensor.dtype());
         if require_grad {
             loaded = loaded.require_grad();
         }

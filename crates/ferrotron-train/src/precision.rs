@@ -233,6 +233,7 @@ mod tests {
                 beta2: 0.95,
                 eps: 1e-8,
                 weight_decay: 0.0,
+                moment_dtypes: ferrotron_parallel::F32_MOMENTS,
             },
             HashSet::new(),
         )

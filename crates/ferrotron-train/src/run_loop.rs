@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferrotron_data::{BlendedDataset, rank_batch_indices};
 use ferrotron_plan::Plan;
@@ -139,12 +139,19 @@ pub(crate) trait RankStep {
     ) -> Result<PendingStats, TrainError>;
     /// Mean validation loss (the same value on every rank).
     fn evaluate(&mut self, microbatches: &[Microbatch]) -> Result<f64, TrainError>;
-    /// Save a checkpoint (collective: every rank calls it at the same iteration).
+    /// Save a checkpoint (collective: every rank calls it at the same iteration): the committed
+    /// folder, or `None` while a writer thread writes it (`checkpoint.async_save`) until
+    /// [`Self::settle_save`].
     fn save(
         &mut self,
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,
-    ) -> Result<PathBuf, TrainError>;
+    ) -> Result<Option<PathBuf>, TrainError>;
+    /// Wait for the save in flight and agree that every rank's part committed (collective):
+    /// its iteration and folder, `None` when no save is in flight.
+    fn settle_save(&mut self) -> Result<Option<(u64, PathBuf)>, TrainError> {
+        Ok(None)
+    }
     /// Whether the rank has peers to agree with on stopping: alone, it stops on its own flag.
     fn has_peers(&self) -> bool;
     /// Queues the agreement on stopping: a value above 0 when `local` holds on any rank, read
@@ -350,9 +357,22 @@ impl Reporter {
         self.metrics.encode_text()
     }
 
-    fn saved(&self, iteration: u64, path: &Path) {
+    /// An asynchronous save started: training stopped for `stall` (the snapshot).
+    fn saving(&self, iteration: u64, stall: Duration) {
         self.message(&format!(
-            "iteration {iteration}: saved checkpoint {}",
+            "iteration {iteration}: checkpoint in host memory (training stopped {:.2} s), \
+             being written in the background",
+            stall.as_secs_f64()
+        ));
+    }
+
+    /// A committed checkpoint; `stall`, where the save stopped training, for how long.
+    fn saved(&self, iteration: u64, path: &Path, stall: Option<Duration>) {
+        let stall = stall.map_or_else(String::new, |stall| {
+            format!(" (training stopped {:.2} s)", stall.as_secs_f64())
+        });
+        self.message(&format!(
+            "iteration {iteration}: saved checkpoint {}{stall}",
             path.display()
         ));
     }
@@ -689,11 +709,28 @@ pub(crate) fn run_loop(
                 recipe,
                 shape: &context.setup.shape,
             };
-            let path = stepper.save(store, &info)?;
-            if let Some(reporter) = reporter.as_deref() {
-                reporter.saved(iteration, &path);
+            let start = Instant::now();
+            // the previous save in flight, committed before this one starts
+            if let Some((saved, path)) = stepper.settle_save()? {
+                report_saved(&reporter, &mut summary, saved, path, None);
             }
-            summary.checkpoint = Some(path);
+            match stepper.save(store, &info)? {
+                Some(path) => {
+                    let stall = Some(start.elapsed());
+                    report_saved(&reporter, &mut summary, iteration, path, stall);
+                }
+                None if last || stop.is_some() => {
+                    if let Some((saved, path)) = stepper.settle_save()? {
+                        let stall = Some(start.elapsed());
+                        report_saved(&reporter, &mut summary, saved, path, stall);
+                    }
+                }
+                None => {
+                    if let Some(reporter) = reporter.as_deref() {
+                        reporter.saving(iteration, start.elapsed());
+                    }
+                }
+            }
             clock.leave_out();
         }
         if let Some(reason) = stop {
@@ -705,6 +742,20 @@ pub(crate) fn run_loop(
         }
     }
     Ok(summary)
+}
+
+/// A committed checkpoint: the lead rank says so, and it is the run's newest.
+fn report_saved(
+    reporter: &Option<&mut Reporter>,
+    summary: &mut RunSummary,
+    iteration: u64,
+    path: PathBuf,
+    stall: Option<Duration>,
+) {
+    if let Some(reporter) = reporter.as_deref() {
+        reporter.saved(iteration, &path, stall);
+    }
+    summary.checkpoint = Some(path);
 }
 
 /// The lead rank's metrics, where the step-time histogram goes.

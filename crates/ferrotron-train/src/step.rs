@@ -513,6 +513,7 @@ mod tests {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
+            moment_dtypes: ferrotron_parallel::F32_MOMENTS,
         };
         let optimizer = AdamW::new(config, model.no_weight_decay_params());
         (model, optimizer)

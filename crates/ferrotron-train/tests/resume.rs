@@ -48,6 +48,7 @@ fn adamw() -> AdamWConfig {
         beta2: 0.95,
         eps: 1e-8,
         weight_decay: 0.1,
+        moment_dtypes: ferrotron_parallel::F32_MOMENTS,
     }
 }
 

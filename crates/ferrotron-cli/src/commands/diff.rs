@@ -218,7 +218,13 @@ fn resume_risk(path: &str) -> Option<&'static str> {
         "model.vocab_size" | "model.make_vocab_size_divisible_by" => Some("vocabulary"),
         "training.seed" => Some("seed"),
         "model.seq_length" => Some("data samples"),
-        _ if path.starts_with("model.window_size") || path.starts_with("model.rope_scaling") => {
+        // a list's entries (`layer_freq`'s list form) and every MLA size are the shape's too
+        _ if path.starts_with("model.window_size")
+            || path.starts_with("model.rope_scaling")
+            || path.starts_with("model.moe.layer_freq.")
+            || path == "model.mla"
+            || path.starts_with("model.mla.") =>
+        {
             Some("model shape")
         }
         "data.split" | "data.json_key" => Some("data blend"),
@@ -925,6 +931,9 @@ mod tests {
         assert_eq!(resume_risk("model.hidden_size"), Some("model shape"));
         assert_eq!(resume_risk("data.tokenizer.vocab_file"), Some("tokenizer"));
         assert_eq!(resume_risk("data.blend.1.weight"), Some("data blend"));
+        assert_eq!(resume_risk("model.moe.layer_freq.3"), Some("model shape"));
+        assert_eq!(resume_risk("model.mla.kv_lora_rank"), Some("model shape"));
+        assert_eq!(resume_risk("model.moe.router_topk_scaling_factor"), None);
         assert_eq!(resume_risk("training.seed"), Some("seed"));
         assert_eq!(resume_risk("parallel.tensor"), None);
         assert_eq!(resume_risk("training.optimizer.lr"), None);

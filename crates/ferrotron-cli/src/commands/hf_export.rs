@@ -13,7 +13,8 @@ use crate::exit;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Format {
     /// Hugging Face transformers (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
-    /// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM).
+    /// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+    /// DeepseekV3ForCausalLM).
     Hf,
 }
 

@@ -234,6 +234,20 @@ impl Launch {
         }
     }
 
+    /// The CUDA backend's environment variables that are set, for the run manifest (none on the
+    /// CPU backend, which reads none).
+    pub(crate) fn environment(&self) -> Vec<(String, String)> {
+        match self.compute {
+            Compute::Cpu => Vec::new(),
+            Compute::Cuda { .. } | Compute::BurnCuda { .. } => {
+                ferrotron_cuda::switches::set_env_vars()
+                    .iter()
+                    .map(|(name, value)| ((*name).to_owned(), value.clone()))
+                    .collect()
+            }
+        }
+    }
+
     /// Prefix for this process's own messages, so a process world's interleaved output says
     /// which rank spoke.
     pub(crate) fn log_prefix(&self) -> String {
@@ -276,6 +290,9 @@ impl Launch {
         tokenizer: &Tokenizer,
         options: &RunOptions,
     ) -> anyhow::Result<RunSummary> {
+        if let Compute::Cuda { .. } = self.compute {
+            configure_cuda(&plan.recipe.runtime)?;
+        }
         match (self.compute, &self.world) {
             (Compute::Cpu, World::Threads { size: 1 }) => {
                 let device = Default::default();
@@ -351,6 +368,34 @@ impl Launch {
 /// One rank of a process world over TCP (a CPU rank, or a GPU rank with `--comm tcp`):
 /// rendezvous, build this rank's groups from the plan, train. A failing rank tells its peers
 /// before it exits, so they stop with its reason instead of timing out.
+/// The CUDA backend's paths from the recipe's `runtime` section, before its first op; the ones
+/// switched off and the debugging variables set are logged.
+fn configure_cuda(runtime: &ferrotron_recipe::Runtime) -> anyhow::Result<()> {
+    let paths = ferrotron_cuda::switches::Paths {
+        fused_attention: runtime.fused_attention,
+        fused_kernels: runtime.fused_kernels,
+        vector_maps: runtime.vector_maps,
+        grouped_gemm: runtime.grouped_gemm,
+        gemm_tune: runtime.gemm_tune,
+        attention_tune: runtime.attention_tune,
+        norm_one_pass: runtime.norm_one_pass,
+        pinned_uploads: runtime.pinned_uploads,
+    };
+    if let Err(held) = ferrotron_cuda::switches::configure(paths) {
+        anyhow::bail!(
+            "the CUDA backend already runs with {held:?} in this process; the recipe asks for \
+             {paths:?}"
+        );
+    }
+    if paths != ferrotron_cuda::switches::Paths::default() {
+        tracing::info!("CUDA backend paths (recipe runtime): {paths:?}");
+    }
+    for (name, value) in ferrotron_cuda::switches::set_env_vars() {
+        tracing::info!("{name}={value}");
+    }
+    Ok(())
+}
+
 fn train_process_rank<B>(
     plan: &Plan,
     env: &LaunchEnv,

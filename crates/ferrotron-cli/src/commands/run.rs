@@ -181,6 +181,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
                     seed: plan.recipe.training.seed,
                     data_cache_keys: None,
                     hosts: launch.hosts(),
+                    environment: launch.environment(),
                 },
             )
             .context(

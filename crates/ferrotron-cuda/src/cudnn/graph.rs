@@ -251,12 +251,15 @@ impl Graph {
     }
 
     /// Every op's tensors exist, every virtual tensor is written exactly once and read at least
-    /// once, every non-virtual non-input is written once: the structural rules cuDNN's
-    /// finalisation enforces, checked without cuDNN.
+    /// once, every non-virtual non-input is written once, and every op's dims agree (see
+    /// [`Graph::check_dims`]): the rules cuDNN's finalisation enforces, checked without cuDNN.
     pub fn validate(&self, inputs: &[i64]) -> Result<(), String> {
         let mut written: std::collections::HashMap<i64, usize> = Default::default();
         let mut read: std::collections::HashSet<i64> = Default::default();
         for op in &self.ops {
+            if self.ops_tensors_exist(op) {
+                self.check_dims(op)?;
+            }
             let (ins, out): (Vec<i64>, i64) = match *op {
                 Op::Matmul { a, b, c } => (vec![a, b], c),
                 Op::Pointwise { x, b, t, y, .. } => {
@@ -302,6 +305,78 @@ impl Graph {
                     t.uid, t.name
                 ));
             }
+        }
+        Ok(())
+    }
+
+    fn ops_tensors_exist(&self, op: &Op) -> bool {
+        let uids: Vec<i64> = match *op {
+            Op::Matmul { a, b, c } => vec![a, b, c],
+            Op::Pointwise { x, b, t, y, .. } => {
+                std::iter::once(x).chain(b).chain(t).chain([y]).collect()
+            }
+            Op::Reduction { x, y, .. } | Op::Reshape { x, y } => vec![x, y],
+            Op::Rng {
+                y, seed, offset, ..
+            } => vec![y, seed, offset],
+        };
+        uids.iter()
+            .all(|uid| self.tensors.iter().any(|t| t.uid == *uid))
+    }
+
+    /// The dims an op's operands must have: a matmul `[.., m, k]·[.., k, n] → [.., m, n]` whose
+    /// operands' batch dims divide the result's (grouped K/V serve several query heads); a
+    /// pointwise op's inputs broadcast to its output (each dim equal or 1); a reduction's
+    /// output dims divide its input's (1: reduced; a group count: summed over its heads); a
+    /// reshape keeps the element count.
+    fn check_dims(&self, op: &Op) -> Result<(), String> {
+        let dims = |uid: i64| self.tensor(uid).dims.clone();
+        let fail = |why: &str| Err(format!("{op:?}: {why}"));
+        match *op {
+            Op::Matmul { a, b, c } => {
+                let (a, b, c) = (dims(a), dims(b), dims(c));
+                let r = c.len();
+                if a.len() != r || b.len() != r || r < 2 {
+                    return fail("operands of different ranks");
+                }
+                let inner_ok = a[r - 1] == b[r - 2] && a[r - 2] == c[r - 2] && b[r - 1] == c[r - 1];
+                let batch_ok = (0..r - 2)
+                    .all(|i| a[i] > 0 && b[i] > 0 && c[i] % a[i] == 0 && c[i] % b[i] == 0);
+                if !inner_ok {
+                    return fail(&format!("{a:?} · {b:?} is not {c:?}"));
+                }
+                if !batch_ok {
+                    return fail(&format!(
+                        "batch dims of {a:?} and {b:?} do not divide {c:?}"
+                    ));
+                }
+            }
+            Op::Pointwise { x, b, t, y, .. } => {
+                let out = dims(y);
+                for input in std::iter::once(x).chain(b).chain(t) {
+                    let d = dims(input);
+                    let broadcasts =
+                        d.len() == out.len() && d.iter().zip(&out).all(|(&i, &o)| i == o || i == 1);
+                    if !broadcasts {
+                        return fail(&format!("{d:?} does not broadcast to {out:?}"));
+                    }
+                }
+            }
+            Op::Reduction { x, y, .. } => {
+                let (x, y) = (dims(x), dims(y));
+                let divides =
+                    x.len() == y.len() && x.iter().zip(&y).all(|(&i, &o)| o > 0 && i % o == 0);
+                if !divides {
+                    return fail(&format!("{x:?} does not reduce to {y:?}"));
+                }
+            }
+            Op::Reshape { x, y } => {
+                let count = |d: Vec<i64>| d.iter().product::<i64>();
+                if count(dims(x)) != count(dims(y)) {
+                    return fail("reshape changes the element count");
+                }
+            }
+            Op::Rng { .. } => {}
         }
         Ok(())
     }

@@ -42,7 +42,7 @@ pub fn available() -> bool {
 fn missing() -> CudaError {
     CudaError::LibraryMissing {
         library: "cuDNN 9 (libcudnn.so.9)",
-        hint: "install it (`pip install nvidia-cudnn-cu13`, or the cuDNN 9 package for CUDA 13) and add its lib folder to LD_LIBRARY_PATH, e.g. $(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))')/lib; or set FERROTRON_ATTENTION=composed",
+        hint: "install it (`pip install nvidia-cudnn-cu13`, or the cuDNN 9 package for CUDA 13) and add its lib folder to LD_LIBRARY_PATH, e.g. $(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))')/lib; or set the recipe's runtime.fused_attention: false",
     }
 }
 
@@ -596,7 +596,7 @@ fn execute(
     let index = match plan.chosen.get() {
         Some(&index) => index,
         None => {
-            let index = tune::pick(device, &format!("{key:?}"), plan.candidates.len(), run);
+            let index = tune::pick(device, &key.problem(), plan.candidates.len(), run);
             *plan.chosen.get_or_init(|| index)
         }
     };
@@ -725,18 +725,25 @@ fn ptr(t: &CudaTensor) -> *mut c_void {
     t.data_ptr() as *mut c_void
 }
 
-/// Attention problem sizes read from q `[b, h, s_q, d]` and k `[b, g, s_kv, d]`.
+/// Attention problem sizes `[b, h, g, s_q, s_kv, d_qk, d_v]` read from q `[b, h, s_q, d_qk]`,
+/// k `[b, g, s_kv, d_qk]` and v `[b, g, s_kv, d_v]`.
 fn sizes(
     q: &CudaTensor,
     k: &CudaTensor,
     v: &CudaTensor,
     op: &dyn Fn() -> OpContext,
-) -> Result<[usize; 6]> {
+) -> Result<[usize; 7]> {
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
-    if qs.len() != 4 || ks.len() != 4 || ks != vs || qs[0] != ks[0] || qs[3] != ks[3] {
+    let shapes_ok = qs.len() == 4
+        && ks.len() == 4
+        && vs.len() == 4
+        && ks[..3] == vs[..3]
+        && qs[0] == ks[0]
+        && qs[3] == ks[3];
+    if !shapes_ok {
         return Err(CudaError::invalid(
             op(),
-            "expected q [b, h, s, d], k = v [b, g, s_kv, d]",
+            "expected q [b, h, s, d_qk], k [b, g, s_kv, d_qk], v [b, g, s_kv, d_v]",
         ));
     }
     if ks[1] == 0 || qs[1] % ks[1] != 0 {
@@ -745,18 +752,44 @@ fn sizes(
             "query heads must be a multiple of key/value groups",
         ));
     }
-    Ok([qs[0], qs[1], ks[1], qs[2], ks[2], qs[3]])
+    Ok([qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], vs[3]])
 }
 
-/// Whether cuDNN's fused attention takes these inputs (dtype, head dim, cuDNN ≥ 9).
+/// Whether cuDNN's fused attention takes these inputs (dtype, head dims, cuDNN ≥ 9; with a
+/// value head dim of its own, see [`head_dims_supported`]).
 pub fn supports(q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> bool {
-    let dims_ok = q.rank() == 4 && k.rank() == 4 && v.shape() == k.shape();
+    let dims_ok = q.rank() == 4
+        && k.rank() == 4
+        && v.rank() == 4
+        && v.shape()[..3] == k.shape()[..3]
+        && q.shape()[3] == k.shape()[3];
     dims_ok
         && graph_dtype(q.dtype()).is_some()
         && k.dtype() == q.dtype()
         && v.dtype() == q.dtype()
-        && matches!(q.shape()[3], 64 | 128)
+        && head_dims_supported(version(), q.device().arch(), q.shape()[3], v.shape()[3])
         && q.shape()[1].is_multiple_of(k.shape()[1].max(1))
+}
+
+/// The head dims cuDNN's fused attention serves here, forward and backward.
+///
+/// Equal query/key and value head dims: 64 and 128, the GPU-tested set since the first fused
+/// attention (unchanged). A value head dim of its own (multi-latent attention: DeepSeek-V3's
+/// d_qk 192, d_v 128) as cudnn-frontend's SDPA support checks admit it for bf16/f16
+/// (`sdpa_support_surface.h`, `CompositeSDPABackwardNode::pre_validate_node`): both multiples
+/// of 8 up to 256 on Hopper (sm_90), any mask or dropout; the backward of unequal head dims from
+/// cuDNN 9.13 (on 9.11–9.12 the frontend refuses some pairs of d_qk in (128, 192] and d_v in
+/// (64, 128]; its release 1.14.1 names a Hopper backward bug of such pairs introduced in 9.11
+/// and fixed in 9.13). Everything else takes the composed path: other
+/// architectures (Ampere's backward stops at 128, Blackwell's unequal head dims are 192/128
+/// only), older cuDNN, dims that are no multiple of 8 (cuDNN's 16-byte alignment of 16-bit
+/// rows). Without cuDNN the first call names what to install, as for equal head dims.
+fn head_dims_supported(version: Option<usize>, arch: &str, d_qk: usize, d_v: usize) -> bool {
+    if d_qk == d_v {
+        return matches!(d_qk, 64 | 128);
+    }
+    let dim_ok = |d: usize| d > 0 && d <= 256 && d.is_multiple_of(8);
+    dim_ok(d_qk) && dim_ok(d_v) && arch == "sm_90" && version.is_none_or(|v| v >= 91300)
 }
 
 /// Whether this cuDNN's fused attention takes `mask` with `dropout`: a sliding window from 9.2,
@@ -776,7 +809,7 @@ fn mask_supported_by(version: Option<usize>, mask: SdpaMask, dropout: f64) -> bo
 /// What the forward produced and the backward needs.
 #[derive(Debug, Clone)]
 pub struct SdpaForward {
-    /// `[b, h, s, d]` stored as `[b, s, h, d]`.
+    /// `[b, h, s, d_v]` stored as `[b, s, h, d_v]`.
     pub output: CudaTensor,
     /// `[b, h, s, 1]` f32.
     pub stats: CudaTensor,
@@ -807,14 +840,14 @@ pub fn sdpa_forward(
             .shape(k.shape())
             .dtype(q.dtype())
     };
-    let [b, h, g, sq, skv, d] = sizes(q, k, v, &op)?;
+    let [b, h, g, sq, skv, d, dv] = sizes(q, k, v, &op)?;
     let dt = graph_dtype(q.dtype())
         .ok_or_else(|| CudaError::unsupported(op(), "cuDNN attention needs bf16 or f16"))?;
     let device = q.device();
     let (q, q_s) = readable(q)?;
     let (k, k_s) = readable(k)?;
     let (v, v_s) = readable(v)?;
-    let out = bshd(device, b, h, sq, d, q.dtype())?;
+    let out = bshd(device, b, h, sq, dv, q.dtype())?;
     let o_s = in_place_strides(&out).expect("fresh output is aligned");
     let stats = CudaTensor::empty(device, &[b, h, sq, 1], DType::F32)?;
     let key = SdpaKey {
@@ -825,6 +858,7 @@ pub fn sdpa_forward(
         seq_q: sq as i64,
         seq_kv: skv as i64,
         head_dim: d as i64,
+        value_dim: dv as i64,
         dtype: dt,
         mask,
         dropout_bits: if dropout > 0.0 { dropout.to_bits() } else { 0 },
@@ -886,20 +920,20 @@ pub fn sdpa_backward(
     dropout: f32,
 ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
     let op = || OpContext::new("cuDNN attention backward").shape(q.shape());
-    let [b, h, g, sq, skv, d] = sizes(q, k, v, &op)?;
+    let [b, h, g, sq, skv, d, d_v] = sizes(q, k, v, &op)?;
     let device = q.device();
     let dq = bshd(device, b, h, sq, d, q.dtype())?;
     let dk = bshd(device, b, g, skv, d, q.dtype())?;
-    let dv = bshd(device, b, g, skv, d, q.dtype())?;
+    let dv = bshd(device, b, g, skv, d_v, q.dtype())?;
     let grads = [dq, dk, dv];
     sdpa_backward_into(q, k, v, saved, grad, mask, scale, dropout, &grads)?;
     let [dq, dk, dv] = grads;
     Ok((dq, dk, dv))
 }
 
-/// [`sdpa_backward`] writing dq, dk and dv into the given `[b, h, s, d]` / `[b, g, s_kv, d]`
-/// views (any strides cuDNN can write in place: unit head-dim stride, 16-byte aligned), e.g.
-/// the slots of one packed gradient.
+/// [`sdpa_backward`] writing dq, dk and dv into the given `[b, h, s, d_qk]` /
+/// `[b, g, s_kv, d_qk]` / `[b, g, s_kv, d_v]` views (any strides cuDNN can write in place: unit
+/// head-dim stride, 16-byte aligned), e.g. the slots of one packed gradient.
 #[allow(clippy::too_many_arguments)]
 pub fn sdpa_backward_into(
     q: &CudaTensor,
@@ -918,7 +952,7 @@ pub fn sdpa_backward_into(
             .shape(k.shape())
             .dtype(q.dtype())
     };
-    let [b, h, g, sq, skv, d] = sizes(q, k, v, &op)?;
+    let [b, h, g, sq, skv, d, d_v] = sizes(q, k, v, &op)?;
     let dt = graph_dtype(q.dtype())
         .ok_or_else(|| CudaError::unsupported(op(), "cuDNN attention needs bf16 or f16"))?;
     let device = q.device();
@@ -933,7 +967,7 @@ pub fn sdpa_backward_into(
     };
     let (d_o, do_s) = readable(&grad)?;
     let [dq, dk, dv] = grads;
-    let expected = [[b, h, sq, d], [b, g, skv, d], [b, g, skv, d]];
+    let expected = [[b, h, sq, d], [b, g, skv, d], [b, g, skv, d_v]];
     let mut strides = [[0i64; 4]; 3];
     for ((t, shape), stride) in [dq, dk, dv].iter().zip(expected).zip(&mut strides) {
         *stride = match in_place_strides(t) {
@@ -956,6 +990,7 @@ pub fn sdpa_backward_into(
         seq_q: sq as i64,
         seq_kv: skv as i64,
         head_dim: d as i64,
+        value_dim: d_v as i64,
         dtype: dt,
         mask,
         dropout_bits: if dropout > 0.0 { dropout.to_bits() } else { 0 },
@@ -1026,5 +1061,33 @@ mod tests {
         // The GPU machine's cuDNN.
         assert!(mask_supported_by(Some(91900), window, 0.1));
         assert!(mask_supported_by(None, window, 0.1));
+    }
+
+    #[test]
+    fn equal_head_dims_keep_64_and_128_everywhere() {
+        for arch in ["sm_80", "sm_90"] {
+            assert!(head_dims_supported(Some(90100), arch, 64, 64));
+            assert!(head_dims_supported(Some(91900), arch, 128, 128));
+            assert!(!head_dims_supported(Some(91900), arch, 96, 96));
+            assert!(!head_dims_supported(Some(91900), arch, 192, 192));
+        }
+    }
+
+    #[test]
+    fn a_value_head_dim_of_its_own_needs_hopper_and_cudnn_9_13() {
+        // DeepSeek-V3's MLA on the GPU machine's cuDNN.
+        assert!(head_dims_supported(Some(91900), "sm_90", 192, 128));
+        assert!(head_dims_supported(Some(91900), "sm_90", 96, 64));
+        assert!(head_dims_supported(Some(91900), "sm_90", 48, 32));
+        assert!(head_dims_supported(Some(91900), "sm_90", 256, 8));
+        assert!(head_dims_supported(None, "sm_90", 192, 128));
+        // The backward of unequal head dims before 9.13, other architectures.
+        assert!(!head_dims_supported(Some(91200), "sm_90", 192, 128));
+        assert!(!head_dims_supported(Some(91900), "sm_80", 192, 128));
+        assert!(!head_dims_supported(Some(91900), "sm_100", 96, 64));
+        // Past 256, or no multiple of 8 (16-byte rows).
+        assert!(!head_dims_supported(Some(91900), "sm_90", 264, 128));
+        assert!(!head_dims_supported(Some(91900), "sm_90", 192, 100));
+        assert!(!head_dims_supported(Some(91900), "sm_90", 36, 24));
     }
 }

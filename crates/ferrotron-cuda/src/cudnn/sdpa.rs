@@ -13,6 +13,11 @@
 //! backward: `softmax_sum = Σ dO∘O (· (1-p))` (f32, in memory), `P = exp(Q·Kᵀ·scale − stats)`
 //! (causal-masked), `dV = Pᵀ·dO`, `dS = (dO·Vᵀ (∘ mask) − softmax_sum) ∘ P (· 1/(1-p)) · scale`,
 //! `dK = dSᵀ·Q`, `dQ = dS·K` through an f32 accumulator; grouped K/V by a head reduction.
+//!
+//! The value head dim may differ from the query/key one (multi-latent attention: DeepSeek-V3's
+//! 192 and 128), as the frontend's node takes it: `d_qk` for Q, K, dQ, dK and the dQ
+//! accumulator, `d_v` for V, O, dO, dV and `dO∘O`; the scores are the same. With equal head
+//! dims every tensor is what it was before (the graphs are pinned by snapshot tests).
 
 use super::graph::{Dt, Graph, Pw, Red, packed};
 
@@ -63,7 +68,10 @@ pub struct SdpaKey {
     pub groups: i64,
     pub seq_q: i64,
     pub seq_kv: i64,
+    /// Query and key channels per head.
     pub head_dim: i64,
+    /// Value (and output) channels per head.
+    pub value_dim: i64,
     pub dtype: Dt,
     pub mask: SdpaMask,
     /// Dropout probability as f32 bits (0 = none).
@@ -75,6 +83,18 @@ pub struct SdpaKey {
 impl SdpaKey {
     pub fn dropout(&self) -> f32 {
         f32::from_bits(self.dropout_bits)
+    }
+
+    /// The key as the plan-choice cache names it (`tune.rs`): its debug form, less the value
+    /// head dim where it equals the query/key one, so choices remembered before value head dims
+    /// existed still name the same graphs.
+    pub fn problem(&self) -> String {
+        let full = format!("{self:?}");
+        if self.value_dim == self.head_dim {
+            full.replacen(&format!(", value_dim: {}", self.value_dim), "", 1)
+        } else {
+            full
+        }
     }
 }
 
@@ -88,7 +108,10 @@ struct Dims {
     g: i64,
     sq: i64,
     skv: i64,
+    /// Query/key head dim.
     d: i64,
+    /// Value head dim.
+    dv: i64,
 }
 
 impl Dims {
@@ -100,6 +123,7 @@ impl Dims {
             sq: k.seq_q,
             skv: k.seq_kv,
             d: k.head_dim,
+            dv: k.value_dim,
         }
     }
     fn scores(&self) -> ([i64; 4], [i64; 4]) {
@@ -190,8 +214,8 @@ pub fn forward_graph(key: &SdpaKey) -> Graph {
     let mut g = Graph::new();
     let q = g.io(Q, "Q", &[n.b, n.h, n.sq, n.d], &sq_, dt);
     let kt = g.io(K, "K^T", &[n.b, n.g, n.d, n.skv], &swap23(sk_), dt);
-    let v = g.io(V, "V", &[n.b, n.g, n.skv, n.d], &sv_, dt);
-    let o = g.io(O, "O", &[n.b, n.h, n.sq, n.d], &so_, dt);
+    let v = g.io(V, "V", &[n.b, n.g, n.skv, n.dv], &sv_, dt);
+    let o = g.io(O, "O", &[n.b, n.h, n.sq, n.dv], &so_, dt);
     let (rows, row_strides) = n.rows();
     let stats = g.io(STATS, "stats", &rows, &row_strides, Dt::F32);
     let scale = g.scalar(SCALE, "attn_scale");
@@ -240,12 +264,12 @@ pub fn backward_graph(key: &SdpaKey) -> Graph {
     let mut g = Graph::new();
     let q = g.io(Q, "Q", &[n.b, n.h, n.sq, n.d], &st[0], dt);
     let kt = g.io(K, "K^T", &[n.b, n.g, n.d, n.skv], &swap23(st[1]), dt);
-    let vt = g.io(V, "V^T", &[n.b, n.g, n.d, n.skv], &swap23(st[2]), dt);
-    let o = g.io(O, "O", &[n.b, n.h, n.sq, n.d], &st[3], dt);
-    let d_o = g.io(D_O, "dO", &[n.b, n.h, n.sq, n.d], &st[4], dt);
+    let vt = g.io(V, "V^T", &[n.b, n.g, n.dv, n.skv], &swap23(st[2]), dt);
+    let o = g.io(O, "O", &[n.b, n.h, n.sq, n.dv], &st[3], dt);
+    let d_o = g.io(D_O, "dO", &[n.b, n.h, n.sq, n.dv], &st[4], dt);
     let d_q = g.io(D_Q, "dQ", &[n.b, n.h, n.sq, n.d], &st[5], dt);
     let d_k = g.io(D_K, "dK", &[n.b, n.g, n.skv, n.d], &st[6], dt);
-    let d_v = g.io(D_V, "dV", &[n.b, n.g, n.skv, n.d], &st[7], dt);
+    let d_v = g.io(D_V, "dV", &[n.b, n.g, n.skv, n.dv], &st[7], dt);
     let (rows, row_strides) = n.rows();
     let stats = g.io(STATS, "stats", &rows, &row_strides, Dt::F32);
     let scale = g.scalar(SCALE, "attn_scale");
@@ -271,8 +295,8 @@ pub fn backward_graph(key: &SdpaKey) -> Graph {
     // softmax_sum = Σ_d dO ∘ O (· keep)
     let do_o = g.virt(
         "mul_dO_O",
-        &[n.b, n.h, n.sq, n.d],
-        &[n.h * n.sq * n.d, n.sq * n.d, n.h * n.d, 1],
+        &[n.b, n.h, n.sq, n.dv],
+        &[n.h * n.sq * n.dv, n.sq * n.dv, n.h * n.dv, 1],
         Dt::F32,
     );
     g.pw_into(Pw::Mul, d_o, Some(o), None, do_o);
@@ -296,7 +320,7 @@ pub fn backward_graph(key: &SdpaKey) -> Graph {
     let transposed = [n.h * n.sq * n.skv, n.sq * n.skv, 1, n.skv];
     let pt = g.virt("reshape_p", &[n.b, n.h, n.skv, n.sq], &transposed, dt);
     g.reshape(last, pt);
-    head_reduced_matmul(&mut g, &n, pt, d_o, d_v, dt, "matmul_pT_dO");
+    head_reduced_matmul(&mut g, &n, pt, d_o, d_v, n.dv, dt, "matmul_pT_dO");
 
     // dS
     let dp = g.virt("matmul_dO_VT", &sdims, &sstrides, Dt::F32);
@@ -319,7 +343,7 @@ pub fn backward_graph(key: &SdpaKey) -> Graph {
     let d_s = g.pw("mul_dS_attn_scale", Pw::Mul, last, Some(scale), Dt::F32);
     let dst = g.virt("reshape_dS", &[n.b, n.h, n.skv, n.sq], &transposed, dt);
     g.reshape(d_s, dst);
-    head_reduced_matmul(&mut g, &n, dst, q, d_k, dt, "matmul_dST_Q");
+    head_reduced_matmul(&mut g, &n, dst, q, d_k, n.d, dt, "matmul_dST_Q");
 
     // dQ = dS·K through an f32 accumulator.
     let k = g.virt("reshape_k", &[n.b, n.g, n.skv, n.d], &st[1], dt);
@@ -331,12 +355,23 @@ pub fn backward_graph(key: &SdpaKey) -> Graph {
     g
 }
 
-/// `out = a·b`, summed over each group's query heads when K/V are grouped.
-fn head_reduced_matmul(g: &mut Graph, n: &Dims, a: i64, b: i64, out: i64, dt: Dt, name: &str) {
+/// `out = a·b` (`width` channels per head), summed over each group's query heads when K/V are
+/// grouped.
+#[allow(clippy::too_many_arguments)]
+fn head_reduced_matmul(
+    g: &mut Graph,
+    n: &Dims,
+    a: i64,
+    b: i64,
+    out: i64,
+    width: i64,
+    dt: Dt,
+    name: &str,
+) {
     if n.h == n.g {
         g.matmul(a, b, out);
     } else {
-        let dims = [n.b, n.h, n.skv, n.d];
+        let dims = [n.b, n.h, n.skv, width];
         let full = g.virt(&format!("{name}_fullhead"), &dims, &packed(&dims), dt);
         g.matmul(a, b, full);
         g.reduce(Red::Add, full, out);
@@ -384,6 +419,7 @@ mod tests {
             seq_q: s,
             seq_kv: s,
             head_dim: d,
+            value_dim: d,
             dtype: Dt::Bf16,
             mask: SdpaMask {
                 causal: true,
@@ -541,6 +577,147 @@ mod tests {
         let plain = forward_graph(&key(false, 2, 0.0));
         assert!(!plain.variant_uids().contains(&LEFT_BOUND));
         assert!(!pointwise_modes(&plain).contains(&Pw::CmpGt));
+    }
+
+    /// One line per tensor and per operation: the whole graph cuDNN receives.
+    fn render(g: &Graph) -> String {
+        let mut out = String::new();
+        for t in &g.tensors {
+            out.push_str(&format!(
+                "tensor {} {:?} dims {:?} strides {:?} {:?}{}{}\n",
+                t.uid,
+                t.name,
+                t.dims,
+                t.strides,
+                t.dtype,
+                if t.is_virtual { " virtual" } else { "" },
+                if t.by_value { " by-value" } else { "" },
+            ));
+        }
+        for op in &g.ops {
+            out.push_str(&format!("{op:?}\n"));
+        }
+        out
+    }
+
+    /// The graphs of equal query/key and value head dims, pinned: the GPU-tested path must not
+    /// change when other head dims are added.
+    #[test]
+    fn the_graphs_of_equal_head_dims_are_pinned() {
+        for (backward, groups, dropout, window) in [
+            (false, 4, 0.0, None),
+            (false, 2, 0.1, Some(31)),
+            (true, 4, 0.0, None),
+            (true, 2, 0.1, Some(31)),
+        ] {
+            let mut k = key(backward, groups, dropout);
+            k.mask.window = window;
+            let g = if backward {
+                backward_graph(&k)
+            } else {
+                forward_graph(&k)
+            };
+            let name = format!(
+                "sdpa_{}_groups{groups}_dropout{dropout}_window{}",
+                if backward { "bwd" } else { "fwd" },
+                window.unwrap_or(0)
+            );
+            insta::assert_snapshot!(name, render(&g));
+        }
+    }
+
+    /// A key of query/key head dim `d` and value head dim `dv` (q, o, dO, dq as `[b, s, h, d]`
+    /// memory, k and v packed, as the forward leaves them).
+    fn mla_key(backward: bool, groups: i64, d: i64, dv: i64, dropout: f32) -> SdpaKey {
+        let mut k = key(backward, groups, dropout);
+        let (b, h, s) = (k.batch, k.heads, k.seq_q);
+        let bshd = |d: i64| [s * h * d, d, h * d, 1];
+        let kv = |d: i64| [groups * s * d, s * d, d, 1];
+        k.head_dim = d;
+        k.value_dim = dv;
+        k.strides = if backward {
+            vec![
+                bshd(d),
+                kv(d),
+                kv(dv),
+                bshd(dv),
+                bshd(dv),
+                bshd(d),
+                kv(d),
+                kv(dv),
+            ]
+        } else {
+            vec![bshd(d), kv(d), kv(dv), bshd(dv)]
+        };
+        assert_eq!(b, 2);
+        k
+    }
+
+    #[test]
+    fn a_value_head_dim_of_its_own_shapes_v_o_and_their_gradients() {
+        for (d, dv) in [(192, 128), (96, 64), (48, 32)] {
+            for (groups, dropout, window) in [(4, 0.0, None), (2, 0.1, Some(31))] {
+                let mut fwd = mla_key(false, groups, d, dv, dropout);
+                fwd.mask.window = window;
+                let g = forward_graph(&fwd);
+                g.validate(&forward_inputs(&fwd))
+                    .unwrap_or_else(|e| panic!("forward {d}/{dv}: {e}"));
+                assert_eq!(g.tensor(Q).dims, vec![2, 4, 128, d]);
+                assert_eq!(g.tensor(K).dims, vec![2, groups, d, 128]);
+                assert_eq!(g.tensor(V).dims, vec![2, groups, 128, dv]);
+                assert_eq!(g.tensor(O).dims, vec![2, 4, 128, dv]);
+
+                let mut bwd = mla_key(true, groups, d, dv, dropout);
+                bwd.mask.window = window;
+                let g = backward_graph(&bwd);
+                g.validate(&backward_inputs(&bwd))
+                    .unwrap_or_else(|e| panic!("backward {d}/{dv} groups {groups}: {e}"));
+                for (uid, dims) in [
+                    (Q, [2, 4, 128, d]),
+                    (K, [2, groups, d, 128]),
+                    (V, [2, groups, dv, 128]),
+                    (O, [2, 4, 128, dv]),
+                    (D_O, [2, 4, 128, dv]),
+                    (D_Q, [2, 4, 128, d]),
+                    (D_K, [2, groups, 128, d]),
+                    (D_V, [2, groups, 128, dv]),
+                    (DQ_ACCUM, [2, 4, 128, d]),
+                ] {
+                    assert_eq!(g.tensor(uid).dims, dims, "{}", g.tensor(uid).name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn validation_catches_head_dims_that_do_not_meet() {
+        let k = mla_key(false, 4, 192, 128, 0.0);
+        let mut g = forward_graph(&k);
+        // O with the query's head dim: P·V cannot produce it.
+        let o = g.tensors.iter_mut().find(|t| t.uid == O).unwrap();
+        o.dims[3] = 192;
+        let err = g.validate(&forward_inputs(&k)).unwrap_err();
+        assert!(err.contains("is not"), "{err}");
+
+        let k = mla_key(true, 2, 192, 128, 0.0);
+        let mut g = backward_graph(&k);
+        // dV with the key's head dim: the head sum of Pᵀ·dO cannot produce it.
+        let dv = g.tensors.iter_mut().find(|t| t.uid == D_V).unwrap();
+        dv.dims[3] = 192;
+        let err = g.validate(&backward_inputs(&k)).unwrap_err();
+        assert!(err.contains("does not reduce"), "{err}");
+    }
+
+    #[test]
+    fn the_plan_cache_names_equal_head_dims_as_before() {
+        let equal = key(true, 2, 0.0);
+        assert!(!equal.problem().contains("value_dim"));
+        assert_eq!(
+            equal.problem(),
+            format!("{equal:?}").replace(", value_dim: 64", "")
+        );
+        let mla = mla_key(true, 2, 192, 128, 0.0);
+        assert!(mla.problem().contains("head_dim: 192, value_dim: 128"));
     }
 
     #[test]

@@ -8,10 +8,9 @@
 //! candidate is not timed. Different plans may round differently, so the choice is remembered
 //! on disk beside the kernel cache (`<kernel cache>/<arch>/attention/`, keyed by the graph, the
 //! device's name, cuDNN's version and the candidates' count) and a rerun or a resume keeps its
-//! numbers bit for bit. `FERROTRON_ATTENTION_TUNE` (`off`/`0`/`composed`) keeps the first plan.
+//! numbers bit for bit. The recipe's `runtime.attention_tune: false` keeps the first plan.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use crate::blas_tune::{choice_path, choose, time_one};
 use crate::device::CudaDevice;
@@ -23,8 +22,7 @@ const CANDIDATES: usize = 4;
 
 /// How many plans to finalise for a graph: [`CANDIDATES`] when tuning, else the first.
 pub(super) fn candidates() -> usize {
-    static ON: OnceLock<bool> = OnceLock::new();
-    if crate::switches::enabled(&ON, "FERROTRON_ATTENTION_TUNE") {
+    if crate::switches::paths().attention_tune {
         CANDIDATES
     } else {
         1

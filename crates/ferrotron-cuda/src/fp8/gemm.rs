@@ -11,7 +11,7 @@
 //! This module keeps its own cuBLASLt handle and workspace per device (the bf16 path's live in
 //! `blas.rs`); plans (descriptors, layouts, an algorithm) are cached per problem, the algorithm
 //! chosen as the bf16 path chooses it: the heuristic's candidates timed on the first call's
-//! operands and the choice remembered on disk (`blas_tune.rs`, `FERROTRON_GEMM_TUNE`).
+//! operands and the choice remembered on disk (`blas_tune.rs`, `runtime.gemm_tune`).
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;

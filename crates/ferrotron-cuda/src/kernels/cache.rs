@@ -15,6 +15,7 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
 use super::{KernelSpec, kernel_name};
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
+use crate::switches::EnvVars;
 
 /// Name of the entry point every generated kernel defines.
 pub const KERNEL_ENTRY: &str = "ferrotron_kernel";
@@ -45,7 +46,7 @@ pub fn compile_options(arch: &str) -> Vec<String> {
 /// `FERROTRON_CUDA_INCLUDE` (the headers alone, e.g. PyPI's CUDA wheels; a variable cudarc's
 /// build script does not watch, so setting it rebuilds nothing), then the toolkit roots.
 fn cuda_include_dir() -> Option<PathBuf> {
-    let candidates = std::env::var_os("FERROTRON_CUDA_INCLUDE")
+    let candidates = crate::switches::env_var(EnvVars::CUDA_INCLUDE)
         .map(PathBuf::from)
         .into_iter()
         .chain(
@@ -63,8 +64,8 @@ fn cuda_include_dir() -> Option<PathBuf> {
 /// Directory of the on-disk cache for one architecture; `None` disables it.
 /// `FERROTRON_KERNEL_CACHE` overrides the location (`off` disables it).
 pub fn disk_cache_dir(arch: &str) -> Option<PathBuf> {
-    let root = match std::env::var_os("FERROTRON_KERNEL_CACHE") {
-        Some(v) if v == "off" => return None,
+    let root = match crate::switches::env_var(EnvVars::KERNEL_CACHE) {
+        Some("off") => return None,
         Some(v) => PathBuf::from(v),
         None => {
             let base = std::env::var_os("XDG_CACHE_HOME")

@@ -278,11 +278,10 @@ fn rows_of_vectors(shape: &[usize], strides: &[Vec<isize>]) -> bool {
 /// Elements per thread and iteration of a vectorised map.
 const VECTOR: usize = 8;
 
-/// Whether contiguous maps take the vectorised loop (`FERROTRON_VECTOR_MAPS=0` switches it off
+/// Whether contiguous maps take the vectorised loop (the recipe's `runtime.vector_maps`; off
 /// to compare).
 fn vector_maps_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    crate::switches::enabled(&ON, "FERROTRON_VECTOR_MAPS")
+    crate::switches::paths().vector_maps
 }
 
 /// Run-time scalars of a map kernel: `sf0 sf1` (double) and `si0 si1` (long long).

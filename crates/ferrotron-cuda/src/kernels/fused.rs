@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use ferrotron_parallel::AdamWStep;
 
+use crate::backend::convert::engine_dtype;
 use crate::dtype::DType;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::column_sum::column_sum;
@@ -414,11 +415,10 @@ fn norm_pass(
     Ok((output, mean, rstd))
 }
 
-/// Whether `FERROTRON_NORM_ONE_PASS` leaves the one-pass norm backward on (read once; off
-/// gives the warp-per-row input gradient and the separate γ/β reduction back, to compare).
+/// Whether the one-pass norm backward is on (the recipe's `runtime.norm_one_pass`; off gives
+/// the warp-per-row input gradient and the separate γ/β reduction back, to compare).
 fn one_pass_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    crate::switches::enabled(&ON, "FERROTRON_NORM_ONE_PASS")
+    crate::switches::paths().norm_one_pass
 }
 
 /// Gradients of a norm: input, γ and (with `beta`) β, γ/β in γ's dtype. Rows of up to 4,096
@@ -565,13 +565,21 @@ struct AdamW {
     device_scale: bool,
     /// The parameter's 16-bit dtype, whose rounded copy of the new value is also written.
     rounded: Option<DType>,
+    /// How the two moments are stored (read widened to f32, written back rounded).
+    moments: [DType; 2],
 }
 
 impl KernelSpec for AdamW {
     fn source(&self) -> String {
         let g = self.grad;
-        let mut s = format!("// adamw f32 grad {g}\n");
-        let mut dtypes = vec![g];
+        let [m, v] = self.moments;
+        // f32 moments keep the source (and so the kernel cache's key) they always had
+        let mut s = if self.moments == [DType::F32; 2] {
+            format!("// adamw f32 grad {g}\n")
+        } else {
+            format!("// adamw f32 grad {g} moments {m} {v}\n")
+        };
+        let mut dtypes = vec![g, m, v];
         dtypes.extend(self.rounded);
         s += includes(uses_half(&dtypes));
         s += "struct Params { long long n; unsigned long long value, grad, m, v, out_value, out_m, out_v, device_scale, out_rounded; double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, bc1, bc2, scale; };\n";
@@ -581,8 +589,16 @@ impl KernelSpec for AdamW {
             gs = g.storage_c()
         );
         s += "  const float* value = (const float*)p.value;\n";
-        s += "  const float* m_in = (const float*)p.m;\n  const float* v_in = (const float*)p.v;\n";
-        s += "  float* out_value = (float*)p.out_value;\n  float* out_m = (float*)p.out_m;\n  float* out_v = (float*)p.out_v;\n";
+        s += &format!(
+            "  const {ms}* m_in = (const {ms}*)p.m;\n  const {vs}* v_in = (const {vs}*)p.v;\n",
+            ms = m.storage_c(),
+            vs = v.storage_c()
+        );
+        s += &format!(
+            "  float* out_value = (float*)p.out_value;\n  {ms}* out_m = ({ms}*)p.out_m;\n  {vs}* out_v = ({vs}*)p.out_v;\n",
+            ms = m.storage_c(),
+            vs = v.storage_c()
+        );
         s += "  const long long step = (long long)blockDim.x * gridDim.x;\n";
         s += "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += step) {\n";
         s += &format!("    float g = {};\n", g.load_expr("grad[i]"));
@@ -596,8 +612,14 @@ impl KernelSpec for AdamW {
             s += "    const float m = g * (float)p.one_minus_beta1;\n";
             s += "    const float v = (g * g) * (float)p.one_minus_beta2;\n";
         } else {
-            s += "    const float m = m_in[i] * (float)p.beta1 + g * (float)p.one_minus_beta1;\n";
-            s += "    const float v = v_in[i] * (float)p.beta2 + (g * g) * (float)p.one_minus_beta2;\n";
+            s += &format!(
+                "    const float m = {} * (float)p.beta1 + g * (float)p.one_minus_beta1;\n",
+                m.load_expr("m_in[i]")
+            );
+            s += &format!(
+                "    const float v = {} * (float)p.beta2 + (g * g) * (float)p.one_minus_beta2;\n",
+                v.load_expr("v_in[i]")
+            );
         }
         s += "    float w = value[i];\n";
         if self.decay {
@@ -605,7 +627,18 @@ impl KernelSpec for AdamW {
         }
         s += "    const float m_hat = m / (float)p.bc1, v_hat = v / (float)p.bc2;\n";
         s += "    w = w - (m_hat / (sqrtf(v_hat) + (float)p.eps)) * (float)p.lr;\n";
-        s += "    out_value[i] = w; out_m[i] = m; out_v[i] = v;\n";
+        let store = |dtype: DType, x: &str| {
+            if dtype == DType::F32 {
+                x.to_owned()
+            } else {
+                dtype.store_expr(x)
+            }
+        };
+        s += &format!(
+            "    out_value[i] = w; out_m[i] = {}; out_v[i] = {};\n",
+            store(m, "m"),
+            store(v, "v")
+        );
         if let Some(r) = self.rounded {
             s += &format!(
                 "    (({t}*)p.out_rounded)[i] = {};\n",
@@ -643,24 +676,28 @@ pub fn adamw(
 ) -> Result<AdamWOutput> {
     let op = || value.op("adamw");
     let n = value.numel();
-    let reusable = |t: &CudaTensor| {
+    let [m_dtype, v_dtype] = s.moment_dtypes;
+    let (m_dtype, v_dtype) = (engine_dtype(m_dtype)?, engine_dtype(v_dtype)?);
+    let reusable = |t: &CudaTensor, dtype: DType| {
         give_up
             && t.is_exclusive()
             && t.is_contiguous()
             && t.offset() == 0
-            && t.dtype() == DType::F32
+            && t.dtype() == dtype
             && t.numel() == n
     };
     let reuse = [
-        Some(value).filter(|t| reusable(t)).cloned(),
-        moments.and_then(|(m, _)| Some(m).filter(|t| reusable(t)).cloned()),
-        moments.and_then(|(_, v)| Some(v).filter(|t| reusable(t)).cloned()),
+        Some(value).filter(|t| reusable(t, DType::F32)).cloned(),
+        moments.and_then(|(m, _)| Some(m).filter(|t| reusable(t, m_dtype)).cloned()),
+        moments.and_then(|(_, v)| Some(v).filter(|t| reusable(t, v_dtype)).cloned()),
     ];
     let flat = |t: &CudaTensor, dtype: Option<DType>| -> Result<CudaTensor> {
         if t.numel() != n || dtype.is_some_and(|d| t.dtype() != d) {
             return Err(CudaError::invalid(
                 t.op("adamw"),
-                format!("AdamW operands must hold {n} elements (moments in f32)"),
+                format!(
+                    "AdamW operands must hold {n} elements (moments in {m_dtype} and {v_dtype})"
+                ),
             ));
         }
         t.contiguous()?.reshape(&[n])
@@ -668,7 +705,7 @@ pub fn adamw(
     let value = flat(value, Some(DType::F32))?;
     let grad = flat(grad, None)?;
     let moments = match moments {
-        Some((m, v)) => Some((flat(m, Some(DType::F32))?, flat(v, Some(DType::F32))?)),
+        Some((m, v)) => Some((flat(m, Some(m_dtype))?, flat(v, Some(v_dtype))?)),
         None => None,
     };
     let device_scale = match device_scale {
@@ -682,10 +719,16 @@ pub fn adamw(
         None => None,
     };
     let device = value.device();
-    let [out_value, out_m, out_v] = reuse.map(|t| match t {
-        Some(t) => Ok(t),
-        None => CudaTensor::empty(device, &[n], DType::F32),
-    });
+    let [out_value, out_m, out_v] = [DType::F32, m_dtype, v_dtype]
+        .into_iter()
+        .zip(reuse)
+        .map(|(dtype, t)| match t {
+            Some(t) => Ok(t),
+            None => CudaTensor::empty(device, &[n], dtype),
+        })
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("three outputs"));
     let (out_value, out_m, out_v) = (out_value?, out_m?, out_v?);
     let rounded = rounded
         .map(|dtype| CudaTensor::empty(device, &[n], dtype))
@@ -697,6 +740,7 @@ pub fn adamw(
         scale: s.grad_scale != 1.0,
         device_scale: device_scale.is_some(),
         rounded: rounded.as_ref().map(CudaTensor::dtype),
+        moments: [m_dtype, v_dtype],
     };
     let mut params = Params::new();
     params
@@ -784,17 +828,21 @@ mod tests {
                 );
             }
             for first in [false, true] {
-                sources.push(
-                    AdamW {
-                        grad: x,
-                        first,
-                        decay: !first,
-                        scale: first,
-                        device_scale: !first,
-                        rounded: first.then_some(DType::BF16),
-                    }
-                    .source(),
-                );
+                // f32 moments, and bf16 ones (the precision-aware optimizer)
+                for moments in [[DType::F32; 2], [DType::BF16; 2], [DType::BF16, DType::F32]] {
+                    sources.push(
+                        AdamW {
+                            grad: x,
+                            first,
+                            decay: !first,
+                            scale: first,
+                            device_scale: !first,
+                            rounded: first.then_some(DType::BF16),
+                            moments,
+                        }
+                        .source(),
+                    );
+                }
             }
         }
         for source in sources {

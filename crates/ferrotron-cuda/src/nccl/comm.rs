@@ -187,8 +187,7 @@ pub fn abort_all(reason: &str) {
 }
 
 fn default_timeout() -> Duration {
-    std::env::var("FERROTRON_NCCL_TIMEOUT_S")
-        .ok()
+    crate::switches::env_var(crate::switches::EnvVars::NCCL_TIMEOUT_S)
         .and_then(|v| v.parse::<f64>().ok())
         .filter(|s| *s > 0.0)
         .map(Duration::from_secs_f64)

@@ -310,7 +310,7 @@ impl Communicator for NcclComm {
 /// `FERROTRON_NCCL_CHECK_COUNTS=1`: exchange the counts of every host all-to-all first and fail
 /// on a pairwise disagreement (NCCL would otherwise move the wrong bytes or hang).
 fn check_counts() -> bool {
-    std::env::var_os("FERROTRON_NCCL_CHECK_COUNTS").is_some_and(|v| v != "0")
+    crate::switches::env_var(crate::switches::EnvVars::NCCL_CHECK_COUNTS).is_some_and(|v| v != "0")
 }
 
 impl NcclComm {

@@ -10,7 +10,7 @@ use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
@@ -29,7 +29,9 @@ pub struct MoeLayer<B: Backend> {
     /// `[hidden, experts]`, no bias.
     pub(crate) router: Linear<B>,
     /// DeepSeek-V3's selection bias `[experts]`: not trained by gradients (updated by
-    /// [`crate::GptModel::update_expert_bias`]) but saved with the model.
+    /// [`crate::GptModel::update_expert_bias`]) but saved with the model. Always f32, as
+    /// Megatron keeps it: in bf16 an update of 1e-3 becomes 2⁻⁹ ≈ 2e-3 from |bias| = 0.25 on
+    /// and rounds away from 0.5 on.
     pub(crate) expert_bias: Option<Param<Tensor<B, 1>>>,
     /// Every expert on one rank; this rank's (cut) experts in a parallel layout.
     pub(super) experts: Vec<Expert<B>>,
@@ -114,8 +116,8 @@ impl<B: Backend> MoeLayer<B> {
         };
         let router = normal_linear(model.hidden_size, moe.num_experts, std, false, device);
         let expert_bias = moe.expert_bias.then(|| {
-            Param::initialized(ParamId::new(), Tensor::zeros([moe.num_experts], device))
-                .set_require_grad(false)
+            let zeros = Tensor::zeros([moe.num_experts], (device, DType::F32));
+            Param::initialized(ParamId::new(), zeros).set_require_grad(false)
         });
         let expert_shape = mlp(moe.expert_ffn_hidden_size);
         let experts = (0..moe.num_experts)
@@ -158,7 +160,12 @@ impl<B: Backend> MoeLayer<B> {
             .collect();
         let bias = bias.map(|value| {
             let device = value.device();
-            let delta = Tensor::<B, 1>::from_data(TensorData::new(delta, [loads.len()]), &device);
+            // made in f32 (the device's default dtype would round 1e-3), then the bias's dtype
+            let delta = Tensor::<B, 1>::from_data(
+                TensorData::new(delta, [loads.len()]),
+                (&device, DType::F32),
+            )
+            .cast(value.dtype());
             (value + delta).detach()
         });
         MoeLayer {
@@ -179,19 +186,30 @@ impl<B: Backend> MoeLayer<B> {
         route(&self.config, logits, bias.as_deref(), training)
     }
 
-    /// Differentiable `[tokens · topk]` combine weights of the `chosen [tokens, topk]` experts;
-    /// dropped slots simply never reach an expert.
+    /// Differentiable `[tokens · topk]` combine weights of the `chosen [tokens, topk]` experts
+    /// (Megatron's `topk_routing_with_score_function`, the Sinkhorn activation apart), scaled
+    /// by `router_topk_scaling_factor` after normalisation; dropped slots simply never reach an
+    /// expert. As Megatron computes them: in f32 whatever the logits' dtype, the result cast to
+    /// it.
     pub(super) fn combine_weights(
         &self,
         logits: Tensor<B, 2>,
         chosen: Tensor<B, 2, Int>,
     ) -> Tensor<B, 1> {
         let [tokens, topk] = chosen.dims();
-        let sinkhorn = self.config.load_balancing == LoadBalancing::Sinkhorn;
+        if self.config.load_balancing == LoadBalancing::Sinkhorn {
+            // Megatron's Sinkhorn activation (unscaled): sigmoid for top-1, else softmax over all
+            // experts.
+            let weights = if topk == 1 {
+                sigmoid(logits)
+            } else {
+                softmax(logits, 1)
+            };
+            return weights.gather(1, chosen).reshape([tokens * topk]);
+        }
+        let dtype = logits.dtype();
+        let logits = logits.cast(FloatDType::F32);
         let weights = match self.config.score_function {
-            // Megatron's Sinkhorn activation: sigmoid for top-1, else softmax over all experts.
-            _ if sinkhorn && topk == 1 => sigmoid(logits).gather(1, chosen),
-            _ if sinkhorn => softmax(logits, 1).gather(1, chosen),
             ScoreFunction::Softmax if self.config.pre_softmax => {
                 softmax(logits, 1).gather(1, chosen)
             }
@@ -206,7 +224,12 @@ impl<B: Backend> MoeLayer<B> {
                 }
             }
         };
-        weights.reshape([tokens * topk])
+        let weights = weights.reshape([tokens * topk]);
+        let weights = match self.config.topk_scaling_factor {
+            1.0 => weights,
+            factor => weights * factor,
+        };
+        weights.cast(dtype)
     }
 
     /// The balancing and z-losses; `counts(tokens_per_group)` gives the plain top-k slot counts

@@ -14,5 +14,8 @@ mod parallel;
 pub(crate) mod routing;
 mod sinkhorn;
 
+#[cfg(test)]
+mod reference;
+
 pub use layer::{MoeLayer, MoeStats};
 pub use routing::{Routing, expert_capacity, route};

@@ -144,6 +144,8 @@ fn selection_scores(config: &MoeConfig, row: &[f32], expert_bias: Option<&[f32]>
     scores
 }
 
+/// Megatron's `topk_routing_with_score_function` weights of the `chosen` experts, or its
+/// Sinkhorn activation (which is not scaled).
 fn combine_weights(config: &MoeConfig, row: &[f32], chosen: &[usize]) -> Vec<f32> {
     if config.load_balancing == LoadBalancing::Sinkhorn {
         // Megatron's Sinkhorn activation: sigmoid for top-1, else softmax over all experts.
@@ -154,7 +156,7 @@ fn combine_weights(config: &MoeConfig, row: &[f32], chosen: &[usize]) -> Vec<f32
             chosen.iter().map(|&e| probs[e]).collect()
         };
     }
-    match config.score_function {
+    let weights: Vec<f32> = match config.score_function {
         ScoreFunction::Softmax if config.pre_softmax => {
             let probs = softmax(row);
             chosen.iter().map(|&e| probs[e]).collect()
@@ -172,7 +174,10 @@ fn combine_weights(config: &MoeConfig, row: &[f32], chosen: &[usize]) -> Vec<f32
                 picked
             }
         }
-    }
+    };
+    // Megatron's `probs *= scaling_factor`, in the probabilities' f32.
+    let factor = config.topk_scaling_factor as f32;
+    weights.into_iter().map(|w| w * factor).collect()
 }
 
 fn drop_over_capacity(
@@ -229,7 +234,8 @@ mod tests {
             expert_bias_update_rate: 0.001,
             group_limit: None,
             capacity: None,
-            layer_freq: 1,
+            layer_pattern: vec![true],
+            topk_scaling_factor: 1.0,
             expert_ffn_hidden_size: 8,
             shared_expert_ffn_hidden_size: None,
             token_dispatcher: ferrotron_recipe::TokenDispatcher::Alltoall,

@@ -118,10 +118,22 @@ fn invalid_combinations_are_refused_with_a_reason() {
 fn burn_models_have_exactly_the_planners_parameter_count() {
     let mut gqa_moe = moe_model();
     if let Some(moe) = gqa_moe.moe.as_mut() {
-        moe.layer_freq = 1;
+        moe.layer_freq = ferrotron_recipe::LayerFreq::Every(1);
         moe.num_experts = 8;
         moe.shared_expert_ffn_hidden_size = None;
     }
+    // DeepSeek-V3's MoE: the first layer dense by the list form, sigmoid scores with the
+    // expert bias (a buffer, not a parameter), groups, scaling and a shared expert.
+    let mut deepseek_moe = moe_model();
+    deepseek_moe.moe = Some(ferrotron_recipe::Moe {
+        layer_freq: ferrotron_recipe::LayerFreq::Pattern(vec![0, 1]),
+        score_function: ferrotron_recipe::ScoreFunction::Sigmoid,
+        expert_bias: true,
+        num_groups: Some(2),
+        group_topk: Some(1),
+        router_topk_scaling_factor: Some(2.5),
+        ..moe_section()
+    });
     let mut untied_gpt2 = gpt2_model();
     untied_gpt2.tie_embeddings = false;
     untied_gpt2.max_position_embeddings = Some(32);
@@ -131,6 +143,7 @@ fn burn_models_have_exactly_the_planners_parameter_count() {
         llama_model(),
         moe_model(),
         gqa_moe,
+        deepseek_moe,
     ] {
         let planned = ferrotron_plan::parameter_count(&model, PADDED_VOCAB).total;
         let built = build::<Cpu>(&model, 1).num_trainable_params() as u64;
@@ -230,4 +243,36 @@ fn the_real_vocabulary_comes_from_the_recipe_or_the_caller() {
     assert_eq!(config(&model).vocab_size, 128);
     let given = ModelConfig::from_model_with_vocab(&model, 50, PADDED_VOCAB).expect("valid");
     assert_eq!((given.vocab_size, given.padded_vocab_size), (50, 128));
+}
+
+#[test]
+fn mla_parameter_count_matches_megatron_by_hand() {
+    // LLaMA's trunk, MLA: hidden 16, 4 heads, q latent 12, kv latent 8, heads of 6 + 4 query/key
+    // and 5 value channels, latent RMSNorms. Per layer: linear_q_down_proj 16·12 = 192,
+    // q_layernorm 12, linear_q_up_proj 12·(4·10) = 480, linear_kv_down_proj 16·(8 + 4) = 192,
+    // kv_layernorm 8, linear_kv_up_proj 8·(4·11) = 352, linear_proj 20·16 = 320 → 1556;
+    // two RMSNorms 32, fc1 1024, fc2 512 → 3124; two layers 6248. Embedding 2048, final norm
+    // 16, output layer 2048. Total 10360.
+    let gpt = build::<Cpu>(&mla_model(), 1);
+    assert_eq!(gpt.num_params(), 10360);
+    // Every MLA variant holds what the planner counts.
+    for (q_lora_rank, qk_layernorm, add_bias_linear, normalization) in [
+        (Some(12), true, false, Normalization::Rmsnorm),
+        (None, true, false, Normalization::Rmsnorm),
+        (Some(12), false, true, Normalization::Layernorm),
+        (None, false, true, Normalization::Rmsnorm),
+    ] {
+        let mut model = Model {
+            qk_layernorm,
+            add_bias_linear,
+            normalization,
+            ..mla_model()
+        };
+        if let Some(mla) = model.mla.as_mut() {
+            mla.q_lora_rank = q_lora_rank;
+        }
+        let planned = ferrotron_plan::parameter_count(&model, PADDED_VOCAB).total;
+        let built = build::<Cpu>(&model, 1).num_trainable_params() as u64;
+        assert_eq!(built, planned, "{model:?}");
+    }
 }

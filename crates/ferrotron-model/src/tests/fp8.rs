@@ -208,3 +208,38 @@ fn the_first_steps_tiny_gradients_reach_the_fp8_layers() {
     assert!(gap < 0.003, "mean gap {gap}\nplain {plain:?}\nfp8 {fp8:?}");
     assert!(fp8[19] < fp8[0] - 0.3, "fp8 trains: {fp8:?}");
 }
+
+/// Multi-latent attention's linears take fp8 GEMMs (Transformer Engine's split: the norms and
+/// the attention core stay in the model's dtype), named by their Megatron paths; the forward
+/// stays close to the plain one.
+#[test]
+fn mla_linears_take_fp8_gemms() {
+    let gpt = build::<CpuAutodiff>(&mla_model(), 0).with_fp8(hybrid(), |layer| layer == 0);
+    let state = gpt.fp8_state().expect("layer 0 is fp8");
+    assert_eq!(
+        state.names(),
+        [
+            "layers.0.latent_attention.linear_q_down_proj",
+            "layers.0.latent_attention.linear_q_up_proj",
+            "layers.0.latent_attention.linear_kv_down_proj",
+            "layers.0.latent_attention.linear_kv_up_proj",
+            "layers.0.latent_attention.linear_proj",
+            "layers.0.feed_forward.Dense.fc1",
+            "layers.0.feed_forward.Dense.fc2",
+        ]
+    );
+    let (inputs, _) = batch();
+    let plain = build::<CpuAutodiff>(&mla_model(), 3);
+    let fp8 = build::<CpuAutodiff>(&mla_model(), 3).with_fp8(hybrid(), |_| true);
+    let a = values(plain.forward(inputs.clone()).logits);
+    let b = values(fp8.forward(inputs).logits);
+    let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let diff: f32 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f32>()
+        .sqrt();
+    assert!(diff > 0.0, "the fp8 forward rounds");
+    assert!(diff < 0.1 * norm, "relative error {}", diff / norm);
+}

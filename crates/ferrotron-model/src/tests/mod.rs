@@ -5,6 +5,7 @@ mod counts;
 mod dense_families;
 mod fp8;
 mod init;
+mod mla_parallel;
 mod moe;
 mod moe_parallel;
 mod parallel;
@@ -17,8 +18,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_recipe::{
-    Activation, LoadBalancing, Model, Moe, Normalization, PositionEmbedding, ScoreFunction,
-    TokenDispatcher, TokenDropPolicy,
+    Activation, LayerFreq, LoadBalancing, Mla, Model, Moe, Normalization, PositionEmbedding,
+    ScoreFunction, TokenDispatcher, TokenDropPolicy,
 };
 
 use crate::{ExpertLoads, GptModel, ModelConfig};
@@ -100,7 +101,8 @@ pub(crate) fn moe_section() -> Moe {
         token_drop_policy: TokenDropPolicy::Probs,
         pad_to_capacity: false,
         token_dispatcher: TokenDispatcher::Alltoall,
-        layer_freq: 2,
+        layer_freq: LayerFreq::Every(2),
+        router_topk_scaling_factor: None,
         ffn_hidden_size: Some(8),
         shared_expert_ffn_hidden_size: Some(16),
     }
@@ -110,6 +112,23 @@ pub(crate) fn moe_section() -> Moe {
 pub(crate) fn moe_model() -> Model {
     Model {
         moe: Some(moe_section()),
+        ..llama_model()
+    }
+}
+
+/// LLaMA-style trunk (hidden 16, 4 heads, RMSNorm) with MLA: q latent 12, kv latent 8, per
+/// head 6 plain + 4 rotary query/key channels and 5 value channels, latent norms on.
+pub(crate) fn mla_model() -> Model {
+    Model {
+        num_query_groups: None,
+        qk_layernorm: true,
+        mla: Some(Mla {
+            q_lora_rank: Some(12),
+            kv_lora_rank: 8,
+            qk_head_dim: 6,
+            qk_pos_emb_head_dim: 4,
+            v_head_dim: 5,
+        }),
         ..llama_model()
     }
 }

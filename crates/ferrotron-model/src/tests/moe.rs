@@ -68,7 +68,7 @@ fn every_balancing_option_builds_and_runs() {
         Moe {
             load_balancing: LoadBalancing::None,
             shared_expert_ffn_hidden_size: None,
-            layer_freq: 1,
+            layer_freq: ferrotron_recipe::LayerFreq::Every(1),
             ..moe_section()
         },
         Moe {

@@ -833,7 +833,7 @@ fn whole_model_on_ep2_etp2_matches_one_rank_per_rank_batch() {
         ..swiglu_moe()
     };
     if let Some(moe) = &mut model.moe {
-        moe.layer_freq = 1;
+        moe.layer_freq = ferrotron_recipe::LayerFreq::Every(1);
     }
     let full = || {
         let _guard = INIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -425,11 +425,15 @@ fn cp2_matches_one_rank_llama() {
 /// rank's logits are the one-rank logits at its tokens' positions.
 #[test]
 fn cp2_inference_logits_are_the_one_rank_logits_at_global_positions() {
-    let model = llama_small();
-    let config = config(&model);
+    assert_cp2_inference_matches(&llama_small());
+}
+
+/// Each cp2 rank's logits (plain backend) are `model`'s one-rank logits at its positions.
+pub(super) fn assert_cp2_inference_matches(model: &Model) {
+    let config = config(model);
     let (inputs, _) = batch();
     let inputs = Tensor::<Cpu, 2, Int>::from_data(inputs.into_data(), &Default::default());
-    let full = with_process_rng(|| build::<Cpu>(&model, SEED));
+    let full = with_process_rng(|| build::<Cpu>(model, SEED));
     let expected = full.forward(inputs.clone()).logits;
     let vocab = config.padded_vocab_size;
     let logs = CallLogs::new(2);

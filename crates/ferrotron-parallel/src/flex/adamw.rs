@@ -21,15 +21,18 @@ use crate::fused_adamw::{AdamWStep, AdamWTensors};
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
 
-/// Whether the kernel takes these tensors: f32 value, gradient, moments and device factor.
+/// Whether the kernel takes these tensors: f32 value, gradient, moments (stored in f32) and
+/// device factor.
 pub(super) fn supports(
     value: &FlexTensor,
     grad: &FlexTensor,
     moments: Option<&(FlexTensor, FlexTensor)>,
+    step: &AdamWStep,
     device_scale: Option<&FlexTensor>,
 ) -> bool {
     let f32s = |t: &FlexTensor| t.dtype() == DType::F32;
-    f32s(value)
+    step.moment_dtypes == crate::fused_adamw::F32_MOMENTS
+        && f32s(value)
         && f32s(grad)
         && moments.is_none_or(|(m, v)| f32s(m) && f32s(v))
         && device_scale.is_none_or(f32s)

@@ -242,7 +242,13 @@ impl FusedOps for Flex {
         device_scale: DeviceScale<Self>,
     ) -> AdamWTensors<Self> {
         if step.rounded.is_none()
-            && adamw::supports(&value, &grad, moments.as_ref(), device_scale.as_ref())
+            && adamw::supports(
+                &value,
+                &grad,
+                moments.as_ref(),
+                &step,
+                device_scale.as_ref(),
+            )
         {
             adamw::step(value, grad, moments, step, device_scale)
         } else {

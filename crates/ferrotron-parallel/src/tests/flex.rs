@@ -133,6 +133,7 @@ fn adamw_step(decay: Option<f64>, grad_scale: f64) -> AdamWStep {
         bias_correction2: 1.0 - 0.95f64.powi(3),
         grad_scale,
         rounded: None,
+        moment_dtypes: crate::F32_MOMENTS,
     }
 }
 

@@ -181,3 +181,97 @@ fn causal_node_ignores_future_keys() {
     let b = out(k2, v);
     assert_eq!(a, b);
 }
+
+/// `softmax(scale · q·kᵀ, causal) · v` element by element from the definition, every query head
+/// `h` reading group `h / (heads / groups)`: `[b, heads, s, d_v]` flattened.
+fn attention_by_definition(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    v: &Tensor<B, 4>,
+    scale: f64,
+) -> Vec<f32> {
+    let [batch, heads, seq, d] = q.dims();
+    let [_, groups, _, d_v] = v.dims();
+    let (q, k, v) = (flat(q.clone()), flat(k.clone()), flat(v.clone()));
+    let mut out = Vec::new();
+    for b in 0..batch {
+        for h in 0..heads {
+            let g = h / (heads / groups);
+            let at = |x: &[f32], width: usize, i: usize, c: usize| -> f64 {
+                f64::from(x[((b * groups + g) * seq + i) * width + c])
+            };
+            for i in 0..seq {
+                let row = |c: usize| f64::from(q[((b * heads + h) * seq + i) * d + c]);
+                let scores: Vec<f64> = (0..=i)
+                    .map(|j| scale * (0..d).map(|c| row(c) * at(&k, d, j, c)).sum::<f64>())
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for c in 0..d_v {
+                    let sum: f64 = (0..=i).map(|j| weights[j] * at(&v, d_v, j, c)).sum();
+                    out.push((sum / total) as f32);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Multi-latent attention's shapes: a value head dim (6) other than the query/key one (8) and
+/// its own softmax scale, through the composed default (training and inference) and through
+/// the one-node path with the reference kernels (the contract a GPU kernel meets).
+#[test]
+fn value_head_dim_may_differ_from_the_query_key_head_dim() {
+    for groups in [4, 2] {
+        let spec = AttentionSpec {
+            scale: Some(0.21),
+            ..AttentionSpec::causal()
+        };
+        let qkv = || {
+            (
+                tensor([2, 4, 6, 8], 0.1).require_grad(),
+                tensor([2, groups, 6, 8], 0.7).require_grad(),
+                tensor([2, groups, 6, 6], 1.3).require_grad(),
+            )
+        };
+        let (q, k, v) = qkv();
+        let expected = attention_by_definition(&q, &k, &v, 0.21);
+        let composed = fused(q.clone(), k.clone(), v.clone(), spec);
+        assert_eq!(composed.dims(), [2, 4, 6, 6]);
+        let what = format!("groups {groups}");
+        assert_close(
+            &flat(composed.clone()),
+            &expected,
+            &format!("{what}: composed"),
+        );
+        let inference = fused::<Flex>(
+            q.clone().inner(),
+            k.clone().inner(),
+            v.clone().inner(),
+            spec,
+        );
+        assert_close(&flat(inference), &expected, &format!("{what}: inference"));
+
+        let weights = tensor([2, 4, 6, 6], 2.9);
+        let g_composed = (composed * weights.clone()).sum().backward();
+        let (q2, k2, v2) = qkv();
+        let node: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(attention_node::<
+            Flex,
+            NoCheckpointing,
+        >(
+            q2.clone().into_primitive().tensor(),
+            k2.clone().into_primitive().tensor(),
+            v2.clone().into_primitive().tensor(),
+            spec,
+        )));
+        assert_close(&flat(node.clone()), &expected, &format!("{what}: node"));
+        let g_node = (node * weights).sum().backward();
+        for (a, b, name) in [(&q2, &q, "dq"), (&k2, &k, "dk"), (&v2, &v, "dv")] {
+            let ga = a.grad(&g_node).expect("node grad");
+            let gb = b.grad(&g_composed).expect("composed grad");
+            assert_eq!(ga.dims(), gb.dims(), "{what}: {name} shape");
+            assert_close(&flat(ga), &flat(gb), &format!("{what}: {name}"));
+        }
+    }
+}

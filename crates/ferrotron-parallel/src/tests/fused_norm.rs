@@ -167,6 +167,7 @@ fn composed_adamw_is_the_textbook_update() {
         bias_correction2: 1.0 - 0.99f64.powi(2),
         grad_scale: 0.5,
         rounded: None,
+        moment_dtypes: crate::F32_MOMENTS,
     };
     let one = |v: &[f32]| -> burn::tensor::ops::FloatTensor<Flex> {
         Tensor::<Flex, 1>::from_floats(v, &Default::default())

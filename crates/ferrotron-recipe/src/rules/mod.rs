@@ -6,6 +6,7 @@
 
 mod attention;
 mod data;
+mod mla;
 mod model;
 mod training;
 
@@ -16,6 +17,7 @@ pub fn check_rules(recipe: &Recipe) -> Vec<Finding> {
     let mut findings = Vec::new();
     model::check(recipe, &mut findings);
     attention::check(recipe, &mut findings);
+    mla::check(recipe, &mut findings);
     training::check(recipe, &mut findings);
     data::check(recipe, &mut findings);
     findings

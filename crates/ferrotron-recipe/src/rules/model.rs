@@ -1,11 +1,15 @@
 //! Model-shape rules: head arithmetic, positions, FFN sizes, MoE routing combinations.
 
-use crate::{Activation, Finding, Moe, PositionEmbedding, Recipe, ScoreFunction};
+use crate::{
+    Activation, Finding, LayerFreq, LayerFreqError, Moe, PositionEmbedding, Recipe, ScoreFunction,
+};
 
 pub(super) fn check(recipe: &Recipe, out: &mut Vec<Finding>) {
     let m = &recipe.model;
     let heads = m.num_attention_heads;
-    if m.kv_channels.is_none() && !m.hidden_size.is_multiple_of(heads) {
+    // Multi-latent attention reads its own head sizes (`model.mla`), never kv_channels.
+    let grouped_query = m.mla.is_none();
+    if grouped_query && m.kv_channels.is_none() && !m.hidden_size.is_multiple_of(heads) {
         out.push(
             Finding::error(
                 "model::hidden-divisible-by-heads",
@@ -39,7 +43,10 @@ pub(super) fn check(recipe: &Recipe, out: &mut Vec<Finding>) {
             )),
         );
     }
-    if m.position_embedding == PositionEmbedding::Rope && !m.kv_channels().is_multiple_of(2) {
+    if grouped_query
+        && m.position_embedding == PositionEmbedding::Rope
+        && !m.kv_channels().is_multiple_of(2)
+    {
         out.push(
             Finding::error(
                 "model::rope-needs-even-head-dim",
@@ -195,20 +202,107 @@ fn check_moe(moe: &Moe, num_layers: u32, out: &mut Vec<Finding>) {
             .with_help("set model.moe.router_topk: 1 or use load_balancing: aux_loss"),
         );
     }
-    if moe.layer_freq > num_layers {
+    check_layer_freq(&moe.layer_freq, num_layers, out);
+    if moe.router_topk_scaling_factor == Some(0.0) {
+        out.push(
+            Finding::error(
+                "moe::zero-topk-scaling-factor",
+                "model.moe.router_topk_scaling_factor",
+                "router_topk_scaling_factor 0 would zero every routed expert's output \
+                 (Megatron reads 0 as unset)",
+            )
+            .with_help(
+                "leave the key out for a factor of 1, or give the model's factor \
+                 (DeepSeek-V3: 2.5)",
+            ),
+        );
+    }
+}
+
+/// `layer_freq`: an integer no larger than the model, or one 0/1 per layer.
+fn check_layer_freq(freq: &LayerFreq, num_layers: u32, out: &mut Vec<Finding>) {
+    const PATH: &str = "model.moe.layer_freq";
+    if let Some(n) = freq.every()
+        && n > num_layers
+    {
         out.push(
             Finding::error(
                 "moe::layer-freq-exceeds-layers",
-                "model.moe.layer_freq",
+                PATH,
                 format!(
-                    "layer_freq {} is larger than num_layers {num_layers}: no layer would be MoE",
-                    moe.layer_freq
+                    "layer_freq {n} is larger than num_layers {num_layers}: only layer 0 would \
+                     be MoE"
                 ),
             )
             .with_help(format!(
                 "use layer_freq ≤ {num_layers} (1 makes every layer MoE)"
             )),
         );
+        return;
+    }
+    match freq.pattern(num_layers) {
+        Ok(pattern) if pattern.contains(&true) => {}
+        Ok(_) => out.push(
+            Finding::error(
+                "moe::layer-freq-no-moe-layer",
+                PATH,
+                "every entry of layer_freq is 0: no layer would be MoE",
+            )
+            .with_help("mark the MoE layers with 1, or leave model.moe out for a dense model"),
+        ),
+        Err(LayerFreqError::Length { found, num_layers }) => out.push(
+            Finding::error(
+                "moe::layer-freq-length",
+                PATH,
+                format!(
+                    "layer_freq lists {found} layers but num_layers is {num_layers} \
+                     (one 0/1 per layer)"
+                ),
+            )
+            .with_help(if found > num_layers as usize {
+                format!("drop the last {}", entries(found - num_layers as usize))
+            } else {
+                format!(
+                    "add the missing {} (1 = MoE, 0 = dense)",
+                    entries(num_layers as usize - found)
+                )
+            }),
+        ),
+        Err(LayerFreqError::Value { index, value }) => out.push(
+            Finding::error(
+                "moe::layer-freq-value",
+                format!("{PATH}.{index}"),
+                format!(
+                    "layer_freq entry {index} is {value}: only 0 (dense) and 1 (MoE) are \
+                     allowed"
+                ),
+            )
+            .with_help(format!(
+                "write 1 to make layer {index} an MoE layer or 0 to keep it dense; for every N-th \
+                 layer use the integer form, layer_freq: N"
+            )),
+        ),
+        Err(LayerFreqError::Expression(message)) => out.push(
+            Finding::error(
+                "moe::layer-freq-expression",
+                PATH,
+                format!("layer_freq is not a Megatron pattern: {message}"),
+            )
+            .with_help(format!(
+                "write a list expression such as \"([0]*1+[1]*{})\" (no spaces), or the list \
+                 itself",
+                num_layers.saturating_sub(1)
+            )),
+        ),
+        Err(LayerFreqError::Zero) => {} // the schema's minimum reports it
+    }
+}
+
+fn entries(n: usize) -> String {
+    if n == 1 {
+        "entry".to_owned()
+    } else {
+        format!("{n} entries")
     }
 }
 
@@ -289,6 +383,67 @@ mod tests {
                 "moe::pad-needs-capacity",
             ]
         );
+    }
+
+    fn with_layer_freq(layer_freq: serde_json::Value) -> Recipe {
+        let mut r = recipe();
+        r.model.moe = Some(
+            serde_json::from_value(serde_json::json!({
+                "num_experts": 4, "layer_freq": layer_freq
+            }))
+            .expect("moe"),
+        );
+        r
+    }
+
+    #[test]
+    fn layer_freq_lists_need_one_zero_or_one_per_layer() {
+        // The fixture has two layers.
+        assert!(run(&with_layer_freq(serde_json::json!([0, 1]))).is_empty());
+        assert!(run(&with_layer_freq(serde_json::json!("([0]+[1])"))).is_empty());
+        assert!(run(&with_layer_freq(serde_json::json!(2))).is_empty());
+
+        let short = run(&with_layer_freq(serde_json::json!([1])));
+        assert_eq!(codes(&short), ["moe::layer-freq-length"]);
+        assert_eq!(short[0].path, "model.moe.layer_freq");
+        assert_eq!(
+            short[0].help.as_deref(),
+            Some("add the missing entry (1 = MoE, 0 = dense)")
+        );
+        let long = run(&with_layer_freq(serde_json::json!([1, 1, 0])));
+        assert_eq!(long[0].help.as_deref(), Some("drop the last entry"));
+        let longer = run(&with_layer_freq(serde_json::json!([1, 1, 0, 0])));
+        assert_eq!(longer[0].help.as_deref(), Some("drop the last 2 entries"));
+
+        let two = run(&with_layer_freq(serde_json::json!([0, 2])));
+        assert_eq!(codes(&two), ["moe::layer-freq-value"]);
+        assert_eq!(two[0].path, "model.moe.layer_freq.1");
+
+        let dense = run(&with_layer_freq(serde_json::json!([0, 0])));
+        assert_eq!(codes(&dense), ["moe::layer-freq-no-moe-layer"]);
+        let too_rare = run(&with_layer_freq(serde_json::json!(3)));
+        assert_eq!(codes(&too_rare), ["moe::layer-freq-exceeds-layers"]);
+
+        let malformed = run(&with_layer_freq(serde_json::json!("([0]+[1]")));
+        assert_eq!(codes(&malformed), ["moe::layer-freq-expression"]);
+        assert!(
+            malformed[0].message.contains("expected `)`"),
+            "{malformed:?}"
+        );
+    }
+
+    #[test]
+    fn a_zero_topk_scaling_factor_is_refused() {
+        let mut r = with_layer_freq(serde_json::json!(1));
+        let moe = r.model.moe.as_mut().expect("moe");
+        moe.router_topk_scaling_factor = Some(2.5);
+        assert!(run(&r).is_empty());
+        r.model
+            .moe
+            .as_mut()
+            .expect("moe")
+            .router_topk_scaling_factor = Some(0.0);
+        assert_eq!(codes(&run(&r)), ["moe::zero-topk-scaling-factor"]);
     }
 
     #[test]

@@ -73,6 +73,41 @@ pub(super) fn check(recipe: &Recipe, out: &mut Vec<Finding>) {
     check_schedule(recipe, out);
     check_recompute(recipe, out);
     check_precision(recipe, out);
+    check_optimizer_states(recipe, out);
+}
+
+/// Megatron's precision-aware optimizer: lower-precision states only under it, and it only with
+/// the distributed optimizer (`megatron/core/optimizer/optimizer_config.py`, `__init__.py`).
+fn check_optimizer_states(recipe: &Recipe, out: &mut Vec<Finding>) {
+    let opt = &recipe.training.optimizer;
+    for (key, dtype) in [
+        ("exp_avg_dtype", opt.exp_avg_dtype),
+        ("exp_avg_sq_dtype", opt.exp_avg_sq_dtype),
+    ] {
+        if !dtype.is_fp32() && !opt.use_precision_aware_optimizer {
+            out.push(
+                Finding::error(
+                    "training::states-need-precision-aware-optimizer",
+                    format!("training.optimizer.{key}"),
+                    format!("{key} can only be fp32 when not using the precision-aware optimizer"),
+                )
+                .with_help(
+                    "set training.optimizer.use_precision_aware_optimizer: true (Megatron's \
+                     --use-precision-aware-optimizer), or drop the key",
+                ),
+            );
+        }
+    }
+    if opt.use_precision_aware_optimizer && !recipe.parallel.distributed_optimizer {
+        out.push(
+            Finding::error(
+                "training::precision-aware-needs-distributed-optimizer",
+                "training.optimizer.use_precision_aware_optimizer",
+                "the precision-aware optimizer is only supported with the distributed optimizer",
+            )
+            .with_help("set parallel.distributed_optimizer: true (it works on one rank too)"),
+        );
+    }
 }
 
 fn check_schedule(recipe: &Recipe, out: &mut Vec<Finding>) {
@@ -370,6 +405,25 @@ mod tests {
         );
         assert!(findings[0].is_error());
         assert!(!findings[1].is_error(), "a run ending in warmup only warns");
+    }
+
+    #[test]
+    fn lower_precision_states_need_the_precision_aware_optimizer_and_it_the_distributed_one() {
+        let mut r = recipe();
+        r.training.optimizer.exp_avg_sq_dtype = crate::StateDtype::Bf16;
+        let findings = run(&r);
+        assert_eq!(
+            codes(&findings),
+            ["training::states-need-precision-aware-optimizer"]
+        );
+        assert_eq!(findings[0].path, "training.optimizer.exp_avg_sq_dtype");
+        r.training.optimizer.use_precision_aware_optimizer = true;
+        assert_eq!(
+            codes(&run(&r)),
+            ["training::precision-aware-needs-distributed-optimizer"]
+        );
+        r.parallel.distributed_optimizer = true;
+        assert!(run(&r).is_empty());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::path::Path;
 use ferrotron_parallel::ShardSpec;
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{
-    Activation, Model, Normalization, PositionEmbedding, RopeScaling, Tokenizer,
+    Activation, LayerFreq, Mla, Model, Normalization, PositionEmbedding, RopeScaling, Tokenizer,
 };
 use serde::{Deserialize, Serialize};
 
@@ -195,8 +195,13 @@ pub struct ModelShape {
     pub window_size: Option<[u32; 2]>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<RopeScaling>,
+    /// Multi-latent attention's sizes (issue 46), left out without it as the switches above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<Mla>,
     pub num_experts: Option<u32>,
-    pub moe_layer_freq: Option<u32>,
+    /// Which layers are MoE: the integer N where the pattern is every N-th layer (what every
+    /// manifest written before the list form holds), else one 0/1 per layer.
+    pub moe_layer_freq: Option<LayerFreq>,
     pub expert_ffn_hidden_size: Option<u32>,
     pub shared_expert_ffn_hidden_size: Option<u32>,
 }
@@ -223,8 +228,9 @@ impl ModelShape {
             qk_layernorm: model.qk_layernorm,
             window_size: model.window_size,
             rope_scaling: model.rope_scaling.map(|scaling| scaling.with_defaults()),
+            mla: model.mla,
             num_experts: moe.map(|m| m.num_experts),
-            moe_layer_freq: moe.map(|m| m.layer_freq),
+            moe_layer_freq: moe.map(|m| m.layer_freq.canonical(model.num_layers)),
             expert_ffn_hidden_size: moe.map(|m| m.expert_ffn_hidden_size(model)),
             shared_expert_ffn_hidden_size: moe.and_then(|m| m.shared_expert_ffn_hidden_size),
         }
@@ -379,6 +385,41 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         manifest.write(dir.path()).expect("write");
         assert_eq!(Manifest::read(dir.path()).expect("read"), manifest);
+    }
+
+    fn moe_model(layers: u32, layer_freq: serde_json::Value) -> Model {
+        let mut model = model(64, layers);
+        model.moe = Some(
+            serde_json::from_value(serde_json::json!({"num_experts": 4, "layer_freq": layer_freq}))
+                .expect("an MoE section parses"),
+        );
+        model
+    }
+
+    /// A shape written before the list form of `layer_freq` (an integer, no `mla` key) reads and
+    /// compares equal to today's of the same model, in whichever form the recipe now writes it;
+    /// a pattern no integer gives is recorded as its list.
+    #[test]
+    fn moe_layer_patterns_compare_by_the_layers_they_make_moe() {
+        let every_second = ModelShape::of(&moe_model(4, serde_json::json!(2)), 128);
+        let written_before = serde_json::to_value(&every_second).expect("serializes");
+        assert_eq!(written_before["moe_layer_freq"], serde_json::json!(2));
+        assert!(written_before.get("mla").is_none());
+        let old: ModelShape = serde_json::from_value(written_before).expect("an old shape reads");
+        for form in [
+            serde_json::json!([1, 0, 1, 0]),
+            serde_json::json!("[1,0]*2"),
+        ] {
+            assert!(
+                old.differences(&ModelShape::of(&moe_model(4, form), 128))
+                    .is_empty()
+            );
+        }
+        let dense_first = ModelShape::of(&moe_model(4, serde_json::json!("[0]+[1]*3")), 128);
+        assert_eq!(
+            old.differences(&dense_first),
+            ["moe_layer_freq: checkpoint 2, recipe [0,1,1,1]"]
+        );
     }
 }
 

@@ -7,8 +7,10 @@
 //! wrote it: `load` assembles global tensors from whatever shards exist and cuts the shards the
 //! loading layout wants, so a tp2·pp2 run resumes as tp1·dp4, and a one-rank checkpoint loads
 //! into eight ranks and back. See `store` for the commit protocol, `save` for how a world of
-//! ranks writes one folder, `manifest` for what is recorded.
+//! ranks writes one folder, `async_save` for writing it while training goes on, `manifest` for
+//! what is recorded.
 
+mod async_save;
 mod load;
 mod manifest;
 mod modules;
@@ -17,6 +19,7 @@ mod store;
 mod tensors;
 mod vocab;
 
+pub use async_save::{SaveInFlight, start_sharded_save};
 pub use load::{ShardedCheckpoint, file_hash};
 pub use manifest::{
     CHECKPOINT_FORMAT_VERSION, CheckpointLayout, MANIFEST_FILE, MODEL_FILE, Manifest,

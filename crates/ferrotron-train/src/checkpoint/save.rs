@@ -67,34 +67,77 @@ pub fn save_sharded(
     model: &[ShardTensor],
     optimizer: &[ShardTensor],
 ) -> Result<PathBuf, TrainError> {
+    let folder = begin_world(store, ctx, info.state.iteration)?;
+    let written = write_rank_files(&folder.temp, folder.rank, folder.world, model, optimizer);
+    agree(ctx, &folder.temp, written, "write its shards")?;
+
+    let committed = if folder.rank == 0 {
+        let info = FinishInfo::of(info);
+        finish(store, &folder.temp, folder.world, &info).map(|_| ())
+    } else {
+        Ok(())
+    };
+    agree(ctx, &folder.temp, committed, "commit the checkpoint")?;
+    Ok(folder.target)
+}
+
+/// The folder a world saves into, prepared by rank 0 and agreed by all.
+pub(super) struct WorldFolder {
+    pub rank: u32,
+    pub world: u32,
+    /// Where the ranks write, shared by every rank, even across processes.
+    pub temp: PathBuf,
+    /// What it becomes once committed.
+    pub target: PathBuf,
+}
+
+/// Rank 0 creates the temporary folder (a leftover of a crash is cleared); every rank learns
+/// that it exists before writing into it (collective).
+pub(super) fn begin_world(
+    store: &CheckpointStore,
+    ctx: &ParallelContext,
+    iteration: u64,
+) -> Result<WorldFolder, TrainError> {
     let rank = ctx.tp.global_rank();
     let world = world_size(ctx);
-    let iteration = info.state.iteration;
-    // One name for all ranks, even across processes; a leftover of a crash is cleared by begin.
     let temp = store.temp_folder(iteration, &format!("w{world}"));
     let target = store.dir().join(CheckpointStore::folder_name(iteration));
-
     let begun = if rank == 0 {
         store.begin(&temp)
     } else {
         Ok(())
     };
     agree(ctx, &temp, begun, "prepare the checkpoint folder")?;
+    Ok(WorldFolder {
+        rank,
+        world,
+        temp,
+        target,
+    })
+}
 
-    let written = write_rank_files(&temp, rank, world, model, optimizer);
-    agree(ctx, &temp, written, "write its shards")?;
+/// What rank 0 records besides the shard files, owned so that a writer thread can hold it.
+#[derive(Debug, Clone)]
+pub(super) struct FinishInfo {
+    state: ResumeState,
+    plan: Plan,
+    recipe: Recipe,
+    shape: ModelShape,
+}
 
-    let committed = if rank == 0 {
-        finish(store, &temp, world, info).map(|_| ())
-    } else {
-        Ok(())
-    };
-    agree(ctx, &temp, committed, "commit the checkpoint")?;
-    Ok(target)
+impl FinishInfo {
+    pub(super) fn of(info: &CheckpointInfo<'_>) -> Self {
+        FinishInfo {
+            state: info.state,
+            plan: info.plan.clone(),
+            recipe: info.recipe.clone(),
+            shape: info.shape.clone(),
+        }
+    }
 }
 
 /// This rank's model and optimizer files (none when it has nothing to write), fsynced.
-fn write_rank_files(
+pub(super) fn write_rank_files(
     temp: &Path,
     rank: u32,
     world: u32,
@@ -114,11 +157,11 @@ fn write_rank_files(
 
 /// Rank 0, once every rank has written: list the shard files, write the manifest, plan and
 /// recipe, commit.
-fn finish(
+pub(super) fn finish(
     store: &CheckpointStore,
     temp: &Path,
     world: u32,
-    info: &CheckpointInfo<'_>,
+    info: &FinishInfo,
 ) -> Result<PathBuf, TrainError> {
     let mut shards = Vec::new();
     for rank in 0..world {
@@ -141,7 +184,7 @@ fn finish(
             });
         }
     }
-    let recipe = info.recipe;
+    let recipe = &info.recipe;
     let manifest = Manifest {
         format_version: CHECKPOINT_FORMAT_VERSION,
         iteration: info.state.iteration,
@@ -156,7 +199,7 @@ fn finish(
         model: recipe.model.clone(),
         tokenizer: absolute_tokenizer(&recipe.data.tokenizer),
         files: ManifestFiles::default(),
-        layout: CheckpointLayout::of(info.plan),
+        layout: CheckpointLayout::of(&info.plan),
         shards,
     };
     info.plan
@@ -169,7 +212,7 @@ fn finish(
 
 /// Every rank learns whether every rank succeeded at `step`. This rank's own error comes back
 /// as is; a rank that succeeded while another failed gets an error saying so.
-fn agree(
+pub(super) fn agree(
     ctx: &ParallelContext,
     temp: &Path,
     outcome: Result<(), TrainError>,

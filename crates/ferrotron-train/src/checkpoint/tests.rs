@@ -82,6 +82,11 @@ fn local(spec: &ShardSpec) -> ShardTensor {
 /// Every rank of a tp2·dp2 thread world saves its primary shards (and moments named after
 /// them); returns the committed folder.
 fn save_tp2_dp2(root: &Path) -> PathBuf {
+    save_tp2_dp2_as(root, false)
+}
+
+/// [`save_tp2_dp2`], the save asynchronous (started, then settled) when `async_save`.
+fn save_tp2_dp2_as(root: &Path, async_save: bool) -> PathBuf {
     let plan = tp2_dp2_plan();
     let recipe = plan.recipe.clone();
     let shape = ModelShape::of(&recipe.model, plan.padded_vocab_size);
@@ -111,8 +116,14 @@ fn save_tp2_dp2(root: &Path) -> PathBuf {
                 recipe: &recipe,
                 shape: &shape,
             };
-            save_sharded(&store, &ctx, &info, &model, &moments)
-                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+            let saved = if async_save {
+                let timeout = std::time::Duration::from_secs(60);
+                start_sharded_save(&store, &ctx, &info, (model, moments), timeout)
+                    .and_then(|save| save.settle(&ctx))
+            } else {
+                save_sharded(&store, &ctx, &info, &model, &moments)
+            };
+            saved.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         })
         .expect("every rank saves");
     assert!(folders.iter().all(|f| f == &folders[0]));
@@ -145,6 +156,104 @@ fn a_world_saves_one_folder_with_one_copy_of_each_shard() {
     );
     assert!(!folder.join("model-00003-of-00004.safetensors").exists());
     assert!(folder.join(PLAN_FILE).is_file() && folder.join(RECIPE_FILE).is_file());
+}
+
+/// Every file of `folder` by its name, with its bytes.
+fn files_of(folder: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(folder)
+        .expect("folder")
+        .map(|entry| {
+            let path = entry.expect("entry").path();
+            let name = path
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned();
+            (name, std::fs::read(&path).expect("readable"))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn an_async_save_commits_the_bytes_of_a_synchronous_one() {
+    let (sync_root, async_root) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let synchronous = save_tp2_dp2_as(sync_root.path(), false);
+    let asynchronous = save_tp2_dp2_as(async_root.path(), true);
+    assert!(is_committed(&asynchronous));
+    let (expected, got) = (files_of(&synchronous), files_of(&asynchronous));
+    let names: Vec<&str> = got.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(
+        names.contains(&"model-00001-of-00004.safetensors"),
+        "{names:?}"
+    );
+    assert_eq!(
+        got, expected,
+        "the same files with the same bytes, markers gone"
+    );
+    // nothing left beside the committed folder
+    let left: Vec<_> = std::fs::read_dir(async_root.path().join("ckpt"))
+        .expect("store")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+}
+
+#[test]
+fn a_failing_async_writer_fails_every_rank_and_commits_nothing() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let plan = tp2_dp2_plan();
+    let recipe = plan.recipe.clone();
+    let shape = ModelShape::of(&recipe.model, plan.padded_vocab_size);
+    let store = CheckpointStore::new(root.path().join("ckpt"), None);
+    let outcomes = std::sync::Mutex::new(Vec::new());
+    let _ = World::new(4).run(|rank| {
+        let ctx = ParallelContext::from_groups(rank_groups(&plan, &rank)?, false);
+        // Rank 3 claims two shards of one tensor, which its writer thread refuses.
+        let spec = ShardSpec::full("layer.bias", vec![6]);
+        let model = if rank.rank() == 3 {
+            vec![local(&spec), local(&spec)]
+        } else {
+            vec![local(&spec)]
+        };
+        let info = CheckpointInfo {
+            state: ResumeState::fresh(),
+            plan: &plan,
+            recipe: &recipe,
+            shape: &shape,
+        };
+        let timeout = std::time::Duration::from_secs(60);
+        let save = start_sharded_save(&store, &ctx, &info, (model, Vec::new()), timeout)
+            .expect("the save starts on every rank");
+        let outcome = save.settle(&ctx);
+        outcomes
+            .lock()
+            .expect("lock")
+            .push((rank.rank(), outcome.map_err(|e| e.to_string())));
+        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    });
+    let mut outcomes = outcomes.into_inner().expect("lock");
+    outcomes.sort_by_key(|(rank, _)| *rank);
+    assert_eq!(outcomes.len(), 4);
+    for (rank, outcome) in &outcomes {
+        let err = outcome.as_ref().expect_err("every rank fails");
+        match rank {
+            3 => assert!(
+                err.contains("two shards of layer.bias from one rank"),
+                "{err}"
+            ),
+            0 => assert!(err.contains("rank 3 failed to write its shards"), "{err}"),
+            _ => assert!(
+                err.contains("another rank failed to write and commit"),
+                "{err}"
+            ),
+        }
+    }
+    assert!(store.latest().expect("list").is_none());
 }
 
 #[test]
@@ -438,6 +547,7 @@ mod modules {
                 beta2: 0.95,
                 eps: 1e-8,
                 weight_decay: 0.0,
+                moment_dtypes: ferrotron_parallel::F32_MOMENTS,
             },
             HashSet::new(),
         );
@@ -491,6 +601,7 @@ mod modules {
                 beta2: 0.95,
                 eps: 1e-8,
                 weight_decay: 0.0,
+                moment_dtypes: ferrotron_parallel::F32_MOMENTS,
             },
             HashSet::new(),
         );

@@ -302,6 +302,7 @@ where
             ctx,
             outcome.losses,
             outcome.lm_losses,
+            outcome.aux_losses,
             microbatches.len(),
             device,
         )?;
@@ -367,30 +368,48 @@ where
     }
 }
 
-/// Every microbatch's objective and LM loss on the last stage, as every rank reads them: the
-/// last stage's `[losses…, lm losses…]` (f32) over the pipeline, gathered over the data- and
-/// context-parallel ranks in rank order. Device collectives; the arithmetic that makes one
-/// loss of them waits for the read ([`reported_stats`]), so it stays the host's f64.
+/// Every microbatch's objective and LM loss, as every rank reads them: the last stage's
+/// `[losses…, lm losses…]` (f32) summed over the pipeline with every stage's MoE auxiliary
+/// losses of the chunks before the last (which the one-rank objective holds too), gathered over
+/// the data- and context-parallel ranks in rank order. Device collectives; the arithmetic that
+/// makes one loss of them waits for the read ([`reported_stats`]), so it stays the host's f64.
 fn stage_losses<I: ParallelOps>(
     ctx: &ParallelContext,
     losses: Vec<Tensor<I, 1>>,
     lm_losses: Vec<Tensor<I, 1>>,
+    aux_losses: Vec<Option<Tensor<I, 1>>>,
     microbatches: usize,
     device: &I::Device,
 ) -> Result<Tensor<I, 1>, TrainError> {
-    let mine = if ctx.is_last_stage() {
+    let f32 = |t: Tensor<I, 1>| t.cast(DType::F32);
+    let (losses, lm_losses) = if ctx.is_last_stage() {
         if losses.len() != microbatches || lm_losses.len() != microbatches {
             return Err(TrainError::Config(format!(
                 "the last pipeline stage computed {} losses for {microbatches} microbatches",
                 losses.len()
             )));
         }
-        let f32 = |t: Tensor<I, 1>| t.cast(DType::F32);
-        Tensor::cat(losses.into_iter().chain(lm_losses).map(f32).collect(), 0)
+        (losses, lm_losses)
     } else {
-        // the other stages add nothing to the last one's values (x + 0 is x, exactly)
-        Tensor::zeros([2 * microbatches], (device, DType::F32))
+        // the other stages add nothing to the last one's values (x + 0 is x, exactly) but
+        // their auxiliary losses
+        let zero = || Tensor::zeros([1], (device, DType::F32));
+        (
+            (0..microbatches).map(|_| zero()).collect(),
+            (0..microbatches).map(|_| zero()).collect(),
+        )
     };
+    let objectives = losses
+        .into_iter()
+        .zip(aux_losses)
+        .map(|(loss, aux)| match aux {
+            Some(aux) => f32(loss) + f32(aux),
+            None => f32(loss),
+        });
+    let mine = Tensor::cat(
+        objectives.chain(lm_losses.into_iter().map(f32)).collect(),
+        0,
+    );
     let over_stages = summed_over(Some(mine), [&ctx.pp], device);
     if ctx.dp_cp.size() == 1 {
         return Ok(over_stages);

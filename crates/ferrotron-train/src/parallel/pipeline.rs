@@ -40,6 +40,10 @@ pub(super) struct PipelineOutcome<B: AutodiffBackend> {
     /// device (last stage only; empty elsewhere).
     pub losses: Vec<Tensor<B::InnerBackend, 1>>,
     pub lm_losses: Vec<Tensor<B::InnerBackend, 1>>,
+    /// Per microbatch, the MoE auxiliary losses of this stage's chunks that hand on hidden
+    /// states (their layers' part of the objective, which the last chunk's loss lacks); `None`
+    /// where no such chunk runs here.
+    pub aux_losses: Vec<Option<Tensor<B::InnerBackend, 1>>>,
     /// Per local chunk: tokens per expert, summed over microbatches.
     pub loads: Vec<ExpertLoads>,
 }
@@ -133,6 +137,7 @@ where
     let mut grads_out: HashMap<(usize, usize), Tensor<B, 3>> = HashMap::new();
     let mut in_flight: HashMap<(usize, usize), InFlight<B>> = HashMap::new();
     let (mut losses, mut lm_losses) = (Vec::new(), Vec::new());
+    let mut aux_losses: Vec<Option<Tensor<B::InnerBackend, 1>>> = vec![None; microbatches.len()];
     for op in ops {
         match op {
             Op::RecvActivation { chunk, microbatch } => {
@@ -193,6 +198,12 @@ where
                         expert_loads,
                     } => {
                         loads[compute.chunk].accumulate(&expert_loads);
+                        let slot = &mut aux_losses[compute.microbatch];
+                        let detached = aux_loss.clone().inner();
+                        *slot = Some(match slot.take() {
+                            Some(sum) => sum + detached,
+                            None => detached,
+                        });
                         Forwarded::Hidden { hidden, aux_loss }
                     }
                     ChunkOutput::Loss(loss) => {
@@ -261,6 +272,7 @@ where
     Ok(PipelineOutcome {
         losses,
         lm_losses,
+        aux_losses,
         loads,
     })
 }

@@ -14,7 +14,8 @@ use ferrotron_parallel::ParallelOps;
 use super::rank_model::RankModel;
 use crate::TrainError;
 use crate::checkpoint::{
-    CheckpointInfo, CheckpointStore, ShardedCheckpoint, adamw_shards, save_sharded, trained_shards,
+    CheckpointInfo, CheckpointStore, ShardedCheckpoint, adamw_shards, save_sharded,
+    start_sharded_save, trained_shards,
 };
 use burn::tensor::backend::AutodiffBackend;
 
@@ -23,12 +24,14 @@ where
     B: AutodiffBackend + ParallelOps,
     B::InnerBackend: ParallelOps,
 {
-    /// Write this rank's part of a checkpoint (collective over the world).
+    /// Write this rank's part of a checkpoint (collective over the world): the committed
+    /// folder, or with `checkpoint.async_save` `None` and the save in flight once this rank's
+    /// shards are in host memory.
     pub(super) fn save_checkpoint(
-        &self,
+        &mut self,
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,
-    ) -> Result<PathBuf, TrainError> {
+    ) -> Result<Option<PathBuf>, TrainError> {
         let mut params = Vec::new();
         let mut moments = Vec::new();
         let chunks = self.chunks.iter().zip(&self.roles);
@@ -44,7 +47,13 @@ where
         for shard in params.iter_mut().chain(&mut moments) {
             shard.spec.splits.retain(|split| split.count > 1);
         }
-        save_sharded(store, &self.ctx, info, &params, &moments)
+        if info.recipe.checkpoint.async_save {
+            let timeout = info.recipe.parallel.distributed_timeout();
+            let save = start_sharded_save(store, &self.ctx, info, (params, moments), timeout)?;
+            self.save_in_flight = Some(save);
+            return Ok(None);
+        }
+        save_sharded(store, &self.ctx, info, &params, &moments).map(Some)
     }
 
     /// Replace parameters and optimizer state by `checkpoint`'s (no communication).

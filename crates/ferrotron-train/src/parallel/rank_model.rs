@@ -25,7 +25,7 @@ use ferrotron_plan::Plan;
 use super::device_exchange::{ExchangeSettings, data_group, per_chunk_optimizer};
 use super::pipeline::{evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
-use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::checkpoint::{CheckpointInfo, CheckpointStore, SaveInFlight};
 use crate::error::comm_error;
 use crate::flat_adamw::{Shard, Sharding};
 use crate::host_read::read_to_host;
@@ -107,6 +107,8 @@ pub(super) struct RankModel<B: AutodiffBackend> {
     pub(super) exchange: ExchangeSettings,
     pub(super) optimizer: RankOptimizer<B::InnerBackend>,
     pub(super) device: B::Device,
+    /// A checkpoint its writer thread is still writing (`checkpoint.async_save`).
+    pub(super) save_in_flight: Option<SaveInFlight>,
 }
 
 impl<B> RankModel<B>
@@ -213,6 +215,7 @@ where
             exchange,
             optimizer,
             device: device.clone(),
+            save_in_flight: None,
         })
     }
 
@@ -330,7 +333,9 @@ where
         &mut self,
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,
-    ) -> Result<PathBuf, TrainError> {
+    ) -> Result<Option<PathBuf>, TrainError> {
+        // at most one save in flight: its snapshot is the only one held in host memory
+        self.settle_save()?;
         prefetch::settle();
         // a checkpoint holds whole moments and masters, whatever the layout that reads it
         match &mut self.optimizer {
@@ -345,6 +350,14 @@ where
             }
         }
         self.save_checkpoint(store, info)
+    }
+
+    fn settle_save(&mut self) -> Result<Option<(u64, PathBuf)>, TrainError> {
+        let Some(save) = self.save_in_flight.take() else {
+            return Ok(None);
+        };
+        let iteration = save.iteration();
+        save.settle(&self.ctx).map(|path| Some((iteration, path)))
     }
 
     fn has_peers(&self) -> bool {

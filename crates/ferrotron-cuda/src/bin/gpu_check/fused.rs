@@ -252,7 +252,17 @@ pub(crate) fn dropout_row(
     dtype: DType,
     window: Option<usize>,
 ) -> Row {
-    let [b, h, g, s, d] = [2, 8, 4, 512, 64];
+    dropout_row_with(device, rng, dtype, window, [2, 8, 4, 512, 64, 64])
+}
+
+/// [`dropout_row`] at `[batch, heads, groups, seq, query/key head dim, value head dim]`.
+pub(crate) fn dropout_row_with(
+    device: &GpuDevice,
+    rng: &mut StdRng,
+    dtype: DType,
+    window: Option<usize>,
+    [b, h, g, s, d, dv]: [usize; 6],
+) -> Row {
     let spec = AttentionSpec {
         dropout: 0.2,
         window,
@@ -261,16 +271,19 @@ pub(crate) fn dropout_row(
     let run = || -> Result<(f64, f64, f64), String> {
         let q: Tensor<A, 4> = upload(&host(&[b, h, s, d], rng, dtype), dtype, device);
         let k: Tensor<A, 4> = upload(&host(&[b, g, s, d], rng, dtype), dtype, device);
-        let v: Tensor<A, 4> = upload(&host(&[b, g, s, d], rng, dtype), dtype, device);
+        let v: Tensor<A, 4> = upload(&host(&[b, g, s, dv], rng, dtype), dtype, device);
         let w =
-            Tensor::<A, 4>::from_data(host(&[b, h, s, d], rng, DType::F32), (device, DType::F32));
+            Tensor::<A, 4>::from_data(host(&[b, h, s, dv], rng, DType::F32), (device, DType::F32));
         let out = attention_on::<true>(q.clone(), k.clone(), v.clone(), spec);
         let loss = (out.cast(DType::F32) * w).sum();
         let grads = loss.backward();
         let loss_value: f64 = loss.into_scalar().into();
-        let dv = v.grad(&grads).ok_or("no dv")?.cast(DType::F32);
-        let inner: f64 = (dv * v.inner().cast(DType::F32)).sum().into_scalar().into();
-        let ones = Tensor::<A, 4>::ones([b, g, s, d], (device, dtype));
+        let grad_v = v.grad(&grads).ok_or("no dv")?.cast(DType::F32);
+        let inner: f64 = (grad_v * v.inner().cast(DType::F32))
+            .sum()
+            .into_scalar()
+            .into();
+        let ones = Tensor::<A, 4>::ones([b, g, s, dv], (device, dtype));
         let mean_out: f64 = attention_on::<true>(q, k, ones, spec)
             .cast(DType::F32)
             .mean()
@@ -303,7 +316,11 @@ pub(crate) fn dropout_row(
             window.map_or(String::new(), |left| format!(" window {left}"))
         ),
         dtype: dtype_label(dtype),
-        shape: format!("q [{b}, {h}, {s}, {d}] kv [{b}, {g}, {s}, {d}]"),
+        shape: if d == dv {
+            format!("q [{b}, {h}, {s}, {d}] kv [{b}, {g}, {s}, {d}]")
+        } else {
+            format!("q, k [{b}, {h}|{g}, {s}, {d}] v [{b}, {g}, {s}, {dv}]")
+        },
         errors,
         note,
     }

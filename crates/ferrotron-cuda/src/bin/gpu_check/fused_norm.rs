@@ -13,7 +13,7 @@ use ferrotron_parallel::{
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use crate::compare;
+use crate::compare::{self, Errors};
 use crate::fused::{A, dtype_label, host, median_ms, round, upload};
 use crate::{Row, failed, first_line, guarded};
 
@@ -142,7 +142,7 @@ fn tensor(p: burn::tensor::ops::FloatTensor<Cuda>) -> Tensor<Cuda, 1> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
 }
 
-fn adamw_step(first: bool, decay: bool, scale: f64) -> AdamWStep {
+fn adamw_step(first: bool, decay: bool, scale: f64, moments: [DType; 2]) -> AdamWStep {
     let t = if first { 1 } else { 7 };
     AdamWStep {
         lr: 3e-4,
@@ -154,28 +154,32 @@ fn adamw_step(first: bool, decay: bool, scale: f64) -> AdamWStep {
         bias_correction2: 1.0 - 0.95f64.powi(t),
         grad_scale: scale,
         rounded: None,
+        moment_dtypes: moments,
     }
 }
 
-/// New value, m and v of one update, kernel (`FUSED`) or composed, concatenated.
+/// The new value, and m and v concatenated in the dtype they are kept in, of one update, kernel
+/// (`FUSED`) or composed.
 fn adamw_result<const FUSED: bool>(
     data: &[TensorData; 4],
     grad_dtype: DType,
     step: AdamWStep,
     first: bool,
     device: &GpuDevice,
-) -> TensorData {
+) -> [TensorData; 2] {
     let f32_tensor = |d: &TensorData| Tensor::<Cuda, 1>::from_data(d.clone(), (device, DType::F32));
     let value = primitive(f32_tensor(&data[0]));
     let grad = primitive(Tensor::<Cuda, 1>::from_data(
         round(data[1].clone(), grad_dtype),
         (device, grad_dtype),
     ));
-    // v must be non-negative: it is a running mean of squares.
+    // v must be non-negative: it is a running mean of squares. Moments come in the dtype the
+    // step keeps them in (bf16 under the precision-aware optimizer).
+    let [m_dtype, v_dtype] = step.moment_dtypes;
     let moments = (!first).then(|| {
         (
-            primitive(f32_tensor(&data[2])),
-            primitive(f32_tensor(&data[3]).abs()),
+            primitive(f32_tensor(&data[2]).cast(m_dtype)),
+            primitive(f32_tensor(&data[3]).abs().cast(v_dtype)),
         )
     });
     // Later steps also take a device-resident clipping factor.
@@ -185,18 +189,33 @@ fn adamw_result<const FUSED: bool>(
     } else {
         composed_adamw::<Cuda>(value, grad, moments, step, device_scale)
     };
-    Tensor::cat(
-        vec![
-            tensor(out.value),
-            tensor(out.exp_avg),
-            tensor(out.exp_avg_sq),
-        ],
-        0,
-    )
-    .into_data()
+    [
+        tensor(out.value).into_data(),
+        Tensor::cat(
+            vec![tensor(out.exp_avg), tensor(out.exp_avg_sq).cast(m_dtype)],
+            0,
+        )
+        .into_data(),
+    ]
 }
 
-fn adamw_row(device: &GpuDevice, rng: &mut StdRng, grad_dtype: DType, first: bool) -> Row {
+/// Two comparisons as one row's: the worse of each measure, every bad element.
+fn both(a: Errors, b: Errors) -> Errors {
+    Errors {
+        max_abs: a.max_abs.max(b.max_abs),
+        max_rel: a.max_rel.max(b.max_rel),
+        bad: a.bad + b.bad,
+        mismatch: a.mismatch.or(b.mismatch),
+    }
+}
+
+fn adamw_row(
+    device: &GpuDevice,
+    rng: &mut StdRng,
+    grad_dtype: DType,
+    first: bool,
+    moments: [DType; 2],
+) -> Row {
     let n = 1_000_003;
     let data = [
         host(&[n], rng, DType::F32),
@@ -204,7 +223,7 @@ fn adamw_row(device: &GpuDevice, rng: &mut StdRng, grad_dtype: DType, first: boo
         host(&[n], rng, DType::F32),
         host(&[n], rng, DType::F32),
     ];
-    let step = adamw_step(first, !first, if first { 1.0 } else { 0.5 });
+    let step = adamw_step(first, !first, if first { 1.0 } else { 0.5 }, moments);
     let got = guarded(|| Ok(adamw_result::<true>(&data, grad_dtype, step, first, device)));
     let want = guarded(|| {
         Ok(adamw_result::<false>(
@@ -212,10 +231,20 @@ fn adamw_row(device: &GpuDevice, rng: &mut StdRng, grad_dtype: DType, first: boo
         ))
     });
     let (errors, note) = match (got, want) {
-        (Ok(g), Ok(w)) => (
-            compare::compare(&g, &w, 4.0),
+        // moments kept in bf16 are compared as bf16 (one rounding step apart where the two
+        // f32 results straddle a bf16 boundary)
+        (Ok([g_value, g_moments]), Ok([w_value, w_moments])) => (
+            both(
+                compare::compare(&g_value, &w_value, 4.0),
+                compare::compare(&g_moments, &w_moments, 4.0),
+            ),
             format!(
-                "one kernel vs composed; value, m, v; {}",
+                "one kernel vs composed; value, m, v{}; {}",
+                if moments == ferrotron_parallel::F32_MOMENTS {
+                    ""
+                } else {
+                    " (kept in bf16)"
+                },
                 if first {
                     "first step"
                 } else {
@@ -288,7 +317,15 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             }
         }
         for first in [true, false] {
-            rows.push(adamw_row(device, &mut rng, dtype, first));
+            rows.push(adamw_row(
+                device,
+                &mut rng,
+                dtype,
+                first,
+                ferrotron_parallel::F32_MOMENTS,
+            ));
+            // Megatron's precision-aware optimizer: both moments stored in bf16
+            rows.push(adamw_row(device, &mut rng, dtype, first, [DType::BF16; 2]));
         }
     }
     rows
@@ -331,7 +368,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
             Tensor::<Cuda, 1>::random([n], burn::tensor::Distribution::Uniform(0.0, 1.0), device)
         };
         let (value, grad, m, v) = (mk(), mk(), mk(), mk());
-        let step = adamw_step(false, true, 0.5);
+        let step = adamw_step(false, true, 0.5, ferrotron_parallel::F32_MOMENTS);
         let run = |fused: bool| {
             let args = (
                 primitive(value.clone()),

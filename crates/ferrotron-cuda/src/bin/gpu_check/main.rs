@@ -21,6 +21,7 @@ mod fused_dropout;
 mod fused_flat;
 mod fused_grouped;
 mod fused_loss;
+mod fused_mla;
 mod fused_moe;
 mod fused_norm;
 mod fused_qk_norm;
@@ -374,7 +375,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|moe|upload|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|upload|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
                      linear overrides against their composed versions, the fp8 kernels and linear\n\
                      (Hopper), then the NCCL communicator\n\
@@ -424,6 +425,9 @@ fn main() -> anyhow::Result<()> {
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "window" {
         rows.extend(fused_window::rows(&device));
     }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "mla" {
+        rows.extend(fused_mla::rows(&device));
+    }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "fused_grouped" {
         rows.extend(fused_grouped::rows(&device));
     }
@@ -462,6 +466,8 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fp8_source::timings(&device));
     } else if args.timings && args.filter == "window" {
         println!("\n{}", fused_window::timings(&device));
+    } else if args.timings && args.filter == "mla" {
+        println!("\n{}", fused_mla::timings(&device));
     } else if args.timings {
         if let Some(comm) = &nccl_comm {
             println!("\n{}", nccl::timings(comm));
@@ -475,6 +481,7 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused_loss::timings(&device));
         println!("\n{}", fused_qkv::timings(&device));
         println!("\n{}", fused_window::timings(&device));
+        println!("\n{}", fused_mla::timings(&device));
         println!("\n{}", fused_dropout::timings(&device));
         println!("\n{}", fp8_source::timings(&device));
     }

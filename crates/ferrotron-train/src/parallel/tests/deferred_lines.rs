@@ -63,7 +63,11 @@ impl RankStep for Recorder {
         Ok(0.5)
     }
 
-    fn save(&mut self, _: &CheckpointStore, _: &CheckpointInfo<'_>) -> Result<PathBuf, TrainError> {
+    fn save(
+        &mut self,
+        _: &CheckpointStore,
+        _: &CheckpointInfo<'_>,
+    ) -> Result<Option<PathBuf>, TrainError> {
         unreachable!("the test recipes save nothing")
     }
 

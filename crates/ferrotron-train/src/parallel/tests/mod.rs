@@ -14,6 +14,7 @@
 
 mod alone;
 mod call_order;
+mod deepseek_moe;
 mod deferred_lines;
 mod dense_families;
 mod equivalence;
@@ -21,6 +22,8 @@ mod evaluation;
 mod exchanged;
 mod fixture;
 mod host_reads;
+mod mla;
+mod optimizer_states;
 mod plan_groups;
 mod recompute;
 mod replicated;

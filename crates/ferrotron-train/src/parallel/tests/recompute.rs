@@ -12,7 +12,7 @@ use super::fixture::{
 const ITERATIONS: u64 = 3;
 
 /// Trains `layout` twice, without and with `recompute`, and demands identical curves.
-fn check(layout: Layout, layers: u32, extra: Value, recompute: Value) {
+pub(super) fn check(layout: Layout, layers: u32, extra: Value, recompute: Value) {
     let dir = tempfile::tempdir().expect("tempdir");
     write_data(dir.path());
     let run = |name: &str, recompute: Value| {
@@ -44,7 +44,7 @@ fn check(layout: Layout, layers: u32, extra: Value, recompute: Value) {
     );
 }
 
-fn full(method: &str, layers: u32) -> Value {
+pub(super) fn full(method: &str, layers: u32) -> Value {
     json!({"granularity": "full", "method": method, "num_layers": layers})
 }
 

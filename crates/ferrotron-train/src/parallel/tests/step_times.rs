@@ -67,7 +67,11 @@ impl RankStep for QueuedDevice {
         Ok(0.5)
     }
 
-    fn save(&mut self, _: &CheckpointStore, _: &CheckpointInfo<'_>) -> Result<PathBuf, TrainError> {
+    fn save(
+        &mut self,
+        _: &CheckpointStore,
+        _: &CheckpointInfo<'_>,
+    ) -> Result<Option<PathBuf>, TrainError> {
         unreachable!("the test recipes save nothing")
     }
 

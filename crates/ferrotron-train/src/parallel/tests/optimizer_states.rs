@@ -1,0 +1,98 @@
+//! Megatron's precision-aware optimizer (`--use-precision-aware-optimizer --exp-avg-dtype bf16
+//! --exp-avg-sq-dtype bf16`) on thread ranks: the moments are kept in bf16 (what a checkpoint
+//! holds is bf16-representable), the run trains as the fp32-state run does to bf16's rounding
+//! of the moments, and it is deterministic. Resume is in `resume.rs`.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::fixture::{Layout, merge, options, plan, train_world, write_data};
+use crate::checkpoint::read_safetensors;
+
+/// The recipe keys of bf16 optimizer states.
+pub(super) fn bf16_states() -> Value {
+    json!({"training": {"optimizer": {
+        "use_precision_aware_optimizer": true, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"
+    }}})
+}
+
+/// The losses of a 4-step run of `layout` with `states` (saving at the end into `dir/name`),
+/// and every moment value of its checkpoint.
+fn train(dir: &Path, name: &str, layout: Layout, states: Value) -> (Vec<f64>, Vec<f32>) {
+    let mut extra = json!({"checkpoint": {"dir": dir.join(name), "resume": "never"}});
+    merge(&mut extra, states);
+    let plan = plan(dir, layout, 2, 4, extra);
+    let outcomes = train_world(&plan, &options(&dir.join(format!("{name}-run"))))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let folder = outcomes[0]
+        .summary
+        .checkpoint
+        .clone()
+        .expect("saved at the end");
+    let mut moments = Vec::new();
+    for entry in std::fs::read_dir(&folder).expect("checkpoint folder") {
+        let path = entry.expect("entry").path();
+        let file = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        if file.starts_with("optimizer") {
+            for (_, tensor) in read_safetensors(&path).expect("optimizer shard") {
+                moments.extend(tensor.values);
+            }
+        }
+    }
+    (outcomes[0].summary.losses.clone(), moments)
+}
+
+#[test]
+fn bf16_states_are_stored_in_bf16_and_train_as_fp32_ones_do() {
+    for layout in [
+        Layout {
+            dp: 2,
+            distributed_optimizer: true,
+            ..Layout::alone()
+        },
+        Layout {
+            tp: 2,
+            pp: 2,
+            dp: 2,
+            distributed_optimizer: true,
+            ..Layout::alone()
+        },
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_data(dir.path());
+        let (fp32_losses, fp32_moments) = train(dir.path(), "fp32", layout, json!({}));
+        let (bf16_losses, bf16_moments) = train(dir.path(), "bf16", layout, bf16_states());
+        let (again, _) = train(dir.path(), "bf16-again", layout, bf16_states());
+        assert_eq!(bf16_losses, again, "{layout:?}: deterministic");
+
+        let bf16 = |x: f32| burn::tensor::bf16::from_f32(x).to_f32() == x;
+        assert!(!bf16_moments.is_empty());
+        assert!(
+            bf16_moments.iter().all(|&m| bf16(m)),
+            "{layout:?}: every stored moment is a bf16 value"
+        );
+        assert!(
+            !fp32_moments.iter().all(|&m| bf16(m)),
+            "{layout:?}: fp32 moments are not all bf16 values (the check can fail)"
+        );
+        assert_eq!(bf16_losses.len(), fp32_losses.len());
+        // Steps 1 and 2 update from moments the first step computed exactly, so they agree to
+        // the bit; later steps read rounded moments.
+        assert_eq!(bf16_losses[..2], fp32_losses[..2], "{layout:?}");
+        assert_ne!(
+            bf16_losses, fp32_losses,
+            "{layout:?}: rounding the moments shows"
+        );
+        for (b, f) in bf16_losses.iter().zip(&fp32_losses) {
+            assert!(
+                (b - f).abs() <= 1e-3 * f.abs(),
+                "{layout:?}: bf16 states {bf16_losses:?} against fp32 {fp32_losses:?}"
+            );
+        }
+    }
+}
