@@ -324,9 +324,14 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
                     ["gate_proj", "up_proj", "down_proj"],
                 );
             }
-            Family::Mixtral => {
+            family => {
+                // Mixtral names its sparse block and its experts' projections its own way
+                let (block, projections) = match family {
+                    Family::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                    _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+                };
                 let moe = format!("{ours}.feed_forward.Moe");
-                let block = format!("{hf}.block_sparse_moe");
+                let block = format!("{hf}.{block}");
                 router(&mut push, dims, &format!("{block}.gate"), &moe);
                 for expert in 0..dims.experts {
                     swiglu(
@@ -335,24 +340,10 @@ pub fn pieces(dims: &Dims) -> Vec<Piece> {
                         dims.expert_ffn,
                         &format!("{block}.experts.{expert}"),
                         &format!("{moe}.experts.{expert}"),
-                        ["w1", "w3", "w2"],
+                        projections,
                     );
                 }
-            }
-            _ => {
-                let moe = format!("{ours}.feed_forward.Moe");
-                let block = format!("{hf}.mlp");
-                router(&mut push, dims, &format!("{block}.gate"), &moe);
-                for expert in 0..dims.experts {
-                    swiglu(
-                        &mut push,
-                        dims,
-                        dims.expert_ffn,
-                        &format!("{block}.experts.{expert}"),
-                        &format!("{moe}.experts.{expert}"),
-                        ["gate_proj", "up_proj", "down_proj"],
-                    );
-                }
+                // a shared expert makes a model DeepSeek-V3 (`family.rs`), never Mixtral
                 if let Some(shared) = dims.shared_ffn {
                     swiglu(
                         &mut push,
