@@ -65,8 +65,10 @@ pub(super) fn check(c: &mut Check<'_>) {
             "use fp8: none, or sizes that are multiples of 16 per tensor shard".to_owned(),
         );
     }
+    // multi-latent attention has no QKV projection of kv_channels; its own widths are checked
+    // by the recipe's `mla::fp8-shapes`
     let head_dim = c.recipe.model.kv_channels();
-    if !head_dim.is_multiple_of(16) {
+    if c.recipe.model.mla.is_none() && !head_dim.is_multiple_of(16) {
         c.error(
             "precision::fp8-shapes",
             "model.kv_channels",
@@ -99,6 +101,28 @@ mod tests {
 
     use crate::rules::test_support::{codes, only};
     use crate::testing::llama3_8b;
+
+    #[test]
+    fn multi_latent_attention_is_not_held_to_kv_channels() {
+        let mut recipe = llama3_8b();
+        recipe.precision.fp8 = Fp8::Hybrid;
+        recipe.model.num_query_groups = None;
+        // hidden 4096 over 73 heads: kv_channels 56, which MLA never reads
+        recipe.model.num_attention_heads = 73;
+        only(&recipe, None, "precision::fp8-shapes");
+        recipe.model.mla = Some(ferrotron_recipe::Mla {
+            q_lora_rank: Some(1536),
+            kv_lora_rank: 512,
+            qk_head_dim: 128,
+            qk_pos_emb_head_dim: 64,
+            v_head_dim: 128,
+        });
+        assert!(
+            !codes(&recipe, None).contains(&"precision::fp8-shapes".to_owned()),
+            "{:?}",
+            codes(&recipe, None)
+        );
+    }
 
     #[test]
     fn fp8_exclusions() {
