@@ -4,7 +4,7 @@
 # Built here, run there: the GPU machine has no Rust toolchain, so build the binaries first and
 # carry the folder that holds them (git-ignored, default dist/):
 #
-#   cargo build --release -p ferrotron-cuda --bin gpu_check        # step (a)
+#   cargo build --release -p ferrotron-gpu-check        # step (a)
 #   cargo build --release -p ferrotron-cli --features burn-cuda     # steps (b) and (c)
 #   mkdir -p dist && cp target/release/gpu_check target/release/recipe dist/
 #   device run: bash tools/gpu-check.sh            (carry: ["dist"])

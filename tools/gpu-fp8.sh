@@ -13,7 +13,7 @@
 # The tables are printed last; logs under $OUT.
 #
 # Built here, run there:
-#   CARGO_TARGET_DIR=/work/target-rel cargo build --release --locked -p ferrotron-cli -p ferrotron-cuda --bins
+#   CARGO_TARGET_DIR=/work/target-rel cargo build --release --locked -p ferrotron-cli -p ferrotron-gpu-check --bins
 #   mkdir -p .gpu-dist && strip -o .gpu-dist/recipe $CARGO_TARGET_DIR/release/recipe \
 #       && strip -o .gpu-dist/gpu_check $CARGO_TARGET_DIR/release/gpu_check
 #   device run: bash tools/gpu-fp8.sh        (carry: [".gpu-dist"])

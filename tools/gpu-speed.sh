@@ -11,7 +11,7 @@
 #
 # Built here, run there (the GPU machine has no Rust toolchain): copy gpu_check and recipe into
 # a git-ignored folder of the checkout the device tool ships and carry it:
-#   cargo build --release -p ferrotron-cuda --bin gpu_check && cargo build --release -p ferrotron-cli
+#   cargo build --release -p ferrotron-gpu-check && cargo build --release -p ferrotron-cli
 #   cp target/release/{gpu_check,recipe} <checkout>/.gpu-dist/
 #   device run: FERROTRON_DIST=.gpu-dist bash .gpu-dist/gpu-speed.sh      (carry: [".gpu-dist"])
 #
