@@ -4,7 +4,6 @@
 //! a line), resolves the vocabulary, applies the cluster flags, and chooses the output format.
 //! JSON is the stable interface for scripts; human text is for reading.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ferrotron_plan::{render_explain, render_human};
@@ -40,14 +39,8 @@ impl From<Gpu> for GpuKind {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The recipe file.
-    pub recipe: PathBuf,
-    /// Override a recipe value: `--set parallel.tensor=4` (the value is YAML).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
-    /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
-    #[arg(long)]
-    pub no_env: bool,
+    #[command(flatten)]
+    pub source: super::resolve::RecipeArgs,
     /// Nodes in the cluster (overrides `cluster.nodes`).
     #[arg(long)]
     pub nodes: Option<u32>,
@@ -85,7 +78,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.nodes == Some(0) || args.gpus_per_node == Some(0) {
         anyhow::bail!("--nodes and --gpus-per-node must be at least 1");
     }
-    let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
+    let loaded = match args.source.load() {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };

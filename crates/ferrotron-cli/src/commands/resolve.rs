@@ -4,7 +4,7 @@
 //! when the recipe leaves it out, and render the planner's layout findings at their YAML lines.
 //! Keeping that here means the two commands cannot drift apart in what they accept.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -13,6 +13,28 @@ use crate::exit;
 use ferrotron_data::{DataError, Tokenizer};
 use ferrotron_plan::{Plan, Unplanned};
 use ferrotron_recipe::{Cluster, LoadOptions, LoadedRecipe, Recipe};
+
+/// The recipe a command plans, trains or submits, with its overrides: `plan`, `run` and `submit`
+/// flatten this one definition, so the three take the same flags with the same meaning.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RecipeArgs {
+    /// The recipe file.
+    pub recipe: PathBuf,
+    /// Override a recipe value: `--set training.train_iters=100` (the value is YAML; `submit`
+    /// passes it on to the job's `recipe run`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
+    #[arg(long)]
+    pub no_env: bool,
+}
+
+impl RecipeArgs {
+    /// [`load`] of this recipe with these overrides.
+    pub(crate) fn load(&self) -> Result<LoadedRecipe, ExitCode> {
+        load(&self.recipe, &self.overrides, !self.no_env)
+    }
+}
 
 /// Loads a recipe with `--set` and (unless `--no-env`) environment overrides; on failure the diagnostics are printed
 /// and the exit code returned: unreadable input or an invalid recipe (as `recipe validate`).

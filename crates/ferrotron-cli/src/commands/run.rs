@@ -41,14 +41,8 @@ pub(crate) enum CommArg {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The recipe file.
-    pub recipe: PathBuf,
-    /// Override a recipe value: `--set training.train_iters=100` (the value is YAML).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
-    /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
-    #[arg(long)]
-    pub no_env: bool,
+    #[command(flatten)]
+    pub source: super::resolve::RecipeArgs,
     /// Compute backend (default: the recipe's `runtime.backend`).
     #[arg(long, value_enum)]
     pub backend: Option<BackendArg>,
@@ -84,7 +78,7 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     super::local_launcher::follow_launcher()?;
-    let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
+    let loaded = match args.source.load() {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };
@@ -360,13 +354,14 @@ fn closing(summary: &RunSummary, args: &Args, log_interval: usize) -> String {
         out.push_str(&format!("checkpoint: {}\n", checkpoint.display()));
         if summary.stopped.is_some() {
             let overrides: String = args
+                .source
                 .overrides
                 .iter()
                 .map(|o| format!(" --set '{o}'"))
                 .collect();
             out.push_str(&format!(
                 "continue with: recipe run {}{overrides}\n",
-                args.recipe.display()
+                args.source.recipe.display()
             ));
         }
         out.push_str(&format!(

@@ -75,14 +75,8 @@ impl SlurmArgs {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The recipe file.
-    pub recipe: PathBuf,
-    /// Override a recipe value: `--set training.train_iters=100` (passed on to the job's run).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
-    /// Ignore `FERROTRON_SECTION__KEY` environment overrides.
-    #[arg(long)]
-    pub no_env: bool,
+    #[command(flatten)]
+    pub source: super::resolve::RecipeArgs,
     /// Nodes to run on (default: the recipe's `cluster.nodes`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub nodes: Option<u32>,
@@ -106,7 +100,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let loaded = match super::resolve::load(&args.recipe, &args.overrides, !args.no_env) {
+    let loaded = match args.source.load() {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
     };
@@ -130,8 +124,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
 
-    let mut task_args = vec!["run".to_owned(), args.recipe.display().to_string()];
-    for set in &args.overrides {
+    let mut task_args = vec!["run".to_owned(), args.source.recipe.display().to_string()];
+    for set in &args.source.overrides {
         task_args.extend(["--set".to_owned(), set.clone()]);
     }
     if let Some(dir) = &args.run_dir {
