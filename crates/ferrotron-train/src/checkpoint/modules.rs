@@ -47,38 +47,64 @@ pub fn model_shards<B: Backend, M: Module<B>>(
     roles: &[ParamRole],
     ctx: &ParallelContext,
 ) -> Result<Vec<ShardTensor>, TrainError> {
-    shards_of(param_values(module), roles, ctx)
+    let roles = roles_by_id(roles);
+    let writes = |id: ParamId| {
+        roles
+            .get(&id)
+            .is_some_and(|role| is_primary_replica(role, ctx))
+    };
+    shards_of(param_values(module, &writes), &roles, ctx)
 }
 
 /// [`model_shards`] of a module that `optimizer` trains: a 16-bit parameter is saved as its
 /// fp32 master copy (what the next update starts from), so a mixed-precision run resumes exactly.
+/// Each value is copied from the device once, and only where this rank writes it: the 16-bit
+/// copy of a parameter with a master is not read at all (a save's stall is these copies).
 pub(crate) fn trained_shards<B: Backend, M: Module<B>, I: Backend>(
     module: &M,
     roles: &[ParamRole],
     optimizer: &AdamW<I>,
     ctx: &ParallelContext,
 ) -> Result<Vec<ShardTensor>, TrainError> {
-    let mut values = param_values(module);
+    let roles = roles_by_id(roles);
+    let writes = |id: ParamId| {
+        roles
+            .get(&id)
+            .is_some_and(|role| is_primary_replica(role, ctx))
+    };
+    let own_value = |id: ParamId| writes(id) && optimizer.master_value(id).is_none();
+    let mut values = param_values(module, &own_value);
     for (id, values) in &mut values {
-        if let Some(master) = optimizer.master_value(*id) {
-            *values = NamedTensor::from_tensor(String::new(), &master).values;
+        if values.is_none()
+            && writes(*id)
+            && let Some(master) = optimizer.master_value(*id)
+        {
+            *values = Some(NamedTensor::from_tensor(String::new(), &master).values);
         }
     }
-    shards_of(values, roles, ctx)
+    shards_of(values, &roles, ctx)
 }
 
-fn param_values<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, Vec<f32>)> {
-    let mut collector = ValueCollector { values: Vec::new() };
+/// Every float parameter of `module` in visiting order, with its values where `read` asks.
+fn param_values<B: Backend, M: Module<B>>(
+    module: &M,
+    read: &dyn Fn(ParamId) -> bool,
+) -> Vec<(ParamId, Option<Vec<f32>>)> {
+    let mut collector = ValueCollector {
+        read,
+        values: Vec::new(),
+    };
     module.visit(&mut collector);
     collector.values
 }
 
+/// The shards this rank writes: every parameter must have a role, and the ones this rank writes
+/// their values.
 fn shards_of(
-    values: Vec<(ParamId, Vec<f32>)>,
-    roles: &[ParamRole],
+    values: Vec<(ParamId, Option<Vec<f32>>)>,
+    roles: &HashMap<ParamId, &ParamRole>,
     ctx: &ParallelContext,
 ) -> Result<Vec<ShardTensor>, TrainError> {
-    let roles = roles_by_id(roles);
     let mut shards = Vec::new();
     for (id, values) in values {
         let role = roles.get(&id).ok_or_else(|| {
@@ -87,6 +113,12 @@ fn shards_of(
             ))
         })?;
         if is_primary_replica(role, ctx) {
+            let values = values.ok_or_else(|| {
+                TrainError::Config(format!(
+                    "parameter {} was not read for the checkpoint",
+                    role.shard.global_name
+                ))
+            })?;
             shards.push(ShardTensor {
                 spec: role.shard.clone(),
                 values,
@@ -230,14 +262,16 @@ fn roles_by_id(roles: &[ParamRole]) -> HashMap<ParamId, &ParamRole> {
     roles.iter().map(|role| (role.id, role)).collect()
 }
 
-struct ValueCollector {
-    values: Vec<(ParamId, Vec<f32>)>,
+struct ValueCollector<'a> {
+    read: &'a dyn Fn(ParamId) -> bool,
+    values: Vec<(ParamId, Option<Vec<f32>>)>,
 }
 
-impl<B: Backend> ModuleVisitor<B> for ValueCollector {
+impl<B: Backend> ModuleVisitor<B> for ValueCollector<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let tensor = NamedTensor::from_tensor(String::new(), &param.val());
-        self.values.push((param.id, tensor.values));
+        let values = (self.read)(param.id)
+            .then(|| NamedTensor::from_tensor(String::new(), &param.val()).values);
+        self.values.push((param.id, values));
     }
 }
 
