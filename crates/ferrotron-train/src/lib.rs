@@ -7,6 +7,7 @@
 //! every step: resuming needs nothing beyond the iteration, and CPU runs are bit-reproducible.
 
 mod adamw;
+mod backend;
 mod backward;
 pub mod checkpoint;
 mod clip;
@@ -32,6 +33,7 @@ mod signal;
 mod step;
 
 pub use adamw::{AdamW, AdamWConfig};
+pub use backend::TrainBackend;
 pub use error::TrainError;
 pub use fault::FaultInjection;
 pub use parallel::{group_members, train_rank, train_threads};

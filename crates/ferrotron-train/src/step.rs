@@ -112,8 +112,7 @@ pub fn train_step<B>(
     device: &B::Device,
 ) -> Result<(GptModel<B>, StepStats), TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     let (model, stats) = train_step_deferred(model, optimizer, microbatches, context, device)?;
     Ok((model, stats.read()?))
@@ -134,8 +133,7 @@ pub(crate) fn train_step_deferred<B>(
     device: &B::Device,
 ) -> Result<(GptModel<B>, PendingStats), TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     if microbatches.is_empty() {
         return Err(TrainError::Config(
@@ -211,8 +209,7 @@ fn forward_backward<B>(
     mut absorb: impl FnMut(GradientsParams) -> Result<(), TrainError>,
 ) -> Result<Pass<B>, TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     // Dropout (the only randomness in a step) depends on nothing but seed and iteration.
     crate::rng::with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
@@ -288,8 +285,7 @@ pub(crate) fn device_step<B>(
     replicas: Option<&Replicas>,
 ) -> Result<(GptModel<B>, PendingStats), TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     let scale = 1.0 / microbatches.len() as f64;
     let overlap = replicas.filter(|r| r.overlap && r.comm.size() > 1);
@@ -420,8 +416,7 @@ fn overlapped<B>(
     replicas: &Replicas,
 ) -> Result<(Pass<B>, FlatGrads<B::InnerBackend>), TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     let layout = optimizer.flat_layout_of(model).clone();
     let earlier = RefCell::new(None);

@@ -21,9 +21,8 @@
 
 use anyhow::Context;
 use burn::backend::Autodiff;
-use burn::tensor::backend::AutodiffBackend;
 use ferrotron_data::Tokenizer;
-use ferrotron_parallel::{ParallelContext, ParallelOps};
+use ferrotron_parallel::ParallelContext;
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{Backend, Cluster, GpuKind, Recipe};
 use ferrotron_slurm::{GpuChoice, LaunchEnv, Launcher};
@@ -404,8 +403,7 @@ fn train_process_rank<B>(
     device: &B::Device,
 ) -> anyhow::Result<RunSummary>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: ferrotron_train::TrainBackend,
 {
     let span = tracing::info_span!("rank", rank = env.rank);
     let _entered = span.enter();
@@ -579,8 +577,7 @@ fn train_on_gpu<B>(
     device: &B::Device,
 ) -> anyhow::Result<RunSummary>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: ferrotron_train::TrainBackend,
 {
     use_recipe_dtype::<B>(plan, device, "alone")?;
     let alone = ParallelContext::single();

@@ -216,8 +216,7 @@ fn gathered<I: ParallelOps>(
 
 impl<B> RankModel<B>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     /// One optimizer step of a rank with peers and one AdamW per chunk: the schedule with the
     /// reductions started as the chunks' gradients become final, the agreed norm and the

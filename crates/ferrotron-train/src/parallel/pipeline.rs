@@ -126,8 +126,7 @@ pub(super) fn run_step<B>(
     mut absorb: impl FnMut(usize, &GptModel<B>, GradientsParams) -> Result<(), TrainError>,
 ) -> Result<PipelineOutcome<B>, TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     let ops = schedule::build(position, microbatches.len())?;
     let scale = 1.0 / microbatches.len() as f64;

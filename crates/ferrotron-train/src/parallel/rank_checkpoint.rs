@@ -9,20 +9,16 @@
 
 use std::path::PathBuf;
 
-use ferrotron_parallel::ParallelOps;
-
 use super::rank_model::RankModel;
 use crate::TrainError;
 use crate::checkpoint::{
     CheckpointInfo, CheckpointStore, ShardedCheckpoint, adamw_shards, save_sharded,
     start_sharded_save, trained_shards,
 };
-use burn::tensor::backend::AutodiffBackend;
 
 impl<B> RankModel<B>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     /// Write this rank's part of a checkpoint (collective over the world): the committed
     /// folder, or with `checkpoint.async_save` `None` and the save in flight once this rank's

@@ -4,9 +4,8 @@
 //! [`RankModel`] (the whole model when alone), resumes it, and runs the shared loop; only global
 //! rank 0 writes metrics, JSONL, the progress display and the run folder.
 
-use burn::tensor::backend::AutodiffBackend;
 use ferrotron_data::Tokenizer;
-use ferrotron_parallel::{ParallelContext, ParallelOps, ShardSpec};
+use ferrotron_parallel::{ParallelContext, ShardSpec};
 use ferrotron_plan::Plan;
 
 use super::host::param_values;
@@ -29,8 +28,7 @@ pub fn train_rank<B>(
     device: &B::Device,
 ) -> Result<RunSummary, TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     let rank = ctx.global_rank();
     let train = || {
@@ -68,8 +66,7 @@ pub(crate) fn run_rank<B>(
     device: &B::Device,
 ) -> Result<RankOutcome, TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     check_context(plan, &ctx)?;
     let recipe = &setup.recipe;

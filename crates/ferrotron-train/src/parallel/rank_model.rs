@@ -19,7 +19,7 @@ use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig, RecomputePolicy};
-use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch};
+use ferrotron_parallel::{ParallelContext, ParamRole, ReduceOp, prefetch};
 use ferrotron_plan::Plan;
 
 use super::device_exchange::{ExchangeSettings, data_group, per_chunk_optimizer};
@@ -113,8 +113,7 @@ pub(super) struct RankModel<B: AutodiffBackend> {
 
 impl<B> RankModel<B>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     /// Build this rank's chunks as cuts of the seeded one-rank model (the model itself on a
     /// rank alone), and its optimizer.
@@ -272,8 +271,7 @@ impl<B: AutodiffBackend> Drop for RankModel<B> {
 /// the agreement on stopping.
 impl<B> RankStep for RankModel<B>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     /// Queue one optimizer step over this rank's `microbatches` (its data-parallel share).
     fn step(

@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
-use burn::tensor::backend::AutodiffBackend;
 use ferrotron_data::Tokenizer;
 use ferrotron_dist::{CallLogs, ProcessGroups, World, WorldError};
-use ferrotron_parallel::{ParallelContext, ParallelOps};
+use ferrotron_parallel::ParallelContext;
 use ferrotron_plan::Plan;
 
 use super::plan_groups::group_members;
@@ -32,8 +31,7 @@ pub fn train_threads<B>(
     device: &B::Device,
 ) -> Result<RunSummary, TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     let mut outcomes = train_threads_detailed::<B>(plan, tokenizer, options, device, None)?;
     if outcomes.is_empty() {
@@ -54,8 +52,7 @@ pub(crate) fn train_threads_detailed<B>(
     logs: Option<&CallLogs>,
 ) -> Result<Vec<RankOutcome>, TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     let setup = RunSetup::new(plan, tokenizer)?;
     let sequence_parallel = plan.recipe.parallel.sequence_parallel;
