@@ -70,14 +70,9 @@ pub fn composed_adamw<B: Backend>(
     if let Some(scale) = device_scale {
         grad = grad * wrap::<B, 1>(scale);
     }
-    let widened = |moment: FloatTensor<B>| {
-        let moment = wrap::<B, 1>(moment);
-        if moment.dtype() == DType::F32 {
-            moment
-        } else {
-            moment.cast(DType::F32)
-        }
-    };
+    // a cast to the dtype a tensor has is the tensor itself (burn's `cast`), so f32 moments
+    // go through the arithmetic they always had
+    let widened = |moment: FloatTensor<B>| wrap::<B, 1>(moment).cast(DType::F32);
     let (exp_avg, exp_avg_sq) = match moments {
         Some((exp_avg, exp_avg_sq)) => (
             widened(exp_avg).mul_scalar(step.beta1) + grad.clone().mul_scalar(1.0 - step.beta1),
@@ -95,19 +90,12 @@ pub fn composed_adamw<B: Backend>(
     let v_hat = exp_avg_sq.clone().div_scalar(step.bias_correction2);
     let update = m_hat.div(v_hat.sqrt().add_scalar(step.eps));
     value = value - update.mul_scalar(step.lr);
-    let stored = |moment: burn::tensor::Tensor<B, 1>, dtype: DType| {
-        if dtype == DType::F32 {
-            unwrap(moment)
-        } else {
-            unwrap(moment.cast(dtype))
-        }
-    };
     let [exp_avg_dtype, exp_avg_sq_dtype] = step.moment_dtypes;
     AdamWTensors {
         rounded: step.rounded.map(|dtype| unwrap(value.clone().cast(dtype))),
         value: unwrap(value),
-        exp_avg: stored(exp_avg, exp_avg_dtype),
-        exp_avg_sq: stored(exp_avg_sq, exp_avg_sq_dtype),
+        exp_avg: unwrap(exp_avg.cast(exp_avg_dtype)),
+        exp_avg_sq: unwrap(exp_avg_sq.cast(exp_avg_sq_dtype)),
     }
 }
 

@@ -599,17 +599,19 @@ mod tests {
     fn megatron_6_plus_12_over_dp_with_the_distributed_optimizer() {
         let mut recipe = llama3_8b();
         recipe.parallel.distributed_optimizer = true;
+        let bytes = state_bytes_per_parameter_over_dp8(&recipe);
+        // 6 + 12/8 = 7.5 bytes per parameter.
+        assert!((bytes - 7.5).abs() < 1e-6, "{bytes}");
+    }
+
+    /// Weights, gradients and optimizer states per parameter of `recipe` on 8 data-parallel
+    /// H100s.
+    fn state_bytes_per_parameter_over_dp8(recipe: &ferrotron_recipe::Recipe) -> f64 {
         let params = parameter_count(&recipe.model, 128256);
         let c = cluster(8, GpuKind::H100);
-        let s = setup(&recipe, &c, layout(1, 1, 8, 1), params, 128256, false);
+        let s = setup(recipe, &c, layout(1, 1, 8, 1), params, 128256, false);
         let b = memory(&s).per_gpu_bytes;
-        let state = (b.weights + b.gradients + b.optimizer) as f64;
-        // 6 + 12/8 = 7.5 bytes per parameter.
-        assert!(
-            (state / params.total as f64 - 7.5).abs() < 1e-6,
-            "{}",
-            state / params.total as f64
-        );
+        (b.weights + b.gradients + b.optimizer) as f64 / params.total as f64
     }
 
     #[test]
@@ -620,17 +622,9 @@ mod tests {
         optimizer.use_precision_aware_optimizer = true;
         optimizer.exp_avg_dtype = ferrotron_recipe::StateDtype::Bf16;
         optimizer.exp_avg_sq_dtype = ferrotron_recipe::StateDtype::Bf16;
-        let params = parameter_count(&recipe.model, 128256);
-        let c = cluster(8, GpuKind::H100);
-        let s = setup(&recipe, &c, layout(1, 1, 8, 1), params, 128256, false);
-        let b = memory(&s).per_gpu_bytes;
-        let state = (b.weights + b.gradients + b.optimizer) as f64;
+        let bytes = state_bytes_per_parameter_over_dp8(&recipe);
         // fp32 master + bf16 m and v: 6 + (4 + 2 + 2)/8 = 7 bytes per parameter.
-        assert!(
-            (state / params.total as f64 - 7.0).abs() < 1e-6,
-            "{}",
-            state / params.total as f64
-        );
+        assert!((bytes - 7.0).abs() < 1e-6, "{bytes}");
     }
 
     #[test]

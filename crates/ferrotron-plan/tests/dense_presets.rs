@@ -6,10 +6,11 @@
 //! `tools/megatron_flops_ref.py` on Megatron-LM's training.py (d98e8a64dd, 2026-12-06) for each
 //! preset's shape, padded vocabulary and batch; all eight agree to 0 relative difference.
 
-use std::path::Path;
+mod support;
 
 use ferrotron_plan::{PlanOptions, parameter_count, plan};
-use ferrotron_recipe::{LoadOptions, PositionEmbedding, Recipe, load};
+use ferrotron_recipe::PositionEmbedding;
+use support::load_preset;
 
 struct Preset {
     name: &'static str,
@@ -56,19 +57,6 @@ const PRESETS: &[Preset] = &[
         flops: 102_980_259_057_500_160.0,
     },
 ];
-
-fn load_preset(name: &str) -> Recipe {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../recipes")
-        .join(format!("{name}.yaml"));
-    let options = LoadOptions {
-        overrides: &[],
-        use_env: false,
-    };
-    load(&path, &options)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .recipe
-}
 
 #[test]
 fn each_preset_has_its_published_parameter_count() {

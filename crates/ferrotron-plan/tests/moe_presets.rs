@@ -9,10 +9,10 @@
 //! `multi_latent_attention` branch, and `--moe-layer-freq` parsed by its `moe_freq_type`) for
 //! each preset's shape, padded vocabulary and batch; all three agree to 0 relative difference.
 
-use std::path::Path;
+mod support;
 
 use ferrotron_plan::{PlanOptions, parameter_count, plan};
-use ferrotron_recipe::{LoadOptions, Recipe, load};
+use support::load_preset;
 
 struct Preset {
     name: &'static str,
@@ -44,19 +44,6 @@ const PRESETS: &[Preset] = &[
         flops: 620_916_206_437_662_720.0,
     },
 ];
-
-fn load_preset(name: &str) -> Recipe {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../recipes")
-        .join(format!("{name}.yaml"));
-    let options = LoadOptions {
-        overrides: &[],
-        use_env: false,
-    };
-    load(&path, &options)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .recipe
-}
 
 #[test]
 fn each_moe_preset_has_its_published_total_and_active_parameters() {

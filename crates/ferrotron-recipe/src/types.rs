@@ -1261,16 +1261,9 @@ impl Model {
         self.add_qkv_bias || self.add_bias_linear
     }
 
-    /// Whether layer `index` (0-based) is an MoE layer. A `layer_freq` the semantic rules refuse
-    /// (a list of the wrong length, a malformed expression) makes no layer MoE.
-    pub fn is_moe_layer(&self, index: u32) -> bool {
-        self.moe_layers()
-            .get(index as usize)
-            .copied()
-            .unwrap_or(false)
-    }
-
-    /// Whether each layer is an MoE layer (all false for a dense model).
+    /// Whether each layer is an MoE layer (all false for a dense model; a `layer_freq` the
+    /// semantic rules refuse, a list of the wrong length or a malformed expression, makes no
+    /// layer MoE).
     pub fn moe_layers(&self) -> Vec<bool> {
         self.moe
             .as_ref()

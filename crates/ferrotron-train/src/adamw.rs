@@ -369,12 +369,12 @@ impl<I: Backend> AdamW<I> {
                 .find_map(|(id, _)| *id)
                 .expect("a group has members");
             let device = values[&first].device();
-            let zeros = |len| fp32_zeros::<I>(len, &device);
+            let zeros = |len, dtype| zeros_of::<I>(len, dtype, &device);
             let parts: Vec<_> = runs
                 .iter()
                 .map(|&(id, len)| match id {
                     Some(id) => values.remove(&id).expect("every member has a value"),
-                    None => zeros(len),
+                    None => zeros(len, burn::tensor::DType::F32),
                 })
                 .collect();
             master.push(Tensor::cat(parts, 0));
@@ -391,10 +391,7 @@ impl<I: Backend> AdamW<I> {
                             exp_avg,
                             exp_avg_sq,
                         }) => (exp_avg, exp_avg_sq),
-                        None => (
-                            zeros_of::<I>(len, m_dtype, &device),
-                            zeros_of::<I>(len, v_dtype, &device),
-                        ),
+                        None => (zeros(len, m_dtype), zeros(len, v_dtype)),
                     })
                     .unzip();
                 (Tensor::cat(m, 0), Tensor::cat(v, 0))
@@ -502,8 +499,8 @@ impl<I: Backend> AdamW<I> {
                     moments.insert(
                         entry.id,
                         Moments {
-                            exp_avg: stored_as(fp32_tensor(&avg.values, device), m_dtype),
-                            exp_avg_sq: stored_as(fp32_tensor(&avg_sq.values, device), v_dtype),
+                            exp_avg: fp32_tensor(&avg.values, device).cast(m_dtype),
+                            exp_avg_sq: fp32_tensor(&avg_sq.values, device).cast(v_dtype),
                         },
                     );
                 }
@@ -523,25 +520,12 @@ impl<I: Backend> AdamW<I> {
     }
 }
 
-fn fp32_zeros<I: Backend>(len: usize, device: &I::Device) -> Tensor<I, 1> {
-    zeros_of(len, burn::tensor::DType::F32, device)
-}
-
 fn zeros_of<I: Backend>(
     len: usize,
     dtype: burn::tensor::DType,
     device: &I::Device,
 ) -> Tensor<I, 1> {
     Tensor::zeros([len], (device, dtype))
-}
-
-/// A moment read from a checkpoint (f32) in the dtype the optimizer keeps it in.
-fn stored_as<I: Backend>(moment: Tensor<I, 1>, dtype: burn::tensor::DType) -> Tensor<I, 1> {
-    if dtype == burn::tensor::DType::F32 {
-        moment
-    } else {
-        moment.cast(dtype)
-    }
 }
 
 /// Moments are fp32 whatever the device's default float dtype (mixed precision computes in bf16).

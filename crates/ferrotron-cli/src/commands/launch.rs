@@ -233,17 +233,15 @@ impl Launch {
         }
     }
 
-    /// The CUDA backend's environment variables that are set, for the run manifest (none on the
-    /// CPU backend, which reads none).
+    /// Our CUDA backend's environment variables that are set, for the run manifest (none on the
+    /// other backends, which do not read them).
     pub(crate) fn environment(&self) -> Vec<(String, String)> {
         match self.compute {
-            Compute::Cpu => Vec::new(),
-            Compute::Cuda { .. } | Compute::BurnCuda { .. } => {
-                ferrotron_cuda::switches::set_env_vars()
-                    .iter()
-                    .map(|(name, value)| ((*name).to_owned(), value.clone()))
-                    .collect()
-            }
+            Compute::Cuda { .. } => ferrotron_cuda::switches::set_env_vars()
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), value.clone()))
+                .collect(),
+            Compute::Cpu | Compute::BurnCuda { .. } => Vec::new(),
         }
     }
 

@@ -43,14 +43,13 @@ pub struct SaveInFlight {
 
 /// Start saving a checkpoint at `info.state.iteration` with this rank's shards. Collective
 /// (rank 0 prepares the folder and every rank learns it exists); the writing is not: it returns
-/// as soon as the writer thread has the shards. `timeout` bounds how long rank 0's writer waits
-/// for the other ranks' files (the distributed timeout).
+/// as soon as the writer thread has the shards. Rank 0's writer waits for the other ranks' files
+/// up to the recipe's distributed timeout.
 pub fn start_sharded_save(
     store: &CheckpointStore,
     ctx: &ParallelContext,
     info: &CheckpointInfo<'_>,
     shards: (Vec<ShardTensor>, Vec<ShardTensor>),
-    timeout: Duration,
 ) -> Result<SaveInFlight, TrainError> {
     let folder = begin_world(store, ctx, info.state.iteration)?;
     let WorldFolder {
@@ -65,7 +64,7 @@ pub fn start_sharded_save(
         rank,
         world,
         finish: (rank == 0).then(|| FinishInfo::of(info)),
-        timeout,
+        timeout: info.recipe.parallel.distributed_timeout(),
     };
     let writer = std::thread::Builder::new()
         .name(format!("ferrotron-checkpoint-writer-{rank}"))

@@ -11,6 +11,7 @@ use ferrotron_plan::{Plan, PlanOptions};
 use ferrotron_recipe::{Cluster, GpuKind, Recipe};
 
 use super::*;
+use crate::TrainError;
 use crate::resume::ResumeState;
 
 /// `rank`'s groups from `plan`, as the runtime builds them.
@@ -117,8 +118,7 @@ fn save_tp2_dp2_as(root: &Path, async_save: bool) -> PathBuf {
                 shape: &shape,
             };
             let saved = if async_save {
-                let timeout = std::time::Duration::from_secs(60);
-                start_sharded_save(&store, &ctx, &info, (model, moments), timeout)
+                start_sharded_save(&store, &ctx, &info, (model, moments))
                     .and_then(|save| save.settle(&ctx))
             } else {
                 save_sharded(&store, &ctx, &info, &model, &moments)
@@ -203,8 +203,19 @@ fn an_async_save_commits_the_bytes_of_a_synchronous_one() {
     assert_eq!(left.len(), 1, "{left:?}");
 }
 
-#[test]
-fn a_failing_async_writer_fails_every_rank_and_commits_nothing() {
+/// Every rank's error from a tp2·dp2 save in which rank `failing` claims two shards of one
+/// tensor (which the file writer refuses), `save` being the synchronous or the asynchronous
+/// one; and whether anything was committed.
+fn a_save_with_a_failing_rank(
+    failing: u32,
+    save: impl Fn(
+        &CheckpointStore,
+        &ParallelContext,
+        &CheckpointInfo<'_>,
+        Vec<ShardTensor>,
+    ) -> Result<PathBuf, TrainError>
+    + Sync,
+) -> (Vec<(u32, String)>, bool) {
     let root = tempfile::tempdir().expect("tempdir");
     let plan = tp2_dp2_plan();
     let recipe = plan.recipe.clone();
@@ -213,9 +224,8 @@ fn a_failing_async_writer_fails_every_rank_and_commits_nothing() {
     let outcomes = std::sync::Mutex::new(Vec::new());
     let _ = World::new(4).run(|rank| {
         let ctx = ParallelContext::from_groups(rank_groups(&plan, &rank)?, false);
-        // Rank 3 claims two shards of one tensor, which its writer thread refuses.
         let spec = ShardSpec::full("layer.bias", vec![6]);
-        let model = if rank.rank() == 3 {
+        let model = if rank.rank() == failing {
             vec![local(&spec), local(&spec)]
         } else {
             vec![local(&spec)]
@@ -226,10 +236,7 @@ fn a_failing_async_writer_fails_every_rank_and_commits_nothing() {
             recipe: &recipe,
             shape: &shape,
         };
-        let timeout = std::time::Duration::from_secs(60);
-        let save = start_sharded_save(&store, &ctx, &info, (model, Vec::new()), timeout)
-            .expect("the save starts on every rank");
-        let outcome = save.settle(&ctx);
+        let outcome = save(&store, &ctx, &info, model);
         outcomes
             .lock()
             .expect("lock")
@@ -238,9 +245,20 @@ fn a_failing_async_writer_fails_every_rank_and_commits_nothing() {
     });
     let mut outcomes = outcomes.into_inner().expect("lock");
     outcomes.sort_by_key(|(rank, _)| *rank);
-    assert_eq!(outcomes.len(), 4);
-    for (rank, outcome) in &outcomes {
-        let err = outcome.as_ref().expect_err("every rank fails");
+    let errors = outcomes
+        .into_iter()
+        .map(|(rank, outcome)| (rank, outcome.expect_err("every rank fails")))
+        .collect();
+    (errors, store.latest().expect("list").is_some())
+}
+
+#[test]
+fn a_failing_async_writer_fails_every_rank_and_commits_nothing() {
+    let (errors, committed) = a_save_with_a_failing_rank(3, |store, ctx, info, model| {
+        start_sharded_save(store, ctx, info, (model, Vec::new()))?.settle(ctx)
+    });
+    assert_eq!(errors.len(), 4);
+    for (rank, err) in &errors {
         match rank {
             3 => assert!(
                 err.contains("two shards of layer.bias from one rank"),
@@ -253,7 +271,7 @@ fn a_failing_async_writer_fails_every_rank_and_commits_nothing() {
             ),
         }
     }
-    assert!(store.latest().expect("list").is_none());
+    assert!(!committed);
 }
 
 #[test]
@@ -394,38 +412,10 @@ fn shards_that_do_not_cover_a_tensor_are_refused() {
 
 #[test]
 fn a_failing_rank_fails_every_rank_and_commits_nothing() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let plan = tp2_dp2_plan();
-    let recipe = plan.recipe.clone();
-    let shape = ModelShape::of(&recipe.model, plan.padded_vocab_size);
-    let store = CheckpointStore::new(root.path().join("ckpt"), None);
-    let outcomes = std::sync::Mutex::new(Vec::new());
-    let _ = World::new(4).run(|rank| {
-        let ctx = ParallelContext::from_groups(rank_groups(&plan, &rank)?, false);
-        // Rank 2 claims two shards of one tensor, which the file writer refuses.
-        let spec = ShardSpec::full("layer.bias", vec![6]);
-        let model = if rank.rank() == 2 {
-            vec![local(&spec), local(&spec)]
-        } else {
-            vec![local(&spec)]
-        };
-        let info = CheckpointInfo {
-            state: ResumeState::fresh(),
-            plan: &plan,
-            recipe: &recipe,
-            shape: &shape,
-        };
-        let outcome = save_sharded(&store, &ctx, &info, &model, &[]);
-        outcomes
-            .lock()
-            .expect("lock")
-            .push((rank.rank(), outcome.map_err(|e| e.to_string())));
-        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    let (errors, committed) = a_save_with_a_failing_rank(2, |store, ctx, info, model| {
+        save_sharded(store, ctx, info, &model, &[])
     });
-    let mut outcomes = outcomes.into_inner().expect("lock");
-    outcomes.sort_by_key(|(rank, _)| *rank);
-    for (rank, outcome) in &outcomes {
-        let err = outcome.as_ref().expect_err("every rank fails");
+    for (rank, err) in &errors {
         if *rank == 2 {
             assert!(
                 err.contains("two shards of layer.bias from one rank"),
@@ -438,7 +428,7 @@ fn a_failing_rank_fails_every_rank_and_commits_nothing() {
             );
         }
     }
-    assert!(store.latest().expect("list").is_none());
+    assert!(!committed);
 }
 
 #[test]

@@ -44,8 +44,7 @@ where
             shard.spec.splits.retain(|split| split.count > 1);
         }
         if info.recipe.checkpoint.async_save {
-            let timeout = info.recipe.parallel.distributed_timeout();
-            let save = start_sharded_save(store, &self.ctx, info, (params, moments), timeout)?;
+            let save = start_sharded_save(store, &self.ctx, info, (params, moments))?;
             self.save_in_flight = Some(save);
             return Ok(None);
         }
