@@ -96,6 +96,8 @@ mod tests {
             "use_precision_aware_optimizer",
             "exp_avg_dtype",
             "exp_avg_sq_dtype",
+            "optimizer_cpu_offload",
+            "optimizer_offload_fraction",
         ] {
             assert!(optimizer.get(key).is_none(), "{key}: {json}");
         }

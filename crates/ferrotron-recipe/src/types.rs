@@ -800,6 +800,21 @@ pub struct Optimizer {
     /// Megatron's `--exp-avg-sq-dtype`: how AdamW's second moment is stored.
     #[serde(default, skip_serializing_if = "StateDtype::is_fp32")]
     pub exp_avg_sq_dtype: StateDtype,
+    /// Megatron's `--optimizer-cpu-offload`: the offloaded part's fp32 masters and moments live
+    /// in host memory and its AdamW runs on the CPU cores; gradients go to the host and the
+    /// updated weights come back every step. As in Megatron it needs
+    /// `use_precision_aware_optimizer`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optimizer_cpu_offload: bool,
+    /// Megatron's `--optimizer-offload-fraction`: parameters are offloaded in order while the
+    /// offloaded element count is below this fraction of the total (Megatron's
+    /// `HybridDeviceOptimizer`), so 1.0 offloads every parameter.
+    #[serde(
+        default = "defaults::optimizer_offload_fraction",
+        skip_serializing_if = "defaults::is_whole_fraction"
+    )]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub optimizer_offload_fraction: f64,
 }
 
 /// How an optimizer state is stored (Megatron's `--exp-avg-dtype` choices that Ferrotron
@@ -838,6 +853,8 @@ impl Default for Optimizer {
             use_precision_aware_optimizer: false,
             exp_avg_dtype: StateDtype::Fp32,
             exp_avg_sq_dtype: StateDtype::Fp32,
+            optimizer_cpu_offload: false,
+            optimizer_offload_fraction: defaults::optimizer_offload_fraction(),
         }
     }
 }
@@ -1324,6 +1341,15 @@ impl Recipe {
 
 mod defaults {
     use crate::Degree;
+
+    /// Megatron's `--optimizer-offload-fraction` default: everything.
+    pub(super) fn optimizer_offload_fraction() -> f64 {
+        1.0
+    }
+
+    pub(super) fn is_whole_fraction(value: &f64) -> bool {
+        *value == 1.0
+    }
 
     pub(super) fn is_yes(value: &bool) -> bool {
         *value

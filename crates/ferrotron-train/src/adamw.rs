@@ -20,6 +20,7 @@ use crate::TrainError;
 use crate::flat_adamw::{
     self, Family, FlatGrads, FlatState, Group, Layout, ParamFacts, Sharding, ViewMapper,
 };
+use crate::offload::{self, Held};
 use crate::params::{NamedTensor, ParamEntry};
 use crate::precision::MasterWeights;
 
@@ -33,6 +34,10 @@ pub struct AdamWConfig {
     /// How `exp_avg` and `exp_avg_sq` are stored (f32, or bf16 under Megatron's
     /// precision-aware optimizer); the update computes in f32 either way.
     pub moment_dtypes: [burn::tensor::DType; 2],
+    /// The fraction of the parameters whose state lives in host memory and whose update runs
+    /// on the CPU (Megatron's `--optimizer-offload-fraction` under `--optimizer-cpu-offload`;
+    /// `None`: no offload). See `offload.rs`.
+    pub offload_fraction: Option<f64>,
 }
 
 impl AdamWConfig {
@@ -50,6 +55,9 @@ impl AdamWConfig {
                 dtype(optimizer.exp_avg_dtype),
                 dtype(optimizer.exp_avg_sq_dtype),
             ],
+            offload_fraction: optimizer
+                .optimizer_cpu_offload
+                .then_some(optimizer.optimizer_offload_fraction),
         }
     }
 }
@@ -191,6 +199,36 @@ impl<I: Backend> AdamW<I> {
             return sixteen_bit.and_then(|_| flat.slice(&flat.master, id));
         }
         self.master.get(id).cloned()
+    }
+
+    /// Whether parameter `id` has an fp32 master copy apart from its own value.
+    pub(crate) fn has_master(&self, id: ParamId) -> bool {
+        match self.flat.as_ref().and_then(|flat| {
+            let slot = flat.layout.slots.get(&id)?;
+            Some(flat.layout.groups[slot.group].dtype)
+        }) {
+            Some(dtype) => MasterWeights::<I>::rounded_dtype(dtype).is_some(),
+            None => self.master.get(id).is_some(),
+        }
+    }
+
+    /// [`AdamW::master_value`] as f32 values, read where the state is: an offloaded group's
+    /// master is not copied to the device to be saved.
+    pub(crate) fn master_values(&self, id: ParamId) -> Option<Vec<f32>> {
+        if let Some(flat) = &self.flat
+            && let Some(slot) = flat.layout.slots.get(&id)
+        {
+            let sixteen_bit =
+                MasterWeights::<I>::rounded_dtype(flat.layout.groups[slot.group].dtype);
+            return sixteen_bit.and_then(|_| flat.values(&flat.master, id));
+        }
+        let master = self.master.get(id)?;
+        Some(crate::params::NamedTensor::from_tensor(String::new(), master).values)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn flat_state(&self) -> Option<&FlatState<I>> {
+        self.flat.as_deref()
     }
 
     /// Optimizer steps taken (the `t` of the bias correction).
@@ -344,40 +382,59 @@ impl<I: Backend> AdamW<I> {
     /// one without moments (when others have them) from zero moments, which the update treats
     /// exactly as a first step (`0·β + x` is `x`), as it keeps the alignment gaps at zero.
     fn flatten(&mut self, params: Vec<(ParamId, burn::tensor::DType, usize, Tensor<I, 1>)>) {
+        let lens: Vec<usize> = params.iter().map(|&(_, _, len, _)| len).collect();
+        let offloaded = match self.config.offload_fraction {
+            Some(fraction) => offload::offloaded(&lens, fraction),
+            None => vec![false; lens.len()],
+        };
         let facts: Vec<_> = params
             .iter()
-            .map(|&(id, dtype, len, _)| ParamFacts {
+            .zip(&offloaded)
+            .map(|(&(id, dtype, len, _), &offloaded)| ParamFacts {
                 id,
                 dtype,
                 len,
                 decays: self.decays(id),
                 bucket: self.buckets.get(&id).copied().unwrap_or(0),
                 family: self.families.get(&id).copied().unwrap_or_default(),
+                offloaded,
             })
             .collect();
         let layout = Layout::new(&facts, self.sharding);
+        let device = params
+            .first()
+            .map(|(_, _, _, value)| value.device())
+            .unwrap_or_default();
         let mut values: HashMap<ParamId, Tensor<I, 1>> = params
             .into_iter()
-            .map(|(id, _, _, value)| (id, self.master.take(id, value)))
+            .map(|(id, _, _, value)| (id, value))
             .collect();
         let mut master = Vec::with_capacity(layout.groups.len());
         let mut moments = Vec::with_capacity(layout.groups.len());
         for index in 0..layout.groups.len() {
             let runs = layout.runs(index);
-            let first = runs
-                .iter()
-                .find_map(|(id, _)| *id)
-                .expect("a group has members");
-            let device = values[&first].device();
-            let zeros = |len, dtype| zeros_of::<I>(len, dtype, &device);
+            // An offloaded group is built in host memory from its members one by one: an 8B
+            // model's fp32 master would not fit on the device beside its weights.
+            let offloaded = layout.groups[index].offloaded;
+            let held = |x: Tensor<I, 1>| {
+                if offloaded {
+                    Held::Host(offload::to_host(x))
+                } else {
+                    Held::Device(x)
+                }
+            };
+            let zeros = |len, dtype| held(zeros_of::<I>(len, dtype, &device));
             let parts: Vec<_> = runs
                 .iter()
                 .map(|&(id, len)| match id {
-                    Some(id) => values.remove(&id).expect("every member has a value"),
+                    Some(id) => {
+                        let value = values.remove(&id).expect("every member has a value");
+                        held(self.master.take(id, value))
+                    }
                     None => zeros(len, burn::tensor::DType::F32),
                 })
                 .collect();
-            master.push(Tensor::cat(parts, 0));
+            master.push(cat(parts));
             let saved: Vec<_> = runs
                 .iter()
                 .map(|&(id, len)| (id.and_then(|id| self.moments.remove(&id)), len))
@@ -390,11 +447,11 @@ impl<I: Backend> AdamW<I> {
                         Some(Moments {
                             exp_avg,
                             exp_avg_sq,
-                        }) => (exp_avg, exp_avg_sq),
+                        }) => (held(exp_avg), held(exp_avg_sq)),
                         None => (zeros(len, m_dtype), zeros(len, v_dtype)),
                     })
                     .unzip();
-                (Tensor::cat(m, 0), Tensor::cat(v, 0))
+                (cat(m), cat(v))
             }));
         }
         let mut flat = FlatState {
@@ -402,6 +459,7 @@ impl<I: Backend> AdamW<I> {
             master,
             moments,
             cut: false,
+            device,
         };
         if self.sharding.is_some() {
             flat.cut();
@@ -449,18 +507,20 @@ impl<I: Backend> AdamW<I> {
             let flat = self
                 .flat
                 .as_ref()
-                .and_then(|flat| flat.moments_of(entry.id));
+                .and_then(|flat| flat.moment_values(entry.id));
             let Some((exp_avg, exp_avg_sq)) = flat.or_else(|| {
                 let m = self.moments.get(&entry.id)?;
-                Some((m.exp_avg.clone(), m.exp_avg_sq.clone()))
+                let values = |x| NamedTensor::from_tensor(String::new(), x).values;
+                Some((values(&m.exp_avg), values(&m.exp_avg_sq)))
             }) else {
                 continue;
             };
-            for (suffix, tensor) in [(EXP_AVG, &exp_avg), (EXP_AVG_SQ, &exp_avg_sq)] {
-                let mut named =
-                    NamedTensor::from_tensor(format!("{}.{suffix}", entry.name), tensor);
-                named.shape.clone_from(&entry.shape);
-                out.push(named);
+            for (suffix, values) in [(EXP_AVG, exp_avg), (EXP_AVG_SQ, exp_avg_sq)] {
+                out.push(NamedTensor {
+                    name: format!("{}.{suffix}", entry.name),
+                    shape: entry.shape.clone(),
+                    values,
+                });
             }
         }
         out
@@ -517,6 +577,23 @@ impl<I: Backend> AdamW<I> {
         } else {
             Err(problems)
         }
+    }
+}
+
+/// The buffers end to end, where they are held (a group's are all held in one place).
+fn cat<I: Backend>(parts: Vec<Held<I>>) -> Held<I> {
+    let mut device = Vec::new();
+    let mut host = Vec::new();
+    for part in parts {
+        match part {
+            Held::Device(x) => device.push(x),
+            Held::Host(x) => host.push(x),
+        }
+    }
+    match (device.is_empty(), host.is_empty()) {
+        (false, true) => Held::Device(Tensor::cat(device, 0)),
+        (true, false) => Held::Host(Tensor::cat(host, 0)),
+        _ => unreachable!("a group's buffers are held in one place"),
     }
 }
 
@@ -639,6 +716,7 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.1,
             moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+            offload_fraction: None,
         }
     }
 

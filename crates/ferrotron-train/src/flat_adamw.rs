@@ -24,11 +24,18 @@ use burn::tensor::{DType, Tensor, TensorPrimitive};
 use ferrotron_parallel::{AdamWStep, Comm, FlatPiece, FlatSegment, FusedOps, ParallelOps};
 
 use crate::TrainError;
+use crate::offload::{self, Held};
 
 /// Every parameter starts at a multiple of this many elements (128 bytes of bf16), so the
 /// views the model computes with are as aligned as their own allocations were (cuBLASLt picks
 /// its kernels by pointer alignment). The gaps hold zeros in every buffer.
 const ALIGN: usize = 64;
+
+/// An offloaded group is closed once it holds this many elements (256 MiB of fp32), so that
+/// its update's host copies (the gradient down, the new 16-bit values up) stay small beside the
+/// state: an 8B model's whole gradient in host memory at once would not fit beside its
+/// masters and moments on a 128 GiB machine.
+const HOST_GROUP_LEN: usize = 1 << 26;
 
 /// Where one parameter lives: its group and its range there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +66,8 @@ pub(crate) struct Group {
     /// The part of it this rank keeps under the distributed optimizer (none: all of it).
     pub shard: Option<Shard>,
     pub decays: bool,
+    /// Whether its state lives in host memory and its update runs there (`offload.rs`).
+    pub offloaded: bool,
     /// The parameters' own dtype (16-bit ones also get a rounded copy written by the update).
     pub dtype: DType,
     pub members: Vec<ParamId>,
@@ -74,6 +83,7 @@ pub(crate) struct ParamFacts {
     pub decays: bool,
     pub bucket: usize,
     pub family: Family,
+    pub offloaded: bool,
 }
 
 /// Which parameters the flat buffers hold, where, and in what order the model visits them.
@@ -98,10 +108,16 @@ impl Layout {
             decays,
             bucket,
             family,
+            offloaded,
         } in params
         {
             let index = match groups.iter().position(|g| {
-                g.decays == decays && g.dtype == dtype && g.bucket == bucket && g.family == family
+                g.decays == decays
+                    && g.dtype == dtype
+                    && g.bucket == bucket
+                    && g.family == family
+                    && g.offloaded == offloaded
+                    && (!offloaded || g.len < HOST_GROUP_LEN)
             }) {
                 Some(index) => index,
                 None => {
@@ -110,6 +126,7 @@ impl Layout {
                         family,
                         shard: sharding.map(|sharding| sharding.of(family)),
                         decays,
+                        offloaded,
                         dtype,
                         members: Vec::new(),
                         len: 0,
@@ -235,14 +252,17 @@ impl Shard {
     }
 }
 
-/// Master weights and moments of every group, flat fp32 (moments absent before the first step);
-/// when `cut`, only this rank's part of each group (the distributed optimizer's).
+/// Master weights and moments of every group, flat fp32 (moments absent before the first step),
+/// on the device or, for an offloaded group, in host memory; when `cut`, only this rank's part
+/// of each group (the distributed optimizer's).
 #[derive(Debug)]
 pub(crate) struct FlatState<I: Backend> {
     pub layout: Layout,
-    pub master: Vec<Tensor<I, 1>>,
-    pub moments: Vec<Option<(Tensor<I, 1>, Tensor<I, 1>)>>,
+    pub master: Vec<Held<I>>,
+    pub moments: Vec<Option<(Held<I>, Held<I>)>>,
     pub cut: bool,
+    /// Where the model's parameters live (an offloaded group's values are sent there).
+    pub device: I::Device,
 }
 
 impl<I: Backend> FlatState<I> {
@@ -253,10 +273,10 @@ impl<I: Backend> FlatState<I> {
         }
         for (index, group) in self.layout.groups.iter().enumerate() {
             let Some(shard) = group.shard else { continue };
-            self.master[index] = shard.cut(self.master[index].clone());
+            self.master[index] = self.master[index].clone().cut(shard);
             if let Some((m, v)) = self.moments[index].as_mut() {
-                *m = shard.cut(m.clone());
-                *v = shard.cut(v.clone());
+                *m = m.clone().cut(shard);
+                *v = v.clone().cut(shard);
             }
         }
         self.cut = true;
@@ -275,8 +295,11 @@ impl<I: Backend> FlatState<I> {
                 continue;
             }
             let comm = comm(group);
-            let gather = |x: &Tensor<I, 1>| {
-                from_primitive(I::all_gather_started(primitive(x.clone()), comm).finish())
+            let device = &self.device;
+            // an offloaded part goes through the device, which the collective runs on
+            let gather = |x: &Held<I>| {
+                let part = primitive(x.on_device(device));
+                x.like(from_primitive(I::all_gather_started(part, comm).finish()))
             };
             self.master[index] = gather(&self.master[index]);
             if let Some((m, v)) = self.moments[index].as_mut() {
@@ -288,22 +311,35 @@ impl<I: Backend> FlatState<I> {
 }
 
 impl<I: Backend> FlatState<I> {
-    /// Parameter `id`'s range of a group buffer, flattened.
-    pub(crate) fn slice(&self, buffers: &[Tensor<I, 1>], id: ParamId) -> Option<Tensor<I, 1>> {
+    /// Parameter `id`'s range of a group buffer, flattened, on the device.
+    pub(crate) fn slice(&self, buffers: &[Held<I>], id: ParamId) -> Option<Tensor<I, 1>> {
         let slot = self.layout.slots.get(&id)?;
-        Some(
-            buffers[slot.group]
-                .clone()
-                .slice(slot.offset..slot.offset + slot.len),
-        )
+        Some(buffers[slot.group].slice(slot.offset..slot.offset + slot.len, &self.device))
     }
 
-    /// Parameter `id`'s two moments, flattened.
+    /// Parameter `id`'s range of a group buffer as f32 values, read where the buffer is.
+    pub(crate) fn values(&self, buffers: &[Held<I>], id: ParamId) -> Option<Vec<f32>> {
+        let slot = self.layout.slots.get(&id)?;
+        Some(buffers[slot.group].values(slot.offset..slot.offset + slot.len))
+    }
+
+    /// Parameter `id`'s two moments, flattened, on the device.
     pub(crate) fn moments_of(&self, id: ParamId) -> Option<(Tensor<I, 1>, Tensor<I, 1>)> {
         let slot = self.layout.slots.get(&id)?;
         let (m, v) = self.moments[slot.group].as_ref()?;
         let range = slot.offset..slot.offset + slot.len;
-        Some((m.clone().slice(range.clone()), v.clone().slice(range)))
+        Some((
+            m.slice(range.clone(), &self.device),
+            v.slice(range, &self.device),
+        ))
+    }
+
+    /// Parameter `id`'s two moments as f32 values, read where they are.
+    pub(crate) fn moment_values(&self, id: ParamId) -> Option<(Vec<f32>, Vec<f32>)> {
+        let slot = self.layout.slots.get(&id)?;
+        let (m, v) = self.moments[slot.group].as_ref()?;
+        let range = slot.offset..slot.offset + slot.len;
+        Some((m.values(range.clone()), v.values(range)))
     }
 }
 
@@ -475,27 +511,52 @@ pub(crate) fn update<I: FusedOps>(
         let group = &state.layout.groups[index];
         // The state is given up to the update (a GPU writes it in place where nothing else
         // holds it): no handle stays behind here.
-        let device = state.master[index].device();
         let master = std::mem::replace(
             &mut state.master[index],
-            Tensor::empty([0], (&device, DType::F32)),
+            Held::Device(Tensor::empty([0], (&state.device, DType::F32))),
         );
-        let moments = state.moments[index]
-            .take()
-            .map(|(m, v)| (primitive(m), primitive(v)));
-        let out = I::adamw_step(
-            primitive(master),
-            grad,
-            moments,
-            step(group),
-            device_scale.clone().map(primitive),
-        );
-        state.master[index] = from_primitive(out.value);
-        state.moments[index] = Some((from_primitive(out.exp_avg), from_primitive(out.exp_avg_sq)));
-        values.push(match out.rounded {
-            Some(rounded) => from_primitive(rounded),
-            None => state.master[index].clone(),
-        });
+        let moments = state.moments[index].take();
+        match master {
+            Held::Device(master) => {
+                let device_moments = |held: Held<I>| match held {
+                    Held::Device(x) => primitive(x),
+                    Held::Host(_) => unreachable!("a group's buffers are held in one place"),
+                };
+                let out = I::adamw_step(
+                    primitive(master),
+                    grad,
+                    moments.map(|(m, v)| (device_moments(m), device_moments(v))),
+                    step(group),
+                    device_scale.clone().map(primitive),
+                );
+                state.master[index] = Held::Device(from_primitive(out.value));
+                state.moments[index] = Some((
+                    Held::Device(from_primitive(out.exp_avg)),
+                    Held::Device(from_primitive(out.exp_avg_sq)),
+                ));
+                values.push(match out.rounded {
+                    Some(rounded) => from_primitive(rounded),
+                    None => state.master[index].on_device(&state.device),
+                });
+            }
+            Held::Host(master) => {
+                let host_moments = |held: Held<I>| match held {
+                    Held::Host(x) => x,
+                    Held::Device(_) => unreachable!("a group's buffers are held in one place"),
+                };
+                let out = offload::update_on_host(
+                    master,
+                    moments.map(|(m, v)| (host_moments(m), host_moments(v))),
+                    grad,
+                    step(group),
+                    device_scale.clone(),
+                    &state.device,
+                );
+                state.master[index] = Held::Host(out.master);
+                state.moments[index] = Some((Held::Host(out.moments.0), Held::Host(out.moments.1)));
+                values.push(out.values);
+            }
+        }
     }
     values
 }
@@ -590,12 +651,17 @@ mod tests {
     }
 
     fn optimizer(model: &Mixed<Ad>) -> AdamW<Cpu> {
+        offloading(model, None)
+    }
+
+    fn offloading(model: &Mixed<Ad>, offload_fraction: Option<f64>) -> AdamW<Cpu> {
         let config = AdamWConfig {
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
             moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+            offload_fraction,
         };
         AdamW::new(config, HashSet::from([model.bias.id]))
     }
@@ -733,6 +799,51 @@ mod tests {
         }
     }
 
+    /// Megatron's CPU offload: the groups it takes hold their master and moments in host
+    /// memory and step to the in-device numbers to the bit (on the CPU both run one kernel),
+    /// the whole optimizer or the part the fraction selects.
+    #[test]
+    fn offloaded_groups_hold_their_state_in_host_memory_and_step_to_the_same_bits() {
+        for (fraction, offloaded) in [
+            (1.0, vec![true, true, true]),
+            (0.5, vec![true, false, false]),
+        ] {
+            let mut model = mixed();
+            let mut reference = mixed();
+            let mut opt = offloading(&model, Some(fraction));
+            let mut opt_ref = optimizer(&reference);
+            for step in 0..3 {
+                let (next, squares, _) = flat(model, &mut opt, 2, Sum::Summed);
+                let (next_ref, squares_ref, _) = flat(reference, &mut opt_ref, 2, Sum::Summed);
+                assert_eq!(squares, squares_ref, "step {step}: Σ g²");
+                assert_eq!(
+                    snapshot(&next, &opt),
+                    snapshot(&next_ref, &opt_ref),
+                    "fraction {fraction}, step {step}"
+                );
+                (model, reference) = (next, next_ref);
+            }
+            let state = opt.flat_state().expect("flat");
+            // groups by (decay, dtype): weight (bf16, decays), bias (bf16), gain (f32, decays)
+            let group = |id| state.layout.slots[&id].group;
+            for (id, offloaded) in [model.weight.id, model.bias.id, model.gain.id]
+                .into_iter()
+                .zip(offloaded)
+            {
+                let index = group(id);
+                assert_eq!(state.layout.groups[index].offloaded, offloaded);
+                let (m, v) = state.moments[index].as_ref().expect("stepped");
+                for held in [&state.master[index], m, v] {
+                    assert_eq!(
+                        matches!(held, Held::Host(_)),
+                        offloaded,
+                        "fraction {fraction}"
+                    );
+                }
+            }
+        }
+    }
+
     /// ZeRO-1's layout: groups padded to equal parts (aligned), and each part's segments the
     /// pieces of the parameters inside it, in visiting order, offsets within the part.
     #[test]
@@ -745,6 +856,7 @@ mod tests {
             decays,
             bucket: 0,
             family: Family::Dense,
+            offloaded: false,
         };
         let layout = Layout::new(
             &[facts(a, 100, true), facts(b, 30, false), facts(c, 20, true)],

@@ -20,6 +20,7 @@ mod fp8;
 mod host_read;
 mod init;
 mod lr_schedule;
+mod offload;
 mod parallel;
 mod params;
 mod pending;

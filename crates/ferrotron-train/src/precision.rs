@@ -234,6 +234,7 @@ mod tests {
                 eps: 1e-8,
                 weight_decay: 0.0,
                 moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+                offload_fraction: None,
             },
             HashSet::new(),
         )

@@ -49,6 +49,7 @@ fn adamw() -> AdamWConfig {
         eps: 1e-8,
         weight_decay: 0.1,
         moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+        offload_fraction: None,
     }
 }
 

@@ -10,10 +10,15 @@
 //! to f32 first as burn-flex rounds a scalar operand: the results are bit-identical to
 //! [`composed_adamw`] and do not depend on the thread count.
 //!
+//! It also takes what a mixed-precision step hands it (a 16-bit gradient, bf16 moments under the
+//! precision-aware optimizer, the 16-bit copy of the new value): the CPU rarely trains in those,
+//! but the offloaded optimizer (`optimizer_cpu_offload`) runs every update of a GPU run here,
+//! where the composed update's single-threaded passes would cost an 8B model minutes a step.
+//!
 //! [`composed_adamw`]: crate::composed_adamw
 
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, TensorMetadata};
+use burn::tensor::{DType, Shape, TensorMetadata, bf16, f16};
 use rayon::prelude::*;
 
 use crate::fused_adamw::{AdamWStep, AdamWTensors};
@@ -21,8 +26,9 @@ use crate::fused_adamw::{AdamWStep, AdamWTensors};
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
 
-/// Whether the kernel takes these tensors: f32 value, gradient, moments (stored in f32) and
-/// device factor.
+/// Whether the kernel takes these tensors: an f32 value and device factor, a gradient of any
+/// float dtype the model trains in, moments stored as the step says (f32 or bf16), and a
+/// 16-bit rounded copy or none.
 pub(super) fn supports(
     value: &FlexTensor,
     grad: &FlexTensor,
@@ -31,15 +37,20 @@ pub(super) fn supports(
     device_scale: Option<&FlexTensor>,
 ) -> bool {
     let f32s = |t: &FlexTensor| t.dtype() == DType::F32;
-    step.moment_dtypes == crate::fused_adamw::F32_MOMENTS
-        && f32s(value)
-        && f32s(grad)
-        && moments.is_none_or(|(m, v)| f32s(m) && f32s(v))
+    let [m_dtype, v_dtype] = step.moment_dtypes;
+    let stored = |dtype: DType| matches!(dtype, DType::F32 | DType::BF16);
+    f32s(value)
+        && matches!(grad.dtype(), DType::F32 | DType::BF16 | DType::F16)
+        && stored(m_dtype)
+        && stored(v_dtype)
+        && moments.is_none_or(|(m, v)| m.dtype() == m_dtype && v.dtype() == v_dtype)
+        && matches!(step.rounded, None | Some(DType::BF16 | DType::F16))
         && device_scale.is_none_or(f32s)
 }
 
-/// The update (see [`supports`] for what it takes; a parameter that also wants a 16-bit
-/// copy, which the CPU never computes in, takes the composed update).
+/// The update (see [`supports`] for what it takes). A 16-bit gradient or moment is widened to
+/// f32 a chunk at a time and a stored moment narrowed back as the composed update's casts do;
+/// the new value is computed from the unrounded moments and rounded last.
 pub(super) fn step(
     value: FlexTensor,
     grad: FlexTensor,
@@ -55,30 +66,189 @@ pub(super) fn step(
     });
     let k = Constants::new(&step, device_scale);
     let grad = grad.to_contiguous();
-    let grad = grad.as_slice::<f32>().expect("a contiguous gradient");
     assert_eq!(
-        grad.len(),
+        grad.shape().num_elements(),
         len,
         "AdamW: gradient and parameter differ in size"
     );
     let mut value = owned(value);
     let first = moments.is_none();
+    let [m_dtype, v_dtype] = step.moment_dtypes;
     let (mut exp_avg, mut exp_avg_sq) = match moments {
         Some((m, v)) => (owned(m), owned(v)),
-        None => (zeros(len), zeros(len)),
+        None => (zeros(len, m_dtype), zeros(len, v_dtype)),
     };
-    value
+    let mut rounded = step.rounded.map(|dtype| zeros(len, dtype));
+    let tasks: Vec<_> = value
         .storage_mut::<f32>()
-        .par_chunks_mut(CHUNK)
-        .zip(exp_avg.storage_mut::<f32>().par_chunks_mut(CHUNK))
-        .zip(exp_avg_sq.storage_mut::<f32>().par_chunks_mut(CHUNK))
-        .zip(grad.par_chunks(CHUNK))
-        .for_each(|(((p, m), v), g)| update(p, m, v, g, &k, first));
+        .chunks_mut(CHUNK)
+        .zip(Stored::chunks(&mut exp_avg))
+        .zip(Stored::chunks(&mut exp_avg_sq))
+        .zip(Widened::chunks(&grad))
+        .zip(Rounded::chunks(rounded.as_mut(), len))
+        .collect();
+    tasks
+        .into_par_iter()
+        .for_each(|((((p, m), v), g), r)| chunk_update(p, m, v, g, r, &k, first));
     AdamWTensors {
         value,
         exp_avg,
         exp_avg_sq,
-        rounded: None,
+        rounded,
+    }
+}
+
+/// One task: the chunk's 16-bit operands widened into scratch, the f32 update, the stored
+/// results narrowed back.
+fn chunk_update(
+    p: &mut [f32],
+    mut m: Stored<'_>,
+    mut v: Stored<'_>,
+    g: Widened<'_>,
+    r: Option<Rounded<'_>>,
+    k: &Constants,
+    first: bool,
+) {
+    let g = g.to_f32();
+    let (mut m_scratch, mut v_scratch) = (Vec::new(), Vec::new());
+    update(
+        p,
+        m.as_f32(&mut m_scratch),
+        v.as_f32(&mut v_scratch),
+        &g,
+        k,
+        first,
+    );
+    m.store(&m_scratch);
+    v.store(&v_scratch);
+    if let Some(r) = r {
+        r.write(p);
+    }
+}
+
+// Narrowing goes through f64 as burn-flex's cast does (`from_f64`): half's `from_f32` rounds
+// some values to the other neighbour, and the update must give the composed casts' bits.
+
+/// A chunk of a moment as stored.
+enum Stored<'a> {
+    F32(&'a mut [f32]),
+    Bf16(&'a mut [bf16]),
+}
+
+impl<'a> Stored<'a> {
+    fn chunks(tensor: &'a mut FlexTensor) -> Vec<Self> {
+        match tensor.dtype() {
+            DType::F32 => tensor
+                .storage_mut::<f32>()
+                .chunks_mut(CHUNK)
+                .map(Stored::F32)
+                .collect(),
+            DType::BF16 => tensor
+                .storage_mut::<bf16>()
+                .chunks_mut(CHUNK)
+                .map(Stored::Bf16)
+                .collect(),
+            dtype => unreachable!("moments stored as {dtype:?} are not supported"),
+        }
+    }
+
+    /// The chunk as f32 to update in place: itself, or its values widened into `scratch`.
+    fn as_f32<'s>(&'s mut self, scratch: &'s mut Vec<f32>) -> &'s mut [f32] {
+        match self {
+            Stored::F32(values) => values,
+            Stored::Bf16(values) => {
+                scratch.extend(values.iter().map(|x| x.to_f32()));
+                scratch
+            }
+        }
+    }
+
+    /// Narrow the updated `scratch` back (nothing to do for an f32 chunk, updated in place).
+    fn store(&mut self, scratch: &[f32]) {
+        if let Stored::Bf16(values) = self {
+            for (stored, &x) in values.iter_mut().zip(scratch) {
+                *stored = bf16::from_f64(f64::from(x));
+            }
+        }
+    }
+}
+
+/// A chunk of the gradient in its own dtype.
+enum Widened<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+impl<'a> Widened<'a> {
+    fn chunks(tensor: &'a FlexTensor) -> Vec<Self> {
+        match tensor.dtype() {
+            DType::F32 => tensor
+                .storage::<f32>()
+                .chunks(CHUNK)
+                .map(Widened::F32)
+                .collect(),
+            DType::BF16 => tensor
+                .storage::<bf16>()
+                .chunks(CHUNK)
+                .map(Widened::Bf16)
+                .collect(),
+            DType::F16 => tensor
+                .storage::<f16>()
+                .chunks(CHUNK)
+                .map(Widened::F16)
+                .collect(),
+            dtype => unreachable!("a gradient of {dtype:?} is not supported"),
+        }
+    }
+
+    fn to_f32(&self) -> std::borrow::Cow<'a, [f32]> {
+        match *self {
+            Widened::F32(values) => values.into(),
+            Widened::Bf16(values) => values.iter().map(|x| x.to_f32()).collect(),
+            Widened::F16(values) => values.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+}
+
+/// A chunk of the 16-bit copy of the new value.
+enum Rounded<'a> {
+    Bf16(&'a mut [bf16]),
+    F16(&'a mut [f16]),
+}
+
+impl<'a> Rounded<'a> {
+    /// The chunks of `tensor`, or `len`'s worth of `None` without one.
+    fn chunks(tensor: Option<&'a mut FlexTensor>, len: usize) -> Vec<Option<Self>> {
+        let Some(tensor) = tensor else {
+            return (0..len.div_ceil(CHUNK)).map(|_| None).collect();
+        };
+        match tensor.dtype() {
+            DType::BF16 => tensor
+                .storage_mut::<bf16>()
+                .chunks_mut(CHUNK)
+                .map(|c| Some(Rounded::Bf16(c)))
+                .collect(),
+            DType::F16 => tensor
+                .storage_mut::<f16>()
+                .chunks_mut(CHUNK)
+                .map(|c| Some(Rounded::F16(c)))
+                .collect(),
+            dtype => unreachable!("a rounded copy in {dtype:?} is not supported"),
+        }
+    }
+
+    fn write(self, values: &[f32]) {
+        match self {
+            Rounded::Bf16(out) => out
+                .iter_mut()
+                .zip(values)
+                .for_each(|(o, &x)| *o = bf16::from_f64(f64::from(x))),
+            Rounded::F16(out) => out
+                .iter_mut()
+                .zip(values)
+                .for_each(|(o, &x)| *o = f16::from_f64(f64::from(x))),
+        }
     }
 }
 
@@ -141,12 +311,12 @@ impl Constants {
     }
 }
 
-/// A flat f32 buffer this call may write: the tensor itself when it is whole and contiguous
+/// A flat buffer this call may write: the tensor itself when it is whole and contiguous
 /// (copied on write if shared), else a contiguous copy.
 fn owned(tensor: FlexTensor) -> FlexTensor {
     let len = tensor.shape().num_elements();
     let whole = tensor.layout().contiguous_offsets() == Some((0, len))
-        && tensor.bytes().len() == len * size_of::<f32>();
+        && tensor.bytes().len() == len * tensor.dtype().size();
     if whole {
         tensor
     } else {
@@ -154,6 +324,6 @@ fn owned(tensor: FlexTensor) -> FlexTensor {
     }
 }
 
-fn zeros(len: usize) -> FlexTensor {
-    FlexTensor::zeros(burn::tensor::Shape::new([len]), DType::F32)
+fn zeros(len: usize, dtype: DType) -> FlexTensor {
+    FlexTensor::zeros(Shape::new([len]), dtype)
 }

@@ -241,15 +241,13 @@ impl FusedOps for Flex {
         step: AdamWStep,
         device_scale: DeviceScale<Self>,
     ) -> AdamWTensors<Self> {
-        if step.rounded.is_none()
-            && adamw::supports(
-                &value,
-                &grad,
-                moments.as_ref(),
-                &step,
-                device_scale.as_ref(),
-            )
-        {
+        if adamw::supports(
+            &value,
+            &grad,
+            moments.as_ref(),
+            &step,
+            device_scale.as_ref(),
+        ) {
             adamw::step(value, grad, moments, step, device_scale)
         } else {
             composed_adamw::<Self>(value, grad, moments, step, device_scale)

@@ -6,7 +6,7 @@
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
 use super::{assert_close, flat, values};
 use crate::{
@@ -188,6 +188,85 @@ fn flex_adamw_is_the_composed_update_bit_for_bit_on_any_number_of_threads() {
                 got == want,
                 "AdamW on {threads} threads differs from the composed update \
                  (decay {decay:?}, grad scale {grad_scale}, moments {with_moments}, device scale {device_scale})"
+            );
+        }
+    }
+}
+
+/// What a mixed-precision step hands the kernel (the offloaded optimizer's every update): a
+/// bf16 or f16 gradient, bf16 moments, a 16-bit copy of the new value; each output the
+/// composed update's to the bit, on any number of threads.
+#[test]
+fn flex_adamw_takes_16_bit_gradients_moments_and_copies_bit_for_bit() {
+    let bf16 = DType::BF16;
+    for (grad_dtype, moment_dtypes, rounded, with_moments) in [
+        (DType::F32, crate::F32_MOMENTS, Some(bf16), true),
+        (bf16, crate::F32_MOMENTS, Some(bf16), false),
+        (DType::F16, [bf16, DType::F32], Some(DType::F16), true),
+        (bf16, [bf16, bf16], None, true),
+        (DType::F32, [DType::F32, bf16], Some(bf16), false),
+    ] {
+        let step = AdamWStep {
+            rounded,
+            moment_dtypes,
+            ..adamw_step(Some(0.999), 0.81)
+        };
+        let cast = |t: FloatTensor<Flex>, dtype: DType| -> FloatTensor<Flex> {
+            Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(t))
+                .cast(dtype)
+                .into_primitive()
+                .tensor()
+        };
+        let args = || {
+            let moments = with_moments.then(|| {
+                let exp_avg_sq: Vec<f32> =
+                    values(&[PARAMS], 0.5).iter().map(|v| v * v * 0.1).collect();
+                let v = Tensor::<Flex, 1>::from_floats(exp_avg_sq.as_slice(), &Default::default())
+                    .into_primitive()
+                    .tensor();
+                (
+                    cast(floats([PARAMS], 0.3, 0.05), moment_dtypes[0]),
+                    cast(v, moment_dtypes[1]),
+                )
+            });
+            (
+                floats([PARAMS], 0.1, 1.0),
+                cast(floats([PARAMS], 0.7, 0.3), grad_dtype),
+                moments,
+            )
+        };
+        let bits = |out: AdamWTensors<Flex>| -> (Vec<DType>, Vec<Vec<u32>>) {
+            let outputs = [
+                Some(out.value),
+                Some(out.exp_avg),
+                Some(out.exp_avg_sq),
+                out.rounded,
+            ];
+            let outputs: Vec<_> = outputs.into_iter().flatten().collect();
+            let dtypes = outputs.iter().map(TensorMetadata::dtype).collect();
+            let bits = outputs
+                .into_iter()
+                .map(|t| {
+                    back::<1>(cast(t, DType::F32))
+                        .into_iter()
+                        .map(f32::to_bits)
+                        .collect()
+                })
+                .collect();
+            (dtypes, bits)
+        };
+        let (value, grad, m) = args();
+        let want = bits(composed_adamw::<Flex>(value, grad, m, step, None));
+        for threads in [1, 3] {
+            let got = on_threads(threads, || {
+                let (value, grad, m) = args();
+                bits(Flex::adamw_step(value, grad, m, step, None))
+            });
+            assert!(
+                got == want,
+                "AdamW on {threads} threads differs from the composed update \
+                 (grad {grad_dtype:?}, moments {moment_dtypes:?}, rounded {rounded:?}, \
+                 moments given {with_moments})"
             );
         }
     }

@@ -98,6 +98,29 @@ fn check_optimizer_states(recipe: &Recipe, out: &mut Vec<Finding>) {
             );
         }
     }
+    if opt.optimizer_cpu_offload && !opt.use_precision_aware_optimizer {
+        out.push(
+            Finding::error(
+                "training::offload-needs-precision-aware-optimizer",
+                "training.optimizer.optimizer_cpu_offload",
+                "the optimizer CPU offload must be used with the precision-aware optimizer",
+            )
+            .with_help(
+                "set training.optimizer.use_precision_aware_optimizer: true (Megatron asserts \
+                 the same: the hybrid device optimizer reuses its code path)",
+            ),
+        );
+    }
+    if !opt.optimizer_cpu_offload && opt.optimizer_offload_fraction != 1.0 {
+        out.push(
+            Finding::error(
+                "training::offload-fraction-without-offload",
+                "training.optimizer.optimizer_offload_fraction",
+                "optimizer_offload_fraction has no effect without optimizer_cpu_offload",
+            )
+            .with_help("set training.optimizer.optimizer_cpu_offload: true, or drop the key"),
+        );
+    }
     if opt.use_precision_aware_optimizer && !recipe.parallel.distributed_optimizer {
         out.push(
             Finding::error(
@@ -422,6 +445,29 @@ mod tests {
             codes(&run(&r)),
             ["training::precision-aware-needs-distributed-optimizer"]
         );
+        r.parallel.distributed_optimizer = true;
+        assert!(run(&r).is_empty());
+    }
+
+    #[test]
+    fn the_cpu_offload_needs_the_precision_aware_optimizer_and_the_fraction_the_offload() {
+        let mut r = recipe();
+        r.training.optimizer.optimizer_offload_fraction = 0.5;
+        let findings = run(&r);
+        assert_eq!(
+            codes(&findings),
+            ["training::offload-fraction-without-offload"]
+        );
+        assert_eq!(
+            findings[0].path,
+            "training.optimizer.optimizer_offload_fraction"
+        );
+        r.training.optimizer.optimizer_cpu_offload = true;
+        assert_eq!(
+            codes(&run(&r)),
+            ["training::offload-needs-precision-aware-optimizer"]
+        );
+        r.training.optimizer.use_precision_aware_optimizer = true;
         r.parallel.distributed_optimizer = true;
         assert!(run(&r).is_empty());
     }

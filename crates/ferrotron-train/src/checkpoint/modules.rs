@@ -72,14 +72,11 @@ pub(crate) fn trained_shards<B: Backend, M: Module<B>, I: Backend>(
             .get(&id)
             .is_some_and(|role| is_primary_replica(role, ctx))
     };
-    let own_value = |id: ParamId| writes(id) && optimizer.master_value(id).is_none();
+    let own_value = |id: ParamId| writes(id) && !optimizer.has_master(id);
     let mut values = param_values(module, &own_value);
     for (id, values) in &mut values {
-        if values.is_none()
-            && writes(*id)
-            && let Some(master) = optimizer.master_value(*id)
-        {
-            *values = Some(NamedTensor::from_tensor(String::new(), &master).values);
+        if values.is_none() && writes(*id) {
+            *values = optimizer.master_values(*id);
         }
     }
     shards_of(values, &roles, ctx)

@@ -538,6 +538,7 @@ mod modules {
                 eps: 1e-8,
                 weight_decay: 0.0,
                 moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+                offload_fraction: None,
             },
             HashSet::new(),
         );
@@ -592,6 +593,7 @@ mod modules {
                 eps: 1e-8,
                 weight_decay: 0.0,
                 moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+                offload_fraction: None,
             },
             HashSet::new(),
         );

@@ -23,6 +23,7 @@ mod exchanged;
 mod fixture;
 mod host_reads;
 mod mla;
+mod offload;
 mod optimizer_states;
 mod plan_groups;
 mod recompute;
