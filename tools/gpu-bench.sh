@@ -10,7 +10,8 @@
 #   strip -o .gpu-dist/recipe target/debug/recipe       (.gpu-dist is git-ignored locally)
 #   device run: FERROTRON_DIST=.gpu-dist bash tools/gpu-bench.sh     (carry: [".gpu-dist"])
 #
-# Env: OUT (table and logs), FERROTRON_DIST (the folder holding `recipe`), STEPS (30),
+# Env: OUT (table and logs), FERROTRON_DIST (the folder holding `recipe`), STEPS (30), SKIP (the
+# first steps the table leaves out as warm-up, 5; the 8B rows take a minute a step: STEPS=3 SKIP=1),
 # ONLY (space-separated model names to run; default all), RUN_TIMEOUT (seconds per run, 300),
 # OP_TIMING=1 (each run also writes its per-op GPU time table, FERROTRON_OP_TIMING, to
 # logs/<name>.ops.md, and where the stream waited for the host, from FERROTRON_OP_TIMELINE
@@ -83,7 +84,20 @@ qwen3_235b_2l=("${dense_4l[@]}" "${moe_1gpu[@]}" --set model.num_layers=2 --set 
     --set parallel.num_layers_in_first_pipeline_stage=null
     --set parallel.num_layers_in_last_pipeline_stage=null)
 
-# name | recipe | micro batch | extra overrides (an array's name)
+# Issue 49: Megatron's optimizer CPU offload (the distributed optimizer and the precision-aware
+# one, which it needs, in both rows of a pair so that only the offload differs), and the
+# Llama-3.1-8B shape on one GPU (32 layers, hidden 4096, GQA 8, seq 8192, full recompute), its
+# optimizer offloaded on an 80 GB card or kept there with bf16 moments on a larger one.
+zero1=(--set parallel.distributed_optimizer=true --set training.optimizer.use_precision_aware_optimizer=true)
+offload=("${zero1[@]}" --set training.optimizer.optimizer_cpu_offload=true)
+llama8b=("${dense_4l[@]}" --set model.num_layers=32 --set recompute.granularity=full
+    --set recompute.method=uniform --set recompute.num_layers=1)
+llama8b_offload=("${llama8b[@]}" "${offload[@]}")
+llama8b_bf16_states=("${llama8b[@]}" "${zero1[@]}" --set training.optimizer.exp_avg_dtype=bf16
+    --set training.optimizer.exp_avg_sq_dtype=bf16)
+
+# name | recipe | micro batch | extra overrides (an array's name) | global batch (default: the
+# micro batch, one microbatch a step)
 benches=(
     "gpt2-124m|recipes/gpt2-124m.yaml|16|none"
     "gpt-350m|recipes/gpt-350m.yaml|16|none"
@@ -113,6 +127,10 @@ benches=(
     "qwen3-235b-a22b-2l|recipes/qwen3-235b-a22b.yaml|2|qwen3_235b_2l"
     "moe-8x|recipes/mixtral-8x7b.yaml|4|moe_small"
     "moe-8x-mb16|recipes/mixtral-8x7b.yaml|16|moe_small"
+    "gpt-1.3b-zero1-gb96|recipes/gpt-1.3b.yaml|12|zero1|96"
+    "gpt-1.3b-offload-gb96|recipes/gpt-1.3b.yaml|12|offload|96"
+    "llama3.1-8b-offload|recipes/llama3.1-8b.yaml|1|llama8b_offload|64"
+    "llama3.1-8b-bf16-states|recipes/llama3.1-8b.yaml|1|llama8b_bf16_states|64"
     "gpt-1.3b-fp8|recipes/gpt-1.3b.yaml|12|fp8"
     "llama-1b-fp8|recipes/llama3-8b.yaml|2|llama_1b_fp8"
     "llama-1b-mb4-fp8|recipes/llama3-8b.yaml|4|llama_1b_fp8"
@@ -128,13 +146,13 @@ full=(--set recompute.granularity=full --set recompute.method=uniform --set reco
 none=()
 
 for entry in "${benches[@]}"; do
-    IFS='|' read -r name recipe mb extra <<<"$entry"
+    IFS='|' read -r name recipe mb extra gbs <<<"$entry"
     if [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]]; then
         continue
     fi
     name+=${TAG:-}
     declare -n more=$extra
-    sets=("${common[@]}" "${more[@]}" --set training.global_batch_size=$mb --set training.micro_batch_size=$mb
+    sets=("${common[@]}" "${more[@]}" --set training.global_batch_size=${gbs:-$mb} --set training.micro_batch_size=$mb
         --set training.train_iters=$steps --set "logging.jsonl=/tmp/bench-$name/metrics.jsonl")
     # shellcheck disable=SC2206 # words on purpose
     sets+=(${EXTRA_SETS:-})
@@ -185,7 +203,7 @@ for plan_path in sorted(glob.glob(f"{out}/logs/*.plan.json")):
     if os.path.exists(metrics_path):
         records = [json.loads(l) for l in open(metrics_path) if l.strip()]
     losses[name] = [r["loss"] for r in records if r.get("kind") == "train" and "loss" in r]
-    steps = [r for r in records if "tokens_per_second" in r and r.get("step", 0) > 5]
+    steps = [r for r in records if "tokens_per_second" in r and r.get("step", 0) > int(os.environ.get("SKIP", 5))]
     log = open(f"{out}/logs/{name}.log", errors="replace").read() if os.path.exists(f"{out}/logs/{name}.log") else ""
     peak = re.findall(r"peak device memory ([0-9.]+) GiB", log)
     med = lambda k: statistics.median(r[k] for r in steps) if steps else float("nan")

@@ -16,6 +16,10 @@
 //!   only where a free range is long enough, and the backward's gradients are scattered through
 //!   it, so only a fraction [`POOL_REUSE`] of it is counted as reusable.
 //!
+//! The optimizer CPU offload takes its share of master and moments out of both phases; the
+//! gradient buffers and both 16-bit copies stay (the offloaded groups' new values arrive from
+//! the host into a new device buffer as the others' do).
+//!
 //! With `POOL_REUSE = 1` the update phase would be its live bytes; the fraction is what the
 //! H200 measurements need (see the constant). Megatron's theoretical numbers stay for the
 //! multi-rank layouts, whose runtime reduces gradients through buffers of its own and has not
@@ -71,6 +75,8 @@ pub(crate) struct State {
     pub gradient: f64,
     /// fp32 master (16-bit weights only) and both moments.
     pub optimizer: f64,
+    /// Share of the optimizer state the CPU offload keeps in host memory instead.
+    pub offloaded: f64,
 }
 
 /// The larger phase's bytes (overhead included) and both phases' terms, phase named.
@@ -85,7 +91,19 @@ pub(crate) fn peak(
         weight,
         gradient,
         optimizer,
+        offloaded,
     } = *state;
+    // The offloaded share's master and moments live in host memory; the gradient buffers and
+    // the weights (the new copy arrives from the host) stay.
+    let full_optimizer = optimizer;
+    let optimizer = optimizer * (1.0 - offloaded);
+    let on_device = || {
+        if offloaded > 0.0 {
+            format!("(1 − {offloaded} offloaded to the host) × {full_optimizer} B")
+        } else {
+            format!("{optimizer} B")
+        }
+    };
     let activations: f64 = activation_terms.iter().map(|t| t.value).sum();
     let several = setup.num_microbatches > 1;
     // One microbatch has nothing to sum: its gradients stay in the weights' dtype.
@@ -134,7 +152,7 @@ pub(crate) fn peak(
             },
         ),
         setup.term("activations phase: optimizer states", optimizer * params, || {
-            format!("{optimizer} B (flat fp32 master where 16-bit, Adam m and v) × {params:.0} parameters")
+            format!("{} (flat fp32 master where 16-bit, Adam m and v) × {params:.0} parameters", on_device())
         }),
     ];
     terms.extend(activation_terms.into_iter().map(|t| Term {
@@ -156,7 +174,7 @@ pub(crate) fn peak(
             }
         }),
         setup.term("update phase: optimizer states", optimizer * params, || {
-            format!("{optimizer} B × {params:.0} parameters, updated in place")
+            format!("{} × {params:.0} parameters, updated in place", on_device())
         }),
         setup.term(
             "update phase: activation memory the pool keeps and cannot reuse",

@@ -182,6 +182,50 @@ impl GpuSpec {
     }
 }
 
+/// What the planner assumes about the host side of a GPU node: the memory and CPU cores that
+/// hold and update the optimizer state `training.optimizer.optimizer_cpu_offload` moves off the
+/// device, and the PCIe links the gradients and weights cross every step.
+///
+/// Initial, not measured: the rates are starting values to be calibrated by `tools/gpu-bench`
+/// (a D2H/H2D copy and a host AdamW pass on the GPU machine) and replaced here with their
+/// measurement and date.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct HostSpec {
+    /// Host memory per GPU of a node, bytes; a node of g GPUs has g times this. 128 GiB is the
+    /// project's one-, two- and four-GPU H100/H200 machines exactly (128, 256 and 512 GiB); its
+    /// eight-GPU machine has 560 GiB (70 GiB per GPU), a DGX H100 2 TiB (256).
+    pub memory_per_gpu_bytes: f64,
+    /// Host memory of a node the offloaded state cannot have: the OS, the training processes'
+    /// own heaps, the data loader's pages. Assumed.
+    pub reserved_per_node_bytes: f64,
+    /// Host memory per rank for the copies in flight: the runtime (ferrotron-train
+    /// `flat_adamw.rs`, `offload.rs`) updates one offloaded group at a time, groups closed past
+    /// 2^26 elements, so the host holds one group's gradient (4 B) and new 16-bit values (2 B)
+    /// at once, each as a transfer copy and a tensor: 0.75 GiB for a full group, about 6 GiB
+    /// for the group that holds a 128K-vocabulary embedding (525 M elements at hidden 4096).
+    /// Assumed, for that largest group, until a host-memory measurement replaces it.
+    pub transfer_buffer_bytes: f64,
+    /// Device-to-host copy rate of one GPU, bytes/s. Initial, not measured.
+    pub device_to_host_bandwidth: f64,
+    /// Host-to-device copy rate of one GPU, bytes/s. Initial, not measured.
+    pub host_to_device_bandwidth: f64,
+    /// Memory traffic a node's CPU cores sustain running AdamW (what it reads and writes per
+    /// parameter), bytes/s, shared by the node's ranks. Initial, not measured: 30 GB/s for the
+    /// 16 cores of the one-GPU machine.
+    pub cpu_optimizer_bandwidth: f64,
+}
+
+/// The host of every GPU kind's node until measurements tell them apart; `cpu` ranks have no
+/// separate host (their state already lives in host memory).
+pub(crate) const GPU_HOST: HostSpec = HostSpec {
+    memory_per_gpu_bytes: 128.0 * GIB,
+    reserved_per_node_bytes: 16.0 * GIB,
+    transfer_buffer_bytes: 6.0 * GIB,
+    device_to_host_bandwidth: 20e9,
+    host_to_device_bandwidth: 20e9,
+    cpu_optimizer_bandwidth: 30e9,
+};
+
 /// The name users write and read (`h100`, `cpu`), upper-cased for GPUs as datasheets do.
 pub fn gpu_name(gpu: GpuKind) -> &'static str {
     match gpu {

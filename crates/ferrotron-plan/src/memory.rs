@@ -14,6 +14,8 @@
 //! Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation"), Table 2,
 //! generalised to GQA, SwiGLU, MoE and flash attention, term by term; every term is returned
 //! so `--explain` shows the arithmetic. Every stage is evaluated and the most loaded one wins.
+//! With the optimizer CPU offload the offloaded share of each rank's master and moments leaves
+//! the GPU, and the most loaded node's host memory is reported beside it (`offload.rs`).
 
 use ferrotron_recipe::{
     Activation, Dtype, Model, Optimizer, RecomputeGranularity, RecomputeMethod,
@@ -21,6 +23,7 @@ use ferrotron_recipe::{
 use serde::{Deserialize, Serialize};
 
 use crate::flat_step;
+use crate::offload::{self, HostMemory};
 use crate::setup::Setup;
 use crate::stages::StageInfo;
 use crate::term::Term;
@@ -43,6 +46,8 @@ pub struct Memory {
     /// The most loaded GPU.
     pub per_gpu_bytes: MemoryBytes,
     pub limit_bytes: u64,
+    /// The most loaded GPU within `limit_bytes` and, with the optimizer CPU offload, the most
+    /// loaded node's host within its memory.
     pub fits: bool,
     /// Pipeline stage of the most loaded GPU, and its first rank.
     pub most_loaded_stage: u32,
@@ -51,7 +56,10 @@ pub struct Memory {
     pub per_stage: Vec<MemoryBytes>,
     /// Parameters held by one GPU of the most loaded stage (after tensor/expert sharding).
     pub parameters_per_gpu: u64,
-    /// The formulas behind the most loaded stage's numbers.
+    /// Host memory of the most loaded node, with the optimizer CPU offload only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostMemory>,
+    /// The formulas behind the most loaded stage's numbers (and the host's, with the offload).
     pub terms: Vec<Term>,
 }
 
@@ -116,7 +124,7 @@ fn local_parameters(setup: &Setup<'_>, stage: &StageInfo) -> LocalParameters {
 
 /// Bytes per parameter: (weight, gradient, optimizer states). Adam's m and v take 4 bytes each,
 /// or 2 in bf16 under Megatron's precision-aware optimizer (`--exp-avg-dtype bf16`).
-fn bytes_per_parameter(dtype: Dtype, optimizer: &Optimizer) -> (f64, f64, f64) {
+pub(crate) fn bytes_per_parameter(dtype: Dtype, optimizer: &Optimizer) -> (f64, f64, f64) {
     let moments = (optimizer.exp_avg_dtype.bytes() + optimizer.exp_avg_sq_dtype.bytes()) as f64;
     match dtype {
         // bf16/fp16 weight, fp32 main gradient, fp32 master copy + Adam m and v.
@@ -359,14 +367,37 @@ fn stage_activation_terms(setup: &Setup<'_>, stage: &StageInfo) -> Vec<Term> {
     terms
 }
 
+/// Parameters whose optimizer state one GPU of a stage holds: all of its parameters, or its
+/// shard with the distributed optimizer (each instance holds a full copy, sharded over its share
+/// of dp·cp for dense parameters, over edp for experts).
+fn optimizer_parameters(setup: &Setup<'_>, local: &LocalParameters) -> f64 {
+    let parallel = &setup.recipe.parallel;
+    if !parallel.distributed_optimizer {
+        return local.dense + local.expert;
+    }
+    let d = setup.layout.degrees;
+    let dense_shards = f64::from(d.dp * d.cp) / f64::from(parallel.distributed_optimizer_instances);
+    local.dense / dense_shards + local.expert / f64::from(d.edp)
+}
+
+/// One GPU of one stage: its bytes, its parameters, the parameters whose optimizer state it
+/// holds, and the terms.
+struct StageMemory {
+    bytes: MemoryBytes,
+    params: f64,
+    optimizer_params: f64,
+    terms: Vec<Term>,
+}
+
 /// Memory of one GPU of `stage`, with terms.
-fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<Term>) {
+fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> StageMemory {
     let local = local_parameters(setup, stage);
     let (weight, gradient, optimizer) = bytes_per_parameter(
         setup.recipe.precision.dtype,
         &setup.recipe.training.optimizer,
     );
     let params = local.dense + local.expert;
+    let optimizer_params = optimizer_parameters(setup, &local);
     let activation_terms = stage_activation_terms(setup, stage);
     let overhead = setup.spec.framework_overhead_bytes;
     let mut terms = vec![setup.term("parameters on this GPU", params, || {
@@ -381,10 +412,11 @@ fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<
             weight,
             gradient,
             optimizer,
+            offloaded: setup.offload_fraction,
         };
         flat_step::peak(setup, &state, activation_terms, overhead)
     } else {
-        megatron_memory(setup, &local, activation_terms, overhead)
+        megatron_memory(setup, &local, optimizer_params, activation_terms, overhead)
     };
     terms.extend(state_terms);
     terms.push(setup.term("framework overhead", overhead, || {
@@ -393,33 +425,33 @@ fn stage_memory(setup: &Setup<'_>, stage: &StageInfo) -> (MemoryBytes, f64, Vec<
             crate::hardware::gpu_name(setup.cluster.gpu)
         )
     }));
-    (bytes, params, terms)
+    StageMemory {
+        bytes,
+        params,
+        optimizer_params,
+        terms,
+    }
 }
 
 /// Megatron's theoretical bytes (multi-rank layouts and the `cpu` kind): weights, fp32
 /// gradients where microbatches are summed, optimizer states sharded by the distributed
-/// optimizer, activations, and the overhead, all held at once.
+/// optimizer (less the share the CPU offload keeps in host memory), activations, and the
+/// overhead, all held at once.
 fn megatron_memory(
     setup: &Setup<'_>,
     local: &LocalParameters,
+    optimizer_params: f64,
     activation_terms: Vec<Term>,
     overhead: f64,
 ) -> (MemoryBytes, Vec<Term>) {
-    let d = setup.layout.degrees;
     let (weight, gradient, optimizer) = bytes_per_parameter(
         setup.recipe.precision.dtype,
         &setup.recipe.training.optimizer,
     );
     let distributed = setup.recipe.parallel.distributed_optimizer;
-    let dense_shards = if distributed {
-        // Each distributed-optimizer instance holds a full copy, sharded over its share of dp·cp.
-        f64::from(d.dp * d.cp) / f64::from(setup.recipe.parallel.distributed_optimizer_instances)
-    } else {
-        1.0
-    };
-    let expert_shards = if distributed { f64::from(d.edp) } else { 1.0 };
+    let offloaded = setup.offload_fraction;
     let params = local.dense + local.expert;
-    let optimizer_bytes = optimizer * (local.dense / dense_shards + local.expert / expert_shards);
+    let optimizer_bytes = optimizer * optimizer_params * (1.0 - offloaded);
     let activations = sum(&activation_terms);
     // The fp32 gradients persist from one microbatch to the next; with a single microbatch the
     // runtime hands backward's 16-bit gradients straight to the norm and the optimizer, and they
@@ -456,13 +488,22 @@ fn megatron_memory(
         setup.term(
             "optimizer states",
             optimizer_bytes,
-            || if distributed {
-                format!(
-                    "{optimizer} B × (dense {:.0} / (dp·cp = {dense_shards}) + expert {:.0} / (edp = {expert_shards}))  [distributed optimizer]",
-                    local.dense, local.expert
-                )
-            } else {
-                format!("{optimizer} B (master weights, Adam m and v) × {params:.0} parameters")
+            || {
+                let held = if distributed {
+                    let d = setup.layout.degrees;
+                    let instances = setup.recipe.parallel.distributed_optimizer_instances;
+                    format!(
+                        "{optimizer} B × (dense {:.0} / (dp·cp = {}) + expert {:.0} / (edp = {}))  [distributed optimizer]",
+                        local.dense, f64::from(d.dp * d.cp) / f64::from(instances), local.expert, f64::from(d.edp)
+                    )
+                } else {
+                    format!("{optimizer} B (master weights, Adam m and v) × {params:.0} parameters")
+                };
+                if offloaded > 0.0 {
+                    format!("{held} × (1 − {offloaded} offloaded to the host)")
+                } else {
+                    held
+                }
             },),
     ];
     terms.extend(activation_terms.into_iter().map(|t| Term {
@@ -472,38 +513,43 @@ fn megatron_memory(
     (bytes, terms)
 }
 
-/// Memory of every stage; the report names the most loaded one.
+/// Memory of every stage, and of the most loaded node's host under the optimizer offload; the
+/// report names the most loaded GPU.
 pub(crate) fn memory(setup: &Setup<'_>) -> Memory {
-    let mut per_stage = Vec::with_capacity(setup.stages.len());
+    let mut per_stage: Vec<MemoryBytes> = Vec::with_capacity(setup.stages.len());
+    let mut optimizer_params = Vec::with_capacity(setup.stages.len());
     let mut worst: Option<(usize, f64, Vec<Term>)> = None;
     for (index, stage) in setup.stages.iter().enumerate() {
-        let (bytes, params, terms) = stage_memory(setup, stage);
+        let one = stage_memory(setup, stage);
         let heavier = worst
             .as_ref()
-            .is_none_or(|(w, _, _)| bytes.total > per_stage_total(&per_stage, *w));
-        per_stage.push(bytes);
+            .is_none_or(|(w, _, _)| one.bytes.total > per_stage[*w].total);
+        per_stage.push(one.bytes);
+        optimizer_params.push(one.optimizer_params);
         if heavier {
-            worst = Some((index, params, terms));
+            worst = Some((index, one.params, one.terms));
         }
     }
-    let (stage, params, terms) = worst.unwrap_or((0, 0.0, Vec::new()));
+    let (stage, params, mut terms) = worst.unwrap_or((0, 0.0, Vec::new()));
     let per_gpu = per_stage.get(stage).copied().unwrap_or_default();
     let limit = setup.spec.memory_bytes as u64;
     let d = setup.layout.degrees;
+    let host = (setup.offload_fraction > 0.0).then(|| {
+        let (host, host_terms) = offload::host_memory(setup, &optimizer_params);
+        terms.extend(host_terms);
+        host
+    });
     Memory {
         per_gpu_bytes: per_gpu,
         limit_bytes: limit,
-        fits: per_gpu.total <= limit,
+        fits: per_gpu.total <= limit && host.as_ref().is_none_or(|h| h.fits),
         most_loaded_stage: stage as u32,
         most_loaded_rank: stage as u32 * (d.world_size() / d.pp),
         per_stage,
         parameters_per_gpu: params as u64,
+        host,
         terms,
     }
-}
-
-fn per_stage_total(per_stage: &[MemoryBytes], index: usize) -> u64 {
-    per_stage[index].total
 }
 
 /// Parameters on one GPU of every stage (dense plus expert, after sharding).
@@ -518,14 +564,43 @@ pub(crate) fn stage_local_parameters(setup: &Setup<'_>) -> Vec<f64> {
         .collect()
 }
 
+/// Parameters whose optimizer state one GPU of every stage holds.
+pub(crate) fn stage_optimizer_parameters(setup: &Setup<'_>) -> Vec<f64> {
+    setup
+        .stages
+        .iter()
+        .map(|stage| optimizer_parameters(setup, &local_parameters(setup, stage)))
+        .collect()
+}
+
 /// Peak bytes of the most loaded stage, without building the report (for the `auto` search).
 pub(crate) fn peak_bytes(setup: &Setup<'_>) -> u64 {
     setup
         .stages
         .iter()
-        .map(|stage| stage_memory(setup, stage).0.total)
+        .map(|stage| stage_memory(setup, stage).bytes.total)
         .max()
         .unwrap_or(0)
+}
+
+/// The smallest offload fraction, a multiple of 1/[`offload::FRACTION_STEPS`], with which
+/// every stage of `setup` (planned without the offload) fits `limit` bytes, or None when not
+/// even the whole optimizer state in host memory is enough. A stage's peak falls by exactly the
+/// optimizer bytes it offloads (they are in both memory phases), so the need is a division.
+pub(crate) fn offload_to_fit(setup: &Setup<'_>, limit: u64) -> Option<f64> {
+    let mut needed: f64 = 0.0;
+    for stage in &setup.stages {
+        let bytes = stage_memory(setup, stage).bytes;
+        if bytes.total <= limit {
+            continue;
+        }
+        if bytes.optimizer == 0 {
+            return None;
+        }
+        needed = needed.max((bytes.total - limit) as f64 / bytes.optimizer as f64);
+    }
+    let steps = (needed * offload::FRACTION_STEPS).ceil().max(1.0);
+    (steps <= offload::FRACTION_STEPS).then(|| steps / offload::FRACTION_STEPS)
 }
 
 #[cfg(test)]

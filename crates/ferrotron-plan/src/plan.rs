@@ -10,9 +10,11 @@ use crate::flops::flops_per_iteration;
 use crate::hardware::{GpuSpec, gpu_name};
 use crate::layout::{Degrees, Layout};
 use crate::memory::{Memory, memory, stage_local_parameters};
+use crate::offload;
 use crate::params::{ParameterCount, parameter_count};
 use crate::ranks::{ProcessGroups, RankGroups, RankInfo, rank_grid};
-use crate::search::{AutoReport, SearchFailure, recompute_settings, search, setup};
+use crate::search::{AutoReport, SearchFailure, Shortfall, recompute_settings, search, setup};
+use crate::setup::Setup;
 use crate::stages::StageInfo;
 use crate::time::{Predicted, predict};
 
@@ -214,10 +216,16 @@ pub fn plan(recipe: &Recipe, opts: &PlanOptions) -> Result<Plan, Vec<Finding>> {
     let vocab = opts.vocab_size;
     let gbs = resolved.training.global_batch_size;
     let keys = auto_keys(recipe);
+    let optimizer = &resolved.training.optimizer;
+    let may_offload = !keys.is_empty()
+        && optimizer.use_precision_aware_optimizer
+        && !optimizer.optimizer_cpu_offload
+        && cluster.gpu != GpuKind::Cpu;
     let (ranked, searched, valid, fitting) = match search(
         &resolved,
         recipe.parallel.expert_tensor,
         &cluster,
+        may_offload,
         |tp| model.padded_vocab_size(vocab, tp),
         |padded| flops_per_iteration(&resolved, padded, gbs),
     ) {
@@ -235,39 +243,35 @@ pub fn plan(recipe: &Recipe, opts: &PlanOptions) -> Result<Plan, Vec<Finding>> {
                 .with_help("fix some degrees, or change the cluster size"),
             ]);
         }
-        Err(SearchFailure::NothingFits { smallest, limit }) => {
-            let (layout, bytes) = *smallest;
-            let d = layout.degrees;
+        Err(SearchFailure::NothingFits { device, host }) => {
             if keys.is_empty() {
-                warnings.push(format!(
-                    "does not fit: {:.1} GiB needed on the most loaded GPU, {:.1} GiB available",
-                    gib(bytes),
-                    gib(limit)
-                ));
+                // One fixed layout: it plans anyway, and `finish` says what does not fit.
+                let short = host.or(device).expect("a valid layout is over some limit");
                 return finish(
                     resolved,
                     cluster,
-                    layout,
+                    short.layout,
                     vocab,
                     train_iters,
                     None,
                     warnings,
                 );
             }
-            return Err(vec![Finding::error(
-                "plan::out-of-memory",
-                keys.first().map_or("parallel", String::as_str),
-                format!(
-                    "no valid layout fits in {:.0} GiB per GPU; the smallest (tp {} pp {} vpp {} cp {} ep {} dp {}, micro batch {}) needs {:.1} GiB",
-                    gib(limit), d.tp, d.pp, d.vpp, d.cp, d.ep, d.dp, layout.micro_batch_size, gib(bytes)
-                ),
-            )
-            .with_help("enable recompute (granularity: full), the distributed optimizer, or plan for more GPUs")]);
+            return Err(vec![out_of_memory(&resolved, &keys, device, host)]);
         }
     };
     let best = &ranked[0];
     let mut resolved = resolved;
     resolved.recompute = recompute_settings(&resolved.recompute, best.recompute);
+    if let Some(fraction) = best.optimizer_offload_fraction {
+        let optimizer = &mut resolved.training.optimizer;
+        optimizer.optimizer_cpu_offload = true;
+        optimizer.optimizer_offload_fraction = fraction;
+        warnings.push(format!(
+            "training.optimizer.optimizer_cpu_offload: turned on with optimizer_offload_fraction {fraction}: no valid layout fits in {:.0} GiB per GPU without it",
+            gib(GpuSpec::of(cluster.gpu).memory_bytes as u64)
+        ));
+    }
     let layout = Layout {
         degrees: best.degrees,
         micro_batch_size: best.micro_batch_size,
@@ -290,6 +294,94 @@ pub fn plan(recipe: &Recipe, opts: &PlanOptions) -> Result<Plan, Vec<Finding>> {
     )
 }
 
+/// The finding when no layout of an `auto` search fits: the node's host memory where some
+/// layout fits the GPU with the optimizer offload, else the GPU's memory.
+fn out_of_memory(
+    recipe: &Recipe,
+    keys: &[String],
+    device: Option<Box<Shortfall>>,
+    host: Option<Box<Shortfall>>,
+) -> Finding {
+    let first_key = keys.first().map_or("parallel", String::as_str);
+    let layout_name = |layout: &Layout| {
+        let d = layout.degrees;
+        format!(
+            "tp {} pp {} vpp {} cp {} ep {} dp {}, micro batch {}",
+            d.tp, d.pp, d.vpp, d.cp, d.ep, d.dp, layout.micro_batch_size
+        )
+    };
+    if let Some(short) = host {
+        let recipe_offloads = recipe.training.optimizer.optimizer_cpu_offload;
+        let (path, help) = if recipe_offloads {
+            (
+                "training.optimizer.optimizer_offload_fraction",
+                "lower training.optimizer.optimizer_offload_fraction, or plan for more nodes: the distributed optimizer shards the offloaded state over more data-parallel ranks",
+            )
+        } else {
+            (
+                first_key,
+                "plan for more nodes (the distributed optimizer shards the offloaded state over more data-parallel ranks), or enable recompute (granularity: full) so that less of the state has to leave the GPU",
+            )
+        };
+        return Finding::error(
+            "plan::out-of-host-memory",
+            path,
+            format!(
+                "no valid layout fits: those that fit the GPU with the optimizer CPU offload need more host memory than a node has; the smallest ({}) needs {:.1} GiB of host memory per node, {:.1} GiB available",
+                layout_name(&short.layout),
+                gib(short.needed),
+                gib(short.limit)
+            ),
+        )
+        .with_help(help);
+    }
+    let short = device.expect("a valid layout is over some limit");
+    Finding::error(
+        "plan::out-of-memory",
+        first_key,
+        format!(
+            "no valid layout fits in {:.0} GiB per GPU; the smallest ({}) needs {:.1} GiB",
+            gib(short.limit),
+            layout_name(&short.layout),
+            gib(short.needed)
+        ),
+    )
+    .with_help("enable recompute (granularity: full), the distributed optimizer, the optimizer CPU offload (training.optimizer.optimizer_cpu_offload), or plan for more GPUs")
+}
+
+/// What does not fit in `memory`, as warnings: the GPU (with the offload fraction that would
+/// fit it, when there is one) and the node's host.
+fn memory_warnings(s: &Setup<'_>, memory: &Memory) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if memory.per_gpu_bytes.total > memory.limit_bytes {
+        let mut warning = format!(
+            "does not fit: {:.1} GiB needed on the most loaded GPU, {:.1} GiB available",
+            gib(memory.per_gpu_bytes.total),
+            gib(memory.limit_bytes)
+        );
+        let offload_possible = s.offload_fraction == 0.0 && s.cluster.gpu != GpuKind::Cpu;
+        if let Some(fraction) = offload_possible
+            .then(|| offload::fraction_that_fits(s, memory.limit_bytes))
+            .flatten()
+        {
+            warning.push_str(&format!(
+                "; training.optimizer.optimizer_cpu_offload with optimizer_offload_fraction {fraction} would fit it (with use_precision_aware_optimizer)"
+            ));
+        }
+        warnings.push(warning);
+    }
+    if let Some(host) = memory.host.as_ref().filter(|h| !h.fits) {
+        warnings.push(format!(
+            "does not fit the host: {:.1} GiB of host memory needed on node {} (the offloaded optimizer state of its ranks, their transfer buffers and {:.0} GiB reserved), {:.1} GiB available; lower training.optimizer.optimizer_offload_fraction or plan for more nodes",
+            gib(host.total),
+            host.most_loaded_node,
+            gib(host.reserved),
+            gib(host.limit_bytes)
+        ));
+    }
+    warnings
+}
+
 /// Builds the plan for the chosen layout.
 fn finish(
     mut resolved: Recipe,
@@ -298,7 +390,7 @@ fn finish(
     vocab: u32,
     train_iters: u64,
     auto: Option<AutoReport>,
-    warnings: Vec<String>,
+    mut warnings: Vec<String>,
 ) -> Result<Plan, Vec<Finding>> {
     let d = layout.degrees;
     let p = &mut resolved.parallel;
@@ -323,6 +415,7 @@ fn finish(
         let s = setup(&resolved, &cluster, layout, params, padded, true);
         let memory = memory(&s);
         let predicted = predict(&s, flops, &stage_local_parameters(&s));
+        warnings.extend(memory_warnings(&s, &memory));
         (memory, predicted, s.stages)
     };
     let (ranks, groups) = rank_grid(&d, cluster.gpus_per_node);

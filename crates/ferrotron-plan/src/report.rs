@@ -8,6 +8,7 @@ use ferrotron_recipe::GpuKind;
 use crate::flat_step;
 use crate::hardware::gpu_name;
 use crate::memory::MemoryBytes;
+use crate::offload::{self, HostMemory};
 use crate::plan::Plan;
 use crate::stages::StageInfo;
 
@@ -70,6 +71,56 @@ fn groups_line(out: &mut String, name: &str, groups: &[Vec<u32>]) {
 
 fn memory_row(out: &mut String, label: &str, bytes: u64) {
     let _ = writeln!(out, "  {label:<20} {:>12}", gib(bytes));
+}
+
+fn total_row(out: &mut String, total: u64, limit: u64) {
+    let _ = writeln!(
+        out,
+        "  {:<20} {:>12} of {} ({})",
+        "total",
+        gib(total),
+        gib(limit),
+        if total <= limit {
+            "fits"
+        } else {
+            "DOES NOT FIT"
+        }
+    );
+}
+
+/// The host memory of the most loaded node under the optimizer CPU offload.
+fn host_memory(out: &mut String, plan: &Plan, host: &HostMemory) {
+    let _ = writeln!(
+        out,
+        "host memory per node (optimizer CPU offload of {}% of each rank's optimizer state; most loaded: node {}, {} rank(s) per node)",
+        100.0 * host.offload_fraction,
+        host.most_loaded_node,
+        plan.cluster.gpus_per_node
+    );
+    memory_row(out, "optimizer states", host.optimizer_states);
+    memory_row(out, "transfer buffers", host.transfer_buffers);
+    memory_row(out, "reserved", host.reserved);
+    total_row(out, host.total, host.limit_bytes);
+}
+
+/// The step time the optimizer CPU offload adds, by part.
+fn offload_time(out: &mut String, plan: &Plan) {
+    let t = &plan.predicted;
+    let part = |name: &str| {
+        t.terms
+            .iter()
+            .find(|term| term.name == name)
+            .map_or(0.0, |term| term.value)
+    };
+    let _ = writeln!(
+        out,
+        "  optimizer offload    {:.3} s, {:.1}% of the step: gradients down {:.3} s, AdamW on the host {:.3} s, weights up {:.3} s (rates initial, not measured)",
+        t.breakdown.optimizer_offload,
+        100.0 * t.breakdown.optimizer_offload / t.step_seconds,
+        part(offload::GRADIENTS_DOWN),
+        part(offload::HOST_ADAMW),
+        part(offload::WEIGHTS_UP)
+    );
 }
 
 fn peak(plan: &Plan) -> String {
@@ -215,14 +266,10 @@ pub fn render_human(plan: &Plan) -> String {
         b.activations,
     );
     memory_row(&mut out, "framework overhead", b.framework_overhead);
-    let _ = writeln!(
-        out,
-        "  {:<20} {:>12} of {} ({})",
-        "total",
-        gib(b.total),
-        gib(m.limit_bytes),
-        if m.fits { "fits" } else { "DOES NOT FIT" }
-    );
+    total_row(&mut out, b.total, m.limit_bytes);
+    if let Some(host) = &m.host {
+        host_memory(&mut out, plan, host);
+    }
 
     let t = &plan.predicted;
     let _ = writeln!(out, "compute");
@@ -245,6 +292,9 @@ pub fn render_human(plan: &Plan) -> String {
         100.0 * t.bubble_fraction,
         t.slowest_stage
     );
+    if t.breakdown.optimizer_offload > 0.0 {
+        offload_time(&mut out, plan);
+    }
 
     if let Some(auto) = &plan.auto {
         let _ = writeln!(

@@ -8,13 +8,14 @@
 use ferrotron_recipe::{Cluster, Degree, Recipe, Recompute, RecomputeGranularity, RecomputeMethod};
 use serde::{Deserialize, Serialize};
 
-use crate::hardware::GpuSpec;
+use crate::hardware::{GPU_HOST, GpuSpec};
 use crate::layout::{Degrees, Layout, OpenLayout, divisors};
+use crate::offload::HostMemory;
 use crate::params::{ParameterCount, parameter_count};
 use crate::setup::Setup;
 use crate::stages::stages;
 use crate::time::Breakdown;
-use crate::{memory, rules, time};
+use crate::{memory, offload, rules, time};
 
 /// One ranked layout.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,6 +28,11 @@ pub struct Candidate {
     pub tokens_per_second_per_gpu: f64,
     pub mfu: f64,
     pub peak_memory_bytes: u64,
+    /// The optimizer CPU offload fraction the search turned on for this candidate: only when
+    /// the recipe asks for `auto`, has the precision-aware optimizer, and no layout fits the
+    /// GPU without the offload (then the smallest fraction, in steps of 0.05, that fits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_offload_fraction: Option<f64>,
     /// Why it ranks where it does: memory headroom and where its step time goes.
     pub why: String,
 }
@@ -45,15 +51,34 @@ pub struct AutoReport {
     pub top: Vec<Candidate>,
 }
 
+/// A valid layout over a memory limit: bytes needed against bytes available.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Shortfall {
+    pub layout: Layout,
+    pub needed: u64,
+    pub limit: u64,
+}
+
+impl Shortfall {
+    /// Keeps the smaller need of `kept` and `self`.
+    fn keep_smallest(self, kept: &mut Option<Shortfall>) {
+        if kept.is_none_or(|k| self.needed < k.needed) {
+            *kept = Some(self);
+        }
+    }
+}
+
 /// Why the search found nothing.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum SearchFailure {
     NoValidLayout {
         searched: u32,
     },
+    /// At least one of the two is set: the layout closest to the GPU's memory, and, where some
+    /// layout fits the GPU with the optimizer offload, the one closest to its node's host memory.
     NothingFits {
-        smallest: Box<(Layout, u64)>,
-        limit: u64,
+        device: Option<Box<Shortfall>>,
+        host: Option<Box<Shortfall>>,
     },
 }
 
@@ -210,6 +235,8 @@ pub(crate) fn setup<'a>(
         cluster,
         layout,
         spec: GpuSpec::of(cluster.gpu),
+        host: GPU_HOST,
+        offload_fraction: offload::fraction(recipe, cluster),
         params,
         padded_vocab,
         stages: stages(recipe, &params, layout.degrees.pp, layout.degrees.vpp),
@@ -218,7 +245,7 @@ pub(crate) fn setup<'a>(
     }
 }
 
-fn why(c: &Candidate, limit: u64, b: &Breakdown) -> String {
+fn why(c: &Candidate, limit: u64, b: &Breakdown, host: Option<&HostMemory>) -> String {
     let gib = |x: u64| x as f64 / (1u64 << 30) as f64;
     let share = |x: f64| 100.0 * x / c.step_seconds;
     let mut parts = vec![format!("compute {:.0}%", share(b.compute))];
@@ -231,24 +258,74 @@ fn why(c: &Candidate, limit: u64, b: &Breakdown) -> String {
         ("bubble", b.pipeline_bubble),
         ("DP comm", b.data_parallel_comm),
         ("optimizer", b.optimizer),
+        ("offload", b.optimizer_offload),
     ] {
         if share(value) >= 0.5 {
             parts.push(format!("{label} {:.0}%", share(value)));
         }
     }
+    let host = host.map_or(String::new(), |h| {
+        format!(
+            ", optimizer offload {} with {:.1} of {:.0} GiB of host memory per node",
+            h.offload_fraction,
+            gib(h.total),
+            gib(h.limit_bytes)
+        )
+    });
     format!(
-        "{:.1} of {:.0} GiB; step {}",
+        "{:.1} of {:.0} GiB{host}; step {}",
         gib(c.peak_memory_bytes),
         gib(limit),
         parts.join(", ")
     )
 }
 
+/// The candidate of a layout whose device peak fits, or the host's shortfall when its
+/// optimizer offload (the recipe's or the search's `chosen_offload`) overfills the node's host.
+fn candidate(
+    s: &Setup<'_>,
+    peak: u64,
+    limit: u64,
+    chosen_offload: Option<f64>,
+    flops: f64,
+) -> Result<Candidate, Shortfall> {
+    let host = (s.offload_fraction > 0.0)
+        .then(|| offload::host_memory(s, &memory::stage_optimizer_parameters(s)).0);
+    if let Some(host) = host.as_ref().filter(|h| !h.fits) {
+        return Err(Shortfall {
+            layout: s.layout,
+            needed: host.total,
+            limit: host.limit_bytes,
+        });
+    }
+    let stage_params = memory::stage_local_parameters(s);
+    let predicted = time::predict(s, flops, &stage_params);
+    let mut candidate = Candidate {
+        degrees: s.layout.degrees,
+        micro_batch_size: s.layout.micro_batch_size,
+        recompute: s.recipe.recompute.granularity,
+        step_seconds: predicted.step_seconds,
+        tokens_per_second_per_gpu: predicted.tokens_per_second_per_gpu,
+        mfu: predicted.mfu,
+        peak_memory_bytes: peak,
+        optimizer_offload_fraction: chosen_offload,
+        why: String::new(),
+    };
+    candidate.why = why(&candidate, limit, &predicted.breakdown, host.as_ref());
+    Ok(candidate)
+}
+
 /// Ranks every valid, fitting layout; the best first.
+///
+/// With `may_offload` (the recipe asks for `auto` and has the precision-aware optimizer, but
+/// not the offload), a layout over the GPU's memory is also tried with the smallest optimizer
+/// offload fraction that fits it; those candidates are ranked only when no layout fits without
+/// the offload, whose transfers and host AdamW cost time a fitting layout does not pay.
 pub(crate) fn search(
     recipe: &Recipe,
     original_expert_tensor: Option<Degree>,
     cluster: &Cluster,
+    may_offload: bool,
     padded_vocab_of: impl Fn(u32) -> u32,
     flops_of: impl Fn(u32) -> f64,
 ) -> Result<(Vec<Candidate>, u32, u32, u32), SearchFailure> {
@@ -257,8 +334,10 @@ pub(crate) fn search(
     let searched = (layouts.len() * variants.len()) as u32;
     let limit = GpuSpec::of(cluster.gpu).memory_bytes as u64;
     let mut valid = 0;
-    let mut smallest: Option<(Layout, u64)> = None;
+    let mut device_short = None;
+    let mut host_short = None;
     let mut ranked = Vec::new();
+    let mut offloaded = Vec::new();
     for (layout, recipe) in layouts
         .iter()
         .flat_map(|layout| variants.iter().map(move |recipe| (*layout, recipe)))
@@ -272,35 +351,48 @@ pub(crate) fn search(
         let params = parameter_count(&recipe.model, padded);
         let s = setup(recipe, cluster, layout, params, padded, false);
         let peak = memory::peak_bytes(&s);
-        if peak > limit {
-            if smallest.is_none_or(|(_, best)| peak < best) {
-                smallest = Some((layout, peak));
+        if peak <= limit {
+            match candidate(&s, peak, limit, None, flops_of(padded)) {
+                Ok(candidate) => ranked.push(candidate),
+                Err(short) => short.keep_smallest(&mut host_short),
             }
             continue;
         }
-        let stage_params = memory::stage_local_parameters(&s);
-        let predicted = time::predict(&s, flops_of(padded), &stage_params);
-        let mut candidate = Candidate {
-            degrees: layout.degrees,
-            micro_batch_size: layout.micro_batch_size,
-            recompute: recipe.recompute.granularity,
-            step_seconds: predicted.step_seconds,
-            tokens_per_second_per_gpu: predicted.tokens_per_second_per_gpu,
-            mfu: predicted.mfu,
-            peak_memory_bytes: peak,
-            why: String::new(),
+        Shortfall {
+            layout,
+            needed: peak,
+            limit,
+        }
+        .keep_smallest(&mut device_short);
+        let Some(fraction) = may_offload
+            .then(|| memory::offload_to_fit(&s, limit))
+            .flatten()
+        else {
+            continue;
         };
-        candidate.why = why(&candidate, limit, &predicted.breakdown);
-        ranked.push(candidate);
+        let s = Setup {
+            offload_fraction: fraction,
+            ..s
+        };
+        let peak = memory::peak_bytes(&s);
+        if peak > limit {
+            continue;
+        }
+        match candidate(&s, peak, limit, Some(fraction), flops_of(padded)) {
+            Ok(candidate) => offloaded.push(candidate),
+            Err(short) => short.keep_smallest(&mut host_short),
+        }
     }
     if valid == 0 {
         return Err(SearchFailure::NoValidLayout { searched });
     }
     if ranked.is_empty() {
-        let smallest = smallest.expect("a valid layout that does not fit was recorded");
+        ranked = offloaded;
+    }
+    if ranked.is_empty() {
         return Err(SearchFailure::NothingFits {
-            smallest: Box::new(smallest),
-            limit,
+            device: device_short.map(Box::new),
+            host: host_short.map(Box::new),
         });
     }
     let fitting = ranked.len() as u32;

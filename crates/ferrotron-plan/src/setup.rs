@@ -2,18 +2,24 @@
 
 use ferrotron_recipe::{Cluster, GpuKind, Recipe};
 
-use crate::hardware::GpuSpec;
+use crate::hardware::{GpuSpec, HostSpec};
 use crate::layout::Layout;
 use crate::params::ParameterCount;
 use crate::stages::StageInfo;
 use crate::term::Term;
 
+#[derive(Clone)]
 pub(crate) struct Setup<'a> {
     /// With derived defaults applied.
     pub recipe: &'a Recipe,
     pub cluster: &'a Cluster,
     pub layout: Layout,
     pub spec: GpuSpec,
+    /// The node's host side, for the optimizer CPU offload.
+    pub host: HostSpec,
+    /// Of each rank's optimizer parameters, the share whose state lives in host memory
+    /// (`optimizer_offload_fraction` with `optimizer_cpu_offload`, else 0).
+    pub offload_fraction: f64,
     pub params: ParameterCount,
     pub padded_vocab: u32,
     pub stages: Vec<StageInfo>,

@@ -44,6 +44,13 @@ pub struct Breakdown {
     pub pipeline_bubble: f64,
     pub data_parallel_comm: f64,
     pub optimizer: f64,
+    /// The optimizer CPU offload: gradients down, AdamW on the host, weights up.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub optimizer_offload: f64,
+}
+
+fn is_zero(seconds: &f64) -> bool {
+    *seconds == 0.0
 }
 
 /// Ring all-reduce time of `bytes` over `n` ranks: 2(n−1)/n · bytes / bus bandwidth.
@@ -341,15 +348,22 @@ pub(crate) fn predict(
     };
     let dp_exposed = grad_exposed + param_exposed;
 
-    // Optimizer: Adam over the parameters this GPU owns, ~34 bytes of HBM traffic each.
+    // Optimizer: Adam over the parameters this GPU owns and keeps, ~34 bytes of HBM traffic
+    // each; the share the CPU offload moves runs on the host instead.
     let owned = if distributed {
         dense_params / dense_group + expert_params / expert_group
     } else {
         dense_params + expert_params
     };
-    let optimizer = 34.0 * owned / spec.memory_bandwidth;
+    let on_device = 1.0 - setup.offload_fraction;
+    let optimizer = 34.0 * owned * on_device / spec.memory_bandwidth;
+    let (offload, offload_terms) = if setup.offload_fraction > 0.0 {
+        crate::offload::step_time(setup, &crate::memory::stage_optimizer_parameters(setup))
+    } else {
+        (0.0, Vec::new())
+    };
 
-    let step = pipelined + dp_exposed + optimizer;
+    let step = pipelined + dp_exposed + optimizer + offload;
     let world = f64::from(d.world_size());
     let tokens = f64::from(setup.recipe.training.global_batch_size)
         * f64::from(setup.recipe.model.seq_length);
@@ -365,6 +379,7 @@ pub(crate) fn predict(
         pipeline_bubble: bubble,
         data_parallel_comm: dp_exposed,
         optimizer,
+        optimizer_offload: offload,
     };
     let mut terms: Vec<Term> = slow
         .terms
@@ -397,12 +412,20 @@ pub(crate) fn predict(
         setup.term(
             "optimizer step",
             optimizer,
-            || format!("34 B × {owned:.0} owned params / HBM {:.3e} B/s", spec.memory_bandwidth),),
-        setup.term(
-            "step",
-            step,
-            || "pipelined + data-parallel exposed + optimizer".to_owned(),),
+            || if on_device < 1.0 {
+                format!("34 B × {owned:.0} owned params × {on_device} on the GPU / HBM {:.3e} B/s", spec.memory_bandwidth)
+            } else {
+                format!("34 B × {owned:.0} owned params / HBM {:.3e} B/s", spec.memory_bandwidth)
+            },),
     ]);
+    terms.extend(offload_terms);
+    terms.push(setup.term("step", step, || {
+        if offload > 0.0 {
+            "pipelined + data-parallel exposed + optimizer + optimizer offload".to_owned()
+        } else {
+            "pipelined + data-parallel exposed + optimizer".to_owned()
+        }
+    }));
     Predicted {
         step_seconds: step,
         tokens_per_second_per_gpu: tokens / (step * world),

@@ -507,6 +507,7 @@ pub(crate) fn update<I: FusedOps>(
     device_scale: Option<Tensor<I, 1>>,
 ) -> Vec<Tensor<I, 1>> {
     let mut values = Vec::with_capacity(state.layout.groups.len());
+    let mut offloaded: Option<offload::OffloadTimes> = None;
     for (index, grad) in grads.buffers.into_iter().enumerate() {
         let group = &state.layout.groups[index];
         // The state is given up to the update (a GPU writes it in place where nothing else
@@ -552,11 +553,15 @@ pub(crate) fn update<I: FusedOps>(
                     device_scale.clone(),
                     &state.device,
                 );
+                offloaded.get_or_insert_default().add(out.times);
                 state.master[index] = Held::Host(out.master);
                 state.moments[index] = Some((Held::Host(out.moments.0), Held::Host(out.moments.1)));
                 values.push(out.values);
             }
         }
+    }
+    if let Some(times) = offloaded {
+        times.log();
     }
     values
 }

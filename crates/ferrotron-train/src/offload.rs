@@ -108,6 +108,48 @@ pub(crate) struct HostUpdate<I: Backend> {
     pub moments: (Tensor<Flex, 1>, Tensor<Flex, 1>),
     /// The 16-bit copy of a 16-bit group, the master of an fp32 one, on the device.
     pub values: Tensor<I, 1>,
+    pub times: OffloadTimes,
+}
+
+/// Where an offloaded update's time went, summed over groups: what calibrates the planner's
+/// transfer and host-AdamW rates (logged at debug level under `ferrotron::offload`). The first
+/// group's copy down also waits for the device to finish the backward.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct OffloadTimes {
+    pub down: std::time::Duration,
+    pub adamw: std::time::Duration,
+    pub up: std::time::Duration,
+    pub bytes_down: usize,
+    pub bytes_up: usize,
+    pub elements: usize,
+}
+
+impl OffloadTimes {
+    pub(crate) fn add(&mut self, other: OffloadTimes) {
+        self.down += other.down;
+        self.adamw += other.adamw;
+        self.up += other.up;
+        self.bytes_down += other.bytes_down;
+        self.bytes_up += other.bytes_up;
+        self.elements += other.elements;
+    }
+
+    pub(crate) fn log(&self) {
+        let rate = |bytes: usize, time: std::time::Duration| {
+            bytes as f64 / time.as_secs_f64().max(1e-9) / 1e9
+        };
+        tracing::debug!(
+            target: "ferrotron::offload",
+            "offloaded update of {} elements: gradients down {:.3} s ({:.1} GB/s), AdamW on the \
+             host {:.3} s, weights up {:.3} s ({:.1} GB/s)",
+            self.elements,
+            self.down.as_secs_f64(),
+            rate(self.bytes_down, self.down),
+            self.adamw.as_secs_f64(),
+            self.up.as_secs_f64(),
+            rate(self.bytes_up, self.up),
+        );
+    }
 }
 
 /// One AdamW update of an offloaded group: its gradient (and the device's gradient factor)
@@ -120,8 +162,12 @@ pub(crate) fn update_on_host<I: FusedOps>(
     device_scale: Option<Tensor<I, 1>>,
     device: &I::Device,
 ) -> HostUpdate<I> {
+    let start = std::time::Instant::now();
     let host = |x: Tensor<I, 1>| to_host(x).into_primitive().tensor();
     let grad = host(Tensor::from_primitive(TensorPrimitive::Float(grad)));
+    let bytes_down = grad.bytes().len();
+    let elements = burn::tensor::TensorMetadata::shape(&grad).num_elements();
+    let down = start.elapsed();
     let out = <Flex as FusedOps>::adamw_step(
         master.into_primitive().tensor(),
         grad,
@@ -129,13 +175,24 @@ pub(crate) fn update_on_host<I: FusedOps>(
         step,
         device_scale.map(host),
     );
+    let adamw = start.elapsed() - down;
     let flex = |x| Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(x));
     let master = flex(out.value);
-    let values = to_device(out.rounded.map_or_else(|| master.clone(), flex), device);
+    let values = out.rounded.map_or_else(|| master.clone(), flex);
+    let bytes_up = values.shape().num_elements() * values.dtype().size();
+    let values = to_device(values, device);
     HostUpdate {
         master,
         moments: (flex(out.exp_avg), flex(out.exp_avg_sq)),
         values,
+        times: OffloadTimes {
+            down,
+            adamw,
+            up: start.elapsed() - down - adamw,
+            bytes_down,
+            bytes_up,
+            elements,
+        },
     }
 }
 

@@ -8,6 +8,7 @@
 mod grid;
 mod model;
 mod moe;
+mod offload;
 mod pipeline;
 mod precision;
 mod recompute;
@@ -60,6 +61,7 @@ pub(crate) fn check(recipe: &Recipe, open: OpenLayout, gpu: Option<GpuKind>) -> 
     model::check(&mut check);
     pipeline::check(&mut check);
     moe::check(&mut check);
+    offload::check(&mut check);
     precision::check(&mut check);
     recompute::check(&mut check);
     check.findings
