@@ -40,7 +40,10 @@ fn tensors() -> Vec<ShardTensor> {
     (0..TENSORS)
         .map(|t| ShardTensor {
             spec: ShardSpec::full(format!("layers.{t}.weight"), vec![ROWS, COLS]),
-            values: (0..ROWS * COLS).map(|i| (i + t) as f32 * 1e-3).collect(),
+            values: (0..ROWS * COLS)
+                .map(|i| (i + t) as f32 * 1e-3)
+                .collect::<Vec<_>>()
+                .into(),
         })
         .collect()
 }

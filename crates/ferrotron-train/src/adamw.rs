@@ -17,6 +17,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{AdamWStep, Comm, FusedOps, ParallelOps};
 
 use crate::TrainError;
+use crate::checkpoint::ShardValues;
 use crate::flat_adamw::{
     self, Family, FlatGrads, FlatState, Group, Layout, ParamFacts, Sharding, ViewMapper,
 };
@@ -214,7 +215,7 @@ impl<I: Backend> AdamW<I> {
 
     /// [`AdamW::master_value`] as f32 values, read where the state is: an offloaded group's
     /// master is not copied to the device to be saved.
-    pub(crate) fn master_values(&self, id: ParamId) -> Option<Vec<f32>> {
+    pub(crate) fn master_values(&self, id: ParamId) -> Option<ShardValues> {
         if let Some(flat) = &self.flat
             && let Some(slot) = flat.layout.slots.get(&id)
         {
@@ -223,7 +224,7 @@ impl<I: Backend> AdamW<I> {
             return sixteen_bit.and_then(|_| flat.values(&flat.master, id));
         }
         let master = self.master.get(id)?;
-        Some(crate::params::NamedTensor::from_tensor(String::new(), master).values)
+        Some(NamedTensor::from_tensor(String::new(), master).values.into())
     }
 
     #[cfg(test)]
@@ -502,6 +503,22 @@ impl<I: Backend> AdamW<I> {
 
     /// The moments named `<param>.exp_avg` / `<param>.exp_avg_sq`, shaped like their parameter.
     pub fn state_tensors(&self, params: &[ParamEntry]) -> Vec<NamedTensor> {
+        self.state_values(params)
+            .into_iter()
+            .map(|(entry, name, values)| NamedTensor {
+                name,
+                shape: entry.shape.clone(),
+                values: values.to_vec(),
+            })
+            .collect()
+    }
+
+    /// [`AdamW::state_tensors`]' names and values, an offloaded group's shared rather than read
+    /// (see [`ShardValues`]): what a checkpoint's snapshot takes.
+    pub(crate) fn state_values<'p>(
+        &self,
+        params: &'p [ParamEntry],
+    ) -> Vec<(&'p ParamEntry, String, ShardValues)> {
         let mut out = Vec::with_capacity(params.len() * 2);
         for entry in params {
             let flat = self
@@ -510,17 +527,13 @@ impl<I: Backend> AdamW<I> {
                 .and_then(|flat| flat.moment_values(entry.id));
             let Some((exp_avg, exp_avg_sq)) = flat.or_else(|| {
                 let m = self.moments.get(&entry.id)?;
-                let values = |x| NamedTensor::from_tensor(String::new(), x).values;
+                let values = |x| NamedTensor::from_tensor(String::new(), x).values.into();
                 Some((values(&m.exp_avg), values(&m.exp_avg_sq)))
             }) else {
                 continue;
             };
             for (suffix, values) in [(EXP_AVG, exp_avg), (EXP_AVG_SQ, exp_avg_sq)] {
-                out.push(NamedTensor {
-                    name: format!("{}.{suffix}", entry.name),
-                    shape: entry.shape.clone(),
-                    values,
-                });
+                out.push((entry, format!("{}.{suffix}", entry.name), values));
             }
         }
         out

@@ -24,6 +24,7 @@ use burn::tensor::{DType, Tensor, TensorPrimitive};
 use ferrotron_parallel::{AdamWStep, Comm, FlatPiece, FlatSegment, FusedOps, ParallelOps};
 
 use crate::TrainError;
+use crate::checkpoint::ShardValues;
 use crate::offload::{self, Held};
 
 /// Every parameter starts at a multiple of this many elements (128 bytes of bf16), so the
@@ -317,10 +318,10 @@ impl<I: Backend> FlatState<I> {
         Some(buffers[slot.group].slice(slot.offset..slot.offset + slot.len, &self.device))
     }
 
-    /// Parameter `id`'s range of a group buffer as f32 values, read where the buffer is.
-    pub(crate) fn values(&self, buffers: &[Held<I>], id: ParamId) -> Option<Vec<f32>> {
+    /// Parameter `id`'s range of a group buffer for a checkpoint (see [`Held::shard_values`]).
+    pub(crate) fn values(&self, buffers: &[Held<I>], id: ParamId) -> Option<ShardValues> {
         let slot = self.layout.slots.get(&id)?;
-        Some(buffers[slot.group].values(slot.offset..slot.offset + slot.len))
+        Some(buffers[slot.group].shard_values(slot.offset..slot.offset + slot.len))
     }
 
     /// Parameter `id`'s two moments, flattened, on the device.
@@ -334,12 +335,12 @@ impl<I: Backend> FlatState<I> {
         ))
     }
 
-    /// Parameter `id`'s two moments as f32 values, read where they are.
-    pub(crate) fn moment_values(&self, id: ParamId) -> Option<(Vec<f32>, Vec<f32>)> {
+    /// Parameter `id`'s two moments for a checkpoint (see [`Held::shard_values`]).
+    pub(crate) fn moment_values(&self, id: ParamId) -> Option<(ShardValues, ShardValues)> {
         let slot = self.layout.slots.get(&id)?;
         let (m, v) = self.moments[slot.group].as_ref()?;
         let range = slot.offset..slot.offset + slot.len;
-        Some((m.values(range.clone()), v.values(range)))
+        Some((m.shard_values(range.clone()), v.shard_values(range)))
     }
 }
 

@@ -125,7 +125,7 @@ where
                 global_shape: vec![values.len()],
                 splits: Vec::new(),
             },
-            values,
+            values: values.into(),
         })
         .collect()
 }

@@ -17,6 +17,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{AdamWStep, FusedOps};
 
+use crate::checkpoint::ShardValues;
 use crate::flat_adamw::Shard;
 
 /// One buffer of a flat group's optimizer state, where the group keeps it.
@@ -53,6 +54,18 @@ impl<I: Backend> Held<I> {
         data.convert::<f32>()
             .to_vec()
             .expect("a buffer converted to f32 reads back as f32")
+    }
+
+    /// Elements `range` for a checkpoint: a host buffer's shared as they are (read when the
+    /// file is written), a device buffer's read now.
+    pub(crate) fn shard_values(&self, range: std::ops::Range<usize>) -> ShardValues {
+        match self {
+            Held::Device(_) => self.values(range).into(),
+            Held::Host(x) => ShardValues::Host {
+                buffer: x.clone(),
+                range,
+            },
+        }
     }
 
     /// This rank's part of the buffer, in a buffer of its own.

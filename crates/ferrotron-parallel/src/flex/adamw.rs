@@ -71,19 +71,29 @@ pub(super) fn step(
         len,
         "AdamW: gradient and parameter differ in size"
     );
-    let mut value = owned(value);
+    let (mut value, value_from) = writable(value);
     let first = moments.is_none();
     let [m_dtype, v_dtype] = step.moment_dtypes;
-    let (mut exp_avg, mut exp_avg_sq) = match moments {
-        Some((m, v)) => (owned(m), owned(v)),
-        None => (zeros(len, m_dtype), zeros(len, v_dtype)),
+    let ((mut exp_avg, m_from), (mut exp_avg_sq, v_from)) = match moments {
+        Some((m, v)) => (writable(m), writable(v)),
+        None => ((zeros(len, m_dtype), None), (zeros(len, v_dtype), None)),
     };
     let mut rounded = step.rounded.map(|dtype| zeros(len, dtype));
     let tasks: Vec<_> = value
         .storage_mut::<f32>()
         .chunks_mut(CHUNK)
-        .zip(Stored::chunks(&mut exp_avg))
-        .zip(Stored::chunks(&mut exp_avg_sq))
+        .zip(sources(value_from.as_ref(), len))
+        .map(|(p, from)| (Stored::F32(p), from))
+        .zip(
+            Stored::chunks(&mut exp_avg)
+                .into_iter()
+                .zip(sources(m_from.as_ref(), len)),
+        )
+        .zip(
+            Stored::chunks(&mut exp_avg_sq)
+                .into_iter()
+                .zip(sources(v_from.as_ref(), len)),
+        )
         .zip(Widened::chunks(&grad))
         .zip(Rounded::chunks(rounded.as_mut(), len))
         .collect();
@@ -98,19 +108,29 @@ pub(super) fn step(
     }
 }
 
-/// One task: the chunk's 16-bit operands widened into scratch, the f32 update, the stored
-/// results narrowed back.
+/// A buffer and the chunk of the buffer its old values are read from, when not itself.
+type Operand<'a> = (Stored<'a>, Option<Widened<'a>>);
+
+/// One task: the old values of a buffer updated out of place copied in, the chunk's 16-bit
+/// operands widened into scratch, the f32 update, the stored results narrowed back.
 fn chunk_update(
-    p: &mut [f32],
-    mut m: Stored<'_>,
-    mut v: Stored<'_>,
+    p: Operand<'_>,
+    m: Operand<'_>,
+    v: Operand<'_>,
     g: Widened<'_>,
     r: Option<Rounded<'_>>,
     k: &Constants,
     first: bool,
 ) {
+    let [mut p, mut m, mut v] = [p, m, v].map(|(mut to, from)| {
+        if let Some(from) = from {
+            to.copy_from(&from);
+        }
+        to
+    });
     let g = g.to_f32();
-    let (mut m_scratch, mut v_scratch) = (Vec::new(), Vec::new());
+    let (mut p_scratch, mut m_scratch, mut v_scratch) = (Vec::new(), Vec::new(), Vec::new());
+    let p = p.as_f32(&mut p_scratch);
     update(
         p,
         m.as_f32(&mut m_scratch),
@@ -160,6 +180,15 @@ impl<'a> Stored<'a> {
                 scratch.extend(values.iter().map(|x| x.to_f32()));
                 scratch
             }
+        }
+    }
+
+    /// Copy `from`'s values (of the same dtype) in.
+    fn copy_from(&mut self, from: &Widened<'_>) {
+        match (self, from) {
+            (Stored::F32(to), Widened::F32(from)) => to.copy_from_slice(from),
+            (Stored::Bf16(to), Widened::Bf16(from)) => to.copy_from_slice(from),
+            _ => unreachable!("a buffer is updated from one of its own dtype"),
         }
     }
 
@@ -311,16 +340,29 @@ impl Constants {
     }
 }
 
-/// A flat buffer this call may write: the tensor itself when it is whole and contiguous
-/// (copied on write if shared), else a contiguous copy.
-fn owned(tensor: FlexTensor) -> FlexTensor {
+/// A flat buffer this call may write, and the buffer to read the old values from when that is
+/// another: the tensor itself when it is whole, contiguous and held nowhere else; a new buffer
+/// read from the tensor chunk by chunk when it is shared (a checkpoint's snapshot holds it:
+/// copying it first, as copy-on-write would, is one more pass over the state on the update's
+/// thread); else a contiguous copy.
+fn writable(tensor: FlexTensor) -> (FlexTensor, Option<FlexTensor>) {
     let len = tensor.shape().num_elements();
     let whole = tensor.layout().contiguous_offsets() == Some((0, len))
         && tensor.bytes().len() == len * tensor.dtype().size();
-    if whole {
-        tensor
+    if !whole {
+        (tensor.to_contiguous(), None)
+    } else if tensor.is_unique() {
+        (tensor, None)
     } else {
-        tensor.to_contiguous()
+        (zeros(len, tensor.dtype()), Some(tensor))
+    }
+}
+
+/// The chunks of `from` (none: `len`'s worth of `None`).
+fn sources(from: Option<&FlexTensor>, len: usize) -> Vec<Option<Widened<'_>>> {
+    match from {
+        Some(from) => Widened::chunks(from).into_iter().map(Some).collect(),
+        None => (0..len.div_ceil(CHUNK)).map(|_| None).collect(),
     }
 }
 

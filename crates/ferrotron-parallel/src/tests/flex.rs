@@ -257,14 +257,38 @@ fn flex_adamw_takes_16_bit_gradients_moments_and_copies_bit_for_bit() {
         };
         let (value, grad, m) = args();
         let want = bits(composed_adamw::<Flex>(value, grad, m, step, None));
-        for threads in [1, 3] {
+        for (threads, shared) in [(1, false), (3, false), (3, true)] {
             let got = on_threads(threads, || {
                 let (value, grad, m) = args();
-                bits(Flex::adamw_step(value, grad, m, step, None))
+                // a checkpoint's snapshot holding the state: updated out of place, untouched
+                let held = shared.then(|| (value.clone(), m.clone()));
+                let before = held.clone().map(|(value, m)| {
+                    let m = m.map(|(a, b)| {
+                        (
+                            back::<1>(cast(a, DType::F32)),
+                            back::<1>(cast(b, DType::F32)),
+                        )
+                    });
+                    (back::<1>(value), m)
+                });
+                let got = bits(Flex::adamw_step(value, grad, m, step, None));
+                if let (Some((value, m)), Some(before)) = (held, before) {
+                    let m = m.map(|(a, b)| {
+                        (
+                            back::<1>(cast(a, DType::F32)),
+                            back::<1>(cast(b, DType::F32)),
+                        )
+                    });
+                    assert!(
+                        (back::<1>(value), m) == before,
+                        "a shared buffer was written"
+                    );
+                }
+                got
             });
             assert!(
                 got == want,
-                "AdamW on {threads} threads differs from the composed update \
+                "AdamW on {threads} threads (shared {shared}) differs from the composed update \
                  (grad {grad_dtype:?}, moments {moment_dtypes:?}, rounded {rounded:?}, \
                  moments given {with_moments})"
             );

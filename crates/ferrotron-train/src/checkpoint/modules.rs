@@ -11,7 +11,7 @@ use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_parallel::{ParallelContext, ParamRole, ShardSpec};
 
 use super::load::ShardedCheckpoint;
-use super::tensors::ShardTensor;
+use super::tensors::{ShardTensor, ShardValues};
 use crate::params::{NamedTensor, ParamEntry};
 use crate::{AdamW, EXP_AVG, EXP_AVG_SQ, TrainError};
 
@@ -86,7 +86,7 @@ pub(crate) fn trained_shards<B: Backend, M: Module<B>, I: Backend>(
 fn param_values<B: Backend, M: Module<B>>(
     module: &M,
     read: &dyn Fn(ParamId) -> bool,
-) -> Vec<(ParamId, Option<Vec<f32>>)> {
+) -> Vec<(ParamId, Option<ShardValues>)> {
     let mut collector = ValueCollector {
         read,
         values: Vec::new(),
@@ -98,7 +98,7 @@ fn param_values<B: Backend, M: Module<B>>(
 /// The shards this rank writes: every parameter must have a role, and the ones this rank writes
 /// their values.
 fn shards_of(
-    values: Vec<(ParamId, Option<Vec<f32>>)>,
+    values: Vec<(ParamId, Option<ShardValues>)>,
     roles: &HashMap<ParamId, &ParamRole>,
     ctx: &ParallelContext,
 ) -> Result<Vec<ShardTensor>, TrainError> {
@@ -145,16 +145,16 @@ pub fn adamw_shards<I: Backend>(
         })
         .collect();
     optimizer
-        .state_tensors(&entries)
+        .state_values(&entries)
         .into_iter()
-        .map(|moment| {
-            let param = specs.get(&moment.name).ok_or_else(|| {
-                TrainError::Config(format!("optimizer moment {} has no parameter", moment.name))
+        .map(|(_, name, values)| {
+            let param = specs.get(&name).ok_or_else(|| {
+                TrainError::Config(format!("optimizer moment {name} has no parameter"))
             })?;
-            let suffix = moment.name.rsplit('.').next().unwrap_or(EXP_AVG).to_owned();
+            let suffix = name.rsplit('.').next().unwrap_or(EXP_AVG).to_owned();
             Ok(ShardTensor {
                 spec: moment_spec(param, &suffix),
-                values: moment.values,
+                values,
             })
         })
         .collect()
@@ -261,13 +261,13 @@ fn roles_by_id(roles: &[ParamRole]) -> HashMap<ParamId, &ParamRole> {
 
 struct ValueCollector<'a> {
     read: &'a dyn Fn(ParamId) -> bool,
-    values: Vec<(ParamId, Option<Vec<f32>>)>,
+    values: Vec<(ParamId, Option<ShardValues>)>,
 }
 
 impl<B: Backend> ModuleVisitor<B> for ValueCollector<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let values = (self.read)(param.id)
-            .then(|| NamedTensor::from_tensor(String::new(), &param.val()).values);
+            .then(|| NamedTensor::from_tensor(String::new(), &param.val()).values.into());
         self.values.push((param.id, values));
     }
 }

@@ -9,6 +9,8 @@ use std::path::Path;
 
 use std::io::Read;
 
+use burn::backend::Flex;
+use burn::tensor::Tensor;
 use ferrotron_parallel::ShardSpec;
 use safetensors::tensor::{Dtype, SafeTensors, View};
 
@@ -23,7 +25,59 @@ pub const SHARDS_METADATA_KEY: &str = "ferrotron.shards";
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardTensor {
     pub spec: ShardSpec,
-    pub values: Vec<f32>,
+    pub values: ShardValues,
+}
+
+/// A shard's values: read already, or a range of a host buffer the optimizer shares with the
+/// save (an offloaded group's master or moment, `crate::offload`), read when its file is written.
+/// So the snapshot of an offloaded optimizer copies nothing on the training thread; the next
+/// update, finding the buffer shared, writes its results into a new one (burn-flex's AdamW).
+#[derive(Debug, Clone)]
+pub enum ShardValues {
+    Read(Vec<f32>),
+    Host {
+        buffer: Tensor<Flex, 1>,
+        range: std::ops::Range<usize>,
+    },
+}
+
+impl ShardValues {
+    pub fn len(&self) -> usize {
+        match self {
+            ShardValues::Read(values) => values.len(),
+            ShardValues::Host { range, .. } => range.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values as f32 (a host range is read now).
+    pub fn to_vec(&self) -> Vec<f32> {
+        match self {
+            ShardValues::Read(values) => values.clone(),
+            ShardValues::Host { buffer, range } => buffer
+                .clone()
+                .slice(range.clone())
+                .into_data()
+                .convert::<f32>()
+                .to_vec()
+                .expect("a buffer converted to f32 reads back as f32"),
+        }
+    }
+}
+
+impl From<Vec<f32>> for ShardValues {
+    fn from(values: Vec<f32>) -> Self {
+        ShardValues::Read(values)
+    }
+}
+
+impl PartialEq for ShardValues {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_vec() == other.to_vec()
+    }
 }
 
 struct F32View<'a> {
@@ -80,7 +134,7 @@ pub fn write_shard_file(path: &Path, shards: &[ShardTensor]) -> Result<(), Train
         tensors.push(NamedTensor {
             name: name.clone(),
             shape,
-            values: shard.values.clone(),
+            values: shard.values.to_vec(),
         });
     }
     let specs: Vec<&ShardSpec> = shards.iter().map(|s| &s.spec).collect();

@@ -76,7 +76,7 @@ fn local(spec: &ShardSpec) -> ShardTensor {
         .1;
     ShardTensor {
         spec: spec.clone(),
-        values: spec.slice_of_f32(&global).expect("slice"),
+        values: spec.slice_of_f32(&global).expect("slice").into(),
     }
 }
 
@@ -104,7 +104,13 @@ fn save_tp2_dp2_as(root: &Path, async_save: bool) -> PathBuf {
                 .iter()
                 .map(|t| ShardTensor {
                     spec: moment_spec(&t.spec, crate::EXP_AVG),
-                    values: t.values.iter().map(|v| v / 10.0).collect(),
+                    values: t
+                        .values
+                        .to_vec()
+                        .iter()
+                        .map(|v| v / 10.0)
+                        .collect::<Vec<_>>()
+                        .into(),
                 })
                 .collect();
             let info = CheckpointInfo {
@@ -645,7 +651,7 @@ fn another_vocabulary_padding_is_re_padded() {
     let values: Vec<f32> = (0..128).map(|i| i as f32).collect();
     let embedding = ShardTensor {
         spec: ShardSpec::full("embedding.weight", vec![64, 2]),
-        values: values.clone(),
+        values: values.clone().into(),
     };
     let info = CheckpointInfo {
         state: ResumeState::fresh(),

@@ -72,6 +72,32 @@ fn a_run_with_bf16_optimizer_states_resumes_bit_for_bit() {
     }
 }
 
+/// Megatron's optimizer CPU offload under asynchronous saves every step: the snapshot shares the
+/// offloaded groups' host buffers with the writer rather than copying them, and the next update
+/// writes new ones; what the writer wrote resumes exactly, under the distributed optimizer's
+/// replicated (dp2, half offloaded) and per-chunk (pp2·dp2, all) state.
+#[test]
+fn a_run_with_an_offloaded_optimizer_saving_asynchronously_resumes_bit_for_bit() {
+    for (pp, fraction) in [(1, 0.5), (2, 1.0)] {
+        check_with(
+            Layout {
+                tp: 1,
+                pp,
+                vpp: 1,
+                dp: 2,
+                distributed_optimizer: true,
+                ..Layout::default()
+            },
+            Saving::Async,
+            json!({"training": {"optimizer": {
+                "use_precision_aware_optimizer": true,
+                "optimizer_cpu_offload": true,
+                "optimizer_offload_fraction": fraction
+            }}}),
+        );
+    }
+}
+
 fn check(layout: Layout) {
     check_saving(layout, Saving::Sync);
 }
