@@ -224,7 +224,11 @@ impl<I: Backend> AdamW<I> {
             return sixteen_bit.and_then(|_| flat.values(&flat.master, id));
         }
         let master = self.master.get(id)?;
-        Some(NamedTensor::from_tensor(String::new(), master).values.into())
+        Some(
+            NamedTensor::from_tensor(String::new(), master)
+                .values
+                .into(),
+        )
     }
 
     #[cfg(test)]

@@ -31,8 +31,8 @@ pub use modules::{adamw_shards, is_primary_replica, model_shards, moment_spec};
 pub use save::{CheckpointInfo, save_sharded, shard_file_name, world_size};
 pub use store::{COMMIT_MARKER, CheckpointStore, CommittedCheckpoint, is_committed};
 pub use tensors::{
-    SHARDS_METADATA_KEY, ShardTensor, ShardValues, read_safetensors, read_shard_specs, write_safetensors,
-    write_shard_file,
+    SHARDS_METADATA_KEY, ShardTensor, ShardValues, read_safetensors, read_shard_specs,
+    write_safetensors, write_shard_file,
 };
 
 #[cfg(test)]

@@ -266,8 +266,11 @@ struct ValueCollector<'a> {
 
 impl<B: Backend> ModuleVisitor<B> for ValueCollector<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let values = (self.read)(param.id)
-            .then(|| NamedTensor::from_tensor(String::new(), &param.val()).values.into());
+        let values = (self.read)(param.id).then(|| {
+            NamedTensor::from_tensor(String::new(), &param.val())
+                .values
+                .into()
+        });
         self.values.push((param.id, values));
     }
 }
