@@ -231,6 +231,23 @@ impl<I: Backend> AdamW<I> {
         )
     }
 
+    /// The same optimizer with its flat state in host memory (`FlatState::on_host`): what a
+    /// checkpoint reads, one copy per buffer on the training thread rather than one per
+    /// parameter, the per-parameter reads and f32 conversions left to the save's writer.
+    pub(crate) fn on_host(&self) -> Self {
+        AdamW {
+            config: self.config,
+            step: self.step,
+            moments: self.moments.clone(),
+            no_decay: self.no_decay.clone(),
+            master: self.master.clone(),
+            flat: self.flat.as_ref().map(|flat| Box::new(flat.on_host())),
+            buckets: self.buckets.clone(),
+            families: self.families.clone(),
+            sharding: self.sharding,
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn flat_state(&self) -> Option<&FlatState<I>> {
         self.flat.as_deref()

@@ -312,6 +312,23 @@ impl<I: Backend> FlatState<I> {
 }
 
 impl<I: Backend> FlatState<I> {
+    /// The same state in host memory: each device buffer copied down whole, each host buffer
+    /// shared.
+    pub(crate) fn on_host(&self) -> Self {
+        let host = |held: &Held<I>| Held::Host(held.to_host());
+        FlatState {
+            layout: self.layout.clone(),
+            master: self.master.iter().map(host).collect(),
+            moments: self
+                .moments
+                .iter()
+                .map(|moments| moments.as_ref().map(|(m, v)| (host(m), host(v))))
+                .collect(),
+            cut: self.cut,
+            device: self.device.clone(),
+        }
+    }
+
     /// Parameter `id`'s range of a group buffer, flattened, on the device.
     pub(crate) fn slice(&self, buffers: &[Held<I>], id: ParamId) -> Option<Tensor<I, 1>> {
         let slot = self.layout.slots.get(&id)?;

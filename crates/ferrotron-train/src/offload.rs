@@ -76,6 +76,14 @@ impl<I: Backend> Held<I> {
         }
     }
 
+    /// The buffer in host memory: a host buffer shared, a device one copied down.
+    pub(crate) fn to_host(&self) -> Tensor<Flex, 1> {
+        match self {
+            Held::Device(x) => to_host(x.clone()),
+            Held::Host(x) => x.clone(),
+        }
+    }
+
     /// The same kind of holding for `x`, a buffer on the device.
     pub(crate) fn like(&self, x: Tensor<I, 1>) -> Self {
         match self {

@@ -108,7 +108,7 @@ fn is_fp32(dtype: burn::tensor::DType) -> bool {
 
 /// fp32 master copies of the parameters that live in a 16-bit dtype, flattened, keyed by
 /// parameter. The optimizer updates the master copy and hands the model its rounded value.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct MasterWeights<I: Backend> {
     weights: HashMap<ParamId, Tensor<I, 1>>,
 }

@@ -32,10 +32,11 @@ where
         let mut moments = Vec::new();
         let chunks = self.chunks.iter().zip(&self.roles);
         for ((chunk, roles), optimizer) in chunks.zip(self.optimizer.per_chunk()) {
+            let snapshot = optimizer.on_host();
             params.extend(trained_shards::<B, _, _>(
-                chunk, roles, optimizer, &self.ctx,
+                chunk, roles, &snapshot, &self.ctx,
             )?);
-            moments.extend(adamw_shards(optimizer, roles, &self.ctx)?);
+            moments.extend(adamw_shards(&snapshot, roles, &self.ctx)?);
         }
         moments.extend(crate::fp8::checkpoint_shards(&self.chunks, &self.ctx));
         // a split into one piece is the whole dimension: what a rank alone writes are whole
