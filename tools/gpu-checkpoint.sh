@@ -16,7 +16,9 @@
 #   device run: bash tools/gpu-checkpoint.sh        (carry: [".gpu-dist"])
 #
 # Env: FERROTRON_DIST (default .gpu-dist, `recipe` or `recipe.gz`), STEPS (18), INTERVAL (6),
-# CKPT_ROOT (/tmp/ferrotron-ckpt), RUN_TIMEOUT (400).
+# CKPT_ROOT (/tmp/ferrotron-ckpt), RUN_TIMEOUT (400), OFFLOAD=1 (the optimizer offloaded to the
+# host, Megatron's --optimizer-cpu-offload: an asynchronous save's snapshot then shares the host
+# buffers instead of copying the state down).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,6 +35,11 @@ export LD_LIBRARY_PATH="/usr/local/cuda/lib64${cudnn_lib:+:$cudnn_lib}${LD_LIBRA
 export FERROTRON_KERNEL_CACHE=${FERROTRON_KERNEL_CACHE:-/tmp/ferrotron-kernels}
 rm -rf "$ckpt_root"
 mkdir -p "$ckpt_root"
+optimizer=(--set parallel.distributed_optimizer=false)
+if [[ ${OFFLOAD:-0} == 1 ]]; then
+    optimizer=(--set parallel.distributed_optimizer=true --set training.optimizer.use_precision_aware_optimizer=true
+        --set training.optimizer.optimizer_cpu_offload=true)
+fi
 
 # A first run tunes GEMMs and attention plans (the timed candidates' results differ in their
 # last bits from the chosen algorithm's) and remembers its choices beside the kernel cache; the
@@ -50,7 +57,7 @@ for mode in warmup sync async; do
         saving=(--set checkpoint.dir=null)
     fi
     timeout "${RUN_TIMEOUT:-400}" "$dist/recipe" run recipes/gpt-1.3b.yaml --backend cuda --world-size 1 \
-        --run-dir "$dir/run" --set parallel.data=1 --set parallel.distributed_optimizer=false \
+        --run-dir "$dir/run" --set parallel.data=1 "${optimizer[@]}" \
         --set training.train_tokens=null --set "training.train_iters=$iters" \
         --set training.global_batch_size=12 --set training.micro_batch_size=12 \
         --set training.log_interval=1 --set training.eval_interval=100000 \
