@@ -524,8 +524,8 @@ pub(crate) fn update<I: FusedOps>(
     step: impl Fn(&Group) -> AdamWStep,
     device_scale: Option<Tensor<I, 1>>,
 ) -> Vec<Tensor<I, 1>> {
-    let mut values = Vec::with_capacity(state.layout.groups.len());
-    let mut offloaded: Option<offload::OffloadTimes> = None;
+    let mut values: Vec<Option<Tensor<I, 1>>> = vec![None; state.layout.groups.len()];
+    let mut host_jobs = Vec::new();
     for (index, grad) in grads.buffers.into_iter().enumerate() {
         let group = &state.layout.groups[index];
         // The state is given up to the update (a GPU writes it in place where nothing else
@@ -553,7 +553,7 @@ pub(crate) fn update<I: FusedOps>(
                     Held::Device(from_primitive(out.exp_avg)),
                     Held::Device(from_primitive(out.exp_avg_sq)),
                 ));
-                values.push(match out.rounded {
+                values[index] = Some(match out.rounded {
                     Some(rounded) => from_primitive(rounded),
                     None => state.master[index].on_device(&state.device),
                 });
@@ -563,25 +563,27 @@ pub(crate) fn update<I: FusedOps>(
                     Held::Host(x) => x,
                     Held::Device(_) => unreachable!("a group's buffers are held in one place"),
                 };
-                let out = offload::update_on_host(
+                host_jobs.push(offload::HostJob {
+                    group: index,
                     master,
-                    moments.map(|(m, v)| (host_moments(m), host_moments(v))),
+                    moments: moments.map(|(m, v)| (host_moments(m), host_moments(v))),
                     grad,
-                    step(group),
-                    device_scale.clone(),
-                    &state.device,
-                );
-                offloaded.get_or_insert_default().add(out.times);
-                state.master[index] = Held::Host(out.master);
-                state.moments[index] = Some((Held::Host(out.moments.0), Held::Host(out.moments.1)));
-                values.push(out.values);
+                    step: step(group),
+                });
             }
         }
     }
-    if let Some(times) = offloaded {
-        times.log();
+    if !host_jobs.is_empty() {
+        for out in offload::update_on_host(host_jobs, device_scale, &state.device) {
+            state.master[out.group] = Held::Host(out.master);
+            state.moments[out.group] = Some((Held::Host(out.moments.0), Held::Host(out.moments.1)));
+            values[out.group] = Some(out.values);
+        }
     }
     values
+        .into_iter()
+        .map(|values| values.expect("every group is updated"))
+        .collect()
 }
 
 /// Gives every parameter in `slots` its new value: a view of its group's buffer.

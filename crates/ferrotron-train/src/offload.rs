@@ -15,7 +15,7 @@ use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{AdamWStep, FusedOps};
+use ferrotron_parallel::{AdamWStep, AdamWTensors, FusedOps};
 
 use crate::checkpoint::ShardValues;
 use crate::flat_adamw::Shard;
@@ -123,47 +123,50 @@ pub(crate) fn offloaded(lens: &[usize], fraction: f64) -> Vec<bool> {
         .collect()
 }
 
+/// One offloaded group's update to run: its state (moments `None` before the first step), the
+/// step's gradient on the device and the update's scalars.
+pub(crate) struct HostJob<I: Backend> {
+    pub group: usize,
+    pub master: Tensor<Flex, 1>,
+    pub moments: Option<(Tensor<Flex, 1>, Tensor<Flex, 1>)>,
+    pub grad: FloatTensor<I>,
+    pub step: AdamWStep,
+}
+
 /// An offloaded group's new state and the model's new values on the device.
 pub(crate) struct HostUpdate<I: Backend> {
+    pub group: usize,
     pub master: Tensor<Flex, 1>,
     pub moments: (Tensor<Flex, 1>, Tensor<Flex, 1>),
     /// The 16-bit copy of a 16-bit group, the master of an fp32 one, on the device.
     pub values: Tensor<I, 1>,
-    pub times: OffloadTimes,
 }
 
-/// Where an offloaded update's time went, summed over groups: what calibrates the planner's
+/// Where an offloaded step's time went on the training thread: what calibrates the planner's
 /// transfer and host-AdamW rates (logged at debug level under `ferrotron::offload`). The first
-/// group's copy down also waits for the device to finish the backward.
+/// group's copy down also waits for the device to finish the backward; `adamw` is only the
+/// waiting for host updates that the copies did not hide.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct OffloadTimes {
-    pub down: std::time::Duration,
-    pub adamw: std::time::Duration,
-    pub up: std::time::Duration,
-    pub bytes_down: usize,
-    pub bytes_up: usize,
-    pub elements: usize,
+struct OffloadTimes {
+    down: std::time::Duration,
+    adamw: std::time::Duration,
+    up: std::time::Duration,
+    bytes_down: usize,
+    bytes_up: usize,
+    elements: usize,
 }
 
 impl OffloadTimes {
-    pub(crate) fn add(&mut self, other: OffloadTimes) {
-        self.down += other.down;
-        self.adamw += other.adamw;
-        self.up += other.up;
-        self.bytes_down += other.bytes_down;
-        self.bytes_up += other.bytes_up;
-        self.elements += other.elements;
-    }
-
-    pub(crate) fn log(&self) {
+    fn log(&self, total: std::time::Duration) {
         let rate = |bytes: usize, time: std::time::Duration| {
             bytes as f64 / time.as_secs_f64().max(1e-9) / 1e9
         };
         tracing::debug!(
             target: "ferrotron::offload",
-            "offloaded update of {} elements: gradients down {:.3} s ({:.1} GB/s), AdamW on the \
-             host {:.3} s, weights up {:.3} s ({:.1} GB/s)",
+            "offloaded update of {} elements in {:.3} s: gradients down {:.3} s ({:.1} GB/s), \
+             waiting for AdamW on the host {:.3} s, weights up {:.3} s ({:.1} GB/s)",
             self.elements,
+            total.as_secs_f64(),
             self.down.as_secs_f64(),
             rate(self.bytes_down, self.down),
             self.adamw.as_secs_f64(),
@@ -173,47 +176,78 @@ impl OffloadTimes {
     }
 }
 
-/// One AdamW update of an offloaded group: its gradient (and the device's gradient factor)
-/// brought to the host, burn-flex's update there, the new values sent up.
+/// The offloaded groups' AdamW updates, in order and pipelined: while the host's cores update
+/// one group (burn-flex's kernel, on its own thread), the training thread brings the next
+/// group's gradient down and sends the previous group's new values up. The device's gradient
+/// factor comes down once. Every group computes what it would alone, so the order of the
+/// overlap changes no number.
 pub(crate) fn update_on_host<I: FusedOps>(
-    master: Tensor<Flex, 1>,
-    moments: Option<(Tensor<Flex, 1>, Tensor<Flex, 1>)>,
-    grad: FloatTensor<I>,
-    step: AdamWStep,
+    jobs: Vec<HostJob<I>>,
     device_scale: Option<Tensor<I, 1>>,
     device: &I::Device,
-) -> HostUpdate<I> {
+) -> Vec<HostUpdate<I>> {
     let start = std::time::Instant::now();
-    let host = |x: Tensor<I, 1>| to_host(x).into_primitive().tensor();
-    let grad = host(Tensor::from_primitive(TensorPrimitive::Float(grad)));
-    let bytes_down = grad.bytes().len();
-    let elements = burn::tensor::TensorMetadata::shape(&grad).num_elements();
-    let down = start.elapsed();
-    let out = <Flex as FusedOps>::adamw_step(
-        master.into_primitive().tensor(),
-        grad,
-        moments.map(|(m, v)| (m.into_primitive().tensor(), v.into_primitive().tensor())),
-        step,
-        device_scale.map(host),
-    );
-    let adamw = start.elapsed() - down;
+    let mut times = OffloadTimes::default();
+    let scale = device_scale.map(|s| to_host(s).into_primitive().tensor());
+    let mut done = Vec::with_capacity(jobs.len());
+    std::thread::scope(|scope| {
+        let mut running = None;
+        for job in jobs {
+            let copied = std::time::Instant::now();
+            let grad = to_host(Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(
+                job.grad,
+            )));
+            times.down += copied.elapsed();
+            times.bytes_down += grad.shape().num_elements() * grad.dtype().size();
+            times.elements += grad.shape().num_elements();
+            if let Some(previous) = running.take() {
+                done.push(finish(previous, device, &mut times));
+            }
+            let (group, step, scale) = (job.group, job.step, scale.clone());
+            let (master, moments) = (job.master, job.moments);
+            running = Some(scope.spawn(move || {
+                let out = <Flex as FusedOps>::adamw_step(
+                    master.into_primitive().tensor(),
+                    grad.into_primitive().tensor(),
+                    moments
+                        .map(|(m, v)| (m.into_primitive().tensor(), v.into_primitive().tensor())),
+                    step,
+                    scale,
+                );
+                (group, out)
+            }));
+        }
+        if let Some(previous) = running {
+            done.push(finish(previous, device, &mut times));
+        }
+    });
+    times.log(start.elapsed());
+    done
+}
+
+/// Wait for a group's host update and send its new values up.
+fn finish<I: Backend>(
+    running: std::thread::ScopedJoinHandle<'_, (usize, AdamWTensors<Flex>)>,
+    device: &I::Device,
+    times: &mut OffloadTimes,
+) -> HostUpdate<I> {
+    let waited = std::time::Instant::now();
+    let (group, out) = running
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    times.adamw += waited.elapsed();
+    let sent = std::time::Instant::now();
     let flex = |x| Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(x));
     let master = flex(out.value);
     let values = out.rounded.map_or_else(|| master.clone(), flex);
-    let bytes_up = values.shape().num_elements() * values.dtype().size();
+    times.bytes_up += values.shape().num_elements() * values.dtype().size();
     let values = to_device(values, device);
+    times.up += sent.elapsed();
     HostUpdate {
+        group,
         master,
         moments: (flex(out.exp_avg), flex(out.exp_avg_sq)),
         values,
-        times: OffloadTimes {
-            down,
-            adamw,
-            up: start.elapsed() - down - adamw,
-            bytes_down,
-            bytes_up,
-            elements,
-        },
     }
 }
 
