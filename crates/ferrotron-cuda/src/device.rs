@@ -17,6 +17,7 @@ use crate::alloc::{MemorySnapshot, MemoryStats};
 use crate::blas::BlasHandle;
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
 use crate::kernels::cache::KernelCache;
+use crate::download::Downloads;
 use crate::staging::Staging;
 
 /// Pool memory kept cached after frees (bytes): effectively "keep everything" so the pool acts
@@ -35,6 +36,7 @@ pub struct CudaDevice {
     kernels: KernelCache,
     blas: Mutex<Option<BlasHandle>>,
     staging: Staging,
+    downloads: Downloads,
     rng_seed: AtomicU64,
     rng_offset: AtomicU64,
     tf32: AtomicBool,
@@ -148,6 +150,7 @@ impl CudaDevice {
             stats: MemoryStats::default(),
             blas: Mutex::new(None),
             staging: Staging::default(),
+            downloads: Downloads::default(),
             rng_seed: AtomicU64::new(0),
             rng_offset: AtomicU64::new(0),
             tf32: AtomicBool::new(false),
@@ -213,6 +216,20 @@ impl CudaDevice {
     pub(crate) fn upload(&self, dst: sys::CUdeviceptr, bytes: &[u8]) -> Result<()> {
         self.bind()?;
         self.staging.upload(dst, bytes, self.cu_stream())
+    }
+
+    /// Copies `out.len()` bytes from `src` into `out` behind the compute stream's queued work,
+    /// through page-locked chunks (`download.rs`) when the copy is large and page-locked
+    /// transfers are on; `false` when it did not (the caller copies as the driver does).
+    pub(crate) fn download(&self, src: sys::CUdeviceptr, out: &mut [u8]) -> Result<bool> {
+        if out.len() < crate::download::MIN_STAGED || !crate::switches::paths().pinned_uploads {
+            return Ok(false);
+        }
+        self.bind()?;
+        match self.downloads.download(src, out, self.cu_stream()) {
+            Some(done) => done.map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// Current memory statistics (reserved bytes read from the pool).

@@ -12,6 +12,7 @@ pub mod alloc;
 pub mod backend;
 pub mod blas;
 mod blas_tune;
+mod download;
 pub mod cudnn;
 pub mod device;
 pub mod dtype;

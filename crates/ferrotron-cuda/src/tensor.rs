@@ -102,8 +102,11 @@ impl CudaTensor {
         // itself already waits (into pageable memory it returns only once done), so the watch
         // starts before it.
         let _waiting = ferrotron_dist::watchdog::global().waiting("copying a tensor to the host");
-        // SAFETY: `t` is contiguous, so `len` bytes from its first element are its elements;
-        // the stream is synchronised before `out` is read or dropped.
+        // `t` is contiguous, so `len` bytes from its first element are its elements
+        if device.download(t.data_ptr(), &mut out)? {
+            return Ok(out);
+        }
+        // SAFETY: as above; the stream is synchronised before `out` is read or dropped.
         unsafe { result::memcpy_dtoh_async(&mut out, t.data_ptr(), device.cu_stream()) }
             .ctx(ctx)?;
         device.stream().synchronize().ctx(ctx)?;
