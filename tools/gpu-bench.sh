@@ -129,6 +129,8 @@ benches=(
     "moe-8x-mb16|recipes/mixtral-8x7b.yaml|16|moe_small"
     "gpt-1.3b-zero1-gb96|recipes/gpt-1.3b.yaml|12|zero1|96"
     "gpt-1.3b-offload-gb96|recipes/gpt-1.3b.yaml|12|offload|96"
+    "gpt-1.3b-zero1-gb512|recipes/gpt-1.3b.yaml|16|zero1|512"
+    "gpt-1.3b-offload-gb512|recipes/gpt-1.3b.yaml|16|offload|512"
     "llama3.1-8b-offload|recipes/llama3.1-8b.yaml|1|llama8b_offload|64"
     "llama3.1-8b-bf16-states|recipes/llama3.1-8b.yaml|1|llama8b_bf16_states|64"
     "gpt-1.3b-fp8|recipes/gpt-1.3b.yaml|12|fp8"
