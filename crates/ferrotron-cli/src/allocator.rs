@@ -3,7 +3,7 @@
 //! Training on the CPU allocates and frees logits-sized buffers every microbatch. glibc's
 //! allocator returned them to the kernel and page-faulted them back in (a third of a step in
 //! `perf`); mimalloc with its defaults still purges freed memory after 10 ms, so every step paid
-//! the faults again (`clear_page` 10 % of a shakespeare-tiny step in `perf`, 2026-12-02). With
+//! the faults again (`clear_page` 10 % of a shakespeare-tiny step in `perf`; tools/README.md). With
 //! purging off the pages stay mapped, as PyTorch's caching allocators keep theirs: ten steps on
 //! one thread of the 2-core CI machine took 0.19 s of system time instead of 1.18 s (1,199 minor
 //! faults instead of 13,279), for 630 MiB peak resident memory instead of 536.

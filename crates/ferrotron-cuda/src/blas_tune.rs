@@ -24,7 +24,7 @@ use crate::device::CudaDevice;
 
 /// Candidates asked of the heuristic: the count every GPU measurement so far ran with. With it,
 /// gpt-1.3b's fc2 data-gradient and two weight-gradient GEMMs ran 3–9 % slower than PyTorch's
-/// cuBLAS calls on the same shapes (one H200, 2026-12-05, `tools/gemm_ceiling.py`); timing more
+/// cuBLAS calls on the same shapes (one H200, `tools/gemm_ceiling.py`; tools/README.md); timing more
 /// of the heuristic's list is the next thing to measure (tools/README.md).
 pub(crate) const CANDIDATES: usize = 8;
 /// Timed calls per candidate (after one warm-up call).

@@ -15,9 +15,9 @@ use cudarc::driver::{CudaContext, CudaStream, result, sys};
 
 use crate::alloc::{MemorySnapshot, MemoryStats};
 use crate::blas::BlasHandle;
+use crate::download::Downloads;
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
 use crate::kernels::cache::KernelCache;
-use crate::download::Downloads;
 use crate::staging::Staging;
 
 /// Pool memory kept cached after frees (bytes): effectively "keep everything" so the pool acts

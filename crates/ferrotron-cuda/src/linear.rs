@@ -5,7 +5,7 @@
 //!
 //! The GEMV reads all of `dy` again for one vector. cuBLASLt's bias-gradient epilogue (`BGRADA`,
 //! its A being our `dy`) on the weight-gradient GEMM would spare that read, but on one H200
-//! (2026-12-05, gpt-1.3b at 12 × 2048) it slowed the four weight-gradient GEMMs of a layer by
+//! (gpt-1.3b at 12 × 2048; tools/README.md) it slowed the four weight-gradient GEMMs of a layer by
 //! 359 µs where the four GEMVs take 242: the pair stays.
 
 use crate::blas::{matmul, matmul_bias};

@@ -127,8 +127,8 @@ pub(crate) const PHILOX_WORD: &str = r#"__device__ __forceinline__ unsigned int 
 /// drop probability 0.100006). Eight elements share one Philox evaluation, ten rounds of 32-bit
 /// multiplies: at one evaluation per element the dropout maps ran at 1–1.6 TB/s, at one per
 /// four (a 32-bit word each) `dropout_grad` still took 104 µs over gpt-1.3b's 12 × 2048 × 2048
-/// bf16 activations, 2 TB/s, where a plain map of the same bytes runs near 3.5 (one H200,
-/// 2026-12-05). In the vectorised loop, whose eight elements start at a multiple of eight, the
+/// bf16 activations, 2 TB/s, where a plain map of the same bytes runs near 3.5 (one H200;
+/// tools/README.md). In the vectorised loop, whose eight elements start at a multiple of eight, the
 /// compiler sees that they take the same counter and evaluates it once. A C expression over
 /// the given names; every kernel that draws or redraws a dropout mask takes its bits here.
 pub(crate) fn keep_test(seed: &str, offset: &str, index: &str, keep_prob: &str) -> String {

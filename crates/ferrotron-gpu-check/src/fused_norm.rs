@@ -303,8 +303,8 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             // More rows than the one-pass backward has blocks: each block walks several rows
             // (the row sums' alternating slots, the partial γ/β sums over rows). f32 only: a
             // bf16 dγ summed over 4,096 rows differs from the f32 reference by the rounding of
-            // every dy to bf16, which grows with √rows past the row's tolerance (on an H200,
-            // 2026-12-05: 0.5, one bf16 step at the sums' size, where the 384-row shape passes).
+            // every dy to bf16, which grows with √rows past the row's tolerance (on an H200:
+            // 0.5, one bf16 step at the sums' size, where the 384-row shape passes).
             if dtype == DType::F32 {
                 rows.push(norm_row(
                     device,

@@ -17,7 +17,7 @@ use crate::device::CudaDevice;
 use crate::error::Result;
 
 /// Plans finalised and timed per graph when tuning. cuDNN offered 2–5 configs per graph at the
-/// bench's shapes (2026-12-05), so a fifth is left untimed where there is one.
+/// bench's shapes (tools/README.md), so a fifth is left untimed where there is one.
 const CANDIDATES: usize = 4;
 
 /// How many plans to finalise for a graph: [`CANDIDATES`] when tuning, else the first.

@@ -3,7 +3,7 @@
 //!
 //! The warp-per-row input gradient (`norm_rows.rs`) and the column reduction for γ/β
 //! (`fused.rs`) each read `x` and `dy`: at gpt-1.3b's `[24576, 2048]` bf16 rows the second read
-//! was 82 µs of the pair's 202 (one H200, 2026-12-04's op table), about 1 % of a bf16 step and
+//! was 82 µs of the pair's 202 (one H200's op table in tools/README.md), about 1 % of a bf16 step and
 //! 1.3 % of an fp8 one, and its f32 atomics summed in whatever order the blocks ran. Here a
 //! block of `T` threads takes one row at a time, every thread the same one or two chunks of
 //! eight columns of each row, so its share of γ stays in registers and so do its running
@@ -14,7 +14,7 @@
 //!
 //! With one row's loads in flight at a time and the gradient to add read only after the
 //! barrier, the kernel moved 2.35 TB/s (170 µs a call at gpt-1.3b's rows, one H200,
-//! 2026-12-05): so a block now requests the next row's `x` and `dy` before a row's barrier and
+//! tools/README.md): so a block now requests the next row's `x` and `dy` before a row's barrier and
 //! this row's gradient to add together with its `x` and `dy`.
 
 use crate::dtype::DType;

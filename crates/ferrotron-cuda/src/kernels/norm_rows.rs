@@ -5,7 +5,7 @@
 //! The block-per-row kernels (`fused.rs`) read the row two or three times with 2-byte loads and
 //! synchronise their block per sum, and a transformer's rows (hidden 768–2048) give each of
 //! their 256 threads only a few elements: the forward ran at 0.7–1.1 TB/s on an H200 and the
-//! input gradient at 1.6 TB/s (gpt-1.3b, 2026-12-04). A warp per row keeps eight rows in flight
+//! input gradient at 1.6 TB/s (gpt-1.3b; tools/README.md). A warp per row keeps eight rows in flight
 //! per block and, in the forward, each lane's elements in registers (eight chunks of eight at
 //! most). The gradient reads its row twice instead: holding `x` and `dy` took 154 registers a
 //! thread and left one block per multiprocessor, and the second read hits the L1 the first

@@ -3,7 +3,7 @@
 //!
 //! The generic reduction loads one element a thread per iteration from at most 1,024 blocks:
 //! over gpt-1.3b's bf16 gradient buffers that was 1.07 ms a buffer, 2.1 ms a step, 1.25 TB/s
-//! (one H200, 2026-12-05). Here every thread adds whole chunks of 16 bytes (eight 16-bit or
+//! (one H200; tools/README.md). Here every thread adds whole chunks of 16 bytes (eight 16-bit or
 //! four f32 elements), a few blocks per multiprocessor walk each buffer, each writes one
 //! partial sum, and one block adds every buffer's partials in buffer and block order: the same
 //! number on every run, and one sum however many runs of segments a rank counts.
