@@ -257,3 +257,24 @@ pub(super) fn losses_and_weights(
     weights.sort_by(|a, b| a.0.cmp(&b.0));
     (losses, weights)
 }
+
+/// A 4-step run of the 2-layer model in `layout` with `extra`, saving into `dir/name` at its
+/// end: its losses and the folder of that checkpoint.
+pub(super) fn train_and_save(
+    dir: &Path,
+    name: &str,
+    layout: Layout,
+    extra: Value,
+) -> (Vec<f64>, std::path::PathBuf) {
+    let mut recipe = json!({"checkpoint": {"dir": dir.join(name), "resume": "never"}});
+    merge(&mut recipe, extra);
+    let plan = plan(dir, layout, 2, 4, recipe);
+    let outcomes = train_world(&plan, &options(&dir.join(format!("{name}-run"))))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let folder = outcomes[0]
+        .summary
+        .checkpoint
+        .clone()
+        .expect("saved at the end");
+    (outcomes[0].summary.losses.clone(), folder)
+}

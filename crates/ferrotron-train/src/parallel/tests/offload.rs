@@ -8,13 +8,13 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::fixture::{Layout, merge, options, plan, train_world, write_data};
+use super::fixture::{Layout, merge, train_and_save, write_data};
 use super::optimizer_states::bf16_states;
 use super::{LOSS_TOLERANCE, WEIGHT_TOLERANCE};
 use crate::checkpoint::read_safetensors;
 
 /// The recipe keys of an offload of `fraction` (with the precision-aware optimizer it needs).
-fn offloaded(fraction: f64) -> Value {
+pub(super) fn offloaded(fraction: f64) -> Value {
     json!({"training": {"optimizer": {
         "use_precision_aware_optimizer": true,
         "optimizer_cpu_offload": true,
@@ -30,16 +30,7 @@ fn train(
     layout: Layout,
     extra: Value,
 ) -> (Vec<f64>, Vec<(String, Vec<u32>)>) {
-    let mut all = json!({"checkpoint": {"dir": dir.join(name), "resume": "never"}});
-    merge(&mut all, extra);
-    let plan = plan(dir, layout, 2, 4, all);
-    let outcomes = train_world(&plan, &options(&dir.join(format!("{name}-run"))))
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let folder = outcomes[0]
-        .summary
-        .checkpoint
-        .clone()
-        .expect("saved at the end");
+    let (losses, folder) = train_and_save(dir, name, layout, extra);
     let mut files: Vec<_> = std::fs::read_dir(&folder)
         .expect("checkpoint folder")
         .map(|entry| entry.expect("entry").path())
@@ -59,7 +50,7 @@ fn train(
         }
     }
     tensors.sort();
-    (outcomes[0].summary.losses.clone(), tensors)
+    (losses, tensors)
 }
 
 #[test]

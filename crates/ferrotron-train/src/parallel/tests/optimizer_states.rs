@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::fixture::{Layout, merge, options, plan, train_world, write_data};
+use super::fixture::{Layout, train_and_save, write_data};
 use crate::checkpoint::read_safetensors;
 
 /// The recipe keys of bf16 optimizer states.
@@ -20,16 +20,7 @@ pub(super) fn bf16_states() -> Value {
 /// The losses of a 4-step run of `layout` with `states` (saving at the end into `dir/name`),
 /// and every moment value of its checkpoint.
 fn train(dir: &Path, name: &str, layout: Layout, states: Value) -> (Vec<f64>, Vec<f32>) {
-    let mut extra = json!({"checkpoint": {"dir": dir.join(name), "resume": "never"}});
-    merge(&mut extra, states);
-    let plan = plan(dir, layout, 2, 4, extra);
-    let outcomes = train_world(&plan, &options(&dir.join(format!("{name}-run"))))
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let folder = outcomes[0]
-        .summary
-        .checkpoint
-        .clone()
-        .expect("saved at the end");
+    let (losses, folder) = train_and_save(dir, name, layout, states);
     let mut moments = Vec::new();
     for entry in std::fs::read_dir(&folder).expect("checkpoint folder") {
         let path = entry.expect("entry").path();
@@ -44,7 +35,7 @@ fn train(dir: &Path, name: &str, layout: Layout, states: Value) -> (Vec<f64>, Ve
             }
         }
     }
-    (outcomes[0].summary.losses.clone(), moments)
+    (losses, moments)
 }
 
 #[test]

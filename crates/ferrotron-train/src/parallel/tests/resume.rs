@@ -58,17 +58,22 @@ fn a_run_saving_asynchronously_resumes_bit_for_bit() {
 fn a_run_with_bf16_optimizer_states_resumes_bit_for_bit() {
     for pp in [1, 2] {
         check_with(
-            Layout {
-                tp: 1,
-                pp,
-                vpp: 1,
-                dp: 2,
-                distributed_optimizer: true,
-                ..Layout::default()
-            },
+            zero1_dp2(pp),
             Saving::Sync,
             super::optimizer_states::bf16_states(),
         );
+    }
+}
+
+/// Data parallel 2 with the distributed optimizer, over `pp` stages.
+fn zero1_dp2(pp: u32) -> Layout {
+    Layout {
+        tp: 1,
+        pp,
+        vpp: 1,
+        dp: 2,
+        distributed_optimizer: true,
+        ..Layout::default()
     }
 }
 
@@ -80,20 +85,9 @@ fn a_run_with_bf16_optimizer_states_resumes_bit_for_bit() {
 fn a_run_with_an_offloaded_optimizer_saving_asynchronously_resumes_bit_for_bit() {
     for (pp, fraction) in [(1, 0.5), (2, 1.0)] {
         check_with(
-            Layout {
-                tp: 1,
-                pp,
-                vpp: 1,
-                dp: 2,
-                distributed_optimizer: true,
-                ..Layout::default()
-            },
+            zero1_dp2(pp),
             Saving::Async,
-            json!({"training": {"optimizer": {
-                "use_precision_aware_optimizer": true,
-                "optimizer_cpu_offload": true,
-                "optimizer_offload_fraction": fraction
-            }}}),
+            super::offload::offloaded(fraction),
         );
     }
 }
