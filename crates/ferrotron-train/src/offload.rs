@@ -44,23 +44,18 @@ impl<I: Backend> Held<I> {
         }
     }
 
-    /// Elements `range` widened to f32, read where they are (a host buffer is not copied to the
-    /// device first).
-    pub(crate) fn values(&self, range: std::ops::Range<usize>) -> Vec<f32> {
-        let data = match self {
-            Held::Device(x) => x.clone().slice(range).into_data(),
-            Held::Host(x) => x.clone().slice(range).into_data(),
-        };
-        data.convert::<f32>()
-            .to_vec()
-            .expect("a buffer converted to f32 reads back as f32")
-    }
-
     /// Elements `range` for a checkpoint: a host buffer's shared as they are (read when the
     /// file is written), a device buffer's read now.
     pub(crate) fn shard_values(&self, range: std::ops::Range<usize>) -> ShardValues {
         match self {
-            Held::Device(_) => self.values(range).into(),
+            Held::Device(x) => x
+                .clone()
+                .slice(range)
+                .into_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .expect("a buffer converted to f32 reads back as f32")
+                .into(),
             Held::Host(x) => ShardValues::Host {
                 buffer: x.clone(),
                 range,
