@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use burn::backend::Flex;
 use burn::module::{AutodiffModule, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -66,8 +67,8 @@ impl AdamWConfig {
 /// First and second moments of one parameter, flattened.
 #[derive(Debug, Clone)]
 struct Moments<I: Backend> {
-    exp_avg: Tensor<I, 1>,
-    exp_avg_sq: Tensor<I, 1>,
+    exp_avg: Held<I>,
+    exp_avg_sq: Held<I>,
 }
 
 /// The optimizer state: moments on the inner (non-autodiff) backend, the step count for bias
@@ -446,6 +447,14 @@ impl<I: Backend> AdamW<I> {
                 }
             };
             let zeros = |len, dtype| held(zeros_of::<I>(len, dtype, &device));
+            // a restored moment may already be in host memory (`load_state`)
+            let place = |x: Held<I>| {
+                if offloaded {
+                    Held::Host(x.to_host())
+                } else {
+                    Held::Device(x.on_device(&device))
+                }
+            };
             let parts: Vec<_> = runs
                 .iter()
                 .map(|&(id, len)| match id {
@@ -469,7 +478,7 @@ impl<I: Backend> AdamW<I> {
                         Some(Moments {
                             exp_avg,
                             exp_avg_sq,
-                        }) => (held(exp_avg), held(exp_avg_sq)),
+                        }) => (place(exp_avg), place(exp_avg_sq)),
                         None => (zeros(len, m_dtype), zeros(len, v_dtype)),
                     })
                     .unzip();
@@ -510,8 +519,8 @@ impl<I: Backend> AdamW<I> {
                 self.moments.insert(
                     *id,
                     Moments {
-                        exp_avg,
-                        exp_avg_sq,
+                        exp_avg: Held::Device(exp_avg),
+                        exp_avg_sq: Held::Device(exp_avg_sq),
                     },
                 );
             }
@@ -548,8 +557,11 @@ impl<I: Backend> AdamW<I> {
                 .and_then(|flat| flat.moment_values(entry.id));
             let Some((exp_avg, exp_avg_sq)) = flat.or_else(|| {
                 let m = self.moments.get(&entry.id)?;
-                let values = |x| NamedTensor::from_tensor(String::new(), x).values.into();
-                Some((values(&m.exp_avg), values(&m.exp_avg_sq)))
+                let len = entry.shape.iter().product();
+                Some((
+                    m.exp_avg.shard_values(0..len),
+                    m.exp_avg_sq.shard_values(0..len),
+                ))
             }) else {
                 continue;
             };
@@ -589,12 +601,22 @@ impl<I: Backend> AdamW<I> {
                         continue;
                     }
                     // stored as trained: a bf16 moment saved widened comes back exactly
+                    // and, under the offload, in host memory: an 8B model's moments would not
+                    // fit on the device on their way to the host
                     let [m_dtype, v_dtype] = self.config.moment_dtypes;
+                    let offloaded = self.config.offload_fraction.is_some();
+                    let held = |values: &[f32], dtype| {
+                        if offloaded {
+                            Held::Host(fp32_tensor::<Flex>(values, &Default::default()).cast(dtype))
+                        } else {
+                            Held::Device(fp32_tensor(values, device).cast(dtype))
+                        }
+                    };
                     moments.insert(
                         entry.id,
                         Moments {
-                            exp_avg: fp32_tensor(&avg.values, device).cast(m_dtype),
-                            exp_avg_sq: fp32_tensor(&avg_sq.values, device).cast(v_dtype),
+                            exp_avg: held(&avg.values, m_dtype),
+                            exp_avg_sq: held(&avg_sq.values, v_dtype),
                         },
                     );
                 }
@@ -684,11 +706,13 @@ where
             rounded: MasterWeights::<B::InnerBackend>::rounded_dtype(param_dtype),
             moment_dtypes: config.moment_dtypes,
         };
-        let moments = self
-            .optimizer
-            .moments
-            .remove(&id)
-            .map(|m| (primitive(m.exp_avg), primitive(m.exp_avg_sq)));
+        let moments = self.optimizer.moments.remove(&id).map(|m| {
+            let device = value.device();
+            (
+                primitive(m.exp_avg.on_device(&device)),
+                primitive(m.exp_avg_sq.on_device(&device)),
+            )
+        });
         let updated = <B::InnerBackend as FusedOps>::adamw_step(
             primitive(value),
             primitive(grad.reshape([numel])),
@@ -699,8 +723,8 @@ where
         self.optimizer.moments.insert(
             id,
             Moments {
-                exp_avg: from_primitive(updated.exp_avg),
-                exp_avg_sq: from_primitive(updated.exp_avg_sq),
+                exp_avg: Held::Device(from_primitive(updated.exp_avg)),
+                exp_avg_sq: Held::Device(from_primitive(updated.exp_avg_sq)),
             },
         );
         let value = self.optimizer.master.keep(
