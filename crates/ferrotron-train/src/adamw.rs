@@ -94,6 +94,12 @@ pub struct AdamW<I: Backend> {
     sharding: Option<Sharding>,
 }
 
+/// Where a parameter's fp32 master copy is kept ([`AdamW::master_at`]).
+enum MasterAt<'a, I: Backend> {
+    Flat(&'a FlatState<I>),
+    Own(&'a Tensor<I, 1>),
+}
+
 /// Which parameters a step's flat gradient buffers (and so the flat state) hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Laid {
@@ -185,51 +191,41 @@ impl<I: Backend> AdamW<I> {
     }
 
     /// The fp32 master copies of the model's 16-bit parameters (see `precision`) updated by the
-    /// per-parameter step (the flat state's are read through [`AdamW::master_value`]).
+    /// per-parameter step (the flat state's are read through [`AdamW::master_values`]).
     pub fn master_weights(&self) -> &MasterWeights<I> {
         &self.master
     }
 
-    /// Parameter `id`'s fp32 master copy, flattened, wherever the state lives; `None` for an
-    /// fp32 parameter (its own master) or one never updated.
-    pub fn master_value(&self, id: ParamId) -> Option<Tensor<I, 1>> {
-        if let Some(flat) = &self.flat
-            && let Some(slot) = flat.layout.slots.get(&id)
-        {
-            let sixteen_bit =
-                MasterWeights::<I>::rounded_dtype(flat.layout.groups[slot.group].dtype);
-            return sixteen_bit.and_then(|_| flat.slice(&flat.master, id));
+    /// Parameter `id`'s fp32 master copy, flattened, as f32 values read where the state is (an
+    /// offloaded group's master is not copied to the device to be saved); `None` for an fp32
+    /// parameter (its own master) or one never updated.
+    pub(crate) fn master_values(&self, id: ParamId) -> Option<ShardValues> {
+        match self.master_at(id)? {
+            MasterAt::Flat(flat) => flat.values(&flat.master, id),
+            MasterAt::Own(master) => Some(
+                NamedTensor::from_tensor(String::new(), master)
+                    .values
+                    .into(),
+            ),
         }
-        self.master.get(id).cloned()
     }
 
     /// Whether parameter `id` has an fp32 master copy apart from its own value.
     pub(crate) fn has_master(&self, id: ParamId) -> bool {
-        match self.flat.as_ref().and_then(|flat| {
-            let slot = flat.layout.slots.get(&id)?;
-            Some(flat.layout.groups[slot.group].dtype)
-        }) {
-            Some(dtype) => MasterWeights::<I>::rounded_dtype(dtype).is_some(),
-            None => self.master.get(id).is_some(),
-        }
+        self.master_at(id).is_some()
     }
 
-    /// [`AdamW::master_value`] as f32 values, read where the state is: an offloaded group's
-    /// master is not copied to the device to be saved.
-    pub(crate) fn master_values(&self, id: ParamId) -> Option<ShardValues> {
+    /// Where parameter `id`'s fp32 master copy is kept, if it has one: in the flat state (a
+    /// 16-bit parameter's; an fp32 one there is its own master) or per parameter.
+    fn master_at(&self, id: ParamId) -> Option<MasterAt<'_, I>> {
         if let Some(flat) = &self.flat
             && let Some(slot) = flat.layout.slots.get(&id)
         {
             let sixteen_bit =
                 MasterWeights::<I>::rounded_dtype(flat.layout.groups[slot.group].dtype);
-            return sixteen_bit.and_then(|_| flat.values(&flat.master, id));
+            return sixteen_bit.map(|_| MasterAt::Flat(flat));
         }
-        let master = self.master.get(id)?;
-        Some(
-            NamedTensor::from_tensor(String::new(), master)
-                .values
-                .into(),
-        )
+        self.master.get(id).map(MasterAt::Own)
     }
 
     /// The same optimizer with its flat state in host memory (`FlatState::on_host`): what a
