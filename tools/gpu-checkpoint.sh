@@ -7,7 +7,8 @@
 # checkpoint every INTERVAL steps, once with synchronous saves and once with asynchronous ones,
 # into CKPT_ROOT (keep_last 1: a gpt-1.3b checkpoint holds fp32 masters and both moments, about
 # 16 GB). Each save's stall is what the run logs ("training stopped S s"): for a synchronous save
-# the whole write, for an asynchronous one the snapshot into host memory. The last step's save is
+# the whole write, for an asynchronous one starting the writer, plus what the next optimizer step
+# waits for the writer's copies of the device's state ("waited S s for the checkpoint's snapshot"). The last step's save is
 # waited for in both runs, so the final folders are compared byte for byte (`cmp` of every
 # file), and so are the two runs' losses.
 #
@@ -70,6 +71,9 @@ for mode in warmup sync async; do
         continue
     fi
     grep -o "iteration [0-9]*: [a-z ]*checkpoint[^(]*(training stopped [0-9.]* s)" "$dir.log" | sed 's/checkpoint \/[^ ]*/checkpoint/'
+    # an asynchronous save's device copies run behind the next step's work; the step's update
+    # waits for what they take beyond it
+    grep -o "the optimizer step waited [0-9.]* s for the checkpoint's snapshot" "$dir.log"
     grep -i "error" "$dir.log" | tail -3 | cut -c1-300
 done
 

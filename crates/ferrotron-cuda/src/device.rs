@@ -17,6 +17,7 @@ use crate::alloc::{MemorySnapshot, MemoryStats};
 use crate::blas::BlasHandle;
 use crate::download::Downloads;
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
+use crate::host_pass::HostPassBuffers;
 use crate::kernels::cache::KernelCache;
 use crate::staging::Staging;
 
@@ -37,6 +38,7 @@ pub struct CudaDevice {
     blas: Mutex<Option<BlasHandle>>,
     staging: Staging,
     downloads: Downloads,
+    host_pass: HostPassBuffers,
     rng_seed: AtomicU64,
     rng_offset: AtomicU64,
     tf32: AtomicBool,
@@ -151,6 +153,7 @@ impl CudaDevice {
             blas: Mutex::new(None),
             staging: Staging::default(),
             downloads: Downloads::default(),
+            host_pass: HostPassBuffers::default(),
             rng_seed: AtomicU64::new(0),
             rng_offset: AtomicU64::new(0),
             tf32: AtomicBool::new(false),
@@ -205,6 +208,10 @@ impl CudaDevice {
 
     pub(crate) fn kernels(&self) -> &KernelCache {
         &self.kernels
+    }
+
+    pub(crate) fn host_pass_buffers(&self) -> &HostPassBuffers {
+        &self.host_pass
     }
 
     pub(crate) fn blas(&self) -> &Mutex<Option<BlasHandle>> {

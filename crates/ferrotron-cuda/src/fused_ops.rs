@@ -28,7 +28,7 @@ use ferrotron_parallel::fp8_scaling::{Fp8Role, Fp8Settings};
 use ferrotron_parallel::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8InputNorm, Fp8Linear,
-    Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads,
+    Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads, HostPass,
     MoePermutation, NormGrads, NormKind, NormSaved, NormSpec, NormStats, QkNormGrads, QkNormParams,
     QkNormSaved, composed_adamw, composed_attention, composed_gather_flat, composed_grouped_matmul,
     composed_qk_norm, composed_qkv_attention, composed_rope_qkv, composed_segment_sum_of_squares,
@@ -216,6 +216,20 @@ impl FusedOps for Cuda {
             &log_sum_exp,
             &grad_losses,
         ))
+    }
+
+    fn host_pass(
+        inputs: Vec<(FloatTensor<Self>, burn::tensor::DType)>,
+        pass: &mut HostPass<'_>,
+    ) -> Vec<FloatTensor<Self>> {
+        let Some(device) = inputs.first().map(|(x, _)| x.device().clone()) else {
+            return Vec::new();
+        };
+        let inputs = inputs
+            .into_iter()
+            .map(|(x, dtype)| (x, ok(crate::backend::convert::engine_dtype(dtype))))
+            .collect();
+        ok(crate::host_pass::host_pass(&device, inputs, pass))
     }
 
     fn adamw_step(

@@ -20,6 +20,7 @@ pub mod error;
 pub mod fp8;
 mod fused_ops;
 pub mod grouped_blas;
+mod host_pass;
 pub mod kernels;
 pub mod layout;
 pub mod linear;

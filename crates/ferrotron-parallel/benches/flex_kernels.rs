@@ -3,18 +3,20 @@
 //! of hidden 64, 4 heads, 8 × 64 tokens): the cross-entropy forward + backward through autodiff
 //! (the model's loss, mean over rows), one AdamW update, the whole tied output layer (its three
 //! GEMMs around the loss kernel), the bulk of a quick-start step's arithmetic, and a layer's
-//! LayerNorm, attention and GELU forward + backward. Each on the process's rayon pool
+//! LayerNorm, attention and GELU forward + backward, and the offloaded optimizer's AdamW update
+//! of a 16M-element piece (`adamw_offload_16m`). Each on the process's rayon pool
 //! (`RAYON_NUM_THREADS` sizes it).
 //!
 //!     RAYON_NUM_THREADS=1 cargo bench -p ferrotron-parallel --bench flex_kernels
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Distribution, Int, Tensor};
+use burn::tensor::{DType, Distribution, Int, Tensor, bf16};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use ferrotron_parallel::{
-    AdamWStep, AttentionSpec, FusedOps, NormKind, NormSpec, composed_adamw, composed_gelu,
-    composed_norm, composed_qkv_attention, cross_entropy, gelu, norm, tied_logits,
+    AdamWStep, AttentionSpec, FusedOps, HostAdamW, HostMoment, HostOldValues, HostRounded,
+    HostValues, NormKind, NormSpec, composed_adamw, composed_gelu, composed_norm,
+    composed_qkv_attention, cross_entropy, gelu, norm, tied_logits,
 };
 
 type B = Autodiff<Flex>;
@@ -125,6 +127,93 @@ fn adamw_bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// Elements of one offloaded piece: 16M, a slice of an 8B model's flat state.
+const OFFLOAD_PIECE: usize = 1 << 24;
+
+/// The offloaded optimizer's update of one 16M-element piece (f32 gradient and master, the
+/// bf16 copy of the new value), moments in f32 (30 bytes of memory traffic an element: p, m, v,
+/// g read, p, m, v and the copy written) or in bf16 (22 bytes): through `Flex::adamw_step` on
+/// tensors and through the slice API on buffers updated in place.
+fn offload_adamw_bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("adamw_offload_16m");
+    group.sample_size(10);
+    let n = OFFLOAD_PIECE;
+    let values = |seed: u32, positive: bool| -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| {
+                let x = ((i.wrapping_mul(2_654_435_761) ^ seed) % 20_001) as f32 * 1e-5 - 0.1;
+                if positive { x.abs() + 1e-6 } else { x }
+            })
+            .collect()
+    };
+    let (p, g, m, v) = (
+        values(1, false),
+        values(2, false),
+        values(3, false),
+        values(4, true),
+    );
+    for (name, moment_dtype, bytes) in [
+        ("f32_moments_bf16_copy", DType::F32, 30),
+        ("bf16_moments_bf16_copy", DType::BF16, 22),
+    ] {
+        group.throughput(criterion::Throughput::Bytes((n * bytes) as u64));
+        let step = AdamWStep {
+            lr: 3e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            decay: Some(1.0 - 3e-4 * 0.1),
+            bias_correction1: 0.1,
+            bias_correction2: 0.05,
+            grad_scale: 0.5,
+            rounded: Some(DType::BF16),
+            moment_dtypes: [moment_dtype; 2],
+        };
+        let tensor = |x: &[f32], dtype: DType| -> FloatTensor<Flex> {
+            Tensor::<Flex, 1>::from_floats(x, &Default::default())
+                .cast(dtype)
+                .into_primitive()
+                .tensor()
+        };
+        group.bench_function(format!("{name}/flex_adamw_step"), |b| {
+            b.iter_batched(
+                || {
+                    (
+                        tensor(&p, DType::F32),
+                        tensor(&g, DType::F32),
+                        Some((tensor(&m, moment_dtype), tensor(&v, moment_dtype))),
+                    )
+                },
+                |(p, g, m)| Flex::adamw_step(p, g, m, step, None),
+                BatchSize::LargeInput,
+            )
+        });
+        let adamw = HostAdamW::new(&step, None, false);
+        let (mut master, mut copy) = (p.clone(), vec![bf16::ZERO; n]);
+        let (mut m32, mut v32) = (m.clone(), v.clone());
+        let narrow = |x: &[f32]| -> Vec<bf16> { x.iter().map(|&x| bf16::from_f32(x)).collect() };
+        let (mut m16, mut v16) = (narrow(&m), narrow(&v));
+        group.bench_function(format!("{name}/host_slice"), |b| {
+            b.iter(|| {
+                let (exp_avg, exp_avg_sq) = if moment_dtype == DType::F32 {
+                    (HostMoment::F32(&mut m32), HostMoment::F32(&mut v32))
+                } else {
+                    (HostMoment::Bf16(&mut m16), HostMoment::Bf16(&mut v16))
+                };
+                adamw.update(
+                    &mut master,
+                    exp_avg,
+                    exp_avg_sq,
+                    HostValues::F32(&g),
+                    HostOldValues::default(),
+                    Some(HostRounded::Bf16(&mut copy)),
+                )
+            })
+        });
+    }
+    group.finish();
+}
+
 /// The tied output layer as the model runs it: `[rows, hidden] · embeddingᵀ`, the loss kernel,
 /// and the backward's two GEMMs (`d rows`, `d embedding`).
 fn output_layer_bench(c: &mut Criterion) {
@@ -204,6 +293,7 @@ criterion_group!(
     benches,
     cross_entropy_bench,
     adamw_bench,
+    offload_adamw_bench,
     output_layer_bench,
     layers_bench
 );

@@ -56,6 +56,7 @@ use crate::fused_gelu::{composed_gelu, gelu_backward_reference};
 use crate::fused_grouped::{
     GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_backward_reference,
 };
+use crate::fused_host_pass::{HostPass, composed_host_pass};
 use crate::fused_logits::{composed_tied_logits, tied_logits_backward_reference};
 use crate::fused_loss::{
     CrossEntropySaved, cross_entropy_backward_reference, cross_entropy_forward_reference,
@@ -673,6 +674,18 @@ pub trait FusedOps: Backend {
         device_scale: DeviceScale<Self>,
     ) -> AdamWTensors<Self> {
         composed_adamw::<Self>(value, grad, moments, step, device_scale)
+    }
+
+    /// Streams each of `inputs` (flat buffers on the device) through the host and returns one
+    /// new buffer of the dtype paired with it: `pass` is called on consecutive pieces, input by
+    /// input in order, and fills each piece's output (`fused_host_pass.rs`). Called on the
+    /// inner backend. Default: each buffer downloaded whole and its output uploaded whole; a
+    /// device backend overlaps the copies of neighbouring pieces with `pass`.
+    fn host_pass(
+        inputs: Vec<(FloatTensor<Self>, DType)>,
+        pass: &mut HostPass<'_>,
+    ) -> Vec<FloatTensor<Self>> {
+        composed_host_pass::<Self>(inputs, pass)
     }
 
     /// `Σ x²` of a flat gradient (any float dtype) as `[1]` f32, accumulated in f32: one

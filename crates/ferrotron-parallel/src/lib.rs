@@ -40,6 +40,7 @@ mod fused_fp8_source;
 mod fused_gather;
 mod fused_gelu;
 mod fused_grouped;
+mod fused_host_pass;
 mod fused_logits;
 mod fused_loss;
 mod fused_moe;
@@ -67,6 +68,7 @@ mod tests;
 pub use comm::{Comm, DynComm};
 pub use context::ParallelContext;
 pub use ferrotron_dist::{CommError, GroupLabel, ReduceOp};
+pub use flex::{HostAdamW, HostMoment, HostOldValues, HostRounded, HostValues};
 pub use fused::{
     AttentionGrads, AttentionSaved, AttentionSpec, FusedOps, attention_backward_reference,
     attention_forward_reference, composed_attention, repeat_groups,
@@ -95,6 +97,7 @@ pub use fused_fp8_rope::Fp8Rope;
 pub use fused_fp8_source::{Fp8Activation, Fp8Source, fp8_quantize_source_composed};
 pub use fused_gelu::{composed_gelu, gelu, gelu_backward_reference, gelu_node};
 pub use fused_grouped::{GroupedMatmulGrads, composed_grouped_matmul};
+pub use fused_host_pass::{HostPass, HostPiece, HostValuesMut, composed_host_pass};
 pub use fused_logits::{composed_tied_logits, tied_logits, tied_logits_backward_reference};
 pub use fused_loss::{
     CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,

@@ -8,6 +8,7 @@ use ferrotron_recipe::{Dtype, Fp8, GpuKind};
 use serde::{Deserialize, Serialize};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// Performance figures of one accelerator kind.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -198,20 +199,18 @@ pub(crate) struct HostSpec {
     /// Host memory of a node the offloaded state cannot have: the OS, the training processes'
     /// own heaps, the data loader's pages. Assumed.
     pub reserved_per_node_bytes: f64,
-    /// Host memory per rank for the copies in flight: the runtime (ferrotron-train
-    /// `flat_adamw.rs`, `offload.rs`) updates one offloaded group at a time, groups closed past
-    /// 2^26 elements, so the host holds one group's gradient (4 B) and new 16-bit values (2 B)
-    /// at once, each as a transfer copy and a tensor: 0.75 GiB for a full group, about 6 GiB
-    /// for the group that holds a 128K-vocabulary embedding (525 M elements at hidden 4096).
-    /// Assumed, for that largest group, until a host-memory measurement replaces it.
+    /// Host memory per rank for the copies in flight: the runtime streams the offloaded
+    /// update through four page-locked pieces of 32 MiB (ferrotron-cuda `host_pass.rs`).
     pub transfer_buffer_bytes: f64,
-    /// Device-to-host copy rate of one GPU, bytes/s. Initial, not measured.
+    /// Device-to-host copy rate of one GPU into page-locked memory, bytes/s: 54 GB/s measured
+    /// on one H100 80 GB (PCIe 5, `torch` copies of 256 MiB, 2026-12-06, `tools/README.md`).
     pub device_to_host_bandwidth: f64,
-    /// Host-to-device copy rate of one GPU, bytes/s. Initial, not measured.
+    /// Host-to-device copy rate of one GPU from page-locked memory, bytes/s: 54 GB/s, as above.
     pub host_to_device_bandwidth: f64,
     /// Memory traffic a node's CPU cores sustain running AdamW (what it reads and writes per
-    /// parameter), bytes/s, shared by the node's ranks. Initial, not measured: 30 GB/s for the
-    /// 16 cores of the one-GPU machine.
+    /// parameter), bytes/s, shared by the node's ranks. Provisional: 60 GB/s for the 16 cores of
+    /// the one-GPU machine, where a plain copy moved 58.8 GB/s and PyTorch's fused CPU AdamW
+    /// 95.6 GB/s (64M fp32 elements, 2026-12-06); the host pass's own rate there is not measured.
     pub cpu_optimizer_bandwidth: f64,
 }
 
@@ -220,10 +219,10 @@ pub(crate) struct HostSpec {
 pub(crate) const GPU_HOST: HostSpec = HostSpec {
     memory_per_gpu_bytes: 128.0 * GIB,
     reserved_per_node_bytes: 16.0 * GIB,
-    transfer_buffer_bytes: 6.0 * GIB,
-    device_to_host_bandwidth: 20e9,
-    host_to_device_bandwidth: 20e9,
-    cpu_optimizer_bandwidth: 30e9,
+    transfer_buffer_bytes: 128.0 * MIB,
+    device_to_host_bandwidth: 54e9,
+    host_to_device_bandwidth: 54e9,
+    cpu_optimizer_bandwidth: 60e9,
 };
 
 /// The name users write and read (`h100`, `cpu`), upper-cased for GPUs as datasheets do.

@@ -99,6 +99,9 @@ fn host_memory(out: &mut String, plan: &Plan, host: &HostMemory) {
     );
     memory_row(out, "optimizer states", host.optimizer_states);
     memory_row(out, "transfer buffers", host.transfer_buffers);
+    if host.save_in_flight > 0 {
+        memory_row(out, "async save in flight", host.save_in_flight);
+    }
     memory_row(out, "reserved", host.reserved);
     total_row(out, host.total, host.limit_bytes);
 }
@@ -114,7 +117,7 @@ fn offload_time(out: &mut String, plan: &Plan) {
     };
     let _ = writeln!(
         out,
-        "  optimizer offload    {:.3} s, {:.1}% of the step: gradients down {:.3} s, AdamW on the host {:.3} s, weights up {:.3} s (rates initial, not measured)",
+        "  optimizer offload    {:.3} s, {:.1}% of the step: the slowest of gradients down {:.3} s, AdamW on the host {:.3} s, weights up {:.3} s (overlapped)",
         t.breakdown.optimizer_offload,
         100.0 * t.breakdown.optimizer_offload / t.step_seconds,
         part(offload::GRADIENTS_DOWN),

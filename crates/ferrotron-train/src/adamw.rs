@@ -18,7 +18,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_parallel::{AdamWStep, Comm, FusedOps, ParallelOps};
 
 use crate::TrainError;
-use crate::checkpoint::ShardValues;
+use crate::checkpoint::{ShardValues, SnapshotGate};
 use crate::flat_adamw::{
     self, Family, FlatGrads, FlatState, Group, Layout, ParamFacts, Sharding, ViewMapper,
 };
@@ -92,6 +92,8 @@ pub struct AdamW<I: Backend> {
     families: HashMap<ParamId, Family>,
     /// The part of the flat state this rank keeps (the distributed optimizer's).
     sharding: Option<Sharding>,
+    /// An asynchronous save still reading the state's device buffers.
+    snapshot: Option<SnapshotGate>,
 }
 
 /// Where a parameter's fp32 master copy is kept ([`AdamW::master_at`]).
@@ -130,6 +132,7 @@ impl<I: Backend> AdamW<I> {
             buckets: HashMap::new(),
             families: HashMap::new(),
             sharding: None,
+            snapshot: None,
         }
     }
 
@@ -228,20 +231,20 @@ impl<I: Backend> AdamW<I> {
         self.master.get(id).map(MasterAt::Own)
     }
 
-    /// The same optimizer with its flat state in host memory (`FlatState::on_host`): what a
-    /// checkpoint reads, one copy per buffer on the training thread rather than one per
-    /// parameter, the per-parameter reads and f32 conversions left to the save's writer.
-    pub(crate) fn on_host(&self) -> Self {
-        AdamW {
-            config: self.config,
-            step: self.step,
-            moments: self.moments.clone(),
-            no_decay: self.no_decay.clone(),
-            master: self.master.clone(),
-            flat: self.flat.as_ref().map(|flat| Box::new(flat.on_host())),
-            buckets: self.buckets.clone(),
-            families: self.families.clone(),
-            sharding: self.sharding,
+    /// Hold the next update until `gate` opens: an asynchronous save is still reading this
+    /// optimizer's device buffers ([`SnapshotGate`]).
+    pub(crate) fn hold_until(&mut self, gate: SnapshotGate) {
+        self.snapshot = Some(gate);
+    }
+
+    /// Wait for a save's snapshot still reading the state, before writing it.
+    fn snapshot_read(&mut self) {
+        if let Some(gate) = self.snapshot.take() {
+            let waited = gate.wait();
+            tracing::info!(
+                "the optimizer step waited {:.2} s for the checkpoint's snapshot",
+                waited.as_secs_f64()
+            );
         }
     }
 
@@ -265,6 +268,7 @@ impl<I: Backend> AdamW<I> {
         I: FusedOps,
         M: AutodiffModule<B>,
     {
+        self.snapshot_read();
         self.apply(model, grads, lr, grad_scale)
     }
 
@@ -364,6 +368,7 @@ impl<I: Backend> AdamW<I> {
         I: FusedOps,
         M: AutodiffModule<B>,
     {
+        self.snapshot_read();
         let (bias_correction1, bias_correction2) = self.next_bias_corrections();
         let config = self.config;
         let Some(flat) = self.flat.as_mut() else {

@@ -312,23 +312,6 @@ impl<I: Backend> FlatState<I> {
 }
 
 impl<I: Backend> FlatState<I> {
-    /// The same state in host memory: each device buffer copied down whole, each host buffer
-    /// shared.
-    pub(crate) fn on_host(&self) -> Self {
-        let host = |held: &Held<I>| Held::Host(held.to_host());
-        FlatState {
-            layout: self.layout.clone(),
-            master: self.master.iter().map(host).collect(),
-            moments: self
-                .moments
-                .iter()
-                .map(|moments| moments.as_ref().map(|(m, v)| (host(m), host(v))))
-                .collect(),
-            cut: self.cut,
-            device: self.device.clone(),
-        }
-    }
-
     /// Parameter `id`'s range of a group buffer, flattened, on the device.
     pub(crate) fn slice(&self, buffers: &[Held<I>], id: ParamId) -> Option<Tensor<I, 1>> {
         let slot = self.layout.slots.get(&id)?;
@@ -574,7 +557,7 @@ pub(crate) fn update<I: FusedOps>(
         }
     }
     if !host_jobs.is_empty() {
-        for out in offload::update_on_host(host_jobs, device_scale, &state.device) {
+        for out in offload::update_on_host(host_jobs, device_scale) {
             state.master[out.group] = Held::Host(out.master);
             state.moments[out.group] = Some((Held::Host(out.moments.0), Held::Host(out.moments.1)));
             values[out.group] = Some(out.values);

@@ -357,11 +357,12 @@ impl Reporter {
         self.metrics.encode_text()
     }
 
-    /// An asynchronous save started: training stopped for `stall` (the snapshot).
+    /// An asynchronous save started: training stopped for `stall` (the snapshot's host values
+    /// taken; the device's are read by the writer while the next step runs).
     fn saving(&self, iteration: u64, stall: Duration) {
         self.message(&format!(
-            "iteration {iteration}: checkpoint in host memory (training stopped {:.2} s), \
-             being written in the background",
+            "iteration {iteration}: checkpoint snapshot taken (training stopped {:.2} s), \
+             being read and written in the background",
             stall.as_secs_f64()
         ));
     }

@@ -1,4 +1,5 @@
-//! One parameter's AdamW update on burn-flex in a single pass.
+//! One parameter's AdamW update on burn-flex in a single pass: the tensors' buffers handed to
+//! [`HostAdamW`], the offloaded optimizer's update of host slices.
 //!
 //! Composed, an update is about fifteen single-threaded passes over parameter-sized buffers,
 //! each allocating its result; for the quick start's tied 50,304 × 64 embedding that is a
@@ -19,12 +20,9 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape, TensorMetadata, bf16, f16};
-use rayon::prelude::*;
 
+use super::host_adamw::{HostAdamW, HostMoment, HostOldValues, HostRounded, HostValues};
 use crate::fused_adamw::{AdamWStep, AdamWTensors};
-
-/// Elements per parallel task.
-const CHUNK: usize = 1 << 14;
 
 /// Whether the kernel takes these tensors: an f32 value and device factor, a gradient of any
 /// float dtype the model trains in, moments stored as the step says (f32 or bf16), and a
@@ -48,9 +46,8 @@ pub(super) fn supports(
         && device_scale.is_none_or(f32s)
 }
 
-/// The update (see [`supports`] for what it takes). A 16-bit gradient or moment is widened to
-/// f32 a chunk at a time and a stored moment narrowed back as the composed update's casts do;
-/// the new value is computed from the unrounded moments and rounded last.
+/// The update (see [`supports`] for what it takes) of the tensors' buffers by
+/// [`HostAdamW::update`]: in place where nothing else holds a buffer, else out of place from it.
 pub(super) fn step(
     value: FlexTensor,
     grad: FlexTensor,
@@ -64,7 +61,6 @@ pub(super) fn step(
             .to_vec::<f32>()
             .expect("the device gradient factor is f32")[0]
     });
-    let k = Constants::new(&step, device_scale);
     let grad = grad.to_contiguous();
     assert_eq!(
         grad.shape().num_elements(),
@@ -79,27 +75,23 @@ pub(super) fn step(
         None => ((zeros(len, m_dtype), None), (zeros(len, v_dtype), None)),
     };
     let mut rounded = step.rounded.map(|dtype| zeros(len, dtype));
-    let tasks: Vec<_> = value
-        .storage_mut::<f32>()
-        .chunks_mut(CHUNK)
-        .zip(sources(value_from.as_ref(), len))
-        .map(|(p, from)| (Stored::F32(p), from))
-        .zip(
-            Stored::chunks(&mut exp_avg)
-                .into_iter()
-                .zip(sources(m_from.as_ref(), len)),
-        )
-        .zip(
-            Stored::chunks(&mut exp_avg_sq)
-                .into_iter()
-                .zip(sources(v_from.as_ref(), len)),
-        )
-        .zip(Widened::chunks(&grad))
-        .zip(Rounded::chunks(rounded.as_mut(), len))
-        .collect();
-    tasks
-        .into_par_iter()
-        .for_each(|((((p, m), v), g), r)| chunk_update(p, m, v, g, r, &k, first));
+    let old = HostOldValues {
+        master: value_from.as_ref().map(FlexTensor::storage::<f32>),
+        exp_avg: m_from.as_ref().map(values),
+        exp_avg_sq: v_from.as_ref().map(values),
+    };
+    HostAdamW::new(&step, device_scale, first).update(
+        value.storage_mut::<f32>(),
+        moment(&mut exp_avg),
+        moment(&mut exp_avg_sq),
+        values(&grad),
+        old,
+        rounded.as_mut().map(|r| match r.dtype() {
+            DType::BF16 => HostRounded::Bf16(r.storage_mut::<bf16>()),
+            DType::F16 => HostRounded::F16(r.storage_mut::<f16>()),
+            dtype => unreachable!("a rounded copy in {dtype:?} is not supported"),
+        }),
+    );
     AdamWTensors {
         value,
         exp_avg,
@@ -108,235 +100,20 @@ pub(super) fn step(
     }
 }
 
-/// A buffer and the chunk of the buffer its old values are read from, when not itself.
-type Operand<'a> = (Stored<'a>, Option<Widened<'a>>);
-
-/// One task: the old values of a buffer updated out of place copied in, the chunk's 16-bit
-/// operands widened into scratch, the f32 update, the stored results narrowed back.
-fn chunk_update(
-    p: Operand<'_>,
-    m: Operand<'_>,
-    v: Operand<'_>,
-    g: Widened<'_>,
-    r: Option<Rounded<'_>>,
-    k: &Constants,
-    first: bool,
-) {
-    let [mut p, mut m, mut v] = [p, m, v].map(|(mut to, from)| {
-        if let Some(from) = from {
-            to.copy_from(&from);
-        }
-        to
-    });
-    let g = g.to_f32();
-    let (mut p_scratch, mut m_scratch, mut v_scratch) = (Vec::new(), Vec::new(), Vec::new());
-    let p = p.as_f32(&mut p_scratch);
-    update(
-        p,
-        m.as_f32(&mut m_scratch),
-        v.as_f32(&mut v_scratch),
-        &g,
-        k,
-        first,
-    );
-    m.store(&m_scratch);
-    v.store(&v_scratch);
-    if let Some(r) = r {
-        r.write(p);
+fn values(tensor: &FlexTensor) -> HostValues<'_> {
+    match tensor.dtype() {
+        DType::F32 => HostValues::F32(tensor.storage::<f32>()),
+        DType::BF16 => HostValues::Bf16(tensor.storage::<bf16>()),
+        DType::F16 => HostValues::F16(tensor.storage::<f16>()),
+        dtype => unreachable!("values of {dtype:?} are not supported"),
     }
 }
 
-// Narrowing goes through f64 as burn-flex's cast does (`from_f64`): half's `from_f32` rounds
-// some values to the other neighbour, and the update must give the composed casts' bits.
-
-/// A chunk of a moment as stored.
-enum Stored<'a> {
-    F32(&'a mut [f32]),
-    Bf16(&'a mut [bf16]),
-}
-
-impl<'a> Stored<'a> {
-    fn chunks(tensor: &'a mut FlexTensor) -> Vec<Self> {
-        match tensor.dtype() {
-            DType::F32 => tensor
-                .storage_mut::<f32>()
-                .chunks_mut(CHUNK)
-                .map(Stored::F32)
-                .collect(),
-            DType::BF16 => tensor
-                .storage_mut::<bf16>()
-                .chunks_mut(CHUNK)
-                .map(Stored::Bf16)
-                .collect(),
-            dtype => unreachable!("moments stored as {dtype:?} are not supported"),
-        }
-    }
-
-    /// The chunk as f32 to update in place: itself, or its values widened into `scratch`.
-    fn as_f32<'s>(&'s mut self, scratch: &'s mut Vec<f32>) -> &'s mut [f32] {
-        match self {
-            Stored::F32(values) => values,
-            Stored::Bf16(values) => {
-                scratch.extend(values.iter().map(|x| x.to_f32()));
-                scratch
-            }
-        }
-    }
-
-    /// Copy `from`'s values (of the same dtype) in.
-    fn copy_from(&mut self, from: &Widened<'_>) {
-        match (self, from) {
-            (Stored::F32(to), Widened::F32(from)) => to.copy_from_slice(from),
-            (Stored::Bf16(to), Widened::Bf16(from)) => to.copy_from_slice(from),
-            _ => unreachable!("a buffer is updated from one of its own dtype"),
-        }
-    }
-
-    /// Narrow the updated `scratch` back (nothing to do for an f32 chunk, updated in place).
-    fn store(&mut self, scratch: &[f32]) {
-        if let Stored::Bf16(values) = self {
-            for (stored, &x) in values.iter_mut().zip(scratch) {
-                *stored = bf16::from_f64(f64::from(x));
-            }
-        }
-    }
-}
-
-/// A chunk of the gradient in its own dtype.
-enum Widened<'a> {
-    F32(&'a [f32]),
-    Bf16(&'a [bf16]),
-    F16(&'a [f16]),
-}
-
-impl<'a> Widened<'a> {
-    fn chunks(tensor: &'a FlexTensor) -> Vec<Self> {
-        match tensor.dtype() {
-            DType::F32 => tensor
-                .storage::<f32>()
-                .chunks(CHUNK)
-                .map(Widened::F32)
-                .collect(),
-            DType::BF16 => tensor
-                .storage::<bf16>()
-                .chunks(CHUNK)
-                .map(Widened::Bf16)
-                .collect(),
-            DType::F16 => tensor
-                .storage::<f16>()
-                .chunks(CHUNK)
-                .map(Widened::F16)
-                .collect(),
-            dtype => unreachable!("a gradient of {dtype:?} is not supported"),
-        }
-    }
-
-    fn to_f32(&self) -> std::borrow::Cow<'a, [f32]> {
-        match *self {
-            Widened::F32(values) => values.into(),
-            Widened::Bf16(values) => values.iter().map(|x| x.to_f32()).collect(),
-            Widened::F16(values) => values.iter().map(|x| x.to_f32()).collect(),
-        }
-    }
-}
-
-/// A chunk of the 16-bit copy of the new value.
-enum Rounded<'a> {
-    Bf16(&'a mut [bf16]),
-    F16(&'a mut [f16]),
-}
-
-impl<'a> Rounded<'a> {
-    /// The chunks of `tensor`, or `len`'s worth of `None` without one.
-    fn chunks(tensor: Option<&'a mut FlexTensor>, len: usize) -> Vec<Option<Self>> {
-        let Some(tensor) = tensor else {
-            return (0..len.div_ceil(CHUNK)).map(|_| None).collect();
-        };
-        match tensor.dtype() {
-            DType::BF16 => tensor
-                .storage_mut::<bf16>()
-                .chunks_mut(CHUNK)
-                .map(|c| Some(Rounded::Bf16(c)))
-                .collect(),
-            DType::F16 => tensor
-                .storage_mut::<f16>()
-                .chunks_mut(CHUNK)
-                .map(|c| Some(Rounded::F16(c)))
-                .collect(),
-            dtype => unreachable!("a rounded copy in {dtype:?} is not supported"),
-        }
-    }
-
-    fn write(self, values: &[f32]) {
-        match self {
-            Rounded::Bf16(out) => out
-                .iter_mut()
-                .zip(values)
-                .for_each(|(o, &x)| *o = bf16::from_f64(f64::from(x))),
-            Rounded::F16(out) => out
-                .iter_mut()
-                .zip(values)
-                .for_each(|(o, &x)| *o = f16::from_f64(f64::from(x))),
-        }
-    }
-}
-
-/// The composed update's arithmetic on one chunk.
-fn update(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Constants, first: bool) {
-    for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
-        let mut g = g;
-        if let Some(s) = k.grad_scale {
-            g *= s;
-        }
-        if let Some(s) = k.device_scale {
-            g *= s;
-        }
-        if first {
-            *m = g * k.one_minus_beta1;
-            *v = (g * g) * k.one_minus_beta2;
-        } else {
-            *m = *m * k.beta1 + g * k.one_minus_beta1;
-            *v = *v * k.beta2 + (g * g) * k.one_minus_beta2;
-        }
-        if let Some(decay) = k.decay {
-            *p *= decay;
-        }
-        let m_hat = *m / k.bias_correction1;
-        let v_hat = *v / k.bias_correction2;
-        *p -= (m_hat / (v_hat.sqrt() + k.eps)) * k.lr;
-    }
-}
-
-/// The scalars of one update, rounded to f32.
-struct Constants {
-    grad_scale: Option<f32>,
-    device_scale: Option<f32>,
-    beta1: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    decay: Option<f32>,
-    bias_correction1: f32,
-    bias_correction2: f32,
-    eps: f32,
-    lr: f32,
-}
-
-impl Constants {
-    fn new(step: &AdamWStep, device_scale: Option<f32>) -> Self {
-        Self {
-            grad_scale: (step.grad_scale != 1.0).then_some(step.grad_scale as f32),
-            device_scale,
-            beta1: step.beta1 as f32,
-            one_minus_beta1: (1.0 - step.beta1) as f32,
-            beta2: step.beta2 as f32,
-            one_minus_beta2: (1.0 - step.beta2) as f32,
-            decay: step.decay.map(|d| d as f32),
-            bias_correction1: step.bias_correction1 as f32,
-            bias_correction2: step.bias_correction2 as f32,
-            eps: step.eps as f32,
-            lr: step.lr as f32,
-        }
+fn moment(tensor: &mut FlexTensor) -> HostMoment<'_> {
+    match tensor.dtype() {
+        DType::F32 => HostMoment::F32(tensor.storage_mut::<f32>()),
+        DType::BF16 => HostMoment::Bf16(tensor.storage_mut::<bf16>()),
+        dtype => unreachable!("moments stored as {dtype:?} are not supported"),
     }
 }
 
@@ -355,14 +132,6 @@ fn writable(tensor: FlexTensor) -> (FlexTensor, Option<FlexTensor>) {
         (tensor, None)
     } else {
         (zeros(len, tensor.dtype()), Some(tensor))
-    }
-}
-
-/// The chunks of `from` (none: `len`'s worth of `None`).
-fn sources(from: Option<&FlexTensor>, len: usize) -> Vec<Option<Widened<'_>>> {
-    match from {
-        Some(from) => Widened::chunks(from).into_iter().map(Some).collect(),
-        None => (0..len.div_ceil(CHUNK)).map(|_| None).collect(),
     }
 }
 

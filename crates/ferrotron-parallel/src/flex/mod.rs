@@ -16,13 +16,17 @@
 
 mod adamw;
 mod attention;
+pub(crate) mod bf16_bits;
 mod embedding;
 mod exp;
 mod gelu;
+mod host_adamw;
 mod logits;
 mod loss;
 mod norm;
 mod squares;
+
+pub use host_adamw::{HostAdamW, HostMoment, HostOldValues, HostRounded, HostValues};
 
 use burn::backend::Flex;
 use burn::tensor::ops::{FloatTensor, IntTensor};

@@ -381,3 +381,341 @@ fn flex_tied_cross_entropy_is_the_two_ops_bit_for_bit_on_any_number_of_threads()
         }
     }
 }
+
+/// A value of every class the narrowing treats apart, of both signs: zeros, subnormals with
+/// their leading bit anywhere (21 and 22 lose low bits through f64), every exponent with
+/// mantissas at the rounding edges (ties to odd and even, sticky bits only among the three
+/// lowest, rounding into the next binade and from the largest finite value to infinity) and
+/// pseudo-random ones, infinities and NaNs (quiet, signalling, any payload).
+fn bf16_narrowing_sample() -> Vec<u32> {
+    let edges = [
+        0, 1, 2, 3, 4, 7, 8, 0xF, 0x7FFF, 0x8000, 0x8001, 0x8002, 0x8004, 0x8007, 0x8008, 0x8010,
+        0xFFFF, 0x1_0000, 0x1_7FFF, 0x1_8000, 0x1_8001, 0x1_8007, 0x1_8008, 0x20_0000, 0x20_8000,
+        0x20_8001, 0x20_8003, 0x40_0000, 0x40_8000, 0x40_8001, 0x40_8002, 0x40_8003, 0x60_8001,
+        0x7F_7FFF, 0x7F_8000, 0x7F_8001, 0x7F_8008, 0x7F_FFFF,
+    ];
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut random = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u32 & 0x7F_FFFF
+    };
+    let mut sample = Vec::new();
+    for sign in [0, 0x8000_0000] {
+        for exponent in 0..=255u32 {
+            let mantissas = edges.into_iter().chain((0..2_000).map(|_| random()));
+            sample.extend(mantissas.map(|m| sign | exponent << 23 | m));
+        }
+    }
+    sample
+}
+
+#[test]
+fn bf16_narrowing_is_burn_flexs_cast_bit_for_bit_on_every_class() {
+    use crate::flex::bf16_bits::bf16_from_f32;
+    for bits in bf16_narrowing_sample() {
+        let x = f32::from_bits(bits);
+        let want = burn::tensor::bf16::from_f64(f64::from(x)).to_bits();
+        let got = bf16_from_f32(x).to_bits();
+        assert_eq!(
+            got, want,
+            "bf16 of {bits:#010x}: {got:#06x}, want {want:#06x}"
+        );
+    }
+}
+
+/// All 2³² f32 values (8 s in release on two cores):
+/// `cargo test --release -p ferrotron-parallel bf16_narrowing -- --ignored`.
+#[test]
+#[ignore = "2^32 values; run in release"]
+fn bf16_narrowing_is_burn_flexs_cast_bit_for_bit_on_every_f32() {
+    use crate::flex::bf16_bits::bf16_from_f32;
+    use rayon::prelude::*;
+    let wrong = (0..=u16::MAX)
+        .into_par_iter()
+        .map(|high| {
+            (0..=u16::MAX)
+                .filter(|&low| {
+                    let x = f32::from_bits(u32::from(high) << 16 | u32::from(low));
+                    bf16_from_f32(x).to_bits()
+                        != burn::tensor::bf16::from_f64(f64::from(x)).to_bits()
+                })
+                .count()
+        })
+        .sum::<usize>();
+    assert_eq!(wrong, 0, "f32 values narrowed to another bf16");
+}
+
+#[test]
+fn bf16_widening_is_half_s_bit_for_bit_on_every_bf16() {
+    use crate::flex::bf16_bits::bf16_to_f32;
+    for bits in 0..=u16::MAX {
+        let x = burn::tensor::bf16::from_bits(bits);
+        assert_eq!(
+            bf16_to_f32(x).to_bits(),
+            x.to_f32().to_bits(),
+            "{bits:#06x}"
+        );
+    }
+}
+
+/// A host buffer of one dtype, as the offloaded optimizer holds it.
+#[derive(Clone)]
+enum Buffer {
+    F32(Vec<f32>),
+    Bf16(Vec<burn::tensor::bf16>),
+    F16(Vec<burn::tensor::f16>),
+}
+
+impl Buffer {
+    fn of(t: FloatTensor<Flex>) -> Self {
+        let data = t.into_data();
+        match data.dtype {
+            DType::F32 => Buffer::F32(data.to_vec().expect("f32")),
+            DType::BF16 => Buffer::Bf16(data.to_vec().expect("bf16")),
+            DType::F16 => Buffer::F16(data.to_vec().expect("f16")),
+            dtype => unreachable!("{dtype:?}"),
+        }
+    }
+
+    fn bits(&self) -> Vec<u32> {
+        match self {
+            Buffer::F32(x) => x.iter().map(|x| x.to_bits()).collect(),
+            Buffer::Bf16(x) => x.iter().map(|x| x.to_bits().into()).collect(),
+            Buffer::F16(x) => x.iter().map(|x| x.to_bits().into()).collect(),
+        }
+    }
+
+    /// The same length of NaNs: what a buffer only written holds does not matter.
+    fn garbage(&self) -> Self {
+        match self {
+            Buffer::F32(x) => Buffer::F32(vec![f32::NAN; x.len()]),
+            Buffer::Bf16(x) => Buffer::Bf16(vec![burn::tensor::bf16::NAN; x.len()]),
+            Buffer::F16(x) => Buffer::F16(vec![burn::tensor::f16::NAN; x.len()]),
+        }
+    }
+
+    fn values(&self, range: std::ops::Range<usize>) -> crate::HostValues<'_> {
+        match self {
+            Buffer::F32(x) => crate::HostValues::F32(&x[range]),
+            Buffer::Bf16(x) => crate::HostValues::Bf16(&x[range]),
+            Buffer::F16(x) => crate::HostValues::F16(&x[range]),
+        }
+    }
+
+    fn moment(&mut self, range: std::ops::Range<usize>) -> crate::HostMoment<'_> {
+        match self {
+            Buffer::F32(x) => crate::HostMoment::F32(&mut x[range]),
+            Buffer::Bf16(x) => crate::HostMoment::Bf16(&mut x[range]),
+            Buffer::F16(_) => unreachable!("no f16 moments"),
+        }
+    }
+
+    fn rounded(&mut self, range: std::ops::Range<usize>) -> crate::HostRounded<'_> {
+        match self {
+            Buffer::Bf16(x) => crate::HostRounded::Bf16(&mut x[range]),
+            Buffer::F16(x) => crate::HostRounded::F16(&mut x[range]),
+            Buffer::F32(_) => unreachable!("no f32 copy"),
+        }
+    }
+}
+
+/// `values` with every 37th element one of the values whose bits are easiest to get wrong.
+fn with_specials(mut x: Vec<f32>) -> Vec<f32> {
+    let specials = [
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1e-40,
+        -3e-39,
+        f32::MIN_POSITIVE,
+        f32::MAX,
+        -1.7e38,
+        1e-20,
+    ];
+    for (i, x) in x.iter_mut().enumerate().step_by(37) {
+        *x = specials[(i / 37) % specials.len()];
+    }
+    x
+}
+
+/// The offloaded optimizer's update of slices (in two pieces cut off the chunk grid, each split
+/// into chunks on the pool), in place or from old values in other buffers, against the
+/// composed update: every output to the bit, for inputs full of zeros of both signs,
+/// subnormals, infinities and NaNs, with and without each factor, on any number of threads.
+#[test]
+fn host_adamw_on_slices_is_the_composed_update_bit_for_bit() {
+    let bf16 = DType::BF16;
+    let single = DType::F32;
+    for (grad_dtype, moment_dtypes, rounded, with_moments, decay, grad_scale, device_scale) in [
+        (
+            single,
+            crate::F32_MOMENTS,
+            Some(bf16),
+            true,
+            Some(0.999),
+            0.81,
+            None,
+        ),
+        (single, crate::F32_MOMENTS, None, true, None, 1.0, None),
+        (
+            single,
+            crate::F32_MOMENTS,
+            Some(bf16),
+            false,
+            None,
+            1.0,
+            Some(0.75f32),
+        ),
+        (
+            bf16,
+            [bf16, bf16],
+            Some(bf16),
+            true,
+            Some(0.999),
+            1.0,
+            Some(1.5),
+        ),
+        (
+            bf16,
+            [bf16, bf16],
+            Some(bf16),
+            false,
+            Some(0.999),
+            0.5,
+            None,
+        ),
+        (
+            DType::F16,
+            [bf16, single],
+            Some(DType::F16),
+            true,
+            None,
+            0.81,
+            None,
+        ),
+        (
+            single,
+            [single, bf16],
+            None,
+            true,
+            Some(0.99),
+            1.0,
+            Some(0.3),
+        ),
+    ] {
+        let step = AdamWStep {
+            rounded,
+            moment_dtypes,
+            ..adamw_step(decay, grad_scale)
+        };
+        let tensor = |x: Vec<f32>, dtype: DType| -> FloatTensor<Flex> {
+            Tensor::<Flex, 1>::from_data(TensorData::new(x, [PARAMS]), &Default::default())
+                .cast(dtype)
+                .into_primitive()
+                .tensor()
+        };
+        let value = with_specials(values(&[PARAMS], 0.1));
+        let grad = with_specials(values(&[PARAMS], 0.7).iter().map(|g| g * 0.3).collect());
+        let exp_avg = with_specials(values(&[PARAMS], 0.3).iter().map(|m| m * 0.05).collect());
+        let exp_avg_sq: Vec<f32> = values(&[PARAMS], 0.5).iter().map(|v| v * v * 0.1).collect();
+        let exp_avg_sq = with_specials(exp_avg_sq);
+        let moments = with_moments.then(|| {
+            (
+                tensor(exp_avg.clone(), moment_dtypes[0]),
+                tensor(exp_avg_sq.clone(), moment_dtypes[1]),
+            )
+        });
+        let scale = device_scale.map(|s| {
+            Tensor::<Flex, 1>::from_floats([s], &Default::default())
+                .into_primitive()
+                .tensor()
+        });
+        let composed = composed_adamw::<Flex>(
+            tensor(value.clone(), single),
+            tensor(grad.clone(), grad_dtype),
+            moments.clone(),
+            step,
+            scale,
+        );
+        let want: Vec<Vec<u32>> = [
+            Some(composed.value),
+            Some(composed.exp_avg),
+            Some(composed.exp_avg_sq),
+            composed.rounded,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|t| Buffer::of(t).bits())
+        .collect();
+
+        let grad = Buffer::of(tensor(grad, grad_dtype));
+        let [m, v] = moment_dtypes.map(|dtype| Buffer::of(tensor(vec![0.0; PARAMS], dtype)));
+        let (m, v) = match &moments {
+            Some((m, v)) => (Buffer::of(m.clone()), Buffer::of(v.clone())),
+            None => (m.garbage(), v.garbage()),
+        };
+        let copy = rounded.map(|dtype| Buffer::of(tensor(vec![0.0; PARAMS], dtype)).garbage());
+        let adamw = crate::HostAdamW::new(&step, device_scale, !with_moments);
+        for (threads, out_of_place) in [(1, false), (3, false), (3, true)] {
+            let got = on_threads(threads, || {
+                let (mut value_to, mut m_to, mut v_to) = if out_of_place {
+                    (vec![f32::NAN; PARAMS], m.garbage(), v.garbage())
+                } else {
+                    (value.clone(), m.clone(), v.clone())
+                };
+                let mut copy = copy.clone();
+                for range in [0..12_345, 12_345..PARAMS] {
+                    let old = crate::HostOldValues {
+                        master: Some(&value[range.clone()]),
+                        exp_avg: Some(m.values(range.clone())),
+                        exp_avg_sq: Some(v.values(range.clone())),
+                    };
+                    adamw.update(
+                        &mut value_to[range.clone()],
+                        m_to.moment(range.clone()),
+                        v_to.moment(range.clone()),
+                        grad.values(range.clone()),
+                        if out_of_place {
+                            old
+                        } else {
+                            Default::default()
+                        },
+                        copy.as_mut().map(|c| c.rounded(range.clone())),
+                    );
+                }
+                [Some(Buffer::F32(value_to)), Some(m_to), Some(v_to), copy]
+                    .into_iter()
+                    .flatten()
+                    .map(|b| b.bits())
+                    .collect::<Vec<_>>()
+            });
+            assert!(
+                got == want,
+                "slice AdamW on {threads} threads (out of place {out_of_place}) differs from \
+                 the composed update (grad {grad_dtype:?}, moments {moment_dtypes:?}, rounded \
+                 {rounded:?}, moments given {with_moments}, decay {decay:?}, grad scale \
+                 {grad_scale}, device scale {device_scale:?})"
+            );
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "the gradient has Some(9) elements, the master 10")]
+fn host_adamw_refuses_buffers_of_other_lengths() {
+    let step = adamw_step(None, 1.0);
+    let (mut p, mut m, mut v) = (vec![0.0; 10], vec![0.0; 10], vec![0.0; 10]);
+    crate::HostAdamW::new(&step, None, false).update(
+        &mut p,
+        crate::HostMoment::F32(&mut m),
+        crate::HostMoment::F32(&mut v),
+        crate::HostValues::F32(&[0.0; 9]),
+        Default::default(),
+        None,
+    );
+}

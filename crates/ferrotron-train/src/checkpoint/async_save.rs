@@ -13,9 +13,16 @@
 //! [`SaveInFlight::settle`]d: before the next save (at most one in flight, so at most one
 //! snapshot held in host memory), at the last step and at a stop. A kill at any moment leaves
 //! the last committed checkpoint, since only the rename commits.
+//!
+//! Values still on the device (the optimizer's masters and moments, `ShardValues::Device`) are
+//! read by the writer first, behind the next step's queued forward and backward, and the next
+//! update waits at the [`SnapshotGate`] until they are: so a save stops training only for what
+//! those copies take beyond the step's own work, and the state is updated in place as ever (a
+//! buffer the snapshot still held would make the device's AdamW write a new one beside it).
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -39,6 +46,47 @@ pub struct SaveInFlight {
     temp: PathBuf,
     target: PathBuf,
     writer: JoinHandle<Result<(), TrainError>>,
+    gate: SnapshotGate,
+}
+
+/// Opened once a save's writer has read every device value of its snapshot (or has stopped):
+/// the optimizer waits for it before it next writes its state.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotGate(Arc<(Mutex<bool>, Condvar)>);
+
+impl SnapshotGate {
+    fn open(&self) {
+        let (opened, changed) = &*self.0;
+        *opened
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = true;
+        changed.notify_all();
+    }
+
+    /// Blocks until the gate is open; returns how long that took.
+    pub fn wait(&self) -> Duration {
+        let start = Instant::now();
+        let (opened, changed) = &*self.0;
+        let mut open = opened
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while !*open {
+            open = changed
+                .wait(open)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        start.elapsed()
+    }
+}
+
+/// Opens its gate when dropped: a writer that fails or panics before reading everything must
+/// not hold the training thread.
+struct OpenOnDrop(SnapshotGate);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
 }
 
 /// Start saving a checkpoint at `info.state.iteration` with this rank's shards. Collective
@@ -66,15 +114,18 @@ pub fn start_sharded_save(
         finish: (rank == 0).then(|| FinishInfo::of(info)),
         timeout: info.recipe.parallel.distributed_timeout(),
     };
+    let gate = SnapshotGate::default();
+    let read = OpenOnDrop(gate.clone());
     let writer = std::thread::Builder::new()
         .name(format!("ferrotron-checkpoint-writer-{rank}"))
-        .spawn(move || job.run(shards))
+        .spawn(move || job.run(shards, read))
         .map_err(|e| TrainError::checkpoint(&temp, format!("cannot start its writer: {e}")))?;
     Ok(SaveInFlight {
         iteration: info.state.iteration,
         temp,
         target,
         writer,
+        gate,
     })
 }
 
@@ -82,6 +133,11 @@ impl SaveInFlight {
     /// The iteration being saved.
     pub fn iteration(&self) -> u64 {
         self.iteration
+    }
+
+    /// Opens once the writer has read the snapshot's device values.
+    pub fn gate(&self) -> SnapshotGate {
+        self.gate.clone()
     }
 
     /// Wait for this rank's writer, then agree with every rank that all succeeded
@@ -117,8 +173,13 @@ struct WriterJob {
 impl WriterJob {
     fn run(
         self,
-        (model, optimizer): (Vec<ShardTensor>, Vec<ShardTensor>),
+        (mut model, mut optimizer): (Vec<ShardTensor>, Vec<ShardTensor>),
+        read: OpenOnDrop,
     ) -> Result<(), TrainError> {
+        for shard in model.iter_mut().chain(&mut optimizer) {
+            shard.values.read_device();
+        }
+        drop(read);
         let written = write_rank_files(&self.temp, self.rank, self.world, &model, &optimizer);
         // the snapshot's host memory goes back before rank 0 waits for the others
         drop((model, optimizer));
@@ -183,4 +244,36 @@ impl WriterJob {
 
 fn marker_path(temp: &Path, rank: u32) -> PathBuf {
     temp.join(format!("{MARKER_PREFIX}{rank}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{OpenOnDrop, SnapshotGate};
+
+    #[test]
+    fn the_gate_holds_the_optimizer_until_the_writer_has_read_the_snapshot() {
+        let gate = SnapshotGate::default();
+        let read = OpenOnDrop(gate.clone());
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(read);
+        });
+        assert!(gate.wait() >= Duration::from_millis(40));
+        writer.join().unwrap();
+        gate.wait(); // an open gate stays open
+    }
+
+    #[test]
+    fn a_writer_that_panics_before_reading_everything_opens_the_gate() {
+        let gate = SnapshotGate::default();
+        let read = OpenOnDrop(gate.clone());
+        let writer = std::thread::spawn(move || {
+            let _read = read;
+            panic!("the device read failed");
+        });
+        assert!(writer.join().is_err());
+        gate.wait();
+    }
 }

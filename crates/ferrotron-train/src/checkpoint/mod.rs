@@ -19,7 +19,7 @@ mod store;
 mod tensors;
 mod vocab;
 
-pub use async_save::{SaveInFlight, start_sharded_save};
+pub use async_save::{SaveInFlight, SnapshotGate, start_sharded_save};
 pub use load::{ShardedCheckpoint, file_hash};
 pub use manifest::{
     CHECKPOINT_FORMAT_VERSION, CheckpointLayout, MANIFEST_FILE, MODEL_FILE, Manifest,
@@ -31,7 +31,7 @@ pub use modules::{adamw_shards, is_primary_replica, model_shards, moment_spec};
 pub use save::{CheckpointInfo, save_sharded, shard_file_name, world_size};
 pub use store::{COMMIT_MARKER, CheckpointStore, CommittedCheckpoint, is_committed};
 pub use tensors::{
-    SHARDS_METADATA_KEY, ShardTensor, ShardValues, read_safetensors, read_shard_specs,
+    DeviceShard, SHARDS_METADATA_KEY, ShardTensor, ShardValues, read_safetensors, read_shard_specs,
     write_safetensors, write_shard_file,
 };
 

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use std::io::Read;
 
@@ -28,10 +29,13 @@ pub struct ShardTensor {
     pub values: ShardValues,
 }
 
-/// A shard's values: read already, or a range of a host buffer the optimizer shares with the
-/// save (an offloaded group's master or moment, `crate::offload`), read when its file is written.
-/// So the snapshot of an offloaded optimizer copies nothing on the training thread; the next
-/// update, finding the buffer shared, writes its results into a new one (burn-flex's AdamW).
+/// A shard's values: read already, a range of a host buffer the optimizer shares with the save
+/// (an offloaded group's master or moment, `crate::offload`), or a range of a device buffer. The
+/// last two are read when the values are needed: by an asynchronous save's writer thread, so
+/// the snapshot copies nothing on the training thread. The next update, finding a host buffer
+/// shared, writes its results into a new one (burn-flex's AdamW); a device buffer it waits for
+/// ([`super::SnapshotGate`]): the writer reads those first, while the next step's forward and
+/// backward run, so the state is updated in place as ever.
 #[derive(Debug, Clone)]
 pub enum ShardValues {
     Read(Vec<f32>),
@@ -39,6 +43,17 @@ pub enum ShardValues {
         buffer: Tensor<Flex, 1>,
         range: std::ops::Range<usize>,
     },
+    Device(Arc<dyn DeviceShard>),
+}
+
+/// Values in a device buffer, read as f32 when asked (behind the device's queued work).
+pub trait DeviceShard: std::fmt::Debug + Send + Sync {
+    fn len(&self) -> usize;
+    fn read(&self) -> Vec<f32>;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl ShardValues {
@@ -46,6 +61,7 @@ impl ShardValues {
         match self {
             ShardValues::Read(values) => values.len(),
             ShardValues::Host { range, .. } => range.len(),
+            ShardValues::Device(values) => values.len(),
         }
     }
 
@@ -53,7 +69,7 @@ impl ShardValues {
         self.len() == 0
     }
 
-    /// The values as f32 (a host range is read now).
+    /// The values as f32 (a host or device range is read now).
     pub fn to_vec(&self) -> Vec<f32> {
         match self {
             ShardValues::Read(values) => values.clone(),
@@ -64,6 +80,14 @@ impl ShardValues {
                 .convert::<f32>()
                 .to_vec()
                 .expect("a buffer converted to f32 reads back as f32"),
+            ShardValues::Device(values) => values.read(),
+        }
+    }
+
+    /// Device values read into host memory, letting go of the device buffer.
+    pub(crate) fn read_device(&mut self) {
+        if let ShardValues::Device(values) = self {
+            *self = ShardValues::Read(values.read());
         }
     }
 }

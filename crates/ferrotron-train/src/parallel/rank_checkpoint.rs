@@ -32,11 +32,10 @@ where
         let mut moments = Vec::new();
         let chunks = self.chunks.iter().zip(&self.roles);
         for ((chunk, roles), optimizer) in chunks.zip(self.optimizer.per_chunk()) {
-            let snapshot = optimizer.on_host();
             params.extend(trained_shards::<B, _, _>(
-                chunk, roles, &snapshot, &self.ctx,
+                chunk, roles, optimizer, &self.ctx,
             )?);
-            moments.extend(adamw_shards(&snapshot, roles, &self.ctx)?);
+            moments.extend(adamw_shards(optimizer, roles, &self.ctx)?);
         }
         moments.extend(crate::fp8::checkpoint_shards(&self.chunks, &self.ctx));
         // a split into one piece is the whole dimension: what a rank alone writes are whole
@@ -46,6 +45,9 @@ where
         }
         if info.recipe.checkpoint.async_save {
             let save = start_sharded_save(store, &self.ctx, info, (params, moments))?;
+            for optimizer in self.optimizer.per_chunk_mut() {
+                optimizer.hold_until(save.gate());
+            }
             self.save_in_flight = Some(save);
             return Ok(None);
         }
