@@ -5,35 +5,8 @@
 //! `auto` search (where everything is fixed). [`OpenLayout`] is the one shape both use, so there
 //! is exactly one implementation of every rule.
 
+pub use ferrotron_recipe::Degrees;
 use ferrotron_recipe::{Cluster, Recipe};
-use serde::{Deserialize, Serialize};
-
-/// The resolved parallel degrees of a plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Degrees {
-    /// Tensor parallel.
-    pub tp: u32,
-    /// Pipeline parallel.
-    pub pp: u32,
-    /// Virtual pipeline stages (model chunks) per pipeline rank.
-    pub vpp: u32,
-    /// Context parallel.
-    pub cp: u32,
-    /// Expert parallel.
-    pub ep: u32,
-    /// Expert tensor parallel.
-    pub etp: u32,
-    /// Data parallel (dense part): world / (tp·pp·cp).
-    pub dp: u32,
-    /// Expert data parallel: world / (etp·ep·pp).
-    pub edp: u32,
-}
-
-impl Degrees {
-    pub fn world_size(&self) -> u32 {
-        self.tp * self.pp * self.cp * self.dp
-    }
-}
 
 /// A fully fixed layout: degrees and micro batch size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -28,7 +28,7 @@ mod version;
 mod yaml;
 
 pub use bounds::*;
-pub use degree::Degree;
+pub use degree::{Degree, Degrees};
 pub use diagnostic::{Location, Problem, RecipeErrors};
 pub use finding::{Finding, Severity};
 pub use formats::{

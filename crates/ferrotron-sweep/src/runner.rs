@@ -14,9 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use ferrotron_plan::Plan;
-use ferrotron_telemetry::{
-    ParallelDegrees, PlanRecord, RunDetails, RunManifest, RunStatus, WorldLayout,
-};
+use ferrotron_telemetry::{PlanRecord, RunDetails, RunManifest, RunStatus, WorldLayout};
 
 use crate::SweepError;
 use crate::resolve::{Member, ValidMember, member_recipe};
@@ -216,21 +214,11 @@ pub(crate) fn already_finished(dir: &Path, recipe_path: &Path, recipe_text: &str
 /// What a run manifest records of `plan`: the one place a plan becomes the telemetry crate's
 /// plain description (this crate knows both; `recipe run` writes its manifest through it too).
 pub fn plan_record(plan: &Plan) -> Result<PlanRecord, SweepError> {
-    let d = &plan.degrees;
     Ok(PlanRecord {
         plan_hash: plan.plan_hash.clone(),
         world: WorldLayout {
             world_size: plan.world_size,
-            degrees: ParallelDegrees {
-                tp: d.tp,
-                pp: d.pp,
-                vpp: d.vpp,
-                cp: d.cp,
-                ep: d.ep,
-                etp: d.etp,
-                dp: d.dp,
-                edp: d.edp,
-            },
+            degrees: plan.degrees,
             cluster: plan.cluster.clone(),
         },
         gpu: plan.hardware.gpu,

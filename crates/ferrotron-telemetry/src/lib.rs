@@ -19,8 +19,8 @@ mod tracing_setup;
 pub use error::TelemetryError;
 pub use jsonl::JsonlWriter;
 pub use manifest::{
-    MANIFEST_FILE, MANIFEST_VERSION, ParallelDegrees, PlanRecord, ProgramInfo, RunDetails,
-    RunManifest, RunStatus, WorldLayout,
+    MANIFEST_FILE, MANIFEST_VERSION, PlanRecord, ProgramInfo, RunDetails, RunManifest, RunStatus,
+    WorldLayout,
 };
 pub use memory::{MemoryProbe, process_memory_bytes};
 pub use metrics::{IterationCounts, Metrics, StepMetrics};

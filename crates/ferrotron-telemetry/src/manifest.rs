@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferrotron_recipe::{Cluster, GpuKind, canonical_hash};
+use ferrotron_recipe::{Cluster, Degrees, GpuKind, canonical_hash};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -79,30 +79,9 @@ pub struct PlanRecord {
 pub struct WorldLayout {
     pub world_size: u32,
     /// The plan's resolved degrees.
-    pub degrees: ParallelDegrees,
+    pub degrees: Degrees,
     /// Nodes, GPUs per node and GPU kind of the plan.
     pub cluster: Cluster,
-}
-
-/// The resolved parallel degrees of a plan, in the planner's order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ParallelDegrees {
-    /// Tensor parallel.
-    pub tp: u32,
-    /// Pipeline parallel.
-    pub pp: u32,
-    /// Virtual pipeline stages per pipeline rank.
-    pub vpp: u32,
-    /// Context parallel.
-    pub cp: u32,
-    /// Expert parallel.
-    pub ep: u32,
-    /// Expert tensor parallel.
-    pub etp: u32,
-    /// Data parallel (dense part).
-    pub dp: u32,
-    /// Expert data parallel.
-    pub edp: u32,
 }
 
 /// What the caller knows that the recipe and plan do not say.
@@ -315,15 +294,10 @@ mod tests {
     use serde_json::json;
 
     fn plan() -> PlanRecord {
-        let degrees = ParallelDegrees {
+        let degrees = Degrees {
             tp: 2,
-            pp: 1,
-            vpp: 1,
-            cp: 1,
-            ep: 1,
             etp: 2,
-            dp: 1,
-            edp: 1,
+            ..Degrees::ONE
         };
         let cluster = Cluster {
             nodes: 1,

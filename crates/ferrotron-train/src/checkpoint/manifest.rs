@@ -8,7 +8,8 @@ use std::path::Path;
 use ferrotron_parallel::ShardSpec;
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{
-    Activation, LayerFreq, Mla, Model, Normalization, PositionEmbedding, RopeScaling, Tokenizer,
+    Activation, Degrees, LayerFreq, Mla, Model, Normalization, PositionEmbedding, RopeScaling,
+    Tokenizer,
 };
 use serde::{Deserialize, Serialize};
 
@@ -55,14 +56,8 @@ pub struct Manifest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointLayout {
     pub world_size: u32,
-    pub tp: u32,
-    pub pp: u32,
-    pub vpp: u32,
-    pub cp: u32,
-    pub ep: u32,
-    pub etp: u32,
-    pub dp: u32,
-    pub edp: u32,
+    #[serde(flatten)]
+    pub degrees: Degrees,
     pub sequence_parallel: bool,
     pub distributed_optimizer: bool,
 }
@@ -71,14 +66,7 @@ impl Default for CheckpointLayout {
     fn default() -> Self {
         CheckpointLayout {
             world_size: 1,
-            tp: 1,
-            pp: 1,
-            vpp: 1,
-            cp: 1,
-            ep: 1,
-            etp: 1,
-            dp: 1,
-            edp: 1,
+            degrees: Degrees::ONE,
             sequence_parallel: false,
             distributed_optimizer: false,
         }
@@ -87,17 +75,9 @@ impl Default for CheckpointLayout {
 
 impl CheckpointLayout {
     pub fn of(plan: &Plan) -> Self {
-        let d = &plan.degrees;
         CheckpointLayout {
             world_size: plan.world_size,
-            tp: d.tp,
-            pp: d.pp,
-            vpp: d.vpp,
-            cp: d.cp,
-            ep: d.ep,
-            etp: d.etp,
-            dp: d.dp,
-            edp: d.edp,
+            degrees: plan.degrees,
             sequence_parallel: plan.recipe.parallel.sequence_parallel,
             distributed_optimizer: plan.recipe.parallel.distributed_optimizer,
         }
