@@ -32,10 +32,10 @@ use crate::offload::{self, Held};
 /// its kernels by pointer alignment). The gaps hold zeros in every buffer.
 const ALIGN: usize = 64;
 
-/// An offloaded group is closed once it holds this many elements (256 MiB of fp32), so that
-/// its update's host copies (the gradient down, the new 16-bit values up) stay small beside the
-/// state: an 8B model's whole gradient in host memory at once would not fit beside its
-/// masters and moments on a 128 GiB machine.
+/// An offloaded group is closed once it holds this many elements (256 MiB of fp32): its host
+/// buffers are a few hundred MiB each rather than one of tens of GB per kind, so the new buffers
+/// an update writes while a save in flight holds the old ones (`offload::Writable`), and the old
+/// ones once the writer lets them go, move through the allocator in pieces it can reuse.
 const HOST_GROUP_LEN: usize = 1 << 26;
 
 /// Where one parameter lives: its group and its range there.

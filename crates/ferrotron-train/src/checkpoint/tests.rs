@@ -144,7 +144,10 @@ fn a_world_saves_one_folder_with_one_copy_of_each_shard() {
     let manifest = Manifest::read(&folder).expect("manifest");
     assert_eq!(manifest.iteration, 5);
     assert_eq!(manifest.layout.world_size, 4);
-    assert_eq!((manifest.layout.degrees.tp, manifest.layout.degrees.dp), (2, 2));
+    assert_eq!(
+        (manifest.layout.degrees.tp, manifest.layout.degrees.dp),
+        (2, 2)
+    );
     // dp rank 0 of each replica set writes: ranks 0 and 1 (tp 0 and 1); the bias only on tp 0.
     let files: Vec<(&str, u32, usize)> = manifest
         .shards
