@@ -31,8 +31,7 @@ pub use results::{
     result_rows, write_results,
 };
 pub use runner::{
-    LOG_FILE, MemberStatus, RECIPE_FILE, RunnerOptions, member_dir, plan_record, recipe_yaml,
-    run_members,
+    LOG_FILE, MemberStatus, RECIPE_FILE, RunnerOptions, member_dir, recipe_yaml, run_members,
 };
 pub use spec::{Axis, SEED_KEY, SweepSpec};
 pub use submit::{ArraySubmission, prepare_array};

@@ -13,8 +13,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use ferrotron_plan::Plan;
-use ferrotron_telemetry::{PlanRecord, RunDetails, RunManifest, RunStatus, WorldLayout};
+use ferrotron_telemetry::{PlanRecord, RunDetails, RunManifest, RunStatus};
 
 use crate::SweepError;
 use crate::resolve::{Member, ValidMember, member_recipe};
@@ -141,7 +140,7 @@ fn run_member(
         // the member's own `recipe run` records its environment in its manifest
         environment: Vec::new(),
     };
-    let manifest = RunManifest::start(&dir, &recipe_json, plan_record(&valid.plan)?, details)?;
+    let manifest = RunManifest::start(&dir, &recipe_json, PlanRecord::of(&valid.plan)?, details)?;
 
     let log_path = dir.join(LOG_FILE);
     let log = fs::File::create(&log_path).map_err(|source| SweepError::Write {
@@ -209,21 +208,6 @@ pub fn recipe_yaml(member: &Member, valid: &ValidMember, dir: &Path) -> Result<S
 pub(crate) fn already_finished(dir: &Path, recipe_path: &Path, recipe_text: &str) -> bool {
     let same_recipe = fs::read_to_string(recipe_path).is_ok_and(|text| text == recipe_text);
     same_recipe && RunManifest::read(dir).is_ok_and(|m| m.succeeded())
-}
-
-/// What a run manifest records of `plan`: the one place a plan becomes the telemetry crate's
-/// plain description (this crate knows both; `recipe run` writes its manifest through it too).
-pub fn plan_record(plan: &Plan) -> Result<PlanRecord, SweepError> {
-    Ok(PlanRecord {
-        plan_hash: plan.plan_hash.clone(),
-        world: WorldLayout {
-            world_size: plan.world_size,
-            degrees: plan.degrees,
-            cluster: plan.cluster.clone(),
-        },
-        gpu: plan.hardware.gpu,
-        plan: to_json("the plan", plan)?,
-    })
 }
 
 fn to_json(what: &str, value: &impl serde::Serialize) -> Result<serde_json::Value, SweepError> {

@@ -165,7 +165,7 @@ mod tests {
             .iter()
             .find_map(|m| m.resolution.as_ref().ok())
             .expect("a valid member");
-        let record = crate::plan_record(&valid.plan).expect("the plan record");
+        let record = ferrotron_telemetry::PlanRecord::of(&valid.plan).expect("the plan record");
         ferrotron_telemetry::RunManifest::start(&first, &serde_json::json!({}), record, details)
             .and_then(|mut m| m.finish(ferrotron_telemetry::RunStatus::Finished, 0))
             .expect("a finished manifest");

@@ -12,6 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use ferrotron_plan::Plan;
 use ferrotron_recipe::{Cluster, Degrees, GpuKind, canonical_hash};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -60,9 +61,9 @@ pub struct ProgramInfo {
     pub git_commit: String,
 }
 
-/// What the manifest records of the plan: a plain description the caller builds from it at the
-/// edge (telemetry does not know the planner), so a field the planner renames is a compile error
-/// there rather than a silent `null` here.
+/// What the manifest records of the plan: the fields it reads named here ([`PlanRecord::of`]),
+/// so a field the planner renames is a compile error rather than a silent `null`, and the whole
+/// plan beside them as it is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanRecord {
     /// The plan's own `plan_hash`.
@@ -72,6 +73,21 @@ pub struct PlanRecord {
     pub gpu: GpuKind,
     /// The whole plan, stored as it is and never read back by telemetry.
     pub plan: Value,
+}
+
+impl PlanRecord {
+    pub fn of(plan: &Plan) -> Result<Self, TelemetryError> {
+        Ok(PlanRecord {
+            plan_hash: plan.plan_hash.clone(),
+            world: WorldLayout {
+                world_size: plan.world_size,
+                degrees: plan.degrees,
+                cluster: plan.cluster.clone(),
+            },
+            gpu: plan.hardware.gpu,
+            plan: serde_json::to_value(plan)?,
+        })
+    }
 }
 
 /// The layout the run was planned for.

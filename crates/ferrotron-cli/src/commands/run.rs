@@ -170,7 +170,7 @@ fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> 
             RunManifest::start(
                 &run_dir,
                 &serde_json::to_value(&plan.recipe)?,
-                ferrotron_sweep::plan_record(&plan)?,
+                ferrotron_telemetry::PlanRecord::of(&plan)?,
                 RunDetails {
                     seed: plan.recipe.training.seed,
                     data_cache_keys: None,
