@@ -242,16 +242,7 @@ mod tests {
             gpu,
         };
         let layout = Layout {
-            degrees: Degrees {
-                tp: 1,
-                pp: 1,
-                vpp: 1,
-                cp: 1,
-                ep: 1,
-                etp: 1,
-                dp: 1,
-                edp: 1,
-            },
+            degrees: Degrees::ONE,
             micro_batch_size: micro_batch,
         };
         memory(&setup(recipe, &cluster, layout, params, 50304, false))
