@@ -29,6 +29,7 @@ mod fused_qkv;
 mod fused_rope;
 mod fused_swiglu;
 mod fused_window;
+mod host_pass;
 mod nccl;
 mod nccl_faults;
 mod timing;
@@ -375,7 +376,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|upload|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|upload|host_pass|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
                      linear overrides against their composed versions, the fp8 kernels and linear\n\
                      (Hopper), then the NCCL communicator\n\
@@ -436,6 +437,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "upload" {
         rows.extend(uploads::rows(&device));
+    }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "host_pass" {
+        rows.extend(host_pass::rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fp8" {
         rows.extend(fp8::rows(&device));
