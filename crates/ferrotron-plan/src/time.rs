@@ -5,7 +5,7 @@
 //! It is a roofline-style model meant to rank layouts and to set expectations, not a
 //! simulator; every term is returned so a user can see which assumption dominates.
 
-use ferrotron_recipe::{Fp8, RecomputeGranularity};
+use ferrotron_recipe::{Fp8, RecomputeGranularity, RecomputeMethod};
 use serde::{Deserialize, Serialize};
 
 use crate::flops::{
@@ -114,9 +114,9 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
             + dense_layers * dense_mlp_per_layer_token(model)
             + moe_layers * moe_mlp_per_layer_token(model))
         / tp;
-    if recompute == RecomputeGranularity::Full {
-        gemm *= 4.0 / 3.0;
-    }
+    // A recomputed layer runs its forward twice: 4/3 of its GEMMs.
+    let recomputed = recomputed_share(setup, stage);
+    gemm *= 1.0 + recomputed / 3.0;
     if stage.has_output_layer {
         gemm += tokens * logits_per_token(model, setup.padded_vocab) / tp;
     }
@@ -127,18 +127,16 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
         * core_attention_per_layer_token(model, f64::from(model.seq_length))
         * window_share(model)
         / tp;
-    if recompute != RecomputeGranularity::None {
+    // Selective recomputation recomputes every layer's core attention.
+    if recompute == RecomputeGranularity::Selective {
         attention *= 4.0 / 3.0;
+    } else {
+        attention *= 1.0 + recomputed / 3.0;
     }
     // The fp8 layers' projections (and dense MLPs) at the fp8 rate, the rest at bf16's.
     let fp8 = crate::fp8::fp8_layers(setup.recipe, stage);
     let fp8_gemm = if spec.supports_fp8() {
-        let factor = if recompute == RecomputeGranularity::Full {
-            4.0 / 3.0
-        } else {
-            1.0
-        };
-        factor
+        (1.0 + recomputed / 3.0)
             * tokens
             * (fp8.all * attention_projections_per_layer_token(model)
                 + fp8.dense * dense_mlp_per_layer_token(model))
@@ -437,6 +435,24 @@ pub(crate) fn predict(
     }
 }
 
+/// The share of `stage`'s layers whose whole forward is recomputed in the backward: every one
+/// under full recomputation's `uniform` method, the first `num_layers` of each model chunk under
+/// `block` (Megatron's `--recompute-method block`), none otherwise.
+fn recomputed_share(setup: &Setup<'_>, stage: &StageInfo) -> f64 {
+    let recompute = &setup.recipe.recompute;
+    if recompute.granularity != RecomputeGranularity::Full || stage.num_layers == 0 {
+        return 0.0;
+    }
+    match (recompute.method, recompute.num_layers) {
+        (Some(RecomputeMethod::Block), Some(n)) => {
+            let vpp = f64::from(setup.layout.degrees.vpp);
+            let layers = f64::from(stage.num_layers);
+            (f64::from(n).min(layers / vpp) * vpp / layers).min(1.0)
+        }
+        _ => 1.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use ferrotron_recipe::{Cluster, GpuKind};
@@ -519,5 +535,49 @@ mod tests {
             across.breakdown.tensor_parallel_comm > 5.0 * within.breakdown.tensor_parallel_comm
         );
         assert!(across.step_seconds > within.step_seconds);
+    }
+
+    #[test]
+    fn block_recomputation_costs_its_share_of_full_recomputation() {
+        let compute = |granularity, method, num_layers| {
+            let mut recipe = llama3_8b();
+            recipe.recompute = ferrotron_recipe::Recompute {
+                granularity,
+                method,
+                num_layers,
+            };
+            let params = parameter_count(&recipe.model, 128256);
+            let cluster = Cluster {
+                nodes: 1,
+                gpus_per_node: 8,
+                gpu: GpuKind::H100,
+            };
+            let layout = Layout {
+                degrees: Degrees {
+                    dp: 8,
+                    edp: 8,
+                    ..Degrees::ONE
+                },
+                micro_batch_size: 1,
+            };
+            let s = setup(&recipe, &cluster, layout, params, 128256, true);
+            let flops = crate::flops::flops_per_iteration(&recipe, 128256, 128);
+            predict(&s, flops, &stage_local_parameters(&s))
+                .breakdown
+                .compute
+        };
+        use RecomputeGranularity::{Full, None};
+        let none = compute(None, Option::None, Option::None);
+        let full = compute(Full, Some(RecomputeMethod::Uniform), Some(1));
+        // Llama 3 8B has 32 layers: a block of 8 recomputes a quarter of them.
+        let block = compute(Full, Some(RecomputeMethod::Block), Some(8));
+        assert!(full > none);
+        assert!(
+            (block - (none + (full - none) / 4.0)).abs() < 1e-9 * full,
+            "{block}"
+        );
+        // a block as long as the stage is full recomputation
+        let all = compute(Full, Some(RecomputeMethod::Block), Some(32));
+        assert!((all - full).abs() < 1e-12 * full);
     }
 }
