@@ -902,4 +902,71 @@ mod tests {
             .expect_err("weight and gain were not in the first microbatch");
         assert!(err.to_string().contains("2 parameters"), "{err}");
     }
+
+    /// Where a group's buffer's bytes are: the same address after a step is an update in place.
+    fn address(held: &Held<Cpu>) -> usize {
+        match held {
+            Held::Device(x) => {
+                let x: burn::backend::flex::FlexTensor = x.clone().into_primitive().tensor();
+                x.bytes().as_ptr() as usize
+            }
+            Held::Host(_) => unreachable!("nothing is offloaded here"),
+        }
+    }
+
+    /// An asynchronous save's shards are ranges of the state's buffers; the next update waits
+    /// at the save's gate until the writer has read them and let them go, then writes the state
+    /// in place (without the gate it would find them shared and write new buffers beside them).
+    #[test]
+    fn an_update_after_a_snapshot_waits_for_its_reads_and_writes_in_place() {
+        let mut model = mixed();
+        let mut opt = optimizer(&model);
+        model = flat(model, &mut opt, 1, Sum::Summed).0;
+        let entries = param_entries::<Ad, _>(&model);
+        let mut shards: Vec<ShardValues> = opt
+            .state_values(&entries)
+            .into_iter()
+            .map(|(_, _, values)| values)
+            .collect();
+        assert!(
+            shards.iter().all(|v| matches!(v, ShardValues::Device(_))),
+            "the snapshot reads nothing yet"
+        );
+        let before: Vec<usize> = opt
+            .flat_state()
+            .expect("flat")
+            .moments
+            .iter()
+            .flatten()
+            .flat_map(|(m, v)| [address(m), address(v)])
+            .collect();
+        let expected: Vec<Vec<f32>> = shards.iter().map(ShardValues::to_vec).collect();
+        let gate = crate::checkpoint::SnapshotGate::default();
+        opt.hold_until(gate.clone());
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            for shard in &mut shards {
+                shard.read_device();
+            }
+            let read: Vec<Vec<f32>> = shards.iter().map(ShardValues::to_vec).collect();
+            drop(shards);
+            gate.open();
+            read
+        });
+        let _ = flat(model, &mut opt, 1, Sum::Summed);
+        assert_eq!(
+            writer.join().unwrap(),
+            expected,
+            "the writer read the saved step's state"
+        );
+        let after: Vec<usize> = opt
+            .flat_state()
+            .expect("flat")
+            .moments
+            .iter()
+            .flatten()
+            .flat_map(|(m, v)| [address(m), address(v)])
+            .collect();
+        assert_eq!(before, after, "the moments were updated in place");
+    }
 }

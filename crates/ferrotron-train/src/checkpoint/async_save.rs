@@ -55,7 +55,7 @@ pub struct SaveInFlight {
 pub struct SnapshotGate(Arc<(Mutex<bool>, Condvar)>);
 
 impl SnapshotGate {
-    fn open(&self) {
+    pub(crate) fn open(&self) {
         let (opened, changed) = &*self.0;
         *opened
             .lock()
