@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use burn::tensor::{DType as BurnDType, TensorData, bf16, f16};
-use ferrotron_cuda::{Cuda, CudaDevice, CudaTensor, DType, GpuDevice, matmul};
+use ferrotron_cuda::{Cuda, CudaDevice, CudaTensor, DType, GpuDevice};
 use ferrotron_parallel::{FusedOps, HostPiece, HostValues, HostValuesMut};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -118,14 +118,8 @@ fn host_pass(ordinal: usize) -> Result<(TensorData, TensorData, f64), String> {
             })
         })
         .collect();
-    // A queue of kernels the first copies down wait behind: 40 chained 8192² bf16 matmuls.
-    let n = 8192;
-    let square = CudaTensor::from_bytes(&engine, &vec![0u8; n * n * 2], &[n, n], DType::BF16)
-        .map_err(err)?;
-    let mut queued = square.clone();
-    for _ in 0..40 {
-        queued = matmul(&queued, &square).map_err(err)?;
-    }
+    // the first copies down wait behind queued kernels
+    let queued = crate::uploads::busy_queue(&engine)?;
     let tensors = inputs
         .iter()
         .map(|(values, dtype, out)| Ok((upload(values, *dtype)?, *out)))

@@ -4,6 +4,8 @@
 //! queued; then every tensor is read back and compared with its source byte for byte. A buffer
 //! overwritten before its copy ran would show as another upload's bytes.
 
+use std::sync::Arc;
+
 use burn::tensor::TensorData;
 use ferrotron_cuda::{CudaDevice, CudaTensor, DType, GpuDevice, matmul};
 use rand::rngs::StdRng;
@@ -35,18 +37,25 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     }]
 }
 
-/// Every upload's bytes as read back, and as sent.
-fn uploads(ordinal: usize) -> Result<(TensorData, TensorData), String> {
+/// A queue of kernels for copies to wait behind: 40 chained 8192² bf16 matmuls (~1.5 ms each,
+/// ~50 ms in all); the result, to drop once the copies are queued.
+pub(crate) fn busy_queue(engine: &Arc<CudaDevice>) -> Result<CudaTensor, String> {
     let err = |e: ferrotron_cuda::CudaError| e.to_string();
-    let engine = CudaDevice::get(ordinal).map_err(err)?;
-    // A queue of kernels the copies wait behind: 40 chained 8192² bf16 matmuls (~1.5 ms each).
     let n = 8192;
-    let square = CudaTensor::from_bytes(&engine, &vec![0u8; n * n * 2], &[n, n], DType::BF16)
-        .map_err(err)?;
+    let square =
+        CudaTensor::from_bytes(engine, &vec![0u8; n * n * 2], &[n, n], DType::BF16).map_err(err)?;
     let mut queued = square.clone();
     for _ in 0..40 {
         queued = matmul(&queued, &square).map_err(err)?;
     }
+    Ok(queued)
+}
+
+/// Every upload's bytes as read back, and as sent.
+fn uploads(ordinal: usize) -> Result<(TensorData, TensorData), String> {
+    let err = |e: ferrotron_cuda::CudaError| e.to_string();
+    let engine = CudaDevice::get(ordinal).map_err(err)?;
+    let queued = busy_queue(&engine)?;
     let mut rng = StdRng::seed_from_u64(7);
     let mut sent = Vec::new();
     let mut tensors = Vec::new();

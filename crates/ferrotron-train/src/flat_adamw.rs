@@ -903,15 +903,22 @@ mod tests {
         assert!(err.to_string().contains("2 parameters"), "{err}");
     }
 
-    /// Where a group's buffer's bytes are: the same address after a step is an update in place.
-    fn address(held: &Held<Cpu>) -> usize {
-        match held {
+    /// Where the flat state's moment buffers' bytes are: the same addresses after a step are
+    /// an update in place.
+    fn moment_addresses(optimizer: &AdamW<Cpu>) -> Vec<usize> {
+        let address = |held: &Held<Cpu>| match held {
             Held::Device(x) => {
                 let x: burn::backend::flex::FlexTensor = x.clone().into_primitive().tensor();
                 x.bytes().as_ptr() as usize
             }
             Held::Host(_) => unreachable!("nothing is offloaded here"),
-        }
+        };
+        let flat = optimizer.flat_state().expect("a flat state");
+        flat.moments
+            .iter()
+            .flatten()
+            .flat_map(|(m, v)| [address(m), address(v)])
+            .collect()
     }
 
     /// An asynchronous save's shards are ranges of the state's buffers; the next update waits
@@ -932,14 +939,7 @@ mod tests {
             shards.iter().all(|v| matches!(v, ShardValues::Device(_))),
             "the snapshot reads nothing yet"
         );
-        let before: Vec<usize> = opt
-            .flat_state()
-            .expect("flat")
-            .moments
-            .iter()
-            .flatten()
-            .flat_map(|(m, v)| [address(m), address(v)])
-            .collect();
+        let before = moment_addresses(&opt);
         let expected: Vec<Vec<f32>> = shards.iter().map(ShardValues::to_vec).collect();
         let gate = crate::checkpoint::SnapshotGate::default();
         opt.hold_until(gate.clone());
@@ -959,14 +959,10 @@ mod tests {
             expected,
             "the writer read the saved step's state"
         );
-        let after: Vec<usize> = opt
-            .flat_state()
-            .expect("flat")
-            .moments
-            .iter()
-            .flatten()
-            .flat_map(|(m, v)| [address(m), address(v)])
-            .collect();
-        assert_eq!(before, after, "the moments were updated in place");
+        assert_eq!(
+            before,
+            moment_addresses(&opt),
+            "the moments were updated in place"
+        );
     }
 }
