@@ -5,7 +5,7 @@
 //! the flat state keeps those buffers in host memory and its update runs on the CPU cores: the
 //! step's gradients stream down piece by piece, each piece is updated as it arrives, and its new
 //! 16-bit weights stream back up (`FusedOps::host_pass`). The host buffers are burn-flex tensors
-//! and the update is burn-flex's AdamW kernel (chunks in parallel, the composed update's
+//! and the update is `HostAdamW` (chunks in parallel, the composed update's
 //! arithmetic to the bit), so on the CPU an offloaded run gives the numbers of one that is not,
 //! and on a GPU it agrees with the device's AdamW to float rounding.
 //!
@@ -164,7 +164,7 @@ pub(crate) struct HostUpdate<I: Backend> {
 }
 
 /// The offloaded groups' AdamW updates in one host pass ([`FusedOps::host_pass`]): each
-/// group's gradient streams down piece by piece, burn-flex's AdamW kernel updates the piece's
+/// group's gradient streams down piece by piece, [`HostAdamW`] updates the piece's
 /// master and moments in host memory on every core, and the piece's new 16-bit values (the
 /// master itself for an fp32 group) stream back up. The device's gradient factor comes down
 /// once. Each element's update is the whole-buffer update's, so the pieces change no number.
