@@ -19,6 +19,7 @@ use crate::download::Downloads;
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
 use crate::host_pass::HostPassBuffers;
 use crate::kernels::cache::KernelCache;
+use crate::read_later::ReadStream;
 use crate::staging::Staging;
 
 /// Pool memory kept cached after frees (bytes): effectively "keep everything" so the pool acts
@@ -39,6 +40,7 @@ pub struct CudaDevice {
     staging: Staging,
     downloads: Downloads,
     host_pass: HostPassBuffers,
+    read_stream: ReadStream,
     rng_seed: AtomicU64,
     rng_offset: AtomicU64,
     tf32: AtomicBool,
@@ -154,6 +156,7 @@ impl CudaDevice {
             staging: Staging::default(),
             downloads: Downloads::default(),
             host_pass: HostPassBuffers::default(),
+            read_stream: ReadStream::default(),
             rng_seed: AtomicU64::new(0),
             rng_offset: AtomicU64::new(0),
             tf32: AtomicBool::new(false),
@@ -212,6 +215,10 @@ impl CudaDevice {
 
     pub(crate) fn host_pass_buffers(&self) -> &HostPassBuffers {
         &self.host_pass
+    }
+
+    pub(crate) fn read_stream(&self) -> &ReadStream {
+        &self.read_stream
     }
 
     pub(crate) fn blas(&self) -> &Mutex<Option<BlasHandle>> {

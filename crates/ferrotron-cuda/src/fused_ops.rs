@@ -30,10 +30,10 @@ use ferrotron_parallel::{
     DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8InputNorm, Fp8Linear,
     Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads, HostPass,
     MoePermutation, NormGrads, NormKind, NormSaved, NormSpec, NormStats, QkNormGrads, QkNormParams,
-    QkNormSaved, composed_adamw, composed_attention, composed_gather_flat, composed_grouped_matmul,
-    composed_qk_norm, composed_qkv_attention, composed_rope_qkv, composed_segment_sum_of_squares,
-    composed_sum_of_squares, composed_swiglu, fp8_quantize_norm_composed,
-    moe_permutation_reference, moe_topk_reference,
+    QkNormSaved, ReadLater, composed_adamw, composed_attention, composed_gather_flat,
+    composed_grouped_matmul, composed_qk_norm, composed_qkv_attention, composed_rope_qkv,
+    composed_segment_sum_of_squares, composed_sum_of_squares, composed_swiglu,
+    fp8_quantize_norm_composed, moe_permutation_reference, moe_topk_reference,
 };
 
 use crate::backend::convert::ok;
@@ -216,6 +216,13 @@ impl FusedOps for Cuda {
             &log_sum_exp,
             &grad_losses,
         ))
+    }
+
+    fn read_later(x: FloatTensor<Self>) -> ReadLater {
+        let x = ok(x.contiguous());
+        let device = x.device().clone();
+        let mark = ok(crate::read_later::mark(&device));
+        Box::new(move || ok(crate::read_later::read(&device, &x, mark)))
     }
 
     fn host_pass(

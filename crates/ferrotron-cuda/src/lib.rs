@@ -27,6 +27,7 @@ pub mod linear;
 pub mod nccl;
 mod parallel_ops;
 pub mod random;
+mod read_later;
 mod staging;
 pub mod switches;
 pub mod tensor;

@@ -29,7 +29,7 @@ use burn::nn::DropoutConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::{AttentionModuleOptions, FloatTensor, IntTensor};
-use burn::tensor::{Bool, DType, Tensor, TensorMetadata};
+use burn::tensor::{Bool, DType, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
 use crate::fp8_scaling::{Fp8Role, Fp8Settings};
 use crate::fused_adamw::{
@@ -80,6 +80,9 @@ use crate::fused_tied_loss::{
     tied_cross_entropy_forward_reference,
 };
 use crate::primitive::{unwrap, wrap};
+
+/// A device read to finish later ([`FusedOps::read_later`]).
+pub type ReadLater = Box<dyn FnOnce() -> TensorData + Send>;
 
 /// One attention call: `softmax(scale · q·kᵀ + mask) · v`, with dropout on the probabilities.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -674,6 +677,14 @@ pub trait FusedOps: Backend {
         device_scale: DeviceScale<Self>,
     ) -> AdamWTensors<Self> {
         composed_adamw::<Self>(value, grad, moments, step, device_scale)
+    }
+
+    /// A read of `x` to finish later, on any thread: it sees what the work queued before this
+    /// call leaves in `x` and need not wait for work queued after it (a checkpoint snapshot's
+    /// reads run beside the next step). Default: the read itself, deferred (behind everything
+    /// queued by the time it runs).
+    fn read_later(x: FloatTensor<Self>) -> ReadLater {
+        Box::new(move || Tensor::<Self, 1>::from_primitive(TensorPrimitive::Float(x)).into_data())
     }
 
     /// Streams each of `inputs` (flat buffers on the device) through the host and returns one

@@ -70,8 +70,8 @@ pub use context::ParallelContext;
 pub use ferrotron_dist::{CommError, GroupLabel, ReduceOp};
 pub use flex::{HostAdamW, HostMoment, HostOldValues, HostRounded, HostValues};
 pub use fused::{
-    AttentionGrads, AttentionSaved, AttentionSpec, FusedOps, attention_backward_reference,
-    attention_forward_reference, composed_attention, repeat_groups,
+    AttentionGrads, AttentionSaved, AttentionSpec, FusedOps, ReadLater,
+    attention_backward_reference, attention_forward_reference, composed_attention, repeat_groups,
 };
 pub use fused_adamw::{
     AdamWStep, AdamWTensors, DeviceScale, F32_MOMENTS, composed_adamw, composed_sum_of_squares,

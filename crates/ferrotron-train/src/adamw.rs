@@ -199,20 +199,6 @@ impl<I: Backend> AdamW<I> {
         &self.master
     }
 
-    /// Parameter `id`'s fp32 master copy, flattened, as f32 values read where the state is (an
-    /// offloaded group's master is not copied to the device to be saved); `None` for an fp32
-    /// parameter (its own master) or one never updated.
-    pub(crate) fn master_values(&self, id: ParamId) -> Option<ShardValues> {
-        match self.master_at(id)? {
-            MasterAt::Flat(flat) => flat.values(&flat.master, id),
-            MasterAt::Own(master) => Some(
-                NamedTensor::from_tensor(String::new(), master)
-                    .values
-                    .into(),
-            ),
-        }
-    }
-
     /// Whether parameter `id` has an fp32 master copy apart from its own value.
     pub(crate) fn has_master(&self, id: ParamId) -> bool {
         self.master_at(id).is_some()
@@ -532,47 +518,6 @@ impl<I: Backend> AdamW<I> {
         self.config.weight_decay > 0.0 && !self.no_decay.contains(&id)
     }
 
-    /// The moments named `<param>.exp_avg` / `<param>.exp_avg_sq`, shaped like their parameter.
-    pub fn state_tensors(&self, params: &[ParamEntry]) -> Vec<NamedTensor> {
-        self.state_values(params)
-            .into_iter()
-            .map(|(entry, name, values)| NamedTensor {
-                name,
-                shape: entry.shape.clone(),
-                values: values.to_vec(),
-            })
-            .collect()
-    }
-
-    /// [`AdamW::state_tensors`]' names and values, an offloaded group's shared rather than read
-    /// (see [`ShardValues`]): what a checkpoint's snapshot takes.
-    pub(crate) fn state_values<'p>(
-        &self,
-        params: &'p [ParamEntry],
-    ) -> Vec<(&'p ParamEntry, String, ShardValues)> {
-        let mut out = Vec::with_capacity(params.len() * 2);
-        for entry in params {
-            let flat = self
-                .flat
-                .as_ref()
-                .and_then(|flat| flat.moment_values(entry.id));
-            let Some((exp_avg, exp_avg_sq)) = flat.or_else(|| {
-                let m = self.moments.get(&entry.id)?;
-                let len = entry.shape.iter().product();
-                Some((
-                    m.exp_avg.shard_values(0..len),
-                    m.exp_avg_sq.shard_values(0..len),
-                ))
-            }) else {
-                continue;
-            };
-            for (suffix, values) in [(EXP_AVG, exp_avg), (EXP_AVG_SQ, exp_avg_sq)] {
-                out.push((entry, format!("{}.{suffix}", entry.name), values));
-            }
-        }
-        out
-    }
-
     /// Restore moments saved by [`AdamW::state_tensors`] for the parameters `params` of the
     /// current model, and the step count. Fails with every problem found.
     pub fn load_state(
@@ -744,6 +689,63 @@ fn primitive<I: Backend>(x: Tensor<I, 1>) -> FloatTensor<I> {
 
 fn from_primitive<I: Backend>(x: FloatTensor<I>) -> Tensor<I, 1> {
     Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+impl<I: FusedOps> AdamW<I> {
+    /// The moments named `<param>.exp_avg` / `<param>.exp_avg_sq`, shaped like their parameter.
+    pub fn state_tensors(&self, params: &[ParamEntry]) -> Vec<NamedTensor> {
+        self.state_values(params)
+            .into_iter()
+            .map(|(entry, name, values)| NamedTensor {
+                name,
+                shape: entry.shape.clone(),
+                values: values.to_vec(),
+            })
+            .collect()
+    }
+
+    /// Parameter `id`'s fp32 master copy, flattened, as f32 values read where the state is (an
+    /// offloaded group's master is not copied to the device to be saved); `None` for an fp32
+    /// parameter (its own master) or one never updated.
+    pub(crate) fn master_values(&self, id: ParamId) -> Option<ShardValues> {
+        match self.master_at(id)? {
+            MasterAt::Flat(flat) => flat.values(&flat.master, id),
+            MasterAt::Own(master) => Some(
+                NamedTensor::from_tensor(String::new(), master)
+                    .values
+                    .into(),
+            ),
+        }
+    }
+
+    /// [`AdamW::state_tensors`]' names and values, an offloaded group's shared rather than read
+    /// (see [`ShardValues`]): what a checkpoint's snapshot takes.
+    pub(crate) fn state_values<'p>(
+        &self,
+        params: &'p [ParamEntry],
+    ) -> Vec<(&'p ParamEntry, String, ShardValues)> {
+        let mut out = Vec::with_capacity(params.len() * 2);
+        for entry in params {
+            let flat = self
+                .flat
+                .as_ref()
+                .and_then(|flat| flat.moment_values(entry.id));
+            let Some((exp_avg, exp_avg_sq)) = flat.or_else(|| {
+                let m = self.moments.get(&entry.id)?;
+                let len = entry.shape.iter().product();
+                Some((
+                    m.exp_avg.shard_values(0..len),
+                    m.exp_avg_sq.shard_values(0..len),
+                ))
+            }) else {
+                continue;
+            };
+            for (suffix, values) in [(EXP_AVG, exp_avg), (EXP_AVG_SQ, exp_avg_sq)] {
+                out.push((entry, format!("{}.{suffix}", entry.name), values));
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]

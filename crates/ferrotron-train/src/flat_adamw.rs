@@ -318,12 +318,6 @@ impl<I: Backend> FlatState<I> {
         Some(buffers[slot.group].slice(slot.offset..slot.offset + slot.len, &self.device))
     }
 
-    /// Parameter `id`'s range of a group buffer for a checkpoint (see [`Held::shard_values`]).
-    pub(crate) fn values(&self, buffers: &[Held<I>], id: ParamId) -> Option<ShardValues> {
-        let slot = self.layout.slots.get(&id)?;
-        Some(buffers[slot.group].shard_values(slot.offset..slot.offset + slot.len))
-    }
-
     /// Parameter `id`'s two moments, flattened, on the device.
     pub(crate) fn moments_of(&self, id: ParamId) -> Option<(Tensor<I, 1>, Tensor<I, 1>)> {
         let slot = self.layout.slots.get(&id)?;
@@ -333,14 +327,6 @@ impl<I: Backend> FlatState<I> {
             m.slice(range.clone(), &self.device),
             v.slice(range, &self.device),
         ))
-    }
-
-    /// Parameter `id`'s two moments for a checkpoint (see [`Held::shard_values`]).
-    pub(crate) fn moment_values(&self, id: ParamId) -> Option<(ShardValues, ShardValues)> {
-        let slot = self.layout.slots.get(&id)?;
-        let (m, v) = self.moments[slot.group].as_ref()?;
-        let range = slot.offset..slot.offset + slot.len;
-        Some((m.shard_values(range.clone()), v.shard_values(range)))
     }
 }
 
@@ -596,6 +582,22 @@ pub(crate) fn primitive<I: Backend>(x: Tensor<I, 1>) -> FloatTensor<I> {
 
 pub(crate) fn from_primitive<I: Backend>(x: FloatTensor<I>) -> Tensor<I, 1> {
     Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+impl<I: FusedOps> FlatState<I> {
+    /// Parameter `id`'s range of a group buffer for a checkpoint (see [`Held::shard_values`]).
+    pub(crate) fn values(&self, buffers: &[Held<I>], id: ParamId) -> Option<ShardValues> {
+        let slot = self.layout.slots.get(&id)?;
+        Some(buffers[slot.group].shard_values(slot.offset..slot.offset + slot.len))
+    }
+
+    /// Parameter `id`'s two moments for a checkpoint (see [`Held::shard_values`]).
+    pub(crate) fn moment_values(&self, id: ParamId) -> Option<(ShardValues, ShardValues)> {
+        let slot = self.layout.slots.get(&id)?;
+        let (m, v) = self.moments[slot.group].as_ref()?;
+        let range = slot.offset..slot.offset + slot.len;
+        Some((m.shard_values(range.clone()), v.shard_values(range)))
+    }
 }
 
 #[cfg(test)]
@@ -940,7 +942,12 @@ mod tests {
             "the snapshot reads nothing yet"
         );
         let before = moment_addresses(&opt);
-        let expected: Vec<Vec<f32>> = shards.iter().map(ShardValues::to_vec).collect();
+        // the same values, read through a snapshot of their own
+        let expected: Vec<Vec<f32>> = opt
+            .state_tensors(&entries)
+            .into_iter()
+            .map(|t| t.values)
+            .collect();
         let gate = crate::checkpoint::SnapshotGate::default();
         opt.hold_until(gate.clone());
         let writer = std::thread::spawn(move || {

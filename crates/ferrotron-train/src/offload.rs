@@ -19,10 +19,10 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive, bf16};
 use ferrotron_parallel::{
     AdamWStep, FusedOps, HostAdamW, HostMoment, HostOldValues, HostPiece, HostRounded, HostValues,
-    HostValuesMut,
+    HostValuesMut, ReadLater,
 };
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::{DeviceShard, ShardValues};
 use crate::flat_adamw::Shard;
@@ -51,21 +51,6 @@ impl<I: Backend> Held<I> {
         }
     }
 
-    /// Elements `range` for a checkpoint, shared as they are and read when the values are
-    /// needed (an asynchronous save's writer reads them; see [`ShardValues`]).
-    pub(crate) fn shard_values(&self, range: std::ops::Range<usize>) -> ShardValues {
-        match self {
-            Held::Device(x) => ShardValues::Device(Arc::new(DeviceRange {
-                buffer: x.clone(),
-                range,
-            })),
-            Held::Host(x) => ShardValues::Host {
-                buffer: x.clone(),
-                range,
-            },
-        }
-    }
-
     /// This rank's part of the buffer, in a buffer of its own.
     pub(crate) fn cut(self, shard: Shard) -> Self {
         match self {
@@ -91,23 +76,54 @@ impl<I: Backend> Held<I> {
     }
 }
 
-/// A range of a device buffer a checkpoint reads later.
-#[derive(Debug)]
-struct DeviceRange<I: Backend> {
-    buffer: Tensor<I, 1>,
-    range: std::ops::Range<usize>,
+impl<I: FusedOps> Held<I> {
+    /// Elements `range` for a checkpoint, read when the values are needed (an asynchronous
+    /// save's writer reads them; see [`ShardValues`]): a host buffer's shared as they are, a
+    /// device buffer's through [`FusedOps::read_later`], so the read sees the buffer as it is now
+    /// and need not wait for the next step's work.
+    pub(crate) fn shard_values(&self, range: std::ops::Range<usize>) -> ShardValues {
+        match self {
+            Held::Device(x) => ShardValues::Device(Arc::new(DeviceRange {
+                len: range.len(),
+                read: Mutex::new(Some(I::read_later(
+                    x.clone().slice(range).into_primitive().tensor(),
+                ))),
+            })),
+            Held::Host(x) => ShardValues::Host {
+                buffer: x.clone(),
+                range,
+            },
+        }
+    }
 }
 
-impl<I: Backend> DeviceShard for DeviceRange<I> {
+/// A range of a device buffer a checkpoint reads once, later.
+struct DeviceRange {
+    len: usize,
+    read: Mutex<Option<ReadLater>>,
+}
+
+impl std::fmt::Debug for DeviceRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRange")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl DeviceShard for DeviceRange {
     fn len(&self) -> usize {
-        self.range.len()
+        self.len
     }
 
     fn read(&self) -> Vec<f32> {
-        self.buffer
-            .clone()
-            .slice(self.range.clone())
-            .into_data()
+        let read = self
+            .read
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+            .expect("a snapshot's device values are read once");
+        read()
             .convert::<f32>()
             .into_vec::<f32>()
             .expect("a buffer converted to f32 reads back as f32")

@@ -15,8 +15,8 @@
 //! the last committed checkpoint, since only the rename commits.
 //!
 //! Values still on the device (the optimizer's masters and moments, `ShardValues::Device`) are
-//! read by the writer first, behind the next step's queued forward and backward, and the next
-//! update waits at the [`SnapshotGate`] until they are: so a save stops training only for what
+//! read by the writer first, beside the next step's forward and backward (`FusedOps::read_later`),
+//! and the next update waits at the [`SnapshotGate`] until they are: so a save stops training only for what
 //! those copies take beyond the step's own work, and the state is updated in place as ever (a
 //! buffer the snapshot still held would make the device's AdamW write a new one beside it).
 

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
-use ferrotron_parallel::{ParallelContext, ParamRole, ShardSpec};
+use ferrotron_parallel::{FusedOps, ParallelContext, ParamRole, ShardSpec};
 
 use super::load::ShardedCheckpoint;
 use super::tensors::{ShardTensor, ShardValues};
@@ -60,7 +60,7 @@ pub fn model_shards<B: Backend, M: Module<B>>(
 /// fp32 master copy (what the next update starts from), so a mixed-precision run resumes exactly.
 /// Each value is copied from the device once, and only where this rank writes it: the 16-bit
 /// copy of a parameter with a master is not read at all (a save's stall is these copies).
-pub(crate) fn trained_shards<B: Backend, M: Module<B>, I: Backend>(
+pub(crate) fn trained_shards<B: Backend, M: Module<B>, I: FusedOps>(
     module: &M,
     roles: &[ParamRole],
     optimizer: &AdamW<I>,
@@ -127,7 +127,7 @@ fn shards_of(
 
 /// The AdamW moments of the parameters this rank writes, as `<global>.exp_avg` and
 /// `<global>.exp_avg_sq` shards. Parameters that never had a gradient have none.
-pub fn adamw_shards<I: Backend>(
+pub fn adamw_shards<I: FusedOps>(
     optimizer: &AdamW<I>,
     roles: &[ParamRole],
     ctx: &ParallelContext,

@@ -35,7 +35,7 @@ pub struct ShardTensor {
 /// the snapshot copies nothing on the training thread. The next update, finding a host buffer
 /// shared, writes its results into a new one (burn-flex's AdamW); a device buffer it waits for
 /// ([`super::SnapshotGate`]): the writer reads those first, while the next step's forward and
-/// backward run, so the state is updated in place as ever.
+/// backward run (`FusedOps::read_later`), so the state is updated in place as ever.
 #[derive(Debug, Clone)]
 pub enum ShardValues {
     Read(Vec<f32>),
@@ -49,6 +49,8 @@ pub enum ShardValues {
 /// Values in a device buffer, read as f32 when asked (behind the device's queued work).
 pub trait DeviceShard: std::fmt::Debug + Send + Sync {
     fn len(&self) -> usize;
+    /// The values; a device range is read once (a snapshot's values are the buffer's at the
+    /// save, which a second read after the next update would not see).
     fn read(&self) -> Vec<f32>;
 
     fn is_empty(&self) -> bool {
