@@ -32,6 +32,7 @@ mod fused_window;
 mod host_pass;
 mod nccl;
 mod nccl_faults;
+mod read_later;
 mod timing;
 mod uploads;
 
@@ -440,6 +441,7 @@ fn main() -> anyhow::Result<()> {
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "host_pass" {
         rows.extend(host_pass::rows(&device));
+        rows.extend(read_later::rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fp8" {
         rows.extend(fp8::rows(&device));
