@@ -32,13 +32,14 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             (
                 errors,
                 format!(
-                    "behind queued matmuls, read back at once, {}; {:.1} GB/s over the 160 MiB f32 → bf16 buffer",
+                    "behind queued matmuls, read back at once, {}; {:.1} GB/s over the {} MiB f32 → bf16 buffer",
                     if exact {
                         "bit for bit"
                     } else {
                         "NOT bit for bit"
                     },
-                    bytes / seconds / 1e9
+                    bytes / seconds / 1e9,
+                    (BUFFERS[0].0 * 4) >> 20
                 ),
             )
         }

@@ -371,13 +371,13 @@ impl PassTimes {
         tracing::debug!(
             target: "ferrotron::offload",
             "offloaded update of {} elements in {:.3} s ({:.1} GB/s of gradients down, {:.1} GB/s \
-             of weights up), AdamW on the host {:.3} s ({:.1} GB/s of state and gradients read)",
+             of weights up), AdamW on the host {:.3} s ({:.2} G elements/s)",
             self.elements,
             total.as_secs_f64(),
             rate(self.bytes_down),
             rate(self.bytes_up),
             self.host.as_secs_f64(),
-            self.bytes_down as f64 / self.host.as_secs_f64().max(1e-9) / 1e9,
+            self.elements as f64 / self.host.as_secs_f64().max(1e-9) / 1e9,
         );
     }
 }
