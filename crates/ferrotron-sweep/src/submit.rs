@@ -10,7 +10,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use ferrotron_slurm::{ArrayTask, JobShape, SbatchScript, SlurmOptions, TaskCommand};
+use ferrotron_launch::{ArrayTask, JobShape, SbatchScript, SlurmOptions, TaskCommand};
 
 use crate::SweepError;
 use crate::resolve::Member;
@@ -105,7 +105,7 @@ fn write(path: &Path, text: Option<&str>) -> Result<(), SweepError> {
 mod tests {
     use std::path::Path;
 
-    use ferrotron_slurm::SlurmOptions;
+    use ferrotron_launch::SlurmOptions;
 
     use super::prepare_array;
     use crate::{SweepSpec, resolve};

@@ -10,7 +10,7 @@
 //! every group waits `parallel.distributed_timeout_minutes` for a peer before failing.
 //!
 //! The backend decides the GPU a process uses (the launcher's local rank, or the one GPU the
-//! launcher bound to the task: `ferrotron_slurm::gpu_ordinal`), the GPU kind the
+//! launcher bound to the task: `ferrotron_launch::gpu_ordinal`), the GPU kind the
 //! planner sees (the chip found on the machine, so throughput and MFU are measured against its
 //! peak, not the recipe's guess), the compute dtype (`precision.dtype` on GPUs, fp32 on the CPU)
 //! and, on our own CUDA backend, the peak device memory reported at the end. Backends are types
@@ -22,10 +22,10 @@
 use anyhow::Context;
 use burn::backend::Autodiff;
 use ferrotron_data::Tokenizer;
+use ferrotron_launch::{GpuChoice, LaunchEnv, Launcher};
 use ferrotron_parallel::ParallelContext;
 use ferrotron_plan::Plan;
 use ferrotron_recipe::{Backend, Cluster, GpuKind, Recipe};
-use ferrotron_slurm::{GpuChoice, LaunchEnv, Launcher};
 use ferrotron_telemetry::MemoryProbe;
 use ferrotron_train::precision::{compute_dtype, use_compute_dtype};
 use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary, train_rank};
@@ -362,9 +362,6 @@ impl Launch {
     }
 }
 
-/// One rank of a process world over TCP (a CPU rank, or a GPU rank with `--comm tcp`):
-/// rendezvous, build this rank's groups from the plan, train. A failing rank tells its peers
-/// before it exits, so they stop with its reason instead of timing out.
 /// The CUDA backend's paths from the recipe's `runtime` section, before its first op; the ones
 /// switched off and the debugging variables set are logged.
 fn configure_cuda(runtime: &ferrotron_recipe::Runtime) -> anyhow::Result<()> {
@@ -393,6 +390,7 @@ fn configure_cuda(runtime: &ferrotron_recipe::Runtime) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One rank of a process world over TCP (a CPU rank, or a GPU rank with `--comm tcp`).
 fn train_process_rank<B>(
     plan: &Plan,
     env: &LaunchEnv,
@@ -406,26 +404,62 @@ where
     let span = tracing::info_span!("rank", rank = env.rank);
     let _entered = span.enter();
     let world = join_world(env, plan)?;
-    let groups = ferrotron_train::group_members(plan, env.rank, env.world_size as usize)
-        .map_err(anyhow::Error::from)
-        .and_then(|members| Ok(ferrotron_dist::ProcessGroups::new(&members, &world)?));
-    let groups = match groups {
-        Ok(groups) => groups,
-        Err(err) => {
-            world.abort(&err.to_string());
-            return Err(err).context("building this rank's process groups");
-        }
+    let rank = WorldRank {
+        rank: env.rank,
+        size: env.world_size as usize,
+        abort: &|reason| world.abort(reason),
     };
-    let ctx = ParallelContext::from_groups(groups, plan.recipe.parallel.sequence_parallel);
-    match train_rank::<B>(plan, ctx, tokenizer, options, device) {
-        Ok(summary) => {
-            // Done with the world: the peers still writing are told this is no failure.
-            ferrotron_dist::watchdog::global().leave();
-            Ok(summary)
-        }
-        Err(err) => {
-            world.abort(&err.to_string());
-            Err(flat(err))
+    rank.train::<B, _>(plan, &world, |_| Ok(()), tokenizer, options, device)
+}
+
+/// This process's rank in a world of processes, and how to tell its peers it failed.
+struct WorldRank<'a> {
+    rank: u32,
+    size: usize,
+    /// Fails the world's waits with the reason, so the peers stop with this rank's error
+    /// instead of timing out.
+    abort: &'a dyn Fn(&str),
+}
+
+impl WorldRank<'_> {
+    /// Build this rank's groups from the plan over `world`, `connect` them, train; the world
+    /// is left on success (the peers still writing are told this is no failure) and aborted
+    /// on any failure.
+    fn train<B, C>(
+        &self,
+        plan: &Plan,
+        world: &C,
+        connect: impl FnOnce(&ferrotron_dist::ProcessGroups<C>) -> anyhow::Result<()>,
+        tokenizer: &Tokenizer,
+        options: &RunOptions,
+        device: &B::Device,
+    ) -> anyhow::Result<RunSummary>
+    where
+        B: ferrotron_train::TrainBackend,
+        C: ferrotron_dist::Communicator + Sync + std::fmt::Debug + 'static,
+    {
+        let groups = ferrotron_train::group_members(plan, self.rank, self.size)
+            .map_err(anyhow::Error::from)
+            .and_then(|members| Ok(ferrotron_dist::ProcessGroups::new(&members, world)?))
+            .context("building this rank's process groups")
+            .and_then(|groups| connect(&groups).map(|()| groups));
+        let groups = match groups {
+            Ok(groups) => groups,
+            Err(err) => {
+                (self.abort)(&format!("{err:#}"));
+                return Err(err);
+            }
+        };
+        let ctx = ParallelContext::from_groups(groups, plan.recipe.parallel.sequence_parallel);
+        match train_rank::<B>(plan, ctx, tokenizer, options, device) {
+            Ok(summary) => {
+                ferrotron_dist::watchdog::global().leave();
+                Ok(summary)
+            }
+            Err(err) => {
+                (self.abort)(&err.to_string());
+                Err(flat(err))
+            }
         }
     }
 }
@@ -508,39 +542,21 @@ fn train_gpu_rank_nccl(
         nccl = ?ferrotron_cuda::nccl::nccl_version(),
         "NCCL world ready"
     );
-    let groups = ferrotron_train::group_members(plan, rank, size)
-        .map_err(anyhow::Error::from)
-        .and_then(|members| Ok(ferrotron_dist::ProcessGroups::new(&members, &nccl_world)?));
-    let groups = match groups {
-        Ok(groups) => groups,
-        Err(err) => {
-            nccl_world.abort(&err.to_string());
-            return Err(err).context("building this rank's NCCL groups");
-        }
-    };
+    let device = ferrotron_cuda::GpuDevice::new(ordinal);
     // Connect every group now, while the device is empty, not at its first use at a step's
     // memory peak (`ferrotron_cuda::nccl::warm_up` says why); virtual stages wrap the ring.
     let wraps = plan.stages.iter().any(|stage| stage.chunks.len() > 1);
-    if let Err(err) = ferrotron_cuda::nccl::warm_up(&groups, wraps) {
-        nccl_world.abort(&err.to_string());
-        return Err(err).context("warming up this rank's NCCL groups");
-    }
-    let ctx = ferrotron_parallel::ParallelContext::from_groups(
-        groups,
-        plan.recipe.parallel.sequence_parallel,
-    );
-    let device = ferrotron_cuda::GpuDevice::new(ordinal);
-    use_recipe_dtype::<B>(plan, &device, "over NCCL")?;
-    match train_rank::<B>(plan, ctx, tokenizer, options, &device) {
-        Ok(summary) => {
-            ferrotron_dist::watchdog::global().leave();
-            Ok(summary)
-        }
-        Err(err) => {
-            nccl_world.abort(&err.to_string());
-            Err(flat(err))
-        }
-    }
+    let warm_up = |groups: &ferrotron_dist::ProcessGroups<NcclComm>| {
+        ferrotron_cuda::nccl::warm_up(groups, wraps)
+            .context("warming up this rank's NCCL groups")?;
+        use_recipe_dtype::<B>(plan, &device, "over NCCL")
+    };
+    let world_rank = WorldRank {
+        rank,
+        size,
+        abort: &|reason| nccl_world.abort(reason),
+    };
+    world_rank.train::<B, _>(plan, &nccl_world, warm_up, tokenizer, options, &device)
 }
 
 /// A training error as one message: its display already names its cause, so the caller's
@@ -583,12 +599,12 @@ where
 }
 
 /// The GPU of a process rank: its local rank's, or 0 when the launcher bound one GPU to the
-/// task and hid the others (`ferrotron_slurm::gpu_ordinal`); logged, since a wrong guess shows
+/// task and hid the others (`ferrotron_launch::gpu_ordinal`); logged, since a wrong guess shows
 /// up as two ranks on one GPU or an invalid device ordinal.
 fn gpu_of(env: &LaunchEnv) -> anyhow::Result<usize> {
-    let visible = std::env::var(ferrotron_slurm::CUDA_VISIBLE_DEVICES).ok();
+    let visible = std::env::var(ferrotron_launch::CUDA_VISIBLE_DEVICES).ok();
     let choice =
-        ferrotron_slurm::gpu_ordinal(env.local_rank, env.tasks_per_node, visible.as_deref())
+        ferrotron_launch::gpu_ordinal(env.local_rank, env.tasks_per_node, visible.as_deref())
             .with_context(|| format!("choosing the GPU of rank {}", env.rank))?;
     let why = match choice {
         GpuChoice::AllVisible { .. } => "CUDA_VISIBLE_DEVICES unset: the local rank's".to_owned(),

@@ -5,7 +5,6 @@ pub(crate) mod diff;
 pub(crate) mod hf_export;
 pub(crate) mod hf_import;
 pub(crate) mod launch;
-pub(crate) mod local_launcher;
 pub(crate) mod logits;
 pub(crate) mod migrate;
 pub(crate) mod plan;

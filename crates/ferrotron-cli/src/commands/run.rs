@@ -77,7 +77,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    super::local_launcher::follow_launcher()?;
+    ferrotron_launch::local::follow_launcher()?;
     let loaded = match args.source.load() {
         Ok(loaded) => loaded,
         Err(code) => return Ok(code),
@@ -101,7 +101,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// The recipe is valid and its files are there: start one process per rank (each loads it again).
 fn launch_local_ranks(args: &Args, nproc: u32) -> anyhow::Result<ExitCode> {
-    if ferrotron_slurm::LaunchEnv::detect().is_ok_and(|env| env.is_some()) {
+    if ferrotron_launch::LaunchEnv::detect().is_ok_and(|env| env.is_some()) {
         sayln!(
             "error: --nproc-per-node starts the ranks itself; under srun or torchrun leave it out"
         );
@@ -111,8 +111,15 @@ fn launch_local_ranks(args: &Args, nproc: u32) -> anyhow::Result<ExitCode> {
         sayln!("error: --world-size {size} disagrees with --nproc-per-node {nproc}; give one");
         return Ok(exit::code(exit::USAGE));
     }
-    let child_args = super::local_launcher::child_args(std::env::args_os().skip(1));
-    super::local_launcher::launch(nproc, &child_args)
+    let child_args = ferrotron_launch::local::child_args(std::env::args_os().skip(1));
+    Ok(match ferrotron_launch::local::launch(nproc, &child_args)? {
+        None => exit::code(exit::SUCCESS),
+        Some(failure) => {
+            sayln!("error: {}", failure.describe());
+            // A rank killed by a signal has no code of its own: the run failed.
+            exit::code(failure.code().unwrap_or(exit::FAILED))
+        }
+    })
 }
 
 fn train_loaded(args: &Args, loaded: &LoadedRecipe) -> anyhow::Result<ExitCode> {

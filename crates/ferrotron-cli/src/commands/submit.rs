@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::exit;
+use ferrotron_launch::{SbatchScript, SlurmOptions, TaskCommand};
 use ferrotron_recipe::{Backend, Cluster, GpuKind};
-use ferrotron_slurm::{SbatchScript, SlurmOptions, TaskCommand};
 use ferrotron_sweep::{Member, SweepSpec, prepare_array};
 
 /// Scheduling options shared by `recipe submit` and `recipe sweep --submit`.
@@ -183,7 +183,7 @@ pub(crate) fn sweep(
 
 /// Submits and prints the job id on stdout (for scripts), the rest on stderr.
 fn submit(script: &SbatchScript, path: &Path, what: &str) -> anyhow::Result<ExitCode> {
-    match ferrotron_slurm::submit(script, path) {
+    match ferrotron_launch::submit(script, path) {
         Ok(job) => {
             println!("{job}");
             let log = if script.array_len.is_some() {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use ferrotron_dist::{DEFAULT_CONNECT_TIMEOUT, TcpConfig};
 use ferrotron_recipe::{Cluster, GpuKind};
 
-use crate::hostlist::{HostlistError, expand_hostlist};
+use crate::slurm::{HostlistError, expand_hostlist};
 
 /// Which launcher started this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,29 +26,44 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use rustix::process::{Pid, Signal, kill_process};
 
-use crate::exit;
+/// Why the local launcher could not start or follow its ranks.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalLaunchError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the launcher that started this rank (pid {0}) is gone")]
+    LauncherGone(i32),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalLaunchError {
+    let what = what.into();
+    move |source| LocalLaunchError::Io { what, source }
+}
 
 /// How long the other ranks may take to end on their own once one has failed.
 const FAILURE_GRACE: Duration = Duration::from_secs(5);
 /// How often the children and the signal flag are looked at.
 const POLL: Duration = Duration::from_millis(20);
 /// The flag this launcher reads; every other argument goes to the children unchanged.
-pub(crate) const FLAG: &str = "--nproc-per-node";
+const FLAG: &str = "--nproc-per-node";
 /// Set on every rank the launcher starts: the launcher's pid, for [`follow_launcher`].
 const LAUNCHER_PID: &str = "FERROTRON_LAUNCHER_PID";
 
 /// In a rank this launcher started: be sent SIGUSR1 (save and stop) when the launcher dies.
 /// Nothing elsewhere.
-pub(crate) fn follow_launcher() -> anyhow::Result<()> {
+pub fn follow_launcher() -> Result<(), LocalLaunchError> {
     let Some(launcher) = std::env::var(LAUNCHER_PID)
         .ok()
         .and_then(|pid| pid.parse::<i32>().ok())
@@ -56,18 +71,17 @@ pub(crate) fn follow_launcher() -> anyhow::Result<()> {
         return Ok(());
     };
     rustix::process::set_parent_process_death_signal(Some(Signal::USR1))
-        .context("asking to be stopped with the launcher")?;
+        .map_err(|errno| io("asking to be stopped with the launcher")(errno.into()))?;
     // The launcher may have died before the request took effect: nobody would send it then.
     let parent = Pid::as_raw(rustix::process::getppid());
-    anyhow::ensure!(
-        parent == launcher,
-        "the launcher that started this rank (pid {launcher}) is gone"
-    );
+    if parent != launcher {
+        return Err(LocalLaunchError::LauncherGone(launcher));
+    }
     Ok(())
 }
 
 /// The command line of a child: this process's arguments without `--nproc-per-node`.
-pub(crate) fn child_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+pub fn child_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut kept = Vec::new();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -83,18 +97,19 @@ pub(crate) fn child_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsStri
     kept
 }
 
-/// Start `nproc` ranks of `recipe run <args>` on this machine, relay their output and signals,
-/// and return the world's exit code.
-pub(crate) fn launch(nproc: u32, args: &[OsString]) -> anyhow::Result<ExitCode> {
-    let program = std::env::current_exe().context("finding the recipe binary to start ranks")?;
+/// Start `nproc` ranks of this program with `args` on this machine, relay their output and
+/// signals, and wait for them: the first rank that failed, if one did.
+pub fn launch(nproc: u32, args: &[OsString]) -> Result<Option<Failure>, LocalLaunchError> {
+    let program =
+        std::env::current_exe().map_err(io("finding the recipe binary to start ranks"))?;
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
-        .context("finding a free port for the ranks' rendezvous")?
+        .map_err(io("finding a free port for the ranks' rendezvous"))?
         .port();
     let signalled = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&signalled))
-            .context("installing the SIGTERM/SIGINT handlers")?;
+            .map_err(io("installing the SIGTERM/SIGINT handlers"))?;
     }
     let mut ranks = Vec::new();
     for rank in 0..nproc {
@@ -112,13 +127,7 @@ pub(crate) fn launch(nproc: u32, args: &[OsString]) -> anyhow::Result<ExitCode> 
     for rank in ranks {
         rank.finish_output();
     }
-    Ok(match outcome {
-        None => exit::code(exit::SUCCESS),
-        Some(failure) => {
-            eprintln!("error: {}", failure.describe());
-            exit::code(failure.code())
-        }
-    })
+    Ok(outcome)
 }
 
 /// Of the ranks found failed in one poll (rank order), the one to blame: a rank killed by a
@@ -197,7 +206,7 @@ impl Rank {
         rank: u32,
         nproc: u32,
         port: u16,
-    ) -> anyhow::Result<Rank> {
+    ) -> Result<Rank, LocalLaunchError> {
         let (rank_text, size) = (rank.to_string(), nproc.to_string());
         let mut child = Command::new(program)
             .args(args)
@@ -215,7 +224,7 @@ impl Rank {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .with_context(|| format!("starting rank {rank} ({})", program.display()))?;
+            .map_err(io(format!("starting rank {rank} ({})", program.display())))?;
         let prefix = if rank == 0 {
             String::new()
         } else {
@@ -318,24 +327,23 @@ impl Outcome {
 
 /// The first rank that did not exit successfully, and how the others ended.
 #[derive(Debug)]
-struct Failure {
+pub struct Failure {
     first: Outcome,
     others: Vec<Outcome>,
 }
 
 impl Failure {
-    fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let others: Vec<String> = self.others.iter().map(Outcome::describe).collect();
         format!("{}; then {}", self.first.describe(), others.join(", "))
     }
 
-    /// The world's exit code: the failing rank's own, or "failed" for one killed by a signal.
-    fn code(&self) -> u8 {
+    /// The failing rank's own exit code; none for a rank killed by a signal.
+    pub fn code(&self) -> Option<u8> {
         self.first
             .status
             .code()
             .and_then(|code| u8::try_from(code).ok())
-            .unwrap_or(exit::FAILED)
     }
 }
 
@@ -378,7 +386,7 @@ mod tests {
             first: outcome(1, 3 << 8, false),
             others: vec![outcome(0, 1 << 8, false)],
         };
-        assert_eq!(diverged.code(), exit::DIVERGED);
+        assert_eq!(diverged.code(), Some(3));
         assert_eq!(
             diverged.describe(),
             "rank 1 exited with code 3; then rank 0 exited with code 1"
@@ -387,7 +395,7 @@ mod tests {
             first: outcome(1, 9, false),
             others: vec![outcome(0, 0, false), outcome(2, 9, true)],
         };
-        assert_eq!(killed.code(), exit::FAILED);
+        assert_eq!(killed.code(), None);
         assert_eq!(
             killed.describe(),
             "rank 1 was killed by signal 9; then rank 0 finished, rank 2 was still running after \

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::sbatch::SbatchScript;
+use super::sbatch::SbatchScript;
 
 /// Why a submission failed.
 #[derive(Debug, thiserror::Error)]
