@@ -24,8 +24,8 @@
 //! GEMM, the scale update) are `crate::fp8`'s, refused below compute capability 9.0.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use ferrotron_parallel::fp8_scaling::{Fp8Role, Fp8Settings};
-use ferrotron_parallel::{
+use ferrotron_ops::fp8::scaling::{Fp8Role, Fp8Settings};
+use ferrotron_ops::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8InputNorm, Fp8Linear,
     Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads, HostPass,

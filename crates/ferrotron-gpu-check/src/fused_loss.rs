@@ -6,7 +6,7 @@
 
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{FusedOps, cross_entropy, cross_entropy_forward_reference};
+use ferrotron_ops::{FusedOps, cross_entropy, cross_entropy_forward_reference};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
