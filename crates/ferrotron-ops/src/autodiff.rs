@@ -18,6 +18,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use crate::fp8::mlp::fp8_mlp_node;
 use crate::fp8::node::fp8_linear_node;
 use crate::fp8::scaling::Fp8Settings;
+use crate::kernel_or_composed;
 use crate::op::gather::gather_rows_node;
 use crate::{
     AttentionSpec, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, Fp8Rope, Fp8State, FusedOps,
@@ -58,11 +59,12 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         rows: FloatTensor<Self>,
         embedding: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        if B::has_tied_logits_kernel(&rows.primitive, &embedding.primitive) {
-            tied_logits_node::<B, C>(rows, embedding)
-        } else {
-            composed_tied_logits::<Self>(rows, embedding)
-        }
+        kernel_or_composed!(
+            B::has_tied_logits_kernel(&rows.primitive, &embedding.primitive),
+            tied_logits_node::<B, C>,
+            composed_tied_logits::<Self>,
+            (rows, embedding)
+        )
     }
 
     fn has_tied_cross_entropy_kernel(
@@ -140,11 +142,12 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         value: FloatTensor<Self>,
         spec: AttentionSpec,
     ) -> FloatTensor<Self> {
-        if B::has_attention_kernel(&query.primitive, &key.primitive, &value.primitive, &spec) {
-            attention_node::<B, C>(query, key, value, spec)
-        } else {
-            composed_attention::<Self>(query, key, value, spec)
-        }
+        kernel_or_composed!(
+            B::has_attention_kernel(&query.primitive, &key.primitive, &value.primitive, &spec),
+            attention_node::<B, C>,
+            composed_attention::<Self>,
+            (query, key, value, spec)
+        )
     }
 
     fn fused_dropout_add(
@@ -152,35 +155,39 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         residual: FloatTensor<Self>,
         prob: f64,
     ) -> FloatTensor<Self> {
-        if prob > 0.0 && B::has_dropout_add_kernel(&x.primitive, prob) {
-            dropout_add_node::<B, C>(x, residual, prob)
-        } else {
-            composed_dropout_add::<Self>(x, residual, prob)
-        }
+        kernel_or_composed!(
+            prob > 0.0 && B::has_dropout_add_kernel(&x.primitive, prob),
+            dropout_add_node::<B, C>,
+            composed_dropout_add::<Self>,
+            (x, residual, prob)
+        )
     }
 
     fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        if B::has_swiglu_kernel(&x.primitive) {
-            swiglu_node::<B, C>(x)
-        } else {
-            composed_swiglu::<Self>(x)
-        }
+        kernel_or_composed!(
+            B::has_swiglu_kernel(&x.primitive),
+            swiglu_node::<B, C>,
+            composed_swiglu::<Self>,
+            (x)
+        )
     }
 
     fn fused_embedding(weight: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
-        if B::has_embedding_kernel(&weight.primitive) {
-            embedding_node::<B, C>(weight, indices)
-        } else {
-            composed_embedding::<Self>(weight, indices)
-        }
+        kernel_or_composed!(
+            B::has_embedding_kernel(&weight.primitive),
+            embedding_node::<B, C>,
+            composed_embedding::<Self>,
+            (weight, indices)
+        )
     }
 
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        if B::has_gelu_kernel(&x.primitive) {
-            gelu_node::<B, C>(x)
-        } else {
-            composed_gelu::<Self>(x)
-        }
+        kernel_or_composed!(
+            B::has_gelu_kernel(&x.primitive),
+            gelu_node::<B, C>,
+            composed_gelu::<Self>,
+            (x)
+        )
     }
 
     fn fused_grouped_matmul(
@@ -188,11 +195,12 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         group_rows: &[usize],
     ) -> FloatTensor<Self> {
-        if B::has_grouped_matmul_kernel(&x.primitive, &weight.primitive) {
-            grouped_matmul_node::<B, C>(x, weight, group_rows)
-        } else {
-            composed_grouped_matmul::<Self>(x, weight, group_rows)
-        }
+        kernel_or_composed!(
+            B::has_grouped_matmul_kernel(&x.primitive, &weight.primitive),
+            grouped_matmul_node::<B, C>,
+            composed_grouped_matmul::<Self>,
+            (x, weight, group_rows)
+        )
     }
 
     fn fused_rope_qkv(
@@ -200,11 +208,12 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        if B::has_rope_qkv_kernel(&qkv.primitive, &cos.primitive) {
-            rope_qkv_node::<B, C>(qkv, cos, sin)
-        } else {
-            composed_rope_qkv::<Self>(qkv, cos, sin)
-        }
+        kernel_or_composed!(
+            B::has_rope_qkv_kernel(&qkv.primitive, &cos.primitive),
+            rope_qkv_node::<B, C>,
+            composed_rope_qkv::<Self>,
+            (qkv, cos, sin)
+        )
     }
 
     fn fused_qk_norm(
@@ -212,18 +221,20 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         params: QkNormParams<Self>,
         spec: NormSpec,
     ) -> FloatTensor<Self> {
-        if B::has_qk_norm_kernel(&qkv.primitive, &params.weight[0].primitive, &spec) {
-            qk_norm_node::<B, C>(qkv, params, spec)
-        } else {
-            composed_qk_norm::<Self>(qkv, params, spec)
-        }
+        kernel_or_composed!(
+            B::has_qk_norm_kernel(&qkv.primitive, &params.weight[0].primitive, &spec),
+            qk_norm_node::<B, C>,
+            composed_qk_norm::<Self>,
+            (qkv, params, spec)
+        )
     }
 
     fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {
-        if B::has_qkv_attention_kernel(&qkv.primitive, &spec) {
-            qkv_attention_node::<B, C>(qkv, spec)
-        } else {
-            composed_qkv_attention::<Self>(qkv, spec)
-        }
+        kernel_or_composed!(
+            B::has_qkv_attention_kernel(&qkv.primitive, &spec),
+            qkv_attention_node::<B, C>,
+            composed_qkv_attention::<Self>,
+            (qkv, spec)
+        )
     }
 }

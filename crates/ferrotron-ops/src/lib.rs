@@ -7,7 +7,7 @@
 //! which a GPU backend overrides. `Autodiff<B>` (`autodiff.rs`) records one graph node whose
 //! backward is the kernel's backward when `B` says it has a kernel for the inputs, and
 //! otherwise runs the composed default on itself (so autodiff records today's graph); the choice
-//! is made per op.
+//! is [`kernel_or_composed!`], written once.
 //!
 //! The kernel pair also has a composed reference implementation (`*_reference`): it is what the
 //! CPU tests drive through the autodiff node to check the node's gradients against the composed
@@ -36,6 +36,7 @@ mod autodiff;
 #[cfg(feature = "burn-cuda")]
 mod burn_cuda;
 mod cpu;
+mod dispatch;
 pub mod fp8;
 mod op;
 mod primitive;

@@ -31,6 +31,7 @@ pub use host_adamw::{HostAdamW, HostMoment, HostOldValues, HostRounded, HostValu
 use burn::backend::Flex;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
+use crate::kernel_or_composed;
 use crate::op::adamw::{
     AdamWStep, AdamWTensors, DeviceScale, composed_adamw, composed_sum_of_squares,
 };
@@ -101,11 +102,12 @@ impl FusedOps for Flex {
     }
 
     fn fused_embedding(weight: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
-        if embedding::supports(&weight) {
-            embedding::forward(weight, indices)
-        } else {
-            composed_embedding::<Self>(weight, indices)
-        }
+        kernel_or_composed!(
+            embedding::supports(&weight),
+            embedding::forward,
+            composed_embedding::<Self>,
+            (weight, indices)
+        )
     }
 
     fn has_embedding_kernel(weight: &FloatTensor<Self>) -> bool {
@@ -129,11 +131,12 @@ impl FusedOps for Flex {
     }
 
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        if gelu::supports(&x) {
-            gelu::forward(x)
-        } else {
-            composed_gelu::<Self>(x)
-        }
+        kernel_or_composed!(
+            gelu::supports(&x),
+            gelu::forward,
+            composed_gelu::<Self>,
+            (x)
+        )
     }
 
     fn has_gelu_kernel(x: &FloatTensor<Self>) -> bool {
@@ -152,11 +155,12 @@ impl FusedOps for Flex {
     }
 
     fn sum_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        if squares::supports(&x) {
-            squares::sum_of_squares(x)
-        } else {
-            composed_sum_of_squares::<Self>(x)
-        }
+        kernel_or_composed!(
+            squares::supports(&x),
+            squares::sum_of_squares,
+            composed_sum_of_squares::<Self>,
+            (x)
+        )
     }
 
     fn has_cross_entropy_kernel(logits: &FloatTensor<Self>) -> bool {
@@ -245,16 +249,17 @@ impl FusedOps for Flex {
         step: AdamWStep,
         device_scale: DeviceScale<Self>,
     ) -> AdamWTensors<Self> {
-        if adamw::supports(
-            &value,
-            &grad,
-            moments.as_ref(),
-            &step,
-            device_scale.as_ref(),
-        ) {
-            adamw::step(value, grad, moments, step, device_scale)
-        } else {
-            composed_adamw::<Self>(value, grad, moments, step, device_scale)
-        }
+        kernel_or_composed!(
+            adamw::supports(
+                &value,
+                &grad,
+                moments.as_ref(),
+                &step,
+                device_scale.as_ref(),
+            ),
+            adamw::step,
+            composed_adamw::<Self>,
+            (value, grad, moments, step, device_scale)
+        )
     }
 }
