@@ -47,7 +47,6 @@ mod tests;
 pub use cpu::{HostAdamW, HostMoment, HostOldValues, HostRounded, HostValues};
 pub use fp8::linear::{
     Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor, end_local_fp8_step, fp8_linear_inference,
-    fp8_matmul_reference, fp8_quantize_reference, fp8_update_reference,
 };
 pub use fp8::mlp::{Fp8Mlp, fp8_mlp_inference, fp8_mlp_node};
 pub use fp8::node::fp8_linear_node;
@@ -59,55 +58,77 @@ pub use op::adamw::{
     AdamWStep, AdamWTensors, DeviceScale, F32_MOMENTS, composed_adamw, composed_sum_of_squares,
 };
 pub use op::attention::{
-    AttentionGrads, AttentionSaved, AttentionSpec, attention_backward_reference,
-    attention_forward_reference, attention_node, composed_attention, repeat_groups,
+    AttentionGrads, AttentionSaved, AttentionSpec, attention_node, composed_attention,
+    repeat_groups,
 };
 pub use op::dropout::{DropoutMask, DropoutSaved, composed_dropout_add, dropout_add_node};
-pub use op::embedding::{composed_embedding, embedding_backward_reference, embedding_node};
+pub use op::embedding::{composed_embedding, embedding_node};
 pub use op::flat::{
     FlatPiece, FlatSegment, OrderedSum, composed_gather_flat, composed_segment_sum_of_squares,
 };
-pub use op::gelu::{composed_gelu, gelu, gelu_backward_reference, gelu_node};
+pub use op::gelu::{composed_gelu, gelu, gelu_node};
 pub use op::grouped::{GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_node};
 pub use op::host_pass::{HostPass, HostPiece, HostValuesMut, composed_host_pass};
-pub use op::logits::{
-    composed_tied_logits, tied_logits, tied_logits_backward_reference, tied_logits_node,
-};
-pub use op::loss::{
-    CrossEntropySaved, cross_entropy, cross_entropy_backward_reference,
-    cross_entropy_forward_reference, cross_entropy_node,
-};
+pub use op::logits::{composed_tied_logits, tied_logits, tied_logits_node};
+pub use op::loss::{CrossEntropySaved, cross_entropy, cross_entropy_node};
 pub use op::moe::{
     GroupLimit, MoePermutation, moe_permutation_reference, moe_topk_reference, select_topk,
 };
 pub use op::norm::{
-    NormGrads, NormKind, NormSaved, NormSpec, NormStats, composed_norm, norm,
-    norm_backward_reference, norm_forward_reference, norm_node,
+    NormGrads, NormKind, NormSaved, NormSpec, NormStats, composed_norm, norm, norm_node,
 };
-pub use op::qk_norm::{
-    QkNormGrads, QkNormParams, QkNormSaved, composed_qk_norm, qk_norm_backward_reference,
-    qk_norm_forward_reference, qk_norm_node,
-};
+pub use op::qk_norm::{QkNormGrads, QkNormParams, QkNormSaved, composed_qk_norm, qk_norm_node};
 pub use op::qkv::{composed_qkv_attention, qkv_attention_node, split_qkv};
 pub use op::rope::{composed_rope_qkv, rope_qkv_node};
 pub use op::swiglu::{composed_swiglu, swiglu_node};
 pub use op::tied_loss::{
-    TiedCrossEntropySaved, TiedState, tied_cross_entropy, tied_cross_entropy_backward_reference,
-    tied_cross_entropy_forward_reference, tied_cross_entropy_node,
+    TiedCrossEntropySaved, TiedState, tied_cross_entropy, tied_cross_entropy_node,
 };
+
+/// The reference kernels as public functions (feature `reference`): what each kernel pair must
+/// compute, in burn ops, for the tests and `gpu_check` that check a backend against them. Inside
+/// the crate they are the trait's default kernel methods. (The MoE routing's host references,
+/// the defaults a backend falls back to, are exported at the root.)
+#[cfg(feature = "reference")]
+pub mod reference {
+    pub use crate::fp8::linear::{
+        fp8_matmul_reference, fp8_quantize_reference, fp8_update_reference,
+    };
+    pub use crate::op::attention::{attention_backward_reference, attention_forward_reference};
+    pub use crate::op::embedding::embedding_backward_reference;
+    pub use crate::op::gelu::gelu_backward_reference;
+    pub use crate::op::logits::tied_logits_backward_reference;
+    pub use crate::op::loss::{cross_entropy_backward_reference, cross_entropy_forward_reference};
+    pub use crate::op::norm::{norm_backward_reference, norm_forward_reference};
+    pub use crate::op::qk_norm::{qk_norm_backward_reference, qk_norm_forward_reference};
+    pub use crate::op::tied_loss::{
+        tied_cross_entropy_backward_reference, tied_cross_entropy_forward_reference,
+    };
+}
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
+use crate::fp8::linear::{fp8_matmul_reference, fp8_quantize_reference, fp8_update_reference};
 use crate::fp8::rope::rotate_output;
 use crate::fp8::scaling::{Fp8Role, Fp8Settings};
+use crate::op::attention::{attention_backward_reference, attention_forward_reference};
 use crate::op::dropout::{dropout_add_backward_reference, dropout_add_forward_reference};
+use crate::op::embedding::embedding_backward_reference;
+use crate::op::gelu::gelu_backward_reference;
 use crate::op::grouped::grouped_matmul_backward_reference;
+use crate::op::logits::tied_logits_backward_reference;
+use crate::op::loss::{cross_entropy_backward_reference, cross_entropy_forward_reference};
 use crate::op::norm::fold_rows;
+use crate::op::norm::{norm_backward_reference, norm_forward_reference};
+use crate::op::qk_norm::{qk_norm_backward_reference, qk_norm_forward_reference};
 use crate::op::qkv::{qkv_attention_backward_reference, qkv_attention_forward_reference};
 use crate::op::rope::rope_qkv_backward_reference;
 use crate::op::swiglu::swiglu_backward_reference;
+use crate::op::tied_loss::{
+    tied_cross_entropy_backward_reference, tied_cross_entropy_forward_reference,
+};
 
 /// A device read to finish later ([`FusedOps::read_later`]).
 pub type ReadLater = Box<dyn FnOnce() -> TensorData + Send>;

@@ -417,6 +417,7 @@ fn host_values<K: Backend>(tensor: FloatTensor<K>) -> Vec<f32> {
 }
 
 /// Reference of [`FusedOps::fp8_quantize`]: on the host, with `fp8/scaling.rs`'s grids.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn fp8_quantize_reference<B: Backend>(
     x: FloatTensor<B>,
     fp8: &Fp8Linear,
@@ -470,6 +471,7 @@ pub fn fp8_quantize_reference<B: Backend>(
 
 /// Reference of [`FusedOps::fp8_matmul`]: `a · bᵀ · (a_scale_inv · b_scale_inv) + bias` in
 /// f32 on the grid values, rounded once to `dtype`.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn fp8_matmul_reference<B: Backend>(
     a: Fp8Operand<B>,
     b: Fp8Operand<B>,
@@ -489,6 +491,7 @@ pub fn fp8_matmul_reference<B: Backend>(
 }
 
 /// Reference of [`FusedOps::fp8_update_scaling`]: [`update_state`] on the host.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn fp8_update_reference<B: Backend>(state: &Fp8State) {
     let settings = state.settings;
     state.update_tensor::<B>(|tensor| {

@@ -190,6 +190,7 @@ fn scores_f32<B: Backend>(
 
 /// Reference of [`FusedOps::attention_kernel_forward`] in burn ops (f32 softmax statistics;
 /// no dropout).
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn attention_forward_reference<B: Backend>(
     query: FloatTensor<B>,
     key: FloatTensor<B>,
@@ -220,6 +221,7 @@ pub fn attention_forward_reference<B: Backend>(
 
 /// Reference of [`FusedOps::attention_kernel_backward`]: probabilities recomputed from the
 /// statistics, `dS = P ∘ (dP − rowsum(dO ∘ O))`, group gradients summed over their heads.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn attention_backward_reference<B: Backend>(
     query: FloatTensor<B>,
     key: FloatTensor<B>,

@@ -35,6 +35,7 @@ pub fn composed_embedding<B: Backend>(
 /// Reference of [`FusedOps::embedding_kernel_backward`]: `into` (zeros without it) plus burn's
 /// `embedding_backward` of `grad [batch, seq, hidden]` (the rows of each index summed from zero
 /// in index order).
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn embedding_backward_reference<B: Backend>(
     indices: IntTensor<B>,
     grad: FloatTensor<B>,

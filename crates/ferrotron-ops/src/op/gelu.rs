@@ -36,6 +36,7 @@ pub fn composed_gelu<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
 }
 
 /// Reference of [`FusedOps::gelu_kernel_backward`]: the backend's `gelu_backward`.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn gelu_backward_reference<B: Backend>(
     x: FloatTensor<B>,
     grad_output: FloatTensor<B>,

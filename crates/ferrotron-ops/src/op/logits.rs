@@ -40,6 +40,7 @@ pub fn composed_tied_logits<B: Backend>(
 
 /// Reference of [`FusedOps::tied_logits_kernel_backward`]: `(d rows, d embedding)` =
 /// `(grad · embedding, gradᵀ · rows)`.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn tied_logits_backward_reference<B: Backend>(
     rows: FloatTensor<B>,
     embedding: FloatTensor<B>,

@@ -52,6 +52,7 @@ pub fn cross_entropy<B: FusedOps>(
 }
 
 /// Reference of [`FusedOps::cross_entropy_kernel_forward`] in burn ops (f32 arithmetic).
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn cross_entropy_forward_reference<B: Backend>(
     logits: FloatTensor<B>,
     labels: IntTensor<B>,
@@ -70,6 +71,7 @@ pub fn cross_entropy_forward_reference<B: Backend>(
 
 /// Reference of [`FusedOps::cross_entropy_kernel_backward`]: `(exp(l − lse) − one_hot) · g` per
 /// row, in the logits' dtype.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn cross_entropy_backward_reference<B: Backend>(
     logits: FloatTensor<B>,
     labels: IntTensor<B>,

@@ -135,6 +135,7 @@ pub fn composed_norm<B: Backend, const D: usize>(
 }
 
 /// Reference of [`FusedOps::norm_kernel_forward`] on `[rows, hidden]`, statistics in f32.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn norm_forward_reference<B: Backend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
@@ -169,6 +170,7 @@ pub fn norm_forward_reference<B: Backend>(
 /// Reference of [`FusedOps::norm_kernel_backward`]: with `x̂ = (x − mean)·r` and
 /// `g = dy·γ`, `dx = r·(g − mean(g) − x̂·mean(g·x̂))` (RMSNorm: no `mean(g)` term) plus `into`
 /// where given, `dγ = Σ_rows dy·x̂`, `dβ = Σ_rows dy`.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn norm_backward_reference<B: Backend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,

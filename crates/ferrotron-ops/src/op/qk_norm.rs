@@ -109,6 +109,7 @@ fn per_slot<B: Backend>(query: FloatTensor<B>, key: FloatTensor<B>, heads: usize
 }
 
 /// Reference of `FusedOps::qk_norm_kernel_forward`: statistics and arithmetic in f32.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn qk_norm_forward_reference<B: Backend>(
     qkv: FloatTensor<B>,
     params: QkNormParams<B>,
@@ -161,6 +162,7 @@ fn split_per_slot<B: Backend>(x: Tensor<B, 5>, dtype: DType) -> [FloatTensor<B>;
 /// `g = dy·γ`, `dx = r·(g − mean(g) − x̂·mean(g·x̂))` (RMSNorm: no `mean(g)` term); the value
 /// slot's gradient passed through; `dγ = Σ dy·x̂`, `dβ = Σ dy` over the query heads for the
 /// query's parameters and over the key heads for the key's.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn qk_norm_backward_reference<B: Backend>(
     qkv: FloatTensor<B>,
     weight: [FloatTensor<B>; 2],

@@ -58,6 +58,7 @@ pub fn tied_cross_entropy<B: FusedOps>(
 
 /// Reference of [`FusedOps::tied_cross_entropy_kernel_forward`]: the backend's tied-logits and
 /// cross-entropy kernels in turn.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn tied_cross_entropy_forward_reference<B: FusedOps>(
     rows: FloatTensor<B>,
     embedding: FloatTensor<B>,
@@ -74,6 +75,7 @@ pub fn tied_cross_entropy_forward_reference<B: FusedOps>(
 
 /// Reference of [`FusedOps::tied_cross_entropy_kernel_backward`]: the cross-entropy kernel's
 /// backward, then the tied-logits kernel's: `(d rows, d embedding)`.
+#[cfg_attr(not(feature = "reference"), allow(unreachable_pub))]
 pub fn tied_cross_entropy_backward_reference<B: FusedOps>(
     rows: FloatTensor<B>,
     embedding: FloatTensor<B>,
