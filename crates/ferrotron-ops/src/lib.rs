@@ -44,7 +44,7 @@ mod primitive;
 #[cfg(test)]
 mod tests;
 
-pub use cpu::{HostAdamW, HostMoment, HostOldValues, HostRounded, HostValues};
+pub use cpu::{HostAdamW, HostMoment, HostOldValues, HostRounded};
 pub use fp8::linear::{
     Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor, end_local_fp8_step, fp8_linear_inference,
 };
@@ -68,7 +68,7 @@ pub use op::flat::{
 };
 pub use op::gelu::{composed_gelu, gelu, gelu_node};
 pub use op::grouped::{GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_node};
-pub use op::host_pass::{HostPass, HostPiece, HostValuesMut, composed_host_pass};
+pub use op::host_pass::{HostPass, HostPiece, HostValues, HostValuesMut, composed_host_pass};
 pub use op::logits::{composed_tied_logits, tied_logits, tied_logits_node};
 pub use op::loss::{CrossEntropySaved, cross_entropy, cross_entropy_node};
 pub use op::moe::{

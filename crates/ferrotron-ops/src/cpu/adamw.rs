@@ -21,8 +21,9 @@
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape, TensorMetadata, bf16, f16};
 
-use super::host_adamw::{HostAdamW, HostMoment, HostOldValues, HostRounded, HostValues};
+use super::host_adamw::{HostAdamW, HostMoment, HostOldValues, HostRounded};
 use crate::op::adamw::{AdamWStep, AdamWTensors};
+use crate::op::host_pass::HostValues;
 
 /// Whether the kernel takes these tensors: an f32 value and device factor, a gradient of any
 /// float dtype the model trains in, moments stored as the step says (f32 or bf16), and a

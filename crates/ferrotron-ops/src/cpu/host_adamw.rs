@@ -17,17 +17,10 @@ use burn::tensor::{bf16, f16};
 
 use super::bf16_bits::{bf16_from_f32, bf16_to_f32};
 use crate::op::adamw::AdamWStep;
+use crate::op::host_pass::HostValues;
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
-
-/// Values read as they are stored: a gradient, or the old values of an update out of place.
-#[derive(Debug, Clone, Copy)]
-pub enum HostValues<'a> {
-    F32(&'a [f32]),
-    Bf16(&'a [bf16]),
-    F16(&'a [f16]),
-}
 
 /// A moment updated in place, in the dtype it is stored in (Megatron's `--exp-avg-dtype`,
 /// `--exp-avg-sq-dtype`).

@@ -26,7 +26,7 @@ mod loss;
 mod norm;
 mod squares;
 
-pub use host_adamw::{HostAdamW, HostMoment, HostOldValues, HostRounded, HostValues};
+pub use host_adamw::{HostAdamW, HostMoment, HostOldValues, HostRounded};
 
 use burn::backend::Flex;
 use burn::tensor::ops::{FloatTensor, IntTensor};

@@ -20,11 +20,18 @@ use std::ops::Range;
 
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, bf16, f16};
 
-use crate::cpu::HostValues;
-
 /// Elements per piece of the composed default: small enough that the tests' parameter groups
 /// span several pieces.
 const COMPOSED_PIECE: usize = 1 << 16;
+
+/// Values read as they are stored: a piece of a buffer on the host to read, a gradient,
+/// or the old values of an update out of place.
+#[derive(Debug, Clone, Copy)]
+pub enum HostValues<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+    F16(&'a [f16]),
+}
 
 /// A piece of a buffer on the host to write, in its dtype.
 #[derive(Debug)]
