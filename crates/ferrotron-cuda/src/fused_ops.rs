@@ -24,8 +24,9 @@
 //! GEMM, the scale update) are `crate::fp8`'s, refused below compute capability 9.0.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use ferrotron_parallel::fp8_scaling::{Fp8Role, Fp8Settings};
-use ferrotron_parallel::{
+use ferrotron_ops::fp8::scaling::{Fp8Role, Fp8Settings};
+use ferrotron_ops::kernel_or_composed;
+use ferrotron_ops::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8InputNorm, Fp8Linear,
     Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads, HostPass,
@@ -135,10 +136,12 @@ impl FusedOps for Cuda {
         fp8: &Fp8Linear,
         record: bool,
     ) -> (Fp8Tensor<Self>, NormStats<Self>) {
-        if !fused_kernels_enabled() {
-            return fp8_quantize_norm_composed::<Self>(x, norm, fp8, record);
-        }
-        fp8::fp8_quantize_norm_op(x, norm, fp8, record)
+        kernel_or_composed!(
+            fused_kernels_enabled(),
+            fp8::fp8_quantize_norm_op,
+            fp8_quantize_norm_composed::<Self>,
+            (x, norm, fp8, record)
+        )
     }
 
     fn fp8_update_scaling(state: &Fp8State) {
@@ -382,11 +385,13 @@ impl FusedOps for Cuda {
             dropout: 0.0,
             ..spec
         };
-        if Self::has_attention_kernel(&query, &key, &value, &spec) {
-            Self::attention_kernel_forward(query, key, value, spec).output
-        } else {
-            composed_attention::<Self>(query, key, value, spec)
-        }
+        kernel_or_composed!(
+            Self::has_attention_kernel(&query, &key, &value, &spec),
+            |query, key, value, spec| Self::attention_kernel_forward(query, key, value, spec)
+                .output,
+            composed_attention::<Self>,
+            (query, key, value, spec)
+        )
     }
 
     fn has_attention_kernel(
@@ -480,11 +485,12 @@ impl FusedOps for Cuda {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        if Self::has_rope_qkv_kernel(&qkv, &cos) {
-            Self::rope_qkv_kernel_forward(qkv, cos, sin)
-        } else {
-            composed_rope_qkv::<Self>(qkv, cos, sin)
-        }
+        kernel_or_composed!(
+            Self::has_rope_qkv_kernel(&qkv, &cos),
+            Self::rope_qkv_kernel_forward,
+            composed_rope_qkv::<Self>,
+            (qkv, cos, sin)
+        )
     }
 
     fn has_rope_qkv_kernel(qkv: &FloatTensor<Self>, cos: &FloatTensor<Self>) -> bool {
@@ -512,11 +518,12 @@ impl FusedOps for Cuda {
         params: QkNormParams<Self>,
         spec: NormSpec,
     ) -> FloatTensor<Self> {
-        if Self::has_qk_norm_kernel(&qkv, &params.weight[0], &spec) {
-            Self::qk_norm_kernel_forward(qkv, params, spec).output
-        } else {
-            composed_qk_norm::<Self>(qkv, params, spec)
-        }
+        kernel_or_composed!(
+            Self::has_qk_norm_kernel(&qkv, &params.weight[0], &spec),
+            |qkv, params, spec| Self::qk_norm_kernel_forward(qkv, params, spec).output,
+            composed_qk_norm::<Self>,
+            (qkv, params, spec)
+        )
     }
 
     fn has_qk_norm_kernel(
@@ -578,11 +585,12 @@ impl FusedOps for Cuda {
     }
 
     fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        if Self::has_swiglu_kernel(&x) {
-            Self::swiglu_kernel_forward(x)
-        } else {
-            composed_swiglu::<Self>(x)
-        }
+        kernel_or_composed!(
+            Self::has_swiglu_kernel(&x),
+            Self::swiglu_kernel_forward,
+            composed_swiglu::<Self>,
+            (x)
+        )
     }
 
     fn has_swiglu_kernel(x: &FloatTensor<Self>) -> bool {
@@ -610,11 +618,12 @@ impl FusedOps for Cuda {
         weight: FloatTensor<Self>,
         group_rows: &[usize],
     ) -> FloatTensor<Self> {
-        if Self::has_grouped_matmul_kernel(&x, &weight) {
-            Self::grouped_matmul_kernel_forward(x, weight, group_rows)
-        } else {
-            composed_grouped_matmul::<Self>(x, weight, group_rows)
-        }
+        kernel_or_composed!(
+            Self::has_grouped_matmul_kernel(&x, &weight),
+            Self::grouped_matmul_kernel_forward,
+            composed_grouped_matmul::<Self>,
+            (x, weight, group_rows)
+        )
     }
 
     fn has_grouped_matmul_kernel(x: &FloatTensor<Self>, weight: &FloatTensor<Self>) -> bool {
@@ -652,11 +661,12 @@ impl FusedOps for Cuda {
             dropout: 0.0,
             ..spec
         };
-        if Self::has_qkv_attention_kernel(&qkv, &spec) {
-            Self::qkv_attention_kernel_forward(qkv, spec).output
-        } else {
-            composed_qkv_attention::<Self>(qkv, spec)
-        }
+        kernel_or_composed!(
+            Self::has_qkv_attention_kernel(&qkv, &spec),
+            |qkv, spec| Self::qkv_attention_kernel_forward(qkv, spec).output,
+            composed_qkv_attention::<Self>,
+            (qkv, spec)
+        )
     }
 
     fn has_qkv_attention_kernel(qkv: &FloatTensor<Self>, spec: &AttentionSpec) -> bool {

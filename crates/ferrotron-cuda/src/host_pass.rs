@@ -1,4 +1,4 @@
-//! [`FusedOps::host_pass`](ferrotron_parallel::FusedOps::host_pass) on page-locked pieces: the
+//! [`FusedOps::host_pass`](ferrotron_ops::FusedOps::host_pass) on page-locked pieces: the
 //! copy engines bring piece i + 1 down (on the compute stream, behind the step's backward) and
 //! send piece i − 1 up (on a stream of their own, so both directions run at once) while the
 //! caller's pass runs on piece i on the host's cores.
@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use burn::tensor::{bf16, f16};
 use cudarc::driver::{result, sys};
-use ferrotron_parallel::{HostPass, HostPiece, HostValues, HostValuesMut};
+use ferrotron_ops::{HostPass, HostPiece, HostValues, HostValuesMut};
 
 use crate::device::CudaDevice;
 use crate::dtype::DType;

@@ -1,4 +1,4 @@
-//! [`FusedOps::read_later`](ferrotron_parallel::FusedOps::read_later): a checkpoint snapshot's
+//! [`FusedOps::read_later`](ferrotron_ops::FusedOps::read_later): a checkpoint snapshot's
 //! reads of the optimizer's buffers, run on a stream of their own.
 //!
 //! Read on the compute stream, a snapshot's copy queued by the save's writer thread after the

@@ -1,5 +1,5 @@
 //! Rows for fp8 (`--filter fp8`; Hopper or newer): each kernel against the host arithmetic of
-//! `ferrotron_parallel::fp8_scaling`, and the fp8 linear layer end to end.
+//! `ferrotron_ops::fp8_scaling`, and the fp8 linear layer end to end.
 //!
 //! - `fp8_cast`: the cast-transpose kernel's bytes, decoded, must equal the host rounding of
 //!   `x · scale` bit for bit, its transpose too, its inverse scale and the amax it maxed into
@@ -27,10 +27,11 @@ use burn::tensor::module::linear;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::fp8::{Cast, Operand, ScaleFrom, amax, cast_transpose, fp8_matmul};
 use ferrotron_cuda::{CudaDevice, CudaTensor, DType as EDType, GpuDevice};
-use ferrotron_parallel::fp8_scaling::{
+use ferrotron_ops::fp8::scaling::{
     AMAX, AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings, SCALE, round_to_fp8, update_state,
 };
-use ferrotron_parallel::{Fp8Linear, Fp8State, FusedOps, end_fp8_step, solo};
+use ferrotron_ops::{Fp8Linear, Fp8State, FusedOps};
+use ferrotron_parallel::{end_fp8_step, solo};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -148,7 +149,7 @@ fn cast_row(
         let xt = upload_f32(device, &x, &[rows, cols])
             .cast(EDType::BF16)
             .map_err(|e| e.to_string())?;
-        let host_amax = ferrotron_parallel::fp8_scaling::amax(&x);
+        let host_amax = ferrotron_ops::fp8::scaling::amax(&x);
         let state = upload_f32(device, &[DELAYED_SCALE, 0.0, 2.0], &[1, 3]);
         let from = if current {
             ScaleFrom::Current {
@@ -168,7 +169,7 @@ fn cast_row(
             scale_inv,
         } = cast_transpose(&xt, format, true, from).map_err(|e| e.to_string())?;
         let scale = if current {
-            ferrotron_parallel::fp8_scaling::current_scale(host_amax, format.max())
+            ferrotron_ops::fp8::scaling::current_scale(host_amax, format.max())
         } else {
             DELAYED_SCALE
         };
@@ -228,10 +229,7 @@ fn amax_row(device: &Arc<CudaDevice>, rng: &mut StdRng) -> Row {
             .cast(EDType::BF16)
             .map_err(|e| e.to_string())?;
         let got = f32s(&amax(&xt).map_err(|e| e.to_string())?)?;
-        Ok(differing(
-            &got,
-            &[ferrotron_parallel::fp8_scaling::amax(&x)],
-        ))
+        Ok(differing(&got, &[ferrotron_ops::fp8::scaling::amax(&x)]))
     });
     let shape = format!("[{rows}, {cols}]");
     match result {
@@ -663,7 +661,7 @@ mod tests {
                 v.to_bits()
             );
         }
-        let most = DELAYED_SCALE * ferrotron_parallel::fp8_scaling::amax(&x);
+        let most = DELAYED_SCALE * ferrotron_ops::fp8::scaling::amax(&x);
         assert!(most > Fp8Format::E5m2.max(), "{most}");
     }
 

@@ -11,11 +11,12 @@
 
 use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::fp8_scaling::Fp8Role;
-use ferrotron_parallel::{
+use ferrotron_ops::fp8::scaling::Fp8Role;
+use ferrotron_ops::{
     Fp8InputNorm, Fp8Linear, Fp8Rope, Fp8Source, Fp8State, Fp8Tensor, FusedOps, NormKind, NormSpec,
-    NormStats, end_fp8_step, fp8_quantize_norm_composed, fp8_quantize_source_composed,
+    NormStats, fp8_quantize_norm_composed, fp8_quantize_source_composed,
 };
+use ferrotron_parallel::end_fp8_step;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 

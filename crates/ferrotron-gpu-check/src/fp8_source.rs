@@ -13,7 +13,7 @@ use std::sync::Arc;
 use burn::tensor::{DType, Distribution, Tensor};
 use ferrotron_cuda::fp8::{Cast, CastExtra, CastInput, CastSource, ScaleFrom, cast_source};
 use ferrotron_cuda::{Cuda, CudaDevice, DType as EDType, GpuDevice};
-use ferrotron_parallel::fp8_scaling::{AMAX, Fp8Format, SCALE, round_to_fp8};
+use ferrotron_ops::fp8::scaling::{AMAX, Fp8Format, SCALE, round_to_fp8};
 use rand::rngs::StdRng;
 
 use crate::compare::Errors;

@@ -17,7 +17,7 @@ use burn::tensor::module::linear;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, bf16, f16};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{AttentionSpec, FusedOps, composed_attention};
+use ferrotron_ops::{AttentionSpec, FusedOps, composed_attention};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -9,7 +9,7 @@
 
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::FusedOps;
+use ferrotron_ops::FusedOps;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -110,7 +110,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
             let o = if fused {
                 A::fused_dropout_add(xp, rp, 0.1)
             } else {
-                ferrotron_parallel::composed_dropout_add::<A>(xp, rp, 0.1)
+                ferrotron_ops::composed_dropout_add::<A>(xp, rp, 0.1)
             };
             let o: Tensor<A, 3> = Tensor::from_primitive(TensorPrimitive::Float(o));
             let grads = o.sum().backward();

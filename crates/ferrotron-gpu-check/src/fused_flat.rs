@@ -9,7 +9,7 @@
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{
+use ferrotron_ops::{
     FlatPiece, FlatSegment, FusedOps, composed_gather_flat, composed_segment_sum_of_squares,
 };
 use rand::rngs::StdRng;

@@ -9,7 +9,7 @@
 
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::GpuDevice;
-use ferrotron_parallel::{FusedOps, composed_grouped_matmul};
+use ferrotron_ops::{FusedOps, composed_grouped_matmul};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 

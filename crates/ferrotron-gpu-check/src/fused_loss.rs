@@ -6,7 +6,8 @@
 
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{FusedOps, cross_entropy, cross_entropy_forward_reference};
+use ferrotron_ops::reference::cross_entropy_forward_reference;
+use ferrotron_ops::{FusedOps, cross_entropy};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

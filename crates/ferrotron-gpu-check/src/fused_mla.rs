@@ -22,7 +22,7 @@ use burn::backend::flex::FlexDevice;
 use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, DType, Distribution, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{AttentionSpec, FusedOps};
+use ferrotron_ops::{AttentionSpec, FusedOps};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -305,7 +305,7 @@ mod tests {
     use super::*;
 
     /// The rows' harness on the CPU: burn-flex's `fused_attention` (the composed attention of
-    /// `ferrotron-parallel`, under autodiff) against the written-out reference, at every row's
+    /// `ferrotron-ops`, under autodiff) against the written-out reference, at every row's
     /// shape and spec. A shape or scale the harness got wrong fails here, not on the GPU.
     #[test]
     fn the_rows_run_on_flex_against_the_reference() {

@@ -7,7 +7,7 @@
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{FusedOps, GroupLimit, moe_permutation_reference, moe_topk_reference};
+use ferrotron_ops::{FusedOps, GroupLimit, moe_permutation_reference, moe_topk_reference};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -89,7 +89,7 @@ fn permutation_row(device: &GpuDevice, experts: Vec<i64>, num_experts: usize, wh
     let n = experts.len();
     let data = TensorData::new(experts, [n]);
     let upload = || Tensor::<Cuda, 1, Int>::from_data(data.clone(), device).into_primitive();
-    let both = |p: ferrotron_parallel::MoePermutation<Cuda>| {
+    let both = |p: ferrotron_ops::MoePermutation<Cuda>| {
         let mut all: Vec<i64> = Vec::new();
         for part in [p.order, p.rows, p.counts] {
             all.extend(ints(Tensor::<Cuda, 1, Int>::from_primitive(part)).iter::<i64>());

@@ -7,9 +7,7 @@
 
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{
-    AdamWStep, FusedOps, NormKind, NormSpec, composed_adamw, composed_norm, norm,
-};
+use ferrotron_ops::{AdamWStep, FusedOps, NormKind, NormSpec, composed_adamw, composed_norm, norm};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -240,7 +238,7 @@ fn adamw_row(
             ),
             format!(
                 "one kernel vs composed; value, m, v{}; {}",
-                if moments == ferrotron_parallel::F32_MOMENTS {
+                if moments == ferrotron_ops::F32_MOMENTS {
                     ""
                 } else {
                     " (kept in bf16)"
@@ -322,7 +320,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
                 &mut rng,
                 dtype,
                 first,
-                ferrotron_parallel::F32_MOMENTS,
+                ferrotron_ops::F32_MOMENTS,
             ));
             // Megatron's precision-aware optimizer: both moments stored in bf16
             rows.push(adamw_row(device, &mut rng, dtype, first, [DType::BF16; 2]));
@@ -368,7 +366,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
             Tensor::<Cuda, 1>::random([n], burn::tensor::Distribution::Uniform(0.0, 1.0), device)
         };
         let (value, grad, m, v) = (mk(), mk(), mk(), mk());
-        let step = adamw_step(false, true, 0.5, ferrotron_parallel::F32_MOMENTS);
+        let step = adamw_step(false, true, 0.5, ferrotron_ops::F32_MOMENTS);
         let run = |fused: bool| {
             let args = (
                 primitive(value.clone()),

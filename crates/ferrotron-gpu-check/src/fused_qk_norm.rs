@@ -7,7 +7,7 @@
 
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{FusedOps, NormKind, NormSpec, QkNormParams, composed_qk_norm};
+use ferrotron_ops::{FusedOps, NormKind, NormSpec, QkNormParams, composed_qk_norm};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 

@@ -7,7 +7,7 @@
 
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{AttentionSpec, FusedOps, composed_qkv_attention};
+use ferrotron_ops::{AttentionSpec, FusedOps, composed_qkv_attention};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 

@@ -5,7 +5,7 @@
 
 use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_cuda::GpuDevice;
-use ferrotron_parallel::{FusedOps, composed_rope_qkv};
+use ferrotron_ops::{FusedOps, composed_rope_qkv};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 

@@ -5,7 +5,7 @@
 
 use burn::tensor::{DType, Tensor, TensorData};
 use ferrotron_cuda::GpuDevice;
-use ferrotron_parallel::{FusedOps, composed_swiglu};
+use ferrotron_ops::{FusedOps, composed_swiglu};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 

@@ -9,7 +9,7 @@
 
 use burn::tensor::{DType, Distribution, Tensor};
 use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_parallel::{AttentionSpec, FusedOps};
+use ferrotron_ops::{AttentionSpec, FusedOps};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use burn::tensor::{DType as BurnDType, TensorData, bf16, f16};
 use ferrotron_cuda::{Cuda, CudaDevice, CudaTensor, DType, GpuDevice};
-use ferrotron_parallel::{FusedOps, HostPiece, HostValues, HostValuesMut};
+use ferrotron_ops::{FusedOps, HostPiece, HostValues, HostValuesMut};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use burn::tensor::TensorData;
 use ferrotron_cuda::{Cuda, CudaDevice, CudaTensor, DType, GpuDevice};
-use ferrotron_parallel::FusedOps;
+use ferrotron_ops::FusedOps;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -31,11 +31,12 @@ use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::{Bool, Tensor, TensorPrimitive};
-use ferrotron_parallel::collectives::gather_from_sequence_region;
-use ferrotron_parallel::{
-    AttentionSpec, Comm, Fp8Linear, Fp8Residual, Fp8Rope, FusedOps, ParallelOps, QkNormParams,
-    repeat_groups, solo, split_qkv,
+use ferrotron_ops::{
+    AttentionSpec, Fp8Linear, Fp8Residual, Fp8Rope, FusedOps, QkNormParams, repeat_groups,
+    split_qkv,
 };
+use ferrotron_parallel::collectives::gather_from_sequence_region;
+use ferrotron_parallel::{Comm, ParallelOps, solo};
 use ferrotron_recipe::PositionEmbedding;
 
 use crate::block::Sublayer;
@@ -181,7 +182,7 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
 
     /// [`Self::forward`] of `norm(x)`: in fp8 on one tensor-parallel rank, the norm runs
     /// inside the QKV projection's node (`Norm::fp8_input`), and so does RoPE where attention
-    /// takes the packed projection (`fused_fp8_rope.rs`); the output projection's node then
+    /// takes the packed projection (ferrotron-ops `fp8/rope.rs`); the output projection's node then
     /// takes in the block's `residual` add where one is given.
     pub(crate) fn forward_normed(
         &self,
@@ -255,7 +256,7 @@ impl<B: ParallelOps + FusedOps> SelfAttention<B> {
         if self.packed(positions) {
             // Straight from the packed projection, rotated in place where the model has RoPE:
             // a kernel hands back one packed gradient instead of three slices' zero-padded ones
-            // (see `fused_qkv.rs`, `fused_rope.rs`).
+            // (see ferrotron-ops `op/qkv.rs`, `op/rope.rs`).
             let qkv = match &self.rope {
                 Some(rope) if !rotated => rope.apply_packed(qkv, positions),
                 _ => qkv,

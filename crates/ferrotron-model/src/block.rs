@@ -7,7 +7,8 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{Fp8Linear, Fp8Residual, ParallelContext, ParallelOps, ParamRole};
+use ferrotron_ops::{Fp8Linear, Fp8Residual};
+use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole};
 
 use crate::attention::SelfAttention;
 use crate::init::scaled_std;

@@ -9,7 +9,7 @@ use ferrotron_recipe::{
 };
 
 use crate::{GptModel, ModelError};
-pub use ferrotron_parallel::GroupLimit;
+pub use ferrotron_ops::GroupLimit;
 pub use ferrotron_recipe::RopeScaling;
 
 /// Every number and switch the model needs, with Megatron's derived defaults filled in.

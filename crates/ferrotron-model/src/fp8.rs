@@ -12,10 +12,9 @@ use std::sync::Arc;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::fp8_scaling::Fp8Settings;
-use ferrotron_parallel::{
-    Fp8InputNorm, Fp8Linear, Fp8Residual, Fp8Rope, Fp8State, FusedOps, ParallelOps,
-};
+use ferrotron_ops::fp8::scaling::Fp8Settings;
+use ferrotron_ops::{Fp8InputNorm, Fp8Linear, Fp8Residual, Fp8Rope, Fp8State, FusedOps};
+use ferrotron_parallel::ParallelOps;
 
 use crate::block::TransformerBlock;
 use crate::parallel::TensorParallel;

@@ -45,8 +45,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Tensor, TensorPrimitive};
+use ferrotron_ops::{AttentionSpec, Fp8Linear, FusedOps};
 use ferrotron_parallel::collectives::gather_from_sequence_region;
-use ferrotron_parallel::{AttentionSpec, Comm, Fp8Linear, FusedOps, ParallelOps, solo};
+use ferrotron_parallel::{Comm, ParallelOps, solo};
 use ferrotron_recipe::RopeScalingType;
 
 use crate::init::{normal_linear, scaled_std};

@@ -9,9 +9,8 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{
-    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, FusedOps, ParallelOps, gelu,
-};
+use ferrotron_ops::{Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, FusedOps, gelu};
+use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::Activation;
 
 use crate::ModelError;
@@ -164,7 +163,7 @@ impl<B: ParallelOps> Mlp<B> {
         }
     }
 
-    /// fc1, the activation and fc2 as one fp8 node (`ferrotron_parallel::FusedOps::fp8_mlp`),
+    /// fc1, the activation and fc2 as one fp8 node (`ferrotron_ops::FusedOps::fp8_mlp`),
     /// normalising `x` first where `norm` is given and adding the output to `residual` after
     /// dropout where that is (one tensor-parallel rank only); under tensor parallelism the
     /// partial products are joined and fc2's bias added after.
@@ -247,8 +246,9 @@ mod tests {
     use burn::tensor::backend::Backend;
     use burn::tensor::{Tensor, TensorData};
     use ferrotron_dist::{Communicator, World};
-    use ferrotron_parallel::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
-    use ferrotron_parallel::{Comm, Fp8Linear, Fp8State, with_process_rng};
+    use ferrotron_ops::fp8::scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
+    use ferrotron_ops::{Fp8Linear, Fp8State};
+    use ferrotron_parallel::{Comm, with_process_rng};
     use ferrotron_recipe::Activation;
 
     use super::{Mlp, MlpShape, gelu_tanh};

@@ -15,12 +15,10 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
+use ferrotron_ops::fp8::scaling::Fp8Settings;
+use ferrotron_ops::{Fp8State, cross_entropy, tied_cross_entropy, tied_logits};
 use ferrotron_parallel::collectives::gather_from_region;
-use ferrotron_parallel::fp8_scaling::Fp8Settings;
-use ferrotron_parallel::{
-    Fp8State, ParallelContext, ParallelOps, ParamRole, ShardSpec, cross_entropy,
-    tied_cross_entropy, tied_logits,
-};
+use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ShardSpec};
 use ferrotron_recipe::PositionEmbedding;
 
 use crate::block::TransformerBlock;
@@ -696,7 +694,7 @@ impl<B: ParallelOps> GptModel<B> {
     /// vocabulary-sized weight once instead of once per sequence and splits the whole product
     /// over its threads, and the weight gradient is one product instead of a product per
     /// sequence summed afterwards. Tied, the backend's tied-logits kernel writes the logits and
-    /// the embedding's gradient once (`fused_logits.rs`).
+    /// the embedding's gradient once (ferrotron-ops `op/logits.rs`).
     fn logits_of(&self, rows: Tensor<B, 2>) -> Tensor<B, 2> {
         match (&self.output_layer, &self.embedding) {
             (Some(output), _) => output.forward(rows),

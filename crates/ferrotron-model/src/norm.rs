@@ -1,7 +1,7 @@
 //! One norm type for both model families, so a block does not care whether the recipe asked for
 //! GPT-2's LayerNorm (weight and bias) or LLaMA's RMSNorm (weight only).
 //!
-//! The forward goes through `ferrotron_parallel::norm`: burn's arithmetic where the backend has
+//! The forward goes through `ferrotron_ops::norm`: burn's arithmetic where the backend has
 //! no norm kernel, one fused node where it has (the CUDA backend). `LayerNorm` is declared here
 //! (burn's, field for field, so parameter names and initial values are unchanged) because burn
 //! keeps its epsilon private and the fused path needs it.
@@ -12,7 +12,7 @@ use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Shape, Tensor, TensorMetadata};
-use ferrotron_parallel::{Fp8InputNorm, FusedOps, NormKind, NormSpec};
+use ferrotron_ops::{Fp8InputNorm, FusedOps, NormKind, NormSpec};
 use ferrotron_recipe::Normalization;
 
 /// `(x − mean) / sqrt(var + ε) · γ + β` over the last dimension.
@@ -109,7 +109,7 @@ impl<B: FusedOps> Norm<B> {
 
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
         match self {
-            Norm::Layer(norm) => ferrotron_parallel::norm(
+            Norm::Layer(norm) => ferrotron_ops::norm(
                 input,
                 norm.gamma.val(),
                 norm.beta.as_ref().map(Param::val),
@@ -118,7 +118,7 @@ impl<B: FusedOps> Norm<B> {
                     epsilon: norm.epsilon,
                 },
             ),
-            Norm::Rms(norm) => ferrotron_parallel::norm(
+            Norm::Rms(norm) => ferrotron_ops::norm(
                 input,
                 norm.gamma.val(),
                 None,

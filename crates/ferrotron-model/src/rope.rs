@@ -17,7 +17,7 @@
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
-use ferrotron_parallel::FusedOps;
+use ferrotron_ops::FusedOps;
 use ferrotron_recipe::{RopeScaling, RopeScalingType};
 
 use crate::parallel::SequencePositions;

@@ -13,10 +13,10 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Distribution, FloatDType, TensorMetadata};
 
 use crate::comm::Comm;
-use crate::fused::FusedOps;
 use crate::host::{self, Host};
 use crate::recompute::{Rerun, RngMark, Run};
 use ferrotron_dist::{CommError, ReduceOp, deferred};
+use ferrotron_ops::FusedOps;
 
 /// What orders later work after a collective (and keeps its buffers allocated until then).
 pub type Wait = Box<dyn FnOnce()>;

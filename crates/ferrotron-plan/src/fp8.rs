@@ -90,7 +90,7 @@ pub(crate) fn cast_bytes_per_token(recipe: &Recipe, layers: Fp8Layers, tp: f64) 
     let attention = (h + q) + (qkv + h);
     // inputs: fc1's (h), fc2's (f); output gradients: fc1's, fc2's (h). With GELU or SwiGLU
     // fc2's input and fc1's output gradient are written by the activation's own passes
-    // (`ferrotron_parallel::FusedOps::fp8_mlp`), which the element-wise term counts already.
+    // (`ferrotron_ops::FusedOps::fp8_mlp`), which the element-wise term counts already.
     let mlp = match recipe.model.activation {
         Activation::Gelu | Activation::Swiglu => h + h,
         Activation::GeluTanh => (h + f) + (fc1 + h),

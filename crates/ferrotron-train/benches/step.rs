@@ -55,7 +55,7 @@ fn bench_step(c: &mut Criterion) {
                     beta2: 0.95,
                     eps: 1e-8,
                     weight_decay: 0.1,
-                    moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+                    moment_dtypes: ferrotron_ops::F32_MOMENTS,
                     offload_fraction: None,
                 },
                 Default::default(),

@@ -15,7 +15,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{AdamWStep, Comm, FusedOps, ParallelOps};
+use ferrotron_ops::{AdamWStep, FusedOps};
+use ferrotron_parallel::{Comm, ParallelOps};
 
 use crate::TrainError;
 use crate::checkpoint::{ShardValues, SnapshotGate};
@@ -776,7 +777,7 @@ mod tests {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
-            moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+            moment_dtypes: ferrotron_ops::F32_MOMENTS,
             offload_fraction: None,
         }
     }

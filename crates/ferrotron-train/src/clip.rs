@@ -7,7 +7,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
-use ferrotron_parallel::{FusedOps, OrderedSum};
+use ferrotron_ops::{FusedOps, OrderedSum};
 
 use crate::host_read::read_to_host;
 

@@ -1,5 +1,5 @@
 //! The CPU worker pools: where burn-flex's GEMMs and reductions and our CPU kernels
-//! (`ferrotron-parallel`'s `flex` module) run. They all run on "the current rayon pool", so
+//! (`ferrotron-ops`' `cpu` module) run. They all run on "the current rayon pool", so
 //! sizing that pool is what `runtime.threads` means.
 //!
 //! Every CPU rank's loop runs inside its own pool (`ThreadPool::install`), so the thread that
@@ -115,7 +115,7 @@ mod tests {
                 beta2: 0.95,
                 eps: 1e-8,
                 weight_decay: 0.1,
-                moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+                moment_dtypes: ferrotron_ops::F32_MOMENTS,
                 offload_fraction: None,
             };
             let mut optimizer = AdamW::new(config, model.no_weight_decay_params());

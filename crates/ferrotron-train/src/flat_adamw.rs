@@ -21,7 +21,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
-use ferrotron_parallel::{AdamWStep, Comm, FlatPiece, FlatSegment, FusedOps, ParallelOps};
+use ferrotron_ops::{AdamWStep, FlatPiece, FlatSegment, FusedOps};
+use ferrotron_parallel::{Comm, ParallelOps};
 
 use crate::TrainError;
 use crate::checkpoint::ShardValues;
@@ -670,7 +671,7 @@ mod tests {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
-            moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+            moment_dtypes: ferrotron_ops::F32_MOMENTS,
             offload_fraction,
         };
         AdamW::new(config, HashSet::from([model.bias.id]))

@@ -14,8 +14,9 @@ use std::collections::HashMap;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use ferrotron_model::GptModel;
-use ferrotron_parallel::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
-use ferrotron_parallel::{FusedOps, ParallelContext, ParallelOps, ShardSpec, end_fp8_step};
+use ferrotron_ops::FusedOps;
+use ferrotron_ops::fp8::scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
+use ferrotron_parallel::{ParallelContext, ParallelOps, ShardSpec, end_fp8_step};
 use ferrotron_recipe::{Fp8, Fp8AmaxComputeAlgo, Fp8Recipe, Precision};
 
 use crate::TrainError;

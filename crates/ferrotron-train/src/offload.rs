@@ -17,7 +17,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive, bf16};
-use ferrotron_parallel::{
+use ferrotron_ops::{
     AdamWStep, FusedOps, HostAdamW, HostMoment, HostOldValues, HostPiece, HostRounded, HostValues,
     HostValuesMut, ReadLater,
 };
@@ -386,7 +386,7 @@ impl PassTimes {
 mod tests {
     use burn::backend::Flex;
     use burn::tensor::{DType, Distribution, Tensor, TensorData};
-    use ferrotron_parallel::{AdamWStep, FusedOps};
+    use ferrotron_ops::{AdamWStep, FusedOps};
 
     use super::{HostJob, offloaded, update_on_host};
 

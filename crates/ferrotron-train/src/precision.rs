@@ -233,7 +233,7 @@ mod tests {
                 beta2: 0.95,
                 eps: 1e-8,
                 weight_decay: 0.0,
-                moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+                moment_dtypes: ferrotron_ops::F32_MOMENTS,
                 offload_fraction: None,
             },
             HashSet::new(),

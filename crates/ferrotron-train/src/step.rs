@@ -124,7 +124,7 @@ where
 /// value then surfaces when the statistics are read, after the update was applied, and the
 /// caller must stop without saving. Elsewhere this is the host-side step, read at once.
 ///
-/// [`FusedOps::device_resident_step`]: ferrotron_parallel::FusedOps::device_resident_step
+/// [`FusedOps::device_resident_step`]: ferrotron_ops::FusedOps::device_resident_step
 pub(crate) fn train_step_deferred<B>(
     model: GptModel<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
@@ -508,7 +508,7 @@ mod tests {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
-            moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+            moment_dtypes: ferrotron_ops::F32_MOMENTS,
             offload_fraction: None,
         };
         let optimizer = AdamW::new(config, model.no_weight_decay_params());

@@ -64,7 +64,7 @@ fn a_gpt_trains_in_bf16_with_fp32_master_weights() {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
-            moment_dtypes: ferrotron_parallel::F32_MOMENTS,
+            moment_dtypes: ferrotron_ops::F32_MOMENTS,
             offload_fraction: None,
         },
         HashSet::new(),

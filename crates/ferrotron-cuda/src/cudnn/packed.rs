@@ -1,5 +1,5 @@
 //! Attention from the packed QKV projection `[b, s, groups, per_group + 2, d]` (see
-//! `ferrotron_parallel::FusedOps::fused_qkv_attention`): cuDNN reads q, k and v as strided views
+//! `ferrotron_ops::FusedOps::fused_qkv_attention`): cuDNN reads q, k and v as strided views
 //! of the projection, writes the output as `[b, s, heads, d]` and the gradients straight into the
 //! slots of one packed gradient, so the model's slices never get autodiff's zero-padded
 //! gradients and their sum.

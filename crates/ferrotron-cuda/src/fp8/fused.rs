@@ -1,9 +1,9 @@
-//! The fp8 primitives of `ferrotron_parallel::FusedOps` for [`Cuda`], on this module's kernels
+//! The fp8 primitives of `ferrotron_ops::FusedOps` for [`Cuda`], on this module's kernels
 //! and GEMM (the trait's methods in `fused_ops.rs` call these).
 
 use burn::tensor::DType as BurnDType;
-use ferrotron_parallel::fp8_scaling::{AMAX, Fp8Role, Fp8Scaling, Fp8Settings, SCALE};
-use ferrotron_parallel::{
+use ferrotron_ops::fp8::scaling::{AMAX, Fp8Role, Fp8Scaling, Fp8Settings, SCALE};
+use ferrotron_ops::{
     Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, NormKind,
     NormStats, fp8_quantize_norm_composed, fp8_quantize_source_composed,
 };

@@ -19,7 +19,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublaslt::{result, sys};
-use ferrotron_parallel::fp8_scaling::Fp8Format;
+use ferrotron_ops::fp8::scaling::Fp8Format;
 
 use crate::alloc::DeviceBuffer;
 use crate::device::CudaDevice;

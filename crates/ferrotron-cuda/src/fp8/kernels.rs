@@ -10,12 +10,12 @@
 //! the 8 bytes of the row-major copy at once and leaves them in a shared-memory tile of words,
 //! from which the transposed copy is written a word (four rows of a column) at a time; the
 //! magnitudes' maximum is taken on the float bits as unsigned integers (so a NaN wins, as in
-//! `ferrotron_parallel::fp8_scaling::amax`), reduced over the block and merged with one
+//! `ferrotron_ops::fp8::scaling::amax`), reduced over the block and merged with one
 //! `atomicMax`. Rows and columns must be multiples of 8 (fp8 GEMMs need 16 anyway) and the
 //! input contiguous. The scale is read from the device (a layer's state row, or computed from
 //! the amax pass), never from the host, and block 0 writes its inverse for the GEMM.
 
-use ferrotron_parallel::fp8_scaling::Fp8Format;
+use ferrotron_ops::fp8::scaling::Fp8Format;
 
 use crate::dtype::DType;
 use crate::kernels::KernelSpec;
@@ -98,7 +98,7 @@ __device__ __forceinline__ void block_max_into(unsigned int m, unsigned int* dst
 "#;
 
 /// The scale of current scaling from an amax: `scaled_max / amax`, 1 for a zero or non-finite
-/// amax, f32's maximum on overflow (`ferrotron_parallel::fp8_scaling::current_scale`).
+/// amax, f32's maximum on overflow (`ferrotron_ops::fp8::scaling::current_scale`).
 const SCALE_FROM_AMAX: &str = r#"
 __device__ __forceinline__ float scale_from_amax(const float amax, const float scaled_max, const float keep) {
   if (!(isfinite(amax) && amax > 0.f)) return keep;
@@ -132,7 +132,7 @@ const TRANSPOSE_TILE: &str = r#"  __syncthreads();
   }
 "#;
 
-/// What a cast's `[rows, cols]` values are computed from (`ferrotron_parallel::Fp8Source`):
+/// What a cast's `[rows, cols]` values are computed from (`ferrotron_ops::Fp8Source`):
 /// `x` itself, an activation of `x`, or an activation's gradient from `x` (the output
 /// gradient) and `aux` (the pre-activation). Math in f32, the 16-bit activation kernels' own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -490,7 +490,7 @@ impl KernelSpec for Amax {
     }
 }
 
-/// The delayed-scaling update of `blocks` role blocks (`ferrotron_parallel::fp8_scaling::
+/// The delayed-scaling update of `blocks` role blocks (`ferrotron_ops::fp8::scaling::
 /// update_block`), one thread each: the amax rolled into the history, the scale from its newest
 /// (`max_algo` 0) or largest entry, its inverse, the amax cleared.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -1,6 +1,6 @@
 //! fp8 training on Hopper (issue 17): the casts, the cuBLASLt fp8 GEMM and the scale update
-//! behind `ferrotron_parallel`'s fp8 linear (`fused_fp8.rs` there holds the recipe and the
-//! autodiff node; `fp8_scaling.rs` the arithmetic every kernel here is checked against).
+//! behind `ferrotron_ops`' fp8 linear (`fp8/linear.rs` there holds the recipe and the
+//! autodiff node; `fp8/scaling.rs` the arithmetic every kernel here is checked against).
 //!
 //! fp8 tensors are `U8` tensors of the engine (the bytes cuBLASLt reads), their format known
 //! to the caller: no new element type reaches the generic kernels. Scales and amaxes stay on
@@ -21,7 +21,7 @@ pub(crate) use fused::{
 };
 pub use gemm::{Operand, fp8_matmul};
 
-use ferrotron_parallel::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Role, Fp8Scaling, Fp8Settings};
+use ferrotron_ops::fp8::scaling::{AmaxAlgo, Fp8Format, Fp8Role, Fp8Scaling, Fp8Settings};
 
 use crate::device::CudaDevice;
 use crate::dtype::DType;

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use ferrotron_parallel::AdamWStep;
+use ferrotron_ops::AdamWStep;
 
 use crate::backend::convert::engine_dtype;
 use crate::dtype::DType;

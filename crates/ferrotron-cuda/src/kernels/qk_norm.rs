@@ -1,5 +1,5 @@
 //! QK-norm on the packed QKV projection `[b, s, g, slots, d]` (see
-//! `ferrotron_parallel::FusedOps::fused_qk_norm`): every head row of `d` channels is one warp's,
+//! `ferrotron_ops::FusedOps::fused_qk_norm`): every head row of `d` channels is one warp's,
 //! held in registers (`d ≤ 256`, compiled in), normalised over its channels with warp shuffles
 //! and scaled by the query's or the key's weight by its slot; the value slot is copied. The
 //! forward keeps `1/σ` (and LayerNorm's mean) per normalised row in f32.

@@ -1,5 +1,5 @@
 //! RoPE on the packed QKV projection `[b, s, g, slots, d]` (see
-//! `ferrotron_parallel::FusedOps::fused_rope_qkv`): two maps over the halves of the query and
+//! `ferrotron_ops::FusedOps::fused_rope_qkv`): two maps over the halves of the query and
 //! key slots, read and written in place in the packed layout with the `[s, d]` tables
 //! broadcast over batch, groups and slots, and a copy of the value slot. The backward is the
 //! same two maps with the transposed rotation. Math in f32, stored in the projection's dtype.

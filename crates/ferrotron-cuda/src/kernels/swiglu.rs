@@ -1,5 +1,5 @@
 //! SwiGLU of the packed `[gate; up]` projection `[rows, 2f]` (see
-//! `ferrotron_parallel::FusedOps::fused_swiglu`): the forward one map over the two halves read
+//! `ferrotron_ops::FusedOps::fused_swiglu`): the forward one map over the two halves read
 //! in place; the backward two maps writing the two halves of one packed gradient, so nothing
 //! is zero-padded, added or kept beyond the projection itself. Math in f32, stored in the
 //! projection's dtype.

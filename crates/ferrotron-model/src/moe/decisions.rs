@@ -10,7 +10,8 @@
 
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData, TensorPrimitive};
-use ferrotron_parallel::{FusedOps, ParallelOps};
+use ferrotron_ops::FusedOps;
+use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
 use super::dispatch::{Permutation, index_tensor};

@@ -11,7 +11,8 @@
 
 use burn::tensor::activation::gelu;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
-use ferrotron_parallel::{FusedOps, ParallelOps};
+use ferrotron_ops::FusedOps;
+use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::Activation;
 
 use super::expert::Expert;

@@ -6,7 +6,7 @@
 //! then the earlier token, wins). The differentiable combine weights are recomputed on the
 //! device from these indices.
 
-use ferrotron_parallel::select_topk;
+use ferrotron_ops::select_topk;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction, TokenDropPolicy};
 
 use super::sinkhorn::sinkhorn;

@@ -5,8 +5,9 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorPrimitive};
+use ferrotron_ops::FusedOps;
 use ferrotron_parallel::collectives::{all_reduce_detached, reduce_from_region};
-use ferrotron_parallel::{Comm, FusedOps, ParallelOps, ReduceOp};
+use ferrotron_parallel::{Comm, ParallelOps, ReduceOp};
 
 /// The rows `start..start + rows` of the padded vocabulary that this rank holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

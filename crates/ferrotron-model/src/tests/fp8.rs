@@ -3,9 +3,7 @@
 //! plain model's loss, its scales updated each step.
 
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use ferrotron_parallel::fp8_scaling::{
-    AmaxAlgo, Fp8Format, Fp8Role, Fp8Scaling, Fp8Settings, SCALE,
-};
+use ferrotron_ops::fp8::scaling::{AmaxAlgo, Fp8Format, Fp8Role, Fp8Scaling, Fp8Settings, SCALE};
 use ferrotron_parallel::{end_fp8_step, solo};
 
 use super::*;

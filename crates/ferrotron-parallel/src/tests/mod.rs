@@ -2,25 +2,10 @@
 //! gradient; shard specs; the size-1 group.
 
 mod dispatch;
-mod flex;
-mod flex_layers;
-mod fused;
-mod fused_dropout;
-mod fused_fp8;
-mod fused_fp8_mlp;
-mod fused_gather;
-mod fused_grouped;
-mod fused_loss;
-mod fused_norm;
-mod fused_qk_norm;
-mod fused_qkv;
-mod fused_rope;
-mod fused_swiglu;
 mod plain;
 mod regions;
 mod shards;
 mod single;
-mod sliding_window;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,7 +8,8 @@ use std::collections::{HashMap, HashSet};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
-use ferrotron_parallel::{FusedOps, ParallelContext, ParamRole, ShardSpec};
+use ferrotron_ops::FusedOps;
+use ferrotron_parallel::{ParallelContext, ParamRole, ShardSpec};
 
 use super::load::ShardedCheckpoint;
 use super::tensors::{ShardTensor, ShardValues};
