@@ -37,6 +37,12 @@ cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${cudnn_lib:+:$cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FERROTRON_KERNEL_CACHE=${FERROTRON_KERNEL_CACHE:-/tmp/ferrotron-kernels}
 
+# The planner's chip: the one on this machine (an H100's step is predicted with its own HBM
+# bandwidth and memory, not an H200's).
+case $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) in
+    *H100*) gpu=h100 ;;
+    *) gpu=h200 ;;
+esac
 common=(--set checkpoint.dir=null --set parallel.data=1 --set parallel.distributed_optimizer=false
     --set training.train_tokens=null --set training.schedule.warmup_iters=3 --set training.log_interval=${LOG_INTERVAL:-1}
     --set training.eval_interval=100000 --set 'data.blend=[{path: recipes/data/shakespeare.jsonl}]'
@@ -101,6 +107,15 @@ llama8b_bf16_states=("${llama8b[@]}" "${zero1[@]}" --set training.optimizer.exp_
 # the plan gives 133.1 GiB of an H200's 140 and 48.8 % MFU (block 20: 136.5 GiB, 50.3 %).
 llama8b_bf16_states_b24=("${llama8b_bf16_states[@]}" --set recompute.method=block --set recompute.num_layers=24)
 
+# Long context (issue 48): the LLaMA-style 1B with full recompute, one sequence a step, at 32k
+# and 128k tokens, and the Llama-3.1-8B shape at 32k, its optimizer offloaded: an H200 row (the
+# plan: 85 GiB on the device, more than an 80 GB card, and 144 GiB with bf16 moments kept there;
+# the fp32 logits of 32k tokens alone are 16 GiB).
+long_ctx=(--set recompute.granularity=full --set recompute.method=uniform --set recompute.num_layers=1)
+llama_1b_32k=("${llama_1b[@]}" "${long_ctx[@]}" --set model.seq_length=32768 --set model.max_position_embeddings=32768)
+llama_1b_128k=("${llama_1b[@]}" "${long_ctx[@]}" --set model.seq_length=131072 --set model.max_position_embeddings=131072)
+llama8b_offload_32k=("${llama8b_offload[@]}" --set model.seq_length=32768 --set model.max_position_embeddings=32768)
+
 # name | recipe | micro batch | extra overrides (an array's name) | global batch (default: the
 # micro batch, one microbatch a step)
 benches=(
@@ -140,6 +155,9 @@ benches=(
     "llama3.1-8b-offload-b26|recipes/llama3.1-8b.yaml|1|llama8b_offload_b26|64"
     "llama3.1-8b-bf16-states|recipes/llama3.1-8b.yaml|1|llama8b_bf16_states|64"
     "llama3.1-8b-bf16-states-b24|recipes/llama3.1-8b.yaml|1|llama8b_bf16_states_b24|64"
+    "llama-1b-32k|recipes/llama3-8b.yaml|1|llama_1b_32k"
+    "llama-1b-128k|recipes/llama3-8b.yaml|1|llama_1b_128k"
+    "llama3.1-8b-offload-32k|recipes/llama3.1-8b.yaml|1|llama8b_offload_32k|16"
     "gpt-1.3b-fp8|recipes/gpt-1.3b.yaml|12|fp8"
     "llama-1b-fp8|recipes/llama3-8b.yaml|2|llama_1b_fp8"
     "llama-1b-mb4-fp8|recipes/llama3-8b.yaml|4|llama_1b_fp8"
@@ -165,7 +183,7 @@ for entry in "${benches[@]}"; do
         --set training.train_iters=$steps --set "logging.jsonl=/tmp/bench-$name/metrics.jsonl")
     # shellcheck disable=SC2206 # words on purpose
     sets+=(${EXTRA_SETS:-})
-    "$dist/recipe" plan "$recipe" "${sets[@]}" --nodes 1 --gpus-per-node 1 --gpu h200 --format json \
+    "$dist/recipe" plan "$recipe" "${sets[@]}" --nodes 1 --gpus-per-node 1 --gpu "$gpu" --format json \
         >"$OUT/logs/$name.plan.json" 2>"$OUT/logs/$name.plan.err"
     echo "=== $name: micro batch $mb, $steps steps ($(date +%T))"
     timing=()
