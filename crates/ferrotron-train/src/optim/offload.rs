@@ -25,7 +25,7 @@ use ferrotron_parallel::{
 use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::{DeviceShard, ShardValues};
-use crate::flat_adamw::Shard;
+use crate::optim::flat_adamw::Shard;
 
 /// One buffer of a flat group's optimizer state, where the group keeps it.
 #[derive(Debug, Clone)]

@@ -10,11 +10,11 @@ use ferrotron_dist::{CallLogs, ProcessGroups, World, WorldError};
 use ferrotron_parallel::ParallelContext;
 use ferrotron_plan::Plan;
 
-use super::plan_groups::group_members;
-use super::rank_loop::{RankOutcome, run_rank};
-use crate::cpu_threads::{rank_pool, threads_per_rank};
 use crate::error::comm_error;
-use crate::setup::RunSetup;
+use crate::rank::group_members;
+use crate::run::cpu_threads::{rank_pool, threads_per_rank};
+use crate::run::entry::{RankOutcome, train_prepared_rank};
+use crate::run::setup::RunSetup;
 use crate::{RunOptions, RunSummary, TrainError};
 
 /// How long a thread rank waits in a collective or a pipeline receive. A peer legitimately
@@ -76,7 +76,7 @@ where
             };
             rank_pool(rank.rank(), threads)?.install(|| {
                 let _entered = span.enter();
-                run_rank::<B>(plan, ctx, options, &setup, device)
+                train_prepared_rank::<B>(plan, ctx, options, &setup, device)
             })
         })
         .map_err(world_error)

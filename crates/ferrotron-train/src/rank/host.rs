@@ -9,7 +9,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
 /// The values of a tensor as f32, row-major.
-pub(super) fn to_vec<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
+pub(crate) fn to_vec<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
     tensor
         .into_data()
         .convert::<f32>()
@@ -18,7 +18,7 @@ pub(super) fn to_vec<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f3
 }
 
 /// Values of every float parameter of `module`.
-pub(super) fn param_values<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<f32>> {
+pub(crate) fn param_values<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<f32>> {
     struct Values(HashMap<ParamId, Vec<f32>>);
     impl<B: Backend> ModuleVisitor<B> for Values {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -31,7 +31,7 @@ pub(super) fn param_values<B: Backend, M: Module<B>>(module: &M) -> HashMap<Para
 }
 
 /// `module` with every trainable parameter replaced by a fresh leaf over the same values.
-pub(super) fn private_leaves<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> M {
+pub(crate) fn private_leaves<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> M {
     struct Fresh;
     impl<B: AutodiffBackend> ModuleMapper<B> for Fresh {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {

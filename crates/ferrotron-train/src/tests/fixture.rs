@@ -12,8 +12,8 @@ use ferrotron_plan::{Plan, PlanOptions};
 use ferrotron_recipe::Recipe;
 use serde_json::{Value, json};
 
-use super::super::rank_loop::{RankOutcome, run_rank};
-use crate::setup::RunSetup;
+use crate::run::entry::{RankOutcome, train_prepared_rank};
+use crate::run::setup::RunSetup;
 use crate::{CpuTrainBackend, RunOptions, StopFlag, TrainError, train_threads_detailed};
 
 pub(super) const WORDS: u32 = 40;
@@ -192,7 +192,13 @@ pub(super) fn train_world_recorded(
 pub(super) fn train_alone(plan: &Plan, options: &RunOptions) -> Result<RankOutcome, TrainError> {
     let setup = RunSetup::new(plan, &tokenizer(plan))?;
     let device = Default::default();
-    run_rank::<CpuTrainBackend>(plan, ParallelContext::single(), options, &setup, &device)
+    train_prepared_rank::<CpuTrainBackend>(
+        plan,
+        ParallelContext::single(),
+        options,
+        &setup,
+        &device,
+    )
 }
 
 fn tokenizer(plan: &Plan) -> Tokenizer {

@@ -13,7 +13,7 @@ use std::any::Any;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
 
-use crate::host_read::read_to_host;
+use crate::run::host_read::read_to_host;
 use crate::{StepStats, TrainError};
 
 /// Values left on the device, to be read with others in one host read. The backend is erased

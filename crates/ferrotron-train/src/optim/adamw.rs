@@ -19,10 +19,10 @@ use ferrotron_parallel::{AdamWStep, Comm, FusedOps, ParallelOps};
 
 use crate::TrainError;
 use crate::checkpoint::{ShardValues, SnapshotGate};
-use crate::flat_adamw::{
+use crate::optim::flat_adamw::{
     self, Family, FlatGrads, FlatState, Group, Layout, ParamFacts, Sharding, ViewMapper,
 };
-use crate::offload::{self, Held};
+use crate::optim::offload::{self, Held};
 use crate::params::{NamedTensor, ParamEntry};
 use crate::precision::MasterWeights;
 

@@ -8,13 +8,13 @@ use ferrotron_data::Tokenizer;
 use ferrotron_parallel::{ParallelContext, ShardSpec};
 use ferrotron_plan::Plan;
 
-use super::host::param_values;
-use super::rank_model::RankModel;
-use crate::cpu_threads::{process_threads, rank_pool, use_cpu_threads};
-use crate::host_read::host_reads;
-use crate::resume::ResumeState;
-use crate::run_loop::{Lead, run_rank_loop};
-use crate::setup::RunSetup;
+use crate::rank::RankModel;
+use crate::rank::host::param_values;
+use crate::run::cpu_threads::{process_threads, rank_pool, use_cpu_threads};
+use crate::run::host_read::host_reads;
+use crate::run::resume::ResumeState;
+use crate::run::setup::RunSetup;
+use crate::run::training_loop::{Lead, training_loop};
 use crate::{AdamWConfig, RunOptions, RunSummary, TrainError};
 
 /// Train `plan` as the rank `ctx` describes (its groups from the plan's rank grid;
@@ -33,7 +33,7 @@ where
     let rank = ctx.global_rank();
     let train = || {
         let setup = RunSetup::new(plan, tokenizer)?;
-        run_rank::<B>(plan, ctx, options, &setup, device).map(|outcome| outcome.summary)
+        train_prepared_rank::<B>(plan, ctx, options, &setup, device).map(|outcome| outcome.summary)
     };
     if B::device_resident_step() {
         // A device rank keeps its loop on this thread (see `cpu_threads.rs`).
@@ -52,13 +52,13 @@ pub(crate) struct RankOutcome {
     /// Every local parameter with where it sits in the one-rank model.
     #[cfg_attr(not(test), expect(dead_code, reason = "the equivalence tests read it"))]
     pub(crate) params: Vec<(ShardSpec, Vec<f32>)>,
-    /// The host reads of its loop (`crate::host_read`): steps, evaluations and saves.
+    /// The host reads of its loop (`crate::run::host_read`): steps, evaluations and saves.
     #[cfg_attr(not(test), expect(dead_code, reason = "the host-read tests read it"))]
     pub(crate) host_reads: u64,
 }
 
 /// The rank loop on an already prepared setup (shared by thread ranks of one process).
-pub(crate) fn run_rank<B>(
+pub(crate) fn train_prepared_rank<B>(
     plan: &Plan,
     ctx: ParallelContext,
     options: &RunOptions,
@@ -70,7 +70,7 @@ where
 {
     check_context(plan, &ctx)?;
     let recipe = &setup.recipe;
-    crate::fp8::check_support::<B>(&recipe.precision, device)?;
+    crate::rank::fp8::check_support::<B>(&recipe.precision, device)?;
     let parallel = &recipe.parallel;
     if parallel.distributed_optimizer && parallel.distributed_optimizer_instances > 1 {
         return Err(TrainError::Config(format!(
@@ -99,7 +99,7 @@ where
     let lead = if rank == 0 { Lead::Yes } else { Lead::No };
     let dp = (ctx.dp_rank() as u32, ctx.dp_size() as u32);
     let reads_before = host_reads();
-    let summary = run_rank_loop(
+    let summary = training_loop(
         plan,
         setup,
         options,

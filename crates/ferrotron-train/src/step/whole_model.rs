@@ -15,13 +15,13 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_model::{ExpertLoads, GptModel};
 use ferrotron_parallel::{Comm, ParallelOps, prefetch, recompute};
 
-use crate::adamw::Laid;
-use crate::backward::fence_peers;
-use crate::clip::device_clip_coefficient;
-use crate::flat_adamw::{FlatGrads, Sum, take_grads};
-use crate::host_read::read_to_host;
-use crate::pending::{DeviceValues, PendingStats};
-use crate::replicas::{BucketReduction, Replicas};
+use crate::optim::adamw::Laid;
+use crate::optim::flat_adamw::{FlatGrads, Sum, take_grads};
+use crate::run::host_read::read_to_host;
+use crate::run::pending::{DeviceValues, PendingStats};
+use crate::step::backward::fence_peers;
+use crate::step::clip::device_clip_coefficient;
+use crate::step::replicas::{BucketReduction, Replicas};
 use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
 
 /// Token ids of one microbatch: `batch` samples of `seq_length + 1` tokens, row-major.
@@ -233,7 +233,7 @@ where
             Some(by_range) if last => *by_range,
             _ => &mut no_ranges,
         };
-        let gradients = crate::backward::backward_by_range(
+        let gradients = crate::step::backward::backward_by_range(
             output.loss.mul_scalar(scale),
             tape,
             model,

@@ -6,7 +6,7 @@
 //!
 //! Steps are queued and their statistics read only where the loop needs them — a logged step,
 //! an evaluation, a checkpoint, the exit interval, the last step — all queued steps at once, in
-//! one host read (`crate::pending`). Those iterations are the same on every rank, and so is what
+//! one host read (`crate::run::pending`). Those iterations are the same on every rank, and so is what
 //! is read, so decisions taken from it are the ranks' common ones: a non-finite step fails all
 //! of them, and a stop (SIGTERM/SIGINT, which some ranks may see an iteration before others) is
 //! agreed there by a device all-reduce of the ranks' flags read with the statistics. Megatron's
@@ -29,10 +29,10 @@ use ferrotron_telemetry::{
 use serde::Serialize;
 
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
-use crate::eval_batches::eval_start;
-use crate::pending::{DeviceValues, read_together};
-use crate::resume::ResumeState;
-use crate::setup::{RunSetup, write_run_dir};
+use crate::run::eval_batches::eval_start;
+use crate::run::pending::{DeviceValues, read_together};
+use crate::run::resume::ResumeState;
+use crate::run::setup::{RunSetup, write_run_dir};
 use crate::{Microbatch, PendingStats, StepContext, StepStats, StopFlag, TrainError};
 
 /// How the caller wants the run to go, beyond the plan.
@@ -93,7 +93,7 @@ pub(crate) enum Lead {
     clippy::too_many_arguments,
     reason = "the loop's inputs, each named once"
 )]
-pub(crate) fn run_rank_loop(
+pub(crate) fn training_loop(
     plan: &Plan,
     setup: &RunSetup,
     options: &RunOptions,
@@ -120,7 +120,7 @@ pub(crate) fn run_rank_loop(
         dp_rank,
         dp_size,
     };
-    let outcome = run_loop(&context, step, state, reporter.as_mut());
+    let outcome = run_iterations(&context, step, state, reporter.as_mut());
     if let Some(reporter) = &reporter {
         reporter.finish(outcome.is_ok());
     }
@@ -492,7 +492,7 @@ struct DeferredLine {
     state: ResumeState,
 }
 
-pub(crate) fn run_loop(
+pub(crate) fn run_iterations(
     context: &LoopContext<'_>,
     stepper: &mut dyn RankStep,
     mut state: ResumeState,

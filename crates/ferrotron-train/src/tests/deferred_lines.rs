@@ -14,10 +14,10 @@ use serde_json::{Value, json};
 
 use super::fixture::{Layout, options, plan, write_data};
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
-use crate::pending::DeviceValues;
-use crate::resume::ResumeState;
-use crate::run_loop::{Lead, RankStep, run_rank_loop};
-use crate::setup::RunSetup;
+use crate::run::pending::DeviceValues;
+use crate::run::resume::ResumeState;
+use crate::run::setup::RunSetup;
+use crate::run::training_loop::{Lead, RankStep, training_loop};
 use crate::{CpuBackend, Microbatch, PendingStats, StepContext, StepStats, TrainError};
 
 /// Records `queue N`, `read N` and `evaluate`; step `fail`'s read is a non-finite error and
@@ -105,7 +105,7 @@ fn run_with(dir: &Path, iterations: u64, mut recorder: Recorder, extra: Value) -
     let tokenizer = Tokenizer::from_recipe(&plan.recipe.data.tokenizer).expect("tokenizer");
     let setup = RunSetup::new(&plan, &tokenizer).expect("setup");
     let events = recorder.events.clone();
-    let outcome = run_rank_loop(
+    let outcome = training_loop(
         &plan,
         &setup,
         &options(dir),

@@ -1,6 +1,6 @@
 //! Multi-rank steps keep their statistics on the device, as the one-rank step does: each rank
 //! reads them to the host once per logged step (every queued step's losses, norm and clipping
-//! coefficient and the agreed stop flag together, `crate::host_read`), never per step or per
+//! coefficient and the agreed stop flag together, `crate::run::host_read`), never per step or per
 //! microbatch. A read on a GPU waits for every kernel queued, so each extra one leaves the device
 //! idle while the host queues the next step.
 //!

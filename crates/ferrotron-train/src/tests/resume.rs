@@ -19,7 +19,7 @@ fn resumed_parallel_run_matches_uninterrupted_bit_for_bit() {
     });
 }
 
-/// Pure data parallelism runs the replicated device step (`crate::replicas`): plain, and ZeRO-1
+/// Pure data parallelism runs the replicated device step (`crate::step::replicas`): plain, and ZeRO-1
 /// whose parts of the flat state are joined for the checkpoint and cut again after it.
 #[test]
 fn resumed_data_parallel_run_matches_uninterrupted_bit_for_bit() {

@@ -1,20 +1,20 @@
 //! The step of a rank whose layout the replicated step does not cover (pipeline stages,
 //! context or expert parallelism, MoE with data parallelism), its gradients exchanged on the
 //! device: each backward's gradients are summed into the chunk optimizer's flat fp32 buffers
-//! (`crate::flat_adamw`), and the exchange is collectives over those buffers in Megatron's order
+//! (`crate::optim::flat_adamw`), and the exchange is collectives over those buffers in Megatron's order
 //! of concerns — the sequence-parallel partial gradients summed over tp, the tied embedding
 //! between first and last stage, then each flat group averaged over the ranks holding the same
 //! parameters (dense over dp×cp, experts over expert-dp): all-reduced, or with the distributed
 //! optimizer (ZeRO-1) reduce-scattered to this rank's part, updated there and all-gathered
 //! whole. On a GPU with NCCL no gradient or parameter crosses to the host, and neither does a
 //! statistic: the clipping coefficient is computed on the device from the all-reduced norm, and
-//! the losses and the norm are read with the queued steps when the loop logs (`crate::pending`),
+//! the losses and the norm are read with the queued steps when the loop logs (`crate::run::pending`),
 //! where every rank takes the finiteness decision alike.
 //!
 //! The flat groups are cut into buckets of layers (`parallel.ddp_bucket_size`, as the
 //! replicated step's), and a chunk's last microbatch runs its backward layer by layer: with
 //! `parallel.overlap_grad_reduce` each bucket's reductions start as soon as its gradients are
-//! final, under the rest of that backward and of the schedule (`crate::replicas`'s
+//! final, under the rest of that backward and of the schedule (`crate::step::replicas`'s
 //! `BucketReduction`, shared with the replicated step); without, they start after the chunk's
 //! last backward — the same collectives, so the same numbers. The tied embedding's group is
 //! held until the schedule is over: a stage may block on the other end of the pipeline only
@@ -39,24 +39,26 @@ use ferrotron_parallel::{
     Comm, InFlight, ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch,
 };
 
-use super::pipeline;
-use super::rank_model::{RankModel, RankOptimizer};
-use crate::adamw::Laid;
-use crate::clip::exact_device_clip_coefficient;
-use crate::flat_adamw::{Family, FlatGrads, Group, Layout, Shard, Sharding, Sum, take_grads};
-use crate::pending::DeviceValues;
-use crate::replicas::{
+use crate::optim::adamw::Laid;
+use crate::optim::flat_adamw::{
+    Family, FlatGrads, Group, Layout, Shard, Sharding, Sum, take_grads,
+};
+use crate::rank::pipeline;
+use crate::rank::{RankModel, RankOptimizer};
+use crate::rng::with_process_rng;
+use crate::run::pending::DeviceValues;
+use crate::step::check_finite;
+use crate::step::clip::exact_device_clip_coefficient;
+use crate::step::replicas::{
     BucketReduction, GroupReduction, Launched, TensorReplicas, divided, gathered_whole,
     layer_buckets, summed_over,
 };
-use crate::rng::with_process_rng;
-use crate::step::check_finite;
 use crate::{
     AdamW, Microbatch, PendingStats, StepContext, StepStats, TrainError, clip_coefficient,
 };
 
 /// How a rank's per-chunk exchange runs.
-pub(super) struct ExchangeSettings {
+pub(crate) struct ExchangeSettings {
     /// Start a chunk's bucket reductions during its last backward
     /// (`parallel.overlap_grad_reduce`).
     pub overlap_grad_reduce: bool,
@@ -70,7 +72,7 @@ pub(super) struct ExchangeSettings {
 /// embedding in flat groups of their own, and with the distributed optimizer each group cut over
 /// its data-parallel group. Also the first global layer of each bucket (the chunk's layers
 /// begin at `first_layer`).
-pub(super) fn per_chunk_optimizer<B: AutodiffBackend>(
+pub(crate) fn per_chunk_optimizer<B: AutodiffBackend>(
     chunk: &GptModel<B>,
     mut optimizer: AdamW<B::InnerBackend>,
     roles: &[ParamRole],
@@ -112,7 +114,7 @@ pub(super) fn per_chunk_optimizer<B: AutodiffBackend>(
 
 /// The ranks holding the same parameters as a flat group's: dense ones over dp×cp, experts over
 /// expert-dp.
-pub(super) fn data_group<'a>(ctx: &'a ParallelContext, group: &Group) -> &'a Comm {
+pub(crate) fn data_group<'a>(ctx: &'a ParallelContext, group: &Group) -> &'a Comm {
     if group.family == Family::Expert {
         &ctx.edp
     } else {
@@ -221,7 +223,7 @@ where
     /// One optimizer step of a rank with peers and one AdamW per chunk: the schedule with the
     /// reductions started as the chunks' gradients become final, the agreed norm and the
     /// update, all queued without a host read; the statistics stay on the device until read.
-    pub(super) fn device_exchanged_step(
+    pub(crate) fn device_exchanged_step(
         &mut self,
         microbatches: &[Microbatch],
         context: StepContext,

@@ -12,7 +12,7 @@ use ferrotron_plan::Plan;
 use ferrotron_recipe::{Recipe, ResumePolicy};
 
 use crate::checkpoint::{CheckpointStore, ModelShape, ShardedCheckpoint};
-use crate::eval_batches::valid_samples;
+use crate::run::eval_batches::valid_samples;
 use crate::{LrSchedule, TrainError};
 
 /// A rank's run inputs derived from the plan.
@@ -146,5 +146,5 @@ pub(crate) fn write_run_dir(
             run_dir.display()
         ))
     })?;
-    crate::resume::write_recipe(run_dir, recipe)
+    crate::run::resume::write_recipe(run_dir, recipe)
 }

@@ -14,10 +14,10 @@ use serde_json::{Value, json};
 use super::LOSS_TOLERANCE;
 use super::fixture::{Layout, options, plan, train_alone, train_world, write_data};
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
-use crate::pending::DeviceValues;
-use crate::resume::ResumeState;
-use crate::run_loop::{Lead, RankStep, run_rank_loop};
-use crate::setup::RunSetup;
+use crate::run::pending::DeviceValues;
+use crate::run::resume::ResumeState;
+use crate::run::setup::RunSetup;
+use crate::run::training_loop::{Lead, RankStep, training_loop};
 use crate::{Microbatch, PendingStats, StepContext, StepStats, StopReason, TrainError};
 
 /// The fixture's global batch, microbatch and sequence length.
@@ -87,7 +87,7 @@ fn evaluations(dir: &Path, extra: Value, (rank, size): (u32, u32)) -> (Vec<Evalu
     let mut recorder = Evaluations::default();
     let seen = recorder.seen.clone();
     let lead = if rank == 0 { Lead::Yes } else { Lead::No };
-    run_rank_loop(
+    training_loop(
         &plan,
         &setup,
         &options(dir),

@@ -9,7 +9,7 @@ use burn::tensor::cast::ToElement;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_parallel::{FusedOps, OrderedSum};
 
-use crate::host_read::read_to_host;
+use crate::run::host_read::read_to_host;
 
 /// The L2 norm of all gradients of `model` together (one device sync).
 pub(crate) fn global_grad_norm<B, M>(model: &M, grads: &GradientsParams) -> f64

@@ -1,4 +1,4 @@
-//! Data parallelism with the whole model on every rank (`crate::replicas`): the gradient
+//! Data parallelism with the whole model on every rank (`crate::step::replicas`): the gradient
 //! reduction overlapped with the last microbatch's backward, bucket by bucket, gives the numbers
 //! of the reduction after the backward bit for bit, with any bucket size, and so does ZeRO-1's
 //! parameter all-gather waited for layer by layer in the next forward; each matches one rank
@@ -6,9 +6,9 @@
 
 use serde_json::{Value, json};
 
-use super::super::rank_loop::RankOutcome;
 use super::fixture::{Layout, losses_and_weights, options, plan, train_world, write_data};
 use crate::TrainError;
+use crate::run::entry::RankOutcome;
 
 fn dp2() -> Layout {
     Layout {

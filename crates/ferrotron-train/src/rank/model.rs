@@ -10,7 +10,7 @@
 //! would only copy, and on a GPU that step keeps the loss and the norm on the device (no host
 //! read per step). Its numbers are the ones every N-rank layout is tested against. A rank of
 //! pure data parallelism over a dense model takes that step too, averaged over its group on the
-//! device (`crate::replicas`).
+//! device (`crate::step::replicas`).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -22,24 +22,24 @@ use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig, RecomputePo
 use ferrotron_parallel::{ParallelContext, ParamRole, ReduceOp, prefetch};
 use ferrotron_plan::Plan;
 
-use super::device_exchange::{ExchangeSettings, data_group, per_chunk_optimizer};
 use super::pipeline::{evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore, SaveInFlight};
 use crate::error::comm_error;
-use crate::flat_adamw::{Shard, Sharding};
-use crate::host_read::read_to_host;
-use crate::init::seeded_model;
-use crate::pending::DeviceValues;
-use crate::replicas::{
+use crate::optim::flat_adamw::{Shard, Sharding};
+use crate::rank::init::seeded_model;
+use crate::run::host_read::read_to_host;
+use crate::run::pending::DeviceValues;
+use crate::run::training_loop::RankStep;
+use crate::step::per_chunk::{ExchangeSettings, data_group, per_chunk_optimizer};
+use crate::step::replicas::{
     GRAD_BUCKET_ELEMENTS, Replicas, TensorReplicas, layer_buckets, sum_loads, summed_over,
 };
-use crate::run_loop::RankStep;
 use crate::step::{device_step, train_step_deferred};
 use crate::{AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, TrainError};
 
 /// This rank's chunks (virtual stages) from the plan's stage table.
-pub(super) fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>, TrainError> {
+pub(crate) fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>, TrainError> {
     let stage = plan
         .stages
         .get(pp_rank)
@@ -63,13 +63,13 @@ pub(super) fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>,
 }
 
 /// The optimizer state a rank keeps.
-pub(super) enum RankOptimizer<I: Backend> {
+pub(crate) enum RankOptimizer<I: Backend> {
     /// The whole model on a rank alone: one AdamW, the one-rank step. A distributed optimizer
     /// over one rank is this one (its shard is everything).
     Whole(AdamW<I>),
     /// The whole model on every rank of a data-parallel group, nothing else split: the
     /// one-rank device step with its flat gradient buffers averaged over the group on the
-    /// device (`crate::replicas`).
+    /// device (`crate::step::replicas`).
     Replicated(AdamW<I>, Replicas),
     /// One AdamW per chunk (with ZeRO-1: over this rank's parts of its flat groups), the
     /// gradients exchanged on the device (`device_exchange.rs`).
@@ -78,7 +78,7 @@ pub(super) enum RankOptimizer<I: Backend> {
 
 impl<I: Backend> RankOptimizer<I> {
     /// The AdamW of each chunk.
-    pub(super) fn per_chunk(&self) -> &[AdamW<I>] {
+    pub(crate) fn per_chunk(&self) -> &[AdamW<I>] {
         match self {
             RankOptimizer::Whole(optimizer) | RankOptimizer::Replicated(optimizer, _) => {
                 std::slice::from_ref(optimizer)
@@ -87,7 +87,7 @@ impl<I: Backend> RankOptimizer<I> {
         }
     }
 
-    pub(super) fn per_chunk_mut(&mut self) -> &mut [AdamW<I>] {
+    pub(crate) fn per_chunk_mut(&mut self) -> &mut [AdamW<I>] {
         match self {
             RankOptimizer::Whole(optimizer) | RankOptimizer::Replicated(optimizer, _) => {
                 std::slice::from_mut(optimizer)
@@ -98,17 +98,17 @@ impl<I: Backend> RankOptimizer<I> {
 }
 
 /// A rank's model chunks, their parameter layout and optimizer.
-pub(super) struct RankModel<B: AutodiffBackend> {
+pub(crate) struct RankModel<B: AutodiffBackend> {
     pub ctx: ParallelContext,
     pub position: StagePosition,
     pub chunks: Vec<GptModel<B>>,
     pub roles: Vec<Vec<ParamRole>>,
     /// How the per-chunk exchange overlaps (`device_exchange.rs`).
-    pub(super) exchange: ExchangeSettings,
-    pub(super) optimizer: RankOptimizer<B::InnerBackend>,
-    pub(super) device: B::Device,
+    pub(crate) exchange: ExchangeSettings,
+    pub(crate) optimizer: RankOptimizer<B::InnerBackend>,
+    pub(crate) device: B::Device,
     /// A checkpoint its writer thread is still writing (`checkpoint.async_save`).
-    pub(super) save_in_flight: Option<SaveInFlight>,
+    pub(crate) save_in_flight: Option<SaveInFlight>,
 }
 
 impl<B> RankModel<B>
@@ -117,7 +117,7 @@ where
 {
     /// Build this rank's chunks as cuts of the seeded one-rank model (the model itself on a
     /// rank alone), and its optimizer.
-    pub(super) fn new(
+    pub(crate) fn new(
         plan: &Plan,
         ctx: ParallelContext,
         config: &ModelConfig,
@@ -141,7 +141,9 @@ where
         let policy = RecomputePolicy::from_recipe(&plan.recipe.recompute)?;
         let chunks: Vec<_> = chunks
             .into_iter()
-            .map(|chunk| crate::fp8::with_fp8(chunk.with_recompute(policy), &plan.recipe.precision))
+            .map(|chunk| {
+                crate::rank::fp8::with_fp8(chunk.with_recompute(policy), &plan.recipe.precision)
+            })
             .collect::<Result<_, _>>()?;
         let position = StagePosition {
             stage: ctx.pp_rank(),
@@ -219,7 +221,7 @@ where
     }
 
     /// DeepSeek-V3's bias update from the loads of every data-parallel rank's tokens.
-    pub(super) fn update_expert_bias(&mut self, loads: Vec<ExpertLoads>) -> Result<(), TrainError> {
+    pub(crate) fn update_expert_bias(&mut self, loads: Vec<ExpertLoads>) -> Result<(), TrainError> {
         if self.chunks.iter().all(|c| c.expert_biases().is_empty()) {
             return Ok(());
         }
@@ -240,7 +242,7 @@ where
 
 /// `values` (this rank's per-microbatch means) as every rank reports them: the last stage's,
 /// averaged over the data- and context-parallel ranks.
-pub(super) fn reported_mean<const N: usize>(
+pub(crate) fn reported_mean<const N: usize>(
     ctx: &ParallelContext,
     mut values: [f64; N],
 ) -> Result<[f64; N], TrainError> {
@@ -284,7 +286,7 @@ where
             RankOptimizer::Replicated(optimizer, replicas) => (optimizer, Some(&*replicas)),
             RankOptimizer::PerChunk(_) => {
                 let stats = self.device_exchanged_step(microbatches, context)?;
-                crate::fp8::end_step(&self.chunks, &self.ctx);
+                crate::rank::fp8::end_step(&self.chunks, &self.ctx);
                 return Ok(stats);
             }
         };
@@ -303,7 +305,7 @@ where
             )?,
         };
         self.chunks.push(model);
-        crate::fp8::end_step(&self.chunks, &self.ctx);
+        crate::rank::fp8::end_step(&self.chunks, &self.ctx);
         Ok(stats)
     }
 
@@ -420,7 +422,7 @@ fn is_alone(ctx: &ParallelContext) -> bool {
 /// expert tensor-parallel size, tp's by default, does not matter to a dense model): every
 /// rank then holds all layers (split over tp) and the microbatches' whole sequences, and its
 /// gradients need sums over tp and dp only, which the replicated device step does
-/// (`crate::replicas`).
+/// (`crate::step::replicas`).
 fn one_stage_dense(ctx: &ParallelContext) -> bool {
     [ctx.cp_size(), ctx.ep_size(), ctx.pp_size()] == [1, 1, 1]
 }

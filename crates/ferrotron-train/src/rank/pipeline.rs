@@ -29,13 +29,13 @@ use ferrotron_parallel::{ParallelContext, ParallelOps};
 
 use super::host::private_leaves;
 use super::schedule::{self, Op, StagePosition};
-use crate::backward::{backward_by_range, fence_peers};
 use crate::error::comm_error;
-use crate::host_read::read_to_host;
+use crate::run::host_read::read_to_host;
+use crate::step::backward::{backward_by_range, fence_peers};
 use crate::{Microbatch, TrainError};
 
 /// What a stage's step produced besides the gradients (which went to `absorb`).
-pub(super) struct PipelineOutcome<B: AutodiffBackend> {
+pub(crate) struct PipelineOutcome<B: AutodiffBackend> {
     /// Each microbatch's objective and LM loss in the order of their forwards, left on the
     /// device (last stage only; empty elsewhere).
     pub losses: Vec<Tensor<B::InnerBackend, 1>>,
@@ -69,7 +69,7 @@ struct InFlight<B: AutodiffBackend> {
 type TokensAndLabels<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
 
 /// A microbatch's tokens and labels as this rank sees them (its context-parallel part).
-pub(super) fn rank_tensors<B: burn::tensor::backend::Backend>(
+pub(crate) fn rank_tensors<B: burn::tensor::backend::Backend>(
     microbatch: &Microbatch,
     ctx: &ParallelContext,
     device: &B::Device,
@@ -107,16 +107,16 @@ fn send<B: ParallelOps>(
 
 /// What sees a chunk's last backward's gradients after each of its ranges: the chunk's index,
 /// the chunk as that forward ran (its private leaves) and the gradients so far.
-pub(super) type ChunkRangeDone<'a, B> =
+pub(crate) type ChunkRangeDone<'a, B> =
     dyn FnMut(usize, &GptModel<B>, &mut <B as AutodiffBackend>::Gradients) + 'a;
 
 /// Forward and backward of `microbatches` through `chunks` by the stage's schedule; each
 /// backward's parameter gradients (of the loss divided by the microbatch count) go to
 /// `absorb` with the index of their chunk, which sums them. With `by_range`, each chunk's last
 /// microbatch runs with its layers cut and its backward goes layer by layer
-/// (`crate::backward::backward_by_range`), `by_range` seeing the gradients after each layer
+/// (`crate::step::backward::backward_by_range`), `by_range` seeing the gradients after each layer
 /// (it may take the final ones out; `absorb` gets the rest).
-pub(super) fn run_step<B>(
+pub(crate) fn run_step<B>(
     chunks: &[GptModel<B>],
     position: StagePosition,
     ctx: &ParallelContext,
@@ -285,7 +285,7 @@ fn schedule_bug(what: &str, chunk: usize, microbatch: usize) -> TrainError {
 /// Forward-only pass for evaluation: microbatch by microbatch through every chunk in pipeline
 /// order (a chain, so blocking sends cannot deadlock). Returns the sum of the LM losses on the
 /// last stage (0 elsewhere).
-pub(super) fn evaluate_stage<B>(
+pub(crate) fn evaluate_stage<B>(
     chunks: &[GptModel<B>],
     position: StagePosition,
     ctx: &ParallelContext,
@@ -327,7 +327,7 @@ where
 }
 
 /// Evaluation models: the chunks without autodiff.
-pub(super) fn valid_chunks<B: AutodiffBackend>(
+pub(crate) fn valid_chunks<B: AutodiffBackend>(
     chunks: &[GptModel<B>],
 ) -> Vec<GptModel<B::InnerBackend>> {
     chunks.iter().map(AutodiffModule::valid).collect()

@@ -23,8 +23,8 @@ use ferrotron_parallel::{Comm, InFlight, ParallelOps, ReduceOp, prefetch};
 
 use crate::TrainError;
 use crate::error::comm_error;
-use crate::flat_adamw::{FlatGrads, Group, Layout, from_primitive, gather_group, primitive};
-use crate::host_read::read_to_host;
+use crate::optim::flat_adamw::{FlatGrads, Group, Layout, from_primitive, gather_group, primitive};
+use crate::run::host_read::read_to_host;
 
 /// Elements per gradient bucket (Megatron's `--ddp-bucket-size` default of 40M).
 pub(crate) const GRAD_BUCKET_ELEMENTS: usize = 40_000_000;

@@ -25,7 +25,7 @@ use ferrotron_parallel::{AdamWStep, Comm, FlatPiece, FlatSegment, FusedOps, Para
 
 use crate::TrainError;
 use crate::checkpoint::ShardValues;
-use crate::offload::{self, Held};
+use crate::optim::offload::{self, Held};
 
 /// Every parameter starts at a multiple of this many elements (128 bytes of bf16), so the
 /// views the model computes with are as aligned as their own allocations were (cuBLASLt picks
@@ -610,9 +610,9 @@ mod tests {
     use burn::tensor::TensorData;
 
     use super::*;
-    use crate::adamw::Laid;
-    use crate::clip::grad_sum_of_squares;
+    use crate::optim::adamw::Laid;
     use crate::precision::grads_to_fp32;
+    use crate::step::clip::grad_sum_of_squares;
     use crate::{AdamW, AdamWConfig, named_tensors, param_entries};
 
     type Cpu = Flex;

@@ -5,11 +5,11 @@
 //! A 16-bit parameter is saved as its fp32 master copy (what the next update starts from) and
 //! that copy is rebuilt from the saved values on load, so a mixed-precision run resumes exactly.
 //! A rank alone writes whole tensors (`model.safetensors`, `optimizer.safetensors`). The fp8
-//! layers' scaling states travel with the moments (`crate::fp8`).
+//! layers' scaling states travel with the moments (`crate::rank::fp8`).
 
 use std::path::PathBuf;
 
-use super::rank_model::RankModel;
+use super::model::RankModel;
 use crate::TrainError;
 use crate::checkpoint::{
     CheckpointInfo, CheckpointStore, ShardedCheckpoint, adamw_shards, save_sharded,
@@ -23,7 +23,7 @@ where
     /// Write this rank's part of a checkpoint (collective over the world): the committed
     /// folder, or with `checkpoint.async_save` `None` and the save in flight once this rank's
     /// shards are in host memory.
-    pub(super) fn save_checkpoint(
+    pub(crate) fn save_checkpoint(
         &mut self,
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,
@@ -37,7 +37,7 @@ where
             )?);
             moments.extend(adamw_shards(optimizer, roles, &self.ctx)?);
         }
-        moments.extend(crate::fp8::checkpoint_shards(&self.chunks, &self.ctx));
+        moments.extend(crate::rank::fp8::checkpoint_shards(&self.chunks, &self.ctx));
         // a split into one piece is the whole dimension: what a rank alone writes are whole
         // tensors, as one-rank checkpoints always held
         for shard in params.iter_mut().chain(&mut moments) {
@@ -55,7 +55,7 @@ where
     }
 
     /// Replace parameters and optimizer state by `checkpoint`'s (no communication).
-    pub(super) fn load(&mut self, checkpoint: &ShardedCheckpoint) -> Result<(), TrainError> {
+    pub(crate) fn load(&mut self, checkpoint: &ShardedCheckpoint) -> Result<(), TrainError> {
         let chunks = std::mem::take(&mut self.chunks);
         self.chunks = chunks
             .into_iter()
@@ -67,6 +67,6 @@ where
             checkpoint.load_adamw(optimizer, roles, &self.device)?;
             checkpoint.restore_master_weights::<B, _, _>(optimizer, chunk, roles, &self.device)?;
         }
-        crate::fp8::restore(&self.chunks, checkpoint, &self.device)
+        crate::rank::fp8::restore(&self.chunks, checkpoint, &self.device)
     }
 }

@@ -14,10 +14,10 @@ use serde_json::{Value, json};
 
 use super::fixture::{Layout, options, plan, write_data};
 use crate::checkpoint::{CheckpointInfo, CheckpointStore};
-use crate::pending::DeviceValues;
-use crate::resume::ResumeState;
-use crate::run_loop::{LoopContext, RankStep, Reporter, run_loop};
-use crate::setup::RunSetup;
+use crate::run::pending::DeviceValues;
+use crate::run::resume::ResumeState;
+use crate::run::setup::RunSetup;
+use crate::run::training_loop::{LoopContext, RankStep, Reporter, run_iterations};
 use crate::{Microbatch, PendingStats, StepContext, StepStats, TrainError};
 
 /// The device time of one step.
@@ -107,7 +107,7 @@ fn run(training: Value) -> (Vec<(u64, f64)>, f64, f64) {
         dp_rank: 0,
         dp_size: 1,
     };
-    run_loop(
+    run_iterations(
         &context,
         &mut QueuedDevice::default(),
         state,
