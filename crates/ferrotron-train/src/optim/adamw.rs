@@ -15,7 +15,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_parallel::{AdamWStep, Comm, FusedOps, ParallelOps};
+use ferrotron_parallel::{AdamWStep, Comm, FusedOps, ParallelOps, ParamRole};
 
 use crate::TrainError;
 use crate::checkpoint::{ShardValues, SnapshotGate};
@@ -119,6 +119,15 @@ pub(crate) enum Laid {
 /// Suffixes of the two moment tensors in checkpoints (`<param>.exp_avg`), PyTorch's names.
 pub(crate) const EXP_AVG: &str = "exp_avg";
 pub(crate) const EXP_AVG_SQ: &str = "exp_avg_sq";
+
+/// The parameters exempt from weight decay (Megatron's rule: every 1-D one), for [`AdamW::new`].
+pub(crate) fn no_decay(roles: &[ParamRole]) -> HashSet<ParamId> {
+    roles
+        .iter()
+        .filter(|r| r.no_weight_decay)
+        .map(|r| r.id)
+        .collect()
+}
 
 impl<I: Backend> AdamW<I> {
     pub fn new(config: AdamWConfig, no_decay: HashSet<ParamId>) -> Self {

@@ -17,5 +17,5 @@ pub(crate) mod pipeline;
 mod plan_groups;
 pub(crate) mod schedule;
 
-pub(crate) use model::{RankModel, RankOptimizer};
+pub(crate) use model::RankModel;
 pub use plan_groups::group_members;

@@ -1,24 +1,24 @@
-//! One rank's share of the model and optimizer, and one optimizer step over it: the pipeline
-//! schedule, gradient synchronisation, the global norm, the finiteness guard, clipping and the
-//! (plain or distributed) AdamW, then the MoE expert-bias update, all queued without a host read.
+//! One rank's share of the model and the optimizer state that goes with it, and the choice,
+//! made once when the rank is built, of the step that updates them: a rank alone takes the
+//! one-rank step, a rank of pure data parallelism over a dense model the same step averaged over
+//! its group (`crate::step::replicas`), every other rank the per-chunk step
+//! (`crate::step::per_chunk`), which owns its optimizers and is lent the chunks each step. The
+//! rank keeps only what every step form and the checkpoints share (chunks, roles, groups).
+//!
+//! Why a rank alone does not take the per-chunk step with nothing to exchange: the flat
+//! gradient buffers would only copy, and on a GPU the one-rank step already keeps the loss and
+//! the norm on the device (no host read per step). Its numbers are the ones every N-rank layout
+//! is tested against.
+//!
 //! Every decision that ends the run (a non-finite loss or norm, a stop) is taken where the loop
 //! reads the queued steps, from values all ranks share after their device reductions, so all
 //! ranks stop at the same iteration instead of leaving peers waiting in a collective.
-//!
-//! A rank alone in its world holds the whole model and steps it with the one-rank step
-//! ([`train_step_deferred`]) instead: there is nothing to exchange, the flat gradient buffers
-//! would only copy, and on a GPU that step keeps the loss and the norm on the device (no host
-//! read per step). Its numbers are the ones every N-rank layout is tested against. A rank of
-//! pure data parallelism over a dense model takes that step too, averaged over its group on the
-//! device (`crate::step::replicas`).
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 
-use burn::module::ParamId;
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
-use ferrotron_model::{ChunkSpec, ExpertLoads, GptModel, ModelConfig, RecomputePolicy};
+use ferrotron_model::{ChunkSpec, GptModel, ModelConfig, RecomputePolicy};
 use ferrotron_parallel::{ParallelContext, ParamRole, ReduceOp, prefetch};
 use ferrotron_plan::Plan;
 
@@ -26,14 +26,15 @@ use super::pipeline::{evaluate_stage, valid_chunks};
 use super::schedule::StagePosition;
 use crate::checkpoint::{CheckpointInfo, CheckpointStore, SaveInFlight};
 use crate::error::comm_error;
+use crate::optim::adamw::no_decay;
 use crate::optim::flat_adamw::{Shard, Sharding};
 use crate::rank::init::seeded_model;
 use crate::run::host_read::read_to_host;
 use crate::run::pending::DeviceValues;
 use crate::run::training_loop::RankStep;
-use crate::step::per_chunk::{ExchangeSettings, data_group, per_chunk_optimizer};
+use crate::step::per_chunk::{PerChunkSettings, PerChunkStep, RankChunks};
 use crate::step::replicas::{
-    GRAD_BUCKET_ELEMENTS, Replicas, TensorReplicas, layer_buckets, sum_loads, summed_over,
+    GRAD_BUCKET_ELEMENTS, Replicas, TensorReplicas, layer_buckets, summed_over,
 };
 use crate::step::{device_step, train_step_deferred};
 use crate::{AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, TrainError};
@@ -63,36 +64,36 @@ pub(crate) fn chunk_specs(plan: &Plan, pp_rank: usize) -> Result<Vec<ChunkSpec>,
 }
 
 /// The optimizer state a rank keeps.
-pub(crate) enum RankOptimizer<I: Backend> {
+pub(crate) enum RankOptimizer<B: AutodiffBackend> {
     /// The whole model on a rank alone: one AdamW, the one-rank step. A distributed optimizer
     /// over one rank is this one (its shard is everything).
-    Whole(AdamW<I>),
+    Whole(AdamW<B::InnerBackend>),
     /// The whole model on every rank of a data-parallel group, nothing else split: the
     /// one-rank device step with its flat gradient buffers averaged over the group on the
     /// device (`crate::step::replicas`).
-    Replicated(AdamW<I>, Replicas),
+    Replicated(AdamW<B::InnerBackend>, Replicas),
     /// One AdamW per chunk (with ZeRO-1: over this rank's parts of its flat groups), the
-    /// gradients exchanged on the device (`device_exchange.rs`).
-    PerChunk(Vec<AdamW<I>>),
+    /// gradients exchanged on the device (`crate::step::per_chunk`).
+    PerChunk(PerChunkStep<B>),
 }
 
-impl<I: Backend> RankOptimizer<I> {
+impl<B: crate::TrainBackend> RankOptimizer<B> {
     /// The AdamW of each chunk.
-    pub(crate) fn per_chunk(&self) -> &[AdamW<I>] {
+    pub(crate) fn per_chunk(&self) -> &[AdamW<B::InnerBackend>] {
         match self {
             RankOptimizer::Whole(optimizer) | RankOptimizer::Replicated(optimizer, _) => {
                 std::slice::from_ref(optimizer)
             }
-            RankOptimizer::PerChunk(optimizers) => optimizers,
+            RankOptimizer::PerChunk(step) => step.optimizers(),
         }
     }
 
-    pub(crate) fn per_chunk_mut(&mut self) -> &mut [AdamW<I>] {
+    pub(crate) fn per_chunk_mut(&mut self) -> &mut [AdamW<B::InnerBackend>] {
         match self {
             RankOptimizer::Whole(optimizer) | RankOptimizer::Replicated(optimizer, _) => {
                 std::slice::from_mut(optimizer)
             }
-            RankOptimizer::PerChunk(optimizers) => optimizers,
+            RankOptimizer::PerChunk(step) => step.optimizers_mut(),
         }
     }
 }
@@ -103,9 +104,7 @@ pub(crate) struct RankModel<B: AutodiffBackend> {
     pub position: StagePosition,
     pub chunks: Vec<GptModel<B>>,
     pub roles: Vec<Vec<ParamRole>>,
-    /// How the per-chunk exchange overlaps (`device_exchange.rs`).
-    pub(crate) exchange: ExchangeSettings,
-    pub(crate) optimizer: RankOptimizer<B::InnerBackend>,
+    pub(crate) optimizer: RankOptimizer<B>,
     pub(crate) device: B::Device,
     /// A checkpoint its writer thread is still writing (`checkpoint.async_save`).
     pub(crate) save_in_flight: Option<SaveInFlight>,
@@ -153,7 +152,7 @@ where
         let roles: Vec<Vec<ParamRole>> = chunks.iter().map(GptModel::param_roles).collect();
         // The replicated step lays its flat buffers out from the first microbatch's gradients,
         // which an expert no token reached lacks on one data rank but not another: it takes
-        // dense models only, and MoE the per-chunk exchange (`device_exchange.rs`).
+        // dense models only, and MoE the per-chunk exchange (`crate::step::per_chunk`).
         let replicated =
             !whole && one_stage_dense(&ctx) && chunks.len() == 1 && config.moe.is_none();
         let bucket_elements = plan
@@ -164,10 +163,6 @@ where
                 usize::try_from(n).unwrap_or(usize::MAX)
             });
         let parallel = &plan.recipe.parallel;
-        let mut exchange = ExchangeSettings {
-            overlap_grad_reduce: parallel.overlap_grad_reduce,
-            gather_before: None,
-        };
         let optimizer = if whole {
             RankOptimizer::Whole(AdamW::new(adamw, no_decay(&roles[0])))
         } else if replicated {
@@ -186,57 +181,31 @@ where
                 bucket_elements,
             )
         } else {
-            let (optimizers, first_layers) = chunks
-                .iter()
-                .zip(&roles)
-                .zip(&specs)
-                .map(|((chunk, roles), spec)| {
-                    let optimizer = AdamW::new(adamw, no_decay(roles));
-                    per_chunk_optimizer(
-                        chunk,
-                        optimizer,
-                        roles,
-                        &ctx,
-                        distributed_optimizer,
-                        bucket_elements,
-                        spec.layers.start,
-                    )
-                })
-                .unzip();
-            if distributed_optimizer && parallel.overlap_param_gather {
-                exchange.gather_before = Some(first_layers);
-            }
-            RankOptimizer::PerChunk(optimizers)
+            let settings = PerChunkSettings {
+                adamw,
+                distributed_optimizer,
+                bucket_elements,
+                overlap_grad_reduce: parallel.overlap_grad_reduce,
+                overlap_param_gather: parallel.overlap_param_gather,
+            };
+            let first_layers = specs.iter().map(|spec| spec.layers.start);
+            RankOptimizer::PerChunk(PerChunkStep::new(
+                &chunks,
+                &roles,
+                first_layers,
+                &ctx,
+                &settings,
+            ))
         };
         Ok(RankModel {
             ctx,
             position,
             chunks,
             roles,
-            exchange,
             optimizer,
             device: device.clone(),
             save_in_flight: None,
         })
-    }
-
-    /// DeepSeek-V3's bias update from the loads of every data-parallel rank's tokens.
-    pub(crate) fn update_expert_bias(&mut self, loads: Vec<ExpertLoads>) -> Result<(), TrainError> {
-        if self.chunks.iter().all(|c| c.expert_biases().is_empty()) {
-            return Ok(());
-        }
-        let chunks = std::mem::take(&mut self.chunks);
-        let mut updated = Vec::with_capacity(chunks.len());
-        for (chunk, mut loads) in chunks.into_iter().zip(loads) {
-            if !chunk.expert_biases().is_empty() {
-                sum_loads(&self.ctx.dp_cp, &mut loads)?;
-                updated.push(chunk.update_expert_bias(&loads)?);
-            } else {
-                updated.push(chunk);
-            }
-        }
-        self.chunks = updated;
-        Ok(())
     }
 }
 
@@ -284,8 +253,15 @@ where
         let (optimizer, replicas) = match &mut self.optimizer {
             RankOptimizer::Whole(optimizer) => (optimizer, None),
             RankOptimizer::Replicated(optimizer, replicas) => (optimizer, Some(&*replicas)),
-            RankOptimizer::PerChunk(_) => {
-                let stats = self.device_exchanged_step(microbatches, context)?;
+            RankOptimizer::PerChunk(step) => {
+                let chunks = RankChunks {
+                    chunks: &mut self.chunks,
+                    roles: &self.roles,
+                    position: self.position,
+                    ctx: &self.ctx,
+                    device: &self.device,
+                };
+                let stats = step.step(chunks, microbatches, context)?;
                 crate::rank::fp8::end_step(&self.chunks, &self.ctx);
                 return Ok(stats);
             }
@@ -343,11 +319,7 @@ where
             RankOptimizer::Replicated(optimizer, replicas) => {
                 optimizer.join_shards(|_| &replicas.comm);
             }
-            RankOptimizer::PerChunk(optimizers) => {
-                for optimizer in optimizers {
-                    optimizer.join_shards(|group| data_group(&self.ctx, group));
-                }
-            }
+            RankOptimizer::PerChunk(step) => step.join_shards(&self.ctx),
         }
         self.save_checkpoint(store, info)
     }
@@ -392,7 +364,7 @@ fn replicated_optimizer<B: AutodiffBackend>(
     mut replicas: Replicas,
     overlap_param_gather: bool,
     bucket_elements: usize,
-) -> RankOptimizer<B::InnerBackend> {
+) -> RankOptimizer<B> {
     let gather_overlap = replicas.shard && overlap_param_gather;
     // ZeRO-1 cuts every bucket into parts (as Megatron's distributed optimizer does), so its
     // numbers depend on the bucket size, never on whether the collectives overlap.
@@ -425,13 +397,4 @@ fn is_alone(ctx: &ParallelContext) -> bool {
 /// (`crate::step::replicas`).
 fn one_stage_dense(ctx: &ParallelContext) -> bool {
     [ctx.cp_size(), ctx.ep_size(), ctx.pp_size()] == [1, 1, 1]
-}
-
-/// The parameters exempt from weight decay (Megatron's rule: every 1-D one).
-fn no_decay(roles: &[ParamRole]) -> HashSet<ParamId> {
-    roles
-        .iter()
-        .filter(|r| r.no_weight_decay)
-        .map(|r| r.id)
-        .collect()
 }

@@ -4,16 +4,16 @@
 //! [`RankStep`]; what gets printed and written (metrics, JSONL, TensorBoard, progress) is the
 //! [`Reporter`]'s, which only global rank 0 has.
 //!
-//! Steps are queued and their statistics read only where the loop needs them — a logged step,
-//! an evaluation, a checkpoint, the exit interval, the last step — all queued steps at once, in
-//! one host read (`crate::run::pending`). Those iterations are the same on every rank, and so is what
-//! is read, so decisions taken from it are the ranks' common ones: a non-finite step fails all
-//! of them, and a stop (SIGTERM/SIGINT, which some ranks may see an iteration before others) is
-//! agreed there by a device all-reduce of the ranks' flags read with the statistics. Megatron's
-//! `--exit-signal-handler` agrees every iteration by reading an all-gather, a host
-//! synchronisation per step; here a signal takes effect at the next logged step (one iteration
-//! later when that step's read is deferred), the price of no host read between them. A rank
-//! alone has nobody to agree with and stops on its flag after the step it is in.
+//! Steps are queued and their statistics read only where the loop needs them — a logged step, an
+//! evaluation, a checkpoint, the exit interval, the last step — all queued steps at once, in one
+//! host read (`crate::run::pending`). Those iterations are the same on every rank, and so is what
+//! is read, so decisions taken from it are the ranks' common ones: a non-finite step fails all of
+//! them, and a stop (SIGTERM/SIGINT, which some ranks may see an iteration before others) is agreed
+//! there by a device all-reduce of the ranks' flags read with the statistics. Megatron's
+//! `--exit-signal-handler` agrees every iteration by reading an all-gather, a host synchronisation
+//! per step; here a signal takes effect at the next logged step (one iteration later when that
+//! step's read is deferred), the price of no host read between them. A rank alone has nobody to
+//! agree with and stops on its flag after the step it is in.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};

@@ -1,15 +1,15 @@
-//! The step of a rank whose layout the replicated step does not cover (pipeline stages,
-//! context or expert parallelism, MoE with data parallelism), its gradients exchanged on the
-//! device: each backward's gradients are summed into the chunk optimizer's flat fp32 buffers
-//! (`crate::optim::flat_adamw`), and the exchange is collectives over those buffers in Megatron's order
-//! of concerns — the sequence-parallel partial gradients summed over tp, the tied embedding
+//! The step of a rank whose layout the replicated step does not cover (pipeline stages, context or
+//! expert parallelism, MoE with data parallelism), its gradients exchanged on the device: each
+//! backward's gradients are summed into the chunk optimizer's flat fp32 buffers
+//! (`crate::optim::flat_adamw`), and the exchange is collectives over those buffers in Megatron's
+//! order of concerns — the sequence-parallel partial gradients summed over tp, the tied embedding
 //! between first and last stage, then each flat group averaged over the ranks holding the same
 //! parameters (dense over dp×cp, experts over expert-dp): all-reduced, or with the distributed
-//! optimizer (ZeRO-1) reduce-scattered to this rank's part, updated there and all-gathered
-//! whole. On a GPU with NCCL no gradient or parameter crosses to the host, and neither does a
-//! statistic: the clipping coefficient is computed on the device from the all-reduced norm, and
-//! the losses and the norm are read with the queued steps when the loop logs (`crate::run::pending`),
-//! where every rank takes the finiteness decision alike.
+//! optimizer (ZeRO-1) reduce-scattered to this rank's part, updated there and all-gathered whole.
+//! On a GPU with NCCL no gradient or parameter crosses to the host, and neither does a statistic:
+//! the clipping coefficient is computed on the device from the all-reduced norm, and the losses and
+//! the norm are read with the queued steps when the loop logs (`crate::run::pending`), where every
+//! rank takes the finiteness decision alike.
 //!
 //! The flat groups are cut into buckets of layers (`parallel.ddp_bucket_size`, as the
 //! replicated step's), and a chunk's last microbatch runs its backward layer by layer: with
@@ -34,45 +34,122 @@ use burn::module::ParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
-use ferrotron_model::GptModel;
+use ferrotron_model::{ExpertLoads, GptModel};
 use ferrotron_parallel::{
     Comm, InFlight, ParallelContext, ParallelOps, ParamRole, ReduceOp, prefetch,
 };
 
-use crate::optim::adamw::Laid;
+use crate::optim::adamw::{Laid, no_decay};
 use crate::optim::flat_adamw::{
     Family, FlatGrads, Group, Layout, Shard, Sharding, Sum, take_grads,
 };
 use crate::rank::pipeline;
-use crate::rank::{RankModel, RankOptimizer};
+use crate::rank::schedule::StagePosition;
 use crate::rng::with_process_rng;
 use crate::run::pending::DeviceValues;
 use crate::step::check_finite;
 use crate::step::clip::exact_device_clip_coefficient;
 use crate::step::replicas::{
     BucketReduction, GroupReduction, Launched, TensorReplicas, divided, gathered_whole,
-    layer_buckets, summed_over,
+    layer_buckets, sum_loads, summed_over,
 };
 use crate::{
-    AdamW, Microbatch, PendingStats, StepContext, StepStats, TrainError, clip_coefficient,
+    AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, StepStats, TrainError,
+    clip_coefficient,
 };
 
-/// How a rank's per-chunk exchange runs.
-pub(crate) struct ExchangeSettings {
+/// The per-chunk step's own state: one AdamW per chunk (with ZeRO-1 over this rank's parts of
+/// its flat groups) and how its exchange overlaps. The rank keeps the chunks and their roles and
+/// lends them to [`PerChunkStep::step`]; this keeps what only the exchange reads.
+pub(crate) struct PerChunkStep<B: AutodiffBackend> {
+    optimizers: Vec<AdamW<B::InnerBackend>>,
     /// Start a chunk's bucket reductions during its last backward
     /// (`parallel.overlap_grad_reduce`).
-    pub overlap_grad_reduce: bool,
+    overlap_grad_reduce: bool,
     /// Per chunk and bucket, the first (global) layer reading the bucket's parameters, where the
     /// next forward waits for its ZeRO-1 all-gather (`parallel.overlap_param_gather`; none:
     /// every gather is waited for at once).
-    pub gather_before: Option<Vec<Vec<Option<usize>>>>,
+    gather_before: Option<Vec<Vec<Option<usize>>>>,
+}
+
+/// What a per-chunk step runs over: the rank's chunks (replaced by their updates), their
+/// parameter roles, the stage they make up and the rank's groups.
+pub(crate) struct RankChunks<'a, B: AutodiffBackend> {
+    pub(crate) chunks: &'a mut Vec<GptModel<B>>,
+    pub(crate) roles: &'a [Vec<ParamRole>],
+    pub(crate) position: StagePosition,
+    pub(crate) ctx: &'a ParallelContext,
+    pub(crate) device: &'a B::Device,
+}
+
+/// How the per-chunk optimizers are laid out and their exchange overlaps (from the recipe's
+/// `parallel` section).
+pub(crate) struct PerChunkSettings {
+    pub(crate) adamw: AdamWConfig,
+    pub(crate) distributed_optimizer: bool,
+    pub(crate) bucket_elements: usize,
+    pub(crate) overlap_grad_reduce: bool,
+    pub(crate) overlap_param_gather: bool,
+}
+
+impl<B: crate::TrainBackend> PerChunkStep<B> {
+    /// One optimizer per chunk of `chunks` (whose layers begin at `first_layers`).
+    pub(crate) fn new(
+        chunks: &[GptModel<B>],
+        roles: &[Vec<ParamRole>],
+        first_layers: impl IntoIterator<Item = usize>,
+        ctx: &ParallelContext,
+        settings: &PerChunkSettings,
+    ) -> Self {
+        let (optimizers, first_layers) = chunks
+            .iter()
+            .zip(roles)
+            .zip(first_layers)
+            .map(|((chunk, roles), first_layer)| {
+                let optimizer = AdamW::new(settings.adamw, no_decay(roles));
+                chunk_optimizer(
+                    chunk,
+                    optimizer,
+                    roles,
+                    ctx,
+                    settings.distributed_optimizer,
+                    settings.bucket_elements,
+                    first_layer,
+                )
+            })
+            .unzip();
+        let gather_before = (settings.distributed_optimizer && settings.overlap_param_gather)
+            .then_some(first_layers);
+        PerChunkStep {
+            optimizers,
+            overlap_grad_reduce: settings.overlap_grad_reduce,
+            gather_before,
+        }
+    }
+
+    /// The AdamW of each chunk.
+    pub(crate) fn optimizers(&self) -> &[AdamW<B::InnerBackend>] {
+        &self.optimizers
+    }
+
+    pub(crate) fn optimizers_mut(&mut self) -> &mut [AdamW<B::InnerBackend>] {
+        &mut self.optimizers
+    }
+
+    /// Whole moments and masters in every optimizer (a checkpoint holds them whole, whatever
+    /// the layout that reads it): ZeRO-1 parts gathered over their data-parallel groups.
+    pub(crate) fn join_shards(&mut self, ctx: &ParallelContext) {
+        for optimizer in &mut self.optimizers {
+            optimizer.join_shards(|group| data_group(ctx, group));
+        }
+    }
 }
 
 /// A chunk's optimizer: its parameters in buckets of layers, its expert parameters and its tied
 /// embedding in flat groups of their own, and with the distributed optimizer each group cut over
 /// its data-parallel group. Also the first global layer of each bucket (the chunk's layers
 /// begin at `first_layer`).
-pub(crate) fn per_chunk_optimizer<B: AutodiffBackend>(
+fn chunk_optimizer<B: AutodiffBackend>(
     chunk: &GptModel<B>,
     mut optimizer: AdamW<B::InnerBackend>,
     roles: &[ParamRole],
@@ -114,7 +191,7 @@ pub(crate) fn per_chunk_optimizer<B: AutodiffBackend>(
 
 /// The ranks holding the same parameters as a flat group's: dense ones over dp×cp, experts over
 /// expert-dp.
-pub(crate) fn data_group<'a>(ctx: &'a ParallelContext, group: &Group) -> &'a Comm {
+fn data_group<'a>(ctx: &'a ParallelContext, group: &Group) -> &'a Comm {
     if group.family == Family::Expert {
         &ctx.edp
     } else {
@@ -216,39 +293,39 @@ fn gathered<I: ParallelOps>(
     gathered_whole(part, comm, before)
 }
 
-impl<B> RankModel<B>
-where
-    B: crate::TrainBackend,
-{
+impl<B: crate::TrainBackend> PerChunkStep<B> {
     /// One optimizer step of a rank with peers and one AdamW per chunk: the schedule with the
     /// reductions started as the chunks' gradients become final, the agreed norm and the
-    /// update, all queued without a host read; the statistics stay on the device until read.
-    pub(crate) fn device_exchanged_step(
+    /// update, then the MoE expert-bias update, all queued without a host read; the statistics
+    /// stay on the device until read.
+    pub(crate) fn step(
         &mut self,
+        rank: RankChunks<'_, B>,
         microbatches: &[Microbatch],
         context: StepContext,
     ) -> Result<PendingStats, TrainError> {
-        let RankOptimizer::PerChunk(optimizers) = &mut self.optimizer else {
-            return Err(TrainError::Config(
-                "the device exchange needs one optimizer per chunk".into(),
-            ));
-        };
-        let (ctx, device) = (&self.ctx, &self.device);
+        let RankChunks {
+            chunks: rank_chunks,
+            roles,
+            position,
+            ctx,
+            device,
+        } = rank;
+        let optimizers = &mut self.optimizers;
         // every chunk's flat state laid out before its gradients are gathered into it
         let layouts: Vec<Layout> = optimizers
             .iter_mut()
-            .zip(&self.chunks)
+            .zip(rank_chunks.iter())
             .map(|(optimizer, chunk)| optimizer.flat_layout_of(chunk).clone())
             .collect();
-        let exchanges: Vec<ChunkExchange<'_>> = self
-            .roles
+        let exchanges: Vec<ChunkExchange<'_>> = roles
             .iter()
             .map(|roles| ChunkExchange {
                 ctx,
                 tensor: TensorReplicas::new(&ctx.tp, roles),
             })
             .collect();
-        let count = self.chunks.len();
+        let count = rank_chunks.len();
         let earlier: RefCell<Vec<Option<FlatGrads<B::InnerBackend>>>> =
             RefCell::new((0..count).map(|_| None).collect());
         let reductions: RefCell<Vec<Option<BucketReduction<'_, B, ChunkExchange<'_>>>>> =
@@ -268,13 +345,12 @@ where
         // dropout's stream, seeded as the one-rank step seeds it
         with_process_rng(|| B::seed(device, context.seed ^ context.iteration));
         let outcome = pipeline::run_step(
-            &self.chunks,
-            self.position,
+            rank_chunks,
+            position,
             ctx,
             microbatches,
             device,
-            self.exchange
-                .overlap_grad_reduce
+            self.overlap_grad_reduce
                 .then_some(&mut by_range as &mut pipeline::ChunkRangeDone<'_, B>),
             |index, chunk, grads| {
                 absorbed[index] += 1;
@@ -318,7 +394,7 @@ where
         for ((optimizer, flat), (roles, layout)) in optimizers
             .iter()
             .zip(&reduced)
-            .zip(self.roles.iter().zip(&layouts))
+            .zip(roles.iter().zip(&layouts))
         {
             let sharded = layout.groups.iter().any(|group| group.shard.is_some());
             let by_id: HashMap<ParamId, &ParamRole> = roles.iter().map(|r| (r.id, r)).collect();
@@ -338,9 +414,9 @@ where
         let device_clip = exact_device_clip_coefficient(&squares, context.clip_grad);
         // the next forward's waits, if one did not reach them all, before the parameters change
         prefetch::settle();
-        let chunks = std::mem::take(&mut self.chunks);
-        let gather_before = self.exchange.gather_before.as_ref();
-        self.chunks = chunks
+        let chunks = std::mem::take(rank_chunks);
+        let gather_before = self.gather_before.as_ref();
+        *rank_chunks = chunks
             .into_iter()
             .zip(optimizers.iter_mut().zip(reduced))
             .enumerate()
@@ -359,7 +435,7 @@ where
             })
             .collect();
         let decode = reported_stats(ctx.dp_cp_size(), microbatches.len(), context);
-        self.update_expert_bias(outcome.loads)?;
+        update_expert_bias(rank_chunks, ctx, outcome.loads)?;
         let values = DeviceValues::new(vec![losses, squares]);
         Ok(PendingStats::later(
             Some(values),
@@ -367,6 +443,29 @@ where
             B::device_resident_step(),
         ))
     }
+}
+
+/// DeepSeek-V3's bias update from the loads of every data-parallel rank's tokens.
+fn update_expert_bias<B: AutodiffBackend>(
+    chunks: &mut Vec<GptModel<B>>,
+    ctx: &ParallelContext,
+    loads: Vec<ExpertLoads>,
+) -> Result<(), TrainError> {
+    if chunks.iter().all(|c| c.expert_biases().is_empty()) {
+        return Ok(());
+    }
+    let taken = std::mem::take(chunks);
+    let mut updated = Vec::with_capacity(taken.len());
+    for (chunk, mut loads) in taken.into_iter().zip(loads) {
+        if !chunk.expert_biases().is_empty() {
+            sum_loads(&ctx.dp_cp, &mut loads)?;
+            updated.push(chunk.update_expert_bias(&loads)?);
+        } else {
+            updated.push(chunk);
+        }
+    }
+    *chunks = updated;
+    Ok(())
 }
 
 /// Every microbatch's objective and LM loss, as every rank reads them: the last stage's

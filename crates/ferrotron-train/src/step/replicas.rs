@@ -184,7 +184,7 @@ impl Replicas {
 
 /// How a step's flat groups are summed over the ranks holding their parameters: the replicated
 /// step's (every group over its data-parallel group) and the per-chunk exchange's
-/// (`parallel/device_exchange.rs`: by the group's family).
+/// (`per_chunk.rs`: by the group's family).
 pub(crate) trait GroupReduction<I: Backend> {
     /// A group's reduction under way.
     type Pending;
