@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use ferrotron_model::GptModel;
 use ferrotron_parallel::fp8_scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
-use ferrotron_parallel::{FusedOps, ParallelContext, ParallelOps, ShardSpec, end_fp8_step};
+use ferrotron_parallel::{FusedOps, ParallelContext, ShardSpec, end_fp8_step};
 use ferrotron_recipe::{Fp8, Fp8AmaxComputeAlgo, Fp8Recipe, Precision};
 
 use crate::TrainError;
@@ -95,8 +95,7 @@ pub(crate) fn with_fp8<B: Backend>(
 /// Ends an optimizer step for every chunk's fp8 layers (collective over tp and dp × cp).
 pub(crate) fn end_step<B>(chunks: &[GptModel<B>], ctx: &ParallelContext)
 where
-    B: AutodiffBackend,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
 {
     for state in chunks.iter().filter_map(GptModel::fp8_state) {
         end_fp8_step::<B::InnerBackend>(state, &[&ctx.tp, &ctx.dp_cp]);

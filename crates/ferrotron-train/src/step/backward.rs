@@ -14,8 +14,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
+use ferrotron_parallel::Comm;
 use ferrotron_parallel::recompute::{Replay, Segment, Tape};
-use ferrotron_parallel::{Comm, ParallelOps};
 
 use crate::TrainError;
 use crate::error::comm_error;
@@ -52,7 +52,7 @@ pub(crate) fn backward_by_range<B, M>(
     done: &mut dyn FnMut(&mut B::Gradients) -> Result<(), TrainError>,
 ) -> Result<B::Gradients, TrainError>
 where
-    B: AutodiffBackend + ParallelOps,
+    B: crate::TrainBackend,
     M: Module<B>,
 {
     let device = root.device();

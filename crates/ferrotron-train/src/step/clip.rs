@@ -4,7 +4,7 @@
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn::tensor::cast::ToElement;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_parallel::{FusedOps, OrderedSum};
@@ -14,7 +14,7 @@ use crate::run::host_read::read_to_host;
 /// The L2 norm of all gradients of `model` together (one device sync).
 pub(crate) fn global_grad_norm<B, M>(model: &M, grads: &GradientsParams) -> f64
 where
-    B: AutodiffBackend<InnerBackend: FusedOps>,
+    B: crate::TrainBackend,
     M: AutodiffModule<B>,
 {
     match grad_sum_of_squares::<B, M>(model, grads) {
@@ -32,7 +32,7 @@ pub(crate) fn grad_sum_of_squares<B, M>(
     grads: &GradientsParams,
 ) -> Option<Tensor<B::InnerBackend, 1>>
 where
-    B: AutodiffBackend<InnerBackend: FusedOps>,
+    B: crate::TrainBackend,
     M: AutodiffModule<B>,
 {
     let mut visitor = SquaredNorm::<B::InnerBackend> { grads, total: None };
@@ -94,9 +94,7 @@ struct SquaredNorm<'a, I: Backend> {
     total: Option<OrderedSum<I>>,
 }
 
-impl<B: AutodiffBackend<InnerBackend: FusedOps>> ModuleVisitor<B>
-    for SquaredNorm<'_, B::InnerBackend>
-{
+impl<B: crate::TrainBackend> ModuleVisitor<B> for SquaredNorm<'_, B::InnerBackend> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) else {
             return;

@@ -229,8 +229,7 @@ pub(crate) struct BucketReduction<'a, B: AutodiffBackend, R: GroupReduction<B::I
 
 impl<'a, B, R> BucketReduction<'a, B, R>
 where
-    B: AutodiffBackend,
-    B::InnerBackend: ParallelOps,
+    B: crate::TrainBackend,
     R: GroupReduction<B::InnerBackend>,
 {
     /// For `model`'s last microbatch, on top of the earlier microbatches' sums `earlier`.
