@@ -37,7 +37,9 @@ pub(crate) use optim::lr_schedule::LrSchedule;
 pub(crate) use run::pending::PendingStats;
 #[cfg(test)]
 pub(crate) use run::train_threads_detailed;
-pub(crate) use step::clip::{clip_coefficient, global_grad_norm};
+pub(crate) use step::clip::clip_coefficient;
+#[cfg(test)]
+pub(crate) use step::clip::per_tensor::global_grad_norm;
 
 /// The CPU backend (burn-flex) used for inference and evaluation.
 pub type CpuBackend = burn::backend::Flex;

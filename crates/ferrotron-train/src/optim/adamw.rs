@@ -203,13 +203,15 @@ impl<I: Backend> AdamW<I> {
     }
 
     /// The fp32 master copies of the model's 16-bit parameters (see `precision`) updated by the
-    /// per-parameter step (the flat state's are read through [`AdamW::master_values`]).
+    /// per-parameter step, [`AdamW::step`] (the flat state's are read through
+    /// [`AdamW::master_values`]; [`AdamW::has_master`] asks either form).
     pub fn master_weights(&self) -> &MasterWeights<I> {
         &self.master
     }
 
-    /// Whether parameter `id` has an fp32 master copy apart from its own value.
-    pub(crate) fn has_master(&self, id: ParamId) -> bool {
+    /// Whether parameter `id` has an fp32 master copy apart from its own value, in whichever
+    /// form the state is.
+    pub fn has_master(&self, id: ParamId) -> bool {
         self.master_at(id).is_some()
     }
 

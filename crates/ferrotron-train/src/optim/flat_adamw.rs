@@ -612,7 +612,7 @@ mod tests {
     use super::*;
     use crate::optim::adamw::Laid;
     use crate::precision::grads_to_fp32;
-    use crate::step::clip::grad_sum_of_squares;
+    use crate::step::clip::per_tensor::grad_sum_of_squares;
     use crate::{AdamW, AdamWConfig, named_tensors, param_entries};
 
     type Cpu = Flex;

@@ -36,7 +36,7 @@ use crate::step::per_chunk::{PerChunkSettings, PerChunkStep, RankChunks};
 use crate::step::replicas::{
     GRAD_BUCKET_ELEMENTS, Replicas, TensorReplicas, layer_buckets, summed_over,
 };
-use crate::step::{device_step, train_step_deferred};
+use crate::step::{StatsRead, train_step_deferred, whole_model_step};
 use crate::{AdamW, AdamWConfig, Microbatch, PendingStats, StepContext, TrainError};
 
 /// This rank's chunks (virtual stages) from the plan's stage table.
@@ -271,13 +271,14 @@ where
         })?;
         let (model, stats) = match replicas {
             None => train_step_deferred(model, optimizer, microbatches, context, &self.device)?,
-            Some(replicas) => device_step(
+            Some(replicas) => whole_model_step(
                 model,
                 optimizer,
                 microbatches,
                 context,
                 &self.device,
                 Some(replicas),
+                StatsRead::Later,
             )?,
         };
         self.chunks.push(model);

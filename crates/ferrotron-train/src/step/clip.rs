@@ -2,43 +2,8 @@
 //! direction of the update; Megatron (and every large-model recipe) clips by the L2 norm of
 //! all gradients together, so the update keeps its direction and only its length shrinks.
 
-use burn::module::{AutodiffModule, ModuleVisitor, Param};
-use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
-use burn::tensor::cast::ToElement;
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
-use ferrotron_parallel::{FusedOps, OrderedSum};
-
-use crate::run::host_read::read_to_host;
-
-/// The L2 norm of all gradients of `model` together (one device sync).
-pub(crate) fn global_grad_norm<B, M>(model: &M, grads: &GradientsParams) -> f64
-where
-    B: crate::TrainBackend,
-    M: AutodiffModule<B>,
-{
-    match grad_sum_of_squares::<B, M>(model, grads) {
-        Some(total) => read_to_host(|| total.into_scalar().to_f64()).sqrt(),
-        None => 0.0,
-    }
-}
-
-/// The sum of squares of all gradients of `model`, left on the device (`[1]` f32; `None`: no
-/// gradients), one [`FusedOps::sum_of_squares`] per parameter (one reduction kernel on a GPU,
-/// reading a 16-bit gradient as it is), added in model order by [`OrderedSum`] (as the flat
-/// buffers' `composed_segment_sum_of_squares` adds them, so both give the same bits).
-pub(crate) fn grad_sum_of_squares<B, M>(
-    model: &M,
-    grads: &GradientsParams,
-) -> Option<Tensor<B::InnerBackend, 1>>
-where
-    B: crate::TrainBackend,
-    M: AutodiffModule<B>,
-{
-    let mut visitor = SquaredNorm::<B::InnerBackend> { grads, total: None };
-    model.visit(&mut visitor);
-    visitor.total.map(OrderedSum::total)
-}
+use burn::tensor::{DType, Tensor, TensorData};
 
 /// [`clip_coefficient`] computed on the device from the sum of squares, in f32, so the step
 /// never waits for the norm; `None` when clipping is off.
@@ -89,26 +54,74 @@ pub(crate) fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
     coefficient.min(1.0)
 }
 
-struct SquaredNorm<'a, I: Backend> {
-    grads: &'a GradientsParams,
-    total: Option<OrderedSum<I>>,
-}
+/// The norm per tensor, as the host step computed it before every step kept its gradients in
+/// flat buffers: the reference the flat buffers' `Σ g²` is tested against (the same bits).
+#[cfg(test)]
+pub(crate) mod per_tensor {
+    use burn::module::{AutodiffModule, ModuleVisitor, Param};
+    use burn::optim::GradientsParams;
+    use burn::tensor::backend::Backend;
+    use burn::tensor::cast::ToElement;
+    use burn::tensor::{Tensor, TensorPrimitive};
+    use ferrotron_parallel::{FusedOps, OrderedSum};
 
-impl<B: crate::TrainBackend> ModuleVisitor<B> for SquaredNorm<'_, B::InnerBackend> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) else {
-            return;
-        };
-        let flat: Tensor<B::InnerBackend, 1> = grad.flatten(0, D - 1);
-        let squares = Tensor::from_primitive(TensorPrimitive::Float(
-            <B::InnerBackend as FusedOps>::sum_of_squares(flat.into_primitive().tensor()),
-        ));
-        self.total = Some(OrderedSum::add(self.total.take(), squares));
+    use crate::run::host_read::read_to_host;
+
+    /// The L2 norm of all gradients of `model` together (one device sync), per tensor: the
+    /// reference the steps' flat norm is tested against.
+    pub(crate) fn global_grad_norm<B, M>(model: &M, grads: &GradientsParams) -> f64
+    where
+        B: crate::TrainBackend,
+        M: AutodiffModule<B>,
+    {
+        match grad_sum_of_squares::<B, M>(model, grads) {
+            Some(total) => read_to_host(|| total.into_scalar().to_f64()).sqrt(),
+            None => 0.0,
+        }
+    }
+
+    /// The sum of squares of all gradients of `model`, left on the device (`[1]` f32; `None`: no
+    /// gradients), one [`FusedOps::sum_of_squares`] per parameter (one reduction kernel on a GPU,
+    /// reading a 16-bit gradient as it is), added in model order by [`OrderedSum`] (as the flat
+    /// buffers' `composed_segment_sum_of_squares` adds them, so both give the same bits).
+    pub(crate) fn grad_sum_of_squares<B, M>(
+        model: &M,
+        grads: &GradientsParams,
+    ) -> Option<Tensor<B::InnerBackend, 1>>
+    where
+        B: crate::TrainBackend,
+        M: AutodiffModule<B>,
+    {
+        let mut visitor = SquaredNorm::<B::InnerBackend> { grads, total: None };
+        model.visit(&mut visitor);
+        visitor.total.map(OrderedSum::total)
+    }
+
+    struct SquaredNorm<'a, I: Backend> {
+        grads: &'a GradientsParams,
+        total: Option<OrderedSum<I>>,
+    }
+
+    impl<B: crate::TrainBackend> ModuleVisitor<B> for SquaredNorm<'_, B::InnerBackend> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) else {
+                return;
+            };
+            let flat: Tensor<B::InnerBackend, 1> = grad.flatten(0, D - 1);
+            let squares = Tensor::from_primitive(TensorPrimitive::Float(
+                <B::InnerBackend as FusedOps>::sum_of_squares(flat.into_primitive().tensor()),
+            ));
+            self.total = Some(OrderedSum::add(self.total.take(), squares));
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use burn::optim::GradientsParams;
+    use burn::tensor::cast::ToElement;
+
+    use super::per_tensor::*;
     use super::*;
     use crate::params::tests::{CpuAutodiff, tiny};
 

@@ -1,14 +1,20 @@
-//! One optimizer step on one rank: forward and backward over the rank's microbatches with the
-//! gradients accumulated (each microbatch's loss divided by their count, so the sum is the mean
-//! over the global batch), then the global gradient norm, the finiteness guard, clipping, AdamW
-//! and, for MoE with expert bias, the load-balancing bias update.
+//! The step of a rank holding the whole model: forward and backward over the rank's
+//! microbatches with each microbatch's gradients gathered into the optimizer's flat buffers
+//! (each loss divided by their count, so the sum is the mean over the global batch), then the
+//! global gradient norm over those buffers, the finiteness guard, clipping, AdamW and, for MoE
+//! with expert bias, the load-balancing bias update.
 //!
-//! Everything it touches is rank-local; the parallel layouts add their collectives (gradient
-//! all-reduce, pipeline send/receive) around these same calls.
+//! One step serves a rank alone and a rank of pure data parallelism (`replicas`: the buffers,
+//! losses and expert loads averaged over the group on the device); what differs by backend is
+//! only when the statistics are read ([`StatsRead`]). The host step that kept per-parameter
+//! gradients (burn's `GradientsAccumulator`, a per-tensor norm, the per-parameter AdamW) gave
+//! the same bits as this one with the host's clipping coefficient — loss, norm, coefficient and
+//! weights, fp32 and bf16 on burn-flex, every world of the equivalence tests — so it is gone;
+//! its arithmetic is kept as the tests' references (`clip::per_tensor`, [`AdamW::step`]).
 
 use std::cell::RefCell;
 
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::cast::ToElement;
 use burn::tensor::{DType, Int, Tensor, TensorData};
@@ -22,7 +28,7 @@ use crate::run::pending::{DeviceValues, PendingStats};
 use crate::step::backward::fence_peers;
 use crate::step::clip::device_clip_coefficient;
 use crate::step::replicas::{BucketReduction, Replicas};
-use crate::{AdamW, TrainError, clip_coefficient, global_grad_norm};
+use crate::{AdamW, TrainError, clip_coefficient};
 
 /// Token ids of one microbatch: `batch` samples of `seq_length + 1` tokens, row-major.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,11 +124,12 @@ where
     Ok((model, stats.read()?))
 }
 
-/// [`train_step`] whose statistics are read later. On a backend with a device-resident step
+/// [`train_step`] whose statistics may be read later. On a backend with a device-resident step
 /// ([`FusedOps::device_resident_step`]) the loss, the gradient norm and the clipping
 /// coefficient stay on the device and the update is queued without a host read; a non-finite
 /// value then surfaces when the statistics are read, after the update was applied, and the
-/// caller must stop without saving. Elsewhere this is the host-side step, read at once.
+/// caller must stop without saving. Elsewhere they are read before the update
+/// ([`StatsRead::BeforeUpdate`]).
 ///
 /// [`FusedOps::device_resident_step`]: ferrotron_parallel::FusedOps::device_resident_step
 pub(crate) fn train_step_deferred<B>(
@@ -140,48 +147,26 @@ where
             "a step needs at least one microbatch".into(),
         ));
     }
-    if B::device_resident_step() {
-        return device_step(model, optimizer, microbatches, context, device, None);
-    }
-    let scale = 1.0 / microbatches.len() as f64;
-    let mut accumulator = GradientsAccumulator::<GptModel<B>>::new();
-    let mut single = None;
-    let pass = forward_backward(&model, microbatches, context, device, None, &[], |grads| {
-        if let [_] = microbatches {
-            // Nothing to sum: the norm and the optimizer read a 16-bit gradient as it is and
-            // widen it in their own arithmetic, so a copy in fp32 would only cost a pass.
-            single = Some(grads);
-        } else {
-            // 16-bit parameters' gradients are summed over microbatches in fp32 (mixed
-            // precision).
-            accumulator.accumulate(&model, crate::precision::grads_to_fp32(&model, grads));
-        }
-        Ok(())
-    })?;
-    let grads = single.unwrap_or_else(|| accumulator.grads());
-    let read = |values: &[Tensor<B::InnerBackend, 1>]| {
-        values.iter().fold(0.0, |sum, v| {
-            sum + read_to_host(|| v.clone().into_scalar().to_f64())
-        }) * scale
+    let read = if B::device_resident_step() {
+        StatsRead::Later
+    } else {
+        StatsRead::BeforeUpdate
     };
-    let loss = read(&pass.losses);
-    let lm_loss = read(&pass.lm_losses);
-    check_finite(loss, context.iteration, "the loss")?;
-    let grad_norm = global_grad_norm::<B, _>(&model, &grads);
-    check_finite(grad_norm, context.iteration, "the gradient norm")?;
-    let clip = clip_coefficient(grad_norm, context.clip_grad);
-    let mut model = optimizer.step(model, grads, context.lr, clip);
-    if !model.expert_biases().is_empty() {
-        model = model.update_expert_bias(&pass.loads)?;
-    }
-    let stats = StepStats {
-        loss,
-        lm_loss,
-        grad_norm,
-        clip_coefficient: clip,
-        lr: context.lr,
-    };
-    Ok((model, PendingStats::ready(stats)))
+    whole_model_step(model, optimizer, microbatches, context, device, None, read)
+}
+
+/// When a step's loss and gradient norm are read, which decides how its clipping coefficient
+/// is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatsRead {
+    /// On the host, before the update (a rank alone on a backend without a device-resident
+    /// step): a non-finite loss or norm stops the step before it reaches the optimizer (the
+    /// contract of [`train_step`]), and the coefficient is the host's f64 [`clip_coefficient`],
+    /// rounded to f32 as the update applies it — the arithmetic of the CPU's golden curves.
+    BeforeUpdate,
+    /// When the loop reads the queued steps: the coefficient is computed on the device in f32
+    /// ([`device_clip_coefficient`]) and nothing waits for the norm.
+    Later,
 }
 
 /// What the forward and backward passes over a step's microbatches leave besides the
@@ -270,19 +255,20 @@ pub(crate) fn check_finite(
     }
 }
 
-/// The device-resident step: the same arithmetic, with the statistics left on the device and
-/// the clipping coefficient computed there (in f32) and handed to the optimizer as a tensor.
-/// The gradients are gathered into the optimizer's flat buffers as backward produces them
-/// (summed there over microbatches), and norm and update run over those buffers. With
+/// The step of a rank holding the whole model: the gradients are gathered into the optimizer's
+/// flat buffers as backward produces them (summed there over microbatches), and norm and update
+/// run over those buffers, the clipping coefficient handed to the optimizer as a tensor. With
 /// `replicas` (data parallelism with the whole model on every rank, `replicas.rs`) the buffers,
-/// the losses and the expert loads are averaged over the group first, on the device.
-pub(crate) fn device_step<B>(
+/// the losses and the expert loads are averaged over the group first, on the device. `read`
+/// says when the statistics are read ([`StatsRead`]).
+pub(crate) fn whole_model_step<B>(
     model: GptModel<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
     microbatches: &[Microbatch],
     context: StepContext,
     device: &B::Device,
     replicas: Option<&Replicas>,
+    read: StatsRead,
 ) -> Result<(GptModel<B>, PendingStats), TrainError>
 where
     B: crate::TrainBackend,
@@ -357,9 +343,23 @@ where
         // every rank's part of Σg², also from a rank that counts none
         squares = replicas.total_squares(squares, &losses.device());
     }
-    let clip = squares
-        .as_ref()
-        .and_then(|s| device_clip_coefficient(s, context.clip_grad));
+    let mut read_first = None;
+    let clip = match read {
+        StatsRead::Later => squares
+            .as_ref()
+            .and_then(|s| device_clip_coefficient(s, context.clip_grad)),
+        StatsRead::BeforeUpdate => {
+            let stats = read_before_update(&losses, squares.as_ref(), count, context)?;
+            let coefficient = (context.clip_grad > 0.0).then(|| {
+                Tensor::from_data(
+                    TensorData::new(vec![stats.clip_coefficient as f32], [1]),
+                    (&losses.device(), DType::F32),
+                )
+            });
+            read_first = Some(stats);
+            coefficient
+        }
+    };
     let mut model =
         optimizer.step_flat(
             model,
@@ -373,6 +373,9 @@ where
         );
     if !model.expert_biases().is_empty() {
         model = model.update_expert_bias(&loads)?;
+    }
+    if let Some(stats) = read_first {
+        return Ok((model, PendingStats::ready(stats)));
     }
     let iteration = context.iteration;
     let lr = context.lr;
@@ -403,6 +406,35 @@ where
         model,
         PendingStats::later(Some(values), decode, B::device_resident_step()),
     ))
+}
+
+/// A step's statistics read before its update (`[losses…, lm losses…]` of its `count`
+/// microbatches, and Σg²), checked: a non-finite loss or norm is the step's error.
+fn read_before_update<I: Backend>(
+    losses: &Tensor<I, 1>,
+    squares: Option<&Tensor<I, 1>>,
+    count: usize,
+    context: StepContext,
+) -> Result<StepStats, TrainError> {
+    let mut parts = vec![losses.clone()];
+    parts.extend(squares.map(|s| s.clone().cast(DType::F32)));
+    let values = read_to_host(|| Tensor::cat(parts, 0).into_data())
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| TrainError::Config(format!("reading the step's statistics: {e:?}")))?;
+    let scale = 1.0 / count as f64;
+    let mean = |v: &[f32]| v.iter().fold(0.0, |sum, &x| sum + f64::from(x)) * scale;
+    let loss = mean(&values[..count]);
+    check_finite(loss, context.iteration, "the loss")?;
+    let grad_norm = values.get(2 * count).map_or(0.0, |&s| f64::from(s).sqrt());
+    check_finite(grad_norm, context.iteration, "the gradient norm")?;
+    Ok(StepStats {
+        loss,
+        lm_loss: mean(&values[count..2 * count]),
+        grad_norm,
+        clip_coefficient: clip_coefficient(grad_norm, context.clip_grad),
+        lr: context.lr,
+    })
 }
 
 /// The forward and backward passes of a replicated rank whose last microbatch's gradients are
@@ -546,13 +578,14 @@ mod tests {
         let mut pending = Vec::new();
         for iteration in 1..=4 {
             let (next, stats) = if device_resident {
-                device_step(
+                whole_model_step(
                     model,
                     &mut optimizer,
                     &batches(iteration),
                     context(iteration, clip_grad),
                     &device,
                     None,
+                    StatsRead::Later,
                 )
             } else {
                 train_step_deferred(
@@ -593,32 +626,35 @@ mod tests {
     fn a_non_finite_device_resident_step_is_reported_when_read() {
         let device = Default::default();
         let (model, mut optimizer) = model();
-        let (model, first) = device_step(
+        let (model, first) = whole_model_step(
             model,
             &mut optimizer,
             &batches(1),
             context(1, 1.0),
             &device,
             None,
+            StatsRead::Later,
         )
         .expect("queued");
         // A NaN learning rate poisons every weight: step 2's loss is NaN.
-        let (model, _) = device_step(
+        let (model, _) = whole_model_step(
             model,
             &mut optimizer,
             &batches(2),
             context(2, f64::NAN),
             &device,
             None,
+            StatsRead::Later,
         )
         .expect("queued");
-        let (_, third) = device_step(
+        let (_, third) = whole_model_step(
             model,
             &mut optimizer,
             &batches(3),
             context(3, 1.0),
             &device,
             None,
+            StatsRead::Later,
         )
         .expect("queued: the host has not looked");
         assert!(first.read().is_ok());
