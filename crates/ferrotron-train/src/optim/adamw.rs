@@ -3,9 +3,9 @@
 //! biases), and because its state is keyed by `ParamId`s that change between processes. Here the
 //! moments live flat per parameter and are exported under the parameter's stable name.
 //!
-//! The device-resident step keeps the same state in flat buffers instead (`flat_adamw.rs`); the
-//! state moves between the two forms when a caller of the other form needs it (a checkpoint
-//! reads slices of the flat buffers without moving anything).
+//! Every training step keeps the same state in flat buffers instead (`flat_adamw.rs`; why both
+//! forms remain: `optim/mod.rs`); the state moves between the two forms when a caller of the
+//! other form needs it (a checkpoint reads slices of the flat buffers without moving anything).
 
 use std::collections::{HashMap, HashSet};
 
@@ -86,7 +86,7 @@ pub struct AdamW<I: Backend> {
     /// parallel layout never have one.
     flat: Option<Box<FlatState<I>>>,
     /// Each parameter's data-parallel reduction bucket, which the flat layout keeps in groups
-    /// of their own (`replicas.rs`); empty: one bucket.
+    /// of their own (`crate::step::replicas`); empty: one bucket.
     buckets: HashMap<ParamId, usize>,
     /// The parameters not of the dense family, kept in groups of their own too.
     families: HashMap<ParamId, Family>,

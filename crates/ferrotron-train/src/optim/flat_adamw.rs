@@ -47,7 +47,7 @@ pub(crate) struct Slot {
 }
 
 /// Which ranks share a parameter's gradient, and so which collectives its group takes
-/// (`parallel/device_exchange.rs`): a dense parameter's data-parallel ranks, an expert's
+/// (`crate::step::per_chunk`): a dense parameter's data-parallel ranks, an expert's
 /// expert-data-parallel ones, and the word embedding tied between first and last stage is
 /// summed between those stages first.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,7 +61,8 @@ pub(crate) enum Family {
 /// The parameters of one group in buffer order.
 #[derive(Debug, Clone)]
 pub(crate) struct Group {
-    /// The data-parallel reduction bucket its members belong to (`replicas.rs`; 0 without).
+    /// The data-parallel reduction bucket its members belong to (`crate::step::replicas`; 0
+    /// without).
     pub bucket: usize,
     pub family: Family,
     /// The part of it this rank keeps under the distributed optimizer (none: all of it).

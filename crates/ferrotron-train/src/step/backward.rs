@@ -41,7 +41,7 @@ pub(crate) fn fence_peers(peers: &[&Comm]) -> Result<(), TrainError> {
 /// `module` and for `leaves` (tensors whose gradients the caller reads: a pipeline stage's
 /// input), calling `done` after each range (every parameter used only after that range's start
 /// then has its final gradient in the container `done` is given). `fence` runs before every
-/// backward (see `parallel/pipeline.rs`).
+/// backward (see `crate::rank::pipeline`).
 pub(crate) fn backward_by_range<B, M>(
     root: Tensor<B, 1>,
     tape: Tape<B>,
@@ -123,7 +123,7 @@ where
 }
 
 /// `Σ sum(y · g)` over the pairs with a gradient: its gradient with respect to each `y` is
-/// exactly `g` (the pipeline's surrogate, `parallel/pipeline.rs`).
+/// exactly `g` (the pipeline's surrogate, `crate::rank::pipeline`).
 fn surrogate<B: AutodiffBackend>(
     pairs: impl Iterator<Item = (FloatTensor<B>, Option<FloatTensor<B::InnerBackend>>)>,
 ) -> FloatTensor<B> {

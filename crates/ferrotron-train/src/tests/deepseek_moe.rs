@@ -4,7 +4,7 @@
 //! cuts it, against one rank (`equivalence.rs`'s check: losses per step, final weights): ep2,
 //! ep2 with expert tensor parallelism 2, tp2 with sequence parallelism, cp2, pp2 (the dense
 //! layer on the first stage only; the reported objective holds the first stage's auxiliary
-//! losses too, `device_exchange::stage_losses`); and twice on tp2·ep2·etp2 with sequence
+//! losses too, `per_chunk::stage_losses`); and twice on tp2·ep2·etp2 with sequence
 //! parallelism, bit for bit. Measured: final weights within 9.4e-6 of one rank's (pp2, the
 //! largest), losses within the usual 1e-6.
 //!

@@ -1,4 +1,4 @@
-//! The device exchange of pipeline layouts (`device_exchange.rs`): each bucket's reductions
+//! The device exchange of pipeline layouts (`crate::step::per_chunk`): each bucket's reductions
 //! started during a chunk's last backward as its layers' gradients become final
 //! (`parallel.overlap_grad_reduce`) give the numbers of the reductions started after it bit for
 //! bit — with interleaved chunks, ZeRO-1's parts and the tied embedding held until the schedule
