@@ -19,7 +19,7 @@ use super::tensors::read_safetensors;
 use super::vocab;
 use crate::TrainError;
 use crate::params::NamedTensor;
-use crate::resume::ResumeState;
+use crate::run::resume::ResumeState;
 
 /// A committed checkpoint opened for loading: its manifest and where each global tensor's
 /// shards are.

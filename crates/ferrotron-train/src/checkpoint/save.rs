@@ -21,7 +21,7 @@ use super::manifest::{
 use super::store::CheckpointStore;
 use super::tensors::{ShardTensor, read_shard_specs, write_shard_file};
 use crate::TrainError;
-use crate::resume::{ResumeState, absolute_tokenizer, write_recipe};
+use crate::run::resume::{ResumeState, absolute_tokenizer, write_recipe};
 
 /// What a checkpoint records besides the tensors.
 #[derive(Debug, Clone, Copy)]

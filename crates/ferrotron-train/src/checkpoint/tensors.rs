@@ -29,11 +29,11 @@ pub struct ShardTensor {
     pub values: ShardValues,
 }
 
-/// A shard's values: read already, a range of a host buffer the optimizer shares with the save
-/// (an offloaded group's master or moment, `crate::offload`), or a range of a device buffer. The
-/// last two are read when the values are needed: by an asynchronous save's writer thread, so
-/// the snapshot copies nothing on the training thread. The next update, finding a host buffer
-/// shared, writes its results into a new one (burn-flex's AdamW); a device buffer it waits for
+/// A shard's values: read already, a range of a host buffer the optimizer shares with the save (an
+/// offloaded group's master or moment, `crate::optim::offload`), or a range of a device buffer. The
+/// last two are read when the values are needed: by an asynchronous save's writer thread, so the
+/// snapshot copies nothing on the training thread. The next update, finding a host buffer shared,
+/// writes its results into a new one (burn-flex's AdamW); a device buffer it waits for
 /// ([`super::SnapshotGate`]): the writer reads those first, while the next step's forward and
 /// backward run (`FusedOps::read_later`), so the state is updated in place as ever.
 #[derive(Debug, Clone)]

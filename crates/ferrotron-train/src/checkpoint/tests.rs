@@ -12,7 +12,7 @@ use ferrotron_recipe::{Cluster, GpuKind, Recipe};
 
 use super::*;
 use crate::TrainError;
-use crate::resume::ResumeState;
+use crate::run::resume::ResumeState;
 
 /// `rank`'s groups from `plan`, as the runtime builds them.
 fn rank_groups(plan: &Plan, rank: &RankContext) -> Result<ProcessGroups<ThreadComm>, CommError> {
