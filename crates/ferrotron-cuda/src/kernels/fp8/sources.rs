@@ -1,0 +1,664 @@
+//! The fp8 kernels: cast-and-transpose with the amax in the same pass (of a tensor, or of an
+//! activation or its gradient computed on the way in, with the bias gradient's partial sums),
+//! the amax alone (current scaling measures it before the cast), the bias gradient's final
+//! sum, and the step-end update of every layer's delayed scales in one launch.
+//!
+//! Cast-transpose works on 64 × 64 tiles, a block casting [`ROW_TILES`] of them down a band of
+//! rows, 256 threads: each thread first issues the 16-byte loads of all its rows in the tile
+//! (its 8 elements of two rows, and of every input an activation's gradient reads), then
+//! computes, scales and converts pairs with the saturating `__nv_cvt_float2_to_fp8x2`, stores
+//! the 8 bytes of the row-major copy at once and leaves them in a shared-memory tile of words,
+//! from which the transposed copy is written a word (four rows of a column) at a time; the
+//! magnitudes' maximum is taken on the float bits as unsigned integers (so a NaN wins, as in
+//! `ferrotron_ops::fp8::scaling::amax`), reduced over the block and merged with one
+//! `atomicMax`. Rows and columns must be multiples of 8 (fp8 GEMMs need 16 anyway) and the
+//! input contiguous. The scale is read from the device (a layer's state row, or computed from
+//! the amax pass), never from the host, and block 0 writes its inverse for the GEMM.
+
+use ferrotron_ops::fp8::scaling::Fp8Format;
+
+use crate::engine::dtype::DType;
+use crate::engine::launch::KernelSpec;
+use crate::kernels::fused::swiglu;
+use crate::kernels::prim::elementwise::{FAST_MATH, GELU, GELU_BACKWARD};
+
+/// Rows and columns per tile.
+pub(crate) const TILE: usize = 64;
+/// Consecutive row tiles one block casts (a band of `TILE · ROW_TILES` rows): fewer blocks, so
+/// fewer same-address amax atomics and per-block setups, and 4× fewer bias-gradient partials.
+pub(crate) const ROW_TILES: usize = 4;
+/// Threads of every fp8 kernel.
+pub(crate) const THREADS: u32 = 256;
+
+fn cuda_format(format: Fp8Format) -> &'static str {
+    match format {
+        Fp8Format::E4m3 => "__NV_E4M3",
+        Fp8Format::E5m2 => "__NV_E5M2",
+    }
+}
+
+fn headers(input: DType) -> String {
+    let mut s = String::new();
+    if input.needs_half_headers() {
+        s += "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n";
+    }
+    s += "#include <cuda_fp8.h>\n";
+    s
+}
+
+/// `raw8`: eight consecutive elements' bytes as one load brings them (16-byte aligned);
+/// `load_raw(p)` loads them, `unpack8(raw, v)` turns them into floats, `load8(p, v)` does both.
+/// Loading apart from unpacking lets a cast issue every load of a tile before the math that
+/// waits on them.
+fn load8(input: DType) -> String {
+    let (raw, load, unpack) = match input {
+        DType::BF16 | DType::F16 => {
+            let (pair, to_float) = if input == DType::BF16 {
+                ("__nv_bfloat162", "__bfloat1622float2")
+            } else {
+                ("__half2", "__half22float2")
+            };
+            (
+                "typedef uint4 raw8;\n".to_string(),
+                "return *(const uint4*)p;",
+                format!(
+                    "const {pair}* h = (const {pair}*)&raw;\n#pragma unroll\n  for (int j = 0; j < 4; ++j) {{ const float2 f = {to_float}(h[j]); v[2 * j] = f.x; v[2 * j + 1] = f.y; }}"
+                ),
+            )
+        }
+        _ => (
+            "struct raw8 { float4 a, b; };\n".to_string(),
+            "raw8 r; r.a = ((const float4*)p)[0]; r.b = ((const float4*)p)[1]; return r;",
+            "v[0] = raw.a.x; v[1] = raw.a.y; v[2] = raw.a.z; v[3] = raw.a.w; v[4] = raw.b.x; v[5] = raw.b.y; v[6] = raw.b.z; v[7] = raw.b.w;".to_string(),
+        ),
+    };
+    let t = input.storage_c();
+    format!(
+        "{raw}__device__ __forceinline__ raw8 load_raw(const {t}* p) {{ {load} }}\n\
+         __device__ __forceinline__ void unpack8(const raw8& raw, float* v) {{\n  {unpack}\n}}\n\
+         __device__ __forceinline__ void load8(const {t}* p, float* v) {{ unpack8(load_raw(p), v); }}\n"
+    )
+}
+
+/// Block-wide maximum of unsigned values into `*dst` (one atomic per block).
+const BLOCK_MAX: &str = r#"
+__device__ __forceinline__ void block_max_into(unsigned int m, unsigned int* dst, unsigned int* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < (int)(blockDim.x >> 5) ? red[lane] : 0u;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) atomicMax(dst, m);
+  }
+}
+"#;
+
+/// The scale of current scaling from an amax: `scaled_max / amax`, 1 for a zero or non-finite
+/// amax, f32's maximum on overflow (`ferrotron_ops::fp8::scaling::current_scale`).
+const SCALE_FROM_AMAX: &str = r#"
+__device__ __forceinline__ float scale_from_amax(const float amax, const float scaled_max, const float keep) {
+  if (!(isfinite(amax) && amax > 0.f)) return keep;
+  const float s = __fdiv_rn(scaled_max, amax);
+  return isinf(s) ? 3.402823466e+38f : s;
+}
+"#;
+
+/// The transposed copy of the tile in shared memory (`tile[row][word]`, four fp8 bytes a word,
+/// rows padded to an odd number of words): a thread reads the word of four columns in each of
+/// four consecutive rows, and four byte permutes turn those into four columns' four rows, stored
+/// as one word each. Sixteen threads cover a column's 64 rows, so a warp's store is two runs of
+/// 64 bytes, and the odd pitch keeps the reads to two banks' worth of conflict (byte reads of
+/// 8-byte-apart rows had been a four-way conflict on every byte).
+const TRANSPOSE_TILE: &str = r#"  __syncthreads();
+  {
+    unsigned char* __restrict__ qt = (unsigned char*)p.qt;
+    const int rg = threadIdx.x & 15, cw = threadIdx.x >> 4;
+    const long long r = r0 + 4 * rg;
+    if (r < p.rows) {
+      const unsigned int w0 = tile[4 * rg][cw], w1 = tile[4 * rg + 1][cw], w2 = tile[4 * rg + 2][cw], w3 = tile[4 * rg + 3][cw];
+      const unsigned int lo01 = __byte_perm(w0, w1, 0x5140), lo23 = __byte_perm(w2, w3, 0x5140);
+      const unsigned int hi01 = __byte_perm(w0, w1, 0x7362), hi23 = __byte_perm(w2, w3, 0x7362);
+      const unsigned int col[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632), __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const long long c = c0 + 4 * cw + i;
+        if (c < p.cols) *(unsigned int*)(qt + c * p.rows + r) = col[i];
+      }
+    }
+  }
+"#;
+
+/// What a cast's `[rows, cols]` values are computed from (`ferrotron_ops::Fp8Source`):
+/// `x` itself, an activation of `x`, or an activation's gradient from `x` (the output
+/// gradient) and `aux` (the pre-activation). Math in f32, the 16-bit activation kernels' own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CastSource {
+    Plain,
+    /// GELU (erf form) of `x [rows, cols]`.
+    Gelu,
+    /// `silu(gate) · up` of the packed `x [rows, 2·cols]`.
+    Swiglu,
+    /// GELU's input gradient, `x` and `aux` `[rows, cols]`.
+    GeluGrad,
+    /// SwiGLU's packed gradient `[rows, cols]` from `x [rows, cols/2]`, `aux [rows, cols]`.
+    SwigluGrad,
+    /// The norm of `x [rows, cols]`, `(x − mean)·rstd·γ (+ β)` from the row statistics
+    /// (RMSNorm: no mean) in the norm kernel's arithmetic, rounded to x's dtype as the norm's
+    /// output is: the cast of a LayerNormLinear's input without the 16-bit output in between.
+    Norm {
+        rms: bool,
+        beta: bool,
+    },
+    /// RoPE's backward of the packed QKV projection's gradient `x [rows, cols]` (`cols` whole
+    /// groups of `slots` heads of `head_dim`, every slot but the value rotated; rows `[batch,
+    /// seq]`, the tables `[seq, head_dim]` in x's dtype): each channel with its partner `d/2`
+    /// away, in the RoPE map kernels' arithmetic, rounded to x's dtype as their output is.
+    RopeGrad {
+        slots: usize,
+        head_dim: usize,
+    },
+    /// The dropped input's gradient of a residual add with hidden dropout from the output's
+    /// gradient `x [rows, cols]`: each element's keep bit drawn again from the forward's
+    /// (seed, offset) by the dropout kernels' Philox scheme (`kernels/prim/random.rs`), kept elements scaled
+    /// by `1 / (1 − p)`, rounded to x's dtype as the dropout kernel's output is.
+    DropoutGrad,
+}
+
+impl CastSource {
+    fn name(self) -> &'static str {
+        match self {
+            CastSource::Plain => "",
+            CastSource::Gelu => " gelu",
+            CastSource::Swiglu => " swiglu",
+            CastSource::GeluGrad => " gelu grad",
+            CastSource::SwigluGrad => " swiglu grad",
+            CastSource::Norm { rms: true, .. } => " rmsnorm",
+            CastSource::Norm { beta: true, .. } => " layernorm beta",
+            CastSource::Norm { .. } => " layernorm",
+            CastSource::RopeGrad { .. } => " rope grad",
+            CastSource::DropoutGrad => " dropout grad",
+        }
+    }
+
+    /// The device functions [`CastSource::load`] calls: the 16-bit activation kernels' own
+    /// expressions (`kernels/prim/elementwise.rs`, `kernels/fused/swiglu.rs`), so both paths compute one
+    /// arithmetic.
+    fn helpers(self) -> String {
+        let function = |name: &str, args: &str, expr: &str| {
+            format!("__device__ __forceinline__ float {name}({args}) {{ return {expr}; }}\n")
+        };
+        let activation = match self {
+            CastSource::Plain | CastSource::Norm { .. } | CastSource::RopeGrad { .. } => {
+                return String::new();
+            }
+            CastSource::DropoutGrad => {
+                return format!(
+                    "{}{}",
+                    crate::kernels::prim::random::PHILOX_HELPERS,
+                    crate::kernels::prim::random::PHILOX_WORD
+                );
+            }
+            CastSource::Gelu => function("act", "const float a", GELU),
+            CastSource::Swiglu => function("act", "const float a, const float b", swiglu::FORWARD),
+            CastSource::GeluGrad => {
+                function("act_grad", "const float a, const float b", GELU_BACKWARD)
+            }
+            CastSource::SwigluGrad => {
+                function(
+                    "grad_gate",
+                    "const float a, const float b, const float c",
+                    swiglu::GRAD_GATE,
+                ) + &function("grad_up", "const float a, const float b", swiglu::GRAD_UP)
+            }
+        };
+        format!("{FAST_MATH}{activation}")
+    }
+
+    /// The `raw8` loads a row's eight values need (`in[0..]`).
+    fn inputs(self) -> usize {
+        match self {
+            CastSource::Plain
+            | CastSource::Gelu
+            | CastSource::Norm { .. }
+            | CastSource::DropoutGrad => 1,
+            CastSource::Swiglu | CastSource::GeluGrad | CastSource::RopeGrad { .. } => 2,
+            CastSource::SwigluGrad => 3,
+        }
+    }
+
+    /// Code that loads `in[..]` for row `r`, columns `c..c + 8`.
+    fn fetch(self) -> String {
+        if let CastSource::RopeGrad { slots, head_dim } = self {
+            let width = slots * head_dim;
+            let half = head_dim / 2;
+            return format!(
+                "      in[0] = load_raw(x + r * p.cols + c);\n      {{ const long long cc = c % {width}, j = cc % {head_dim};\n        if (cc / {head_dim} < {slots} - 1) in[1] = load_raw(x + r * p.cols + (j < {half} ? c + {half} : c - {half})); }}\n"
+            );
+        }
+        let code = match self {
+            CastSource::Plain
+            | CastSource::Gelu
+            | CastSource::Norm { .. }
+            | CastSource::DropoutGrad => "      in[0] = load_raw(x + r * p.cols + c);\n",
+            CastSource::Swiglu => {
+                "      in[0] = load_raw(x + r * 2 * p.cols + c);\n      in[1] = load_raw(x + r * 2 * p.cols + p.cols + c);\n"
+            }
+            CastSource::GeluGrad => {
+                "      in[0] = load_raw(x + r * p.cols + c);\n      in[1] = load_raw(aux + r * p.cols + c);\n"
+            }
+            CastSource::SwigluGrad => concat!(
+                "      const long long f = p.cols >> 1;\n",
+                "      if (c < f) {\n",
+                "        in[0] = load_raw(aux + r * p.cols + c); in[1] = load_raw(aux + r * p.cols + f + c); in[2] = load_raw(x + r * f + c);\n",
+                "      } else {\n",
+                "        in[0] = load_raw(aux + r * p.cols + (c - f)); in[2] = load_raw(x + r * f + (c - f));\n",
+                "      }\n"
+            ),
+            CastSource::RopeGrad { .. } => unreachable!("returned above"),
+        };
+        code.to_string()
+    }
+
+    /// Code that fills `float v[8]` from the loaded `in[..]` (`input`: x's dtype).
+    fn compute(self, input: DType) -> String {
+        if self == CastSource::DropoutGrad {
+            let kept = input.load_expr(&input.store_expr("(keep ? a * (float)p.keep_scale : 0.f)"));
+            let keep = crate::kernels::prim::random::keep_test(
+                "(long long)p.seed",
+                "(long long)p.offset",
+                "i",
+                "p.keep_prob",
+            );
+            return format!(
+                "      unpack8(in[0], v);\n      {{ const long long i0 = r * p.cols + c;\n#pragma unroll\n        for (int e = 0; e < 8; ++e) {{\n          const long long i = i0 + e;\n          const float a = v[e];\n          const bool keep = {keep};\n          v[e] = {kept};\n        }} }}\n"
+            );
+        }
+        if let CastSource::RopeGrad { slots, head_dim } = self {
+            let width = slots * head_dim;
+            let half = head_dim / 2;
+            let round = |expr: &str| input.load_expr(&input.store_expr(expr));
+            return format!(
+                "      unpack8(in[0], v);\n      {{ const long long cc = c % {width}, j = cc % {head_dim};\n        if (cc / {head_dim} < {slots} - 1) {{\n          const long long pj = j < {half} ? j + {half} : j - {half}, pos = r % (long long)p.seq;\n          float pb[8], pc[8], pd[8];\n          unpack8(in[1], pb); load8(cosines + pos * {head_dim} + j, pc); load8(sines + pos * {head_dim} + pj, pd);\n          if (j < {half}) {{\n#pragma unroll\n            for (int e = 0; e < 8; ++e) {{ const float a = v[e], b = pb[e], c = pc[e], d = pd[e]; v[e] = {}; }}\n          }} else {{\n#pragma unroll\n            for (int e = 0; e < 8; ++e) {{ const float a = v[e], b = pb[e], c = pc[e], d = pd[e]; v[e] = {}; }}\n          }}\n        }} }}\n",
+                round("(a * c + b * d)"),
+                round("(a * c - b * d)")
+            );
+        }
+        let code = match self {
+            CastSource::Norm { rms, beta } => {
+                let mean = if rms {
+                    "0.f"
+                } else {
+                    "((const float*)p.mean)[r]"
+                };
+                let (load_beta, add_beta) = if beta {
+                    ("        float b[8]; load8(beta + c, b);\n", " y += b[j];")
+                } else {
+                    ("", "")
+                };
+                let round = input.load_expr(&input.store_expr("y"));
+                return format!(
+                    "      unpack8(in[0], v);\n      {{ const float mean = {mean};\n        const float rstd = ((const float*)p.rstd)[r];\n        float g[8]; load8(gamma + c, g);\n{load_beta}#pragma unroll\n        for (int j = 0; j < 8; ++j) {{ float y = (v[j] - mean) * rstd * g[j];{add_beta} v[j] = {round}; }} }}\n"
+                );
+            }
+            CastSource::Plain => "      unpack8(in[0], v);\n",
+            CastSource::Gelu => {
+                "      unpack8(in[0], v);\n#pragma unroll\n      for (int j = 0; j < 8; ++j) v[j] = act(v[j]);\n"
+            }
+            CastSource::Swiglu => {
+                "      { float u[8];\n        unpack8(in[0], v); unpack8(in[1], u);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = act(v[j], u[j]); }\n"
+            }
+            CastSource::GeluGrad => {
+                "      { float a[8];\n        unpack8(in[0], v); unpack8(in[1], a);\n#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = act_grad(a[j], v[j]); }\n"
+            }
+            CastSource::SwigluGrad => concat!(
+                "      { float a[8], g[8];\n        unpack8(in[0], a); unpack8(in[2], g);\n",
+                "        if (c < (p.cols >> 1)) {\n          float b[8];\n          unpack8(in[1], b);\n",
+                "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = grad_gate(a[j], b[j], g[j]);\n",
+                "        } else {\n",
+                "#pragma unroll\n          for (int j = 0; j < 8; ++j) v[j] = grad_up(a[j], g[j]);\n",
+                "        } }\n"
+            ),
+            CastSource::RopeGrad { .. } | CastSource::DropoutGrad => {
+                unreachable!("returned above")
+            }
+        };
+        code.to_string()
+    }
+}
+
+/// Cast a `[rows, cols]` tensor to fp8 (and its transpose), recording the amax.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct CastTranspose {
+    pub input: DType,
+    pub format: Fp8Format,
+    /// Write `[cols, rows]` too.
+    pub transpose: bool,
+    /// The scale comes from the amax at `amax_src` (current scaling), not from `scale`.
+    pub current: bool,
+    pub source: CastSource,
+    /// Write each band's column sums of the (unscaled) values to `partial [bands, cols]` f32,
+    /// which [`ColumnSum`] adds up: a bias gradient in the pass that casts `dy`.
+    pub dbias: bool,
+}
+
+impl KernelSpec for CastTranspose {
+    fn source(&self) -> String {
+        let (x, f) = (self.input, self.format);
+        let mut s = format!(
+            "// fp8 cast{} {x} {} {}{}{}\n",
+            if self.transpose { " transpose" } else { "" },
+            f.name(),
+            if self.current { "current" } else { "delayed" },
+            self.source.name(),
+            if self.dbias { " dbias" } else { "" }
+        );
+        s += &headers(x);
+        s += &load8(x);
+        s += &self.source.helpers();
+        s += BLOCK_MAX;
+        s += SCALE_FROM_AMAX;
+        let norm = matches!(self.source, CastSource::Norm { .. });
+        let rope = matches!(self.source, CastSource::RopeGrad { .. });
+        let extra = match self.source {
+            CastSource::Norm { .. } => ", mean, rstd, gamma, beta",
+            CastSource::RopeGrad { .. } => ", cos, sin, seq",
+            CastSource::DropoutGrad => ", seed, offset; double keep_prob, keep_scale",
+            _ => "",
+        };
+        s += &format!(
+            "struct Params {{ long long rows, cols; unsigned long long x, q, qt, scale, amax_src, amax_dst, scale_inv; double scaled_max; unsigned long long aux, partial{extra}; }};\n"
+        );
+        s += &format!("#define TILE {TILE}\n#define ROW_TILES {ROW_TILES}\n");
+        s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
+        s += "  __shared__ unsigned int tile[TILE][TILE / 4 + 1];\n  __shared__ unsigned int red[8];\n";
+        s += "  const long long tiles_c = (p.cols + TILE - 1) / TILE;\n";
+        s += "  const long long band = blockIdx.x / tiles_c, c0 = (blockIdx.x % tiles_c) * TILE;\n";
+        if self.current {
+            s += "  const float scale = scale_from_amax(*(const float*)p.amax_src, (float)p.scaled_max, 1.f);\n";
+        } else {
+            s += "  const float scale = *(const float*)p.scale;\n";
+        }
+        s += "  if (blockIdx.x == 0 && threadIdx.x == 0) *(float*)p.scale_inv = 1.f / scale;\n";
+        s += &format!(
+            "  const {xs}* __restrict__ x = (const {xs}*)p.x;\n  const {xs}* __restrict__ aux = (const {xs}*)p.aux;\n  (void)aux;\n",
+            xs = x.storage_c()
+        );
+        if norm {
+            s += &format!(
+                "  const {xs}* __restrict__ gamma = (const {xs}*)p.gamma;\n  const {xs}* __restrict__ beta = (const {xs}*)p.beta;\n  (void)beta;\n",
+                xs = x.storage_c()
+            );
+        }
+        if rope {
+            s += &format!(
+                "  const {xs}* __restrict__ cosines = (const {xs}*)p.cos;\n  const {xs}* __restrict__ sines = (const {xs}*)p.sin;\n",
+                xs = x.storage_c()
+            );
+        }
+        s += "  unsigned char* __restrict__ q = (unsigned char*)p.q;\n";
+        s += "  const int lr = threadIdx.x >> 3, lc = (threadIdx.x & 7) * 8;\n";
+        s += "  unsigned int amax = 0u;\n";
+        if self.dbias {
+            s += "  float colsum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n";
+        }
+        // The loads of the next row tile are issued before this tile's math, so a thread
+        // always has its next bytes in flight.
+        let inputs = self.source.inputs();
+        let pass = "#pragma unroll\n  for (int pass = 0; pass < 2; ++pass) {\n    const int tr = lr + pass * 32;\n    const long long r = r0 + tr, c = c0 + lc;\n    if (r < p.rows && c < p.cols) {\n";
+        let fetch = |into: &str| {
+            format!(
+                "{pass}      raw8* in = {into}[pass];\n{}    }}\n  }}\n",
+                self.source.fetch()
+            )
+        };
+        s += &format!("  raw8 raw[2][{inputs}], next[2][{inputs}];\n");
+        s += "  { const long long r0 = band * ROW_TILES * TILE;\n";
+        s += &fetch("raw");
+        s += "  }\n";
+        s += "  for (int k = 0; k < ROW_TILES; ++k) {\n";
+        s += "  const long long r0 = (band * ROW_TILES + k) * TILE;\n";
+        s += "  if (r0 >= p.rows) break;\n";
+        s += "  if (k + 1 < ROW_TILES) { const long long r0 = (band * ROW_TILES + k + 1) * TILE;\n";
+        s += &fetch("next");
+        s += "  }\n";
+        s += pass;
+        s += "      const raw8* in = raw[pass];\n      float v[8];\n";
+        s += &self.source.compute(x);
+        if self.dbias {
+            s += "#pragma unroll\n      for (int j = 0; j < 8; ++j) colsum[j] += v[j];\n";
+        }
+        s += "      unsigned int lo = 0u, hi = 0u;\n";
+        s += "#pragma unroll\n      for (int j = 0; j < 4; ++j) {\n";
+        s += "        amax = max(amax, max(__float_as_uint(fabsf(v[2 * j])), __float_as_uint(fabsf(v[2 * j + 1]))));\n";
+        s += &format!(
+            "        const unsigned int pair = (unsigned int)__nv_cvt_float2_to_fp8x2(make_float2(v[2 * j] * scale, v[2 * j + 1] * scale), __NV_SATFINITE, {});\n",
+            cuda_format(f)
+        );
+        s += "        if (j < 2) lo |= pair << (16 * j); else hi |= pair << (16 * (j - 2));\n      }\n";
+        s += "      const uint2 packed = make_uint2(lo, hi);\n";
+        s += "      *(uint2*)(q + r * p.cols + c) = packed;\n";
+        s += "      tile[tr][lc >> 2] = lo;\n      tile[tr][(lc >> 2) + 1] = hi;\n    }\n  }\n";
+        if self.transpose {
+            s += TRANSPOSE_TILE;
+            // the next row tile overwrites the shared tile only after every thread read it
+            s += "  __syncthreads();\n";
+        }
+        s += &format!(
+            "#pragma unroll\n  for (int i = 0; i < 2; ++i)\n#pragma unroll\n    for (int j = 0; j < {inputs}; ++j) raw[i][j] = next[i][j];\n"
+        );
+        s += "  }\n";
+        if self.dbias {
+            s += "  __shared__ float csum[32][TILE + 1];\n";
+            s += "#pragma unroll\n  for (int j = 0; j < 8; ++j) csum[lr][lc + j] = colsum[j];\n";
+            s += "  __syncthreads();\n";
+            s += "  if (threadIdx.x < TILE && c0 + threadIdx.x < p.cols) {\n    float sum = 0.f;\n";
+            s += "    for (int i = 0; i < 32; ++i) sum += csum[i][threadIdx.x];\n";
+            s += "    ((float*)p.partial)[band * p.cols + c0 + threadIdx.x] = sum;\n  }\n";
+        }
+        s += "  if (p.amax_dst) block_max_into(amax, (unsigned int*)p.amax_dst, red);\n}\n";
+        s
+    }
+}
+
+/// `max |x|` of a contiguous tensor (8-element chunks) into `*amax_dst` (zeroed before).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Amax {
+    pub input: DType,
+}
+
+impl KernelSpec for Amax {
+    fn source(&self) -> String {
+        let x = self.input;
+        let mut s = format!("// fp8 amax {x}\n");
+        s += &headers(x);
+        s += &load8(x);
+        s += BLOCK_MAX;
+        s += "struct Params { long long chunks; unsigned long long x, amax_dst; };\n";
+        s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
+        s += "  __shared__ unsigned int red[8];\n";
+        s += &format!("  const {xs}* x = (const {xs}*)p.x;\n", xs = x.storage_c());
+        s += "  unsigned int amax = 0u;\n";
+        s += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < p.chunks; i += (long long)gridDim.x * blockDim.x) {\n";
+        s += "    float v[8];\n    load8(x + i * 8, v);\n";
+        s += "#pragma unroll\n    for (int j = 0; j < 8; ++j) amax = max(amax, __float_as_uint(fabsf(v[j])));\n  }\n";
+        s += "  block_max_into(amax, (unsigned int*)p.amax_dst, red);\n}\n";
+        s
+    }
+}
+
+/// The delayed-scaling update of `blocks` role blocks (`ferrotron_ops::fp8::scaling::
+/// update_block`), one thread each: the amax rolled into the history, the scale from its newest
+/// (`max_algo` 0) or largest entry, its inverse, the amax cleared.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ScaleUpdate;
+
+impl KernelSpec for ScaleUpdate {
+    fn source(&self) -> String {
+        let mut s = String::from("// fp8 scale update\n");
+        s += SCALE_FROM_AMAX;
+        s += "struct Params { long long blocks, history, max_algo; unsigned long long state; double scaled_max[3]; };\n";
+        s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
+        s += "  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n";
+        s += "  if (i >= p.blocks) return;\n";
+        s += "  float* b = (float*)p.state + i * (3 + p.history);\n";
+        s += "  const float amax = b[2];\n";
+        s += "  for (long long h = p.history - 1; h > 0; --h) b[3 + h] = b[2 + h];\n";
+        s += "  b[3] = amax;\n  float basis = amax;\n";
+        s += "  if (p.max_algo) {\n    unsigned int m = 0u;\n";
+        s += "    for (long long h = 0; h < p.history; ++h) m = max(m, __float_as_uint(b[3 + h]));\n";
+        s += "    basis = __uint_as_float(m);\n  }\n";
+        s += "  const float scale = scale_from_amax(basis, (float)p.scaled_max[i % 3], b[0]);\n";
+        s += "  b[0] = scale;\n  b[1] = 1.f / scale;\n  b[2] = 0.f;\n}\n";
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOURCES: [CastSource; 5] = [
+        CastSource::Plain,
+        CastSource::Gelu,
+        CastSource::Swiglu,
+        CastSource::GeluGrad,
+        CastSource::SwigluGrad,
+    ];
+
+    fn specs() -> Vec<(String, String)> {
+        let mut all = Vec::new();
+        for input in [DType::BF16, DType::F32, DType::F16] {
+            for format in [Fp8Format::E4m3, Fp8Format::E5m2] {
+                for (transpose, current) in [(true, false), (true, true), (false, false)] {
+                    let spec = CastTranspose {
+                        input,
+                        format,
+                        transpose,
+                        current,
+                        source: CastSource::Plain,
+                        dbias: false,
+                    };
+                    all.push((format!("{spec:?}"), spec.source()));
+                }
+                for source in SOURCES {
+                    let spec = CastTranspose {
+                        input,
+                        format,
+                        transpose: true,
+                        current: false,
+                        source,
+                        dbias: true,
+                    };
+                    all.push((format!("{spec:?}"), spec.source()));
+                }
+            }
+            let spec = CastTranspose {
+                input,
+                format: Fp8Format::E5m2,
+                transpose: true,
+                current: false,
+                source: CastSource::DropoutGrad,
+                dbias: true,
+            };
+            all.push((format!("{spec:?}"), spec.source()));
+            for (slots, head_dim) in [(6, 64), (3, 128)] {
+                let spec = CastTranspose {
+                    input,
+                    format: Fp8Format::E5m2,
+                    transpose: true,
+                    current: false,
+                    source: CastSource::RopeGrad { slots, head_dim },
+                    dbias: true,
+                };
+                all.push((format!("{spec:?}"), spec.source()));
+            }
+            for (rms, beta) in [(false, true), (false, false), (true, false)] {
+                let spec = CastTranspose {
+                    input,
+                    format: Fp8Format::E4m3,
+                    transpose: true,
+                    current: false,
+                    source: CastSource::Norm { rms, beta },
+                    dbias: false,
+                };
+                all.push((format!("{spec:?}"), spec.source()));
+            }
+            all.push((format!("amax {input}"), Amax { input }.source()));
+        }
+        all.push(("update".into(), ScaleUpdate.source()));
+        all
+    }
+
+    #[test]
+    fn cast_transpose_source() {
+        let spec = CastTranspose {
+            input: DType::BF16,
+            format: Fp8Format::E4m3,
+            transpose: true,
+            current: false,
+            source: CastSource::Plain,
+            dbias: false,
+        };
+        insta::assert_snapshot!(spec.source());
+    }
+
+    #[test]
+    fn current_scaling_cast_and_amax_sources() {
+        let spec = CastTranspose {
+            input: DType::F32,
+            format: Fp8Format::E5m2,
+            transpose: true,
+            current: true,
+            source: CastSource::Plain,
+            dbias: false,
+        };
+        insta::assert_snapshot!(spec.source());
+        insta::assert_snapshot!(Amax { input: DType::BF16 }.source());
+    }
+
+    #[test]
+    fn scale_update_source() {
+        insta::assert_snapshot!(ScaleUpdate.source());
+    }
+
+    #[test]
+    fn kernels_are_named_after_what_they_cast() {
+        let name = |spec: &CastTranspose| crate::engine::launch::kernel_name(&spec.source());
+        let spec = CastTranspose {
+            input: DType::BF16,
+            format: Fp8Format::E5m2,
+            transpose: true,
+            current: false,
+            source: CastSource::Plain,
+            dbias: false,
+        };
+        assert_eq!(name(&spec), "fp8_cast_transpose_bf16_e5m2_delayed");
+        let fused = CastTranspose {
+            source: CastSource::SwigluGrad,
+            dbias: true,
+            ..spec
+        };
+        assert_eq!(
+            name(&fused),
+            "fp8_cast_transpose_bf16_e5m2_delayed_swiglu_grad_dbias"
+        );
+        assert_eq!(
+            crate::engine::launch::kernel_name(&ScaleUpdate.source()),
+            "fp8_scale_update"
+        );
+    }
+
+    /// Every fp8 kernel compiles for sm_90 (NVRTC, no GPU needed).
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn fp8_sources_compile() {
+        for (what, source) in specs() {
+            crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
+                .unwrap_or_else(|e| panic!("{what}: {e}\n{source}"));
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The norm backward in one pass over the rows: the input gradient and the γ (and β) gradients
+//! from a single read of `x` and `dy`.
+//!
+//! The warp-per-row input gradient (`norm_rows.rs`) and the column reduction for γ/β
+//! (`mod.rs`) each read `x` and `dy`: at gpt-1.3b's `[24576, 2048]` bf16 rows the second read
+//! was 82 µs of the pair's 202 (one H200's op table in tools/README.md), about 1 % of a bf16 step and
+//! 1.3 % of an fp8 one, and its f32 atomics summed in whatever order the blocks ran. Here a
+//! block of `T` threads takes one row at a time, every thread the same one or two chunks of
+//! eight columns of each row, so its share of γ stays in registers and so do its running
+//! `Σ dy·x̂` and `Σ dy`; a row's two sums go through shared memory (one barrier a row, two
+//! slots alternating by row). A few blocks per multiprocessor walk all the rows, each writes its
+//! partial sums once, and `kernels/prim/column_sum.rs` adds those in block order: the same numbers every run.
+//! TransformerEngine's LayerNorm backward is built the same way.
+//!
+//! With one row's loads in flight at a time and the gradient to add read only after the
+//! barrier, the kernel moved 2.35 TB/s (170 µs a call at gpt-1.3b's rows, one H200,
+//! tools/README.md): so a block now requests the next row's `x` and `dy` before a row's barrier and
+//! this row's gradient to add together with its `x` and `dy`.
+
+use crate::engine::dtype::DType;
+use crate::engine::launch::KernelSpec;
+use crate::engine::launch::includes;
+use crate::kernels::fused::norm_rows::CHUNK;
+use crate::kernels::fused::uses_half;
+
+/// Chunks of eight a thread holds: the row's elements live in registers between its two loops.
+const CHUNKS_PER_THREAD: usize = 2;
+/// The widest block: rows up to 256 · 2 · 8 = 4,096 elements.
+const MAX_THREADS: usize = 256;
+/// Warps of resident blocks a multiprocessor is given (the grid: this many warps' worth of
+/// blocks per multiprocessor, each looping over rows).
+const WARPS_PER_SM: usize = 16;
+
+/// The one-pass norm backward for one dtype combination and row width.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct NormRowsBackward {
+    pub x: DType,
+    pub gamma: DType,
+    pub grad: DType,
+    pub rms: bool,
+    /// Also the β gradient (LayerNorm with a bias).
+    pub beta: bool,
+    /// Adds the gradient `into` (x's dtype) to `dx`.
+    pub into: bool,
+    /// Threads of a block (a power of two, 32–256).
+    pub threads: usize,
+    /// Chunks of eight each thread takes (1 or 2).
+    pub chunks: usize,
+}
+
+impl NormRowsBackward {
+    /// The spec for rows of `hidden` elements, if this kernel takes them: a multiple of eight,
+    /// at most 4,096 (every pointer aligned to a whole chunk is the caller's check).
+    pub(crate) fn for_hidden(
+        x: DType,
+        gamma: DType,
+        grad: DType,
+        (rms, beta, into): (bool, bool, bool),
+        hidden: usize,
+    ) -> Option<Self> {
+        let chunks = hidden / CHUNK;
+        if hidden == 0 || !hidden.is_multiple_of(CHUNK) || chunks > MAX_THREADS * CHUNKS_PER_THREAD
+        {
+            return None;
+        }
+        let threads = chunks
+            .div_ceil(CHUNKS_PER_THREAD)
+            .next_power_of_two()
+            .clamp(32, MAX_THREADS);
+        Some(Self {
+            x,
+            gamma,
+            grad,
+            rms,
+            beta: beta && !rms,
+            into,
+            threads,
+            chunks: chunks.div_ceil(threads),
+        })
+    }
+
+    /// Blocks for `rows` rows on a device of `multiprocessors`: a few per multiprocessor, never
+    /// more than there are rows.
+    pub(crate) fn blocks(&self, rows: usize, multiprocessors: usize) -> usize {
+        let per_sm = (WARPS_PER_SM * 32 / self.threads).max(1);
+        (multiprocessors.max(1) * per_sm).min(rows).max(1)
+    }
+}
+
+impl KernelSpec for NormRowsBackward {
+    fn source(&self) -> String {
+        let (x, g, dy) = (self.x, self.gamma, self.grad);
+        let (xs, gs, ds) = (x.storage_c(), g.storage_c(), dy.storage_c());
+        let kind = if self.rms { "rms" } else { "layer" };
+        let beta = if self.beta { " beta" } else { "" };
+        let plus = if self.into { " plus into" } else { "" };
+        let mut s = format!(
+            "// norm backward {kind} one pass {x} gamma {g} grad {dy}{beta}{plus}, {} threads x {} chunks\n",
+            self.threads, self.chunks
+        );
+        s += includes(uses_half(&[x, g, dy]));
+        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx, into, dgamma, dbeta; };\n";
+        s += "template <typename T> struct alignas(sizeof(T) * 8) Chunk { T v[8]; };\n";
+        s += "__device__ __forceinline__ float warp_sum(float v) {\n#pragma unroll\n  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n  return v;\n}\n";
+        s += &format!(
+            "extern \"C\" __global__ void __launch_bounds__({}) ferrotron_kernel(const Params p) {{\n",
+            self.threads
+        );
+        s += &format!(
+            "  constexpr int T = {}, C = {}, W = T / 32;\n",
+            self.threads, self.chunks
+        );
+        s += "  __shared__ float sums[2][W][2];\n";
+        s += "  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n";
+        s += "  const long long chunks = p.hidden >> 3;\n";
+        s += "  const float inv_n = 1.f / (float)p.hidden;\n";
+        s += &format!("  const Chunk<{gs}>* gamma = (const Chunk<{gs}>*)p.gamma;\n");
+        // This thread's γ, and its sums over the block's rows, for its fixed columns.
+        s += "  float gam[C][8], acc_g[C][8];\n";
+        if self.beta {
+            s += "  float acc_b[C][8];\n";
+        }
+        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = tid + k * T;\n";
+        s += &format!("    Chunk<{gs}> gc;\n");
+        s += "    if (c < chunks) gc = gamma[c];\n";
+        s += "#pragma unroll\n    for (int e = 0; e < 8; ++e) {\n";
+        s += &format!(
+            "      gam[k][e] = c < chunks ? {} : 0.f;\n",
+            g.load_expr("gc.v[e]")
+        );
+        s += "      acc_g[k][e] = 0.f;\n";
+        if self.beta {
+            s += "      acc_b[k][e] = 0.f;\n";
+        }
+        s += "    }\n  }\n";
+        // One element's dy and x̂, read from the row's chunks the thread holds (both loops).
+        let element = format!(
+            "          const float d = {};\n          const float xh = ({} - mean) * rstd;\n",
+            dy.load_expr("dc[k].v[e]"),
+            x.load_expr("xc[k].v[e]")
+        );
+        // The row's x and dy chunks, loaded for row `r` into `xv`/`dv` (unused chunks left).
+        let load = |xv: &str, dv: &str, r: &str| {
+            format!(
+                "#pragma unroll\n    for (int k = 0; k < C; ++k) {{\n      const long long c = tid + k * T;\n      if (c < chunks) {{\n        {xv}[k] = ((const Chunk<{xs}>*)((const {xs}*)p.x + {r} * p.hidden))[c];\n        {dv}[k] = ((const Chunk<{ds}>*)((const {ds}*)p.dy + {r} * p.hidden))[c];\n      }}\n    }}\n"
+            )
+        };
+        s += "  int slot = 0;\n";
+        s += &format!("  Chunk<{xs}> xc[C];\n  Chunk<{ds}> dc[C];\n");
+        s += "  if (blockIdx.x < p.rows) {\n";
+        s += &load("xc", "dc", "(long long)blockIdx.x");
+        s += "  }\n";
+        s += "  for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {\n";
+        if self.rms {
+            s += "    const float mean = 0.f;\n";
+        } else {
+            s += "    const float mean = ((const float*)p.mean)[row];\n";
+        }
+        s += "    const float rstd = ((const float*)p.rstd)[row];\n";
+        if self.into {
+            // Read with x and dy, before the barrier, so its latency hides behind the sums.
+            s += &format!("    Chunk<{xs}> ic[C];\n");
+            s += &format!(
+                "#pragma unroll\n    for (int k = 0; k < C; ++k) {{\n      const long long c = tid + k * T;\n      if (c < chunks) ic[k] = ((const Chunk<{xs}>*)((const {xs}*)p.into + row * p.hidden))[c];\n    }}\n"
+            );
+        }
+        s += "    float sum_g = 0.f, sum_gx = 0.f;\n";
+        s += "#pragma unroll\n    for (int k = 0; k < C; ++k) {\n      const long long c = tid + k * T;\n      if (c < chunks) {\n";
+        s += "#pragma unroll\n        for (int e = 0; e < 8; ++e) {\n";
+        s += &element;
+        s += "          const float gd = d * gam[k][e];\n";
+        s += "          sum_g += gd;\n          sum_gx += gd * xh;\n";
+        s += "          acc_g[k][e] += d * xh;\n";
+        if self.beta {
+            s += "          acc_b[k][e] += d;\n";
+        }
+        s += "        }\n      }\n    }\n";
+        // The row's two sums over the block: warps, then the warps' sums in warp order.
+        s += "    sum_g = warp_sum(sum_g);\n    sum_gx = warp_sum(sum_gx);\n";
+        s += "    if (lane == 0) { sums[slot][warp][0] = sum_g; sums[slot][warp][1] = sum_gx; }\n";
+        // The next row's x and dy, requested before the barrier: their loads are in flight
+        // while the block waits and writes this row's dx (one row in flight at a time left the
+        // kernel at 2.35 TB/s).
+        s += "    const long long next = row + gridDim.x;\n";
+        s += &format!("    Chunk<{xs}> xn[C];\n    Chunk<{ds}> dn[C];\n");
+        s += "    if (next < p.rows) {\n";
+        s += &load("xn", "dn", "next");
+        s += "    }\n";
+        s += "    __syncthreads();\n";
+        s += "    float total_g = 0.f, total_gx = 0.f;\n";
+        s += "#pragma unroll\n    for (int w = 0; w < W; ++w) { total_g += sums[slot][w][0]; total_gx += sums[slot][w][1]; }\n";
+        // The next row writes the other slot: a warp reaches this slot again only after every
+        // warp passed the next row's barrier, so after every warp read it here.
+        s += "    slot ^= 1;\n";
+        if self.rms {
+            s += "    (void)total_g;\n    const float mean_g = 0.f;\n";
+        } else {
+            s += "    const float mean_g = total_g * inv_n;\n";
+        }
+        s += "    const float mean_gx = total_gx * inv_n;\n";
+        s += &format!("    Chunk<{xs}>* dx = (Chunk<{xs}>*)(({xs}*)p.dx + row * p.hidden);\n");
+        s += "#pragma unroll\n    for (int k = 0; k < C; ++k) {\n      const long long c = tid + k * T;\n      if (c < chunks) {\n";
+        s += &format!("        Chunk<{xs}> o;\n");
+        s += "#pragma unroll\n        for (int e = 0; e < 8; ++e) {\n";
+        s += &element;
+        let mut term = "rstd * (d * gam[k][e] - mean_g - xh * mean_gx)".to_string();
+        if self.into {
+            term = format!("{term} + {}", x.load_expr("ic[k].v[e]"));
+        }
+        s += &format!("          o.v[e] = {};\n", x.store_expr(&term));
+        s += "        }\n        dx[c] = o;\n      }\n    }\n";
+        s += "#pragma unroll\n    for (int k = 0; k < C; ++k) { xc[k] = xn[k]; dc[k] = dn[k]; }\n  }\n";
+        // This block's partial sums: one row of `[blocks, hidden]` per gradient.
+        s += "  float* pg = (float*)p.dgamma + (long long)blockIdx.x * p.hidden;\n";
+        if self.beta {
+            s += "  float* pb = (float*)p.dbeta + (long long)blockIdx.x * p.hidden;\n";
+        }
+        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = tid + k * T;\n    if (c < chunks) {\n";
+        s += "#pragma unroll\n      for (int e = 0; e < 8; ++e) {\n";
+        s += "        pg[c * 8 + e] = acc_g[k][e];\n";
+        if self.beta {
+            s += "        pb[c * 8 + e] = acc_b[k][e];\n";
+        }
+        s += "      }\n    }\n  }\n}\n";
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(hidden: usize) -> Option<NormRowsBackward> {
+        NormRowsBackward::for_hidden(
+            DType::BF16,
+            DType::BF16,
+            DType::BF16,
+            (false, true, false),
+            hidden,
+        )
+    }
+
+    #[test]
+    fn a_block_gives_each_thread_one_or_two_chunks_of_its_row() {
+        let shape = |hidden| spec(hidden).map(|s| (s.threads, s.chunks));
+        assert_eq!(shape(2048), Some((128, 2)));
+        assert_eq!(shape(1024), Some((64, 2)));
+        assert_eq!(shape(768), Some((64, 2)));
+        assert_eq!(shape(4096), Some((256, 2)));
+        assert_eq!(shape(64), Some((32, 1)));
+        assert_eq!(shape(8), Some((32, 1)));
+        assert!(shape(8192).is_none(), "more than two chunks a thread");
+        assert!(shape(1004).is_none(), "not whole chunks");
+        assert!(shape(0).is_none());
+    }
+
+    #[test]
+    fn every_chunk_of_a_row_has_a_thread() {
+        for hidden in (8..=4096).step_by(8) {
+            let s = spec(hidden).expect("takes it");
+            assert!(s.threads * s.chunks * CHUNK >= hidden, "{hidden}");
+            assert!(s.chunks <= CHUNKS_PER_THREAD, "{hidden}");
+        }
+    }
+
+    #[test]
+    fn the_grid_is_a_few_blocks_a_multiprocessor_and_no_more_than_the_rows() {
+        let s = spec(2048).expect("2048");
+        assert_eq!(s.blocks(24576, 132), 132 * 4);
+        assert_eq!(s.blocks(100, 132), 100);
+        assert_eq!(s.blocks(0, 132), 1);
+        let narrow = spec(64).expect("64");
+        assert_eq!(narrow.blocks(1 << 20, 132), 132 * 16);
+    }
+
+    #[test]
+    fn rmsnorm_has_no_beta_gradient() {
+        let s = NormRowsBackward::for_hidden(
+            DType::BF16,
+            DType::BF16,
+            DType::BF16,
+            (true, true, false),
+            2048,
+        )
+        .expect("2048");
+        assert!(!s.beta);
+    }
+
+    /// The sources compile for sm_90 (NVRTC, no GPU needed) without spilling: every dtype,
+    /// LayerNorm with and without β, RMSNorm, with and without a gradient to add, at the widest
+    /// rows.
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn norm_grad_rows_sources_compile() {
+        for x in [DType::F32, DType::BF16, DType::F16] {
+            for gamma in [x, DType::F32] {
+                for (rms, beta) in [(false, true), (false, false), (true, false)] {
+                    for into in [false, true] {
+                        for hidden in [64, 2048, 4096] {
+                            let spec = NormRowsBackward::for_hidden(
+                                x,
+                                gamma,
+                                x,
+                                (rms, beta, into),
+                                hidden,
+                            )
+                            .expect("takes it");
+                            let source = spec.source();
+                            let ptx =
+                                crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
+                                    .unwrap_or_else(|e| panic!("{e}\n{source}"));
+                            assert!(!ptx.contains(".local"), "{source}\n{ptx}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! QK-norm on the packed QKV projection `[b, s, g, slots, d]` (see
+//! `ferrotron_ops::FusedOps::fused_qk_norm`): every head row of `d` channels is one warp's,
+//! held in registers (`d ≤ 256`, compiled in), normalised over its channels with warp shuffles
+//! and scaled by the query's or the key's weight by its slot; the value slot is copied. The
+//! forward keeps `1/σ` (and LayerNorm's mean) per normalised row in f32.
+//!
+//! The backward computes `dx` the same way, one warp a row, and sums each weight's (and bias's)
+//! gradient in the warp's registers over the rows it visits, then over the block's warps in
+//! shared memory, into one row of f32 partial sums per block: `[blocks, 2d]` (the query's
+//! columns, then the key's), added in a fixed order by `column_sum`. The grid is a function of
+//! the shape alone, so the sums do not change from run to run. Math in f32.
+
+use crate::engine::dtype::DType;
+use crate::engine::launch::{KernelSpec, Params, includes, launch};
+use crate::engine::layout::SliceArg;
+use crate::engine::tensor::CudaTensor;
+use crate::error::{CudaError, OpContext, Result};
+use crate::kernels::fused::uses_half;
+use crate::kernels::prim::column_sum::column_sum;
+
+/// Warps (rows in flight) per block.
+const WARPS: u32 = 8;
+/// Most blocks of the backward (the rows of partial sums `column_sum` adds).
+const BACKWARD_BLOCKS: usize = 1024;
+/// Widest head row the kernels hold in registers.
+pub const MAX_HEAD_DIM: usize = 256;
+
+const WARP_SUM: &str = r#"
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+"#;
+
+/// The loop over rows every kernel runs: one warp a row, grid-stride; in scope `lane`, `row`,
+/// `slot` and `stat` (the row's index among the normalised rows).
+const ROW_LOOP: &str = "  const int lane = threadIdx.x & 31;
+  const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+  for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < p.rows; row += warps) {
+    const long long slot = row % p.slots;
+    const long long stat = row / p.slots * (p.slots - 1) + slot;
+";
+
+/// QK-norm forward.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct QkNormForward {
+    x: DType,
+    weight: DType,
+    layer: bool,
+    dim: usize,
+}
+
+impl QkNormForward {
+    fn per_lane(&self) -> usize {
+        self.dim.div_ceil(32)
+    }
+}
+
+impl KernelSpec for QkNormForward {
+    fn source(&self) -> String {
+        let (x, w, dim, per) = (self.x, self.weight, self.dim, self.per_lane());
+        let kind = if self.layer { "layer" } else { "rms" };
+        let (xs, ws) = (x.storage_c(), w.storage_c());
+        let mut s = format!("// qk norm forward {kind} {x} weight {w} dim {dim}\n");
+        s += includes(uses_half(&[x, w]));
+        s += WARP_SUM;
+        s += "struct Params { long long rows, slots; unsigned long long x, qw, kw, qb, kb, y, mean, rstd; double eps; };\n";
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += ROW_LOOP;
+        s += &format!(
+            "    const {xs}* x = (const {xs}*)p.x + row * {dim};\n    {xs}* y = ({xs}*)p.y + row * {dim};\n"
+        );
+        s += &format!(
+            "    if (slot == p.slots - 1) {{ for (int c = lane; c < {dim}; c += 32) y[c] = x[c]; continue; }}\n"
+        );
+        s += &format!(
+            "    float v[{per}];\n#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{ const int c = lane + 32 * i; v[i] = c < {dim} ? {} : 0.f; }}\n",
+            x.load_expr("x[c]")
+        );
+        if self.layer {
+            s += &format!(
+                "    float sum = 0.f;\n#pragma unroll\n    for (int i = 0; i < {per}; ++i) sum += v[i];\n"
+            );
+            s += &format!("    const float mean = warp_sum(sum) * (1.f / {dim});\n");
+        } else {
+            s += "    const float mean = 0.f;\n";
+        }
+        s += &format!(
+            "    float sq = 0.f;\n#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{ const float d = lane + 32 * i < {dim} ? v[i] - mean : 0.f; sq += d * d; }}\n"
+        );
+        s += &format!(
+            "    const float rstd = rsqrtf(warp_sum(sq) * (1.f / {dim}) + (float)p.eps);\n"
+        );
+        s += "    const bool key = slot == p.slots - 2;\n";
+        s += &format!("    const {ws}* w = (const {ws}*)(key ? p.kw : p.qw);\n");
+        s += &format!("    const {ws}* b = (const {ws}*)(key ? p.kb : p.qb);\n");
+        s += &format!(
+            "#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{\n      const int c = lane + 32 * i;\n      if (c < {dim}) {{\n"
+        );
+        s += &format!(
+            "        float out = (v[i] - mean) * rstd * {};\n",
+            w.load_expr("w[c]")
+        );
+        if self.layer {
+            s += &format!("        out += {};\n", w.load_expr("b[c]"));
+        } else {
+            s += "        (void)b;\n";
+        }
+        s += &format!(
+            "        y[c] = {};\n      }}\n    }}\n",
+            x.store_expr("out")
+        );
+        s += "    if (lane == 0) {\n      ((float*)p.rstd)[stat] = rstd;\n";
+        if self.layer {
+            s += "      ((float*)p.mean)[stat] = mean;\n";
+        }
+        s += "    }\n  }\n}\n";
+        s
+    }
+}
+
+/// QK-norm backward: `dx`, and one row of the weights' (and biases') partial sums per block.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct QkNormBackward {
+    x: DType,
+    weight: DType,
+    grad: DType,
+    layer: bool,
+    dim: usize,
+}
+
+impl KernelSpec for QkNormBackward {
+    fn source(&self) -> String {
+        let (x, w, dy, dim) = (self.x, self.weight, self.grad, self.dim);
+        let per = dim.div_ceil(32);
+        let kind = if self.layer { "layer" } else { "rms" };
+        let (xs, ws, ds) = (x.storage_c(), w.storage_c(), dy.storage_c());
+        let mut s = format!("// qk norm backward {kind} {x} weight {w} grad {dy} dim {dim}\n");
+        s += includes(uses_half(&[x, w, dy]));
+        s += WARP_SUM;
+        s += "struct Params { long long rows, slots; unsigned long long x, qw, kw, dy, mean, rstd, dx, pg, pb; };\n";
+        s += &format!(
+            "extern \"C\" __global__ void __launch_bounds__({}) ferrotron_kernel(const Params p) {{\n",
+            WARPS * 32
+        );
+        // Per lane: the query's and the key's γ (then β) sums of its channels.
+        s += &format!(
+            "  float acc[4][{per}];\n#pragma unroll\n  for (int i = 0; i < {per}; ++i) {{ acc[0][i] = 0.f; acc[1][i] = 0.f; acc[2][i] = 0.f; acc[3][i] = 0.f; }}\n"
+        );
+        s += ROW_LOOP;
+        s += &format!("    const {xs}* x = (const {xs}*)p.x + row * {dim};\n");
+        s += &format!("    const {ds}* dy = (const {ds}*)p.dy + row * {dim};\n");
+        s += &format!("    {xs}* dx = ({xs}*)p.dx + row * {dim};\n");
+        s += &format!(
+            "    if (slot == p.slots - 1) {{ for (int c = lane; c < {dim}; c += 32) dx[c] = {}; continue; }}\n",
+            x.store_expr(&dy.load_expr("dy[c]"))
+        );
+        s += "    const bool key = slot == p.slots - 2;\n";
+        s += &format!("    const {ws}* w = (const {ws}*)(key ? p.kw : p.qw);\n");
+        let mean = if self.layer {
+            "((const float*)p.mean)[stat]"
+        } else {
+            "0.f"
+        };
+        s += &format!(
+            "    const float mean = {mean};\n    const float rstd = ((const float*)p.rstd)[stat];\n"
+        );
+        s += &format!(
+            "    float xh[{per}], g[{per}], gw[{per}];\n    float sum_g = 0.f, sum_gx = 0.f;\n"
+        );
+        s += &format!(
+            "#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{\n      const int c = lane + 32 * i;\n      const bool in = c < {dim};\n"
+        );
+        s += &format!(
+            "      xh[i] = in ? ({} - mean) * rstd : 0.f;\n      g[i] = in ? {} : 0.f;\n      gw[i] = in ? g[i] * {} : 0.f;\n",
+            x.load_expr("x[c]"),
+            dy.load_expr("dy[c]"),
+            w.load_expr("w[c]")
+        );
+        s += "      sum_g += gw[i]; sum_gx += gw[i] * xh[i];\n    }\n";
+        if self.layer {
+            s += &format!("    const float mean_g = warp_sum(sum_g) * (1.f / {dim});\n");
+        } else {
+            s += "    const float mean_g = 0.f; (void)sum_g;\n";
+        }
+        s += &format!("    const float mean_gx = warp_sum(sum_gx) * (1.f / {dim});\n");
+        s += &format!(
+            "#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{\n      const int c = lane + 32 * i;\n"
+        );
+        s += &format!(
+            "      if (c < {dim}) dx[c] = {};\n",
+            x.store_expr("rstd * (gw[i] - mean_g - xh[i] * mean_gx)")
+        );
+        // Constant indices keep the sums in registers.
+        s += "      if (key) { acc[1][i] += g[i] * xh[i]; acc[3][i] += g[i]; }\n";
+        s += "      else { acc[0][i] += g[i] * xh[i]; acc[2][i] += g[i]; }\n    }\n  }\n";
+        // The block's warps' sums, added in warp order, one row of partials per block.
+        let sums = if self.layer { 4 } else { 2 };
+        s += &format!("  __shared__ float part[{WARPS}][{sums}][{dim}];\n");
+        s += "  const int warp = threadIdx.x >> 5;\n";
+        s += &format!(
+            "#pragma unroll\n  for (int i = 0; i < {per}; ++i) {{\n    const int c = lane + 32 * i;\n    if (c < {dim}) {{\n"
+        );
+        s += &format!(
+            "#pragma unroll\n      for (int k = 0; k < {sums}; ++k) part[warp][k][c] = acc[k][i];\n    }}\n  }}\n  __syncthreads();\n"
+        );
+        s += &format!("  for (int e = threadIdx.x; e < {sums} * {dim}; e += blockDim.x) {{\n");
+        s += &format!("    const int k = e / {dim}, c = e % {dim};\n    float total = 0.f;\n");
+        s += &format!("    for (int v = 0; v < {WARPS}; ++v) total += part[v][k][c];\n");
+        s += &format!(
+            "    float* out = (float*)(k < 2 ? p.pg : p.pb) + (long long)blockIdx.x * {} + (k % 2) * {dim} + c;\n",
+            2 * dim
+        );
+        s += "    *out = total;\n  }\n}\n";
+        s
+    }
+}
+
+/// `(rows, slots, dim)` of a packed projection, checked against the weights.
+fn check(qkv: &CudaTensor, weights: &[&CudaTensor], op: &str) -> Result<(usize, usize, usize)> {
+    let ctx = || OpContext::new(op).shape(qkv.shape());
+    let &[b, s, g, slots, d] = qkv.shape() else {
+        return Err(CudaError::invalid(
+            ctx(),
+            "expected a packed projection [b, s, g, slots, d]",
+        ));
+    };
+    if slots < 3 || d == 0 || d > MAX_HEAD_DIM {
+        return Err(CudaError::invalid(
+            ctx(),
+            format!("expected slots >= 3 and a head dim of 1..={MAX_HEAD_DIM}"),
+        ));
+    }
+    if weights
+        .iter()
+        .any(|w| w.shape() != [d] || w.dtype() != weights[0].dtype())
+    {
+        return Err(CudaError::invalid(
+            ctx(),
+            format!("the query and key parameters must be [{d}] of one dtype"),
+        ));
+    }
+    Ok((b * s * g * slots, slots, d))
+}
+
+/// The normalised projection and the head rows' f32 statistics `[b, s, g, slots − 1, 1]`
+/// (LayerNorm's mean where `bias` is given, and `1/σ`).
+pub struct QkNormForwardOut {
+    pub output: CudaTensor,
+    pub mean: Option<CudaTensor>,
+    pub rstd: CudaTensor,
+}
+
+/// QK-norm forward: `weight` `[query, key]`, `bias` likewise for a LayerNorm (RMSNorm without).
+pub fn qk_norm_forward(
+    qkv: &CudaTensor,
+    weight: [&CudaTensor; 2],
+    bias: Option<[&CudaTensor; 2]>,
+    epsilon: f64,
+) -> Result<QkNormForwardOut> {
+    let params: Vec<&CudaTensor> = weight
+        .iter()
+        .copied()
+        .chain(bias.into_iter().flatten())
+        .collect();
+    let (rows, slots, dim) = check(qkv, &params, "qk_norm_forward")?;
+    let x = qkv.contiguous()?;
+    let params: Vec<CudaTensor> = params
+        .iter()
+        .map(|p| p.contiguous())
+        .collect::<Result<_>>()?;
+    let device = x.device();
+    let output = CudaTensor::empty(device, x.shape(), x.dtype())?;
+    let mut stats_shape = x.shape().to_vec();
+    stats_shape[3] = slots - 1;
+    stats_shape[4] = 1;
+    let layer = bias.is_some();
+    let mean = layer
+        .then(|| CudaTensor::empty(device, &stats_shape, DType::F32))
+        .transpose()?;
+    let rstd = CudaTensor::empty(device, &stats_shape, DType::F32)?;
+    if rows == 0 {
+        return Ok(QkNormForwardOut { output, mean, rstd });
+    }
+    let spec = QkNormForward {
+        x: x.dtype(),
+        weight: params[0].dtype(),
+        layer,
+        dim,
+    };
+    let bias_ptr = |i: usize| params.get(2 + i).map_or(0, CudaTensor::data_ptr);
+    let mut p = Params::new();
+    p.int(rows as i64)
+        .int(slots as i64)
+        .ptr(x.data_ptr())
+        .ptr(params[0].data_ptr())
+        .ptr(params[1].data_ptr())
+        .ptr(bias_ptr(0))
+        .ptr(bias_ptr(1))
+        .ptr(output.data_ptr())
+        .ptr(mean.as_ref().map_or(0, CudaTensor::data_ptr))
+        .ptr(rstd.data_ptr())
+        .float(epsilon);
+    let op = || x.op("qk_norm_forward");
+    launch(device, &spec, grid(rows), WARPS * 32, &p, &op)?;
+    Ok(QkNormForwardOut { output, mean, rstd })
+}
+
+/// Blocks for `rows` rows: one row per warp up to the grid's bound (rows beyond it loop).
+fn grid(rows: usize) -> u32 {
+    rows.div_ceil(WARPS as usize).clamp(1, BACKWARD_BLOCKS) as u32
+}
+
+/// The gradients of a QK-norm: the packed projection's, and the `[query, key]` weights' and
+/// (LayerNorm, `mean` given) biases' in the weights' dtype.
+pub type QkNormBackwardOut = (CudaTensor, [CudaTensor; 2], Option<[CudaTensor; 2]>);
+
+/// QK-norm backward from the forward's statistics and the output gradient.
+pub fn qk_norm_backward(
+    qkv: &CudaTensor,
+    weight: [&CudaTensor; 2],
+    mean: Option<&CudaTensor>,
+    rstd: &CudaTensor,
+    grad: &CudaTensor,
+) -> Result<QkNormBackwardOut> {
+    let (rows, slots, dim) = check(qkv, &weight, "qk_norm_backward")?;
+    let op = || qkv.op("qk_norm_backward");
+    if grad.shape() != qkv.shape() {
+        return Err(CudaError::invalid(
+            op().shape(grad.shape()),
+            "the output gradient must have the projection's shape",
+        ));
+    }
+    let x = qkv.contiguous()?;
+    let grad = grad.contiguous()?;
+    let [q_weight, k_weight] = [weight[0].contiguous()?, weight[1].contiguous()?];
+    let device = x.device();
+    let dx = CudaTensor::empty(device, x.shape(), x.dtype())?;
+    let blocks = grid(rows) as usize;
+    let layer = mean.is_some();
+    let partial = || CudaTensor::empty(device, &[blocks, 2 * dim], DType::F32);
+    let (pg, pb) = (partial()?, layer.then(partial).transpose()?);
+    let spec = QkNormBackward {
+        x: x.dtype(),
+        weight: q_weight.dtype(),
+        grad: grad.dtype(),
+        layer,
+        dim,
+    };
+    let mut p = Params::new();
+    p.int(rows as i64)
+        .int(slots as i64)
+        .ptr(x.data_ptr())
+        .ptr(q_weight.data_ptr())
+        .ptr(k_weight.data_ptr())
+        .ptr(grad.data_ptr())
+        .ptr(mean.map_or(0, CudaTensor::data_ptr))
+        .ptr(rstd.data_ptr())
+        .ptr(dx.data_ptr())
+        .ptr(pg.data_ptr())
+        .ptr(pb.as_ref().map_or(0, CudaTensor::data_ptr));
+    // With no rows the block still writes its (zero) partial sums.
+    launch(device, &spec, blocks as u32, WARPS * 32, &p, &op)?;
+    let split = |partial: &CudaTensor| -> Result<[CudaTensor; 2]> {
+        let sums = column_sum(partial, q_weight.dtype(), &op)?;
+        Ok([
+            sums.slice(&[SliceArg::range(0, dim)])?,
+            sums.slice(&[SliceArg::range(dim, 2 * dim)])?,
+        ])
+    };
+    let weight_grads = split(&pg)?;
+    let bias_grads = pb.as_ref().map(split).transpose()?;
+    Ok((dx, weight_grads, bias_grads))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Forward and backward compile for sm_90 (NVRTC, no GPU needed): RMSNorm and LayerNorm,
+    /// bf16 and f32 projections, head dims 64, 128 and one not a multiple of 32.
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn qk_norm_sources_compile() {
+        for (x, weight, grad) in [
+            (DType::BF16, DType::BF16, DType::BF16),
+            (DType::BF16, DType::F32, DType::F32),
+            (DType::F32, DType::F32, DType::F32),
+        ] {
+            for layer in [false, true] {
+                for dim in [64, 128, 80] {
+                    let sources = [
+                        QkNormForward {
+                            x,
+                            weight,
+                            layer,
+                            dim,
+                        }
+                        .source(),
+                        QkNormBackward {
+                            x,
+                            weight,
+                            grad,
+                            layer,
+                            dim,
+                        }
+                        .source(),
+                    ];
+                    for source in sources {
+                        crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
+                            .unwrap_or_else(|e| panic!("{e}\n{source}"));
+                    }
+                }
+            }
+        }
+    }
+}

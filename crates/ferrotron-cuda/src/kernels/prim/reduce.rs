@@ -1,0 +1,585 @@
+//! Reductions along one dim (and over everything): sum, mean, prod, max, min, max-abs,
+//! any, all, argmax, argmin.
+//!
+//! One block reduces one output element: its threads stride over the reduced dim, then meet in
+//! a shared-memory tree. Full reductions of large tensors run in two passes (many blocks write
+//! partials in the accumulator type, one block finishes), so they use the whole GPU.
+
+use crate::engine::dtype::DType;
+use crate::engine::launch::{Params, includes, launch};
+use crate::engine::layout::coalesce;
+use crate::engine::tensor::CudaTensor;
+use crate::error::{CudaError, Result};
+
+/// Threads per reduction block (also the shared-memory tree size).
+const REDUCE_BLOCK: u32 = 256;
+/// Full reductions above this many elements use the two-pass path.
+const SPLIT_THRESHOLD: usize = 1 << 16;
+
+/// Value reductions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Prod,
+    Max,
+    Min,
+    /// max(|x|)
+    MaxAbs,
+    /// Σ x², accumulated and returned in the accumulator type (f32 for 16-bit floats): a
+    /// gradient's share of the global norm in one pass, without an fp32 copy of it.
+    SumSquares,
+    /// Any element non-zero (bool result).
+    Any,
+    /// All elements non-zero (bool result).
+    All,
+}
+
+/// Index reductions (i64 result; the first index wins ties).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ArgOp {
+    ArgMax,
+    ArgMin,
+}
+
+impl ReduceOp {
+    pub fn output_dtype(self, input: DType) -> DType {
+        match self {
+            ReduceOp::Any | ReduceOp::All => DType::Bool,
+            ReduceOp::SumSquares => self.partial_dtype(input),
+            _ => input,
+        }
+    }
+
+    fn acc_c(self, input: DType) -> &'static str {
+        match self {
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::SumSquares => {
+                input.accumulate_c()
+            }
+            ReduceOp::Max | ReduceOp::Min | ReduceOp::MaxAbs => input.compute_c(),
+            ReduceOp::Any | ReduceOp::All => "bool",
+        }
+    }
+
+    /// Dtype that holds partial results of the two-pass path exactly.
+    fn partial_dtype(self, input: DType) -> DType {
+        match self.acc_c(input) {
+            "float" => DType::F32,
+            "long long" => DType::I64,
+            "int" => DType::I32,
+            "unsigned int" => DType::U8,
+            _ => DType::Bool,
+        }
+    }
+
+    fn init(self, input: DType) -> &'static str {
+        match self {
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::MaxAbs | ReduceOp::SumSquares => "0",
+            ReduceOp::Prod => "1",
+            ReduceOp::Max => input.min_value_c(),
+            ReduceOp::Min => input.max_value_c(),
+            ReduceOp::Any => "false",
+            ReduceOp::All => "true",
+        }
+    }
+
+    /// Maps a loaded value to the accumulator domain.
+    fn lift(self, input: DType) -> String {
+        let acc = self.acc_c(input);
+        match self {
+            ReduceOp::MaxAbs if input.is_float() => "fabsf(v)".into(),
+            ReduceOp::MaxAbs if input == DType::U8 || input.is_bool() => "v".into(),
+            ReduceOp::MaxAbs => "(v < 0 ? -v : v)".into(),
+            ReduceOp::Any | ReduceOp::All => "(v != 0)".into(),
+            ReduceOp::SumSquares => format!("(({acc})v * ({acc})v)"),
+            _ => format!("(({acc})v)"),
+        }
+    }
+
+    /// Combines two accumulators `x` and `y`.
+    fn combine(self) -> &'static str {
+        match self {
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::SumSquares => "(x + y)",
+            ReduceOp::Prod => "(x * y)",
+            ReduceOp::Max | ReduceOp::MaxAbs => "(y > x ? y : x)",
+            ReduceOp::Min => "(y < x ? y : x)",
+            ReduceOp::Any => "(x || y)",
+            ReduceOp::All => "(x && y)",
+        }
+    }
+}
+
+/// Everything that determines one generated reduction kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ReduceSpec {
+    pub op: ReduceOp,
+    pub input: DType,
+    pub out: DType,
+    /// Rank of the (merged) outer shape.
+    pub rank: usize,
+    pub strategy: Strategy,
+}
+
+/// How the work of a reduction is spread over threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// One block per output, threads stride over the reduced dim (long, contiguous rows).
+    BlockPerOutput,
+    /// One thread per output, looping over the reduced dim: neighbouring threads read
+    /// neighbouring elements when the reduced dim is not the innermost one (column sums such
+    /// as bias gradients), and short rows waste no threads.
+    ThreadPerOutput,
+    /// First pass of a two-pass full reduction: every block writes one raw partial.
+    SplitPartials,
+}
+
+/// Picks the strategy for a reduction with this geometry (full reductions decide separately).
+pub fn choose_strategy(outer_n: usize, red_n: usize, red_stride: isize) -> Strategy {
+    if outer_n >= 1024 && (red_stride != 1 || red_n <= 32) {
+        Strategy::ThreadPerOutput
+    } else {
+        Strategy::BlockPerOutput
+    }
+}
+
+const PARAMS_DECL: &str = "struct Params {\n  long long outer_n;\n  long long red_n;\n  long long shape[RANK];\n  long long strides[RANK];\n  long long red_stride;\n  long long offset;\n  unsigned long long in_ptr;\n  unsigned long long out_ptr;\n  unsigned long long idx_ptr;\n  double divisor;\n};\n";
+
+fn outer_offset_code(rank: usize) -> String {
+    format!(
+        "    long long base = p.offset;\n    long long rem = o;\n#pragma unroll\n    for (int d = {rank} - 1; d >= 0; --d) {{\n      base += (rem % p.shape[d]) * p.strides[d];\n      rem /= p.shape[d];\n    }}\n"
+    )
+}
+
+impl ReduceSpec {
+    pub fn source(&self) -> String {
+        if self.strategy == Strategy::ThreadPerOutput {
+            return self.thread_per_output_source();
+        }
+        let split = self.strategy == Strategy::SplitPartials;
+        let op = self.op;
+        let acc = op.acc_c(self.input);
+        let half = self.input.needs_half_headers() || self.out.needs_half_headers();
+        let mut s = format!(
+            "// reduce {:?} {} -> {} rank {}{}\n",
+            op,
+            self.input,
+            self.out,
+            self.rank,
+            if split { " split" } else { "" }
+        );
+        s += includes(half);
+        s += &PARAMS_DECL.replace("RANK", &self.rank.to_string());
+        s += &format!(
+            "__device__ __forceinline__ {acc} combine({acc} x, {acc} y) {{ return {}; }}\n",
+            op.combine()
+        );
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += &format!("  __shared__ {acc} sdata[{REDUCE_BLOCK}];\n");
+        s += &format!(
+            "  const {t}* in = (const {t}*)p.in_ptr;\n",
+            t = self.input.storage_c()
+        );
+        s += &format!("  {t}* out = ({t}*)p.out_ptr;\n", t = self.out.storage_c());
+        let (outer_loop, j_start, j_step, out_index) = if split {
+            (
+                "  {\n    const long long o = 0;\n".to_string(),
+                "(long long)blockIdx.x * blockDim.x + threadIdx.x",
+                "(long long)gridDim.x * blockDim.x",
+                "blockIdx.x",
+            )
+        } else {
+            (
+                "  for (long long o = blockIdx.x; o < p.outer_n; o += gridDim.x) {\n".to_string(),
+                "threadIdx.x",
+                "blockDim.x",
+                "o",
+            )
+        };
+        s += &outer_loop;
+        s += &outer_offset_code(self.rank);
+        s += &format!("    {acc} acc = {};\n", op.init(self.input));
+        s += &format!(
+            "    for (long long j = {j_start}; j < p.red_n; j += {j_step}) {{\n      const {} v = {};\n      acc = combine(acc, {});\n    }}\n",
+            self.input.compute_c(),
+            self.input.load_expr("in[base + j * p.red_stride]"),
+            op.lift(self.input)
+        );
+        s += "    sdata[threadIdx.x] = acc;\n    __syncthreads();\n";
+        s += "    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {\n      if (threadIdx.x < s) sdata[threadIdx.x] = combine(sdata[threadIdx.x], sdata[threadIdx.x + s]);\n      __syncthreads();\n    }\n";
+        let result = if op == ReduceOp::Mean && !split {
+            "(sdata[0] / p.divisor)"
+        } else {
+            "sdata[0]"
+        };
+        s += &format!(
+            "    if (threadIdx.x == 0) out[{out_index}] = {};\n    __syncthreads();\n  }}\n}}\n",
+            self.out.store_expr(result)
+        );
+        s
+    }
+}
+
+impl ReduceSpec {
+    fn thread_per_output_source(&self) -> String {
+        let op = self.op;
+        let acc = op.acc_c(self.input);
+        let half = self.input.needs_half_headers() || self.out.needs_half_headers();
+        let mut s = format!(
+            "// reduce {:?} {} -> {} rank {} thread-per-output\n",
+            op, self.input, self.out, self.rank
+        );
+        s += includes(half);
+        s += &PARAMS_DECL.replace("RANK", &self.rank.to_string());
+        s += &format!(
+            "__device__ __forceinline__ {acc} combine({acc} x, {acc} y) {{ return {}; }}\n",
+            op.combine()
+        );
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += &format!(
+            "  const {t}* in = (const {t}*)p.in_ptr;\n",
+            t = self.input.storage_c()
+        );
+        s += &format!("  {t}* out = ({t}*)p.out_ptr;\n", t = self.out.storage_c());
+        s += "  const long long step = (long long)blockDim.x * gridDim.x;\n";
+        s += "  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < p.outer_n; o += step) {\n";
+        s += &outer_offset_code(self.rank);
+        s += &format!("    {acc} acc = {};\n", op.init(self.input));
+        s += &format!(
+            "    for (long long j = 0; j < p.red_n; ++j) {{\n      const {} v = {};\n      acc = combine(acc, {});\n    }}\n",
+            self.input.compute_c(),
+            self.input.load_expr("in[base + j * p.red_stride]"),
+            op.lift(self.input)
+        );
+        let result = if op == ReduceOp::Mean {
+            "(acc / p.divisor)"
+        } else {
+            "acc"
+        };
+        s += &format!("    out[o] = {};\n  }}\n}}\n", self.out.store_expr(result));
+        s
+    }
+}
+
+/// Everything that determines one generated arg-reduction kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ArgReduceSpec {
+    pub op: ArgOp,
+    pub input: DType,
+    pub rank: usize,
+}
+
+impl ArgReduceSpec {
+    pub fn source(&self) -> String {
+        let ct = self.input.compute_c();
+        let (init, better) = match self.op {
+            ArgOp::ArgMax => (self.input.min_value_c(), ">"),
+            ArgOp::ArgMin => (self.input.max_value_c(), "<"),
+        };
+        let mut s = format!(
+            "// argreduce {:?} {} rank {}\n",
+            self.op, self.input, self.rank
+        );
+        s += includes(self.input.needs_half_headers());
+        s += &PARAMS_DECL.replace("RANK", &self.rank.to_string());
+        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
+        s += &format!("  __shared__ {ct} svals[{REDUCE_BLOCK}];\n");
+        s += &format!("  __shared__ long long sidx[{REDUCE_BLOCK}];\n");
+        s += &format!(
+            "  const {t}* in = (const {t}*)p.in_ptr;\n  long long* out = (long long*)p.idx_ptr;\n",
+            t = self.input.storage_c()
+        );
+        s += "  for (long long o = blockIdx.x; o < p.outer_n; o += gridDim.x) {\n";
+        s += &outer_offset_code(self.rank);
+        s += &format!("    {ct} best = {init};\n    long long bi = -1;\n");
+        s += &format!(
+            "    for (long long j = threadIdx.x; j < p.red_n; j += blockDim.x) {{\n      const {ct} v = {};\n      if (bi < 0 || v {better} best) {{ best = v; bi = j; }}\n    }}\n",
+            self.input.load_expr("in[base + j * p.red_stride]")
+        );
+        s += "    svals[threadIdx.x] = best;\n    sidx[threadIdx.x] = bi;\n    __syncthreads();\n";
+        s += &format!(
+            "    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {{\n      if (threadIdx.x < s) {{\n        const {ct} v = svals[threadIdx.x + s];\n        const long long i = sidx[threadIdx.x + s];\n        const long long mi = sidx[threadIdx.x];\n        if (i >= 0 && (mi < 0 || v {better} svals[threadIdx.x] || (v == svals[threadIdx.x] && i < mi))) {{ svals[threadIdx.x] = v; sidx[threadIdx.x] = i; }}\n      }}\n      __syncthreads();\n    }}\n"
+        );
+        s += "    if (threadIdx.x == 0) out[o] = sidx[0] < 0 ? 0 : sidx[0];\n    __syncthreads();\n  }\n}\n";
+        s
+    }
+}
+
+/// The outer (kept) dims of `x` around `dim`, merged, plus the reduced dim's size and stride.
+struct Geometry {
+    outer_shape: Vec<usize>,
+    outer_strides: Vec<isize>,
+    outer_n: usize,
+    red_n: usize,
+    red_stride: isize,
+}
+
+fn geometry(x: &CudaTensor, dim: usize) -> Geometry {
+    let mut shape = x.shape().to_vec();
+    let mut strides = x.strides().to_vec();
+    let red_n = shape.remove(dim);
+    let red_stride = strides.remove(dim);
+    let merged = coalesce(&shape, &[&strides]);
+    Geometry {
+        outer_n: shape.iter().product(),
+        outer_shape: merged.shape,
+        outer_strides: merged.strides[0].clone(),
+        red_n,
+        red_stride,
+    }
+}
+
+fn reduce_params(g: &Geometry, x: &CudaTensor, out_ptr: u64, idx_ptr: u64, divisor: f64) -> Params {
+    let mut p = Params::new();
+    p.int(g.outer_n as i64).int(g.red_n as i64);
+    p.ints(g.outer_shape.iter().map(|&d| d as i64));
+    p.ints(g.outer_strides.iter().map(|&d| d as i64));
+    p.int(g.red_stride as i64).int(x.offset() as i64);
+    p.ptr(x.buffer_ptr())
+        .ptr(out_ptr)
+        .ptr(idx_ptr)
+        .float(divisor);
+    p
+}
+
+fn check_dim(x: &CudaTensor, dim: usize, op: &str) -> Result<()> {
+    if dim >= x.rank() {
+        return Err(CudaError::invalid(
+            x.op(op),
+            format!("dim {dim} out of range for rank {}", x.rank()),
+        ));
+    }
+    Ok(())
+}
+
+fn keepdim_shape(x: &CudaTensor, dim: usize) -> Vec<usize> {
+    let mut shape = x.shape().to_vec();
+    shape[dim] = 1;
+    shape
+}
+
+/// Reduces along `dim`, keeping it with size 1 (burn's `*_dim` shape).
+pub fn reduce_dim(x: &CudaTensor, dim: usize, op: ReduceOp) -> Result<CudaTensor> {
+    let name = format!("{op:?}_dim").to_lowercase();
+    check_dim(x, dim, &name)?;
+    let out = CudaTensor::empty(
+        x.device(),
+        &keepdim_shape(x, dim),
+        op.output_dtype(x.dtype()),
+    )?;
+    run_reduce(x, dim, op, &out, false, x.shape()[dim] as f64, &name)?;
+    Ok(out)
+}
+
+fn run_reduce(
+    x: &CudaTensor,
+    dim: usize,
+    op: ReduceOp,
+    out: &CudaTensor,
+    split: bool,
+    divisor: f64,
+    name: &str,
+) -> Result<()> {
+    let g = geometry(x, dim);
+    if g.outer_n == 0 {
+        return Ok(());
+    }
+    let strategy = if split {
+        Strategy::SplitPartials
+    } else {
+        choose_strategy(g.outer_n, g.red_n, g.red_stride)
+    };
+    let spec = ReduceSpec {
+        op,
+        input: x.dtype(),
+        out: out.dtype(),
+        rank: g.outer_shape.len(),
+        strategy,
+    };
+    let blocks = match strategy {
+        Strategy::SplitPartials => out.numel() as u32,
+        Strategy::BlockPerOutput => {
+            g.outer_n.clamp(1, crate::engine::launch::MAX_GRID as usize) as u32
+        }
+        Strategy::ThreadPerOutput => {
+            crate::engine::launch::grid_for(g.outer_n as u64, REDUCE_BLOCK)
+        }
+    };
+    let p = reduce_params(&g, x, out.data_ptr(), 0, divisor);
+    launch(x.device(), &spec, blocks, REDUCE_BLOCK, &p, &|| x.op(name))
+}
+
+/// Reduces every element into a tensor of shape `[1]`.
+pub fn reduce_all(x: &CudaTensor, op: ReduceOp) -> Result<CudaTensor> {
+    let name = format!("{op:?}").to_lowercase();
+    let flat = x.reshape(&[x.numel()])?;
+    let n = flat.numel();
+    let out_dtype = op.output_dtype(x.dtype());
+    if n <= SPLIT_THRESHOLD {
+        let out = CudaTensor::empty(x.device(), &[1], out_dtype)?;
+        run_reduce(&flat, 0, op, &out, false, n as f64, &name)?;
+        return Ok(out);
+    }
+    let partial_op = if op == ReduceOp::Mean {
+        ReduceOp::Sum
+    } else {
+        op
+    };
+    let blocks = n.div_ceil(REDUCE_BLOCK as usize * 16).min(1024);
+    let partials = CudaTensor::empty(x.device(), &[blocks], op.partial_dtype(x.dtype()))?;
+    run_reduce(&flat, 0, partial_op, &partials, true, n as f64, &name)?;
+    // Second pass: the same op over the partials (Mean divides by the original count).
+    let second = match op {
+        ReduceOp::Any | ReduceOp::All | ReduceOp::Mean | ReduceOp::Sum | ReduceOp::Prod => op,
+        ReduceOp::SumSquares => ReduceOp::Sum,
+        ReduceOp::Max | ReduceOp::MaxAbs => ReduceOp::Max,
+        ReduceOp::Min => ReduceOp::Min,
+    };
+    let out = CudaTensor::empty(x.device(), &[1], out_dtype)?;
+    run_reduce(&partials, 0, second, &out, false, n as f64, &name)?;
+    Ok(out)
+}
+
+/// Index of the max/min along `dim` (kept with size 1), as i64.
+pub fn arg_reduce_dim(x: &CudaTensor, dim: usize, op: ArgOp) -> Result<CudaTensor> {
+    let name = format!("{op:?}").to_lowercase();
+    check_dim(x, dim, &name)?;
+    let out = CudaTensor::empty(x.device(), &keepdim_shape(x, dim), DType::I64)?;
+    let g = geometry(x, dim);
+    if g.outer_n == 0 {
+        return Ok(out);
+    }
+    let spec = ArgReduceSpec {
+        op,
+        input: x.dtype(),
+        rank: g.outer_shape.len(),
+    };
+    let p = reduce_params(&g, x, 0, out.data_ptr(), 1.0);
+    launch(
+        x.device(),
+        &spec,
+        g.outer_n.clamp(1, crate::engine::launch::MAX_GRID as usize) as u32,
+        REDUCE_BLOCK,
+        &p,
+        &|| x.op(&name),
+    )?;
+    Ok(out)
+}
+
+impl crate::engine::launch::KernelSpec for ReduceSpec {
+    fn source(&self) -> String {
+        ReduceSpec::source(self)
+    }
+}
+
+impl crate::engine::launch::KernelSpec for ArgReduceSpec {
+    fn source(&self) -> String {
+        ArgReduceSpec::source(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sum_bf16_accumulates_in_float() {
+        let spec = ReduceSpec {
+            op: ReduceOp::Sum,
+            input: DType::BF16,
+            out: DType::BF16,
+            rank: 1,
+            strategy: Strategy::BlockPerOutput,
+        };
+        insta::assert_snapshot!("reduce_sum_bf16", spec.source());
+    }
+
+    #[test]
+    fn column_sums_use_one_thread_per_output() {
+        assert_eq!(
+            choose_strategy(2048, 16384, 2048),
+            Strategy::ThreadPerOutput
+        );
+        assert_eq!(choose_strategy(1_000_000, 4, 1), Strategy::ThreadPerOutput);
+        assert_eq!(choose_strategy(16, 4096, 1), Strategy::BlockPerOutput);
+        assert_eq!(choose_strategy(100, 4096, 100), Strategy::BlockPerOutput);
+        let spec = ReduceSpec {
+            op: ReduceOp::Mean,
+            input: DType::F32,
+            out: DType::F32,
+            rank: 1,
+            strategy: Strategy::ThreadPerOutput,
+        };
+        insta::assert_snapshot!("reduce_mean_f32_thread_per_output", spec.source());
+    }
+
+    #[test]
+    fn split_pass_writes_one_partial_per_block() {
+        let spec = ReduceSpec {
+            op: ReduceOp::Mean,
+            input: DType::F32,
+            out: DType::F32,
+            rank: 1,
+            strategy: Strategy::SplitPartials,
+        };
+        let src = spec.source();
+        assert!(src.contains("out[blockIdx.x]"), "{src}");
+        assert!(!src.contains("p.divisor"), "the first pass must not divide");
+    }
+
+    #[test]
+    fn argmax_breaks_ties_by_lowest_index() {
+        let spec = ArgReduceSpec {
+            op: ArgOp::ArgMax,
+            input: DType::I64,
+            rank: 2,
+        };
+        insta::assert_snapshot!("argmax_i64", spec.source());
+    }
+
+    /// A bf16 gradient's Σ x²: squared after widening, summed and stored in f32, both passes.
+    #[test]
+    fn sum_of_squares_widens_before_squaring() {
+        assert_eq!(ReduceOp::SumSquares.output_dtype(DType::BF16), DType::F32);
+        for strategy in [Strategy::SplitPartials, Strategy::BlockPerOutput] {
+            let spec = ReduceSpec {
+                op: ReduceOp::SumSquares,
+                input: DType::BF16,
+                out: DType::F32,
+                rank: 1,
+                strategy,
+            };
+            let src = spec.source();
+            assert!(src.contains("((float)v * (float)v)"), "{src}");
+            assert!(src.contains("float* out = (float*)"), "{src}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn sum_of_squares_sources_compile() {
+        for (input, strategy) in [
+            (DType::BF16, Strategy::SplitPartials),
+            (DType::BF16, Strategy::BlockPerOutput),
+            (DType::F32, Strategy::SplitPartials),
+        ] {
+            let spec = ReduceSpec {
+                op: ReduceOp::SumSquares,
+                input,
+                out: DType::F32,
+                rank: 1,
+                strategy,
+            };
+            let source = spec.source();
+            crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
+                .unwrap_or_else(|e| panic!("{e}\n{source}"));
+        }
+    }
+
+    #[test]
+    fn partial_dtypes_hold_accumulators() {
+        assert_eq!(ReduceOp::Sum.partial_dtype(DType::BF16), DType::F32);
+        assert_eq!(ReduceOp::Sum.partial_dtype(DType::I32), DType::I64);
+        assert_eq!(ReduceOp::Max.partial_dtype(DType::I32), DType::I32);
+        assert_eq!(ReduceOp::Any.partial_dtype(DType::F32), DType::Bool);
+    }
+}
