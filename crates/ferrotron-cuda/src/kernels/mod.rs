@@ -14,3 +14,18 @@ pub mod fused;
 #[cfg(test)]
 mod gpu_tests;
 pub mod prim;
+pub(crate) mod template;
+
+/// One line per source, `index: header blake3`: a snapshot of many generated sources small
+/// enough to review, which still changes when one byte of one of them does.
+#[cfg(test)]
+fn digests(sources: &[String]) -> String {
+    sources
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let header = s.lines().next().unwrap_or_default();
+            format!("{i}: {header} {}\n", blake3::hash(s.as_bytes()).to_hex())
+        })
+        .collect()
+}

@@ -795,10 +795,8 @@ pub fn adamw(
 mod tests {
     use super::*;
 
-    /// Every generated source compiles for sm_90 (NVRTC, no GPU needed).
-    #[test]
-    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
-    fn fused_sources_compile() {
+    /// The sources the compile test builds: every dtype with the flags as the ops set them.
+    fn sources() -> Vec<String> {
         let mut sources = Vec::new();
         for x in [DType::F32, DType::BF16, DType::F16] {
             for rms in [false, true] {
@@ -854,6 +852,87 @@ mod tests {
                 }
             }
         }
+        sources
+    }
+
+    /// Every flag combination of every kernel (bf16, and f32 moments and x), for the snapshot.
+    fn flag_combinations() -> Vec<String> {
+        let flags =
+            |n: usize| (0..1u32 << n).map(move |bits| (0..n).map(move |i| bits >> i & 1 == 1));
+        let mut sources = Vec::new();
+        for x in [DType::BF16, DType::F32] {
+            for mut f in flags(3) {
+                let [rms, beta, stats_only] = [(); 3].map(|_| f.next().unwrap());
+                let gamma = DType::F32;
+                sources.push(
+                    NormForward {
+                        x,
+                        gamma,
+                        rms,
+                        beta,
+                        stats_only,
+                    }
+                    .source(),
+                );
+            }
+            for mut f in flags(2) {
+                let [rms, into] = [(); 2].map(|_| f.next().unwrap());
+                let (gamma, grad) = (DType::F32, DType::BF16);
+                sources.push(
+                    NormInputGrad {
+                        x,
+                        gamma,
+                        grad,
+                        rms,
+                        into,
+                    }
+                    .source(),
+                );
+            }
+            for mut f in flags(2) {
+                let [rms, beta] = [(); 2].map(|_| f.next().unwrap());
+                sources.push(
+                    NormParamGrad {
+                        x,
+                        grad: DType::BF16,
+                        rms,
+                        beta,
+                    }
+                    .source(),
+                );
+            }
+            for mut f in flags(5) {
+                let [first, decay, scale, device_scale, rounded] =
+                    [(); 5].map(|_| f.next().unwrap());
+                let rounded = rounded.then_some(DType::BF16);
+                let moments = [x, DType::F32];
+                let spec = AdamW {
+                    grad: x,
+                    first,
+                    decay,
+                    scale,
+                    device_scale,
+                    rounded,
+                    moments,
+                };
+                sources.push(spec.source());
+            }
+        }
+        sources
+    }
+
+    #[test]
+    fn fused_sources_are_unchanged() {
+        let mut sources = sources();
+        sources.extend(flag_combinations());
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
+    /// Every generated source compiles for sm_90 (NVRTC, no GPU needed).
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn fused_sources_compile() {
+        let sources = sources();
         for source in sources {
             crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
                 .unwrap_or_else(|e| panic!("{e}\n{source}"));
