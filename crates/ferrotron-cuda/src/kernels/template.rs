@@ -8,9 +8,10 @@
 //! written together, so each of these is a bug, and the snapshot tests meet it first.
 //!
 //! The syntax is two things only. `{{NAME}}` (upper-case letters, digits, `_`) is replaced by
-//! its [`Hole`]'s text. A line holding only `{{#if NAME}}`, `{{#else}}` or `{{/if}}` (indent
-//! allowed) keeps or drops the lines up to the next marker by a [`Hole::Flag`]; the marker lines
-//! themselves emit nothing, so the output is exactly the kept lines.
+//! its [`Hole`]'s text; a hole on a dropped line needs no value. A line holding only
+//! `{{#if NAME}}` (or `{{#if !NAME}}`), `{{#else}}` or `{{/if}}` (indent allowed) keeps or drops
+//! the lines up to the next marker by a [`Hole::Flag`]; the marker lines themselves emit
+//! nothing, so the output is exactly the kept lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,6 +29,8 @@ pub(crate) struct Template {
 pub(crate) enum Hole<'a> {
     /// A storage dtype's C type (`float`, `__nv_bfloat16`).
     Storage(DType),
+    /// A dtype's short name (`bf16`), as kernel headers spell it.
+    Name(DType),
     /// An integer constant.
     Int(i64),
     /// Generated code or text (an expression, a statement, a header's words), verbatim.
@@ -44,6 +47,7 @@ impl<'a> Hole<'a> {
     fn text(&self) -> Option<String> {
         match self {
             Hole::Storage(dtype) => Some(dtype.storage_c().to_string()),
+            Hole::Name(dtype) => Some(dtype.to_string()),
             Hole::Int(n) => Some(n.to_string()),
             Hole::Code(text) => Some(text.to_string()),
             Hole::Flag(_) => None,
@@ -53,7 +57,8 @@ impl<'a> Hole<'a> {
 
 /// One line of a template: a conditional marker, or text with holes.
 enum Line<'t> {
-    If(&'t str),
+    /// The condition's name, and whether it is negated (`!NAME`).
+    If(&'t str, bool),
     Else,
     EndIf,
     Text(&'t str),
@@ -65,7 +70,13 @@ fn marker(line: &str) -> Option<Line<'_>> {
     match inner {
         "#else" => Some(Line::Else),
         "/if" => Some(Line::EndIf),
-        _ => inner.strip_prefix("#if ").map(|name| Line::If(name.trim())),
+        _ => inner.strip_prefix("#if ").map(|name| {
+            let name = name.trim();
+            match name.strip_prefix('!') {
+                Some(name) => Line::If(name, true),
+                None => Line::If(name, false),
+            }
+        }),
     }
 }
 
@@ -97,9 +108,9 @@ impl Template {
         for line in self.text.split_inclusive('\n') {
             let keeping = open.iter().all(|(keep, _)| *keep);
             match marker(line).unwrap_or(Line::Text(line)) {
-                Line::If(name) => {
+                Line::If(name, negated) => {
                     let flag = match values.get(name) {
-                        Some(Hole::Flag(flag)) => *flag,
+                        Some(Hole::Flag(flag)) => *flag != negated,
                         Some(_) => self.fail(format!("`{name}` is a condition, not a value")),
                         None => self.fail(format!("condition `{name}` has no value")),
                     };
@@ -116,10 +127,8 @@ impl Template {
                     }
                 }
                 Line::Text(text) => {
-                    let filled = self.fill_line(text, &values, &mut used);
-                    if keeping {
-                        out.push_str(&filled);
-                    }
+                    let filled = self.fill_line(text, keeping, &values, &mut used);
+                    out.push_str(&filled);
                 }
             }
         }
@@ -132,10 +141,12 @@ impl Template {
         out
     }
 
+    /// `line` with its holes filled, or (`keeping` false) nothing, its hole names only noted.
     #[track_caller]
     fn fill_line<'t>(
         &self,
         line: &'t str,
+        keeping: bool,
         values: &BTreeMap<&str, &Hole<'_>>,
         used: &mut BTreeSet<&'t str>,
     ) -> String {
@@ -154,13 +165,18 @@ impl Template {
             match values.get(name).map(|hole| hole.text()) {
                 Some(Some(text)) => out.push_str(&text),
                 Some(None) => self.fail(format!("`{name}` is a condition, not a value")),
-                None => self.fail(format!("hole `{name}` has no value")),
+                None if keeping => self.fail(format!("hole `{name}` has no value")),
+                None => {}
             }
             used.insert(name);
             rest = &after[end + 2..];
         }
-        out.push_str(rest);
-        out
+        if keeping {
+            out.push_str(rest);
+            out
+        } else {
+            String::new()
+        }
     }
 
     #[track_caller]
@@ -183,21 +199,25 @@ mod tests {
 
     const T: Template = Template::new(
         "test.cu",
-        "// {{NAME}} {{T}}\n{{#if ON}}\n  on {{N}};\n{{#else}}\n  off;\n{{/if}}\nend\n",
+        "// {{NAME}} {{T}}\n{{#if ON}}\n  on {{N}};\n{{#else}}\n  off;\n{{/if}}\n{{#if !ON}}\n  not {{M}};\n{{/if}}\nend\n",
     );
 
     #[test]
     fn holes_and_conditions_fill() {
-        let fill = |on| {
-            T.fill(&[
-                ("NAME", Hole::code("x")),
-                ("T", Hole::Storage(DType::BF16)),
-                ("ON", Hole::Flag(on)),
-                ("N", Hole::Int(-3)),
-            ])
-        };
-        assert_eq!(fill(true), "// x __nv_bfloat16\n  on -3;\nend\n");
-        assert_eq!(fill(false), "// x __nv_bfloat16\n  off;\nend\n");
+        let on = T.fill(&[
+            ("NAME", Hole::code("x")),
+            ("T", Hole::Storage(DType::BF16)),
+            ("ON", Hole::Flag(true)),
+            ("N", Hole::Int(-3)),
+        ]);
+        assert_eq!(on, "// x __nv_bfloat16\n  on -3;\nend\n");
+        let off = T.fill(&[
+            ("NAME", Hole::code("x")),
+            ("T", Hole::Name(DType::BF16)),
+            ("ON", Hole::Flag(false)),
+            ("M", Hole::Int(2)),
+        ]);
+        assert_eq!(off, "// x bf16\n  off;\n  not 2;\nend\n");
     }
 
     fn panic_text(f: impl FnOnce() -> String + std::panic::UnwindSafe) -> String {
@@ -213,6 +233,7 @@ mod tests {
                 ("T", Hole::Storage(DType::F32)),
                 ("ON", Hole::Flag(true)),
                 ("N", Hole::Int(1)),
+                ("M", Hole::Int(1)),
             ]
         };
         let mut missing = all();

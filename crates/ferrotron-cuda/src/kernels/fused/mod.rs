@@ -22,65 +22,24 @@ use ferrotron_ops::AdamWStep;
 
 use crate::engine::dtype::DType;
 use crate::engine::dtype::engine_dtype;
-use crate::engine::launch::{BLOCK, KernelSpec, Params, grid_for, includes, launch};
+use crate::engine::launch::{BLOCK, KernelSpec, Params, grid_for, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::fused::norm_grad_rows::NormRowsBackward;
 use crate::kernels::fused::norm_rows::{CHUNK, NormRowsForward, NormRowsInputGrad, ROWS_PER_BLOCK};
 use crate::kernels::prim::column_sum::column_sum;
 use crate::kernels::prim::elementwise::zeros;
+use crate::kernels::template::{Hole, template};
 
 /// Warp-shuffle then shared-memory sum over a block; every thread gets the total.
-const BLOCK_SUM: &str = r#"
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) >> 5;
-  v = lane < warps ? red[lane] : 0.f;
-  return warp_sum(v);
-}
-"#;
+const BLOCK_SUM: &str = include_str!("block_sum.cu");
 
 pub(super) fn uses_half(dtypes: &[DType]) -> bool {
     dtypes.iter().copied().any(DType::needs_half_headers)
 }
 
-/// The start of a row-per-block norm kernel: header, includes, the block sum, the parameter
-/// struct, and in scope `red`, `row`, `x` (the row, read-only), `gamma` and `inv_n`; `out` names
-/// the row pointer the kernel writes (`y`, `dx`), declared in `x`'s dtype.
-fn row_kernel_prelude(
-    header: &str,
-    dtypes: &[DType],
-    params: &str,
-    x: DType,
-    gamma: DType,
-    out: &str,
-) -> String {
-    let mut s = format!("{header}\n");
-    s += includes(uses_half(dtypes));
-    s += BLOCK_SUM;
-    s += &format!("struct Params {{ {params} }};\n");
-    s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-    s += "  __shared__ float red[32];\n";
-    s += "  const long long row = blockIdx.x;\n";
-    s += &format!(
-        "  const {xs}* x = (const {xs}*)p.x + row * p.hidden;\n  {xs}* {out} = ({xs}*)p.{out} + row * p.hidden;\n",
-        xs = x.storage_c()
-    );
-    s += &format!(
-        "  const {gs}* gamma = (const {gs}*)p.gamma;\n",
-        gs = gamma.storage_c()
-    );
-    s += "  const float inv_n = 1.f / (float)p.hidden;\n";
-    s
+fn norm_kind(rms: bool) -> &'static str {
+    if rms { "rms" } else { "layer" }
 }
 
 /// Norm forward: one block per row. `stats_only` writes the row statistics and not the output
@@ -96,57 +55,27 @@ struct NormForward {
 
 impl KernelSpec for NormForward {
     fn source(&self) -> String {
-        let kind = if self.rms { "rms" } else { "layer" };
         let (x, g) = (self.x, self.gamma);
-        let only = if self.stats_only { " stats only" } else { "" };
-        let mut s = row_kernel_prelude(
-            &format!("// norm forward {kind} {x} gamma {g}{only}"),
-            &[x, g],
-            "long long rows, hidden; unsigned long long x, gamma, beta, y, mean, rstd; double eps;",
-            x,
-            g,
-            "y",
-        );
-        s += &format!(
-            "  const {gs}* beta = (const {gs}*)p.beta;\n",
-            gs = g.storage_c()
-        );
-        if self.rms {
-            s += "  const float mean = 0.f;\n";
-        } else {
-            s += "  float sum = 0.f;\n";
-            s += &format!(
-                "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) sum += {};\n",
-                x.load_expr("x[j]")
-            );
-            s += "  const float mean = block_sum(sum, red) * inv_n;\n";
-        }
-        s += "  float sq = 0.f;\n";
-        s += &format!(
-            "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {{ const float d = {} - mean; sq += d * d; }}\n",
-            x.load_expr("x[j]")
-        );
-        s += "  const float rstd = rsqrtf(block_sum(sq, red) * inv_n + (float)p.eps);\n";
-        if self.stats_only {
-            s += "  (void)y; (void)gamma; (void)beta;\n";
-        } else {
-            s += "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {\n";
-            s += &format!(
-                "    float v = ({} - mean) * rstd * {};\n",
-                x.load_expr("x[j]"),
-                g.load_expr("gamma[j]")
-            );
-            if self.beta {
-                s += &format!("    v += {};\n", g.load_expr("beta[j]"));
-            }
-            s += &format!("    y[j] = {};\n  }}\n", x.store_expr("v"));
-        }
-        s += "  if (threadIdx.x == 0) {\n";
-        if !self.rms {
-            s += "    ((float*)p.mean)[row] = mean;\n";
-        }
-        s += "    ((float*)p.rstd)[row] = rstd;\n  }\n}\n";
-        s
+        template!("norm_forward.cu").fill(&[
+            ("KIND", Hole::code(norm_kind(self.rms))),
+            ("X_NAME", Hole::Name(x)),
+            ("GAMMA_NAME", Hole::Name(g)),
+            (
+                "STATS_ONLY_NOTE",
+                Hole::code(if self.stats_only { " stats only" } else { "" }),
+            ),
+            ("HALF", Hole::Flag(uses_half(&[x, g]))),
+            ("BLOCK_SUM", Hole::code(BLOCK_SUM)),
+            ("X", Hole::Storage(x)),
+            ("GAMMA", Hole::Storage(g)),
+            ("RMS", Hole::Flag(self.rms)),
+            ("BETA", Hole::Flag(self.beta)),
+            ("STATS_ONLY", Hole::Flag(self.stats_only)),
+            ("LOAD_X", Hole::code(x.load_expr("x[j]"))),
+            ("LOAD_GAMMA", Hole::code(g.load_expr("gamma[j]"))),
+            ("LOAD_BETA", Hole::code(g.load_expr("beta[j]"))),
+            ("STORE_V", Hole::code(x.store_expr("v"))),
+        ])
     }
 }
 
@@ -162,47 +91,7 @@ struct NormInputGrad {
 
 impl KernelSpec for NormInputGrad {
     fn source(&self) -> String {
-        let kind = if self.rms { "rms" } else { "layer" };
         let (x, g, dy) = (self.x, self.gamma, self.grad);
-        let plus = if self.into { " plus into" } else { "" };
-        let mut s = row_kernel_prelude(
-            &format!("// norm backward input {kind} {x} gamma {g} grad {dy}{plus}"),
-            &[x, g, dy],
-            "long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx, into;",
-            x,
-            g,
-            "dx",
-        );
-        if self.into {
-            s += &format!(
-                "  const {xs}* into = (const {xs}*)p.into + row * p.hidden;\n",
-                xs = x.storage_c()
-            );
-        }
-        s += &format!(
-            "  const {ds}* dy = (const {ds}*)p.dy + row * p.hidden;\n",
-            ds = dy.storage_c()
-        );
-        if self.rms {
-            s += "  const float mean = 0.f;\n";
-        } else {
-            s += "  const float mean = ((const float*)p.mean)[row];\n";
-        }
-        s += "  const float rstd = ((const float*)p.rstd)[row];\n";
-        s += "  float sum_g = 0.f, sum_gx = 0.f;\n";
-        let g_expr = format!("{} * {}", dy.load_expr("dy[j]"), g.load_expr("gamma[j]"));
-        let xhat = format!("({} - mean) * rstd", x.load_expr("x[j]"));
-        s += "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {\n";
-        s += &format!("    const float g = {g_expr};\n    const float xh = {xhat};\n");
-        s += "    sum_g += g; sum_gx += g * xh;\n  }\n";
-        if self.rms {
-            s += "  const float mean_g = 0.f;\n";
-        } else {
-            s += "  const float mean_g = block_sum(sum_g, red) * inv_n;\n";
-        }
-        s += "  const float mean_gx = block_sum(sum_gx, red) * inv_n;\n";
-        s += "  for (long long j = threadIdx.x; j < p.hidden; j += blockDim.x) {\n";
-        s += &format!("    const float g = {g_expr};\n    const float xh = {xhat};\n");
         let term = if self.into {
             format!(
                 "rstd * (g - mean_g - xh * mean_gx) + {}",
@@ -211,8 +100,27 @@ impl KernelSpec for NormInputGrad {
         } else {
             "rstd * (g - mean_g - xh * mean_gx)".to_string()
         };
-        s += &format!("    dx[j] = {};\n  }}\n}}\n", x.store_expr(&term));
-        s
+        template!("norm_input_grad.cu").fill(&[
+            ("KIND", Hole::code(norm_kind(self.rms))),
+            ("X_NAME", Hole::Name(x)),
+            ("GAMMA_NAME", Hole::Name(g)),
+            ("GRAD_NAME", Hole::Name(dy)),
+            (
+                "INTO_NOTE",
+                Hole::code(if self.into { " plus into" } else { "" }),
+            ),
+            ("HALF", Hole::Flag(uses_half(&[x, g, dy]))),
+            ("BLOCK_SUM", Hole::code(BLOCK_SUM)),
+            ("X", Hole::Storage(x)),
+            ("GAMMA", Hole::Storage(g)),
+            ("GRAD", Hole::Storage(dy)),
+            ("RMS", Hole::Flag(self.rms)),
+            ("INTO", Hole::Flag(self.into)),
+            ("LOAD_X", Hole::code(x.load_expr("x[j]"))),
+            ("LOAD_DY", Hole::code(dy.load_expr("dy[j]"))),
+            ("LOAD_GAMMA", Hole::code(g.load_expr("gamma[j]"))),
+            ("STORE_DX", Hole::code(x.store_expr(&term))),
+        ])
     }
 }
 
@@ -233,55 +141,23 @@ struct NormParamGrad {
 
 impl KernelSpec for NormParamGrad {
     fn source(&self) -> String {
-        let kind = if self.rms { "rms" } else { "layer" };
         let (x, dy) = (self.x, self.grad);
-        let mut s = format!("// norm backward params {kind} {x} grad {dy}\n");
-        s += includes(uses_half(&[x, dy]));
-        s += "struct Params { long long rows, hidden, tiles, rows_per_block; unsigned long long x, dy, mean, rstd, dgamma, dbeta; };\n";
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!("  __shared__ float acc_g[{PARAM_LANES}][{PARAM_COLS}];\n");
-        s += &format!("  __shared__ float acc_b[{PARAM_LANES}][{PARAM_COLS}];\n");
-        s += "  const long long tile = blockIdx.x % p.tiles, chunk = blockIdx.x / p.tiles;\n";
-        s += &format!(
-            "  const int c = threadIdx.x % {PARAM_COLS}, lane = threadIdx.x / {PARAM_COLS};\n"
-        );
-        s += &format!("  const long long col = tile * {PARAM_COLS} + c;\n");
-        s += "  const long long first = chunk * p.rows_per_block;\n";
-        s += "  const long long last = first + p.rows_per_block < p.rows ? first + p.rows_per_block : p.rows;\n";
-        s += "  float g = 0.f, b = 0.f;\n";
-        s += "  if (col < p.hidden) {\n";
-        s += &format!("    for (long long r = first + lane; r < last; r += {PARAM_LANES}) {{\n");
-        s += &format!(
-            "      const float d = {};\n",
-            dy.load_expr(&format!(
-                "((const {}*)p.dy)[r * p.hidden + col]",
-                dy.storage_c()
-            ))
-        );
-        let mean = if self.rms {
-            "0.f"
-        } else {
-            "((const float*)p.mean)[r]"
+        let element = |dtype: DType, name: &str| {
+            let storage = dtype.storage_c();
+            dtype.load_expr(&format!("((const {storage}*)p.{name})[r * p.hidden + col]"))
         };
-        s += &format!(
-            "      const float xh = ({} - {mean}) * ((const float*)p.rstd)[r];\n",
-            x.load_expr(&format!(
-                "((const {}*)p.x)[r * p.hidden + col]",
-                x.storage_c()
-            ))
-        );
-        s += "      g += d * xh; b += d;\n    }\n  }\n";
-        s += "  acc_g[lane][c] = g; acc_b[lane][c] = b;\n  __syncthreads();\n";
-        s += "  if (lane == 0 && col < p.hidden) {\n";
-        s += &format!(
-            "    for (int l = 1; l < {PARAM_LANES}; ++l) {{ g += acc_g[l][c]; b += acc_b[l][c]; }}\n"
-        );
-        s += "    atomicAdd((float*)p.dgamma + col, g);\n";
-        if self.beta {
-            s += "    atomicAdd((float*)p.dbeta + col, b);\n";
-        }
-        s += "  }\n}\n";
-        s
+        template!("norm_param_grad.cu").fill(&[
+            ("KIND", Hole::code(norm_kind(self.rms))),
+            ("X_NAME", Hole::Name(x)),
+            ("GRAD_NAME", Hole::Name(dy)),
+            ("HALF", Hole::Flag(uses_half(&[x, dy]))),
+            ("LANES", Hole::Int(PARAM_LANES.into())),
+            ("COLS", Hole::Int(PARAM_COLS.into())),
+            ("RMS", Hole::Flag(self.rms)),
+            ("BETA", Hole::Flag(self.beta)),
+            ("LOAD_X", Hole::code(element(x, "x"))),
+            ("LOAD_DY", Hole::code(element(dy, "dy"))),
+        ])
     }
 }
 
@@ -583,59 +459,13 @@ impl KernelSpec for AdamW {
         let g = self.grad;
         let [m, v] = self.moments;
         // f32 moments keep the source (and so the kernel cache's key) they always had
-        let mut s = if self.moments == [DType::F32; 2] {
-            format!("// adamw f32 grad {g}\n")
+        let moments_note = if self.moments == [DType::F32; 2] {
+            String::new()
         } else {
-            format!("// adamw f32 grad {g} moments {m} {v}\n")
+            format!(" moments {m} {v}")
         };
         let mut dtypes = vec![g, m, v];
         dtypes.extend(self.rounded);
-        s += includes(uses_half(&dtypes));
-        s += "struct Params { long long n; unsigned long long value, grad, m, v, out_value, out_m, out_v, device_scale, out_rounded; double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, bc1, bc2, scale; };\n";
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!(
-            "  const {gs}* grad = (const {gs}*)p.grad;\n",
-            gs = g.storage_c()
-        );
-        s += "  const float* value = (const float*)p.value;\n";
-        s += &format!(
-            "  const {ms}* m_in = (const {ms}*)p.m;\n  const {vs}* v_in = (const {vs}*)p.v;\n",
-            ms = m.storage_c(),
-            vs = v.storage_c()
-        );
-        s += &format!(
-            "  float* out_value = (float*)p.out_value;\n  {ms}* out_m = ({ms}*)p.out_m;\n  {vs}* out_v = ({vs}*)p.out_v;\n",
-            ms = m.storage_c(),
-            vs = v.storage_c()
-        );
-        s += "  const long long step = (long long)blockDim.x * gridDim.x;\n";
-        s += "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += step) {\n";
-        s += &format!("    float g = {};\n", g.load_expr("grad[i]"));
-        if self.scale {
-            s += "    g = g * (float)p.scale;\n";
-        }
-        if self.device_scale {
-            s += "    g = g * ((const float*)p.device_scale)[0];\n";
-        }
-        if self.first {
-            s += "    const float m = g * (float)p.one_minus_beta1;\n";
-            s += "    const float v = (g * g) * (float)p.one_minus_beta2;\n";
-        } else {
-            s += &format!(
-                "    const float m = {} * (float)p.beta1 + g * (float)p.one_minus_beta1;\n",
-                m.load_expr("m_in[i]")
-            );
-            s += &format!(
-                "    const float v = {} * (float)p.beta2 + (g * g) * (float)p.one_minus_beta2;\n",
-                v.load_expr("v_in[i]")
-            );
-        }
-        s += "    float w = value[i];\n";
-        if self.decay {
-            s += "    w = w * (float)p.decay;\n";
-        }
-        s += "    const float m_hat = m / (float)p.bc1, v_hat = v / (float)p.bc2;\n";
-        s += "    w = w - (m_hat / (sqrtf(v_hat) + (float)p.eps)) * (float)p.lr;\n";
         let store = |dtype: DType, x: &str| {
             if dtype == DType::F32 {
                 x.to_owned()
@@ -643,20 +473,29 @@ impl KernelSpec for AdamW {
                 dtype.store_expr(x)
             }
         };
-        s += &format!(
-            "    out_value[i] = w; out_m[i] = {}; out_v[i] = {};\n",
-            store(m, "m"),
-            store(v, "v")
-        );
+        let mut holes = vec![
+            ("GRAD_NAME", Hole::Name(g)),
+            ("MOMENTS_NOTE", Hole::code(moments_note)),
+            ("HALF", Hole::Flag(uses_half(&dtypes))),
+            ("GRAD", Hole::Storage(g)),
+            ("M", Hole::Storage(m)),
+            ("V", Hole::Storage(v)),
+            ("SCALE", Hole::Flag(self.scale)),
+            ("DEVICE_SCALE", Hole::Flag(self.device_scale)),
+            ("FIRST", Hole::Flag(self.first)),
+            ("DECAY", Hole::Flag(self.decay)),
+            ("ROUNDED", Hole::Flag(self.rounded.is_some())),
+            ("LOAD_GRAD", Hole::code(g.load_expr("grad[i]"))),
+            ("LOAD_M", Hole::code(m.load_expr("m_in[i]"))),
+            ("LOAD_V", Hole::code(v.load_expr("v_in[i]"))),
+            ("STORE_M", Hole::code(store(m, "m"))),
+            ("STORE_V", Hole::code(store(v, "v"))),
+        ];
         if let Some(r) = self.rounded {
-            s += &format!(
-                "    (({t}*)p.out_rounded)[i] = {};\n",
-                r.store_expr("w"),
-                t = r.storage_c()
-            );
+            holes.push(("ROUNDED_TYPE", Hole::Storage(r)));
+            holes.push(("STORE_ROUNDED", Hole::code(r.store_expr("w"))));
         }
-        s += "  }\n}\n";
-        s
+        template!("adamw.cu").fill(&holes)
     }
 }
 
