@@ -378,11 +378,10 @@ pub fn qk_norm_backward(
 mod tests {
     use super::*;
 
-    /// Forward and backward compile for sm_90 (NVRTC, no GPU needed): RMSNorm and LayerNorm,
-    /// bf16 and f32 projections, head dims 64, 128 and one not a multiple of 32.
-    #[test]
-    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
-    fn qk_norm_sources_compile() {
+    /// Forward and backward of RMSNorm and LayerNorm, bf16 and f32 projections, head dims 64,
+    /// 128 and one not a multiple of 32.
+    fn sources() -> Vec<String> {
+        let mut sources = Vec::new();
         for (x, weight, grad) in [
             (DType::BF16, DType::BF16, DType::BF16),
             (DType::BF16, DType::F32, DType::F32),
@@ -390,7 +389,7 @@ mod tests {
         ] {
             for layer in [false, true] {
                 for dim in [64, 128, 80] {
-                    let sources = [
+                    sources.push(
                         QkNormForward {
                             x,
                             weight,
@@ -398,6 +397,8 @@ mod tests {
                             dim,
                         }
                         .source(),
+                    );
+                    sources.push(
                         QkNormBackward {
                             x,
                             weight,
@@ -406,13 +407,25 @@ mod tests {
                             dim,
                         }
                         .source(),
-                    ];
-                    for source in sources {
-                        crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
-                            .unwrap_or_else(|e| panic!("{e}\n{source}"));
-                    }
+                    );
                 }
             }
+        }
+        sources
+    }
+
+    #[test]
+    fn qk_norm_sources_are_unchanged() {
+        insta::assert_snapshot!(crate::kernels::digests(&sources()));
+    }
+
+    /// Every source compiles for sm_90 (NVRTC, no GPU needed).
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn qk_norm_sources_compile() {
+        for source in sources() {
+            crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
+                .unwrap_or_else(|e| panic!("{e}\n{source}"));
         }
     }
 }
