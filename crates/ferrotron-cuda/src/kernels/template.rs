@@ -11,7 +11,8 @@
 //! its [`Hole`]'s text; a hole on a dropped line needs no value. A line holding only
 //! `{{#if NAME}}` (or `{{#if !NAME}}`), `{{#else}}` or `{{/if}}` (indent allowed) keeps or drops
 //! the lines up to the next marker by a [`Hole::Flag`]; the marker lines themselves emit
-//! nothing, so the output is exactly the kept lines.
+//! nothing, so the output is exactly the kept lines. A line holding only `{{! words }}` is a
+//! comment for the reader of the `.cu` file and emits nothing either.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -61,6 +62,7 @@ enum Line<'t> {
     If(&'t str, bool),
     Else,
     EndIf,
+    Comment,
     Text(&'t str),
 }
 
@@ -70,6 +72,7 @@ fn marker(line: &str) -> Option<Line<'_>> {
     match inner {
         "#else" => Some(Line::Else),
         "/if" => Some(Line::EndIf),
+        _ if inner.starts_with('!') => Some(Line::Comment),
         _ => inner.strip_prefix("#if ").map(|name| {
             let name = name.trim();
             match name.strip_prefix('!') {
@@ -126,6 +129,7 @@ impl Template {
                         self.fail("`{{/if}}` without `{{#if}}`".to_string());
                     }
                 }
+                Line::Comment => {}
                 Line::Text(text) => {
                     let filled = self.fill_line(text, keeping, &values, &mut used);
                     out.push_str(&filled);
@@ -199,7 +203,7 @@ mod tests {
 
     const T: Template = Template::new(
         "test.cu",
-        "// {{NAME}} {{T}}\n{{#if ON}}\n  on {{N}};\n{{#else}}\n  off;\n{{/if}}\n{{#if !ON}}\n  not {{M}};\n{{/if}}\nend\n",
+        "// {{NAME}} {{T}}\n{{! a comment }}\n{{#if ON}}\n  on {{N}};\n{{#else}}\n  off;\n{{/if}}\n{{#if !ON}}\n  not {{M}};\n{{/if}}\nend\n",
     );
 
     #[test]

@@ -31,7 +31,9 @@ use crate::kernels::prim::column_sum::column_sum;
 use crate::kernels::prim::elementwise::zeros;
 use crate::kernels::template::{Hole, template};
 
-/// Warp-shuffle then shared-memory sum over a block; every thread gets the total.
+/// Warp-shuffle sum over a warp; every lane gets the total.
+const WARP_SUM: &str = include_str!("warp_sum.cu");
+/// Then shared-memory sum over a block (after [`WARP_SUM`]); every thread gets the total.
 const BLOCK_SUM: &str = include_str!("block_sum.cu");
 
 pub(super) fn uses_half(dtypes: &[DType]) -> bool {
@@ -65,6 +67,7 @@ impl KernelSpec for NormForward {
                 Hole::code(if self.stats_only { " stats only" } else { "" }),
             ),
             ("HALF", Hole::Flag(uses_half(&[x, g]))),
+            ("WARP_SUM", Hole::code(WARP_SUM)),
             ("BLOCK_SUM", Hole::code(BLOCK_SUM)),
             ("X", Hole::Storage(x)),
             ("GAMMA", Hole::Storage(g)),
@@ -110,6 +113,7 @@ impl KernelSpec for NormInputGrad {
                 Hole::code(if self.into { " plus into" } else { "" }),
             ),
             ("HALF", Hole::Flag(uses_half(&[x, g, dy]))),
+            ("WARP_SUM", Hole::code(WARP_SUM)),
             ("BLOCK_SUM", Hole::code(BLOCK_SUM)),
             ("X", Hole::Storage(x)),
             ("GAMMA", Hole::Storage(g)),

@@ -4,7 +4,7 @@
 #include <cuda_bf16.h>
 {{/if}}
 
-{{BLOCK_SUM}}struct Params { long long rows, hidden; unsigned long long x, gamma, beta, y, mean, rstd; double eps; };
+{{WARP_SUM}}{{BLOCK_SUM}}struct Params { long long rows, hidden; unsigned long long x, gamma, beta, y, mean, rstd; double eps; };
 extern "C" __global__ void ferrotron_kernel(const Params p) {
   __shared__ float red[32];
   const long long row = blockIdx.x;

@@ -4,7 +4,7 @@
 #include <cuda_bf16.h>
 {{/if}}
 
-{{BLOCK_SUM}}struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx, into; };
+{{WARP_SUM}}{{BLOCK_SUM}}struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx, into; };
 extern "C" __global__ void ferrotron_kernel(const Params p) {
   __shared__ float red[32];
   const long long row = blockIdx.x;

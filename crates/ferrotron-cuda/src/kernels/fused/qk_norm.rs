@@ -11,12 +11,13 @@
 //! the shape alone, so the sums do not change from run to run. Math in f32.
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{KernelSpec, Params, includes, launch};
+use crate::engine::launch::{KernelSpec, Params, launch};
 use crate::engine::layout::SliceArg;
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
-use crate::kernels::fused::uses_half;
+use crate::kernels::fused::{WARP_SUM, uses_half};
 use crate::kernels::prim::column_sum::column_sum;
+use crate::kernels::template::{Hole, template};
 
 /// Warps (rows in flight) per block.
 const WARPS: u32 = 8;
@@ -24,23 +25,6 @@ const WARPS: u32 = 8;
 const BACKWARD_BLOCKS: usize = 1024;
 /// Widest head row the kernels hold in registers.
 pub const MAX_HEAD_DIM: usize = 256;
-
-const WARP_SUM: &str = r#"
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-"#;
-
-/// The loop over rows every kernel runs: one warp a row, grid-stride; in scope `lane`, `row`,
-/// `slot` and `stat` (the row's index among the normalised rows).
-const ROW_LOOP: &str = "  const int lane = threadIdx.x & 31;
-  const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
-  for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < p.rows; row += warps) {
-    const long long slot = row % p.slots;
-    const long long stat = row / p.slots * (p.slots - 1) + slot;
-";
 
 /// QK-norm forward.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -59,64 +43,23 @@ impl QkNormForward {
 
 impl KernelSpec for QkNormForward {
     fn source(&self) -> String {
-        let (x, w, dim, per) = (self.x, self.weight, self.dim, self.per_lane());
-        let kind = if self.layer { "layer" } else { "rms" };
-        let (xs, ws) = (x.storage_c(), w.storage_c());
-        let mut s = format!("// qk norm forward {kind} {x} weight {w} dim {dim}\n");
-        s += includes(uses_half(&[x, w]));
-        s += WARP_SUM;
-        s += "struct Params { long long rows, slots; unsigned long long x, qw, kw, qb, kb, y, mean, rstd; double eps; };\n";
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += ROW_LOOP;
-        s += &format!(
-            "    const {xs}* x = (const {xs}*)p.x + row * {dim};\n    {xs}* y = ({xs}*)p.y + row * {dim};\n"
-        );
-        s += &format!(
-            "    if (slot == p.slots - 1) {{ for (int c = lane; c < {dim}; c += 32) y[c] = x[c]; continue; }}\n"
-        );
-        s += &format!(
-            "    float v[{per}];\n#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{ const int c = lane + 32 * i; v[i] = c < {dim} ? {} : 0.f; }}\n",
-            x.load_expr("x[c]")
-        );
-        if self.layer {
-            s += &format!(
-                "    float sum = 0.f;\n#pragma unroll\n    for (int i = 0; i < {per}; ++i) sum += v[i];\n"
-            );
-            s += &format!("    const float mean = warp_sum(sum) * (1.f / {dim});\n");
-        } else {
-            s += "    const float mean = 0.f;\n";
-        }
-        s += &format!(
-            "    float sq = 0.f;\n#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{ const float d = lane + 32 * i < {dim} ? v[i] - mean : 0.f; sq += d * d; }}\n"
-        );
-        s += &format!(
-            "    const float rstd = rsqrtf(warp_sum(sq) * (1.f / {dim}) + (float)p.eps);\n"
-        );
-        s += "    const bool key = slot == p.slots - 2;\n";
-        s += &format!("    const {ws}* w = (const {ws}*)(key ? p.kw : p.qw);\n");
-        s += &format!("    const {ws}* b = (const {ws}*)(key ? p.kb : p.qb);\n");
-        s += &format!(
-            "#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{\n      const int c = lane + 32 * i;\n      if (c < {dim}) {{\n"
-        );
-        s += &format!(
-            "        float out = (v[i] - mean) * rstd * {};\n",
-            w.load_expr("w[c]")
-        );
-        if self.layer {
-            s += &format!("        out += {};\n", w.load_expr("b[c]"));
-        } else {
-            s += "        (void)b;\n";
-        }
-        s += &format!(
-            "        y[c] = {};\n      }}\n    }}\n",
-            x.store_expr("out")
-        );
-        s += "    if (lane == 0) {\n      ((float*)p.rstd)[stat] = rstd;\n";
-        if self.layer {
-            s += "      ((float*)p.mean)[stat] = mean;\n";
-        }
-        s += "    }\n  }\n}\n";
-        s
+        let (x, w, dim) = (self.x, self.weight, self.dim);
+        template!("qk_norm_forward.cu").fill(&[
+            ("KIND", Hole::code(if self.layer { "layer" } else { "rms" })),
+            ("X_NAME", Hole::Name(x)),
+            ("WEIGHT_NAME", Hole::Name(w)),
+            ("DIM", Hole::Int(dim as i64)),
+            ("HALF", Hole::Flag(uses_half(&[x, w]))),
+            ("WARP_SUM", Hole::code(WARP_SUM)),
+            ("X", Hole::Storage(x)),
+            ("WEIGHT", Hole::Storage(w)),
+            ("PER_LANE", Hole::Int(self.per_lane() as i64)),
+            ("LAYER", Hole::Flag(self.layer)),
+            ("LOAD_X", Hole::code(x.load_expr("x[c]"))),
+            ("LOAD_W", Hole::code(w.load_expr("w[c]"))),
+            ("LOAD_B", Hole::code(w.load_expr("b[c]"))),
+            ("STORE_OUT", Hole::code(x.store_expr("out"))),
+        ])
     }
 }
 
@@ -133,87 +76,32 @@ struct QkNormBackward {
 impl KernelSpec for QkNormBackward {
     fn source(&self) -> String {
         let (x, w, dy, dim) = (self.x, self.weight, self.grad, self.dim);
-        let per = dim.div_ceil(32);
-        let kind = if self.layer { "layer" } else { "rms" };
-        let (xs, ws, ds) = (x.storage_c(), w.storage_c(), dy.storage_c());
-        let mut s = format!("// qk norm backward {kind} {x} weight {w} grad {dy} dim {dim}\n");
-        s += includes(uses_half(&[x, w, dy]));
-        s += WARP_SUM;
-        s += "struct Params { long long rows, slots; unsigned long long x, qw, kw, dy, mean, rstd, dx, pg, pb; };\n";
-        s += &format!(
-            "extern \"C\" __global__ void __launch_bounds__({}) ferrotron_kernel(const Params p) {{\n",
-            WARPS * 32
-        );
-        // Per lane: the query's and the key's γ (then β) sums of its channels.
-        s += &format!(
-            "  float acc[4][{per}];\n#pragma unroll\n  for (int i = 0; i < {per}; ++i) {{ acc[0][i] = 0.f; acc[1][i] = 0.f; acc[2][i] = 0.f; acc[3][i] = 0.f; }}\n"
-        );
-        s += ROW_LOOP;
-        s += &format!("    const {xs}* x = (const {xs}*)p.x + row * {dim};\n");
-        s += &format!("    const {ds}* dy = (const {ds}*)p.dy + row * {dim};\n");
-        s += &format!("    {xs}* dx = ({xs}*)p.dx + row * {dim};\n");
-        s += &format!(
-            "    if (slot == p.slots - 1) {{ for (int c = lane; c < {dim}; c += 32) dx[c] = {}; continue; }}\n",
-            x.store_expr(&dy.load_expr("dy[c]"))
-        );
-        s += "    const bool key = slot == p.slots - 2;\n";
-        s += &format!("    const {ws}* w = (const {ws}*)(key ? p.kw : p.qw);\n");
-        let mean = if self.layer {
-            "((const float*)p.mean)[stat]"
-        } else {
-            "0.f"
-        };
-        s += &format!(
-            "    const float mean = {mean};\n    const float rstd = ((const float*)p.rstd)[stat];\n"
-        );
-        s += &format!(
-            "    float xh[{per}], g[{per}], gw[{per}];\n    float sum_g = 0.f, sum_gx = 0.f;\n"
-        );
-        s += &format!(
-            "#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{\n      const int c = lane + 32 * i;\n      const bool in = c < {dim};\n"
-        );
-        s += &format!(
-            "      xh[i] = in ? ({} - mean) * rstd : 0.f;\n      g[i] = in ? {} : 0.f;\n      gw[i] = in ? g[i] * {} : 0.f;\n",
-            x.load_expr("x[c]"),
-            dy.load_expr("dy[c]"),
-            w.load_expr("w[c]")
-        );
-        s += "      sum_g += gw[i]; sum_gx += gw[i] * xh[i];\n    }\n";
-        if self.layer {
-            s += &format!("    const float mean_g = warp_sum(sum_g) * (1.f / {dim});\n");
-        } else {
-            s += "    const float mean_g = 0.f; (void)sum_g;\n";
-        }
-        s += &format!("    const float mean_gx = warp_sum(sum_gx) * (1.f / {dim});\n");
-        s += &format!(
-            "#pragma unroll\n    for (int i = 0; i < {per}; ++i) {{\n      const int c = lane + 32 * i;\n"
-        );
-        s += &format!(
-            "      if (c < {dim}) dx[c] = {};\n",
-            x.store_expr("rstd * (gw[i] - mean_g - xh[i] * mean_gx)")
-        );
-        // Constant indices keep the sums in registers.
-        s += "      if (key) { acc[1][i] += g[i] * xh[i]; acc[3][i] += g[i]; }\n";
-        s += "      else { acc[0][i] += g[i] * xh[i]; acc[2][i] += g[i]; }\n    }\n  }\n";
-        // The block's warps' sums, added in warp order, one row of partials per block.
-        let sums = if self.layer { 4 } else { 2 };
-        s += &format!("  __shared__ float part[{WARPS}][{sums}][{dim}];\n");
-        s += "  const int warp = threadIdx.x >> 5;\n";
-        s += &format!(
-            "#pragma unroll\n  for (int i = 0; i < {per}; ++i) {{\n    const int c = lane + 32 * i;\n    if (c < {dim}) {{\n"
-        );
-        s += &format!(
-            "#pragma unroll\n      for (int k = 0; k < {sums}; ++k) part[warp][k][c] = acc[k][i];\n    }}\n  }}\n  __syncthreads();\n"
-        );
-        s += &format!("  for (int e = threadIdx.x; e < {sums} * {dim}; e += blockDim.x) {{\n");
-        s += &format!("    const int k = e / {dim}, c = e % {dim};\n    float total = 0.f;\n");
-        s += &format!("    for (int v = 0; v < {WARPS}; ++v) total += part[v][k][c];\n");
-        s += &format!(
-            "    float* out = (float*)(k < 2 ? p.pg : p.pb) + (long long)blockIdx.x * {} + (k % 2) * {dim} + c;\n",
-            2 * dim
-        );
-        s += "    *out = total;\n  }\n}\n";
-        s
+        template!("qk_norm_backward.cu").fill(&[
+            ("KIND", Hole::code(if self.layer { "layer" } else { "rms" })),
+            ("X_NAME", Hole::Name(x)),
+            ("WEIGHT_NAME", Hole::Name(w)),
+            ("GRAD_NAME", Hole::Name(dy)),
+            ("DIM", Hole::Int(dim as i64)),
+            ("TWO_DIM", Hole::Int(2 * dim as i64)),
+            ("HALF", Hole::Flag(uses_half(&[x, w, dy]))),
+            ("WARP_SUM", Hole::code(WARP_SUM)),
+            ("THREADS", Hole::Int((WARPS * 32).into())),
+            ("WARPS", Hole::Int(WARPS.into())),
+            ("SUMS", Hole::Int(if self.layer { 4 } else { 2 })),
+            ("X", Hole::Storage(x)),
+            ("WEIGHT", Hole::Storage(w)),
+            ("GRAD", Hole::Storage(dy)),
+            ("PER_LANE", Hole::Int(dim.div_ceil(32) as i64)),
+            ("LAYER", Hole::Flag(self.layer)),
+            ("COPY_DY", Hole::code(x.store_expr(&dy.load_expr("dy[c]")))),
+            ("LOAD_X", Hole::code(x.load_expr("x[c]"))),
+            ("LOAD_DY", Hole::code(dy.load_expr("dy[c]"))),
+            ("LOAD_W", Hole::code(w.load_expr("w[c]"))),
+            (
+                "STORE_DX",
+                Hole::code(x.store_expr("rstd * (gw[i] - mean_g - xh[i] * mean_gx)")),
+            ),
+        ])
     }
 }
 
