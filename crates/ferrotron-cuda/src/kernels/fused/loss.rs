@@ -264,36 +264,47 @@ pub fn cross_entropy_backward(
 mod tests {
     use super::*;
 
+    /// Every logits and labels dtype, element-wise and in chunks: `(vector, source)`.
+    fn sources() -> Vec<(bool, String)> {
+        let mut sources = Vec::new();
+        for logits in [DType::F32, DType::BF16, DType::F16] {
+            for labels in [DType::I64, DType::I32] {
+                for vector in [false, true] {
+                    let forward = CrossEntropyForward {
+                        logits,
+                        labels,
+                        vector,
+                    };
+                    let backward = CrossEntropyBackward {
+                        logits,
+                        labels,
+                        vector,
+                    };
+                    sources.push((vector, forward.source()));
+                    sources.push((vector, backward.source()));
+                }
+            }
+        }
+        sources
+    }
+
+    #[test]
+    fn loss_sources_are_unchanged() {
+        let sources: Vec<String> = sources().into_iter().map(|(_, s)| s).collect();
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
     /// Every generated source compiles for sm_90 (NVRTC, no GPU needed).
     #[test]
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
     fn loss_sources_compile() {
-        for logits in [DType::F32, DType::BF16, DType::F16] {
-            for labels in [DType::I64, DType::I32] {
-                for vector in [false, true] {
-                    for source in [
-                        CrossEntropyForward {
-                            logits,
-                            labels,
-                            vector,
-                        }
-                        .source(),
-                        CrossEntropyBackward {
-                            logits,
-                            labels,
-                            vector,
-                        }
-                        .source(),
-                    ] {
-                        let ptx = crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
-                            .unwrap_or_else(|e| panic!("{e}\n{source}"));
-                        let wide = ptx
-                            .lines()
-                            .any(|l| l.trim_start().starts_with("ld.global") && l.contains(".v4."));
-                        assert_eq!(wide, vector, "16-byte loads exactly when vector\n{ptx}");
-                    }
-                }
-            }
+        for (vector, source) in sources() {
+            let ptx = crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
+                .unwrap_or_else(|e| panic!("{e}\n{source}"));
+            let wide = ptx
+                .lines()
+                .any(|l| l.trim_start().starts_with("ld.global") && l.contains(".v4."));
+            assert_eq!(wide, vector, "16-byte loads exactly when vector\n{ptx}");
         }
     }
 }
