@@ -12,42 +12,11 @@
 //! (gpt-1.3b's [24576, 50304] bf16 logits; tools/README.md), far from the memory's 4.
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{BLOCK, KernelSpec, Params, includes, launch};
+use crate::engine::launch::{BLOCK, KernelSpec, Params, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, Result};
 use crate::kernels::fused::{block_rows, uses_half};
-
-/// Merge of two (maximum, rescaled sum) pairs, then the same over a warp and a block; thread 0
-/// ends with the row's pair.
-const BLOCK_LOG_SUM_EXP: &str = r#"
-#define NEG_INF __int_as_float(0xff800000)
-__device__ __forceinline__ void merge(float& m, float& s, const float m2, const float s2) {
-  const float mm = fmaxf(m, m2);
-  if (mm == NEG_INF) return;
-  s = s * expf(m - mm) + s2 * expf(m2 - mm);
-  m = mm;
-}
-__device__ __forceinline__ void warp_merge(float& m, float& s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    merge(m, s, m2, s2);
-  }
-}
-__device__ void block_merge(float& m, float& s, float* red_m, float* red_s) {
-  warp_merge(m, s);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) { red_m[warp] = m; red_s[warp] = s; }
-  __syncthreads();
-  const int warps = (blockDim.x + 31) >> 5;
-  m = lane < warps ? red_m[lane] : NEG_INF;
-  s = lane < warps ? red_s[lane] : 0.f;
-  if (warp == 0) warp_merge(m, s);
-}
-"#;
-
-/// A chunk of eight elements, aligned to its size (16 bytes for 16-bit types).
-const CHUNK: &str = "template <typename T> struct alignas(sizeof(T) * 8) Chunk { T v[8]; };\n";
+use crate::kernels::template::{Hole, template};
 
 /// Cross-entropy forward: losses and log-sum-exps `[rows]` in f32.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -61,53 +30,17 @@ struct CrossEntropyForward {
 impl KernelSpec for CrossEntropyForward {
     fn source(&self) -> String {
         let (x, l) = (self.logits, self.labels);
-        let mut s = format!("// cross entropy forward {x} labels {l}\n");
-        s += includes(uses_half(&[x]));
-        s += BLOCK_LOG_SUM_EXP;
-        if self.vector {
-            s += CHUNK;
-        }
-        s += "struct Params { long long rows, vocab; unsigned long long logits, labels, losses, lse; };\n";
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += "  __shared__ float red_m[32], red_s[32];\n";
-        s += "  const long long row = blockIdx.x;\n";
-        s += &format!(
-            "  const {xs}* x = (const {xs}*)p.logits + row * p.vocab;\n",
-            xs = x.storage_c()
-        );
-        s += "  float m = NEG_INF, sum = 0.f;\n";
-        if self.vector {
-            s += &format!(
-                "  const Chunk<{xs}>* xv = (const Chunk<{xs}>*)x;\n",
-                xs = x.storage_c()
-            );
-            s += "  for (long long c = threadIdx.x; c < p.vocab / 8; c += blockDim.x) {\n";
-            s += "    const auto t = xv[c];\n    float v[8];\n    float mm = m;\n";
-            s += &format!(
-                "#pragma unroll\n    for (int e = 0; e < 8; ++e) {{ v[e] = {}; mm = fmaxf(mm, v[e]); }}\n",
-                x.load_expr("t.v[e]")
-            );
-            s += "    if (mm == NEG_INF) continue;\n";
-            s += "    float add = 0.f;\n#pragma unroll\n    for (int e = 0; e < 8; ++e) add += expf(v[e] - mm);\n";
-            s += "    sum = sum * expf(m - mm) + add;\n    m = mm;\n  }\n";
-        } else {
-            s += "  for (long long j = threadIdx.x; j < p.vocab; j += blockDim.x) {\n";
-            s += &format!("    const float v = {};\n", x.load_expr("x[j]"));
-            s += "    if (v > m) { sum = sum * expf(m - v) + 1.f; m = v; } else { sum += expf(v - m); }\n  }\n";
-        }
-        s += "  block_merge(m, sum, red_m, red_s);\n";
-        s += "  if (threadIdx.x == 0) {\n";
-        s += "    const float lse = m + logf(sum);\n";
-        s += &format!(
-            "    const long long label = (long long)((const {}*)p.labels)[row];\n",
-            l.storage_c()
-        );
-        s += &format!(
-            "    const float target = label >= 0 && label < p.vocab ? {} : __int_as_float(0x7fc00000);\n",
-            x.load_expr("x[label]")
-        );
-        s += "    ((float*)p.losses)[row] = lse - target;\n    ((float*)p.lse)[row] = lse;\n  }\n}\n";
-        s
+        template!("cross_entropy_forward.cu").fill(&[
+            ("X_NAME", Hole::Name(x)),
+            ("LABELS_NAME", Hole::Name(l)),
+            ("HALF", Hole::Flag(uses_half(&[x]))),
+            ("VECTOR", Hole::Flag(self.vector)),
+            ("X", Hole::Storage(x)),
+            ("LABELS", Hole::Storage(l)),
+            ("LOAD_CHUNK", Hole::code(x.load_expr("t.v[e]"))),
+            ("LOAD_X", Hole::code(x.load_expr("x[j]"))),
+            ("LOAD_TARGET", Hole::code(x.load_expr("x[label]"))),
+        ])
     }
 }
 
@@ -123,48 +56,17 @@ struct CrossEntropyBackward {
 impl KernelSpec for CrossEntropyBackward {
     fn source(&self) -> String {
         let (x, l) = (self.logits, self.labels);
-        let mut s = format!("// cross entropy backward {x} labels {l}\n");
-        s += includes(uses_half(&[x]));
-        if self.vector {
-            s += CHUNK;
-        }
-        s += "struct Params { long long rows, vocab; unsigned long long logits, labels, lse, grad, out; };\n";
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += "  const long long row = blockIdx.x;\n";
-        s += &format!(
-            "  const {xs}* x = (const {xs}*)p.logits + row * p.vocab;\n  {xs}* out = ({xs}*)p.out + row * p.vocab;\n",
-            xs = x.storage_c()
-        );
-        s += "  const float lse = ((const float*)p.lse)[row], g = ((const float*)p.grad)[row];\n";
-        s += &format!(
-            "  const long long label = (long long)((const {}*)p.labels)[row];\n",
-            l.storage_c()
-        );
-        if self.vector {
-            s += &format!(
-                "  const Chunk<{xs}>* xv = (const Chunk<{xs}>*)x;\n  Chunk<{xs}>* ov = (Chunk<{xs}>*)out;\n",
-                xs = x.storage_c()
-            );
-            s += "  for (long long c = threadIdx.x; c < p.vocab / 8; c += blockDim.x) {\n";
-            s += "    const auto t = xv[c];\n    auto o = t;\n";
-            s += "#pragma unroll\n    for (int e = 0; e < 8; ++e) {\n";
-            s += &format!(
-                "      const float d = expf({} - lse) - (c * 8 + e == label ? 1.f : 0.f);\n",
-                x.load_expr("t.v[e]")
-            );
-            s += &format!(
-                "      o.v[e] = {};\n    }}\n    ov[c] = o;\n  }}\n}}\n",
-                x.store_expr("d * g")
-            );
-        } else {
-            s += "  for (long long j = threadIdx.x; j < p.vocab; j += blockDim.x) {\n";
-            s += &format!(
-                "    const float d = expf({} - lse) - (j == label ? 1.f : 0.f);\n",
-                x.load_expr("x[j]")
-            );
-            s += &format!("    out[j] = {};\n  }}\n}}\n", x.store_expr("d * g"));
-        }
-        s
+        template!("cross_entropy_backward.cu").fill(&[
+            ("X_NAME", Hole::Name(x)),
+            ("LABELS_NAME", Hole::Name(l)),
+            ("HALF", Hole::Flag(uses_half(&[x]))),
+            ("VECTOR", Hole::Flag(self.vector)),
+            ("X", Hole::Storage(x)),
+            ("LABELS", Hole::Storage(l)),
+            ("LOAD_CHUNK", Hole::code(x.load_expr("t.v[e]"))),
+            ("LOAD_X", Hole::code(x.load_expr("x[j]"))),
+            ("STORE_D", Hole::code(x.store_expr("d * g"))),
+        ])
     }
 }
 
