@@ -286,12 +286,10 @@ mod tests {
         assert!(!s.beta);
     }
 
-    /// The sources compile for sm_90 (NVRTC, no GPU needed) without spilling: every dtype,
-    /// LayerNorm with and without β, RMSNorm, with and without a gradient to add, at the widest
-    /// rows.
-    #[test]
-    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
-    fn norm_grad_rows_sources_compile() {
+    /// Every dtype, LayerNorm with and without β, RMSNorm, with and without a gradient to add,
+    /// at narrow, middle and the widest rows.
+    fn sources() -> Vec<String> {
+        let mut sources = Vec::new();
         for x in [DType::F32, DType::BF16, DType::F16] {
             for gamma in [x, DType::F32] {
                 for (rms, beta) in [(false, true), (false, false), (true, false)] {
@@ -305,15 +303,28 @@ mod tests {
                                 hidden,
                             )
                             .expect("takes it");
-                            let source = spec.source();
-                            let ptx =
-                                crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
-                                    .unwrap_or_else(|e| panic!("{e}\n{source}"));
-                            assert!(!ptx.contains(".local"), "{source}\n{ptx}");
+                            sources.push(spec.source());
                         }
                     }
                 }
             }
+        }
+        sources
+    }
+
+    #[test]
+    fn norm_grad_rows_sources_are_unchanged() {
+        insta::assert_snapshot!(crate::kernels::digests(&sources()));
+    }
+
+    /// The sources compile for sm_90 (NVRTC, no GPU needed) without spilling.
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn norm_grad_rows_sources_compile() {
+        for source in sources() {
+            let ptx = crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
+                .unwrap_or_else(|e| panic!("{e}\n{source}"));
+            assert!(!ptx.contains(".local"), "{source}\n{ptx}");
         }
     }
 }

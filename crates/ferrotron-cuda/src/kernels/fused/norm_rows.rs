@@ -268,11 +268,10 @@ mod tests {
         assert!(spec(1004).is_none(), "not whole chunks");
     }
 
-    /// The sources compile for sm_90 (NVRTC, no GPU needed): every dtype, LayerNorm and RMSNorm,
-    /// forward and input gradient (with and without a gradient to add).
-    #[test]
-    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
-    fn norm_rows_sources_compile() {
+    /// Every dtype, LayerNorm and RMSNorm, forward (and its statistics alone) and input
+    /// gradient (with and without a gradient to add), at the widest rows.
+    fn sources() -> Vec<String> {
+        let mut sources = Vec::new();
         for x in [DType::F32, DType::BF16, DType::F16] {
             for (rms, gamma) in [(false, x), (true, x), (false, DType::F32)] {
                 let spec =
@@ -286,13 +285,32 @@ mod tests {
                     stats_only: true,
                     ..spec.clone()
                 };
-                for source in [spec.source(), stats.source(), grad(false), grad(true)] {
-                    let ptx = crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
-                        .unwrap_or_else(|e| panic!("{e}\n{source}"));
-                    // The row lives in registers: nothing spills to local memory.
-                    assert!(!ptx.contains(".local"), "{source}\n{ptx}");
-                }
+                sources.extend([spec.source(), stats.source(), grad(false), grad(true)]);
             }
+        }
+        sources
+    }
+
+    #[test]
+    fn norm_rows_sources_are_unchanged() {
+        let mut sources = sources();
+        // and the flags the list above leaves together: RMSNorm with β, LayerNorm without
+        for (rms, beta) in [(true, true), (false, false)] {
+            let spec = NormRowsForward::for_hidden(DType::BF16, DType::F32, rms, beta, 768);
+            sources.push(spec.expect("takes 768").source());
+        }
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
+    /// The sources compile for sm_90 (NVRTC, no GPU needed), the row in registers.
+    #[test]
+    #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
+    fn norm_rows_sources_compile() {
+        for source in sources() {
+            let ptx = crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
+                .unwrap_or_else(|e| panic!("{e}\n{source}"));
+            // The row lives in registers: nothing spills to local memory.
+            assert!(!ptx.contains(".local"), "{source}\n{ptx}");
         }
     }
 }
