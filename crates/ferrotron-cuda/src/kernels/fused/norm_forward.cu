@@ -35,8 +35,7 @@ extern "C" __global__ void ferrotron_kernel(const Params p) {
   }
 {{/if}}
   if (threadIdx.x == 0) {
-{{#if RMS}}
-{{#else}}
+{{#if !RMS}}
     ((float*)p.mean)[row] = mean;
 {{/if}}
     ((float*)p.rstd)[row] = rstd;

@@ -13,8 +13,8 @@
 
 use crate::engine::dtype::DType;
 use crate::engine::launch::KernelSpec;
-use crate::engine::launch::includes;
-use crate::kernels::fused::uses_half;
+use crate::kernels::fused::{WARP_SUM, uses_half};
+use crate::kernels::template::{Hole, template};
 
 /// Elements per 16-byte-or-wider chunk a lane loads at once.
 pub(super) const CHUNK: usize = 8;
@@ -63,78 +63,27 @@ impl NormRowsForward {
 impl KernelSpec for NormRowsForward {
     fn source(&self) -> String {
         let (x, g) = (self.x, self.gamma);
-        let (xs, gs) = (x.storage_c(), g.storage_c());
-        let kind = if self.rms { "rms" } else { "layer" };
-        let only = if self.stats_only { " stats only" } else { "" };
-        let mut s = format!(
-            "// norm forward {kind} warp per row {x} gamma {g}{only}, {} chunks per lane\n",
-            self.chunks
-        );
-        s += includes(uses_half(&[x, g]));
-        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, beta, y, mean, rstd; double eps; };\n";
-        s += "template <typename T> struct alignas(sizeof(T) * 8) Chunk { T v[8]; };\n";
-        s += "__device__ __forceinline__ float warp_sum(float v) {\n#pragma unroll\n  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n  return v;\n}\n";
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!("  constexpr int C = {};\n", self.chunks);
-        s += "  const int lane = threadIdx.x & 31;\n";
-        s += "  const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);\n";
-        s += "  if (row >= p.rows) return;\n";
-        s += "  const long long chunks = p.hidden >> 3;\n";
-        s += &format!(
-            "  const Chunk<{xs}>* x = (const Chunk<{xs}>*)((const {xs}*)p.x + row * p.hidden);\n"
-        );
-        s += "  float v[C][8];\n  float sum = 0.f;\n";
-        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = lane + k * 32;\n";
-        s += &format!(
-            "    if (c < chunks) {{\n      const Chunk<{xs}> t = x[c];\n#pragma unroll\n      for (int e = 0; e < 8; ++e) {{ v[k][e] = {}; sum += v[k][e]; }}\n    }} else {{\n#pragma unroll\n      for (int e = 0; e < 8; ++e) v[k][e] = 0.f;\n    }}\n  }}\n",
-            x.load_expr("t.v[e]")
-        );
-        s += "  const float inv_n = 1.f / (float)p.hidden;\n";
-        if self.rms {
-            s += "  (void)sum;\n  const float mean = 0.f;\n";
-        } else {
-            s += "  const float mean = warp_sum(sum) * inv_n;\n";
-        }
-        s += "  float sq = 0.f;\n#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    if (lane + k * 32 < chunks) {\n#pragma unroll\n      for (int e = 0; e < 8; ++e) { const float d = v[k][e] - mean; sq += d * d; }\n    }\n  }\n";
-        s += "  const float rstd = rsqrtf(warp_sum(sq) * inv_n + (float)p.eps);\n";
-        if self.stats_only {
-            s += "  if (lane == 0) {\n";
-            if !self.rms {
-                s += "    ((float*)p.mean)[row] = mean;\n";
-            }
-            s += "    ((float*)p.rstd)[row] = rstd;\n  }\n}\n";
-            return s;
-        }
-        s += &format!("  const Chunk<{gs}>* gamma = (const Chunk<{gs}>*)p.gamma;\n");
-        s += &format!("  const Chunk<{gs}>* beta = (const Chunk<{gs}>*)p.beta;\n");
-        s += &format!("  Chunk<{xs}>* y = (Chunk<{xs}>*)(({xs}*)p.y + row * p.hidden);\n");
-        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = lane + k * 32;\n    if (c < chunks) {\n";
-        s += &format!("      const Chunk<{gs}> gc = gamma[c];\n");
-        if self.beta {
-            s += &format!("      const Chunk<{gs}> bc = beta[c];\n");
-        } else {
-            s += "      (void)beta;\n";
-        }
-        s += &format!(
-            "      Chunk<{xs}> o;\n#pragma unroll\n      for (int e = 0; e < 8; ++e) {{\n"
-        );
-        s += &format!(
-            "        float r = (v[k][e] - mean) * rstd * {};\n",
-            g.load_expr("gc.v[e]")
-        );
-        if self.beta {
-            s += &format!("        r += {};\n", g.load_expr("bc.v[e]"));
-        }
-        s += &format!(
-            "        o.v[e] = {};\n      }}\n      y[c] = o;\n    }}\n  }}\n",
-            x.store_expr("r")
-        );
-        s += "  if (lane == 0) {\n";
-        if !self.rms {
-            s += "    ((float*)p.mean)[row] = mean;\n";
-        }
-        s += "    ((float*)p.rstd)[row] = rstd;\n  }\n}\n";
-        s
+        template!("norm_rows_forward.cu").fill(&[
+            ("KIND", Hole::code(if self.rms { "rms" } else { "layer" })),
+            ("X_NAME", Hole::Name(x)),
+            ("GAMMA_NAME", Hole::Name(g)),
+            (
+                "STATS_ONLY_NOTE",
+                Hole::code(if self.stats_only { " stats only" } else { "" }),
+            ),
+            ("CHUNKS", Hole::Int(self.chunks as i64)),
+            ("HALF", Hole::Flag(uses_half(&[x, g]))),
+            ("WARP_SUM", Hole::code(WARP_SUM)),
+            ("X", Hole::Storage(x)),
+            ("GAMMA", Hole::Storage(g)),
+            ("RMS", Hole::Flag(self.rms)),
+            ("BETA", Hole::Flag(self.beta)),
+            ("STATS_ONLY", Hole::Flag(self.stats_only)),
+            ("LOAD_CHUNK", Hole::code(x.load_expr("t.v[e]"))),
+            ("LOAD_GAMMA", Hole::code(g.load_expr("gc.v[e]"))),
+            ("LOAD_BETA", Hole::code(g.load_expr("bc.v[e]"))),
+            ("STORE_R", Hole::code(x.store_expr("r"))),
+        ])
     }
 }
 
@@ -175,69 +124,7 @@ impl NormRowsInputGrad {
 impl KernelSpec for NormRowsInputGrad {
     fn source(&self) -> String {
         let (x, g, dy) = (self.x, self.gamma, self.grad);
-        let (xs, gs, ds) = (x.storage_c(), g.storage_c(), dy.storage_c());
-        let kind = if self.rms { "rms" } else { "layer" };
-        let plus = if self.into { " plus into" } else { "" };
-        let mut s = format!(
-            "// norm backward input {kind} warp per row {x} gamma {g} grad {dy}{plus}, {} chunks per lane\n",
-            self.chunks
-        );
-        s += includes(uses_half(&[x, g, dy]));
-        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx, into; };\n";
-        s += "template <typename T> struct alignas(sizeof(T) * 8) Chunk { T v[8]; };\n";
-        s += "__device__ __forceinline__ float warp_sum(float v) {\n#pragma unroll\n  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n  return v;\n}\n";
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!("  constexpr int C = {};\n", self.chunks);
-        s += "  const int lane = threadIdx.x & 31;\n";
-        s += "  const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);\n";
-        s += "  if (row >= p.rows) return;\n";
-        s += "  const long long chunks = p.hidden >> 3;\n";
-        s += &format!(
-            "  const Chunk<{xs}>* x = (const Chunk<{xs}>*)((const {xs}*)p.x + row * p.hidden);\n"
-        );
-        s += &format!(
-            "  const Chunk<{ds}>* dy = (const Chunk<{ds}>*)((const {ds}*)p.dy + row * p.hidden);\n"
-        );
-        s += &format!("  const Chunk<{gs}>* gamma = (const Chunk<{gs}>*)p.gamma;\n");
-        if self.rms {
-            s += "  const float mean = 0.f;\n";
-        } else {
-            s += "  const float mean = ((const float*)p.mean)[row];\n";
-        }
-        s += "  const float rstd = ((const float*)p.rstd)[row];\n";
-        s += "  float sum_g = 0.f, sum_gx = 0.f;\n";
-        let body = |tail: &str| {
-            format!(
-                "#pragma unroll\n      for (int e = 0; e < 8; ++e) {{\n        const float g = {} * {};\n        const float xh = ({} - mean) * rstd;\n{tail}      }}\n",
-                dy.load_expr("dc.v[e]"),
-                g.load_expr("gc.v[e]"),
-                x.load_expr("xc.v[e]"),
-            )
-        };
-        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = lane + k * 32;\n    if (c < chunks) {\n";
-        let loads = format!(
-            "      const Chunk<{xs}> xc = x[c];\n      const Chunk<{ds}> dc = dy[c];\n      const Chunk<{gs}> gc = gamma[c];\n"
-        );
-        s += &loads;
-        s += &body("        sum_g += g; sum_gx += g * xh;\n");
-        s += "    }\n  }\n";
-        s += "  const float inv_n = 1.f / (float)p.hidden;\n";
-        if self.rms {
-            s += "  (void)sum_g;\n  const float mean_g = 0.f;\n";
-        } else {
-            s += "  const float mean_g = warp_sum(sum_g) * inv_n;\n";
-        }
-        s += "  const float mean_gx = warp_sum(sum_gx) * inv_n;\n";
-        s += &format!("  Chunk<{xs}>* dx = (Chunk<{xs}>*)(({xs}*)p.dx + row * p.hidden);\n");
-        if self.into {
-            s += &format!(
-                "  const Chunk<{xs}>* into = (const Chunk<{xs}>*)((const {xs}*)p.into + row * p.hidden);\n"
-            );
-        }
-        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = lane + k * 32;\n    if (c < chunks) {\n";
-        s += &loads;
         let term = if self.into {
-            s += &format!("      const Chunk<{xs}> ic = into[c];\n");
             format!(
                 "rstd * (g - mean_g - xh * mean_gx) + {}",
                 x.load_expr("ic.v[e]")
@@ -245,10 +132,28 @@ impl KernelSpec for NormRowsInputGrad {
         } else {
             "rstd * (g - mean_g - xh * mean_gx)".to_string()
         };
-        s += &format!("      Chunk<{xs}> o;\n");
-        s += &body(&format!("        o.v[e] = {};\n", x.store_expr(&term)));
-        s += "      dx[c] = o;\n    }\n  }\n}\n";
-        s
+        template!("norm_rows_input_grad.cu").fill(&[
+            ("KIND", Hole::code(if self.rms { "rms" } else { "layer" })),
+            ("X_NAME", Hole::Name(x)),
+            ("GAMMA_NAME", Hole::Name(g)),
+            ("GRAD_NAME", Hole::Name(dy)),
+            (
+                "INTO_NOTE",
+                Hole::code(if self.into { " plus into" } else { "" }),
+            ),
+            ("CHUNKS", Hole::Int(self.chunks as i64)),
+            ("HALF", Hole::Flag(uses_half(&[x, g, dy]))),
+            ("WARP_SUM", Hole::code(WARP_SUM)),
+            ("X", Hole::Storage(x)),
+            ("GAMMA", Hole::Storage(g)),
+            ("GRAD", Hole::Storage(dy)),
+            ("RMS", Hole::Flag(self.rms)),
+            ("INTO", Hole::Flag(self.into)),
+            ("LOAD_X", Hole::code(x.load_expr("xc.v[e]"))),
+            ("LOAD_DY", Hole::code(dy.load_expr("dc.v[e]"))),
+            ("LOAD_GAMMA", Hole::code(g.load_expr("gc.v[e]"))),
+            ("STORE_DX", Hole::code(x.store_expr(&term))),
+        ])
     }
 }
 
