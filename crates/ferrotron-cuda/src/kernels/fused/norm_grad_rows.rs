@@ -19,9 +19,9 @@
 
 use crate::engine::dtype::DType;
 use crate::engine::launch::KernelSpec;
-use crate::engine::launch::includes;
 use crate::kernels::fused::norm_rows::CHUNK;
-use crate::kernels::fused::uses_half;
+use crate::kernels::fused::{WARP_SUM, uses_half};
+use crate::kernels::template::{Hole, template};
 
 /// Chunks of eight a thread holds: the row's elements live in registers between its two loops.
 const CHUNKS_PER_THREAD: usize = 2;
@@ -90,139 +90,38 @@ impl NormRowsBackward {
 impl KernelSpec for NormRowsBackward {
     fn source(&self) -> String {
         let (x, g, dy) = (self.x, self.gamma, self.grad);
-        let (xs, gs, ds) = (x.storage_c(), g.storage_c(), dy.storage_c());
-        let kind = if self.rms { "rms" } else { "layer" };
-        let beta = if self.beta { " beta" } else { "" };
-        let plus = if self.into { " plus into" } else { "" };
-        let mut s = format!(
-            "// norm backward {kind} one pass {x} gamma {g} grad {dy}{beta}{plus}, {} threads x {} chunks\n",
-            self.threads, self.chunks
-        );
-        s += includes(uses_half(&[x, g, dy]));
-        s += "struct Params { long long rows, hidden; unsigned long long x, gamma, dy, mean, rstd, dx, into, dgamma, dbeta; };\n";
-        s += "template <typename T> struct alignas(sizeof(T) * 8) Chunk { T v[8]; };\n";
-        s += "__device__ __forceinline__ float warp_sum(float v) {\n#pragma unroll\n  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n  return v;\n}\n";
-        s += &format!(
-            "extern \"C\" __global__ void __launch_bounds__({}) ferrotron_kernel(const Params p) {{\n",
-            self.threads
-        );
-        s += &format!(
-            "  constexpr int T = {}, C = {}, W = T / 32;\n",
-            self.threads, self.chunks
-        );
-        s += "  __shared__ float sums[2][W][2];\n";
-        s += "  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n";
-        s += "  const long long chunks = p.hidden >> 3;\n";
-        s += "  const float inv_n = 1.f / (float)p.hidden;\n";
-        s += &format!("  const Chunk<{gs}>* gamma = (const Chunk<{gs}>*)p.gamma;\n");
-        // This thread's γ, and its sums over the block's rows, for its fixed columns.
-        s += "  float gam[C][8], acc_g[C][8];\n";
-        if self.beta {
-            s += "  float acc_b[C][8];\n";
-        }
-        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = tid + k * T;\n";
-        s += &format!("    Chunk<{gs}> gc;\n");
-        s += "    if (c < chunks) gc = gamma[c];\n";
-        s += "#pragma unroll\n    for (int e = 0; e < 8; ++e) {\n";
-        s += &format!(
-            "      gam[k][e] = c < chunks ? {} : 0.f;\n",
-            g.load_expr("gc.v[e]")
-        );
-        s += "      acc_g[k][e] = 0.f;\n";
-        if self.beta {
-            s += "      acc_b[k][e] = 0.f;\n";
-        }
-        s += "    }\n  }\n";
-        // One element's dy and x̂, read from the row's chunks the thread holds (both loops).
-        let element = format!(
-            "          const float d = {};\n          const float xh = ({} - mean) * rstd;\n",
-            dy.load_expr("dc[k].v[e]"),
-            x.load_expr("xc[k].v[e]")
-        );
-        // The row's x and dy chunks, loaded for row `r` into `xv`/`dv` (unused chunks left).
-        let load = |xv: &str, dv: &str, r: &str| {
-            format!(
-                "#pragma unroll\n    for (int k = 0; k < C; ++k) {{\n      const long long c = tid + k * T;\n      if (c < chunks) {{\n        {xv}[k] = ((const Chunk<{xs}>*)((const {xs}*)p.x + {r} * p.hidden))[c];\n        {dv}[k] = ((const Chunk<{ds}>*)((const {ds}*)p.dy + {r} * p.hidden))[c];\n      }}\n    }}\n"
-            )
-        };
-        s += "  int slot = 0;\n";
-        s += &format!("  Chunk<{xs}> xc[C];\n  Chunk<{ds}> dc[C];\n");
-        s += "  if (blockIdx.x < p.rows) {\n";
-        s += &load("xc", "dc", "(long long)blockIdx.x");
-        s += "  }\n";
-        s += "  for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {\n";
-        if self.rms {
-            s += "    const float mean = 0.f;\n";
-        } else {
-            s += "    const float mean = ((const float*)p.mean)[row];\n";
-        }
-        s += "    const float rstd = ((const float*)p.rstd)[row];\n";
-        if self.into {
-            // Read with x and dy, before the barrier, so its latency hides behind the sums.
-            s += &format!("    Chunk<{xs}> ic[C];\n");
-            s += &format!(
-                "#pragma unroll\n    for (int k = 0; k < C; ++k) {{\n      const long long c = tid + k * T;\n      if (c < chunks) ic[k] = ((const Chunk<{xs}>*)((const {xs}*)p.into + row * p.hidden))[c];\n    }}\n"
-            );
-        }
-        s += "    float sum_g = 0.f, sum_gx = 0.f;\n";
-        s += "#pragma unroll\n    for (int k = 0; k < C; ++k) {\n      const long long c = tid + k * T;\n      if (c < chunks) {\n";
-        s += "#pragma unroll\n        for (int e = 0; e < 8; ++e) {\n";
-        s += &element;
-        s += "          const float gd = d * gam[k][e];\n";
-        s += "          sum_g += gd;\n          sum_gx += gd * xh;\n";
-        s += "          acc_g[k][e] += d * xh;\n";
-        if self.beta {
-            s += "          acc_b[k][e] += d;\n";
-        }
-        s += "        }\n      }\n    }\n";
-        // The row's two sums over the block: warps, then the warps' sums in warp order.
-        s += "    sum_g = warp_sum(sum_g);\n    sum_gx = warp_sum(sum_gx);\n";
-        s += "    if (lane == 0) { sums[slot][warp][0] = sum_g; sums[slot][warp][1] = sum_gx; }\n";
-        // The next row's x and dy, requested before the barrier: their loads are in flight
-        // while the block waits and writes this row's dx (one row in flight at a time left the
-        // kernel at 2.35 TB/s).
-        s += "    const long long next = row + gridDim.x;\n";
-        s += &format!("    Chunk<{xs}> xn[C];\n    Chunk<{ds}> dn[C];\n");
-        s += "    if (next < p.rows) {\n";
-        s += &load("xn", "dn", "next");
-        s += "    }\n";
-        s += "    __syncthreads();\n";
-        s += "    float total_g = 0.f, total_gx = 0.f;\n";
-        s += "#pragma unroll\n    for (int w = 0; w < W; ++w) { total_g += sums[slot][w][0]; total_gx += sums[slot][w][1]; }\n";
-        // The next row writes the other slot: a warp reaches this slot again only after every
-        // warp passed the next row's barrier, so after every warp read it here.
-        s += "    slot ^= 1;\n";
-        if self.rms {
-            s += "    (void)total_g;\n    const float mean_g = 0.f;\n";
-        } else {
-            s += "    const float mean_g = total_g * inv_n;\n";
-        }
-        s += "    const float mean_gx = total_gx * inv_n;\n";
-        s += &format!("    Chunk<{xs}>* dx = (Chunk<{xs}>*)(({xs}*)p.dx + row * p.hidden);\n");
-        s += "#pragma unroll\n    for (int k = 0; k < C; ++k) {\n      const long long c = tid + k * T;\n      if (c < chunks) {\n";
-        s += &format!("        Chunk<{xs}> o;\n");
-        s += "#pragma unroll\n        for (int e = 0; e < 8; ++e) {\n";
-        s += &element;
         let mut term = "rstd * (d * gam[k][e] - mean_g - xh * mean_gx)".to_string();
         if self.into {
             term = format!("{term} + {}", x.load_expr("ic[k].v[e]"));
         }
-        s += &format!("          o.v[e] = {};\n", x.store_expr(&term));
-        s += "        }\n        dx[c] = o;\n      }\n    }\n";
-        s += "#pragma unroll\n    for (int k = 0; k < C; ++k) { xc[k] = xn[k]; dc[k] = dn[k]; }\n  }\n";
-        // This block's partial sums: one row of `[blocks, hidden]` per gradient.
-        s += "  float* pg = (float*)p.dgamma + (long long)blockIdx.x * p.hidden;\n";
-        if self.beta {
-            s += "  float* pb = (float*)p.dbeta + (long long)blockIdx.x * p.hidden;\n";
-        }
-        s += "#pragma unroll\n  for (int k = 0; k < C; ++k) {\n    const long long c = tid + k * T;\n    if (c < chunks) {\n";
-        s += "#pragma unroll\n      for (int e = 0; e < 8; ++e) {\n";
-        s += "        pg[c * 8 + e] = acc_g[k][e];\n";
-        if self.beta {
-            s += "        pb[c * 8 + e] = acc_b[k][e];\n";
-        }
-        s += "      }\n    }\n  }\n}\n";
-        s
+        template!("norm_grad_rows.cu").fill(&[
+            ("KIND", Hole::code(if self.rms { "rms" } else { "layer" })),
+            ("X_NAME", Hole::Name(x)),
+            ("GAMMA_NAME", Hole::Name(g)),
+            ("GRAD_NAME", Hole::Name(dy)),
+            (
+                "BETA_NOTE",
+                Hole::code(if self.beta { " beta" } else { "" }),
+            ),
+            (
+                "INTO_NOTE",
+                Hole::code(if self.into { " plus into" } else { "" }),
+            ),
+            ("THREADS", Hole::Int(self.threads as i64)),
+            ("CHUNKS", Hole::Int(self.chunks as i64)),
+            ("HALF", Hole::Flag(uses_half(&[x, g, dy]))),
+            ("WARP_SUM", Hole::code(WARP_SUM)),
+            ("X", Hole::Storage(x)),
+            ("GAMMA", Hole::Storage(g)),
+            ("GRAD", Hole::Storage(dy)),
+            ("RMS", Hole::Flag(self.rms)),
+            ("BETA", Hole::Flag(self.beta)),
+            ("INTO", Hole::Flag(self.into)),
+            ("LOAD_GAMMA", Hole::code(g.load_expr("gc.v[e]"))),
+            ("LOAD_DY", Hole::code(dy.load_expr("dc[k].v[e]"))),
+            ("LOAD_X", Hole::code(x.load_expr("xc[k].v[e]"))),
+            ("STORE_DX", Hole::code(x.store_expr(&term))),
+        ])
     }
 }
 
