@@ -355,6 +355,11 @@ mod tests {
     }
 
     #[test]
+    fn moe_sources_are_unchanged() {
+        insta::assert_snapshot!(crate::kernels::digests(&sources()));
+    }
+
+    #[test]
     fn kernels_are_named_after_their_step() {
         let names: Vec<String> = [
             MoeKernel::Topk {
