@@ -14,9 +14,10 @@
 //!   Rows follow the positions' order within every expert (stable), as the reference's do.
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{BLOCK, KernelSpec, Params, includes, launch};
+use crate::engine::launch::{BLOCK, KernelSpec, Params, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
+use crate::kernels::template::{Hole, Template, template};
 
 /// Positions per block of the permutation's count and scatter launches.
 pub const CHUNK: usize = 1024;
@@ -44,159 +45,48 @@ enum MoeKernel {
     Scatter { experts: usize },
 }
 
-/// A score's `total_cmp` key, and the scan that keeps the first of the best keys.
-const TOTAL_ORDER: &str = r#"__device__ __forceinline__ int moe_key(float v) {
-  const int bits = __float_as_int(v);
-  return bits ^ ((bits >> 31) & 0x7fffffff);
-}
-"#;
-
 impl KernelSpec for MoeKernel {
     fn source(&self) -> String {
+        let histogram = |experts: usize, template: Template| {
+            template.fill(&[
+                ("EXPERTS", Hole::Int(experts as i64)),
+                ("CHUNK", Hole::Int(CHUNK as i64)),
+            ])
+        };
         match *self {
             MoeKernel::Topk { dtype, k, groups } => topk_source(dtype, k, groups),
-            MoeKernel::Count { experts } => format!(
-                "// moe count experts {experts}\n\
-                 struct Params {{ unsigned long long experts, block_counts; long long n; }};\n\
-                 extern \"C\" __global__ void ferrotron_kernel(const Params p) {{\n\
-                 \x20 __shared__ int hist[{experts}];\n\
-                 \x20 for (int e = threadIdx.x; e < {experts}; e += blockDim.x) hist[e] = 0;\n\
-                 \x20 __syncthreads();\n\
-                 \x20 const long long start = (long long)blockIdx.x * {CHUNK};\n\
-                 \x20 const long long end = min(start + {CHUNK}LL, p.n);\n\
-                 \x20 const long long* __restrict__ x = (const long long*)p.experts;\n\
-                 \x20 for (long long i = start + threadIdx.x; i < end; i += blockDim.x) {{\n\
-                 \x20   const long long e = x[i];\n\
-                 \x20   if (e >= 0 && e < {experts}) atomicAdd(&hist[e], 1);\n\
-                 \x20 }}\n\
-                 \x20 __syncthreads();\n\
-                 \x20 long long* out = (long long*)p.block_counts + (long long)blockIdx.x * {experts};\n\
-                 \x20 for (int e = threadIdx.x; e < {experts}; e += blockDim.x) out[e] = hist[e];\n\
-                 }}\n"
-            ),
-            MoeKernel::Offsets { experts } => format!(
-                "// moe offsets experts {experts}\n\
-                 struct Params {{ unsigned long long block_counts, counts; long long blocks; }};\n\
-                 extern \"C\" __global__ void ferrotron_kernel(const Params p) {{\n\
-                 \x20 __shared__ long long first[{experts}];\n\
-                 \x20 long long* bc = (long long*)p.block_counts;\n\
-                 \x20 for (int e = threadIdx.x; e < {experts}; e += blockDim.x) {{\n\
-                 \x20   long long run = 0;\n\
-                 \x20   for (long long b = 0; b < p.blocks; ++b) {{\n\
-                 \x20     const long long c = bc[b * {experts} + e];\n\
-                 \x20     bc[b * {experts} + e] = run;\n\
-                 \x20     run += c;\n\
-                 \x20   }}\n\
-                 \x20   first[e] = run;\n\
-                 \x20   ((long long*)p.counts)[e] = run;\n\
-                 \x20 }}\n\
-                 \x20 __syncthreads();\n\
-                 \x20 if (threadIdx.x == 0) {{\n\
-                 \x20   long long run = 0;\n\
-                 \x20   for (int e = 0; e < {experts}; ++e) {{ const long long c = first[e]; first[e] = run; run += c; }}\n\
-                 \x20 }}\n\
-                 \x20 __syncthreads();\n\
-                 \x20 for (int e = threadIdx.x; e < {experts}; e += blockDim.x)\n\
-                 \x20   for (long long b = 0; b < p.blocks; ++b) bc[b * {experts} + e] += first[e];\n\
-                 }}\n"
-            ),
-            MoeKernel::Scatter { experts } => format!(
-                "// moe scatter experts {experts}\n\
-                 struct Params {{ unsigned long long experts, block_offsets, order, rows; long long n; }};\n\
-                 extern \"C\" __global__ void ferrotron_kernel(const Params p) {{\n\
-                 \x20 __shared__ long long next[{experts}];\n\
-                 \x20 const long long* offsets = (const long long*)p.block_offsets + (long long)blockIdx.x * {experts};\n\
-                 \x20 for (int e = threadIdx.x; e < {experts}; e += 32) next[e] = offsets[e];\n\
-                 \x20 __syncwarp();\n\
-                 \x20 const long long start = (long long)blockIdx.x * {CHUNK};\n\
-                 \x20 const long long end = min(start + {CHUNK}LL, p.n);\n\
-                 \x20 const long long* __restrict__ x = (const long long*)p.experts;\n\
-                 \x20 long long* order = (long long*)p.order;\n\
-                 \x20 long long* rows = (long long*)p.rows;\n\
-                 \x20 const unsigned lane = threadIdx.x;\n\
-                 \x20 for (long long base = start; base < end; base += 32) {{\n\
-                 \x20   const long long i = base + lane;\n\
-                 \x20   const long long e = i < end ? x[i] : -1;\n\
-                 \x20   const bool valid = e >= 0 && e < {experts};\n\
-                 \x20   const unsigned active = __ballot_sync(0xffffffffu, valid);\n\
-                 \x20   if (valid) {{\n\
-                 \x20     const unsigned peers = __match_any_sync(active, e);\n\
-                 \x20     const unsigned rank = __popc(peers & ((1u << lane) - 1u));\n\
-                 \x20     const long long row = next[e] + rank;\n\
-                 \x20     order[row] = i;\n\
-                 \x20     rows[i] = row;\n\
-                 \x20     __syncwarp(active);\n\
-                 \x20     if (rank == 0) next[e] += __popc(peers);\n\
-                 \x20   }}\n\
-                 \x20   __syncwarp();\n\
-                 \x20 }}\n\
-                 }}\n"
-            ),
+            MoeKernel::Count { experts } => histogram(experts, template!("moe_count.cu")),
+            MoeKernel::Offsets { experts } => {
+                template!("moe_offsets.cu").fill(&[("EXPERTS", Hole::Int(experts as i64))])
+            }
+            MoeKernel::Scatter { experts } => histogram(experts, template!("moe_scatter.cu")),
         }
     }
 }
 
 /// Thread per row: `k` scans for the best untaken allowed expert (groups first, if limited).
 fn topk_source(dtype: DType, k: usize, groups: Option<(usize, usize)>) -> String {
-    let label = groups.map_or(String::new(), |(g, gk)| format!(" groups {g} top {gk}"));
-    let mut s = format!("// moe topk {dtype} k {k}{label}\n");
-    s += includes(dtype.needs_half_headers());
-    s += TOTAL_ORDER;
-    s += "struct Params { unsigned long long scores, out; long long rows, experts; };\n";
-    s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-    s += "  const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n";
-    s += "  if (row >= p.rows) return;\n";
-    s += "  const int experts = (int)p.experts;\n";
-    s += &format!(
-        "  const {st}* __restrict__ s = (const {st}*)p.scores + row * experts;\n",
-        st = dtype.storage_c()
-    );
-    let score = dtype.load_expr("s[e]");
-    if let Some((num, group_topk)) = groups {
-        let per_group = k / group_topk;
-        s += &format!("  const int group_size = experts / {num};\n");
-        s += &format!("  float sums[{num}];\n");
-        s += &format!("  for (int g = 0; g < {num}; ++g) {{\n");
-        s += "    int taken[32]; float sum = -0.0f;\n";
-        s += &format!("    for (int j = 0; j < {per_group}; ++j) {{\n");
-        s += "      int best = -1; int best_key = 0; float best_v = 0.f;\n";
-        s += "      for (int e = g * group_size; e < (g + 1) * group_size; ++e) {\n";
-        s += "        bool used = false;\n";
-        s += "        for (int t = 0; t < j; ++t) used |= taken[t] == e;\n";
-        s += &format!("        const float v = {score};\n");
-        s += "        const int key = moe_key(v);\n";
-        s += "        if (!used && (best < 0 || key > best_key)) { best = e; best_key = key; best_v = v; }\n";
-        s += "      }\n";
-        s += "      taken[j] = best; sum += best_v;\n";
-        s += "    }\n";
-        s += "    sums[g] = sum;\n";
-        s += "  }\n";
-        s += "  unsigned long long allowed = 0ull;\n";
-        s += &format!("  for (int j = 0; j < {group_topk}; ++j) {{\n");
-        s += "    int best = -1; int best_key = 0;\n";
-        s += &format!("    for (int g = 0; g < {num}; ++g) {{\n");
-        s += "      const int key = moe_key(sums[g]);\n";
-        s += "      if (!((allowed >> g) & 1ull) && (best < 0 || key > best_key)) { best = g; best_key = key; }\n";
-        s += "    }\n";
-        s += "    allowed |= 1ull << best;\n";
-        s += "  }\n";
+    let mut holes = vec![
+        ("DTYPE_NAME", Hole::Name(dtype)),
+        ("K", Hole::Int(k as i64)),
+        ("HALF", Hole::Flag(dtype.needs_half_headers())),
+        ("T", Hole::Storage(dtype)),
+        ("GROUPS", Hole::Flag(groups.is_some())),
+        ("SCORE", Hole::code(dtype.load_expr("s[e]"))),
+    ];
+    match groups {
+        Some((num, group_topk)) => holes.extend([
+            (
+                "GROUPS_NOTE",
+                Hole::code(format!(" groups {num} top {group_topk}")),
+            ),
+            ("NUM_GROUPS", Hole::Int(num as i64)),
+            ("PER_GROUP", Hole::Int((k / group_topk) as i64)),
+            ("GROUP_TOPK", Hole::Int(group_topk as i64)),
+        ]),
+        None => holes.push(("GROUPS_NOTE", Hole::code(""))),
     }
-    s += &format!("  long long* out = (long long*)p.out + row * {k};\n");
-    s += &format!("  int picked[{k}];\n");
-    s += &format!("  for (int j = 0; j < {k}; ++j) {{\n");
-    s += "    int best = -1; int best_key = 0;\n";
-    s += "    for (int e = 0; e < experts; ++e) {\n";
-    if groups.is_some() {
-        s += "      if (!((allowed >> (e / group_size)) & 1ull)) continue;\n";
-    }
-    s += "      bool used = false;\n";
-    s += "      for (int t = 0; t < j; ++t) used |= picked[t] == e;\n";
-    s += &format!("      const int key = moe_key({score});\n");
-    s += "      if (!used && (best < 0 || key > best_key)) { best = e; best_key = key; }\n";
-    s += "    }\n";
-    s += "    picked[j] = best; out[j] = best;\n";
-    s += "  }\n}\n";
-    s
+    template!("moe_topk.cu").fill(&holes)
 }
 
 /// Whether [`topk`] runs for these scores: a float dtype, `k` and the groups within the
