@@ -594,6 +594,41 @@ mod tests {
     }
 
     #[test]
+    fn fp8_sources_are_unchanged() {
+        let mut sources: Vec<String> = specs().into_iter().map(|(_, s)| s).collect();
+        // every flag with every source, on bf16
+        let all_sources = SOURCES.into_iter().chain([
+            CastSource::DropoutGrad,
+            CastSource::RopeGrad {
+                slots: 3,
+                head_dim: 128,
+            },
+            CastSource::Norm {
+                rms: true,
+                beta: false,
+            },
+            CastSource::Norm {
+                rms: false,
+                beta: true,
+            },
+        ]);
+        for source in all_sources {
+            for bits in 0..8u32 {
+                let spec = CastTranspose {
+                    input: DType::BF16,
+                    format: Fp8Format::E4m3,
+                    transpose: bits & 1 == 1,
+                    current: bits & 2 == 2,
+                    source,
+                    dbias: bits & 4 == 4,
+                };
+                sources.push(spec.source());
+            }
+        }
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
+    #[test]
     fn cast_transpose_source() {
         let spec = CastTranspose {
             input: DType::BF16,
