@@ -21,6 +21,7 @@ use crate::engine::dtype::DType;
 use crate::engine::launch::KernelSpec;
 use crate::kernels::fused::swiglu;
 use crate::kernels::prim::elementwise::{FAST_MATH, GELU, GELU_BACKWARD};
+use crate::kernels::template::{Hole, template};
 
 /// Rows and columns per tile.
 pub(crate) const TILE: usize = 64;
@@ -37,100 +38,30 @@ fn cuda_format(format: Fp8Format) -> &'static str {
     }
 }
 
-fn headers(input: DType) -> String {
-    let mut s = String::new();
-    if input.needs_half_headers() {
-        s += "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n";
-    }
-    s += "#include <cuda_fp8.h>\n";
-    s
-}
-
-/// `raw8`: eight consecutive elements' bytes as one load brings them (16-byte aligned);
-/// `load_raw(p)` loads them, `unpack8(raw, v)` turns them into floats, `load8(p, v)` does both.
-/// Loading apart from unpacking lets a cast issue every load of a tile before the math that
-/// waits on them.
+/// The `raw8` loads of `input`'s elements (`load8.cu`).
 fn load8(input: DType) -> String {
-    let (raw, load, unpack) = match input {
-        DType::BF16 | DType::F16 => {
-            let (pair, to_float) = if input == DType::BF16 {
-                ("__nv_bfloat162", "__bfloat1622float2")
-            } else {
-                ("__half2", "__half22float2")
-            };
-            (
-                "typedef uint4 raw8;\n".to_string(),
-                "return *(const uint4*)p;",
-                format!(
-                    "const {pair}* h = (const {pair}*)&raw;\n#pragma unroll\n  for (int j = 0; j < 4; ++j) {{ const float2 f = {to_float}(h[j]); v[2 * j] = f.x; v[2 * j + 1] = f.y; }}"
-                ),
-            )
-        }
-        _ => (
-            "struct raw8 { float4 a, b; };\n".to_string(),
-            "raw8 r; r.a = ((const float4*)p)[0]; r.b = ((const float4*)p)[1]; return r;",
-            "v[0] = raw.a.x; v[1] = raw.a.y; v[2] = raw.a.z; v[3] = raw.a.w; v[4] = raw.b.x; v[5] = raw.b.y; v[6] = raw.b.z; v[7] = raw.b.w;".to_string(),
-        ),
+    let pair = match input {
+        DType::BF16 => Some(("__nv_bfloat162", "__bfloat1622float2")),
+        DType::F16 => Some(("__half2", "__half22float2")),
+        _ => None,
     };
-    let t = input.storage_c();
-    format!(
-        "{raw}__device__ __forceinline__ raw8 load_raw(const {t}* p) {{ {load} }}\n\
-         __device__ __forceinline__ void unpack8(const raw8& raw, float* v) {{\n  {unpack}\n}}\n\
-         __device__ __forceinline__ void load8(const {t}* p, float* v) {{ unpack8(load_raw(p), v); }}\n"
-    )
+    let mut holes = vec![
+        ("PAIRS", Hole::Flag(pair.is_some())),
+        ("T", Hole::Storage(input)),
+    ];
+    if let Some((pair, to_float2)) = pair {
+        holes.push(("PAIR", Hole::code(pair)));
+        holes.push(("TO_FLOAT2", Hole::code(to_float2)));
+    }
+    template!("load8.cu").fill(&holes)
 }
 
 /// Block-wide maximum of unsigned values into `*dst` (one atomic per block).
-const BLOCK_MAX: &str = r#"
-__device__ __forceinline__ void block_max_into(unsigned int m, unsigned int* dst, unsigned int* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) red[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < (int)(blockDim.x >> 5) ? red[lane] : 0u;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) atomicMax(dst, m);
-  }
-}
-"#;
+const BLOCK_MAX: &str = include_str!("block_max.cu");
 
 /// The scale of current scaling from an amax: `scaled_max / amax`, 1 for a zero or non-finite
 /// amax, f32's maximum on overflow (`ferrotron_ops::fp8::scaling::current_scale`).
-const SCALE_FROM_AMAX: &str = r#"
-__device__ __forceinline__ float scale_from_amax(const float amax, const float scaled_max, const float keep) {
-  if (!(isfinite(amax) && amax > 0.f)) return keep;
-  const float s = __fdiv_rn(scaled_max, amax);
-  return isinf(s) ? 3.402823466e+38f : s;
-}
-"#;
-
-/// The transposed copy of the tile in shared memory (`tile[row][word]`, four fp8 bytes a word,
-/// rows padded to an odd number of words): a thread reads the word of four columns in each of
-/// four consecutive rows, and four byte permutes turn those into four columns' four rows, stored
-/// as one word each. Sixteen threads cover a column's 64 rows, so a warp's store is two runs of
-/// 64 bytes, and the odd pitch keeps the reads to two banks' worth of conflict (byte reads of
-/// 8-byte-apart rows had been a four-way conflict on every byte).
-const TRANSPOSE_TILE: &str = r#"  __syncthreads();
-  {
-    unsigned char* __restrict__ qt = (unsigned char*)p.qt;
-    const int rg = threadIdx.x & 15, cw = threadIdx.x >> 4;
-    const long long r = r0 + 4 * rg;
-    if (r < p.rows) {
-      const unsigned int w0 = tile[4 * rg][cw], w1 = tile[4 * rg + 1][cw], w2 = tile[4 * rg + 2][cw], w3 = tile[4 * rg + 3][cw];
-      const unsigned int lo01 = __byte_perm(w0, w1, 0x5140), lo23 = __byte_perm(w2, w3, 0x5140);
-      const unsigned int hi01 = __byte_perm(w0, w1, 0x7362), hi23 = __byte_perm(w2, w3, 0x7362);
-      const unsigned int col[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632), __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const long long c = c0 + 4 * cw + i;
-        if (c < p.cols) *(unsigned int*)(qt + c * p.rows + r) = col[i];
-      }
-    }
-  }
-"#;
+const SCALE_FROM_AMAX: &str = include_str!("scale_from_amax.cu");
 
 /// What a cast's `[rows, cols]` values are computed from (`ferrotron_ops::Fp8Source`):
 /// `x` itself, an activation of `x`, or an activation's gradient from `x` (the output
@@ -348,119 +279,62 @@ pub(crate) struct CastTranspose {
 impl KernelSpec for CastTranspose {
     fn source(&self) -> String {
         let (x, f) = (self.input, self.format);
-        let mut s = format!(
-            "// fp8 cast{} {x} {} {}{}{}\n",
-            if self.transpose { " transpose" } else { "" },
-            f.name(),
-            if self.current { "current" } else { "delayed" },
-            self.source.name(),
-            if self.dbias { " dbias" } else { "" }
-        );
-        s += &headers(x);
-        s += &load8(x);
-        s += &self.source.helpers();
-        s += BLOCK_MAX;
-        s += SCALE_FROM_AMAX;
-        let norm = matches!(self.source, CastSource::Norm { .. });
-        let rope = matches!(self.source, CastSource::RopeGrad { .. });
         let extra = match self.source {
             CastSource::Norm { .. } => ", mean, rstd, gamma, beta",
             CastSource::RopeGrad { .. } => ", cos, sin, seq",
             CastSource::DropoutGrad => ", seed, offset; double keep_prob, keep_scale",
             _ => "",
         };
-        s += &format!(
-            "struct Params {{ long long rows, cols; unsigned long long x, q, qt, scale, amax_src, amax_dst, scale_inv; double scaled_max; unsigned long long aux, partial{extra}; }};\n"
-        );
-        s += &format!("#define TILE {TILE}\n#define ROW_TILES {ROW_TILES}\n");
-        s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
-        s += "  __shared__ unsigned int tile[TILE][TILE / 4 + 1];\n  __shared__ unsigned int red[8];\n";
-        s += "  const long long tiles_c = (p.cols + TILE - 1) / TILE;\n";
-        s += "  const long long band = blockIdx.x / tiles_c, c0 = (blockIdx.x % tiles_c) * TILE;\n";
-        if self.current {
-            s += "  const float scale = scale_from_amax(*(const float*)p.amax_src, (float)p.scaled_max, 1.f);\n";
-        } else {
-            s += "  const float scale = *(const float*)p.scale;\n";
-        }
-        s += "  if (blockIdx.x == 0 && threadIdx.x == 0) *(float*)p.scale_inv = 1.f / scale;\n";
-        s += &format!(
-            "  const {xs}* __restrict__ x = (const {xs}*)p.x;\n  const {xs}* __restrict__ aux = (const {xs}*)p.aux;\n  (void)aux;\n",
-            xs = x.storage_c()
-        );
-        if norm {
-            s += &format!(
-                "  const {xs}* __restrict__ gamma = (const {xs}*)p.gamma;\n  const {xs}* __restrict__ beta = (const {xs}*)p.beta;\n  (void)beta;\n",
-                xs = x.storage_c()
-            );
-        }
-        if rope {
-            s += &format!(
-                "  const {xs}* __restrict__ cosines = (const {xs}*)p.cos;\n  const {xs}* __restrict__ sines = (const {xs}*)p.sin;\n",
-                xs = x.storage_c()
-            );
-        }
-        s += "  unsigned char* __restrict__ q = (unsigned char*)p.q;\n";
-        s += "  const int lr = threadIdx.x >> 3, lc = (threadIdx.x & 7) * 8;\n";
-        s += "  unsigned int amax = 0u;\n";
-        if self.dbias {
-            s += "  float colsum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n";
-        }
-        // The loads of the next row tile are issued before this tile's math, so a thread
-        // always has its next bytes in flight.
-        let inputs = self.source.inputs();
-        let pass = "#pragma unroll\n  for (int pass = 0; pass < 2; ++pass) {\n    const int tr = lr + pass * 32;\n    const long long r = r0 + tr, c = c0 + lc;\n    if (r < p.rows && c < p.cols) {\n";
-        let fetch = |into: &str| {
-            format!(
-                "{pass}      raw8* in = {into}[pass];\n{}    }}\n  }}\n",
-                self.source.fetch()
-            )
-        };
-        s += &format!("  raw8 raw[2][{inputs}], next[2][{inputs}];\n");
-        s += "  { const long long r0 = band * ROW_TILES * TILE;\n";
-        s += &fetch("raw");
-        s += "  }\n";
-        s += "  for (int k = 0; k < ROW_TILES; ++k) {\n";
-        s += "  const long long r0 = (band * ROW_TILES + k) * TILE;\n";
-        s += "  if (r0 >= p.rows) break;\n";
-        s += "  if (k + 1 < ROW_TILES) { const long long r0 = (band * ROW_TILES + k + 1) * TILE;\n";
-        s += &fetch("next");
-        s += "  }\n";
-        s += pass;
-        s += "      const raw8* in = raw[pass];\n      float v[8];\n";
-        s += &self.source.compute(x);
-        if self.dbias {
-            s += "#pragma unroll\n      for (int j = 0; j < 8; ++j) colsum[j] += v[j];\n";
-        }
-        s += "      unsigned int lo = 0u, hi = 0u;\n";
-        s += "#pragma unroll\n      for (int j = 0; j < 4; ++j) {\n";
-        s += "        amax = max(amax, max(__float_as_uint(fabsf(v[2 * j])), __float_as_uint(fabsf(v[2 * j + 1]))));\n";
-        s += &format!(
-            "        const unsigned int pair = (unsigned int)__nv_cvt_float2_to_fp8x2(make_float2(v[2 * j] * scale, v[2 * j + 1] * scale), __NV_SATFINITE, {});\n",
-            cuda_format(f)
-        );
-        s += "        if (j < 2) lo |= pair << (16 * j); else hi |= pair << (16 * (j - 2));\n      }\n";
-        s += "      const uint2 packed = make_uint2(lo, hi);\n";
-        s += "      *(uint2*)(q + r * p.cols + c) = packed;\n";
-        s += "      tile[tr][lc >> 2] = lo;\n      tile[tr][(lc >> 2) + 1] = hi;\n    }\n  }\n";
-        if self.transpose {
-            s += TRANSPOSE_TILE;
-            // the next row tile overwrites the shared tile only after every thread read it
-            s += "  __syncthreads();\n";
-        }
-        s += &format!(
-            "#pragma unroll\n  for (int i = 0; i < 2; ++i)\n#pragma unroll\n    for (int j = 0; j < {inputs}; ++j) raw[i][j] = next[i][j];\n"
-        );
-        s += "  }\n";
-        if self.dbias {
-            s += "  __shared__ float csum[32][TILE + 1];\n";
-            s += "#pragma unroll\n  for (int j = 0; j < 8; ++j) csum[lr][lc + j] = colsum[j];\n";
-            s += "  __syncthreads();\n";
-            s += "  if (threadIdx.x < TILE && c0 + threadIdx.x < p.cols) {\n    float sum = 0.f;\n";
-            s += "    for (int i = 0; i < 32; ++i) sum += csum[i][threadIdx.x];\n";
-            s += "    ((float*)p.partial)[band * p.cols + c0 + threadIdx.x] = sum;\n  }\n";
-        }
-        s += "  if (p.amax_dst) block_max_into(amax, (unsigned int*)p.amax_dst, red);\n}\n";
-        s
+        let fetch = self.source.fetch();
+        let compute = self.source.compute(x);
+        template!("cast_transpose.cu").fill(&[
+            (
+                "TRANSPOSE_NOTE",
+                Hole::code(if self.transpose { " transpose" } else { "" }),
+            ),
+            ("X_NAME", Hole::Name(x)),
+            ("FORMAT_NAME", Hole::code(f.name())),
+            (
+                "SCALING",
+                Hole::code(if self.current { "current" } else { "delayed" }),
+            ),
+            ("SOURCE_NOTE", Hole::code(self.source.name())),
+            (
+                "DBIAS_NOTE",
+                Hole::code(if self.dbias { " dbias" } else { "" }),
+            ),
+            ("HALF", Hole::Flag(x.needs_half_headers())),
+            ("LOAD8", Hole::code(load8(x))),
+            ("HELPERS", Hole::code(self.source.helpers())),
+            ("BLOCK_MAX", Hole::code(BLOCK_MAX)),
+            ("SCALE_FROM_AMAX", Hole::code(SCALE_FROM_AMAX)),
+            ("EXTRA_PARAMS", Hole::code(extra)),
+            ("TILE", Hole::Int(TILE as i64)),
+            ("ROW_TILES", Hole::Int(ROW_TILES as i64)),
+            ("CURRENT", Hole::Flag(self.current)),
+            ("X", Hole::Storage(x)),
+            (
+                "NORM",
+                Hole::Flag(matches!(self.source, CastSource::Norm { .. })),
+            ),
+            (
+                "ROPE",
+                Hole::Flag(matches!(self.source, CastSource::RopeGrad { .. })),
+            ),
+            ("DBIAS", Hole::Flag(self.dbias)),
+            ("INPUTS", Hole::Int(self.source.inputs() as i64)),
+            // the fragments' last line ends where the template's line does
+            (
+                "FETCH",
+                Hole::code(fetch.strip_suffix('\n').unwrap_or(&fetch)),
+            ),
+            (
+                "COMPUTE",
+                Hole::code(compute.strip_suffix('\n').unwrap_or(&compute)),
+            ),
+            ("FORMAT", Hole::code(cuda_format(f))),
+            ("TRANSPOSE", Hole::Flag(self.transpose)),
+        ])
     }
 }
 
@@ -473,20 +347,13 @@ pub(crate) struct Amax {
 impl KernelSpec for Amax {
     fn source(&self) -> String {
         let x = self.input;
-        let mut s = format!("// fp8 amax {x}\n");
-        s += &headers(x);
-        s += &load8(x);
-        s += BLOCK_MAX;
-        s += "struct Params { long long chunks; unsigned long long x, amax_dst; };\n";
-        s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
-        s += "  __shared__ unsigned int red[8];\n";
-        s += &format!("  const {xs}* x = (const {xs}*)p.x;\n", xs = x.storage_c());
-        s += "  unsigned int amax = 0u;\n";
-        s += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < p.chunks; i += (long long)gridDim.x * blockDim.x) {\n";
-        s += "    float v[8];\n    load8(x + i * 8, v);\n";
-        s += "#pragma unroll\n    for (int j = 0; j < 8; ++j) amax = max(amax, __float_as_uint(fabsf(v[j])));\n  }\n";
-        s += "  block_max_into(amax, (unsigned int*)p.amax_dst, red);\n}\n";
-        s
+        template!("amax.cu").fill(&[
+            ("X_NAME", Hole::Name(x)),
+            ("HALF", Hole::Flag(x.needs_half_headers())),
+            ("LOAD8", Hole::code(load8(x))),
+            ("BLOCK_MAX", Hole::code(BLOCK_MAX)),
+            ("X", Hole::Storage(x)),
+        ])
     }
 }
 
@@ -498,22 +365,7 @@ pub(crate) struct ScaleUpdate;
 
 impl KernelSpec for ScaleUpdate {
     fn source(&self) -> String {
-        let mut s = String::from("// fp8 scale update\n");
-        s += SCALE_FROM_AMAX;
-        s += "struct Params { long long blocks, history, max_algo; unsigned long long state; double scaled_max[3]; };\n";
-        s += "extern \"C\" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {\n";
-        s += "  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n";
-        s += "  if (i >= p.blocks) return;\n";
-        s += "  float* b = (float*)p.state + i * (3 + p.history);\n";
-        s += "  const float amax = b[2];\n";
-        s += "  for (long long h = p.history - 1; h > 0; --h) b[3 + h] = b[2 + h];\n";
-        s += "  b[3] = amax;\n  float basis = amax;\n";
-        s += "  if (p.max_algo) {\n    unsigned int m = 0u;\n";
-        s += "    for (long long h = 0; h < p.history; ++h) m = max(m, __float_as_uint(b[3 + h]));\n";
-        s += "    basis = __uint_as_float(m);\n  }\n";
-        s += "  const float scale = scale_from_amax(basis, (float)p.scaled_max[i % 3], b[0]);\n";
-        s += "  b[0] = scale;\n  b[1] = 1.f / scale;\n  b[2] = 0.f;\n}\n";
-        s
+        template!("scale_update.cu").fill(&[("SCALE_FROM_AMAX", Hole::code(SCALE_FROM_AMAX))])
     }
 }
 
