@@ -186,6 +186,26 @@ fn launch_run(
 mod tests {
     use super::*;
 
+    #[test]
+    fn flat_sources_are_unchanged() {
+        let mut sources = Vec::new();
+        for grad in [DType::F32, DType::BF16, DType::F16] {
+            for out in [DType::F32, DType::BF16] {
+                for accumulate in [false, true] {
+                    sources.push(
+                        GatherFlat {
+                            grad,
+                            out,
+                            accumulate,
+                        }
+                        .source(),
+                    );
+                }
+            }
+        }
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
     /// Every generated source compiles for sm_90 (NVRTC, no GPU needed).
     #[test]
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]

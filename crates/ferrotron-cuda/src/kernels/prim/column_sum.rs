@@ -70,6 +70,13 @@ pub(crate) fn column_sum(
 mod tests {
     use super::*;
 
+    #[test]
+    fn column_sum_sources_are_unchanged() {
+        let sources =
+            [DType::F32, DType::BF16, DType::F16].map(|output| ColumnSum { output }.source());
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
     /// The sources compile for sm_90 (NVRTC, no GPU needed).
     #[test]
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]

@@ -200,6 +200,15 @@ mod tests {
         );
     }
 
+    #[test]
+    fn sum_squares_sources_are_unchanged() {
+        let mut sources: Vec<String> = [DType::F32, DType::BF16, DType::F16]
+            .map(|input| SumSquares { input }.source())
+            .into();
+        sources.push(Finish.source());
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
     /// The sources compile for sm_90 (NVRTC, no GPU needed) for every float dtype.
     #[test]
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
