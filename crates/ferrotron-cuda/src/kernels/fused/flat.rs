@@ -11,10 +11,11 @@ use std::sync::Arc;
 
 use crate::engine::device::CudaDevice;
 use crate::engine::dtype::DType;
-use crate::engine::launch::{BLOCK, KernelSpec, Params, includes, launch};
+use crate::engine::launch::{BLOCK, KernelSpec, Params, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::fused::uses_half;
+use crate::kernels::template::{Hole, template};
 
 /// Pieces per launch: four 8-byte words each (pointer, offset, length, first block) plus three
 /// keep the struct near 2 KiB, within the 4 KiB a launch's by-value parameters may take.
@@ -36,43 +37,26 @@ struct GatherFlat {
 impl KernelSpec for GatherFlat {
     fn source(&self) -> String {
         let (g, o) = (self.grad, self.out);
-        let mut s = format!(
-            "// gather flat {o} <- {g}{}\n",
-            if self.accumulate { " accumulate" } else { "" }
-        );
-        s += includes(uses_half(&[g, o]));
-        s += &format!(
-            "struct Params {{ unsigned long long out, into; unsigned long long src[{PIECES}]; \
-             long long offset[{PIECES}], len[{PIECES}], first_block[{PIECES}]; long long pieces; }};\n"
-        );
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += "  int k = 0;\n";
-        s += "  while (k + 1 < p.pieces && p.first_block[k + 1] <= (long long)blockIdx.x) ++k;\n";
-        s += "  const long long blocks = (k + 1 < p.pieces ? p.first_block[k + 1] : (long long)gridDim.x) - p.first_block[k];\n";
-        s += "  const long long n = p.len[k];\n";
-        let os = o.storage_c();
-        s += &format!("  {os}* out = ({os}*)p.out + p.offset[k];\n");
-        if self.accumulate {
-            s += &format!("  const {os}* into = (const {os}*)p.into + p.offset[k];\n");
-        }
-        s += &format!(
-            "  const {gs}* src = (const {gs}*)p.src[k];\n",
-            gs = g.storage_c()
-        );
-        s += "  const long long step = (long long)blockDim.x * blocks;\n";
-        s += "  for (long long i = ((long long)blockIdx.x - p.first_block[k]) * blockDim.x + threadIdx.x; i < n; i += step) {\n";
-        s += &format!(
-            "    const float g = src ? {} : 0.f;\n",
-            g.load_expr("src[i]")
-        );
         let sum = if self.accumulate {
             format!("{} + g", o.load_expr("into[i]"))
         } else {
             "g".to_string()
         };
-        s += &format!("    out[i] = {};\n", o.store_expr(&sum));
-        s += "  }\n}\n";
-        s
+        template!("gather_flat.cu").fill(&[
+            ("OUT_NAME", Hole::Name(o)),
+            ("GRAD_NAME", Hole::Name(g)),
+            (
+                "ACCUMULATE_NOTE",
+                Hole::code(if self.accumulate { " accumulate" } else { "" }),
+            ),
+            ("HALF", Hole::Flag(uses_half(&[g, o]))),
+            ("PIECES", Hole::Int(PIECES as i64)),
+            ("OUT", Hole::Storage(o)),
+            ("GRAD", Hole::Storage(g)),
+            ("ACCUMULATE", Hole::Flag(self.accumulate)),
+            ("LOAD_GRAD", Hole::code(g.load_expr("src[i]"))),
+            ("STORE_SUM", Hole::code(o.store_expr(&sum))),
+        ])
     }
 }
 

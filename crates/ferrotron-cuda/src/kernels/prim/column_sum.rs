@@ -7,6 +7,7 @@ use crate::engine::dtype::DType;
 use crate::engine::launch::{KernelSpec, Params, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
+use crate::kernels::template::{Hole, template};
 
 /// A block of 32 columns × [`SUM_GROUPS`] groups of bands, each thread adding every
 /// `SUM_GROUPS`-th band of its column, then the groups added in order; stored as `output`. One
@@ -22,26 +23,13 @@ const SUM_GROUPS: u32 = 8;
 impl KernelSpec for ColumnSum {
     fn source(&self) -> String {
         let out = self.output;
-        let mut s = format!("// column sum {out}\n");
-        s += crate::engine::launch::includes(out.needs_half_headers());
-        s += "struct Params { long long bands, cols; unsigned long long partial, out; };\n";
-        s += &format!("#define GROUPS {SUM_GROUPS}\n");
-        s += "extern \"C\" __global__ void __launch_bounds__(32 * GROUPS) ferrotron_kernel(const Params p) {\n";
-        s += "  __shared__ float part[GROUPS][33];\n";
-        s += "  const int lane = threadIdx.x & 31, group = threadIdx.x >> 5;\n";
-        s += "  const long long c = blockIdx.x * 32LL + lane;\n";
-        s += "  const float* partial = (const float*)p.partial;\n";
-        s += "  float sum = 0.f;\n";
-        s += "  if (c < p.cols) for (long long t = group; t < p.bands; t += GROUPS) sum += partial[t * p.cols + c];\n";
-        s += "  part[group][lane] = sum;\n  __syncthreads();\n";
-        s += "  if (group == 0 && c < p.cols) {\n    float total = 0.f;\n";
-        s += "#pragma unroll\n    for (int g = 0; g < GROUPS; ++g) total += part[g][lane];\n";
-        s += &format!(
-            "    (({}*)p.out)[c] = {};\n  }}\n}}\n",
-            out.storage_c(),
-            out.store_expr("total")
-        );
-        s
+        template!("column_sum.cu").fill(&[
+            ("OUT_NAME", Hole::Name(out)),
+            ("HALF", Hole::Flag(out.needs_half_headers())),
+            ("GROUPS", Hole::Int(SUM_GROUPS.into())),
+            ("OUT", Hole::Storage(out)),
+            ("STORE_TOTAL", Hole::code(out.store_expr("total"))),
+        ])
     }
 }
 

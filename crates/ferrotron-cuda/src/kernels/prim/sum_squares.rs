@@ -18,9 +18,10 @@
 //! about 40 % of a bf16 buffer's read time on an H100.
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{KernelSpec, Params, includes, launch};
+use crate::engine::launch::{KernelSpec, Params, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::Result;
+use crate::kernels::template::{Hole, template};
 
 /// Threads of a block.
 const THREADS: u32 = 256;
@@ -42,46 +43,18 @@ impl SumSquares {
 
 impl KernelSpec for SumSquares {
     fn source(&self) -> String {
-        let t = self.input.storage_c();
-        let per = self.per_chunk();
-        let load = |x: &str| self.input.load_expr(x);
-        let mut s = format!("// sum squares vector {}\n", self.input);
-        s += includes(self.input.needs_half_headers());
-        // `head`: the elements before the first 16-byte boundary, fewer than a chunk.
-        s += "struct Params { long long n, head; unsigned long long in, out; };\n";
-        s += &format!(
-            "struct alignas(16) Chunk {{ {t} v[{per}]; }};\n\
-             extern \"C\" __global__ void __launch_bounds__({THREADS}) ferrotron_kernel(const Params p) {{\n"
-        );
-        s += &format!("  const {t}* in = (const {t}*)p.in;\n");
-        s += "  const Chunk* body = (const Chunk*)(in + p.head);\n";
-        s += &format!("  const long long chunks = (p.n - p.head) / {per};\n");
-        s += "  const long long step = (long long)gridDim.x * blockDim.x;\n";
-        s += "  double acc = 0.0;\n";
-        s += "  for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += step) {\n";
-        s += "    const Chunk k = body[c];\n";
-        s += &format!("    float q[{per}];\n");
-        s += &format!(
-            "#pragma unroll\n    for (int e = 0; e < {per}; ++e) {{ const float v = {}; q[e] = v * v; }}\n",
-            load("k.v[e]")
-        );
-        // Pairwise within the chunk, so no square meets a sum much larger than itself in f32.
-        s += &format!(
-            "#pragma unroll\n    for (int w = {}; w > 0; w >>= 1)\n#pragma unroll\n      for (int e = 0; e < w; ++e) q[e] += q[e + w];\n",
-            per / 2
-        );
-        s += "    acc += (double)q[0];\n  }\n";
-        // The head and the elements after the last whole chunk: the first block's first threads.
-        s += &format!(
-            "  if (blockIdx.x == 0) {{\n    const long long tail = p.n - p.head - chunks * {per};\n    \
-             long long i = -1;\n    if (threadIdx.x < p.head) i = threadIdx.x;\n    \
-             else if (threadIdx.x < p.head + tail) i = chunks * {per} + threadIdx.x;\n    \
-             if (i >= 0) {{ const float v = {}; acc += (double)(v * v); }}\n  }}\n",
-            load("in[i]")
-        );
-        s += &block_total("acc");
-        s += "  if (threadIdx.x == 0) ((double*)p.out)[blockIdx.x] = total;\n}\n";
-        s
+        let per = self.per_chunk() as i64;
+        template!("sum_squares.cu").fill(&[
+            ("INPUT_NAME", Hole::Name(self.input)),
+            ("HALF", Hole::Flag(self.input.needs_half_headers())),
+            ("T", Hole::Storage(self.input)),
+            ("PER_CHUNK", Hole::Int(per)),
+            ("HALF_CHUNK", Hole::Int(per / 2)),
+            ("THREADS", Hole::Int(THREADS.into())),
+            ("LOAD_CHUNK", Hole::code(self.input.load_expr("k.v[e]"))),
+            ("LOAD_ELEMENT", Hole::code(self.input.load_expr("in[i]"))),
+            ("BLOCK_TOTAL", Hole::code(block_total())),
+        ])
     }
 }
 
@@ -91,31 +64,18 @@ struct Finish;
 
 impl KernelSpec for Finish {
     fn source(&self) -> String {
-        let mut s = "// sum squares finish\n".to_string();
-        s += "struct Params { long long n; unsigned long long in, out; };\n";
-        s += &format!(
-            "extern \"C\" __global__ void __launch_bounds__({THREADS}) ferrotron_kernel(const Params p) {{\n"
-        );
-        s += "  const double* in = (const double*)p.in;\n";
-        s += "  double acc = 0.0;\n";
-        s += "  for (long long i = threadIdx.x; i < p.n; i += blockDim.x) acc += in[i];\n";
-        s += &block_total("acc");
-        s += "  if (threadIdx.x == 0) *(float*)p.out = (float)total;\n}\n";
-        s
+        template!("sum_squares_finish.cu").fill(&[
+            ("THREADS", Hole::Int(THREADS.into())),
+            ("BLOCK_TOTAL", Hole::code(block_total())),
+        ])
     }
 }
 
-/// A block's `acc`s summed into thread 0's `total` (f64) in a fixed order: a butterfly within
-/// each warp, then the warps in order.
-fn block_total(acc: &str) -> String {
-    let warps = THREADS / 32;
-    format!(
-        "#pragma unroll\n  for (int o = 16; o > 0; o >>= 1) {acc} += __shfl_xor_sync(0xffffffffu, {acc}, o);\n  \
-         __shared__ double warps[{warps}];\n  \
-         if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = {acc};\n  __syncthreads();\n  \
-         double total = 0.0;\n  \
-         if (threadIdx.x == 0) {{\n#pragma unroll\n    for (int w = 0; w < {warps}; ++w) total += warps[w];\n  }}\n"
-    )
+/// A block's `acc`s summed into thread 0's `total` (`block_total.cu`), without its last line
+/// break: the kernels' templates hold it on a line of its own.
+fn block_total() -> String {
+    let text = template!("block_total.cu").fill(&[("WARPS", Hole::Int((THREADS / 32).into()))]);
+    text.strip_suffix('\n').unwrap_or(&text).to_string()
 }
 
 /// `Σ x²` over all of `parts` as `[1]` f32 (one launch a part and one to finish) where the
