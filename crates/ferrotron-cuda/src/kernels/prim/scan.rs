@@ -121,6 +121,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn scan_sources_are_unchanged() {
+        let mut sources = Vec::new();
+        for op in [ScanOp::Sum, ScanOp::Prod, ScanOp::Max, ScanOp::Min] {
+            for dtype in DType::ALL.into_iter().filter(|d| !d.is_bool()) {
+                for rank in [1, 3] {
+                    sources.push(ScanSpec { op, dtype, rank }.source());
+                }
+            }
+        }
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
+    #[test]
     fn cumsum_f16_accumulates_in_float() {
         let spec = ScanSpec {
             op: ScanOp::Sum,

@@ -166,6 +166,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sort_sources_are_unchanged() {
+        let mut sources = Vec::new();
+        for dtype in DType::ALL {
+            for descending in [false, true] {
+                for rank in [1, 3] {
+                    sources.push(
+                        SortSpec {
+                            dtype,
+                            descending,
+                            rank,
+                        }
+                        .source(),
+                    );
+                }
+            }
+        }
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
+    #[test]
     fn sort_source_is_a_bitonic_network_with_index_tie_break() {
         let spec = SortSpec {
             dtype: DType::F32,
