@@ -5,10 +5,11 @@
 //! decoupled look-back scan would be the upgrade if a long single-row scan ever matters.
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{BLOCK, Params, grid_for, includes, launch};
+use crate::engine::launch::{BLOCK, Params, grid_for, launch};
 use crate::engine::layout::coalesce;
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, Result};
+use crate::kernels::template::{Hole, template};
 
 /// Cumulative ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -37,28 +38,21 @@ impl ScanSpec {
             ScanOp::Max => (d.compute_c(), d.min_value_c(), "(v > acc ? v : acc)"),
             ScanOp::Min => (d.compute_c(), d.max_value_c(), "(v < acc ? v : acc)"),
         };
-        let r = self.rank;
-        let t = d.storage_c();
-        let mut s = format!("// scan {:?} {} rank {r}\n", self.op, d);
-        s += includes(d.needs_half_headers());
-        s += &format!(
-            "struct Params {{\n  long long rows;\n  long long len;\n  long long shape[{r}];\n  long long in_strides[{r}];\n  long long out_strides[{r}];\n  long long in_red_stride;\n  long long out_red_stride;\n  long long in_offset;\n  long long out_offset;\n  unsigned long long in_ptr;\n  unsigned long long out_ptr;\n}};\n"
-        );
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!("  const {t}* in = (const {t}*)p.in_ptr;\n  {t}* out = ({t}*)p.out_ptr;\n");
-        s += "  const long long step = (long long)blockDim.x * gridDim.x;\n";
-        s += "  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < p.rows; o += step) {\n";
-        s += "    long long ib = p.in_offset, ob = p.out_offset, rem = o;\n";
-        s += &format!(
-            "#pragma unroll\n    for (int d = {r} - 1; d >= 0; --d) {{\n      const long long c = rem % p.shape[d];\n      rem /= p.shape[d];\n      ib += c * p.in_strides[d];\n      ob += c * p.out_strides[d];\n    }}\n"
-        );
-        s += &format!("    {acc} acc = {init};\n");
-        s += &format!(
-            "    for (long long j = 0; j < p.len; ++j) {{\n      const {acc} v = ({acc}){};\n      acc = {step};\n      out[ob + j * p.out_red_stride] = {};\n    }}\n  }}\n}}\n",
-            d.load_expr("in[ib + j * p.in_red_stride]"),
-            d.store_expr("acc")
-        );
-        s
+        template!("scan.cu").fill(&[
+            ("OP", Hole::code(format!("{:?}", self.op))),
+            ("DTYPE_NAME", Hole::Name(d)),
+            ("RANK", Hole::Int(self.rank as i64)),
+            ("HALF", Hole::Flag(d.needs_half_headers())),
+            ("T", Hole::Storage(d)),
+            ("ACC", Hole::code(acc)),
+            ("INIT", Hole::code(init)),
+            ("STEP", Hole::code(step)),
+            (
+                "LOAD",
+                Hole::code(d.load_expr("in[ib + j * p.in_red_stride]")),
+            ),
+            ("STORE", Hole::code(d.store_expr("acc"))),
+        ])
     }
 }
 

@@ -6,10 +6,11 @@
 //! comparable element for element with burn's CPU sort. Padding sorts after every real key.
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{Params, includes, launch};
+use crate::engine::launch::{Params, launch};
 use crate::engine::layout::coalesce;
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, Result};
+use crate::kernels::template::{Hole, template};
 
 const SORT_BLOCK: u32 = 1024;
 
@@ -24,55 +25,26 @@ pub struct SortSpec {
 impl SortSpec {
     pub fn source(&self) -> String {
         let d = self.dtype;
-        let kt = d.compute_c();
-        let r = self.rank;
-        let (pad, cmp) = if self.descending {
-            (d.min_value_c(), ">")
+        let (pad, cmp, direction) = if self.descending {
+            (d.min_value_c(), ">", "descending")
         } else {
-            (d.max_value_c(), "<")
+            (d.max_value_c(), "<", "ascending")
         };
-        let mut s = format!(
-            "// sort {} {} rank {r}\n",
-            d,
-            if self.descending {
-                "descending"
-            } else {
-                "ascending"
-            }
-        );
-        s += includes(d.needs_half_headers());
-        s += &format!(
-            "struct Params {{\n  long long rows;\n  long long len;\n  long long pow2;\n  long long shape[{r}];\n  long long in_strides[{r}];\n  long long out_strides[{r}];\n  long long in_red_stride;\n  long long out_red_stride;\n  long long in_offset;\n  unsigned long long in_ptr;\n  unsigned long long values_ptr;\n  unsigned long long indices_ptr;\n  unsigned long long keys_ptr;\n  unsigned long long ids_ptr;\n}};\n"
-        );
-        s += &format!(
-            "__device__ __forceinline__ bool before({kt} ka, long long ia, {kt} kb, long long ib) {{\n  return ka {cmp} kb || (ka == kb && ia < ib);\n}}\n"
-        );
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!(
-            "  const {t}* in = (const {t}*)p.in_ptr;\n  {t}* values = ({t}*)p.values_ptr;\n  long long* indices = (long long*)p.indices_ptr;\n",
-            t = d.storage_c()
-        );
-        s += "  for (long long o = blockIdx.x; o < p.rows; o += gridDim.x) {\n";
-        s += &format!(
-            "    {kt}* keys = ({kt}*)p.keys_ptr + o * p.pow2;\n    long long* ids = (long long*)p.ids_ptr + o * p.pow2;\n"
-        );
-        s += &format!(
-            "    long long ib = p.in_offset, ob = 0, rem = o;\n#pragma unroll\n    for (int d = {r} - 1; d >= 0; --d) {{\n      const long long c = rem % p.shape[d];\n      rem /= p.shape[d];\n      ib += c * p.in_strides[d];\n      ob += c * p.out_strides[d];\n    }}\n"
-        );
-        s += &format!(
-            "    for (long long t = threadIdx.x; t < p.pow2; t += blockDim.x) {{\n      keys[t] = t < p.len ? ({kt}){} : {pad};\n      ids[t] = t;\n    }}\n    __syncthreads();\n",
-            d.load_expr("in[ib + t * p.in_red_stride]")
-        );
-        s += "    for (long long k = 2; k <= p.pow2; k <<= 1) {\n      for (long long j = k >> 1; j > 0; j >>= 1) {\n        for (long long t = threadIdx.x; t < p.pow2; t += blockDim.x) {\n          const long long l = t ^ j;\n          if (l > t) {\n";
-        s += &format!(
-            "            const {kt} ka = keys[t], kb = keys[l];\n            const long long ia = ids[t], ibb = ids[l];\n            const bool l_first = before(kb, ibb, ka, ia);\n            if (((t & k) == 0) == l_first) {{ keys[t] = kb; keys[l] = ka; ids[t] = ibb; ids[l] = ia; }}\n"
-        );
-        s += "          }\n        }\n        __syncthreads();\n      }\n    }\n";
-        s += &format!(
-            "    for (long long t = threadIdx.x; t < p.len; t += blockDim.x) {{\n      if (values) values[ob + t * p.out_red_stride] = {};\n      indices[ob + t * p.out_red_stride] = ids[t];\n    }}\n    __syncthreads();\n  }}\n}}\n",
-            d.store_expr("keys[t]")
-        );
-        s
+        template!("sort.cu").fill(&[
+            ("DTYPE_NAME", Hole::Name(d)),
+            ("DIRECTION", Hole::code(direction)),
+            ("RANK", Hole::Int(self.rank as i64)),
+            ("HALF", Hole::Flag(d.needs_half_headers())),
+            ("T", Hole::Storage(d)),
+            ("KEY", Hole::code(d.compute_c())),
+            ("CMP", Hole::code(cmp)),
+            ("PAD", Hole::code(pad)),
+            (
+                "LOAD",
+                Hole::code(d.load_expr("in[ib + t * p.in_red_stride]")),
+            ),
+            ("STORE", Hole::code(d.store_expr("keys[t]"))),
+        ])
     }
 }
 
