@@ -426,6 +426,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn index_sources_are_unchanged() {
+        let mut sources = Vec::new();
+        for dtype in DType::ALL {
+            for index in [DType::I64, DType::I32] {
+                for rank in [1, 3] {
+                    sources.push(GatherSpec { dtype, index, rank }.source());
+                    for reduce in [ScatterReduce::Add, ScatterReduce::Or, ScatterReduce::Assign] {
+                        sources.push(
+                            ScatterSpec {
+                                dtype,
+                                index,
+                                rank,
+                                reduce,
+                            }
+                            .source(),
+                        );
+                    }
+                }
+            }
+        }
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
+    #[test]
     fn gather_reads_zero_for_out_of_range_indices() {
         let spec = GatherSpec {
             dtype: DType::F32,
