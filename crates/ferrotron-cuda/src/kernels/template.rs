@@ -8,7 +8,7 @@
 //! written together, so each of these is a bug, and the snapshot tests meet it first.
 //!
 //! The syntax is two things only. `{{NAME}}` (upper-case letters, digits, `_`) is replaced by
-//! its [`Hole`]'s text; a hole on a dropped line needs no value. A line holding only
+//! its [`Hole`]'s text; a hole on a dropped line needs no value, nor does a condition there. A line holding only
 //! `{{#if NAME}}` (or `{{#if !NAME}}`), `{{#else}}` or `{{/if}}` (indent allowed) keeps or drops
 //! the lines up to the next marker by a [`Hole::Flag`]; the marker lines themselves emit
 //! nothing, so the output is exactly the kept lines. A line holding only `{{! words }}` is a
@@ -115,10 +115,12 @@ impl Template {
                     let flag = match values.get(name) {
                         Some(Hole::Flag(flag)) => *flag != negated,
                         Some(_) => self.fail(format!("`{name}` is a condition, not a value")),
+                        // inside dropped lines, both branches stay dropped
+                        None if !keeping => true,
                         None => self.fail(format!("condition `{name}` has no value")),
                     };
                     used.insert(name);
-                    open.push((flag, flag));
+                    open.push((flag && keeping, flag || !keeping));
                 }
                 Line::Else => match open.last_mut() {
                     Some((keep, taken)) => *keep = !*taken,
@@ -222,6 +224,17 @@ mod tests {
             ("M", Hole::Int(2)),
         ]);
         assert_eq!(off, "// x bf16\n  off;\n  not 2;\nend\n");
+    }
+
+    #[test]
+    fn a_dropped_branch_needs_no_values() {
+        let nested = Template::new(
+            "nested.cu",
+            "{{#if OUTER}}\n{{#if INNER}}\n  a {{X}};\n{{#else}}\n  b;\n{{/if}}\n{{#else}}\n  c;\n{{/if}}\n",
+        );
+        assert_eq!(nested.fill(&[("OUTER", Hole::Flag(false))]), "  c;\n");
+        let inner = [("OUTER", Hole::Flag(true)), ("INNER", Hole::Flag(false))];
+        assert_eq!(nested.fill(&inner), "  b;\n");
     }
 
     fn panic_text(f: impl FnOnce() -> String + std::panic::UnwindSafe) -> String {

@@ -9,11 +9,12 @@
 //! and are skipped on writes (never an out-of-bounds access).
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{BLOCK, Params, grid_for, includes, launch};
+use crate::engine::launch::{BLOCK, Params, grid_for, launch};
 use crate::engine::layout::{MAX_RANK, SliceArg};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::prim::elementwise::copy_into;
+use crate::kernels::template::{Hole, template};
 
 /// How scattered values combine with what is already there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,79 +44,48 @@ pub struct ScatterSpec {
     pub reduce: ScatterReduce,
 }
 
-fn params_decl(rank: usize) -> String {
-    format!(
-        "struct Params {{\n  long long n;\n  long long dim;\n  long long dim_size;\n  long long shape[{rank}];\n  long long data_strides[{rank}];\n  long long idx_strides[{rank}];\n  long long other_strides[{rank}];\n  long long data_offset;\n  long long idx_offset;\n  long long other_offset;\n  unsigned long long data_ptr;\n  unsigned long long idx_ptr;\n  unsigned long long other_ptr;\n}};\n"
-    )
-}
-
-/// Shared prologue: coordinates of element `i` of the index shape, the index value `k`, the
-/// data offset without the gathered dim, and the other operand's offset.
-fn walk_code(rank: usize, index: DType) -> String {
-    format!(
-        "    long long rem = i, doff = p.data_offset, ioff = p.idx_offset, ooff = p.other_offset;\n#pragma unroll\n    for (int d = {rank} - 1; d >= 0; --d) {{\n      const long long c = rem % p.shape[d];\n      rem /= p.shape[d];\n      ioff += c * p.idx_strides[d];\n      ooff += c * p.other_strides[d];\n      if (d != p.dim) doff += c * p.data_strides[d];\n    }}\n    const long long k = (long long){};\n    const bool valid = k >= 0 && k < p.dim_size;\n    doff += (valid ? k : 0) * p.data_strides[p.dim];\n",
-        index.load_expr("idx[ioff]")
-    )
+/// The holes both kernels of `index.cu` fill.
+fn index_holes(dtype: DType, index: DType, rank: usize) -> Vec<(&'static str, Hole<'static>)> {
+    vec![
+        ("DTYPE_NAME", Hole::Name(dtype)),
+        ("INDEX_NAME", Hole::Name(index)),
+        ("RANK", Hole::Int(rank as i64)),
+        ("HALF", Hole::Flag(dtype.needs_half_headers())),
+        ("T", Hole::Storage(dtype)),
+        ("INDEX", Hole::Storage(index)),
+        ("LOAD_INDEX", Hole::code(index.load_expr("idx[ioff]"))),
+    ]
 }
 
 impl GatherSpec {
     /// `other` is the contiguous output; `data` the gathered input.
     pub fn source(&self) -> String {
-        let t = self.dtype.storage_c();
-        let mut s = format!(
-            "// gather {} by {} rank {}\n",
-            self.dtype, self.index, self.rank
-        );
-        s += includes(self.dtype.needs_half_headers());
-        s += &params_decl(self.rank);
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!(
-            "  const {t}* data = (const {t}*)p.data_ptr;\n  const {it}* idx = (const {it}*)p.idx_ptr;\n  {t}* out = ({t}*)p.other_ptr;\n",
-            it = self.index.storage_c()
-        );
-        s += "  const long long step = (long long)blockDim.x * gridDim.x;\n";
-        s += "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += step) {\n";
-        s += &walk_code(self.rank, self.index);
-        s += &format!(
-            "    out[ooff] = valid ? data[doff] : {};\n  }}\n}}\n",
-            self.dtype.store_expr("0")
-        );
-        s
+        let mut holes = index_holes(self.dtype, self.index, self.rank);
+        holes.push(("GATHER", Hole::Flag(true)));
+        holes.push(("ZERO", Hole::code(self.dtype.store_expr("0"))));
+        template!("index.cu").fill(&holes)
     }
 }
 
 impl ScatterSpec {
     /// `data` is the destination (a fresh contiguous copy); `other` the values.
     pub fn source(&self) -> String {
-        let t = self.dtype.storage_c();
-        let mut s = format!(
-            "// scatter {:?} {} by {} rank {}\n",
-            self.reduce, self.dtype, self.index, self.rank
-        );
-        s += includes(self.dtype.needs_half_headers());
-        s += &params_decl(self.rank);
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!(
-            "  {t}* data = ({t}*)p.data_ptr;\n  const {it}* idx = (const {it}*)p.idx_ptr;\n  const {t}* values = (const {t}*)p.other_ptr;\n",
-            it = self.index.storage_c()
-        );
-        s += "  const long long step = (long long)blockDim.x * gridDim.x;\n";
-        s += "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += step) {\n";
-        s += &walk_code(self.rank, self.index);
-        s += "    if (!valid) continue;\n";
-        let write = match (self.reduce, self.dtype) {
-            (ScatterReduce::Assign, _) => "data[doff] = values[ooff];".to_string(),
-            (ScatterReduce::Or, _) | (ScatterReduce::Add, DType::Bool) => {
-                "if (values[ooff] != 0) data[doff] = 1;".to_string()
-            }
-            (ScatterReduce::Add, DType::I64) => {
-                "atomicAdd((unsigned long long*)&data[doff], (unsigned long long)values[ooff]);"
-                    .to_string()
-            }
-            (ScatterReduce::Add, _) => "atomicAdd(&data[doff], values[ooff]);".to_string(),
-        };
-        s += &format!("    {write}\n  }}\n}}\n");
-        s
+        let (reduce, dtype) = (self.reduce, self.dtype);
+        let assign = reduce == ScatterReduce::Assign;
+        let or =
+            reduce == ScatterReduce::Or || (reduce == ScatterReduce::Add && dtype == DType::Bool);
+        let add_i64 = reduce == ScatterReduce::Add && dtype == DType::I64;
+        let add = !(assign || or || add_i64);
+        let mut holes = index_holes(dtype, self.index, self.rank);
+        holes.extend([
+            ("GATHER", Hole::Flag(false)),
+            ("REDUCE", Hole::code(format!("{reduce:?}"))),
+            ("ASSIGN", Hole::Flag(assign)),
+            ("OR", Hole::Flag(or)),
+            ("ADD_I64", Hole::Flag(add_i64)),
+            ("ADD", Hole::Flag(add)),
+        ]);
+        template!("index.cu").fill(&holes)
     }
 }
 
