@@ -482,6 +482,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reduce_sources_are_unchanged() {
+        use ReduceOp::*;
+        let strategies = [
+            Strategy::BlockPerOutput,
+            Strategy::ThreadPerOutput,
+            Strategy::SplitPartials,
+        ];
+        let mut sources = Vec::new();
+        for op in [Sum, Mean, Prod, Max, Min, MaxAbs, SumSquares, Any, All] {
+            for input in DType::ALL {
+                for out in [input, DType::F32] {
+                    for strategy in strategies {
+                        let rank = 2;
+                        let spec = ReduceSpec {
+                            op,
+                            input,
+                            out,
+                            rank,
+                            strategy,
+                        };
+                        sources.push(spec.source());
+                    }
+                }
+            }
+        }
+        for op in [ArgOp::ArgMax, ArgOp::ArgMin] {
+            for input in DType::ALL {
+                for rank in [1, 3] {
+                    sources.push(ArgReduceSpec { op, input, rank }.source());
+                }
+            }
+        }
+        insta::assert_snapshot!(crate::kernels::digests(&sources));
+    }
+
+    #[test]
     fn sum_bf16_accumulates_in_float() {
         let spec = ReduceSpec {
             op: ReduceOp::Sum,
