@@ -147,6 +147,17 @@ impl Template {
         out
     }
 
+    /// [`Template::fill`] without the last line break: a piece of kernel (a declaration, a loop)
+    /// that another template holds on a line of its own.
+    #[track_caller]
+    pub(crate) fn fill_piece(&self, holes: &[(&str, Hole<'_>)]) -> String {
+        let mut text = self.fill(holes);
+        if text.ends_with('\n') {
+            text.pop();
+        }
+        text
+    }
+
     /// `line` with its holes filled, or (`keeping` false) nothing, its hole names only noted.
     #[track_caller]
     fn fill_line<'t>(

@@ -6,10 +6,11 @@
 //! partials in the accumulator type, one block finishes), so they use the whole GPU.
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{Params, includes, launch};
+use crate::engine::launch::{Params, launch};
 use crate::engine::layout::coalesce;
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, Result};
+use crate::kernels::template::{Hole, template};
 
 /// Threads per reduction block (also the shared-memory tree size).
 const REDUCE_BLOCK: u32 = 256;
@@ -142,121 +143,65 @@ pub fn choose_strategy(outer_n: usize, red_n: usize, red_stride: isize) -> Strat
     }
 }
 
-const PARAMS_DECL: &str = "struct Params {\n  long long outer_n;\n  long long red_n;\n  long long shape[RANK];\n  long long strides[RANK];\n  long long red_stride;\n  long long offset;\n  unsigned long long in_ptr;\n  unsigned long long out_ptr;\n  unsigned long long idx_ptr;\n  double divisor;\n};\n";
+/// The parameter struct every reduction takes (`reduce_params.cu`).
+fn params_decl(rank: usize) -> String {
+    template!("reduce_params.cu").fill_piece(&[("RANK", Hole::Int(rank as i64))])
+}
 
+/// Where output `o`'s row starts (`outer_offset.cu`).
 fn outer_offset_code(rank: usize) -> String {
-    format!(
-        "    long long base = p.offset;\n    long long rem = o;\n#pragma unroll\n    for (int d = {rank} - 1; d >= 0; --d) {{\n      base += (rem % p.shape[d]) * p.strides[d];\n      rem /= p.shape[d];\n    }}\n"
-    )
+    template!("outer_offset.cu").fill_piece(&[("RANK", Hole::Int(rank as i64))])
 }
 
 impl ReduceSpec {
     pub fn source(&self) -> String {
-        if self.strategy == Strategy::ThreadPerOutput {
-            return self.thread_per_output_source();
-        }
         let split = self.strategy == Strategy::SplitPartials;
+        let thread_per_output = self.strategy == Strategy::ThreadPerOutput;
         let op = self.op;
-        let acc = op.acc_c(self.input);
-        let half = self.input.needs_half_headers() || self.out.needs_half_headers();
-        let mut s = format!(
-            "// reduce {:?} {} -> {} rank {}{}\n",
-            op,
-            self.input,
-            self.out,
-            self.rank,
-            if split { " split" } else { "" }
-        );
-        s += includes(half);
-        s += &PARAMS_DECL.replace("RANK", &self.rank.to_string());
-        s += &format!(
-            "__device__ __forceinline__ {acc} combine({acc} x, {acc} y) {{ return {}; }}\n",
-            op.combine()
-        );
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!("  __shared__ {acc} sdata[{REDUCE_BLOCK}];\n");
-        s += &format!(
-            "  const {t}* in = (const {t}*)p.in_ptr;\n",
-            t = self.input.storage_c()
-        );
-        s += &format!("  {t}* out = ({t}*)p.out_ptr;\n", t = self.out.storage_c());
-        let (outer_loop, j_start, j_step, out_index) = if split {
+        let result = match op {
+            ReduceOp::Mean if thread_per_output => "(acc / p.divisor)",
+            _ if thread_per_output => "acc",
+            ReduceOp::Mean if !split => "(sdata[0] / p.divisor)",
+            _ => "sdata[0]",
+        };
+        let holes = [
+            ("OP", Hole::code(format!("{op:?}"))),
+            ("INPUT_NAME", Hole::Name(self.input)),
+            ("OUT_NAME", Hole::Name(self.out)),
+            ("RANK", Hole::Int(self.rank as i64)),
+            ("SPLIT_NOTE", Hole::code(if split { " split" } else { "" })),
+            ("SPLIT", Hole::Flag(split)),
             (
-                "  {\n    const long long o = 0;\n".to_string(),
-                "(long long)blockIdx.x * blockDim.x + threadIdx.x",
-                "(long long)gridDim.x * blockDim.x",
-                "blockIdx.x",
-            )
-        } else {
+                "HALF",
+                Hole::Flag(self.input.needs_half_headers() || self.out.needs_half_headers()),
+            ),
+            ("PARAMS", Hole::code(params_decl(self.rank))),
+            ("ACC", Hole::code(op.acc_c(self.input))),
+            ("COMBINE", Hole::code(op.combine())),
+            ("BLOCK", Hole::Int(REDUCE_BLOCK.into())),
+            ("IN", Hole::Storage(self.input)),
+            ("OUT", Hole::Storage(self.out)),
+            ("OUTER_OFFSET", Hole::code(outer_offset_code(self.rank))),
+            ("INIT", Hole::code(op.init(self.input))),
+            ("COMPUTE", Hole::code(self.input.compute_c())),
             (
-                "  for (long long o = blockIdx.x; o < p.outer_n; o += gridDim.x) {\n".to_string(),
-                "threadIdx.x",
-                "blockDim.x",
-                "o",
-            )
-        };
-        s += &outer_loop;
-        s += &outer_offset_code(self.rank);
-        s += &format!("    {acc} acc = {};\n", op.init(self.input));
-        s += &format!(
-            "    for (long long j = {j_start}; j < p.red_n; j += {j_step}) {{\n      const {} v = {};\n      acc = combine(acc, {});\n    }}\n",
-            self.input.compute_c(),
-            self.input.load_expr("in[base + j * p.red_stride]"),
-            op.lift(self.input)
-        );
-        s += "    sdata[threadIdx.x] = acc;\n    __syncthreads();\n";
-        s += "    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {\n      if (threadIdx.x < s) sdata[threadIdx.x] = combine(sdata[threadIdx.x], sdata[threadIdx.x + s]);\n      __syncthreads();\n    }\n";
-        let result = if op == ReduceOp::Mean && !split {
-            "(sdata[0] / p.divisor)"
+                "LOAD",
+                Hole::code(self.input.load_expr("in[base + j * p.red_stride]")),
+            ),
+            ("LIFT", Hole::code(op.lift(self.input))),
+            ("STORE", Hole::code(self.out.store_expr(result))),
+        ];
+        if thread_per_output {
+            // the thread kernel has no shared memory, no split and no split note
+            let unused = ["SPLIT_NOTE", "SPLIT", "BLOCK"];
+            let holes: Vec<_> = holes
+                .into_iter()
+                .filter(|(n, _)| !unused.contains(n))
+                .collect();
+            template!("reduce_thread.cu").fill(&holes)
         } else {
-            "sdata[0]"
-        };
-        s += &format!(
-            "    if (threadIdx.x == 0) out[{out_index}] = {};\n    __syncthreads();\n  }}\n}}\n",
-            self.out.store_expr(result)
-        );
-        s
-    }
-}
-
-impl ReduceSpec {
-    fn thread_per_output_source(&self) -> String {
-        let op = self.op;
-        let acc = op.acc_c(self.input);
-        let half = self.input.needs_half_headers() || self.out.needs_half_headers();
-        let mut s = format!(
-            "// reduce {:?} {} -> {} rank {} thread-per-output\n",
-            op, self.input, self.out, self.rank
-        );
-        s += includes(half);
-        s += &PARAMS_DECL.replace("RANK", &self.rank.to_string());
-        s += &format!(
-            "__device__ __forceinline__ {acc} combine({acc} x, {acc} y) {{ return {}; }}\n",
-            op.combine()
-        );
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!(
-            "  const {t}* in = (const {t}*)p.in_ptr;\n",
-            t = self.input.storage_c()
-        );
-        s += &format!("  {t}* out = ({t}*)p.out_ptr;\n", t = self.out.storage_c());
-        s += "  const long long step = (long long)blockDim.x * gridDim.x;\n";
-        s += "  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < p.outer_n; o += step) {\n";
-        s += &outer_offset_code(self.rank);
-        s += &format!("    {acc} acc = {};\n", op.init(self.input));
-        s += &format!(
-            "    for (long long j = 0; j < p.red_n; ++j) {{\n      const {} v = {};\n      acc = combine(acc, {});\n    }}\n",
-            self.input.compute_c(),
-            self.input.load_expr("in[base + j * p.red_stride]"),
-            op.lift(self.input)
-        );
-        let result = if op == ReduceOp::Mean {
-            "(acc / p.divisor)"
-        } else {
-            "acc"
-        };
-        s += &format!("    out[o] = {};\n  }}\n}}\n", self.out.store_expr(result));
-        s
+            template!("reduce_block.cu").fill(&holes)
+        }
     }
 }
 
@@ -270,37 +215,27 @@ pub struct ArgReduceSpec {
 
 impl ArgReduceSpec {
     pub fn source(&self) -> String {
-        let ct = self.input.compute_c();
         let (init, better) = match self.op {
             ArgOp::ArgMax => (self.input.min_value_c(), ">"),
             ArgOp::ArgMin => (self.input.max_value_c(), "<"),
         };
-        let mut s = format!(
-            "// argreduce {:?} {} rank {}\n",
-            self.op, self.input, self.rank
-        );
-        s += includes(self.input.needs_half_headers());
-        s += &PARAMS_DECL.replace("RANK", &self.rank.to_string());
-        s += "extern \"C\" __global__ void ferrotron_kernel(const Params p) {\n";
-        s += &format!("  __shared__ {ct} svals[{REDUCE_BLOCK}];\n");
-        s += &format!("  __shared__ long long sidx[{REDUCE_BLOCK}];\n");
-        s += &format!(
-            "  const {t}* in = (const {t}*)p.in_ptr;\n  long long* out = (long long*)p.idx_ptr;\n",
-            t = self.input.storage_c()
-        );
-        s += "  for (long long o = blockIdx.x; o < p.outer_n; o += gridDim.x) {\n";
-        s += &outer_offset_code(self.rank);
-        s += &format!("    {ct} best = {init};\n    long long bi = -1;\n");
-        s += &format!(
-            "    for (long long j = threadIdx.x; j < p.red_n; j += blockDim.x) {{\n      const {ct} v = {};\n      if (bi < 0 || v {better} best) {{ best = v; bi = j; }}\n    }}\n",
-            self.input.load_expr("in[base + j * p.red_stride]")
-        );
-        s += "    svals[threadIdx.x] = best;\n    sidx[threadIdx.x] = bi;\n    __syncthreads();\n";
-        s += &format!(
-            "    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {{\n      if (threadIdx.x < s) {{\n        const {ct} v = svals[threadIdx.x + s];\n        const long long i = sidx[threadIdx.x + s];\n        const long long mi = sidx[threadIdx.x];\n        if (i >= 0 && (mi < 0 || v {better} svals[threadIdx.x] || (v == svals[threadIdx.x] && i < mi))) {{ svals[threadIdx.x] = v; sidx[threadIdx.x] = i; }}\n      }}\n      __syncthreads();\n    }}\n"
-        );
-        s += "    if (threadIdx.x == 0) out[o] = sidx[0] < 0 ? 0 : sidx[0];\n    __syncthreads();\n  }\n}\n";
-        s
+        template!("arg_reduce.cu").fill(&[
+            ("OP", Hole::code(format!("{:?}", self.op))),
+            ("INPUT_NAME", Hole::Name(self.input)),
+            ("RANK", Hole::Int(self.rank as i64)),
+            ("HALF", Hole::Flag(self.input.needs_half_headers())),
+            ("PARAMS", Hole::code(params_decl(self.rank))),
+            ("CT", Hole::code(self.input.compute_c())),
+            ("BLOCK", Hole::Int(REDUCE_BLOCK.into())),
+            ("IN", Hole::Storage(self.input)),
+            ("OUTER_OFFSET", Hole::code(outer_offset_code(self.rank))),
+            ("INIT", Hole::code(init)),
+            ("BETTER", Hole::code(better)),
+            (
+                "LOAD",
+                Hole::code(self.input.load_expr("in[base + j * p.red_stride]")),
+            ),
+        ])
     }
 }
 

@@ -71,11 +71,9 @@ impl KernelSpec for Finish {
     }
 }
 
-/// A block's `acc`s summed into thread 0's `total` (`block_total.cu`), without its last line
-/// break: the kernels' templates hold it on a line of its own.
+/// A block's `acc`s summed into thread 0's `total` (`block_total.cu`).
 fn block_total() -> String {
-    let text = template!("block_total.cu").fill(&[("WARPS", Hole::Int((THREADS / 32).into()))]);
-    text.strip_suffix('\n').unwrap_or(&text).to_string()
+    template!("block_total.cu").fill_piece(&[("WARPS", Hole::Int((THREADS / 32).into()))])
 }
 
 /// `Σ x²` over all of `parts` as `[1]` f32 (one launch a part and one to finish) where the
