@@ -6,8 +6,9 @@
 //! layers above call. `prim` holds the generic families burn's ops map onto (map, reduce, index,
 //! scan, sort, random); `fused` the hand-written kernels behind `FusedOps` (norms, AdamW, loss,
 //! RoPE, SwiGLU, QK-norm, MoE routing, flat gradient buffers); `fp8` the fp8 casts and scale
-//! update. `fused` and `fp8` build on `prim`, never the other way round.
-#![allow(unsafe_code)]
+//! update. `fused` and `fp8` build on `prim`, never the other way round. Their CUDA text lives in
+//! `.cu` templates beside each generator (`template.rs` says why). No `unsafe` here: launching
+//! is the engine's (`engine/launch.rs`).
 
 pub mod fp8;
 pub mod fused;
