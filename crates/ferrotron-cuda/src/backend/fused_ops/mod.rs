@@ -9,9 +9,9 @@
 //! other head dims always take it (cuDNN's fused attention has no f32 path). With cuDNN
 //! missing, the first fused call stops with an error naming what to install.
 //!
-//! LayerNorm/RMSNorm, the AdamW update (`kernels/fused`, writing the 16-bit parameter's rounded
-//! copy in the same pass, in place on state nothing else holds), the gradient norm's sums of
-//! squares (`kernels/prim/sum_squares.rs`, 16-byte loads of 16-bit gradients as they are), the
+//! LayerNorm/RMSNorm, the AdamW update (`kernels/fused/adamw.rs`, writing the 16-bit parameter's
+//! rounded copy in the same pass, in place on state nothing else holds), the gradient norm's sums
+//! of squares (`kernels/prim/sum_squares.rs`, 16-byte loads of 16-bit gradients as they are), the
 //! gathering of gradients into the optimizer's flat buffers (`kernels/fused/flat.rs`), the softmax
 //! cross-entropy (`kernels/fused/loss.rs`) and the residual add with hidden dropout
 //! (`kernels/prim/random.rs`' `dropout_add`, the keep bits drawn in the add and again in the

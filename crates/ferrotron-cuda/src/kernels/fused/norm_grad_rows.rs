@@ -2,7 +2,7 @@
 //! from a single read of `x` and `dy`.
 //!
 //! The warp-per-row input gradient (`norm_rows.rs`) and the column reduction for γ/β
-//! (`mod.rs`) each read `x` and `dy`: at gpt-1.3b's `[24576, 2048]` bf16 rows the second read
+//! (`norm.rs`) each read `x` and `dy`: at gpt-1.3b's `[24576, 2048]` bf16 rows the second read
 //! was 82 µs of the pair's 202 (one H200's op table in tools/README.md), about 1 % of a bf16 step and
 //! 1.3 % of an fp8 one, and its f32 atomics summed in whatever order the blocks ran. Here a
 //! block of `T` threads takes one row at a time, every thread the same one or two chunks of

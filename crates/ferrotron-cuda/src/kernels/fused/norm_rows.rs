@@ -2,7 +2,7 @@
 //! row read once into registers with 16-byte loads, row sums by warp shuffles, no shared memory
 //! or block barrier.
 //!
-//! The block-per-row kernels (`mod.rs`) read the row two or three times with 2-byte loads and
+//! The block-per-row kernels (`norm.rs`) read the row two or three times with 2-byte loads and
 //! synchronise their block per sum, and a transformer's rows (hidden 768–2048) give each of
 //! their 256 threads only a few elements: the forward ran at 0.7–1.1 TB/s on an H200 and the
 //! input gradient at 1.6 TB/s (gpt-1.3b; tools/README.md). A warp per row keeps eight rows in flight
