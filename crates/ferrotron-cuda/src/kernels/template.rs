@@ -7,11 +7,11 @@
 //! value of the wrong kind, and a template that does not parse. A template and its filler are
 //! written together, so each of these is a bug, and the snapshot tests meet it first.
 //!
-//! The syntax is two things only. `{{NAME}}` (upper-case letters, digits, `_`) is replaced by
-//! its [`Hole`]'s text; a hole on a dropped line needs no value, nor does a condition there. A line holding only
-//! `{{#if NAME}}` (or `{{#if !NAME}}`), `{{#else}}` or `{{/if}}` (indent allowed) keeps or drops
-//! the lines up to the next marker by a [`Hole::Flag`]; the marker lines themselves emit
-//! nothing, so the output is exactly the kept lines. A line holding only `{{! words }}` is a
+//! The syntax is two things only. `{{NAME}}` (upper-case letters, digits, `_`) is replaced by its
+//! [`Hole`]'s text; a hole on a dropped line needs no value, nor does a condition there. A line
+//! holding only `{{#if NAME}}` (or `{{#if !NAME}}`), `{{#else}}` or `{{/if}}` (indent allowed)
+//! keeps or drops the lines up to the next marker by a [`Hole::Flag`]; the marker lines themselves
+//! emit nothing, so the output is exactly the kept lines. A line holding only `{{! words }}` is a
 //! comment for the reader of the `.cu` file and emits nothing either.
 
 use std::collections::{BTreeMap, BTreeSet};

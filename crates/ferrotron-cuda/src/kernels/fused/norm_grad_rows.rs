@@ -9,7 +9,8 @@
 //! eight columns of each row, so its share of γ stays in registers and so do its running
 //! `Σ dy·x̂` and `Σ dy`; a row's two sums go through shared memory (one barrier a row, two
 //! slots alternating by row). A few blocks per multiprocessor walk all the rows, each writes its
-//! partial sums once, and `kernels/prim/column_sum.rs` adds those in block order: the same numbers every run.
+//! partial sums once, and `kernels/prim/column_sum.rs` adds those in block order: the same
+//! numbers every run.
 //! TransformerEngine's LayerNorm backward is built the same way.
 //!
 //! With one row's loads in flight at a time and the gradient to add read only after the
