@@ -2,7 +2,7 @@
 //! involved, because a bare `CUDA_ERROR_ILLEGAL_ADDRESS` from a training step of thousands of
 //! kernels is useless without knowing which op raised it.
 
-use crate::dtype::DType;
+use crate::engine::dtype::DType;
 
 /// Result alias used across the crate.
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;

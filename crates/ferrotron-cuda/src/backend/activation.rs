@@ -6,7 +6,7 @@ use burn::tensor::ops::{ActivationOps, FloatTensor};
 
 use super::Cuda;
 use super::convert::ok;
-use crate::kernels::elementwise::{self as ew, BinaryOp, UnaryOp};
+use crate::kernels::prim::elementwise::{self as ew, BinaryOp, UnaryOp};
 
 impl ActivationOps<Cuda> for Cuda {
     fn relu(tensor: FloatTensor<Cuda>) -> FloatTensor<Cuda> {

@@ -7,11 +7,11 @@ use burn::tensor::{BoolDType, FloatDType, IntDType, Scalar, Shape, Slice, Tensor
 
 use super::convert::{self, ok, scalar};
 use super::{Cuda, GpuDevice, shared};
-use crate::dtype::{DType, Scalar as EScalar};
-use crate::kernels::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
-use crate::kernels::index::{self, ScatterReduce};
-use crate::kernels::reduce::{self, ReduceOp};
-use crate::tensor::CudaTensor;
+use crate::engine::dtype::{DType, Scalar as EScalar};
+use crate::engine::tensor::CudaTensor;
+use crate::kernels::prim::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
+use crate::kernels::prim::index::{self, ScatterReduce};
+use crate::kernels::prim::reduce::{self, ReduceOp};
 
 fn bool_binary(a: CudaTensor, b: CudaTensor, op: BinaryOp) -> CudaTensor {
     ok(ew::binary(&a, &b, op))

@@ -10,11 +10,11 @@
 
 use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
 
+use crate::engine::layout::{Layout, SliceArg};
+use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
-use crate::kernels::elementwise::{self as ew, BinaryOp};
-use crate::kernels::index;
-use crate::layout::{Layout, SliceArg};
-use crate::tensor::CudaTensor;
+use crate::kernels::prim::elementwise::{self as ew, BinaryOp};
+use crate::kernels::prim::index;
 
 fn invalid(op: &str, x: &CudaTensor, w: &CudaTensor, reason: String) -> CudaError {
     CudaError::invalid(
@@ -141,7 +141,7 @@ pub(super) fn conv2d(
     });
     let cols = im2col.reshape(&[n, g, cg * kh * kw, oh * ow])?;
     let kernel = weight.reshape(&[1, g, o / g, cg * kh * kw])?;
-    let out = crate::blas::matmul(&kernel, &cols)?; // [N, g, O/g, OH·OW]
+    let out = crate::blas::gemm::matmul(&kernel, &cols)?; // [N, g, O/g, OH·OW]
     let out = out.reshape(&[n, o, oh, ow])?;
     match bias {
         Some(b) => ew::binary(&out, &b.reshape(&[1, o, 1, 1])?, BinaryOp::Add),

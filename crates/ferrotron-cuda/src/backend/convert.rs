@@ -11,46 +11,13 @@ use burn::tensor::{
     BoolStore, DType, Distribution, FloatDType, IntDType, Scalar, Slice, TensorData,
 };
 
-use crate::device::CudaDevice;
-use crate::dtype::{DType as EDType, Scalar as EScalar};
+use crate::engine::device::CudaDevice;
+use crate::engine::dtype::{DType as EDType, Scalar as EScalar, unsupported};
+pub(crate) use crate::engine::dtype::{burn_dtype, engine_dtype};
+use crate::engine::layout::SliceArg;
+use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
-use crate::layout::SliceArg;
-use crate::random::Distribution as EDistribution;
-use crate::tensor::CudaTensor;
-
-fn unsupported(what: String) -> CudaError {
-    CudaError::unsupported(
-        OpContext::new("dtype"),
-        format!("{what}; ferrotron-cuda stores f32, bf16, f16, i64, i32, u8 and bool"),
-    )
-}
-
-/// The engine dtype for a burn dtype.
-pub(crate) fn engine_dtype(dtype: DType) -> Result<EDType> {
-    Ok(match dtype {
-        DType::F32 | DType::Flex32 => EDType::F32,
-        DType::F16 => EDType::F16,
-        DType::BF16 => EDType::BF16,
-        DType::I64 => EDType::I64,
-        DType::I32 => EDType::I32,
-        DType::U8 => EDType::U8,
-        DType::Bool(_) => EDType::Bool,
-        other => return Err(unsupported(format!("{other:?}"))),
-    })
-}
-
-/// The burn dtype of an engine dtype (bools are one byte each: `Bool(U8)`).
-pub(crate) fn burn_dtype(dtype: EDType) -> DType {
-    match dtype {
-        EDType::F32 => DType::F32,
-        EDType::F16 => DType::F16,
-        EDType::BF16 => DType::BF16,
-        EDType::I64 => DType::I64,
-        EDType::I32 => DType::I32,
-        EDType::U8 => DType::U8,
-        EDType::Bool => DType::Bool(BoolStore::U8),
-    }
-}
+use crate::kernels::prim::random::Distribution as EDistribution;
 
 /// The engine dtype for a requested float dtype.
 pub(crate) fn float_dtype(dtype: FloatDType) -> EDType {

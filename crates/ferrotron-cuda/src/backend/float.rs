@@ -9,11 +9,11 @@ use burn::tensor::{
 
 use super::convert::{self, ok, scalar};
 use super::{Cuda, GpuDevice, shared};
-use crate::kernels::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
-use crate::kernels::index::{self, ScatterReduce};
-use crate::kernels::scan::{self, ScanOp};
-use crate::kernels::{reduce, sort};
-use crate::tensor::CudaTensor;
+use crate::engine::tensor::CudaTensor;
+use crate::kernels::prim::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
+use crate::kernels::prim::index::{self, ScatterReduce};
+use crate::kernels::prim::scan::{self, ScanOp};
+use crate::kernels::prim::{reduce, sort};
 
 fn unary(t: CudaTensor, op: UnaryOp) -> CudaTensor {
     ok(ew::unary(&t, op))
@@ -46,7 +46,7 @@ impl FloatTensorOps<Cuda> for Cuda {
         device: &GpuDevice,
         dtype: FloatDType,
     ) -> FloatTensor<Cuda> {
-        ok(crate::random::random(
+        ok(crate::kernels::prim::random::random(
             &device.engine(),
             &shape,
             convert::distribution(distribution),
@@ -155,7 +155,7 @@ impl FloatTensorOps<Cuda> for Cuda {
     }
 
     fn float_matmul(lhs: FloatTensor<Cuda>, rhs: FloatTensor<Cuda>) -> FloatTensor<Cuda> {
-        ok(crate::blas::matmul(&lhs, &rhs))
+        ok(crate::blas::gemm::matmul(&lhs, &rhs))
     }
 
     fn float_cross(

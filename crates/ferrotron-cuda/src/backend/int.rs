@@ -11,12 +11,12 @@ use burn::tensor::{
 
 use super::convert::{self, ok, scalar};
 use super::{Cuda, GpuDevice, shared};
-use crate::kernels::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
-use crate::kernels::index::{self, ScatterReduce};
-use crate::kernels::reduce::{self, ArgOp, ReduceOp};
-use crate::kernels::scan::{self, ScanOp};
-use crate::kernels::sort;
-use crate::tensor::CudaTensor;
+use crate::engine::tensor::CudaTensor;
+use crate::kernels::prim::elementwise::{self as ew, BinaryOp, CompareOp, UnaryOp};
+use crate::kernels::prim::index::{self, ScatterReduce};
+use crate::kernels::prim::reduce::{self, ArgOp, ReduceOp};
+use crate::kernels::prim::scan::{self, ScanOp};
+use crate::kernels::prim::sort;
 
 fn binary(a: CudaTensor, b: CudaTensor, op: BinaryOp) -> CudaTensor {
     ok(ew::binary(&a, &b, op))
@@ -438,7 +438,7 @@ impl IntTensorOps<Cuda> for Cuda {
         device: &GpuDevice,
         dtype: IntDType,
     ) -> IntTensor<Cuda> {
-        ok(crate::random::random(
+        ok(crate::kernels::prim::random::random(
             &device.engine(),
             &shape,
             convert::distribution(distribution),

@@ -6,10 +6,10 @@ use burn::tensor::ops::IntTensor;
 
 use super::Cuda;
 use super::convert::ok;
+use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, Result};
-use crate::kernels::elementwise::{self as ew, BinaryOp};
-use crate::kernels::reduce::{self, ReduceOp};
-use crate::tensor::CudaTensor;
+use crate::kernels::prim::elementwise::{self as ew, BinaryOp};
+use crate::kernels::prim::reduce::{self, ReduceOp};
 
 pub(super) fn int_matmul(lhs: IntTensor<Cuda>, rhs: IntTensor<Cuda>) -> IntTensor<Cuda> {
     ok(try_int_matmul(&lhs, &rhs))

@@ -6,6 +6,9 @@
 //! is the engine's (op, shapes, dtype), the only failure channel burn's traits leave. Float,
 //! int and bool tensors are all the engine's `CudaTensor`, told apart by dtype, so layout ops
 //! (reshape, permute, slice, expand, flip) are written once in [`shared`] and are views.
+//! Ferrotron's own op traits are implemented here too, on the same terms: `FusedOps` in
+//! `fused_ops/` (the kernel-or-composed choice of every fused op, fp8 included, in one place)
+//! and `ParallelOps` (the region collectives on NCCL) in `parallel_ops.rs`.
 //! Ops burn gives a default for (clamp, topk, softmax, layer norm, ...) keep that default when
 //! it composes well from the ops below; the GPU op table checks them all the same.
 
@@ -14,9 +17,11 @@ mod bool_ops;
 mod conv;
 pub(crate) mod convert;
 mod float;
+mod fused_ops;
 mod int;
 mod matmul;
 mod module;
+mod parallel_ops;
 mod qtensor;
 pub(crate) mod shared;
 mod transaction;
@@ -28,8 +33,8 @@ use burn::tensor::backend::{
 };
 use burn::tensor::{DType, Shape, TensorMetadata};
 
-use crate::device::{CudaDevice, device_count};
-use crate::tensor::CudaTensor;
+use crate::engine::device::{CudaDevice, device_count};
+use crate::engine::tensor::CudaTensor;
 
 pub use qtensor::NoQuantizedTensor;
 
@@ -199,7 +204,7 @@ mod tests {
 
     #[test]
     fn without_a_driver_there_are_no_devices_but_a_name() {
-        if !crate::device::driver_available() {
+        if !crate::engine::device::driver_available() {
             assert_eq!(Cuda::device_count(DEVICE_TYPE_ID), 0);
             assert_eq!(Cuda::name(&GpuDevice::new(1)), "ferrotron-cuda<cuda:1>");
         }

@@ -1,13 +1,13 @@
 //! `ModuleOps` for [`Cuda`]: what language models use, and a clear stop for what they do not.
 //!
-//! Embedding (and its backward, an atomic `select_add`) and layer norm come from burn's
-//! defaults over our tensor ops; linear and its three backward passes are single cuBLASLt
-//! GEMMs (`crate::linear`: batch folded into M, bias epilogue, one weight-gradient GEMM). Attention is burn's decomposition (matmul, masked softmax,
-//! matmul) on our kernels until the fused flash-attention extension lands. 1-D/2-D convolutions
-//! (and their transposes and backward passes) are im2col + matmul ([`conv`]). 3-D convolution,
-//! pooling, interpolation, deformable convolution and FFTs are image/signal ops that no
-//! Ferrotron model reaches; they stop with a message naming the op instead of computing
-//! something half-tested.
+//! Embedding (and its backward, an atomic `select_add`) and layer norm come from burn's defaults
+//! over our tensor ops; linear and its three backward passes are single cuBLASLt GEMMs
+//! (`crate::blas::linear`: batch folded into M, bias epilogue, one weight-gradient GEMM). Attention
+//! is burn's decomposition (matmul, masked softmax, matmul) on our kernels until the fused
+//! flash-attention extension lands. 1-D/2-D convolutions (and their transposes and backward passes)
+//! are im2col + matmul ([`conv`]). 3-D convolution, pooling, interpolation, deformable convolution
+//! and FFTs are image/signal ops that no Ferrotron model reaches; they stop with a message naming
+//! the op instead of computing something half-tested.
 
 use burn::tensor::ops::attention::attention_fallback;
 use burn::tensor::ops::{
@@ -197,25 +197,31 @@ impl ModuleOps<Cuda> for Cuda {
         weight: FloatTensor<Cuda>,
         bias: Option<FloatTensor<Cuda>>,
     ) -> FloatTensor<Cuda> {
-        ok(crate::linear::linear(&x, &weight, bias.as_ref()))
+        ok(crate::blas::linear::linear(&x, &weight, bias.as_ref()))
     }
 
     fn linear_x_backward(
         weight: FloatTensor<Cuda>,
         output_grad: FloatTensor<Cuda>,
     ) -> FloatTensor<Cuda> {
-        ok(crate::linear::linear_x_backward(&weight, &output_grad))
+        ok(crate::blas::linear::linear_x_backward(
+            &weight,
+            &output_grad,
+        ))
     }
 
     fn linear_weight_backward(
         x: FloatTensor<Cuda>,
         output_grad: FloatTensor<Cuda>,
     ) -> FloatTensor<Cuda> {
-        ok(crate::linear::linear_weight_backward(&x, &output_grad))
+        ok(crate::blas::linear::linear_weight_backward(
+            &x,
+            &output_grad,
+        ))
     }
 
     fn linear_bias_backward(output_grad: FloatTensor<Cuda>) -> FloatTensor<Cuda> {
-        ok(crate::linear::linear_bias_backward(&output_grad))
+        ok(crate::blas::linear::linear_bias_backward(&output_grad))
     }
 
     fn attention(

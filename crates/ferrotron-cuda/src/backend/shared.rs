@@ -10,11 +10,11 @@
 use burn::tensor::{Shape, Slice, TensorData};
 
 use super::convert::{self, ok};
-use crate::dtype::{DType, Scalar};
+use crate::engine::dtype::{DType, Scalar};
+use crate::engine::layout::{Layout, SliceArg};
+use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
-use crate::kernels::{elementwise, index};
-use crate::layout::{Layout, SliceArg};
-use crate::tensor::CudaTensor;
+use crate::kernels::prim::{elementwise, index};
 
 use super::GpuDevice;
 

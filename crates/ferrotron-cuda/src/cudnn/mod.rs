@@ -23,12 +23,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cudnn::sys as cs;
 
-use crate::alloc::DeviceBuffer;
-use crate::device::CudaDevice;
-use crate::dtype::{DType, Scalar};
+use crate::engine::alloc::DeviceBuffer;
+use crate::engine::device::CudaDevice;
+use crate::engine::dtype::{DType, Scalar};
+use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
-use crate::kernels::elementwise::full;
-use crate::tensor::CudaTensor;
+use crate::kernels::prim::elementwise::full;
 use graph::{Dt, Graph, Op, Pw, Red};
 use sdpa::SdpaKey;
 pub use sdpa::SdpaMask;
@@ -898,7 +898,7 @@ pub fn sdpa_forward(
         pointers.insert(sdpa::SEED, ptr(seed));
         pointers.insert(sdpa::OFFSET, ptr(offset));
     }
-    let _timer = crate::timing::scope(device, "attention_fwd(cudnn)");
+    let _timer = crate::engine::timing::scope(device, "attention_fwd(cudnn)");
     execute(device, handle, (&key, &plan), &pointers, &[], &op)?;
     Ok(SdpaForward {
         output: out,
@@ -1036,7 +1036,7 @@ pub fn sdpa_backward_into(
         pointers.insert(sdpa::SEED, ptr(seed));
         pointers.insert(sdpa::OFFSET, ptr(offset));
     }
-    let _timer = crate::timing::scope(device, "attention_bwd(cudnn)");
+    let _timer = crate::engine::timing::scope(device, "attention_bwd(cudnn)");
     execute(device, handle, (&key, &plan), &pointers, &[&accum], &op)
 }
 

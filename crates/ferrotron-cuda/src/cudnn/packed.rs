@@ -12,9 +12,9 @@
 use super::{
     SdpaForward, SdpaMask, in_place_strides, sdpa_backward, sdpa_backward_into, sdpa_forward,
 };
+use crate::engine::layout::SliceArg;
+use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
-use crate::layout::SliceArg;
-use crate::tensor::CudaTensor;
 
 /// `(batch, seq, groups, per_group, head_dim)` of a packed projection, if it is one.
 fn packed_dims(qkv: &CudaTensor) -> Option<[usize; 5]> {
@@ -130,7 +130,7 @@ pub fn packed_backward(
             let into = |range, from: &CudaTensor, heads: usize| -> Result<()> {
                 let slot = slots(&packed, range)?;
                 let from = from.swap_dims(1, 2)?.reshape(&[b, s, g, heads / g, d])?;
-                crate::kernels::elementwise::copy_into(&slot, &from)
+                crate::kernels::prim::elementwise::copy_into(&slot, &from)
             };
             into(0..per, &dq, g * per)?;
             into(per..per + 1, &dk_fresh, g)?;

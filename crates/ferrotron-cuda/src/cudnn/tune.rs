@@ -1,5 +1,5 @@
 //! Choosing among cuDNN's execution plans for an attention graph by timing them on the real
-//! operands, as `blas_tune.rs` does for the GEMMs' algorithms.
+//! operands, as `blas/tune.rs` does for the GEMMs' algorithms.
 //!
 //! The heuristics rank engine configs with a model of the chip; the first is not always the
 //! fastest at a transformer's shapes (for the GEMMs, timing eight candidates gained 1.4–2.5 % of
@@ -12,8 +12,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::blas_tune::{choice_path, choose, time_one};
-use crate::device::CudaDevice;
+use crate::blas::tune::{choice_path, choose, time_one};
+use crate::engine::device::CudaDevice;
 use crate::error::Result;
 
 /// Plans finalised and timed per graph when tuning. cuDNN offered 2–5 configs per graph at the
@@ -41,7 +41,8 @@ pub(super) fn pick(
     if count <= 1 {
         return 0;
     }
-    let dir = crate::kernels::cache::disk_cache_dir(device.arch()).map(|d| d.join("attention"));
+    let dir =
+        crate::engine::kernel_cache::disk_cache_dir(device.arch()).map(|d| d.join("attention"));
     let name = device.name().unwrap_or_else(|_| device.arch().to_string());
     let name = format!("{name} cuDNN {}", super::version().unwrap_or(0));
     if let Some(index) = remembered(dir.as_deref(), problem, &name, count) {
@@ -77,7 +78,8 @@ fn remembered(dir: Option<&Path>, problem: &str, device: &str, count: usize) -> 
 fn remember(dir: Option<&Path>, problem: &str, device: &str, index: usize, count: usize) {
     let Some(dir) = dir else { return };
     let path = path(dir, problem, device);
-    if let Err(err) = crate::kernels::cache::write_atomically(&path, &format!("{index} {count}\n"))
+    if let Err(err) =
+        crate::engine::kernel_cache::write_atomically(&path, &format!("{index} {count}\n"))
     {
         tracing::warn!(path = %path.display(), %err, "cannot remember an attention plan choice");
     }

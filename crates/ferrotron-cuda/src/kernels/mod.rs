@@ -1,193 +1,32 @@
-//! Kernel generation and launch.
+//! The kernels we write, as CUDA C++ generated per spec and compiled by NVRTC on first use.
 //!
-//! Each family (element-wise map, reduction, scan, indexing, sort) generates CUDA C++ for one
-//! op, dtype combination and layout (rank after dim-merging, which operands are contiguous),
-//! so index math is specialised at compile time and every kernel stays tiny. All run-time
-//! values (shapes, strides, offsets, pointers, scalars) travel in one by-value struct of 8-byte
-//! words, so the same compiled kernel serves every shape of that rank.
-//! Each module pairs its generator with the tensor-level functions the backend calls.
-#![allow(unsafe_code)]
+//! Each family generates source for one op, dtype combination and layout (rank after
+//! dim-merging, which operands are contiguous), so index math is specialised at compile time and
+//! every kernel stays tiny; each module pairs its generator with the tensor-level functions the
+//! layers above call. `prim` holds the generic families burn's ops map onto (map, reduce, index,
+//! scan, sort, random); `fused` the hand-written kernels behind `FusedOps` (norms, AdamW, loss,
+//! RoPE, SwiGLU, QK-norm, MoE routing, flat gradient buffers); `fp8` the fp8 casts and scale
+//! update. `fused` and `fp8` build on `prim`, never the other way round. Their CUDA text lives in
+//! `.cu` templates beside each generator (`template.rs` says why). No `unsafe` here: launching
+//! is the engine's (`engine/launch.rs`).
 
-pub mod cache;
-pub(crate) mod column_sum;
-pub mod elementwise;
-pub mod flat;
+pub mod fp8;
 pub mod fused;
 #[cfg(test)]
 mod gpu_tests;
-pub mod index;
-pub mod loss;
-pub mod moe;
-mod norm_grad_rows;
-mod norm_rows;
-pub mod qk_norm;
-pub mod reduce;
-pub mod rope;
-pub mod scan;
-pub mod sort;
-pub(crate) mod sum_squares;
-pub mod swiglu;
+pub mod prim;
+pub(crate) mod template;
 
-use std::ffi::c_void;
-
-use cudarc::driver::result;
-
-use crate::device::CudaDevice;
-use crate::error::{DriverResultExt, OpContext, Result};
-
-/// Threads per block of the element-wise families.
-pub const BLOCK: u32 = 256;
-/// Upper bound on blocks of grid-stride loops (enough to fill any current GPU many times).
-pub const MAX_GRID: u64 = 65_535;
-
-/// The kernel parameter struct as 8-byte words, built in the order the generated C declares.
-#[derive(Debug, Default, Clone)]
-pub struct Params(Vec<u64>);
-
-impl Params {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn int(&mut self, v: i64) -> &mut Self {
-        self.0.push(v as u64);
-        self
-    }
-
-    pub fn ints(&mut self, vs: impl IntoIterator<Item = i64>) -> &mut Self {
-        for v in vs {
-            self.int(v);
-        }
-        self
-    }
-
-    /// A fixed-size array field: the values then zeros up to `len`.
-    pub fn padded(&mut self, vs: &[i64], len: usize) -> &mut Self {
-        for i in 0..len {
-            self.int(vs.get(i).copied().unwrap_or(0));
-        }
-        self
-    }
-
-    pub fn float(&mut self, v: f64) -> &mut Self {
-        self.0.push(v.to_bits());
-        self
-    }
-
-    pub fn ptr(&mut self, p: u64) -> &mut Self {
-        self.0.push(p);
-        self
-    }
-
-    pub fn words(&self) -> &[u64] {
-        &self.0
-    }
-}
-
-/// Grid size for a grid-stride loop over `n` items with `block` threads per block.
-pub fn grid_for(n: u64, block: u32) -> u32 {
-    n.div_ceil(u64::from(block)).clamp(1, MAX_GRID) as u32
-}
-
-/// `#include`s a source needs: the half headers only when a half type appears, since they
-/// slow NVRTC down and need the toolkit's include directory.
-pub fn includes(uses_half: bool) -> &'static str {
-    if uses_half {
-        "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
-    } else {
-        ""
-    }
-}
-
-/// A kernel specification: everything its generated source depends on. The cache looks a
-/// launch up by a hash of the spec, so no source is generated or hashed on a hit.
-pub(crate) trait KernelSpec: std::hash::Hash + 'static {
-    fn source(&self) -> String;
-}
-
-/// The entry-point (and profiler) name of a generated kernel: its header comment up to the
-/// rank, as an identifier (`// map add bf16 <- [bf16, bf16] rank 1` → `map_add_bf16_bf16_bf16`).
-pub fn kernel_name(source: &str) -> String {
-    let header = cache::first_line_comment(source);
-    let head = header.split(" rank").next().unwrap_or(&header);
-    let mut name = String::with_capacity(head.len());
-    for c in head.chars() {
-        if c.is_ascii_alphanumeric() {
-            name.push(c.to_ascii_lowercase());
-        } else if !name.ends_with('_') {
-            name.push('_');
-        }
-    }
-    let name = name.trim_matches('_').to_string();
-    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-        format!("k_{name}")
-    } else {
-        name
-    }
-}
-
-/// Compiles (once per spec) and launches a kernel on the device's stream, timed under its
-/// name when op timing is on.
-pub(crate) fn launch<S: KernelSpec>(
-    device: &CudaDevice,
-    spec: &S,
-    grid: u32,
-    block: u32,
-    params: &Params,
-    op: &dyn Fn() -> OpContext,
-) -> Result<()> {
-    device.bind()?;
-    let (function, name) = device
-        .kernels()
-        .function_for_spec(device.context(), spec, op)?;
-    let _timer = crate::timing::scope(device, &name);
-    let mut words = params.words().to_vec();
-    let mut args: [*mut c_void; 1] = [words.as_mut_ptr().cast()];
-    // SAFETY: the generated kernel takes exactly one by-value struct whose fields are the
-    // 8-byte words of `params` in order (each family builds both sides together); every pointer
-    // inside refers to a live buffer on this device, kept alive by the calling op until the
-    // launch is queued (buffers are freed stream-ordered, after the kernel).
-    unsafe {
-        result::launch_kernel(
-            function.cu_function(),
-            (grid, 1, 1),
-            (block, 1, 1),
-            0,
-            device.cu_stream(),
-            &mut args,
-        )
-    }
-    .ctx(op)
-}
-
+/// One line per source, `index: header blake3`: a snapshot of many generated sources small
+/// enough to review, which still changes when one byte of one of them does.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn params_pack_words_in_order() {
-        let mut p = Params::new();
-        p.int(-1).padded(&[2, 3], 4).float(1.5).ptr(0xdead);
-        assert_eq!(p.words(), &[u64::MAX, 2, 3, 0, 0, 1.5f64.to_bits(), 0xdead]);
-    }
-
-    #[test]
-    fn kernels_are_named_after_their_op() {
-        assert_eq!(
-            kernel_name("// map add bf16 <- [bf16, bf16] rank 1\nint x;"),
-            "map_add_bf16_bf16_bf16"
-        );
-        assert_eq!(
-            kernel_name("// reduce Sum bf16 -> bf16 rank 1\n"),
-            "reduce_sum_bf16_bf16"
-        );
-        assert_eq!(kernel_name("int x;"), "ferrotron_kernel");
-    }
-
-    #[test]
-    fn grids_are_clamped() {
-        assert_eq!(grid_for(0, 256), 1);
-        assert_eq!(grid_for(257, 256), 2);
-        assert_eq!(grid_for(u64::MAX / 2, 256), MAX_GRID as u32);
-    }
+fn digests(sources: &[String]) -> String {
+    sources
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let header = s.lines().next().unwrap_or_default();
+            format!("{i}: {header} {}\n", blake3::hash(s.as_bytes()).to_hex())
+        })
+        .collect()
 }

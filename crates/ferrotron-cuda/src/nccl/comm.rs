@@ -33,7 +33,7 @@ use ferrotron_dist::{
     CommError, Communicator, GroupLabel, Lane, OrderDigest, TcpComm, agree_on_digest,
 };
 
-use crate::device::CudaDevice;
+use crate::engine::device::CudaDevice;
 use crate::nccl::lane::comm_stream;
 use crate::nccl::stats::{self, CollectiveKind};
 

@@ -14,7 +14,7 @@ use cudarc::driver::result as driver;
 use cudarc::nccl::result as nccl;
 use ferrotron_dist::{CommError, Communicator, Element, GroupLabel, ReduceOp, arguments};
 
-use crate::alloc::DeviceBuffer;
+use crate::engine::alloc::DeviceBuffer;
 use crate::nccl::args;
 use crate::nccl::comm::{NcclComm, ok};
 use crate::nccl::stats::CollectiveKind;

@@ -10,7 +10,7 @@ use cudarc::driver::CudaStream;
 
 use ferrotron_dist::Lane;
 
-use crate::device::CudaDevice;
+use crate::engine::device::CudaDevice;
 
 /// Each device's lane streams, by (device ordinal, lane).
 type LaneStreams = Mutex<HashMap<(usize, Lane), Arc<CudaStream>>>;

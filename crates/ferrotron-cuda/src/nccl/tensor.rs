@@ -11,13 +11,13 @@ use std::ffi::c_void;
 use cudarc::nccl::result as nccl;
 use ferrotron_dist::{CommError, Communicator, ReduceOp, arguments};
 
-use crate::dtype::DType;
+use crate::engine::dtype::DType;
+use crate::engine::tensor::CudaTensor;
 use crate::nccl::args;
 use crate::nccl::comm::{NcclComm, ok};
 use crate::nccl::host::{exchange_plan, grouped_exchange};
 use crate::nccl::stats::CollectiveKind;
 use crate::nccl::types::{reduce_op, reducible_type, tensor_type};
-use crate::tensor::CudaTensor;
 
 /// What a grouped receive expects: shape, dtype and the peer it comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 use cudarc::nccl::sys::{ncclDataType_t, ncclRedOp_t};
 use ferrotron_dist::{DType as WireType, ReduceOp};
 
-use crate::dtype::DType;
+use crate::engine::dtype::DType;
 
 /// NCCL's data type for a host-slice element type, with its size in bytes.
 pub fn wire_type(dtype: WireType) -> (ncclDataType_t, usize) {

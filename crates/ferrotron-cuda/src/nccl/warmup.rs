@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 
 use ferrotron_dist::{CommError, Communicator, GroupMembers, ProcessGroups, ReduceOp};
 
-use crate::dtype::DType;
+use crate::engine::dtype::DType;
+use crate::engine::tensor::CudaTensor;
 use crate::nccl::comm::NcclComm;
 use crate::nccl::tensor::RecvSpec;
-use crate::tensor::CudaTensor;
 
 /// The kinds of groups a rank belongs to, as `ProcessGroups` holds them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

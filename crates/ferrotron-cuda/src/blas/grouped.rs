@@ -1,0 +1,337 @@
+//! Grouped matmul (the MoE experts' projections) through cuBLAS's
+//! `cublasGemmGroupedBatchedEx`: one call runs every expert's GEMM, each with its own row
+//! count, forward and for both gradients. The per-expert row counts are host numbers the
+//! routing already has, so nothing is read back; the three pointer arrays travel to the device
+//! as one small upload per call.
+//!
+//! cuBLASLt (`gemm.rs`) has no grouped call and plans each problem shape once: with row counts
+//! that change every step, one GEMM per expert there also meant one heuristic query per expert
+//! and step. Row-major operands are handed over as their column-major transposes, as in
+//! `gemm.rs`: `C = A·B` is computed as `Cᵀ = Bᵀ·Aᵀ`.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cublas::sys;
+
+use crate::engine::device::CudaDevice;
+use crate::engine::dtype::DType;
+use crate::engine::tensor::CudaTensor;
+use crate::error::{CudaError, OpContext, Result};
+
+/// One cuBLAS handle per device, bound to the device's compute stream.
+struct Handle(sys::cublasHandle_t);
+
+// SAFETY: a handle is used only under `HANDLES`' mutex, by one thread at a time.
+unsafe impl Send for Handle {}
+
+static HANDLES: OnceLock<Mutex<HashMap<usize, Handle>>> = OnceLock::new();
+
+/// One column-major GEMM `C = op(A)·op(B)` (`m × n`, inner `k`) of a grouped call.
+#[derive(Debug, Clone, Copy)]
+struct Problem {
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: u64,
+    lda: usize,
+    b: u64,
+    ldb: usize,
+    c: u64,
+    ldc: usize,
+}
+
+fn data_type(dtype: DType) -> Option<sys::cudaDataType_t> {
+    match dtype {
+        DType::F32 => Some(sys::cudaDataType_t::CUDA_R_32F),
+        DType::F16 => Some(sys::cudaDataType_t::CUDA_R_16F),
+        DType::BF16 => Some(sys::cudaDataType_t::CUDA_R_16BF),
+        _ => None,
+    }
+}
+
+/// Whether the grouped matmul runs for these dtypes (one float type for both operands) and
+/// the recipe's `runtime.grouped_gemm` leaves it on (off gives the per-expert GEMMs back, to
+/// compare).
+pub fn supports(x: DType, weight: DType) -> bool {
+    crate::switches::paths().grouped_gemm && x == weight && data_type(x).is_some()
+}
+
+/// Checks `x [rows, k]`, `weight [groups, k, n]` against the group sizes: `(k, n)`.
+fn dims(x: &CudaTensor, weight: &CudaTensor, group_rows: &[usize]) -> Result<(usize, usize)> {
+    let ctx = || {
+        OpContext::new("grouped_matmul")
+            .shape(x.shape())
+            .shape(weight.shape())
+            .dtype(x.dtype())
+    };
+    if !supports(x.dtype(), weight.dtype()) {
+        return Err(CudaError::unsupported(
+            ctx(),
+            "one float dtype (f32, f16, bf16) for x and weight",
+        ));
+    }
+    let ([rows, k], [groups, k2, n]) = (x.shape(), weight.shape()) else {
+        return Err(CudaError::invalid(
+            ctx(),
+            "x must be [rows, k], weight [groups, k, n]",
+        ));
+    };
+    if *k != *k2 || *groups != group_rows.len() || *rows != group_rows.iter().sum::<usize>() {
+        return Err(CudaError::invalid(
+            ctx(),
+            format!("shapes do not match the groups {group_rows:?}"),
+        ));
+    }
+    Ok((*k, *n))
+}
+
+/// Row block `g` of `x [rows, k]` (`group_rows[g]` rows) times `weight[g]` of `weight [groups,
+/// k, n]` → `[rows, n]`.
+pub fn grouped_matmul(
+    x: &CudaTensor,
+    weight: &CudaTensor,
+    group_rows: &[usize],
+) -> Result<CudaTensor> {
+    let (k, n) = dims(x, weight, group_rows)?;
+    let x = x.contiguous()?;
+    let weight = weight.contiguous()?;
+    let device = x.device().clone();
+    let out = CudaTensor::empty(&device, &[x.shape()[0], n], x.dtype())?;
+    let size = x.dtype().size_in_bytes() as u64;
+    if k == 0 {
+        return crate::kernels::prim::elementwise::zeros(&device, out.shape(), x.dtype());
+    }
+    let mut problems = Vec::new();
+    let mut row = 0;
+    for (group, &rows) in group_rows.iter().enumerate() {
+        if rows > 0 && n > 0 {
+            // outᵀ (n × rows) = weight[g]ᵀ (n × k, as stored) · x_gᵀ (k × rows, as stored).
+            problems.push(Problem {
+                trans_a: false,
+                trans_b: false,
+                m: n,
+                n: rows,
+                k,
+                a: weight.data_ptr() + (group * k * n) as u64 * size,
+                lda: n,
+                b: x.data_ptr() + (row * k) as u64 * size,
+                ldb: k,
+                c: out.data_ptr() + (row * n) as u64 * size,
+                ldc: n,
+            });
+        }
+        row += rows;
+    }
+    run(&device, x.dtype(), &problems)?;
+    Ok(out)
+}
+
+/// The gradients `(dx [rows, k], dweight [groups, k, n])` of [`grouped_matmul`] from the output
+/// gradient `[rows, n]` (cast to `x`'s dtype); an empty group's weight gradient is zero.
+pub fn grouped_matmul_backward(
+    x: &CudaTensor,
+    weight: &CudaTensor,
+    grad_output: &CudaTensor,
+    group_rows: &[usize],
+) -> Result<(CudaTensor, CudaTensor)> {
+    let (k, n) = dims(x, weight, group_rows)?;
+    let rows = x.shape()[0];
+    if grad_output.shape() != [rows, n] {
+        return Err(CudaError::invalid(
+            OpContext::new("grouped_matmul_backward").shape(grad_output.shape()),
+            format!("the output gradient must be [{rows}, {n}]"),
+        ));
+    }
+    let dtype = x.dtype();
+    let x = x.contiguous()?;
+    let weight = weight.contiguous()?;
+    let grad = if grad_output.dtype() == dtype {
+        grad_output.contiguous()?
+    } else {
+        grad_output.cast(dtype)?.contiguous()?
+    };
+    let device = x.device().clone();
+    let dx = CudaTensor::empty(&device, &[rows, k], dtype)?;
+    let groups = group_rows.len();
+    let dweight = if group_rows.contains(&0) || k == 0 || n == 0 {
+        crate::kernels::prim::elementwise::zeros(&device, &[groups, k, n], dtype)?
+    } else {
+        CudaTensor::empty(&device, &[groups, k, n], dtype)?
+    };
+    if k == 0 || n == 0 || rows == 0 {
+        let dx = crate::kernels::prim::elementwise::zeros(&device, &[rows, k], dtype)?;
+        return Ok((dx, dweight));
+    }
+    let size = dtype.size_in_bytes() as u64;
+    let mut problems = Vec::new();
+    let mut row = 0;
+    for (group, &len) in group_rows.iter().enumerate() {
+        if len > 0 {
+            let w = weight.data_ptr() + (group * k * n) as u64 * size;
+            let g = grad.data_ptr() + (row * n) as u64 * size;
+            let xg = x.data_ptr() + (row * k) as u64 * size;
+            // dx_gᵀ (k × len) = weight[g] (k × n: the stored n × k transposed) · grad_gᵀ.
+            problems.push(Problem {
+                trans_a: true,
+                trans_b: false,
+                m: k,
+                n: len,
+                k: n,
+                a: w,
+                lda: n,
+                b: g,
+                ldb: n,
+                c: dx.data_ptr() + (row * k) as u64 * size,
+                ldc: k,
+            });
+            // dweight[g]ᵀ (n × k) = grad_gᵀ (n × len, as stored) · x_g (len × k: transposed).
+            problems.push(Problem {
+                trans_a: false,
+                trans_b: true,
+                m: n,
+                n: k,
+                k: len,
+                a: g,
+                lda: n,
+                b: xg,
+                ldb: k,
+                c: dweight.data_ptr() + (group * k * n) as u64 * size,
+                ldc: n,
+            });
+        }
+        row += len;
+    }
+    run(&device, dtype, &problems)?;
+    Ok((dx, dweight))
+}
+
+fn status(ctx: impl Fn() -> OpContext, status: sys::cublasStatus_t) -> Result<()> {
+    if status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Blas {
+            context: ctx(),
+            code: format!("{status:?}"),
+        })
+    }
+}
+
+fn int(value: usize, ctx: impl Fn() -> OpContext) -> Result<c_int> {
+    c_int::try_from(value).map_err(|_| CudaError::unsupported(ctx(), "a dimension over 2^31"))
+}
+
+/// Queues `problems` as one `cublasGemmGroupedBatchedEx` (one problem per group) on the
+/// device's stream.
+fn run(device: &Arc<CudaDevice>, dtype: DType, problems: &[Problem]) -> Result<()> {
+    let ctx = || OpContext::new("grouped_matmul(cublas)").dtype(dtype);
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let Some(data_type) = data_type(dtype) else {
+        return Err(CudaError::unsupported(ctx(), "f32, f16 or bf16"));
+    };
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen cuBLAS by its usual names.
+    if !*PRESENT.get_or_init(|| unsafe { sys::is_culib_present() }) {
+        return Err(CudaError::LibraryMissing {
+            library: "cuBLAS (libcublas)",
+            hint: "add the CUDA toolkit's lib64 to LD_LIBRARY_PATH",
+        });
+    }
+    let compute = if dtype == DType::F32 && device.tf32() {
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+    } else {
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+    };
+    let op = |t: bool| {
+        if t {
+            sys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            sys::cublasOperation_t::CUBLAS_OP_N
+        }
+    };
+    let count = problems.len();
+    let trans_a: Vec<_> = problems.iter().map(|p| op(p.trans_a)).collect();
+    let trans_b: Vec<_> = problems.iter().map(|p| op(p.trans_b)).collect();
+    let collect = |f: fn(&Problem) -> usize| -> Result<Vec<c_int>> {
+        problems.iter().map(|p| int(f(p), ctx)).collect()
+    };
+    let (m, n, k) = (collect(|p| p.m)?, collect(|p| p.n)?, collect(|p| p.k)?);
+    let (lda, ldb, ldc) = (
+        collect(|p| p.lda)?,
+        collect(|p| p.ldb)?,
+        collect(|p| p.ldc)?,
+    );
+    let alpha = vec![1.0f32; count];
+    let beta = vec![0.0f32; count];
+    let group_size = vec![1 as c_int; count];
+    let group_count = int(count, ctx)?;
+    // The pointer arrays live on the device: A's, then B's, then C's.
+    let pointers: Vec<u8> = problems
+        .iter()
+        .map(|p| p.a)
+        .chain(problems.iter().map(|p| p.b))
+        .chain(problems.iter().map(|p| p.c))
+        .flat_map(u64::to_le_bytes)
+        .collect();
+    let table = CudaTensor::from_bytes(device, &pointers, &[3 * count], DType::I64)?;
+    let base = table.data_ptr();
+    let array = |i: usize| base + (i * count * 8) as u64;
+
+    device.bind()?;
+    let mut handles = HANDLES
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let handle = match handles.get(&device.ordinal()) {
+        Some(handle) => handle.0,
+        None => {
+            let mut handle: sys::cublasHandle_t = std::ptr::null_mut();
+            // SAFETY: creates a handle in the device's context, bound above.
+            status(ctx, unsafe { sys::cublasCreate_v2(&mut handle) })?;
+            // SAFETY: the handle was just created; the stream is the device's live stream.
+            status(ctx, unsafe {
+                sys::cublasSetStream_v2(handle, device.cu_stream() as sys::cudaStream_t)
+            })?;
+            handles.insert(device.ordinal(), Handle(handle));
+            handle
+        }
+    };
+    let _timer = crate::engine::timing::scope(device, "grouped_matmul(cublas)");
+    // SAFETY: every pointer addresses a live device buffer holding the `m × k`, `k × n` and
+    // `m × n` column-major blocks its leading dimension describes (checked against the shapes
+    // by the callers); the pointer arrays are a live device upload queued before the call on the
+    // same stream (freed stream-ordered after it); the host arrays hold `count` entries and
+    // alpha/beta are f32 (the compute type's scalar) in host pointer mode.
+    status(ctx, unsafe {
+        sys::cublasGemmGroupedBatchedEx(
+            handle,
+            trans_a.as_ptr(),
+            trans_b.as_ptr(),
+            m.as_ptr(),
+            n.as_ptr(),
+            k.as_ptr(),
+            alpha.as_ptr().cast::<c_void>(),
+            array(0) as *const *const c_void,
+            data_type,
+            lda.as_ptr(),
+            array(1) as *const *const c_void,
+            data_type,
+            ldb.as_ptr(),
+            beta.as_ptr().cast::<c_void>(),
+            array(2) as *const *mut c_void,
+            data_type,
+            ldc.as_ptr(),
+            group_count,
+            group_size.as_ptr(),
+            compute,
+        )
+    })?;
+    drop(table);
+    Ok(())
+}
