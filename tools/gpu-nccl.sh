@@ -17,7 +17,7 @@
 #       and each overlap switched off against on (expected: the same losses up to bf16 sums);
 #       and two pipeline stages the same way (the pipeline's sends and receives); tensor
 #       parallel 2 with sequence parallelism, alone and as tp 2 × dp 2 with ZeRO-1 (4 ranks);
-#   (x) the device exchange of every other layout (`device_exchange.rs`), ranks on ONE GPU over
+#   (x) the device exchange of every other layout (`step/per_chunk.rs`), ranks on ONE GPU over
 #       TCP against one GPU with the same global batch: pipeline 2 × data 2 with ZeRO-1 (bf16
 #       and fp32), context parallel 2, and MoE (4 experts, top-2) over data 2 and over expert 2 ×
 #       data 4 with ZeRO-1 (expert groups cut over expert-dp, dense ones over dp);

@@ -6,7 +6,7 @@
 //! synchronization behavior*). Each step's token batch — an i64 `[batch, seq]` pair of
 //! 100–300 KiB — could then wait for the previous step's queued kernels, the device running dry
 //! while the host came back and queued the next step: with the statistics read right after each
-//! step (`run_loop.rs`), a candidate cause of the gap the stream's timeline showed before every
+//! step (ferrotron-train's `run/training_loop.rs`), a candidate cause of the gap the stream's timeline showed before every
 //! step's first GEMM (1–2 % of a step on one H200; tools/README.md). Copied into page-locked memory
 //! first, an upload is queued like a kernel. PyTorch's `pin_memory` data loaders exist for the
 //! same reason.
