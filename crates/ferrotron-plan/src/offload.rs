@@ -223,7 +223,7 @@ pub(crate) fn step_time(setup: &Setup<'_>, optimizer_params: &[f64]) -> (f64, Ve
         }),
         setup.term(HOST_ADAMW, adam, || {
             format!(
-                "{adam_bytes} B read and written per parameter, Σ over node {node}'s ranks = {traffic:.4e} B / {:.3e} B/s (provisional)",
+                "{adam_bytes} B read and written per parameter, Σ over node {node}'s ranks = {traffic:.4e} B / {:.3e} B/s (measured)",
                 host.cpu_optimizer_bandwidth
             )
         }),

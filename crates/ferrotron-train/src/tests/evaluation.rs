@@ -151,6 +151,23 @@ fn successive_evaluations_read_megatrons_next_batches_on_every_rank() {
     }
 }
 
+/// Megatron's `--eval-iters 0`: no evaluation in the loop, after training or on the test split
+/// (`do_valid` and `do_test` are false), though the recipe splits the corpus three ways: zero
+/// samples asked of a split build none (as Megatron's builder), so nothing is read either.
+#[test]
+fn no_eval_iters_evaluates_nothing_not_even_at_the_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let none = json!({"training": {"eval_iters": 0}, "data": {"split": "60,20,20"}});
+    let (seen, setup) = evaluations(dir.path(), none, (0, 1));
+    assert!(setup.data.valid.is_none() && setup.data.test.is_none());
+    assert_eq!(seen, Vec::new());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let some = json!({"training": {"eval_iters": 1}, "data": {"split": "60,20,20"}});
+    let (seen, _) = evaluations(dir.path(), some, (0, 1));
+    let at: Vec<u64> = seen.iter().map(|(iteration, _)| *iteration).collect();
+    assert_eq!(at, [2, 4, 5, 5], "validation at 2, 4 and the end, then the test split");
+}
+
 #[test]
 fn fixed_evaluations_read_the_first_batches_every_time_as_before() {
     let fixed = json!({"training": {"eval_batches": "fixed"}});
