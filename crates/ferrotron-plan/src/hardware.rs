@@ -211,8 +211,7 @@ pub(crate) struct HostSpec {
     /// parameter), bytes/s, shared by the node's ranks: 150 GB/s, the streamed host pass's own
     /// rate on the 16 cores of the one-H100 machine (`tools/gpu-bench.sh` offload rows, the
     /// `ferrotron::offload` log: the 8B shape's 8.03 B parameters at 30 bytes each in 1.52 s,
-    /// gpt-1.3b's 1.32 B in 0.27 s; `tools/README.md`, issue 49). Steady state: a run's first
-    /// update also faults in the host state's pages.
+    /// gpt-1.3b's 1.32 B in 0.27 s; `tools/README.md`, issue 49).
     pub cpu_optimizer_bandwidth: f64,
 }
 

@@ -217,6 +217,7 @@ pub(crate) fn update_on_host<I: FusedOps>(
     let mut times = PassTimes::default();
     let values = I::host_pass(inputs, &mut |piece| {
         let started = std::time::Instant::now();
+        times.first_piece.get_or_insert(started - start);
         times.bytes_down += piece.out.len() * dtype_of(&piece.values).size();
         times.bytes_up += piece.out.len() * dtype_of_mut(&piece.out).size();
         states[piece.input].update(piece);
@@ -359,6 +360,9 @@ fn dtype_of_mut(values: &HostValuesMut<'_>) -> DType {
 /// pieces, the rest the copies it did not hide.
 #[derive(Debug, Clone, Copy, Default)]
 struct PassTimes {
+    /// From the update's start to its first piece on the host: the device finishing the work
+    /// queued before the gradients' first copy (the step's backward), and the first copy.
+    first_piece: Option<std::time::Duration>,
     host: std::time::Duration,
     bytes_down: usize,
     bytes_up: usize,
@@ -366,14 +370,20 @@ struct PassTimes {
 }
 
 impl PassTimes {
+    /// The rates are over the pass from its first piece on, so a step whose backward the
+    /// device is still running when the update starts does not read as a slow link.
     fn log(&self, total: std::time::Duration) {
-        let rate = |bytes: usize| bytes as f64 / total.as_secs_f64().max(1e-9) / 1e9;
+        let waited = self.first_piece.unwrap_or_default();
+        let streaming = total.saturating_sub(waited).as_secs_f64().max(1e-9);
+        let rate = |bytes: usize| bytes as f64 / streaming / 1e9;
         tracing::debug!(
             target: "ferrotron::offload",
-            "offloaded update of {} elements in {:.3} s ({:.1} GB/s of gradients down, {:.1} GB/s \
-             of weights up), AdamW on the host {:.3} s ({:.2} G elements/s)",
+            "offloaded update of {} elements in {:.3} s: the first piece after {:.3} s, then \
+             {:.1} GB/s of gradients down, {:.1} GB/s of weights up; AdamW on the host {:.3} s \
+             ({:.2} G elements/s)",
             self.elements,
             total.as_secs_f64(),
+            waited.as_secs_f64(),
             rate(self.bytes_down),
             rate(self.bytes_up),
             self.host.as_secs_f64(),
