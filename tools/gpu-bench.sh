@@ -12,8 +12,8 @@
 #
 # Env: OUT (table and logs), FERROTRON_DIST (the folder holding `recipe`), STEPS (30), SKIP (the
 # first steps the table leaves out as warm-up, 5; the 8B rows take a minute a step and their
-# first update is ten times the later ones', its line read with the second's: STEPS=3 SKIP=2; no
-# row evaluates, `training.eval_iters=0`),
+# first update is ten times the later ones': STEPS=3 SKIP=1; no row evaluates,
+# `training.eval_iters=0`),
 # ONLY (space-separated model names to run; default all), RUN_TIMEOUT (seconds per run, 300),
 # OP_TIMING=1 (each run also writes its per-op GPU time table, FERROTRON_OP_TIMING, to
 # logs/<name>.ops.md, and where the stream waited for the host, from FERROTRON_OP_TIMELINE

@@ -251,6 +251,18 @@ impl<I: Backend> AdamW<I> {
         self.flat.as_deref()
     }
 
+    /// Whether part of the state is offloaded, so that every step's update is a host pass: it
+    /// reads the step's last gradients down from the device and returns once their pieces are
+    /// on the host, so the step's device work is done when its call returns (only the new
+    /// weights' uploads remain), and the step needs no later read to be timed.
+    pub(crate) fn updates_on_host(&self) -> bool {
+        self.flat.as_deref().is_some_and(|flat| {
+            flat.master
+                .iter()
+                .any(|held| matches!(held, crate::optim::offload::Held::Host(_)))
+        })
+    }
+
     /// Optimizer steps taken (the `t` of the bias correction).
     pub fn step_count(&self) -> u64 {
         self.step

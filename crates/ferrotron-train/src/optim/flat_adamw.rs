@@ -830,6 +830,8 @@ mod tests {
                 );
                 (model, reference) = (next, next_ref);
             }
+            assert!(opt.updates_on_host(), "fraction {fraction}");
+            assert!(!opt_ref.updates_on_host());
             let state = opt.flat_state().expect("flat");
             // groups by (decay, dtype): weight (bf16, decays), bias (bf16), gain (f32, decays)
             let group = |id| state.layout.slots[&id].group;

@@ -437,11 +437,11 @@ impl<B: crate::TrainBackend> PerChunkStep<B> {
         let decode = reported_stats(ctx.dp_cp_size(), microbatches.len(), context);
         update_expert_bias(rank_chunks, ctx, outcome.loads)?;
         let values = DeviceValues::new(vec![losses, squares]);
-        Ok(PendingStats::later(
-            Some(values),
-            decode,
-            B::device_resident_step(),
-        ))
+        // An offloaded update has waited for the step's device work already
+        // (`AdamW::updates_on_host`).
+        let on_host = self.optimizers.iter().any(AdamW::updates_on_host);
+        let waits = B::device_resident_step() && !on_host;
+        Ok(PendingStats::later(Some(values), decode, waits))
     }
 }
 

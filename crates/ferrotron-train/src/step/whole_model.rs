@@ -402,10 +402,9 @@ where
         })
     };
     let values = DeviceValues::new(parts);
-    Ok((
-        model,
-        PendingStats::later(Some(values), decode, B::device_resident_step()),
-    ))
+    // An offloaded update has waited for the step's device work already (`updates_on_host`).
+    let waits = B::device_resident_step() && !optimizer.updates_on_host();
+    Ok((model, PendingStats::later(Some(values), decode, waits)))
 }
 
 /// A step's statistics read before its update (`[losses…, lm losses…]` of its `count`

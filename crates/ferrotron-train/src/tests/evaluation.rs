@@ -165,7 +165,11 @@ fn no_eval_iters_evaluates_nothing_not_even_at_the_end() {
     let some = json!({"training": {"eval_iters": 1}, "data": {"split": "60,20,20"}});
     let (seen, _) = evaluations(dir.path(), some, (0, 1));
     let at: Vec<u64> = seen.iter().map(|(iteration, _)| *iteration).collect();
-    assert_eq!(at, [2, 4, 5, 5], "validation at 2, 4 and the end, then the test split");
+    assert_eq!(
+        at,
+        [2, 4, 5, 5],
+        "validation at 2, 4 and the end, then the test split"
+    );
 }
 
 #[test]
