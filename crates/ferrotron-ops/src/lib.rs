@@ -41,6 +41,8 @@ pub mod fp8;
 mod op;
 mod primitive;
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 

@@ -17,47 +17,4 @@ mod rope;
 mod sliding_window;
 mod swiglu;
 
-use burn::backend::{Autodiff, Flex};
-use burn::tensor::{Tensor, TensorData};
-
-pub(crate) type B = Autodiff<Flex>;
-
-/// Deterministic values every rank can build identically.
-pub(crate) fn values(shape: &[usize], seed: f32) -> Vec<f32> {
-    let n: usize = shape.iter().product();
-    (0..n)
-        .map(|i| ((i as f32 + 1.0) * 0.731 + seed).sin())
-        .collect()
-}
-
-pub(crate) fn tensor<const D: usize>(shape: [usize; D], seed: f32) -> Tensor<B, D> {
-    Tensor::from_data(
-        TensorData::new(values(&shape, seed), shape),
-        &Default::default(),
-    )
-}
-
-/// A copy of `t` with its own autodiff node: rank threads must never share a node, or their
-/// graphs merge into one whose lock the first backward holds while it waits in a collective.
-pub(crate) fn fresh<const D: usize>(t: &Tensor<B, D>) -> Tensor<B, D> {
-    Tensor::from_data(t.to_data(), &Default::default())
-}
-
-pub(crate) fn flat<Bk: burn::tensor::backend::Backend, const D: usize>(
-    t: Tensor<Bk, D>,
-) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .unwrap_or_else(|err| panic!("{err:?}"))
-}
-
-pub(crate) fn assert_close(actual: &[f32], expected: &[f32], what: &str) {
-    assert_eq!(actual.len(), expected.len(), "{what}: lengths differ");
-    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
-        assert!(
-            (a - e).abs() <= 1e-5 * (1.0 + e.abs()),
-            "{what}: element {i} is {a}, expected {e}"
-        );
-    }
-}
+pub(crate) use crate::testing::{B, assert_close, flat, fresh, tensor, values};
