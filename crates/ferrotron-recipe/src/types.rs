@@ -1210,6 +1210,13 @@ pub struct Runtime {
     /// Uploads through pinned staging buffers (off: pageable copies).
     #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
     pub pinned_uploads: bool,
+    /// Megatron's `use_cpu_initialization`, on by default here: the initial weights are drawn
+    /// on the CPU (burn-flex's generator) and copied to the device, so every backend and
+    /// layout starts from the CPU run's weights. Off: the device draws them with its own
+    /// generator (Philox on ferrotron-cuda) from the same seed, the same for every layout on
+    /// that backend, and an 8B model's start takes seconds instead of minutes of one CPU core.
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
+    pub use_cpu_initialization: bool,
 }
 
 impl Default for Runtime {
@@ -1225,6 +1232,7 @@ impl Default for Runtime {
             attention_tune: true,
             norm_one_pass: true,
             pinned_uploads: true,
+            use_cpu_initialization: true,
         }
     }
 }

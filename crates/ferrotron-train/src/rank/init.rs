@@ -3,7 +3,10 @@
 //! random generator (Flex's, Philox on ferrotron-cuda, cubecl's on burn-cuda), so
 //! drawing on the device would start every backend from different weights, and comparing a GPU
 //! run's loss curve with the CPU's would measure the draw, not the arithmetic. On the CPU
-//! backend itself the model is drawn in place, exactly as before.
+//! backend itself the model is drawn in place, exactly as before. The CPU draw is one core's
+//! work, minutes for an 8B model, so `runtime.use_cpu_initialization: false` (Megatron's
+//! default) lets the device draw instead: still a function of the seed on that backend, and the
+//! same for every layout, since each rank draws the whole model and keeps its cut.
 
 use std::any::TypeId;
 use std::collections::HashMap;
@@ -15,13 +18,16 @@ use ferrotron_model::{GptModel, ModelConfig};
 use crate::rng::with_process_rng;
 use crate::{TrainError, load_named_tensors, named_tensors};
 
-/// The model `config` describes, initialised from `seed`, on `device`.
+/// The model `config` describes, initialised from `seed`, on `device`: drawn on the CPU and
+/// copied when `on_cpu` (or drawn in place on the CPU backend), else by the device.
 pub(crate) fn seeded_model<B: Backend>(
     config: &ModelConfig,
     seed: u64,
+    on_cpu: bool,
     device: &B::Device,
 ) -> Result<GptModel<B>, TrainError> {
-    let draw_in_place = TypeId::of::<B>() == TypeId::of::<Flex>()
+    let draw_in_place = !on_cpu
+        || TypeId::of::<B>() == TypeId::of::<Flex>()
         || TypeId::of::<B>() == TypeId::of::<burn::backend::Autodiff<Flex>>();
     if draw_in_place {
         return Ok(with_process_rng(|| {
@@ -70,11 +76,29 @@ mod tests {
     #[test]
     fn another_backend_starts_from_the_cpu_draw() {
         let device = Default::default();
-        let cpu = seeded_model::<Autodiff<Flex>>(&config(), 7, &device).expect("cpu");
-        let other = seeded_model::<Other>(&config(), 7, &device).expect("copied");
+        let cpu = seeded_model::<Autodiff<Flex>>(&config(), 7, true, &device).expect("cpu");
+        let other = seeded_model::<Other>(&config(), 7, true, &device).expect("copied");
         let values = named_tensors::<Other, _>(&other);
         assert_eq!(named_tensors::<Autodiff<Flex>, _>(&cpu), values);
-        let reseeded = seeded_model::<Other>(&config(), 8, &device).expect("seed 8");
+        let reseeded = seeded_model::<Other>(&config(), 8, true, &device).expect("seed 8");
         assert_ne!(values, named_tensors::<Other, _>(&reseeded));
+    }
+
+    /// Without CPU initialization a backend draws with its own generator, seeded: the model is
+    /// what that backend's seeded `init` makes, the same twice, another for another seed.
+    #[test]
+    fn without_cpu_initialization_the_device_draws_from_the_seed() {
+        let device = Default::default();
+        let own = |seed| {
+            let model = seeded_model::<Other>(&config(), seed, false, &device).expect("drawn");
+            named_tensors::<Other, _>(&model)
+        };
+        let expected = with_process_rng(|| {
+            Other::seed(&device, 7);
+            named_tensors::<Other, _>(&config().init::<Other>(&device))
+        });
+        assert_eq!(own(7), expected);
+        assert_eq!(own(7), own(7));
+        assert_ne!(own(7), own(8));
     }
 }

@@ -126,7 +126,12 @@ where
     ) -> Result<Self, TrainError> {
         let specs = chunk_specs(plan, ctx.pp_rank())?;
         // every rank draws the same full model from the seed, then keeps its cut
-        let full: GptModel<B> = seeded_model(config, plan.recipe.training.seed, device)?;
+        let full: GptModel<B> = seeded_model(
+            config,
+            plan.recipe.training.seed,
+            plan.recipe.runtime.use_cpu_initialization,
+            device,
+        )?;
         let whole = is_alone(&ctx) && specs.len() == 1;
         let chunks = if whole {
             vec![full]
