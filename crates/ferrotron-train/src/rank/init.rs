@@ -4,8 +4,8 @@
 //! drawing on the device would start every backend from different weights, and comparing a GPU
 //! run's loss curve with the CPU's would measure the draw, not the arithmetic. On the CPU
 //! backend itself the model is drawn in place, exactly as before. The CPU draw is one core's
-//! work, minutes for an 8B model, so `runtime.use_cpu_initialization: false` (Megatron's
-//! default) lets the device draw instead: still a function of the seed on that backend, and the
+//! work (8 B normal draws for an 8B model), so `runtime.use_cpu_initialization: false`
+//! (Megatron's default) lets the device draw instead: still a function of the seed on that backend, and the
 //! same for every layout, since each rank draws the whole model and keeps its cut.
 
 use std::any::TypeId;
