@@ -30,7 +30,20 @@ use ferrotron_telemetry::MemoryProbe;
 use ferrotron_train::precision::{compute_dtype, use_compute_dtype};
 use ferrotron_train::{CpuTrainBackend, RunOptions, RunSummary, train_rank};
 
-use super::run::CommArg;
+/// How GPU ranks exchange data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub(crate) enum CommArg {
+    /// NCCL for a CUDA world of several processes, none for one rank.
+    #[default]
+    Auto,
+    /// NCCL communicators even for one GPU (world 1: the rank loop over NCCL groups, to compare
+    /// with the plain one-rank run).
+    Nccl,
+    /// TCP through the host, as CPU ranks talk: a layout of more ranks than GPUs (they share the
+    /// GPUs round-robin; NCCL refuses two ranks on one GPU), to try it where only one GPU is;
+    /// far slower than NCCL.
+    Tcp,
+}
 
 const GIB: f64 = (1u64 << 30) as f64;
 

@@ -13,7 +13,7 @@ use ferrotron_recipe::{Backend, LoadedRecipe, Recipe};
 use ferrotron_telemetry::{RunDetails, RunManifest, RunStatus};
 use ferrotron_train::{RunOptions, RunSummary, StopFlag, StopReason, TrainError};
 
-use super::launch::{Launch, World};
+use super::launch::{CommArg, Launch, World};
 use crate::exit;
 use crate::failure::{catching, describe, say, sayln};
 
@@ -22,21 +22,6 @@ pub(crate) enum BackendArg {
     Cpu,
     Cuda,
     BurnCuda,
-}
-
-/// How GPU ranks exchange data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub(crate) enum CommArg {
-    /// NCCL for a CUDA world of several processes, none for one rank.
-    #[default]
-    Auto,
-    /// NCCL communicators even for one GPU (world 1: the rank loop over NCCL groups, to compare
-    /// with the plain one-rank run).
-    Nccl,
-    /// TCP through the host, as CPU ranks talk: a layout of more ranks than GPUs (they share the
-    /// GPUs round-robin; NCCL refuses two ranks on one GPU), to try it where only one GPU is;
-    /// far slower than NCCL.
-    Tcp,
 }
 
 #[derive(Debug, clap::Args)]
