@@ -32,14 +32,9 @@ use crate::memory::MemoryBytes;
 use crate::setup::Setup;
 use crate::term::Term;
 
-/// Fraction of the activations' freed memory the pool hands to the update's new buffers.
-///
-/// Fitted 2026-12-02 to the one row of `tools/gpu-bench.sh` (one H200, flat optimizer state,
-/// 17:26 UTC call) whose device peak is its update: llama-1b 2 × 4096 peaked at 31.8 GiB, its
-/// activations phase is 26.2 GiB and the buffers after the backward 6.6 GiB (6 bytes per
-/// parameter), so 1.6 GiB of its 10.9 GiB of activations were reused: 0.15. Every measured
-/// row stays within 10 % for fractions from 0.13 (the MoE's bound) to 0.41 (llama-1b's); from
-/// 0.18 on, gpt-1.3b 12 × 2048 peaks in its activations.
+/// Fraction of the activations' freed memory the pool hands to the update's new buffers,
+/// fitted to the one bench row whose device peak is its update (`tools/README.md`, "Where the
+/// planner's fitted numbers come from"): every measured row stays within 10 % from 0.13 to 0.41.
 pub(crate) const POOL_REUSE: f64 = 0.15;
 
 /// The names the terms give the two phases.

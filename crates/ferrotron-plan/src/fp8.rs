@@ -3,14 +3,12 @@
 //! Which GEMMs run in fp8: the attention projections of every layer the recipe puts in fp8
 //! (`Precision::fp8_layer`: all but the first and last ones with `first_last_layers_bf16`) and
 //! the MLPs of its dense layers; the MoE experts, the core attention and the output layer stay
-//! in bf16. Their rate is the fp8 peak at a lower fraction than bf16 reaches. Fitted on the
-//! H200 (2026-12-04 19:43 UTC, `tools/gpu-bench.sh` with `OP_TIMING=1`): gpt-1.3b's fp8 GEMMs,
-//! tuned like the bf16 ones, ran at 1,366 TFLOP/s on average over the step's and the
-//! validation's products (69 % of the 1979 peak), its bf16 GEMMs at 756–790 (78 % of 989), so
-//! fp8 takes [`FP8_EFFICIENCY`] = 0.89 times the bf16 efficiency (0.845 before, from the
-//! untuned GEMMs of `/work/shared/gpu-speed.md`). The casts move their bytes at
-//! [`CAST_BANDWIDTH_EFFICIENCY`] of HBM. With both, the fp8 bench rows of the 2026-12-04 21:13
-//! UTC call are predicted within 12 % of their measured steps (`tests/bench_rows.rs`).
+//! in bf16. Their rate is the fp8 peak at a lower fraction than bf16 reaches: on the H200,
+//! gpt-1.3b's tuned fp8 GEMMs ran at 69 % of the 1979 peak where its bf16 GEMMs ran at 78 % of
+//! 989, so fp8 takes [`FP8_EFFICIENCY`] = 0.89 times the bf16 efficiency. The casts move their
+//! bytes at [`CAST_BANDWIDTH_EFFICIENCY`] of HBM. With both, the fp8 bench rows are predicted
+//! within 12 % of their measured steps (`tests/bench_rows.rs`; the measurements: `tools/README.md`,
+//! "Where the planner's fitted numbers come from").
 //!
 //! What fp8 adds: every fp8 GEMM's operands are cast first, a pass that reads the 16-bit
 //! tensor and writes it twice in fp8 (itself and its transpose: 4 bytes per element), for the
@@ -28,12 +26,10 @@ use crate::stages::StageInfo;
 /// fp8 GEMMs' fraction of their peak, relative to bf16's fraction of its own.
 pub(crate) const FP8_EFFICIENCY: f64 = 0.89;
 
-/// The casts' fraction of HBM bandwidth: Nsight Compute on the H200 (2026-12-04 21:03 UTC) read
-/// 3.27 TB/s of DRAM traffic, 68 % of its 4.8, for gpt-1.3b's plain cast-transpose of a
-/// [24576, 2048] activation; the fused activation casts of that model and the LLaMA-style 1B
-/// measure 2.9–3.9 TB/s of their bytes in training (`gpu_check --filter fp8`'s table). Charging
-/// the casts at the element-wise kernels' fitted 31 % instead had put the fp8 bench rows at
-/// 1.17 (gpt-1.3b) of their measured steps.
+/// The casts' fraction of HBM bandwidth: what Nsight Compute read for gpt-1.3b's plain
+/// cast-transpose on the H200, 68 % of its 4.8 TB/s (the fused activation casts measure about as
+/// much in `gpu_check --filter fp8`'s table). The element-wise kernels' fitted 31 % had put the
+/// fp8 rows' steps 17 % too long.
 pub(crate) const CAST_BANDWIDTH_EFFICIENCY: f64 = 0.68;
 
 /// The layers of a stage whose GEMMs run in fp8.

@@ -87,27 +87,12 @@ impl GpuSpec {
                 peak_fp32: 67e12,
                 memory_bytes: 140.0 * GIB,
                 memory_bandwidth: 4.8e12,
-                // Fitted 2026-12-02 to `tools/gpu-bench.sh` on one H200 (eight dense rows:
-                // gpt2-124m, gpt-350m, gpt-1.3b at micro batch 2/8/12 and with full recompute
-                // at 12/24, the LLaMA-style 1B; every predicted step within 10 % of measured):
-                // GEMMs 750 TFLOP/s and cuDNN attention 0.36 of peak as the per-op timing of
-                // gpt-1.3b measured them, the element-wise passes least squares on the rest.
-                // The overhead was refitted 2026-12-02 after the flat optimizer state: the
-                // device's peak (nvidia-smi, 17:26 UTC call) less the allocator's peak of live
-                // tensors (13:01 call; the activations phase holds the same tensors with the flat
-                // state) on the two rows whose peak is their activations, gpt-1.3b 12 × 2048
-                // (58.7 − 58.1) and gpt-350m 16 × 2048 (35.7 − 35.1): 0.6 GiB each, the CUDA
-                // context, cuBLAS/cuDNN workspaces and module images. One GPU, no NCCL. The
-                // first fit's 1.5 GiB also held the pool's slack around the per-parameter
-                // update's transient copies (those rows' device peaks fell 3.4 and 1.5 GiB with
-                // the flat state).
-                // The element-wise term was refitted 2026-12-04 after that morning's kernels
-                // (four dropout keep bits a Philox draw, the cross-entropy in 16-byte chunks, a
-                // warp per row for the norm gradient) sped the memory-bound passes: least squares
-                // of predicted/measured on gpt-1.3b 12 × 2048 (0.392 s, 17:26 UTC call), gpt-350m
-                // 16 × 2048 (0.194 s, 02:49) and the LLaMA-style 1B 2 × 4096 (0.122 s, 17:26),
-                // GEMM and attention terms kept: 0.31 (was 0.23), predictions then 1.07, 0.97 and
-                // 0.97 of measured (1.16, 1.08 and 1.04 before; `tests/bench_rows.rs`).
+                // Fitted to `tools/gpu-bench.sh` rows on one H200 (`tools/README.md`, "Where
+                // the planner's fitted numbers come from"): GEMMs and cuDNN attention at the
+                // rates the per-op timing of gpt-1.3b measured, the element-wise passes by least
+                // squares on the rest, the overhead the device's peak less the allocator's
+                // (the CUDA context, cuBLAS/cuDNN workspaces, module images);
+                // `tests/bench_rows.rs` holds every dense row's prediction within 10 %.
                 gemm_efficiency: 0.76,
                 attention_efficiency: 0.36,
                 memory_bound_efficiency: 0.31,
@@ -115,7 +100,7 @@ impl GpuSpec {
                 inter_node_bandwidth: 0.8 * 50e9,
                 collective_latency: 20e-6,
                 framework_overhead_bytes: 0.6 * GIB,
-                source: "H200 SXM datasheet; fitted here 2026-12-02 and 2026-12-04 \
+                source: "H200 SXM datasheet; fitted here \
                          (tools/gpu-bench.sh, one H200): training GEMMs 0.76 of peak, fused \
                          attention 0.36, element-wise passes 0.31 of HBM bandwidth, 0.6 GiB \
                          outside the tensors; NCCL all-reduce bus bandwidth 356 GB/s on 4 GPUs; \
@@ -203,7 +188,7 @@ pub(crate) struct HostSpec {
     /// update through four page-locked pieces of 32 MiB (ferrotron-cuda `host_pass.rs`).
     pub transfer_buffer_bytes: f64,
     /// Device-to-host copy rate of one GPU into page-locked memory, bytes/s: 54 GB/s measured
-    /// on one H100 80 GB (PCIe 5, `torch` copies of 256 MiB, 2026-12-06, `tools/README.md`).
+    /// on one H100 80 GB (PCIe 5, `torch` copies of 256 MiB; `tools/host_probe.py`).
     pub device_to_host_bandwidth: f64,
     /// Host-to-device copy rate of one GPU from page-locked memory, bytes/s: 54 GB/s, as above.
     pub host_to_device_bandwidth: f64,
@@ -272,8 +257,8 @@ mod tests {
 
     #[test]
     fn fitted_h200_gemm_rate_is_what_training_gemms_reach() {
-        // gpt-1.3b's GEMMs over a step, per-op timing 2026-12-02: 750 TFLOP/s; cuBLASLt alone
-        // on one large square product reaches 760-830.
+        // gpt-1.3b's GEMMs over a step, in the per-op timing: 750 TFLOP/s; cuBLASLt alone on
+        // one large square product reaches 760-830 (`tools/README.md`).
         let spec = GpuSpec::of(GpuKind::H200);
         let rate = spec.peak_bf16 * spec.gemm_efficiency;
         assert!((740e12..=760e12).contains(&rate), "{rate}");
