@@ -26,10 +26,7 @@ pub(crate) fn seeded_model<B: Backend>(
     on_cpu: bool,
     device: &B::Device,
 ) -> Result<GptModel<B>, TrainError> {
-    let draw_in_place = !on_cpu
-        || TypeId::of::<B>() == TypeId::of::<Flex>()
-        || TypeId::of::<B>() == TypeId::of::<burn::backend::Autodiff<Flex>>();
-    if draw_in_place {
+    if draws_in_place::<B>(on_cpu) {
         return Ok(with_process_rng(|| {
             B::seed(device, seed);
             config.init(device)
@@ -52,6 +49,14 @@ pub(crate) fn seeded_model<B: Backend>(
             problems.join("; ")
         ))
     })
+}
+
+/// Whether `B` draws the model itself: the CPU backend always (it is the CPU draw), any other
+/// backend when the recipe turns CPU initialization off.
+fn draws_in_place<B: Backend>(on_cpu: bool) -> bool {
+    !on_cpu
+        || TypeId::of::<B>() == TypeId::of::<Flex>()
+        || TypeId::of::<B>() == TypeId::of::<burn::backend::Autodiff<Flex>>()
 }
 
 #[cfg(test)]
@@ -85,9 +90,14 @@ mod tests {
     }
 
     /// Without CPU initialization a backend draws with its own generator, seeded: the model is
-    /// what that backend's seeded `init` makes, the same twice, another for another seed.
+    /// what that backend's seeded `init` makes, the same twice, another for another seed. (This
+    /// test backend's generator is burn-flex's, so its own draw equals the CPU's: which path
+    /// runs is asserted apart.)
     #[test]
     fn without_cpu_initialization_the_device_draws_from_the_seed() {
+        assert!(draws_in_place::<Other>(false));
+        assert!(!draws_in_place::<Other>(true));
+        assert!(draws_in_place::<Autodiff<Flex>>(true));
         let device = Default::default();
         let own = |seed| {
             let model = seeded_model::<Other>(&config(), seed, false, &device).expect("drawn");
