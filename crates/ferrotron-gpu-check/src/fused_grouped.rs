@@ -7,9 +7,9 @@
 //! that does not would differ by that rounding summed over a group's rows (up to 0.125 on
 //! gradients of magnitude ~10 here), which says nothing about the grouping.
 
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::GpuDevice;
-use ferrotron_ops::{FusedOps, composed_grouped_matmul};
+use ferrotron_ops::{FusedOps, GroupRows, composed_grouped_matmul};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -35,10 +35,13 @@ fn grads<const FUSED: bool>(
         x.clone().into_primitive().tensor(),
         weight.clone().into_primitive().tensor(),
     );
+    // The fused node gets the counts on the device, as dropless routing leaves them.
     let out = if FUSED {
-        A::fused_grouped_matmul(px, pw, &GROUPS)
+        let counts = TensorData::new(GROUPS.iter().map(|&r| r as i64).collect(), [GROUPS.len()]);
+        let counts = Tensor::<A, 1, Int>::from_data(counts, device).into_primitive();
+        A::fused_grouped_matmul(px, pw, &GroupRows::on_device(counts))
     } else {
-        composed_grouped_matmul::<A>(px, pw, &GROUPS)
+        composed_grouped_matmul::<A>(px, pw, &GroupRows::on_host(GROUPS.to_vec()))
     };
     let out: Tensor<A, 2> = Tensor::from_primitive(TensorPrimitive::Float(out));
     let g = (out.clone().cast(DType::F32) * w).sum().backward();

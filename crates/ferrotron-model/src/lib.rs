@@ -28,7 +28,7 @@ mod rope;
 
 pub use config::{Capacity, GroupLimit, MlaConfig, ModelConfig, MoeConfig, RopeScaling};
 pub use error::ModelError;
-pub use expert_loads::ExpertLoads;
+pub use expert_loads::{ExpertLoads, LayerLoads};
 pub use generate::generate;
 pub use model::{GptModel, LossOutput, ModelOutput};
 pub use parallel::{

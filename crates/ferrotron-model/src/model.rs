@@ -367,27 +367,27 @@ impl<B: Backend> GptModel<B> {
     /// Apply DeepSeek-V3's auxiliary-loss-free update to every MoE layer with an expert bias:
     /// `bias_i += rate · sign(mean_load − load_i)`. `loads` are the tokens per expert summed
     /// over the step (all microbatches, and all data-parallel ranks once there are several).
-    pub fn update_expert_bias(self, loads: &ExpertLoads) -> Result<Self, ModelError> {
+    pub fn update_expert_bias(self, loads: &mut ExpertLoads) -> Result<Self, ModelError> {
+        let loads = loads.layers();
         let moe_layers: Vec<usize> = self
             .layers
             .iter()
             .filter_map(|layer| layer.moe().map(|moe| moe.num_experts()))
             .collect();
-        let shapes_match = loads.layers.len() == moe_layers.len()
+        let shapes_match = loads.len() == moe_layers.len()
             && loads
-                .layers
                 .iter()
                 .zip(&moe_layers)
                 .all(|(given, &experts)| given.len() == experts);
         if !shapes_match {
             return Err(ModelError::ExpertLoadsMismatch {
-                given: loads.layers.len(),
-                given_experts: loads.layers.first().map_or(0, Vec::len),
+                given: loads.len(),
+                given_experts: loads.first().map_or(0, Vec::len),
                 expected: moe_layers.len(),
                 expected_experts: moe_layers.first().copied().unwrap_or(0),
             });
         }
-        let mut per_layer = loads.layers.iter();
+        let mut per_layer = loads.iter();
         let layers = self
             .layers
             .into_iter()
@@ -664,7 +664,7 @@ impl<B: ParallelOps> GptModel<B> {
             next = range.end;
         }
         let out = kept(next..self.layers.len(), out);
-        (out.hidden, out.aux_loss, ExpertLoads { layers: out.loads })
+        (out.hidden, out.aux_loss, ExpertLoads::pending(out.loads))
     }
 
     /// Final norm and this rank's vocabulary columns of the logits, `[batch, seq, vocab/tp]`

@@ -24,9 +24,9 @@ use ferrotron_parallel::recompute::{Rerun, RngMark, Run};
 use ferrotron_parallel::{ParallelOps, prefetch};
 use ferrotron_recipe::{Recompute, RecomputeGranularity, RecomputeMethod};
 
-use crate::ModelError;
 use crate::block::TransformerBlock;
 use crate::parallel::SequencePositions;
+use crate::{LayerLoads, ModelError};
 
 /// The layer ranges of a chunk that are recomputed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -89,7 +89,7 @@ impl RecomputePolicy {
 pub(crate) struct LayersOut<B: Backend> {
     pub hidden: Tensor<B, 3>,
     pub aux_loss: Tensor<B, 1>,
-    pub loads: Vec<Vec<u64>>,
+    pub loads: Vec<LayerLoads>,
 }
 
 /// Runs `layers` (the model's layers `first..`) in order after `input`, marking dropout's
@@ -244,8 +244,8 @@ fn split_inputs<B: Backend>(inputs: Vec<FloatTensor<B>>) -> (Tensor<B, 3>, Tenso
 fn joined<B: Backend>(
     outputs: Vec<FloatTensor<B>>,
     aux_loss: Tensor<B, 1>,
-    earlier: Vec<Vec<u64>>,
-    loads: Vec<Vec<u64>>,
+    earlier: Vec<LayerLoads>,
+    loads: Vec<LayerLoads>,
 ) -> LayersOut<B> {
     let mut outputs = outputs.into_iter();
     let hidden = Tensor::from_primitive(TensorPrimitive::Float(

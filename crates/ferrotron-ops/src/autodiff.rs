@@ -22,12 +22,12 @@ use crate::kernel_or_composed;
 use crate::op::gather::gather_rows_node;
 use crate::{
     AttentionSpec, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, Fp8Rope, Fp8State, FusedOps,
-    GroupLimit, MoePermutation, NormSpec, QkNormParams, attention_node, composed_attention,
-    composed_dropout_add, composed_embedding, composed_gelu, composed_grouped_matmul,
-    composed_qk_norm, composed_qkv_attention, composed_rope_qkv, composed_swiglu,
-    composed_tied_logits, cross_entropy_node, dropout_add_node, embedding_node, gelu_node,
-    grouped_matmul_node, norm_node, qk_norm_node, qkv_attention_node, rope_qkv_node, swiglu_node,
-    tied_cross_entropy_node, tied_logits_node,
+    GroupLimit, GroupRows, MoePermutation, NormSpec, QkNormParams, attention_node,
+    composed_attention, composed_dropout_add, composed_embedding, composed_gelu,
+    composed_grouped_matmul, composed_qk_norm, composed_qkv_attention, composed_rope_qkv,
+    composed_swiglu, composed_tied_logits, cross_entropy_node, dropout_add_node, embedding_node,
+    gelu_node, grouped_matmul_node, norm_node, qk_norm_node, qkv_attention_node, rope_qkv_node,
+    swiglu_node, tied_cross_entropy_node, tied_logits_node,
 };
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
@@ -193,7 +193,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     fn fused_grouped_matmul(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
-        group_rows: &[usize],
+        group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
         kernel_or_composed!(
             B::has_grouped_matmul_kernel(&x.primitive, &weight.primitive),

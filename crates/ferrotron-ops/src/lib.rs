@@ -69,6 +69,7 @@ pub use op::flat::{
     FlatPiece, FlatSegment, OrderedSum, composed_gather_flat, composed_segment_sum_of_squares,
 };
 pub use op::gelu::{composed_gelu, gelu, gelu_node};
+pub use op::group_rows::GroupRows;
 pub use op::grouped::{GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_node};
 pub use op::host_pass::{HostPass, HostPiece, HostValues, HostValuesMut, composed_host_pass};
 pub use op::logits::{composed_tied_logits, tied_logits, tied_logits_node};
@@ -342,7 +343,7 @@ pub trait FusedOps: Backend {
     fn fused_grouped_matmul(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
-        group_rows: &[usize],
+        group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
         composed_grouped_matmul::<Self>(x, weight, group_rows)
     }
@@ -358,7 +359,7 @@ pub trait FusedOps: Backend {
     fn grouped_matmul_kernel_forward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
-        group_rows: &[usize],
+        group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
         composed_grouped_matmul::<Self>(x, weight, group_rows)
     }
@@ -368,7 +369,7 @@ pub trait FusedOps: Backend {
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
-        group_rows: &[usize],
+        group_rows: &GroupRows<Self>,
     ) -> GroupedMatmulGrads<Self> {
         grouped_matmul_backward_reference::<Self>(x, weight, grad_output, group_rows)
     }

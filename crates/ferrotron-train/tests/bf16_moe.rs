@@ -56,12 +56,10 @@ fn the_expert_bias_stays_f32_in_a_bf16_model() {
 
     // 300 updates of ±1e-3 (expert 0 below the mean load, 3 above): ±0.3 in f32, where a bf16
     // bias would take steps of 2⁻⁹ ≈ 2e-3 from 0.25 on (its spacing there) and overshoot.
-    let loads = ExpertLoads {
-        layers: vec![vec![0, 2, 2, 2]],
-    };
+    let mut loads = ExpertLoads::from_layers(vec![vec![0, 2, 2, 2]]);
     for _ in 0..300 {
         model = model
-            .update_expert_bias(&loads)
+            .update_expert_bias(&mut loads)
             .expect("one MoE layer's loads");
     }
     let values: Vec<f32> = bias(&model).into_data().iter::<f32>().collect();

@@ -1,16 +1,18 @@
 //! A one-rank layer's routing decisions as device tensors: each token's experts, the routed rows
-//! grouped by expert, and the per-expert row counts the grouped GEMM needs on the host.
+//! grouped by expert, and the per-expert row counts.
 //!
 //! Dropless routing is decided on the device ([`FusedOps::moe_topk`],
-//! [`FusedOps::moe_permutation`]): the host reads only the `[experts]` counts, so after that one
-//! read it queues the experts' GEMMs straight away instead of routing thousands of tokens while
-//! the GPU idles. Capacity dropping and Sinkhorn balancing (while training) compare tokens with
-//! each other across the whole microbatch; they stay on the host (`routing.rs`), and their
-//! decisions are uploaded into the same form, so everything after the decision is one path.
+//! [`FusedOps::moe_permutation`]), and its `[experts]` counts stay there ([`GroupRows`]): a
+//! grouped GEMM that takes device counts runs the layer without the host waiting for the GPU,
+//! one that takes host numbers reads them right before it, and the layer's loads are read when
+//! the trainer sums them after the step's backward. Capacity dropping and Sinkhorn balancing
+//! (while training) compare tokens with each other across the whole microbatch; they stay on
+//! the host (`routing.rs`), and their decisions are uploaded into the same form, so everything
+//! after the decision is one path.
 
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData, TensorPrimitive};
-use ferrotron_ops::FusedOps;
+use ferrotron_ops::{FusedOps, GroupRows};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
@@ -33,7 +35,7 @@ pub(super) struct Decisions<B: ParallelOps> {
     /// Whether capacity dropped any slot.
     pub(super) dropped: bool,
     /// Rows per expert: the grouped GEMM's group sizes, and the experts' loads.
-    pub(super) per_expert: Vec<usize>,
+    pub(super) per_expert: GroupRows<B>,
     /// The router's logits as the host read them, when the host routed.
     host_logits: Option<Vec<f32>>,
 }
@@ -71,17 +73,7 @@ impl<B: ParallelOps> Decisions<B> {
             config.num_experts,
         );
         let slots = Tensor::<B, 1, Int>::from_primitive(permutation.order);
-        let counts = Tensor::<B, 1, Int>::from_primitive(permutation.counts);
-        let per_expert: Vec<usize> = counts
-            .into_data()
-            .iter::<i64>()
-            .map(|count| usize::try_from(count).expect("a row count is not negative"))
-            .collect();
-        assert_eq!(
-            per_expert.iter().sum::<usize>(),
-            tokens * topk,
-            "MoE routing: the experts' counts {per_expert:?} do not add up to {tokens} tokens × top-{topk}"
-        );
+        let per_expert = GroupRows::on_device(permutation.counts);
         Decisions {
             chosen,
             tokens: slots.clone().div_scalar(topk as i64),
@@ -112,7 +104,7 @@ impl<B: ParallelOps> Decisions<B> {
             tokens: index_tensor::<B>(&permutation.tokens, device),
             slots: index_tensor::<B>(&permutation.slots, device),
             rows: index_tensor::<B>(&rows, device),
-            per_expert: permutation.per_expert,
+            per_expert: GroupRows::on_host(permutation.per_expert),
             dropped: routed < routing.experts.len(),
             host_logits: Some(host_logits),
         }
@@ -289,7 +281,7 @@ mod tests {
     }
 
     fn assert_same(device: Decisions<Cpu>, host: Decisions<Cpu>) {
-        assert_eq!(device.per_expert, host.per_expert);
+        assert_eq!(device.per_expert.host(), host.per_expert.host());
         assert_eq!(
             ints(device.chosen.reshape([-1])),
             ints(host.chosen.reshape([-1]))
@@ -303,7 +295,7 @@ mod tests {
     #[test]
     fn device_decisions_are_the_host_routers_for_softmax_after_topk() {
         let (device, host) = both(moe_section(), None);
-        assert_eq!(device.per_expert.iter().sum::<usize>(), TOKENS * 2);
+        assert_eq!(device.per_expert.host().iter().sum::<usize>(), TOKENS * 2);
         assert_same(device, host);
     }
 

@@ -17,6 +17,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
+use ferrotron_ops::GroupRows;
 use ferrotron_parallel::collectives::all_to_all_rows;
 use ferrotron_parallel::{Comm, ParallelOps};
 
@@ -246,7 +247,7 @@ fn grouped_in_received_order<B: ParallelOps>(
         .iter()
         .flat_map(|assigned| assigned.rows.iter().copied())
         .collect();
-    let group_rows: Vec<usize> = assignments.iter().map(|a| a.rows.len()).collect();
+    let group_rows = GroupRows::on_host(assignments.iter().map(|a| a.rows.len()).collect());
     assert_eq!(
         order.len(),
         inputs.dims()[0],

@@ -11,7 +11,7 @@
 
 use burn::tensor::activation::gelu;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
-use ferrotron_ops::FusedOps;
+use ferrotron_ops::{FusedOps, GroupRows};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::Activation;
 
@@ -20,11 +20,11 @@ use crate::mlp::gelu_tanh;
 
 /// `x [rows, hidden]`, the first `group_rows[0]` rows for `experts[0]`, the next for
 /// `experts[1]`, … → each row through its expert, `[rows, hidden]`. Whole experts only (not cut
-/// over etp).
+/// over etp). The counts stay where they are: nothing here reads device counts to the host.
 pub(super) fn grouped_experts<B: ParallelOps>(
     experts: &[Expert<B>],
     x: Tensor<B, 2>,
-    group_rows: &[usize],
+    group_rows: &GroupRows<B>,
 ) -> Tensor<B, 2> {
     let activation = experts
         .first()
@@ -34,7 +34,7 @@ pub(super) fn grouped_experts<B: ParallelOps>(
     let fc2_bias = biases(experts.iter().map(|e| e.fc2.bias.as_ref().map(|b| b.val())));
     // Which expert each row is for, uploaded once for both biases.
     let row_experts = (fc1_bias.is_some() || fc2_bias.is_some())
-        .then(|| row_experts::<B>(group_rows, &x.device()));
+        .then(|| row_experts::<B>(group_rows, x.dims()[0], &x.device()));
     let hidden = with_bias(
         grouped_matmul(x, fc1, group_rows),
         fc1_bias,
@@ -58,7 +58,7 @@ pub(super) fn grouped_experts<B: ParallelOps>(
 fn grouped_matmul<B: FusedOps>(
     x: Tensor<B, 2>,
     weight: Tensor<B, 3>,
-    group_rows: &[usize],
+    group_rows: &GroupRows<B>,
 ) -> Tensor<B, 2> {
     Tensor::from_primitive(TensorPrimitive::Float(B::fused_grouped_matmul(
         x.into_primitive().tensor(),
@@ -75,15 +75,31 @@ fn biases<B: FusedOps>(biases: impl Iterator<Item = Option<Tensor<B, 1>>>) -> Op
         .map(|b| Tensor::stack(b, 0))
 }
 
-/// The expert of each row, `[rows]`, for the groups' row counts.
-fn row_experts<B: FusedOps>(group_rows: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
-    let experts: Vec<i64> = group_rows
-        .iter()
-        .enumerate()
-        .flat_map(|(expert, &rows)| std::iter::repeat_n(expert as i64, rows))
-        .collect();
-    let rows = experts.len();
-    Tensor::from_data(TensorData::new(experts, [rows]), device)
+/// The expert of each of the `rows` rows, `[rows]`: from the host's counts where it has them,
+/// else on the device, as the number of groups that end at or before each row.
+fn row_experts<B: FusedOps>(
+    group_rows: &GroupRows<B>,
+    rows: usize,
+    device: &B::Device,
+) -> Tensor<B, 1, Int> {
+    if group_rows.read() {
+        let experts: Vec<i64> = group_rows
+            .host()
+            .iter()
+            .enumerate()
+            .flat_map(|(expert, &rows)| std::iter::repeat_n(expert as i64, rows))
+            .collect();
+        return Tensor::from_data(TensorData::new(experts, [rows]), device);
+    }
+    let ends = Tensor::<B, 1, Int>::from_primitive(group_rows.device(device)).cumsum(0);
+    let groups = group_rows.groups();
+    Tensor::<B, 1, Int>::arange(0..rows as i64, device)
+        .unsqueeze_dim::<2>(1)
+        .expand([rows, groups])
+        .greater_equal(ends.unsqueeze_dim::<2>(0).expand([rows, groups]))
+        .int()
+        .sum_dim(1)
+        .reshape([rows])
 }
 
 /// Each row plus its expert's bias (`row_experts` is present whenever a bias is).
@@ -199,7 +215,19 @@ mod tests {
     fn grouped_experts_match_the_experts_one_by_one() {
         for (activation, bias) in [(Activation::Swiglu, false), (Activation::Gelu, true)] {
             let experts = experts(activation, bias);
-            let grouped = run(&experts, |e, x| grouped_experts(e, x, &GROUPS));
+            let grouped = run(&experts, |e, x| {
+                grouped_experts(e, x, &GroupRows::on_host(GROUPS.to_vec()))
+            });
+            // Counts left on the device route the same rows (the biases' experts built there).
+            let on_device = run(&experts, |e, x| {
+                let counts = GROUPS.iter().map(|&r| r as i64).collect();
+                let counts = Tensor::<B, 1, Int>::from_data(
+                    TensorData::new(counts, [GROUPS.len()]),
+                    &x.device(),
+                );
+                grouped_experts(e, x, &GroupRows::on_device(counts.into_primitive()))
+            });
+            assert_close(&on_device, &grouped);
             let reference = run(&experts, one_by_one);
             assert_close(&grouped, &reference);
             // The empty expert's fc1 weight gradient is zero, the others' not.

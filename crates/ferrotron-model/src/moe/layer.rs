@@ -20,6 +20,7 @@ use super::grouped::grouped_experts;
 use super::loss::{balancing_probabilities, sequence_aux_loss, switch_aux_loss, z_loss};
 use super::parallel::MoeParallel;
 use super::routing::{Routing, route};
+use crate::LayerLoads;
 use crate::config::{ModelConfig, MoeConfig};
 use crate::init::{normal_linear, scaled_std};
 use crate::mlp::{Mlp, MlpShape};
@@ -48,8 +49,8 @@ pub struct MoeLayer<B: Backend> {
 pub struct MoeStats<B: Backend> {
     /// Balancing and z-losses of this layer, `[1]`.
     pub aux_loss: Tensor<B, 1>,
-    /// Tokens kept per expert (all experts, the whole microbatch).
-    pub loads: Vec<u64>,
+    /// Tokens kept per expert (all experts, the whole microbatch), read when asked.
+    pub loads: LayerLoads,
 }
 
 impl<B: ParallelOps> MoeLayer<B> {
@@ -92,11 +93,7 @@ impl<B: ParallelOps> MoeLayer<B> {
         let aux_loss = self.balancing_loss(logits.clone(), counts, batch, seq);
         let stats = MoeStats {
             aux_loss,
-            loads: decisions
-                .per_expert
-                .iter()
-                .map(|&rows| rows as u64)
-                .collect(),
+            loads: LayerLoads::of(&decisions.per_expert),
         };
         (output.reshape([batch, seq, hidden]), stats)
     }
@@ -334,7 +331,7 @@ mod tests {
         let (_, stats) = layer.forward(input(&[[ln3, 0.0, 0.0, 0.0], [0.0, ln3, 0.0, 0.0]]));
         let aux = scalar(stats.aux_loss);
         assert!((aux - 0.04 / 3.0).abs() < 1e-7, "{aux}");
-        assert_eq!(stats.loads, vec![1, 1, 0, 0]);
+        assert_eq!(stats.loads.read(), vec![1, 1, 0, 0]);
     }
 
     #[test]
@@ -387,7 +384,7 @@ mod tests {
             [2.0, 0.0, 0.0, 0.0],
             [1.5, 0.0, 0.0, 0.0],
         ]));
-        assert_eq!(stats.loads, vec![1, 0, 0, 0]);
+        assert_eq!(stats.loads.read(), vec![1, 0, 0, 0]);
         let output = values(output);
         for dropped in [0, 2, 3] {
             assert!(
@@ -411,7 +408,7 @@ mod tests {
         });
         let row = [2.0, 0.0, 0.0, 0.0];
         let (unbiased, stats) = layer.forward(input(&[row]));
-        assert_eq!(stats.loads, vec![1, 0, 0, 0]);
+        assert_eq!(stats.loads.read(), vec![1, 0, 0, 0]);
         let sigmoid_2 = 1.0 / (1.0 + (-2.0f32).exp());
         let expected: Vec<f32> = expert_output(&layer, 0, row)
             .iter()
@@ -428,7 +425,7 @@ mod tests {
             .set_require_grad(false),
         );
         let (biased, stats) = layer.forward(input(&[row]));
-        assert_eq!(stats.loads, vec![0, 0, 1, 0]);
+        assert_eq!(stats.loads.read(), vec![0, 0, 1, 0]);
         // Expert 2's logit is 0: the weight is sigmoid(0) = 0.5, the bias does not enter it.
         let expected: Vec<f32> = expert_output(&layer, 2, row)
             .iter()

@@ -22,6 +22,7 @@ use super::microbatch::{
     TokenPlacement, gather_logits, microbatch_groups, rows_of, splits_rows_over_tp,
 };
 use super::routing::aux_loss_counts;
+use crate::LayerLoads;
 use crate::error::ModelError;
 use crate::parallel::{Placement, TensorParallel, cut_module, roles_of};
 
@@ -212,7 +213,7 @@ impl<B: ParallelOps> MoeLayer<B> {
         let aux_loss = self.balancing_loss_share(logits, &microbatch_logits, &placement, ctx);
         let stats = MoeStats {
             aux_loss,
-            loads: microbatch.loads(num_experts),
+            loads: LayerLoads::ready(microbatch.loads(num_experts)),
         };
         (output, stats)
     }

@@ -17,8 +17,8 @@ fn dropless_routing_sends_every_token_to_topk_experts() {
     let gpt = build::<Cpu>(&moe_model(), 1);
     let output = gpt.forward(tokens(&[&[1, 2, 3, 4, 5, 6], &[7, 8, 9, 10, 11, 12]]));
     // One MoE layer (layer 0 of 2), 12 tokens × top-2 = 24 assignments.
-    assert_eq!(output.expert_loads.layers.len(), 1);
-    assert_eq!(output.expert_loads.layers[0].iter().sum::<u64>(), 24);
+    assert_eq!(output.expert_loads.summed().len(), 1);
+    assert_eq!(output.expert_loads.summed()[0].iter().sum::<u64>(), 24);
     assert!(scalar(output.aux_loss) > 0.0);
 }
 
@@ -32,7 +32,7 @@ fn capacity_limits_every_expert() {
     let gpt = build::<Cpu>(&model, 1);
     let output = gpt.forward(tokens(&[&[1, 2, 3, 4, 5, 6, 7, 8]]));
     // capacity = ceil(8·2 / 4 · 0.5) = 2 tokens per expert.
-    let loads = &output.expert_loads.layers[0];
+    let loads = &output.expert_loads.summed()[0];
     assert!(loads.iter().all(|&l| l <= 2), "{loads:?}");
     assert!(
         loads.iter().sum::<u64>() < 16,
@@ -110,52 +110,45 @@ fn expert_bias_update_follows_the_sign_rule() {
     let gpt = build::<Cpu>(&sigmoid_bias_model(), 1);
     assert_eq!(values(gpt.expert_biases()[0].clone()), vec![0.0; 4]);
     // Mean load 2: under-loaded experts (1, 2) go up by the rate, over-loaded ones (0, 3) down.
-    let loads = ExpertLoads {
-        layers: vec![vec![3, 1, 0, 4]],
-    };
-    let gpt = gpt.update_expert_bias(&loads).expect("shapes match");
+    let mut loads = ExpertLoads::from_layers(vec![vec![3, 1, 0, 4]]);
+    let gpt = gpt.update_expert_bias(&mut loads).expect("shapes match");
     assert_eq!(
         values(gpt.expert_biases()[0].clone()),
         vec![-0.5, 0.5, 0.5, -0.5]
     );
 
-    let wrong = ExpertLoads {
-        layers: vec![vec![1, 2]],
-    };
-    assert!(gpt.update_expert_bias(&wrong).is_err());
+    let mut wrong = ExpertLoads::from_layers(vec![vec![1, 2]]);
+    assert!(gpt.update_expert_bias(&mut wrong).is_err());
 }
 
 #[test]
 fn expert_bias_steers_routing_towards_underloaded_experts() {
     let gpt = build::<Cpu>(&sigmoid_bias_model(), 1);
     let input = tokens(&[&[1, 2, 3, 4, 5, 6, 7, 8]]);
-    let before = gpt.forward(input.clone()).expert_loads;
-    let starved = before.layers[0]
+    let mut loads = gpt.forward(input.clone()).expert_loads;
+    let before = loads.summed();
+    let starved = before[0]
         .iter()
         .enumerate()
         .min_by_key(|&(_, &load)| load)
         .map(|(expert, _)| expert)
         .unwrap_or(0);
-    let gpt = gpt.update_expert_bias(&before).expect("shapes match");
-    let after = gpt.forward(input).expert_loads;
+    let gpt = gpt.update_expert_bias(&mut loads).expect("shapes match");
+    let after = gpt.forward(input).expert_loads.summed();
     assert!(
-        after.layers[0][starved] > before.layers[0][starved],
+        after[0][starved] > before[0][starved],
         "expert {starved}: {:?} → {:?}",
-        before.layers[0],
-        after.layers[0]
+        before[0],
+        after[0]
     );
 }
 
 #[test]
 fn loads_accumulate_over_microbatches() {
     let mut total = ExpertLoads::default();
-    total.accumulate(&ExpertLoads {
-        layers: vec![vec![1, 2]],
-    });
-    total.accumulate(&ExpertLoads {
-        layers: vec![vec![3, 0]],
-    });
-    assert_eq!(total.layers, vec![vec![4, 2]]);
+    total.accumulate(&ExpertLoads::from_layers(vec![vec![1, 2]]));
+    total.accumulate(&ExpertLoads::from_layers(vec![vec![3, 0]]));
+    assert_eq!(total.summed(), vec![vec![4, 2]]);
 }
 
 #[test]
@@ -170,8 +163,8 @@ fn sinkhorn_balances_only_while_training() {
     let input: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8];
     let training = build::<CpuAutodiff>(&model, 1);
     let inference = build::<Cpu>(&model, 1);
-    let balanced = training.forward(tokens(&[input])).expert_loads.layers[0].clone();
-    let plain = inference.forward(tokens(&[input])).expert_loads.layers[0].clone();
+    let balanced = training.forward(tokens(&[input])).expert_loads.summed()[0].clone();
+    let plain = inference.forward(tokens(&[input])).expert_loads.summed()[0].clone();
     let spread = |loads: &[u64]| loads.iter().max().copied().unwrap_or(0);
     assert!(
         spread(&balanced) <= spread(&plain),

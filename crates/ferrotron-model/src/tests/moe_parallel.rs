@@ -166,7 +166,7 @@ fn run_layer(
     Outcome {
         output: values(output),
         aux: scalar(stats.aux_loss),
-        loads: stats.loads,
+        loads: stats.loads.read(),
         input_grad,
         grads,
     }
@@ -527,7 +527,7 @@ fn run_split(
     Outcome {
         output: values(output),
         aux: scalar(stats.aux_loss),
-        loads: stats.loads,
+        loads: stats.loads.read(),
         input_grad: x.grad(&gradients).map(values).unwrap_or_default(),
         grads: roles
             .iter()

@@ -1,5 +1,6 @@
 //! Grouped matmul: row block `g` of `x [rows, k]` (`group_rows[g]` consecutive rows) times
-//! `weight[g]` of `weight [groups, k, n]` → `[rows, n]`.
+//! `weight[g]` of `weight [groups, k, n]` → `[rows, n]`; the counts may stay on the device
+//! ([`GroupRows`]: the composed arithmetic reads them, a kernel need not).
 //!
 //! It is one MoE projection for all of a rank's experts at once, over the routed tokens sorted
 //! by expert. Composed, every group is a slice of the rows and of the stacked weight and one
@@ -23,6 +24,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::FusedOps;
+use crate::op::group_rows::GroupRows;
 use crate::primitive::{unwrap, wrap};
 
 /// Gradients of a grouped matmul: `x [rows, k]` and `weight [groups, k, n]` (zero for a group
@@ -74,8 +76,9 @@ fn group_weight<B: Backend>(weight: Tensor<B, 3>, group: usize) -> Tensor<B, 2> 
 pub fn composed_grouped_matmul<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
-    group_rows: &[usize],
+    group_rows: &GroupRows<B>,
 ) -> FloatTensor<B> {
+    let group_rows = group_rows.host();
     let x = wrap::<B, 2>(x);
     let weight = wrap::<B, 3>(weight);
     let (_, n) = grouped_dims(&x.dims(), &weight.dims(), group_rows);
@@ -100,14 +103,15 @@ pub(crate) fn grouped_matmul_backward_reference<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     grad_output: FloatTensor<B>,
-    group_rows: &[usize],
+    rows: &GroupRows<B>,
 ) -> GroupedMatmulGrads<B> {
+    let group_rows = rows.host();
     let x = wrap::<B, 2>(x);
     let weight = wrap::<B, 3>(weight);
     let grad = wrap::<B, 2>(grad_output);
     let (k, n) = grouped_dims(&x.dims(), &weight.dims(), group_rows);
     let transposed = weight.clone().swap_dims(1, 2);
-    let dx = composed_grouped_matmul::<B>(unwrap(grad.clone()), unwrap(transposed), group_rows);
+    let dx = composed_grouped_matmul::<B>(unwrap(grad.clone()), unwrap(transposed), rows);
     let mut start = 0;
     let dweight = group_rows
         .iter()
@@ -133,7 +137,7 @@ pub(crate) fn grouped_matmul_backward_reference<B: Backend>(
 struct GroupedMatmulOp;
 
 /// State of one grouped-matmul node: `x`, `weight` and the group sizes.
-type GroupedMatmulState<B> = (FloatTensor<B>, FloatTensor<B>, Vec<usize>);
+type GroupedMatmulState<B> = (FloatTensor<B>, FloatTensor<B>, GroupRows<B>);
 
 /// Parents are `x` and `weight`.
 impl<B: FusedOps> Backward<B, 2> for GroupedMatmulOp {
@@ -159,8 +163,9 @@ impl<B: FusedOps> Backward<B, 2> for GroupedMatmulOp {
 pub fn grouped_matmul_node<B: FusedOps, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     weight: FloatTensor<Autodiff<B, C>>,
-    group_rows: &[usize],
+    group_rows: &GroupRows<Autodiff<B, C>>,
 ) -> FloatTensor<Autodiff<B, C>> {
+    let group_rows = &group_rows.of::<B>();
     let prepared = GroupedMatmulOp
         .prepare::<C>([x.node.clone(), weight.node.clone()])
         .compute_bound()
@@ -172,7 +177,7 @@ pub fn grouped_matmul_node<B: FusedOps, C: CheckpointStrategy>(
                 weight.primitive.clone(),
                 group_rows,
             );
-            prep.finish((x.primitive, weight.primitive, group_rows.to_vec()), output)
+            prep.finish((x.primitive, weight.primitive, group_rows.clone()), output)
         }
         OpsKind::UnTracked(prep) => prep.finish(B::grouped_matmul_kernel_forward(
             x.primitive,

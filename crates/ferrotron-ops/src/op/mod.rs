@@ -7,6 +7,7 @@ pub(crate) mod embedding;
 pub(crate) mod flat;
 pub(crate) mod gather;
 pub(crate) mod gelu;
+pub(crate) mod group_rows;
 pub(crate) mod grouped;
 pub(crate) mod host_pass;
 pub(crate) mod logits;

@@ -7,7 +7,7 @@ use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::{B, assert_close, flat, tensor};
-use crate::{FusedOps, grouped_matmul_node};
+use crate::{FusedOps, GroupRows, grouped_matmul_node};
 
 /// Rows per group: the third group is empty.
 const GROUPS: [usize; 4] = [3, 1, 0, 4];
@@ -33,7 +33,7 @@ fn fused(x: Tensor<B, 2>, weight: Tensor<B, 3>) -> Tensor<B, 2> {
     Tensor::from_primitive(TensorPrimitive::Float(B::fused_grouped_matmul(
         x.into_primitive().tensor(),
         weight.into_primitive().tensor(),
-        &GROUPS,
+        &GroupRows::on_host(GROUPS.to_vec()),
     )))
 }
 
@@ -76,7 +76,7 @@ fn grouped_matmul_node_gradients_equal_the_composed_graph() {
         >(
             x.into_primitive().tensor(),
             weight.into_primitive().tensor(),
-            &GROUPS,
+            &GroupRows::on_host(GROUPS.to_vec()),
         )))
     });
     assert_close(&node[0], &composed[0], "output");

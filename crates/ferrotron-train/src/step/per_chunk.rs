@@ -459,7 +459,7 @@ fn update_expert_bias<B: AutodiffBackend>(
     for (chunk, mut loads) in taken.into_iter().zip(loads) {
         if !chunk.expert_biases().is_empty() {
             sum_loads(&ctx.dp_cp, &mut loads)?;
-            updated.push(chunk.update_expert_bias(&loads)?);
+            updated.push(chunk.update_expert_bias(&mut loads)?);
         } else {
             updated.push(chunk);
         }

@@ -481,14 +481,15 @@ pub(crate) fn gathered_whole<I: ParallelOps>(
 
 /// Sums expert loads over `comm` (u64, exact).
 pub(crate) fn sum_loads(comm: &Comm, loads: &mut ExpertLoads) -> Result<(), TrainError> {
-    if comm.size() == 1 || loads.layers.is_empty() {
+    let layers = loads.layers();
+    if comm.size() == 1 || layers.is_empty() {
         return Ok(());
     }
-    let mut flat: Vec<u64> = loads.layers.iter().flatten().copied().collect();
+    let mut flat: Vec<u64> = layers.iter().flatten().copied().collect();
     read_to_host(|| comm.all_reduce_u64(&mut flat, ReduceOp::Sum))
         .map_err(|e| comm_error("expert-load all-reduce", e))?;
     let mut at = 0;
-    for layer in &mut loads.layers {
+    for layer in layers.iter_mut() {
         let len = layer.len();
         layer.copy_from_slice(&flat[at..at + len]);
         at += len;

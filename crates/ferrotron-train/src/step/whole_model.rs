@@ -372,7 +372,7 @@ where
             },
         );
     if !model.expert_biases().is_empty() {
-        model = model.update_expert_bias(&loads)?;
+        model = model.update_expert_bias(&mut loads)?;
     }
     if let Some(stats) = read_first {
         return Ok((model, PendingStats::ready(stats)));

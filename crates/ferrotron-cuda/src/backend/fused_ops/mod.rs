@@ -33,12 +33,13 @@ use ferrotron_ops::kernel_or_composed;
 use ferrotron_ops::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
     DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8InputNorm, Fp8Linear,
-    Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupedMatmulGrads, HostPass,
-    MoePermutation, NormGrads, NormKind, NormSaved, NormSpec, NormStats, QkNormGrads, QkNormParams,
-    QkNormSaved, ReadLater, composed_adamw, composed_attention, composed_gather_flat,
-    composed_grouped_matmul, composed_qk_norm, composed_qkv_attention, composed_rope_qkv,
-    composed_segment_sum_of_squares, composed_sum_of_squares, composed_swiglu,
-    fp8_quantize_norm_composed, moe_permutation_reference, moe_topk_reference,
+    Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupRows,
+    GroupedMatmulGrads, HostPass, MoePermutation, NormGrads, NormKind, NormSaved, NormSpec,
+    NormStats, QkNormGrads, QkNormParams, QkNormSaved, ReadLater, composed_adamw,
+    composed_attention, composed_gather_flat, composed_grouped_matmul, composed_qk_norm,
+    composed_qkv_attention, composed_rope_qkv, composed_segment_sum_of_squares,
+    composed_sum_of_squares, composed_swiglu, fp8_quantize_norm_composed,
+    moe_permutation_reference, moe_topk_reference,
 };
 
 use crate::backend::convert::ok;
@@ -623,7 +624,7 @@ impl FusedOps for Cuda {
     fn fused_grouped_matmul(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
-        group_rows: &[usize],
+        group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
         kernel_or_composed!(
             Self::has_grouped_matmul_kernel(&x, &weight),
@@ -643,22 +644,22 @@ impl FusedOps for Cuda {
     fn grouped_matmul_kernel_forward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
-        group_rows: &[usize],
+        group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
-        ok(grouped_matmul(&x, &weight, group_rows))
+        ok(grouped_matmul(&x, &weight, group_rows.host()))
     }
 
     fn grouped_matmul_kernel_backward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         grad_output: FloatTensor<Self>,
-        group_rows: &[usize],
+        group_rows: &GroupRows<Self>,
     ) -> GroupedMatmulGrads<Self> {
         let (x, weight) = ok(grouped_matmul_backward(
             &x,
             &weight,
             &grad_output,
-            group_rows,
+            group_rows.host(),
         ));
         GroupedMatmulGrads { x, weight }
     }
