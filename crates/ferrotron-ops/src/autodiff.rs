@@ -20,14 +20,15 @@ use crate::fp8::node::fp8_linear_node;
 use crate::fp8::scaling::Fp8Settings;
 use crate::kernel_or_composed;
 use crate::op::gather::gather_rows_node;
+use crate::op::grouped::stack_parts;
 use crate::{
     AttentionSpec, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, Fp8Rope, Fp8State, FusedOps,
     GroupLimit, GroupRows, MoePermutation, NormSpec, QkNormParams, attention_node,
     composed_attention, composed_dropout_add, composed_embedding, composed_gelu,
     composed_grouped_matmul, composed_qk_norm, composed_qkv_attention, composed_rope_qkv,
     composed_swiglu, composed_tied_logits, cross_entropy_node, dropout_add_node, embedding_node,
-    gelu_node, grouped_matmul_node, norm_node, qk_norm_node, qkv_attention_node, rope_qkv_node,
-    swiglu_node, tied_cross_entropy_node, tied_logits_node,
+    gelu_node, grouped_matmul_node, grouped_matmul_parts_node, norm_node, qk_norm_node,
+    qkv_attention_node, rope_qkv_node, swiglu_node, tied_cross_entropy_node, tied_logits_node,
 };
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
@@ -201,6 +202,19 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             composed_grouped_matmul::<Self>,
             (x, weight, group_rows)
         )
+    }
+
+    fn fused_grouped_matmul_parts(
+        x: FloatTensor<Self>,
+        parts: Vec<FloatTensor<Self>>,
+        group_rows: &GroupRows<Self>,
+    ) -> FloatTensor<Self> {
+        let weight = stack_parts::<Self>(parts.clone());
+        if B::has_grouped_matmul_kernel(&x.primitive, &weight.primitive) {
+            grouped_matmul_parts_node::<B, C>(x, weight, &parts, group_rows)
+        } else {
+            composed_grouped_matmul::<Self>(x, weight, group_rows)
+        }
     }
 
     fn fused_rope_qkv(

@@ -70,7 +70,9 @@ pub use op::flat::{
 };
 pub use op::gelu::{composed_gelu, gelu, gelu_node};
 pub use op::group_rows::GroupRows;
-pub use op::grouped::{GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_node};
+pub use op::grouped::{
+    GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_node, grouped_matmul_parts_node,
+};
 pub use op::host_pass::{HostPass, HostPiece, HostValues, HostValuesMut, composed_host_pass};
 pub use op::logits::{composed_tied_logits, tied_logits, tied_logits_node};
 pub use op::loss::{CrossEntropySaved, cross_entropy, cross_entropy_node};
@@ -120,7 +122,7 @@ use crate::op::attention::{attention_backward_reference, attention_forward_refer
 use crate::op::dropout::{dropout_add_backward_reference, dropout_add_forward_reference};
 use crate::op::embedding::embedding_backward_reference;
 use crate::op::gelu::gelu_backward_reference;
-use crate::op::grouped::grouped_matmul_backward_reference;
+use crate::op::grouped::{grouped_matmul_backward_reference, stack_parts};
 use crate::op::logits::tied_logits_backward_reference;
 use crate::op::loss::{cross_entropy_backward_reference, cross_entropy_forward_reference};
 use crate::op::norm::fold_rows;
@@ -346,6 +348,16 @@ pub trait FusedOps: Backend {
         group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
         composed_grouped_matmul::<Self>(x, weight, group_rows)
+    }
+
+    /// [`FusedOps::fused_grouped_matmul`] over the groups' own weights `parts` (each `[k, n]`),
+    /// stacked by the op: autodiff keeps the parts for the backward, not a stacked copy.
+    fn fused_grouped_matmul_parts(
+        x: FloatTensor<Self>,
+        parts: Vec<FloatTensor<Self>>,
+        group_rows: &GroupRows<Self>,
+    ) -> FloatTensor<Self> {
+        Self::fused_grouped_matmul(x, stack_parts::<Self>(parts), group_rows)
     }
 
     /// Whether [`FusedOps::grouped_matmul_kernel_forward`] is a real kernel for these inputs.

@@ -7,7 +7,10 @@
 //!
 //! The stacked weights are a copy made each forward (the parameters stay one per expert, so
 //! checkpoints and parameter roles are unchanged); its cost is a read and write of the experts'
-//! weights, small next to the GEMMs that read them.
+//! weights, small next to the GEMMs that read them. The grouped matmul keeps the experts' own
+//! weights for its backward and stacks them again there
+//! ([`FusedOps::fused_grouped_matmul_parts`]), so no stacked copy lives from a forward to its
+//! backward: one per MoE layer and microbatch in flight was gigabytes on a pipeline stage.
 
 use burn::tensor::activation::gelu;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
@@ -29,7 +32,7 @@ pub(super) fn grouped_experts<B: ParallelOps>(
     let activation = experts
         .first()
         .map_or(Activation::Gelu, |expert| expert.activation);
-    let fc1 = Tensor::stack(experts.iter().map(|e| e.fc1.weight.val()).collect(), 0);
+    let fc1: Vec<Tensor<B, 2>> = experts.iter().map(|e| e.fc1.weight.val()).collect();
     let fc1_bias = biases(experts.iter().map(|e| e.fc1.bias.as_ref().map(|b| b.val())));
     let fc2_bias = biases(experts.iter().map(|e| e.fc2.bias.as_ref().map(|b| b.val())));
     // Which expert each row is for, uploaded once for both biases.
@@ -47,7 +50,7 @@ pub(super) fn grouped_experts<B: ParallelOps>(
         Activation::Gelu => gelu(hidden),
         Activation::GeluTanh => gelu_tanh(hidden),
     };
-    let fc2 = Tensor::stack(experts.iter().map(|e| e.fc2.weight.val()).collect(), 0);
+    let fc2: Vec<Tensor<B, 2>> = experts.iter().map(|e| e.fc2.weight.val()).collect();
     with_bias(
         grouped_matmul(activated, fc2, group_rows),
         fc2_bias,
@@ -57,12 +60,16 @@ pub(super) fn grouped_experts<B: ParallelOps>(
 
 fn grouped_matmul<B: FusedOps>(
     x: Tensor<B, 2>,
-    weight: Tensor<B, 3>,
+    weights: Vec<Tensor<B, 2>>,
     group_rows: &GroupRows<B>,
 ) -> Tensor<B, 2> {
-    Tensor::from_primitive(TensorPrimitive::Float(B::fused_grouped_matmul(
+    let parts = weights
+        .into_iter()
+        .map(|weight| weight.into_primitive().tensor())
+        .collect();
+    Tensor::from_primitive(TensorPrimitive::Float(B::fused_grouped_matmul_parts(
         x.into_primitive().tensor(),
-        weight.into_primitive().tensor(),
+        parts,
         group_rows,
     )))
 }

@@ -136,8 +136,33 @@ pub(crate) fn grouped_matmul_backward_reference<B: Backend>(
 #[derive(Debug)]
 struct GroupedMatmulOp;
 
-/// State of one grouped-matmul node: `x`, `weight` and the group sizes.
-type GroupedMatmulState<B> = (FloatTensor<B>, FloatTensor<B>, GroupRows<B>);
+/// The weight a node keeps for its backward: the stacked tensor it was given, or the groups'
+/// own weights (parameters the model holds anyway), stacked again when the backward runs.
+#[derive(Debug, Clone)]
+enum SavedWeight<B: Backend> {
+    Stacked(FloatTensor<B>),
+    Parts(Vec<FloatTensor<B>>),
+}
+
+impl<B: Backend> SavedWeight<B> {
+    fn stacked(self) -> FloatTensor<B> {
+        match self {
+            SavedWeight::Stacked(weight) => weight,
+            SavedWeight::Parts(parts) => stack_parts::<B>(parts),
+        }
+    }
+}
+
+/// `parts`, each `[k, n]`, as one `[groups, k, n]` tensor.
+pub(crate) fn stack_parts<B: Backend>(parts: Vec<FloatTensor<B>>) -> FloatTensor<B> {
+    unwrap(Tensor::stack::<3>(
+        parts.into_iter().map(wrap::<B, 2>).collect(),
+        0,
+    ))
+}
+
+/// State of one grouped-matmul node: `x`, the weight and the group sizes.
+type GroupedMatmulState<B> = (FloatTensor<B>, SavedWeight<B>, GroupRows<B>);
 
 /// Parents are `x` and `weight`.
 impl<B: FusedOps> Backward<B, 2> for GroupedMatmulOp {
@@ -146,7 +171,7 @@ impl<B: FusedOps> Backward<B, 2> for GroupedMatmulOp {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
         let (x, weight, group_rows) = ops.state;
-        let out = B::grouped_matmul_kernel_backward(x, weight, grad, &group_rows);
+        let out = B::grouped_matmul_kernel_backward(x, weight.stacked(), grad, &group_rows);
         let [node_x, node_weight] = ops.parents;
         if let Some(node) = node_x {
             grads.register::<B>(node.id, out.x);
@@ -165,6 +190,31 @@ pub fn grouped_matmul_node<B: FusedOps, C: CheckpointStrategy>(
     weight: FloatTensor<Autodiff<B, C>>,
     group_rows: &GroupRows<Autodiff<B, C>>,
 ) -> FloatTensor<Autodiff<B, C>> {
+    let saved = SavedWeight::Stacked(weight.primitive.clone());
+    record_grouped_matmul::<B, C>(x, weight, saved, group_rows)
+}
+
+/// [`grouped_matmul_node`] over the groups' own weights `parts` (each `[k, n]`): they are stacked
+/// for the forward, and the node keeps the parts, not the stacked copy, stacking them again in
+/// its backward. Stacked copies kept from forward to backward cost every MoE layer a copy of its
+/// experts' weights per microbatch in flight (DeepSeek-V3's layout: 21 GiB on a stage).
+/// `weight` is `parts` stacked (a tracked op, which keeps no values).
+pub fn grouped_matmul_parts_node<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    parts: &[FloatTensor<Autodiff<B, C>>],
+    group_rows: &GroupRows<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let saved = SavedWeight::Parts(parts.iter().map(|part| part.primitive.clone()).collect());
+    record_grouped_matmul::<B, C>(x, weight, saved, group_rows)
+}
+
+fn record_grouped_matmul<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    saved: SavedWeight<B>,
+    group_rows: &GroupRows<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
     let group_rows = &group_rows.of::<B>();
     let prepared = GroupedMatmulOp
         .prepare::<C>([x.node.clone(), weight.node.clone()])
@@ -172,12 +222,9 @@ pub fn grouped_matmul_node<B: FusedOps, C: CheckpointStrategy>(
         .stateful();
     match prepared {
         OpsKind::Tracked(prep) => {
-            let output = B::grouped_matmul_kernel_forward(
-                x.primitive.clone(),
-                weight.primitive.clone(),
-                group_rows,
-            );
-            prep.finish((x.primitive, weight.primitive, group_rows.clone()), output)
+            let output =
+                B::grouped_matmul_kernel_forward(x.primitive.clone(), weight.primitive, group_rows);
+            prep.finish((x.primitive, saved, group_rows.clone()), output)
         }
         OpsKind::UnTracked(prep) => prep.finish(B::grouped_matmul_kernel_forward(
             x.primitive,

@@ -7,7 +7,7 @@ use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::{B, assert_close, flat, tensor};
-use crate::{FusedOps, GroupRows, grouped_matmul_node};
+use crate::{FusedOps, GroupRows, grouped_matmul_node, grouped_matmul_parts_node};
 
 /// Rows per group: the third group is empty.
 const GROUPS: [usize; 4] = [3, 1, 0, 4];
@@ -85,4 +85,46 @@ fn grouped_matmul_node_gradients_equal_the_composed_graph() {
     // Group 2 has no rows: its weight gradient is exactly zero; group 3's is not.
     assert!(node[2][60..90].iter().all(|&g| g == 0.0));
     assert!(node[2][90..].iter().any(|g| g.abs() > 1e-3));
+}
+
+/// The node over the groups' own weights (which it keeps for its backward instead of the stacked
+/// copy): the same output and gradients, each part's gradient its slice of the stacked one's.
+#[test]
+fn grouped_matmul_parts_node_equals_the_stacked_node() {
+    let stacked = run(|x, weight| {
+        Tensor::from_primitive(TensorPrimitive::Float(grouped_matmul_node::<
+            Flex,
+            NoCheckpointing,
+        >(
+            x.into_primitive().tensor(),
+            weight.into_primitive().tensor(),
+            &GroupRows::on_host(GROUPS.to_vec()),
+        )))
+    });
+    let parts = run(|x, weight| {
+        // The weight's groups as separate tensors: the graph reaches `weight` through the slices.
+        let parts: Vec<_> = (0..GROUPS.len())
+            .map(|g| {
+                weight
+                    .clone()
+                    .slice_dim(0, g..g + 1)
+                    .reshape([5, 6])
+                    .into_primitive()
+                    .tensor()
+            })
+            .collect();
+        let stacked = crate::op::grouped::stack_parts::<B>(parts.clone());
+        Tensor::from_primitive(TensorPrimitive::Float(grouped_matmul_parts_node::<
+            Flex,
+            NoCheckpointing,
+        >(
+            x.into_primitive().tensor(),
+            stacked,
+            &parts,
+            &GroupRows::on_host(GROUPS.to_vec()),
+        )))
+    });
+    for (parts, stacked) in parts.into_iter().zip(stacked) {
+        assert_eq!(bits(parts), bits(stacked));
+    }
 }
