@@ -19,9 +19,19 @@ use crate::{Row, compare, failed, first_line, guarded};
 /// Rows per expert: uneven, the fourth empty (a Mixtral-sized layer's shape, fewer rows).
 const GROUPS: [usize; 8] = [300, 129, 512, 0, 77, 256, 1, 200];
 
-/// Output, x gradient and weight gradient of `Σ w ∘ grouped(x, weight)`, flattened in f32:
-/// fused node (`FUSED`) or composed.
-fn grads<const FUSED: bool>(
+/// How a row computes the grouped matmul.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Composed,
+    /// The fused node over the stacked weight.
+    Fused,
+    /// The fused node over the groups' own weights, which it keeps for its backward.
+    Parts,
+}
+
+/// Output, x gradient and weight gradient of `Σ w ∘ grouped(x, weight)`, flattened in f32.
+fn grads(
+    mode: Mode,
     x: &TensorData,
     weight: &TensorData,
     w: &TensorData,
@@ -36,12 +46,27 @@ fn grads<const FUSED: bool>(
         weight.clone().into_primitive().tensor(),
     );
     // The fused node gets the counts on the device, as dropless routing leaves them.
-    let out = if FUSED {
-        let counts = TensorData::new(GROUPS.iter().map(|&r| r as i64).collect(), [GROUPS.len()]);
-        let counts = Tensor::<A, 1, Int>::from_data(counts, device).into_primitive();
-        A::fused_grouped_matmul(px, pw, &GroupRows::on_device(counts))
-    } else {
-        composed_grouped_matmul::<A>(px, pw, &GroupRows::on_host(GROUPS.to_vec()))
+    let counts = TensorData::new(GROUPS.iter().map(|&r| r as i64).collect(), [GROUPS.len()]);
+    let counts = Tensor::<A, 1, Int>::from_data(counts, device).into_primitive();
+    let out = match mode {
+        Mode::Fused => A::fused_grouped_matmul(px, pw, &GroupRows::on_device(counts)),
+        Mode::Parts => {
+            let [groups, k, n] = weight.dims();
+            let parts = (0..groups)
+                .map(|g| {
+                    weight
+                        .clone()
+                        .slice_dim(0, g..g + 1)
+                        .reshape([k, n])
+                        .into_primitive()
+                        .tensor()
+                })
+                .collect();
+            A::fused_grouped_matmul_parts(px, parts, &GroupRows::on_device(counts))
+        }
+        Mode::Composed => {
+            composed_grouped_matmul::<A>(px, pw, &GroupRows::on_host(GROUPS.to_vec()))
+        }
     };
     let out: Tensor<A, 2> = Tensor::from_primitive(TensorPrimitive::Float(out));
     let g = (out.clone().cast(DType::F32) * w).sum().backward();
@@ -60,13 +85,13 @@ fn grads<const FUSED: bool>(
     .into_data()
 }
 
-fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, [k, n]: [usize; 2]) -> Row {
+fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, [k, n]: [usize; 2], mode: Mode) -> Row {
     let rows: usize = GROUPS.iter().sum();
     let x = host(&[rows, k], rng, dtype);
     let weight = host(&[GROUPS.len(), k, n], rng, dtype);
     let w = host(&[rows, n], rng, DType::F32);
-    let got = guarded(|| Ok(grads::<true>(&x, &weight, &w, dtype, device)));
-    let want = guarded(|| Ok(grads::<false>(&x, &weight, &w, dtype, device)));
+    let got = guarded(|| Ok(grads(mode, &x, &weight, &w, dtype, device)));
+    let want = guarded(|| Ok(grads(Mode::Composed, &x, &weight, &w, dtype, device)));
     let (errors, note) = match (got, want) {
         // Same roundings on both sides: what differs is the order of each f32 sum.
         (Ok(got), Ok(want)) => (
@@ -76,8 +101,12 @@ fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, [k, n]: [usize; 2]) -
         (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
         (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
     };
+    let op = match mode {
+        Mode::Parts => "fused_grouped_matmul_parts",
+        _ => "fused_grouped_matmul",
+    };
     Row {
-        op: "fused_grouped_matmul".into(),
+        op: op.into(),
         dtype: dtype_label(dtype),
         shape: format!("[{rows}, {k}] x [{}, {k}, {n}]", GROUPS.len()),
         errors,
@@ -89,9 +118,11 @@ fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, [k, n]: [usize; 2]) -
 pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(29);
     let mut rows = Vec::new();
-    for dtype in [DType::F32, DType::BF16] {
-        rows.push(row(device, &mut rng, dtype, [128, 352]));
-        rows.push(row(device, &mut rng, dtype, [176, 128]));
+    for mode in [Mode::Fused, Mode::Parts] {
+        for dtype in [DType::F32, DType::BF16] {
+            rows.push(row(device, &mut rng, dtype, [128, 352], mode));
+            rows.push(row(device, &mut rng, dtype, [176, 128], mode));
+        }
     }
     rows
 }
