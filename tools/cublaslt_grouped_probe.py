@@ -189,6 +189,26 @@ def child(path):
                                             for g, (r, o) in enumerate(zip(host_rows, offs_host)) if r > 0])
             t = timed(torch, legacy)
             print(f"| {name} | forward, cublasGemmGroupedBatchedEx (today) | | {t:.3f} | | | {flops_fwd / t / 1e9:.0f} |", flush=True)
+            # The same product from the weights stored transposed ([E, n, k]): TN, the layout of
+            # the weight gradient that ran at CUTLASS's speed.
+            wt = w.transpose(1, 2).contiguous()
+            tn = legacy_grouped(torch, [(1, 0, n, r, k, wt.data_ptr() + g * k * n * esize, k,
+                                         x.data_ptr() + o * k * esize, k, out.data_ptr() + o * n * esize, n)
+                                        for g, (r, o) in enumerate(zip(host_rows, offs_host)) if r > 0])
+            tn()
+            torch.cuda.synchronize()
+            err = ((out.float() - torch._grouped_mm(x, w, offs=offs).float()).abs().max()).item()
+            t = timed(torch, tn)
+            print(f"| {name} | forward, cublasGemmGroupedBatchedEx, weights transposed (TN) | {err:.1e} abs | {t:.3f} | | | {flops_fwd / t / 1e9:.0f} |", flush=True)
+            # The input gradient (TN today): dx_g = dy_g · W_gᵀ.
+            dx = torch.empty(total, k, device=dev, dtype=torch.bfloat16)
+            dyt = torch.randn(total, n, device=dev, dtype=torch.bfloat16)
+            dgrad = legacy_grouped(torch, [(1, 0, k, r, n, w.data_ptr() + g * k * n * esize, n,
+                                            dyt.data_ptr() + o * n * esize, n, dx.data_ptr() + o * k * esize, k)
+                                           for g, (r, o) in enumerate(zip(host_rows, offs_host)) if r > 0])
+            t = timed(torch, dgrad)
+            tr = timed(torch, lambda: torch._grouped_mm(dyt, w.transpose(1, 2), offs=offs))
+            print(f"| {name} | input grad, cublasGemmGroupedBatchedEx (today, TN) | | {t:.3f} | {tr:.3f} | | {flops_fwd / t / 1e9:.0f} |", flush=True)
         except Exception as exc:  # noqa: BLE001 (the probe reports and goes on)
             print(f"| {name} | forward, cublasGemmGroupedBatchedEx | {exc} | | | | |", flush=True)
         # weight gradient: per group, column-major D (n × k) = A (n × rows_e, dy as stored) · Bᵀ (x as stored, k × rows_e)
