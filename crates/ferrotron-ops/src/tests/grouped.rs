@@ -66,19 +66,22 @@ fn composed_grouped_matmul_is_the_per_group_arithmetic_bit_for_bit() {
     assert!(!Flex::has_grouped_matmul_kernel(&x, &w));
 }
 
+/// The node over the stacked weight, driven with Flex's reference kernels.
+fn stacked_node(x: Tensor<B, 2>, weight: Tensor<B, 3>) -> Tensor<B, 2> {
+    Tensor::from_primitive(TensorPrimitive::Float(grouped_matmul_node::<
+        Flex,
+        NoCheckpointing,
+    >(
+        x.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        &GroupRows::on_host(GROUPS.to_vec()),
+    )))
+}
+
 #[test]
 fn grouped_matmul_node_gradients_equal_the_composed_graph() {
     let composed = run(fused);
-    let node = run(|x, weight| {
-        Tensor::from_primitive(TensorPrimitive::Float(grouped_matmul_node::<
-            Flex,
-            NoCheckpointing,
-        >(
-            x.into_primitive().tensor(),
-            weight.into_primitive().tensor(),
-            &GroupRows::on_host(GROUPS.to_vec()),
-        )))
-    });
+    let node = run(stacked_node);
     assert_close(&node[0], &composed[0], "output");
     assert_close(&node[1], &composed[1], "x gradient");
     assert_close(&node[2], &composed[2], "weight gradient");
@@ -91,16 +94,7 @@ fn grouped_matmul_node_gradients_equal_the_composed_graph() {
 /// copy): the same output and gradients, each part's gradient its slice of the stacked one's.
 #[test]
 fn grouped_matmul_parts_node_equals_the_stacked_node() {
-    let stacked = run(|x, weight| {
-        Tensor::from_primitive(TensorPrimitive::Float(grouped_matmul_node::<
-            Flex,
-            NoCheckpointing,
-        >(
-            x.into_primitive().tensor(),
-            weight.into_primitive().tensor(),
-            &GroupRows::on_host(GROUPS.to_vec()),
-        )))
-    });
+    let stacked = run(stacked_node);
     let parts = run(|x, weight| {
         // The weight's groups as separate tensors: the graph reaches `weight` through the slices.
         let parts: Vec<_> = (0..GROUPS.len())
