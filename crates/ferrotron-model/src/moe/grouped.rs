@@ -13,7 +13,7 @@
 //! backward: one per MoE layer and microbatch in flight was gigabytes on a pipeline stage.
 
 use burn::tensor::activation::gelu;
-use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorPrimitive};
 use ferrotron_ops::{FusedOps, GroupRows};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::Activation;
@@ -82,31 +82,25 @@ fn biases<B: FusedOps>(biases: impl Iterator<Item = Option<Tensor<B, 1>>>) -> Op
         .map(|b| Tensor::stack(b, 0))
 }
 
-/// The expert of each of the `rows` rows, `[rows]`: from the host's counts where it has them,
-/// else on the device, as the number of groups that end at or before each row.
+/// The expert of each of the `rows` rows, `[rows]`, on the device: the number of groups that end
+/// at or before each row — a one at each group's end, summed along the rows. The last group's
+/// end (and a trailing empty group's) is the slot past the last row, cut off.
 fn row_experts<B: FusedOps>(
     group_rows: &GroupRows<B>,
     rows: usize,
     device: &B::Device,
 ) -> Tensor<B, 1, Int> {
-    if group_rows.read() {
-        let experts: Vec<i64> = group_rows
-            .host()
-            .iter()
-            .enumerate()
-            .flat_map(|(expert, &rows)| std::iter::repeat_n(expert as i64, rows))
-            .collect();
-        return Tensor::from_data(TensorData::new(experts, [rows]), device);
-    }
     let ends = Tensor::<B, 1, Int>::from_primitive(group_rows.device(device)).cumsum(0);
     let groups = group_rows.groups();
-    Tensor::<B, 1, Int>::arange(0..rows as i64, device)
-        .unsqueeze_dim::<2>(1)
-        .expand([rows, groups])
-        .greater_equal(ends.unsqueeze_dim::<2>(0).expand([rows, groups]))
-        .int()
-        .sum_dim(1)
-        .reshape([rows])
+    Tensor::<B, 1, Int>::zeros([rows + 1], device)
+        .scatter(
+            0,
+            ends,
+            Tensor::ones([groups], device),
+            IndexingUpdateOp::Add,
+        )
+        .cumsum(0)
+        .slice_dim(0, 0..rows)
 }
 
 /// Each row plus its expert's bias (`row_experts` is present whenever a bias is).
@@ -124,7 +118,7 @@ fn with_bias<B: FusedOps>(
 #[cfg(test)]
 mod tests {
     use burn::module::Param;
-    use burn::tensor::Distribution;
+    use burn::tensor::{Distribution, TensorData};
 
     use super::*;
     use crate::mlp::MlpShape;

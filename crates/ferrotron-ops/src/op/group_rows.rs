@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::IntTensor;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData, TensorMetadata};
 
 /// How many consecutive rows each group of a grouped matmul holds.
 #[derive(Debug, Clone)]
@@ -19,32 +19,30 @@ pub struct GroupRows<B: Backend> {
     counts: Option<IntTensor<B>>,
     /// The counts as host numbers: given, or read from `counts` the first time they are asked.
     host: Arc<OnceLock<Vec<usize>>>,
-    groups: usize,
 }
 
 impl<B: Backend> GroupRows<B> {
     /// Counts the host already has (host routing, the expert-parallel dispatchers, tests).
     pub fn on_host(rows: Vec<usize>) -> Self {
-        let groups = rows.len();
         GroupRows {
             counts: None,
             host: Arc::new(OnceLock::from(rows)),
-            groups,
         }
     }
 
     /// Counts left on the device: `counts [groups]`, read only if a consumer needs host numbers.
     pub fn on_device(counts: IntTensor<B>) -> Self {
-        let groups = Tensor::<B, 1, Int>::from_primitive(counts.clone()).dims()[0];
         GroupRows {
             counts: Some(counts),
             host: Arc::new(OnceLock::new()),
-            groups,
         }
     }
 
     pub fn groups(&self) -> usize {
-        self.groups
+        match &self.counts {
+            Some(counts) => counts.shape().dims::<1>()[0],
+            None => self.host().len(),
+        }
     }
 
     /// The counts as host numbers, read from the device (waiting for it) the first time.
@@ -64,7 +62,8 @@ impl<B: Backend> GroupRows<B> {
 
     /// Whether the host numbers exist (given, or read): a kernel that takes the device counts
     /// leaves them unread.
-    pub fn read(&self) -> bool {
+    #[cfg(test)]
+    fn read(&self) -> bool {
         self.host.get().is_some()
     }
 
@@ -74,7 +73,8 @@ impl<B: Backend> GroupRows<B> {
             Some(counts) => counts.clone(),
             None => {
                 let rows: Vec<i64> = self.host().iter().map(|&rows| rows as i64).collect();
-                Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [self.groups]), device)
+                let groups = rows.len();
+                Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [groups]), device)
                     .into_primitive()
             }
         }
@@ -86,7 +86,6 @@ impl<B: Backend> GroupRows<B> {
         GroupRows {
             counts: self.counts.clone(),
             host: Arc::clone(&self.host),
-            groups: self.groups,
         }
     }
 }
