@@ -113,6 +113,11 @@ llama8b_bf16_states=("${llama8b[@]}" "${zero1[@]}" --set training.optimizer.exp_
 # The same with the first 24 of 32 layers recomputed (Megatron's block method), the rest kept:
 # the plan gives 133.1 GiB of an H200's 140 and 48.8 % MFU (block 20: 136.5 GiB, 50.3 %).
 llama8b_bf16_states_b24=("${llama8b_bf16_states[@]}" --set recompute.method=block --set recompute.num_layers=24)
+# bf16 gradient sums too (Megatron's --main-grads-dtype bf16: 2 bytes a parameter, not 4) leave
+# room to recompute fewer layers: block 8 plans 131.8 GiB and 55.2 %, block 12 128.4 GiB, 53.4 %.
+llama8b_bf16_grads=("${llama8b_bf16_states[@]}" --set training.optimizer.main_grads_dtype=bf16)
+llama8b_bf16_grads_b8=("${llama8b_bf16_grads[@]}" --set recompute.method=block --set recompute.num_layers=8)
+llama8b_bf16_grads_b12=("${llama8b_bf16_grads[@]}" --set recompute.method=block --set recompute.num_layers=12)
 
 # Long context (issue 48): the LLaMA-style 1B with full recompute, one sequence a step, at 32k
 # and 128k tokens, and the Llama-3.1-8B shape at 32k, its optimizer offloaded: an H200 row (the
@@ -163,6 +168,8 @@ benches=(
     "llama3.1-8b-offload-b26|recipes/llama3.1-8b.yaml|1|llama8b_offload_b26|64"
     "llama3.1-8b-bf16-states|recipes/llama3.1-8b.yaml|1|llama8b_bf16_states|64"
     "llama3.1-8b-bf16-states-b24|recipes/llama3.1-8b.yaml|1|llama8b_bf16_states_b24|64"
+    "llama3.1-8b-bf16-grads-b8|recipes/llama3.1-8b.yaml|1|llama8b_bf16_grads_b8|64"
+    "llama3.1-8b-bf16-grads-b12|recipes/llama3.1-8b.yaml|1|llama8b_bf16_grads_b12|64"
     "llama-1b-32k|recipes/llama3-8b.yaml|1|llama_1b_32k"
     "llama-1b-128k|recipes/llama3-8b.yaml|1|llama_1b_128k"
     "llama3.1-8b-offload-32k|recipes/llama3.1-8b.yaml|1|llama8b_offload_32k|16"

@@ -1,8 +1,9 @@
 //! Memory of the one-rank GPU step, whose optimizer state is flat fp32 buffers.
 //!
 //! That step (ferrotron-train `device_step`) keeps per group one fp32 master buffer and two
-//! moment buffers, gathers every microbatch's gradients into one fp32 buffer as its backward
-//! ends (a step of one microbatch keeps them in the weights' dtype: nothing is summed), and
+//! moment buffers, gathers every microbatch's gradients into one buffer as its backward ends
+//! (fp32, or bf16 under `main_grads_dtype`; a step of one microbatch keeps them in the
+//! weights' dtype: nothing is summed), and
 //! updates in place, writing a new 16-bit copy of the parameters (the model keeps
 //! reading the old one until the update returns). Its device memory has two phases and the
 //! peak is the larger:
@@ -10,7 +11,7 @@
 //! - the activations phase (the last microbatch's forward and backward): weights, master and
 //!   moments, the activations, and the fp32 gradient sum of the earlier microbatches when
 //!   there are any;
-//! - the update phase (after the last backward): the fp32 gradient buffer (gathered while the
+//! - the update phase (after the last backward): the gradient buffer (gathered while the
 //!   16-bit gradients are still held) and the new copy are allocated while the memory pool still
 //!   keeps what the activations used. The pool hands freed activation memory to these buffers
 //!   only where a free range is long enough, and the backward's gradients are scattered through
@@ -66,7 +67,7 @@ pub(crate) struct State {
     pub params: f64,
     /// The 16-bit (or fp32) weights.
     pub weight: f64,
-    /// The fp32 gradient buffer (of several microbatches).
+    /// The summed gradient buffer (of several microbatches: fp32, or `main_grads_dtype`).
     pub gradient: f64,
     /// fp32 master (16-bit weights only) and both moments.
     pub optimizer: f64,
@@ -134,12 +135,12 @@ pub(crate) fn peak(
             format!("{weight} B × {params:.0} parameters")
         }),
         setup.term(
-            "activations phase: fp32 gradient buffer",
+            "activations phase: gradient buffer",
             held_gradient * params,
             || {
                 if several {
                     format!(
-                        "{gradient} B (flat fp32, summed over the earlier microbatches) × {params:.0} parameters"
+                        "{gradient} B (flat, summed over the earlier microbatches) × {params:.0} parameters"
                     )
                 } else {
                     "none yet: one microbatch, gathered when its backward ends".to_owned()
@@ -163,7 +164,7 @@ pub(crate) fn peak(
         ),
         setup.term("update phase: gradient buffer", gradient * params, || {
             if several {
-                format!("{gradient} B (flat fp32, every microbatch summed) × {params:.0} parameters")
+                format!("{gradient} B (flat, every microbatch summed) × {params:.0} parameters")
             } else {
                 format!("{gradient} B (flat, the one microbatch's gradients in the weights' dtype) × {params:.0} parameters")
             }

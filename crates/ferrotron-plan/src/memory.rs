@@ -123,14 +123,19 @@ fn local_parameters(setup: &Setup<'_>, stage: &StageInfo) -> LocalParameters {
 }
 
 /// Bytes per parameter: (weight, gradient, optimizer states). Adam's m and v take 4 bytes each,
-/// or 2 in bf16 under Megatron's precision-aware optimizer (`--exp-avg-dtype bf16`).
+/// or 2 in bf16 under Megatron's precision-aware optimizer (`--exp-avg-dtype bf16`), and so
+/// does the summed gradient (`--main-grads-dtype bf16`).
 pub(crate) fn bytes_per_parameter(dtype: Dtype, optimizer: &Optimizer) -> (f64, f64, f64) {
     let moments = (optimizer.exp_avg_dtype.bytes() + optimizer.exp_avg_sq_dtype.bytes()) as f64;
     match dtype {
-        // bf16/fp16 weight, fp32 main gradient, fp32 master copy + Adam m and v.
-        Dtype::Bf16 | Dtype::Fp16 => (2.0, 4.0, 4.0 + moments),
-        // fp32 weight doubles as master; fp32 gradient; Adam m and v.
-        Dtype::Fp32 => (4.0, 4.0, moments),
+        // bf16/fp16 weight, main gradient, fp32 master copy + Adam m and v.
+        Dtype::Bf16 | Dtype::Fp16 => (
+            2.0,
+            optimizer.main_grads_dtype.bytes() as f64,
+            4.0 + moments,
+        ),
+        // fp32 weight doubles as master; main gradient; Adam m and v.
+        Dtype::Fp32 => (4.0, optimizer.main_grads_dtype.bytes() as f64, moments),
     }
 }
 
@@ -481,7 +486,8 @@ fn megatron_memory(
             "gradients",
             gradient * params,
             || if gradient > 0.0 {
-                format!("{gradient} B (fp32 main gradients, summed over microbatches) × {params:.0} parameters")
+                let dtype = if gradient == 4.0 { "fp32" } else { "bf16" };
+                format!("{gradient} B ({dtype} main gradients, summed over microbatches) × {params:.0} parameters")
             } else {
                 "none at the peak: one microbatch, whose gradients replace activations as backward frees them".to_owned()
             },),
@@ -700,6 +706,20 @@ mod tests {
         let bytes = state_bytes_per_parameter_over_dp8(&recipe);
         // fp32 master + bf16 m and v: 6 + (4 + 2 + 2)/8 = 7 bytes per parameter.
         assert!((bytes - 7.0).abs() < 1e-6, "{bytes}");
+    }
+
+    #[test]
+    fn bf16_main_grads_take_4_plus_8_over_dp() {
+        let mut recipe = llama3_8b();
+        recipe.parallel.distributed_optimizer = true;
+        let optimizer = &mut recipe.training.optimizer;
+        optimizer.use_precision_aware_optimizer = true;
+        optimizer.main_grads_dtype = ferrotron_recipe::StateDtype::Bf16;
+        optimizer.exp_avg_dtype = ferrotron_recipe::StateDtype::Bf16;
+        optimizer.exp_avg_sq_dtype = ferrotron_recipe::StateDtype::Bf16;
+        let bytes = state_bytes_per_parameter_over_dp8(&recipe);
+        // bf16 weight and main gradient + (fp32 master + bf16 m and v)/8: 4 + 8/8 = 5 bytes.
+        assert!((bytes - 5.0).abs() < 1e-6, "{bytes}");
     }
 
     #[test]

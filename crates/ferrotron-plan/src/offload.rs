@@ -189,11 +189,12 @@ pub(crate) fn fraction_that_fits(setup: &Setup<'_>, limit: u64) -> Option<f64> {
 pub(crate) fn step_time(setup: &Setup<'_>, optimizer_params: &[f64]) -> (f64, Vec<Term>) {
     let fraction = setup.offload_fraction;
     let recipe = setup.recipe;
-    let (weight, _, _) = bytes_per_parameter(recipe.precision.dtype, &recipe.training.optimizer);
-    // Several microbatches are summed in fp32; one hands over its gradients in the weights'
-    // dtype.
+    let (weight, summed, _) =
+        bytes_per_parameter(recipe.precision.dtype, &recipe.training.optimizer);
+    // Several microbatches are summed (in f32, or bf16 under `main_grads_dtype`); one hands
+    // over its gradients in the weights' dtype.
     let gradient = if setup.num_microbatches > 1 {
-        4.0
+        summed
     } else {
         weight
     };

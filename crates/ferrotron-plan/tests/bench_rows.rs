@@ -485,7 +485,7 @@ fn the_report_names_the_phase_of_the_peak() {
     assert!(human.contains("weights + new copy"), "{human}");
     let explain = ferrotron_plan::render_explain(&llama);
     for needle in [
-        "activations phase: fp32 gradient buffer",
+        "activations phase: gradient buffer",
         "update phase: gradient buffer",
         "update phase: activation memory the pool keeps and cannot reuse",
     ] {

@@ -94,6 +94,7 @@ mod tests {
         let optimizer = &json["training"]["optimizer"];
         for key in [
             "use_precision_aware_optimizer",
+            "main_grads_dtype",
             "exp_avg_dtype",
             "exp_avg_sq_dtype",
             "optimizer_cpu_offload",

@@ -56,6 +56,7 @@ fn bench_step(c: &mut Criterion) {
                     eps: 1e-8,
                     weight_decay: 0.1,
                     moment_dtypes: ferrotron_ops::F32_MOMENTS,
+                    main_grads_dtype: burn::tensor::DType::F32,
                     offload_fraction: None,
                 },
                 Default::default(),

@@ -234,6 +234,7 @@ mod tests {
                 eps: 1e-8,
                 weight_decay: 0.0,
                 moment_dtypes: ferrotron_ops::F32_MOMENTS,
+                main_grads_dtype: burn::tensor::DType::F32,
                 offload_fraction: None,
             },
             HashSet::new(),

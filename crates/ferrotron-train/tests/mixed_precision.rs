@@ -65,6 +65,7 @@ fn a_gpt_trains_in_bf16_with_fp32_master_weights() {
             eps: 1e-8,
             weight_decay: 0.1,
             moment_dtypes: ferrotron_ops::F32_MOMENTS,
+            main_grads_dtype: burn::tensor::DType::F32,
             offload_fraction: None,
         },
         HashSet::new(),

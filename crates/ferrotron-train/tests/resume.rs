@@ -49,6 +49,7 @@ fn adamw() -> AdamWConfig {
         eps: 1e-8,
         weight_decay: 0.1,
         moment_dtypes: ferrotron_ops::F32_MOMENTS,
+        main_grads_dtype: burn::tensor::DType::F32,
         offload_fraction: None,
     }
 }

@@ -3,7 +3,10 @@
 //! Kernels are generated per op, dtype and layout, so a training step touches a few hundred
 //! distinct sources; NVRTC takes tens of milliseconds each. The memory cache makes each source
 //! compile once per process; the disk cache (`~/.cache/ferrotron/kernels/<arch>/<hash>.ptx`,
-//! keyed by a hash of arch, options and source) makes it compile once per machine.
+//! keyed by a hash of arch, options and source) makes it compile once per machine. A kernel's
+//! name ([`kernel_name`], from its source's header comment) is made here too, on the same miss
+//! that generates the source: the cache hands the launch its function and the name it is timed
+//! and profiled under.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -13,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
-use super::launch::{KernelSpec, kernel_name};
+use super::launch::KernelSpec;
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
 use crate::switches::EnvVars;
 
@@ -244,6 +247,27 @@ pub(crate) fn write_atomically(path: &Path, contents: &str) -> std::io::Result<(
     std::fs::rename(&tmp, path)
 }
 
+/// The entry-point (and profiler) name of a generated kernel: its header comment up to the
+/// rank, as an identifier (`// map add bf16 <- [bf16, bf16] rank 1` → `map_add_bf16_bf16_bf16`).
+pub fn kernel_name(source: &str) -> String {
+    let header = first_line_comment(source);
+    let head = header.split(" rank").next().unwrap_or(&header);
+    let mut name = String::with_capacity(head.len());
+    for c in head.chars() {
+        if c.is_ascii_alphanumeric() {
+            name.push(c.to_ascii_lowercase());
+        } else if !name.ends_with('_') {
+            name.push('_');
+        }
+    }
+    let name = name.trim_matches('_').to_string();
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        format!("k_{name}")
+    } else {
+        name
+    }
+}
+
 /// Generated sources start with `// <description>`; used to name the kernel in errors.
 pub(crate) fn first_line_comment(source: &str) -> String {
     source
@@ -299,6 +323,19 @@ mod tests {
         write_atomically(&path, "ptx text").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "ptx text");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn kernels_are_named_after_their_op() {
+        assert_eq!(
+            kernel_name("// map add bf16 <- [bf16, bf16] rank 1\nint x;"),
+            "map_add_bf16_bf16_bf16"
+        );
+        assert_eq!(
+            kernel_name("// reduce Sum bf16 -> bf16 rank 1\n"),
+            "reduce_sum_bf16_bf16"
+        );
+        assert_eq!(kernel_name("int x;"), "ferrotron_kernel");
     }
 
     #[test]

@@ -84,27 +84,6 @@ pub(crate) trait KernelSpec: std::hash::Hash + 'static {
     fn source(&self) -> String;
 }
 
-/// The entry-point (and profiler) name of a generated kernel: its header comment up to the
-/// rank, as an identifier (`// map add bf16 <- [bf16, bf16] rank 1` → `map_add_bf16_bf16_bf16`).
-pub fn kernel_name(source: &str) -> String {
-    let header = super::kernel_cache::first_line_comment(source);
-    let head = header.split(" rank").next().unwrap_or(&header);
-    let mut name = String::with_capacity(head.len());
-    for c in head.chars() {
-        if c.is_ascii_alphanumeric() {
-            name.push(c.to_ascii_lowercase());
-        } else if !name.ends_with('_') {
-            name.push('_');
-        }
-    }
-    let name = name.trim_matches('_').to_string();
-    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-        format!("k_{name}")
-    } else {
-        name
-    }
-}
-
 /// Compiles (once per spec) and launches a kernel on the device's stream, timed under its
 /// name when op timing is on.
 pub(crate) fn launch<S: KernelSpec>(
@@ -148,19 +127,6 @@ mod tests {
         let mut p = Params::new();
         p.int(-1).padded(&[2, 3], 4).float(1.5).ptr(0xdead);
         assert_eq!(p.words(), &[u64::MAX, 2, 3, 0, 0, 1.5f64.to_bits(), 0xdead]);
-    }
-
-    #[test]
-    fn kernels_are_named_after_their_op() {
-        assert_eq!(
-            kernel_name("// map add bf16 <- [bf16, bf16] rank 1\nint x;"),
-            "map_add_bf16_bf16_bf16"
-        );
-        assert_eq!(
-            kernel_name("// reduce Sum bf16 -> bf16 rank 1\n"),
-            "reduce_sum_bf16_bf16"
-        );
-        assert_eq!(kernel_name("int x;"), "ferrotron_kernel");
     }
 
     #[test]

@@ -81,6 +81,7 @@ pub(super) fn check(recipe: &Recipe, out: &mut Vec<Finding>) {
 fn check_optimizer_states(recipe: &Recipe, out: &mut Vec<Finding>) {
     let opt = &recipe.training.optimizer;
     for (key, dtype) in [
+        ("main_grads_dtype", opt.main_grads_dtype),
         ("exp_avg_dtype", opt.exp_avg_dtype),
         ("exp_avg_sq_dtype", opt.exp_avg_sq_dtype),
     ] {
@@ -440,6 +441,15 @@ mod tests {
             ["training::states-need-precision-aware-optimizer"]
         );
         assert_eq!(findings[0].path, "training.optimizer.exp_avg_sq_dtype");
+        r.training.optimizer.main_grads_dtype = crate::StateDtype::Bf16;
+        let findings = run(&r);
+        assert_eq!(
+            findings.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+            [
+                "training.optimizer.main_grads_dtype",
+                "training.optimizer.exp_avg_sq_dtype"
+            ]
+        );
         r.training.optimizer.use_precision_aware_optimizer = true;
         assert_eq!(
             codes(&run(&r)),

@@ -28,6 +28,7 @@ pub use manifest::{
 };
 pub(crate) use modules::trained_shards;
 pub use modules::{adamw_shards, is_primary_replica, model_shards, moment_spec};
+pub(crate) use save::write_recipe;
 pub use save::{CheckpointInfo, save_sharded, shard_file_name, world_size};
 pub use store::{COMMIT_MARKER, CheckpointStore, CommittedCheckpoint, is_committed};
 pub use tensors::{

@@ -6,7 +6,8 @@
 //! folder as the one-rank store does. The steps are separated by an agreement — an all-reduce
 //! of a failure flag over tp, dp×cp and pp, which together span the world — so a rank that fails
 //! to write makes every rank return an error instead of leaving the others waiting, and no rank
-//! returns before the folder is committed.
+//! returns before the folder is committed. The resolved recipe beside the tensors is written as
+//! the run directory writes it (`write_recipe`), so both read back the same way.
 
 use std::path::{Path, PathBuf};
 
@@ -16,12 +17,12 @@ use ferrotron_recipe::Recipe;
 
 use super::manifest::{
     CHECKPOINT_FORMAT_VERSION, CheckpointLayout, MODEL_FILE, Manifest, ManifestFiles, ModelShape,
-    OPTIMIZER_FILE, RngInfo, ShardFile, ShardKind,
+    OPTIMIZER_FILE, RECIPE_FILE, RngInfo, ShardFile, ShardKind,
 };
 use super::store::CheckpointStore;
 use super::tensors::{ShardTensor, read_shard_specs, write_shard_file};
 use crate::TrainError;
-use crate::run::resume::{ResumeState, absolute_tokenizer, write_recipe};
+use crate::run::resume::ResumeState;
 
 /// What a checkpoint records besides the tensors.
 #[derive(Debug, Clone, Copy)]
@@ -208,6 +209,33 @@ pub(super) fn finish(
     write_recipe(temp, recipe)?;
     manifest.write(temp)?;
     store.commit(info.state.iteration, temp)
+}
+
+/// The resolved recipe as YAML (`recipe validate` reads it back), in a checkpoint and in the run
+/// directory.
+pub(crate) fn write_recipe(dir: &Path, recipe: &Recipe) -> Result<(), TrainError> {
+    let path = dir.join(RECIPE_FILE);
+    std::fs::create_dir_all(dir).map_err(|e| TrainError::io("create", dir, e))?;
+    let text = serde_saphyr::to_string(recipe)
+        .map_err(|e| TrainError::Config(format!("cannot write the recipe as YAML: {e}")))?;
+    std::fs::write(&path, text).map_err(|e| TrainError::io("write", &path, e))
+}
+
+/// The tokenizer with absolute paths, so a checkpoint samples from any working directory.
+fn absolute_tokenizer(tokenizer: &ferrotron_recipe::Tokenizer) -> ferrotron_recipe::Tokenizer {
+    let absolute = |path: &Option<String>| {
+        path.as_ref().map(|p| {
+            std::fs::canonicalize(p)
+                .map(|c| c.display().to_string())
+                .unwrap_or_else(|_| p.clone())
+        })
+    };
+    ferrotron_recipe::Tokenizer {
+        kind: tokenizer.kind,
+        vocab_file: absolute(&tokenizer.vocab_file),
+        merge_file: absolute(&tokenizer.merge_file),
+        file: absolute(&tokenizer.file),
+    }
 }
 
 /// Every rank learns whether every rank succeeded at `step`. This rank's own error comes back

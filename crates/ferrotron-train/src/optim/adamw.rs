@@ -37,6 +37,9 @@ pub struct AdamWConfig {
     /// How `exp_avg` and `exp_avg_sq` are stored (f32, or bf16 under Megatron's
     /// precision-aware optimizer); the update computes in f32 either way.
     pub moment_dtypes: [burn::tensor::DType; 2],
+    /// What the gradients are summed in over a step's microbatches and replicas (f32, or bf16
+    /// under Megatron's `--main-grads-dtype bf16`).
+    pub main_grads_dtype: burn::tensor::DType,
     /// The fraction of the parameters whose state lives in host memory and whose update runs
     /// on the CPU (Megatron's `--optimizer-offload-fraction` under `--optimizer-cpu-offload`;
     /// `None`: no offload). See `offload.rs`.
@@ -58,6 +61,7 @@ impl AdamWConfig {
                 dtype(optimizer.exp_avg_dtype),
                 dtype(optimizer.exp_avg_sq_dtype),
             ],
+            main_grads_dtype: dtype(optimizer.main_grads_dtype),
             offload_fraction: optimizer
                 .optimizer_cpu_offload
                 .then_some(optimizer.optimizer_offload_fraction),
@@ -434,7 +438,7 @@ impl<I: Backend> AdamW<I> {
                 offloaded,
             })
             .collect();
-        let layout = Layout::new(&facts, self.sharding);
+        let layout = Layout::new(&facts, self.sharding, self.config.main_grads_dtype);
         let device = params
             .first()
             .map(|(_, _, _, value)| value.device())
@@ -801,6 +805,7 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.1,
             moment_dtypes: ferrotron_ops::F32_MOMENTS,
+            main_grads_dtype: burn::tensor::DType::F32,
             offload_fraction: None,
         }
     }

@@ -73,6 +73,9 @@ pub(crate) struct Group {
     pub offloaded: bool,
     /// The parameters' own dtype (16-bit ones also get a rounded copy written by the update).
     pub dtype: DType,
+    /// What its gradients are summed in over microbatches and replicas (`main_grads_dtype`,
+    /// Megatron's `--main-grads-dtype`: f32 unless asked).
+    pub sum_dtype: DType,
     pub members: Vec<ParamId>,
     pub len: usize,
 }
@@ -100,8 +103,13 @@ pub(crate) struct Layout {
 
 impl Layout {
     /// Group the parameters given in visiting order; under `sharding` (the distributed
-    /// optimizer) every group is padded with zeros to equal parts.
-    pub(crate) fn new(params: &[ParamFacts], sharding: Option<Sharding>) -> Self {
+    /// optimizer) every group is padded with zeros to equal parts. Every group's gradients are
+    /// summed in `main_grads_dtype`.
+    pub(crate) fn new(
+        params: &[ParamFacts],
+        sharding: Option<Sharding>,
+        main_grads_dtype: DType,
+    ) -> Self {
         let mut groups: Vec<Group> = Vec::new();
         let mut slots = HashMap::with_capacity(params.len());
         for &ParamFacts {
@@ -131,6 +139,7 @@ impl Layout {
                         decays,
                         offloaded,
                         dtype,
+                        sum_dtype: main_grads_dtype,
                         members: Vec::new(),
                         len: 0,
                     });
@@ -332,7 +341,8 @@ impl<I: Backend> FlatState<I> {
     }
 }
 
-/// A step's gradients, one flat f32 buffer per group, summed over the microbatches so far.
+/// A step's gradients, one flat buffer per group (its sum dtype), summed over the microbatches
+/// so far.
 #[derive(Debug)]
 pub(crate) struct FlatGrads<I: Backend> {
     pub buffers: Vec<FloatTensor<I>>,
@@ -382,8 +392,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B::InnerBackend> {
 }
 
 /// `into + this microbatch's gradients` in `layout` (a fresh buffer set without `into`); fails
-/// for a gradient of a parameter outside the layout. The buffers are f32, or with `Sum::Alone`
-/// (the step's only microbatch, nothing added to it later) each group's own dtype.
+/// for a gradient of a parameter outside the layout. The buffers are each group's sum dtype,
+/// or with `Sum::Alone` (the step's only microbatch, nothing added to it later) its own dtype.
 pub(crate) fn gather<I: FusedOps>(
     layout: &Layout,
     mut taken: HashMap<ParamId, Tensor<I, 1>>,
@@ -396,7 +406,7 @@ pub(crate) fn gather<I: FusedOps>(
         let previous = into.as_mut().and_then(|buffers| buffers[index].take());
         let dtype = match sum {
             Sum::Alone if previous.is_none() => layout.groups[index].dtype,
-            _ => DType::F32,
+            _ => layout.groups[index].sum_dtype,
         };
         buffers.push(gather_group(
             layout,
@@ -436,8 +446,8 @@ pub(crate) fn gather_group<I: FusedOps>(
     I::gather_flat(pieces, previous, dtype)
 }
 
-/// Whether a step's flat gradients are a sum (f32: microbatches or data-parallel replicas are
-/// added into them) or one microbatch's gradients alone, which may keep their own dtype.
+/// Whether a step's flat gradients are a sum (in each group's sum dtype: microbatches or
+/// data-parallel replicas are added into them) or one microbatch's gradients alone, which may keep their own dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Sum {
     Summed,
@@ -673,6 +683,7 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.1,
             moment_dtypes: ferrotron_ops::F32_MOMENTS,
+            main_grads_dtype: burn::tensor::DType::F32,
             offload_fraction,
         };
         AdamW::new(config, HashSet::from([model.bias.id]))
@@ -873,6 +884,7 @@ mod tests {
                 shard: Shard { part: 0, parts: 2 },
                 expert: None,
             }),
+            DType::F32,
         );
         // decay group: a at 0, c at 128 (aligned), padded to 2 × 64 × 2 = 256; no-decay: b
         assert_eq!(layout.groups[0].len, 256);

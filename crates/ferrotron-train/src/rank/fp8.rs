@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::AutodiffBackend;
 use ferrotron_model::GptModel;
 use ferrotron_ops::FusedOps;
 use ferrotron_ops::fp8::scaling::{AmaxAlgo, Fp8Format, Fp8Scaling, Fp8Settings};
@@ -62,15 +62,33 @@ pub(crate) fn settings(precision: &Precision) -> Result<Option<Fp8Settings>, Tra
     }))
 }
 
-/// Refuses an fp8 recipe on a backend (or a GPU) without fp8 GEMMs, naming why.
-pub(crate) fn check_support<B: FusedOps>(
+/// `chunks` with fp8 GEMMs in the layers the recipe puts in fp8 (`first_last_layers_bf16`),
+/// once `device` is known to have fp8 GEMMs (see [`check_support`]).
+pub(crate) fn with_fp8<B: FusedOps>(
+    chunks: Vec<GptModel<B>>,
     precision: &Precision,
     device: &B::Device,
-) -> Result<(), TrainError> {
+) -> Result<Vec<GptModel<B>>, TrainError> {
     let Some(settings) = settings(precision)? else {
-        return Ok(());
+        return Ok(chunks);
     };
-    B::fp8_support(device, &settings).map_err(|why| {
+    check_support::<B>(precision, &settings, device)?;
+    Ok(chunks
+        .into_iter()
+        .map(|chunk| {
+            let layers = chunk.config().num_layers as u32;
+            chunk.with_fp8(settings, |layer| precision.fp8_layer(layer as u32, layers))
+        })
+        .collect())
+}
+
+/// Refuses an fp8 recipe on a backend (or a GPU) without fp8 GEMMs, naming why.
+fn check_support<B: FusedOps>(
+    precision: &Precision,
+    settings: &Fp8Settings,
+    device: &B::Device,
+) -> Result<(), TrainError> {
+    B::fp8_support(device, settings).map_err(|why| {
         TrainError::Config(format!(
             "precision.fp8 {} cannot train here: {why}",
             match precision.fp8 {
@@ -79,18 +97,6 @@ pub(crate) fn check_support<B: FusedOps>(
             }
         ))
     })
-}
-
-/// `chunk` with fp8 GEMMs in the layers the recipe puts in fp8 (`first_last_layers_bf16`).
-pub(crate) fn with_fp8<B: Backend>(
-    chunk: GptModel<B>,
-    precision: &Precision,
-) -> Result<GptModel<B>, TrainError> {
-    let Some(settings) = settings(precision)? else {
-        return Ok(chunk);
-    };
-    let layers = chunk.config().num_layers as u32;
-    Ok(chunk.with_fp8(settings, |layer| precision.fp8_layer(layer as u32, layers)))
 }
 
 /// Ends an optimizer step for every chunk's fp8 layers (collective over tp and dp × cp).
@@ -195,11 +201,12 @@ mod tests {
 
     #[test]
     fn the_cpu_backend_is_refused_with_the_reason() {
+        type Cpu = crate::CpuTrainBackend;
         let mut p = Precision::default();
-        check_support::<crate::CpuTrainBackend>(&p, &Default::default()).expect("bf16 runs");
+        with_fp8::<Cpu>(Vec::new(), &p, &Default::default()).expect("bf16 runs");
         p.fp8 = Fp8::Hybrid;
-        let err = check_support::<crate::CpuTrainBackend>(&p, &Default::default())
-            .expect_err("no fp8 on the CPU");
+        let err =
+            with_fp8::<Cpu>(Vec::new(), &p, &Default::default()).expect_err("no fp8 on the CPU");
         let message = err.to_string();
         assert!(
             message.contains("precision.fp8 hybrid cannot train here"),

@@ -114,22 +114,26 @@ impl<B> RankModel<B>
 where
     B: crate::TrainBackend,
 {
-    /// Build this rank's chunks as cuts of the seeded one-rank model (the model itself on a
-    /// rank alone), and its optimizer.
+    /// Build this rank's chunks as cuts of the seeded one-rank model (the plan's model with its
+    /// real and padded vocabulary; the model itself on a rank alone), and its optimizer, both
+    /// as the plan's recipe sets them.
     pub(crate) fn new(
         plan: &Plan,
         ctx: ParallelContext,
-        config: &ModelConfig,
-        adamw: AdamWConfig,
-        distributed_optimizer: bool,
         device: &B::Device,
     ) -> Result<Self, TrainError> {
+        let recipe = &plan.recipe;
+        let config = ModelConfig::from_model_with_vocab(
+            &recipe.model,
+            plan.vocab_size,
+            plan.padded_vocab_size,
+        )?;
         let specs = chunk_specs(plan, ctx.pp_rank())?;
         // every rank draws the same full model from the seed, then keeps its cut
         let full: GptModel<B> = seeded_model(
-            config,
-            plan.recipe.training.seed,
-            plan.recipe.runtime.use_cpu_initialization,
+            &config,
+            recipe.training.seed,
+            recipe.runtime.use_cpu_initialization,
             device,
         )?;
         let whole = is_alone(&ctx) && specs.len() == 1;
@@ -142,13 +146,12 @@ where
                 .collect::<Result<Vec<_>, _>>()?
         };
         // Megatron's recompute ranges count per chunk, as the planner's memory terms do.
-        let policy = RecomputePolicy::from_recipe(&plan.recipe.recompute)?;
-        let chunks: Vec<_> = chunks
+        let policy = RecomputePolicy::from_recipe(&recipe.recompute)?;
+        let chunks = chunks
             .into_iter()
-            .map(|chunk| {
-                crate::rank::fp8::with_fp8(chunk.with_recompute(policy), &plan.recipe.precision)
-            })
-            .collect::<Result<_, _>>()?;
+            .map(|chunk| chunk.with_recompute(policy))
+            .collect();
+        let chunks = crate::rank::fp8::with_fp8::<B>(chunks, &recipe.precision, device)?;
         let position = StagePosition {
             stage: ctx.pp_rank(),
             stages: ctx.pp_size(),
@@ -160,14 +163,12 @@ where
         // dense models only, and MoE the per-chunk exchange (`crate::step::per_chunk`).
         let replicated =
             !whole && one_stage_dense(&ctx) && chunks.len() == 1 && config.moe.is_none();
-        let bucket_elements = plan
-            .recipe
-            .parallel
-            .ddp_bucket_size
-            .map_or(GRAD_BUCKET_ELEMENTS, |n| {
-                usize::try_from(n).unwrap_or(usize::MAX)
-            });
-        let parallel = &plan.recipe.parallel;
+        let parallel = &recipe.parallel;
+        let bucket_elements = parallel.ddp_bucket_size.map_or(GRAD_BUCKET_ELEMENTS, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        });
+        let adamw = AdamWConfig::from_recipe(&recipe.training.optimizer);
+        let distributed_optimizer = parallel.distributed_optimizer;
         let optimizer = if whole {
             RankOptimizer::Whole(AdamW::new(adamw, no_decay(&roles[0])))
         } else if replicated {

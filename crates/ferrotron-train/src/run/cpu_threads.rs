@@ -116,6 +116,7 @@ mod tests {
                 eps: 1e-8,
                 weight_decay: 0.1,
                 moment_dtypes: ferrotron_ops::F32_MOMENTS,
+                main_grads_dtype: burn::tensor::DType::F32,
                 offload_fraction: None,
             };
             let mut optimizer = AdamW::new(config, model.no_weight_decay_params());

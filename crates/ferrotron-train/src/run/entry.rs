@@ -12,10 +12,10 @@ use crate::rank::RankModel;
 use crate::rank::host::param_values;
 use crate::run::cpu_threads::{process_threads, rank_pool, use_cpu_threads};
 use crate::run::host_read::host_reads;
-use crate::run::resume::ResumeState;
+use crate::run::resume::{ResumeState, resume_source};
 use crate::run::setup::RunSetup;
 use crate::run::training_loop::{Lead, training_loop};
-use crate::{AdamWConfig, RunOptions, RunSummary, TrainError};
+use crate::{RunOptions, RunSummary, TrainError};
 
 /// Train `plan` as the rank `ctx` describes (its groups from the plan's rank grid;
 /// `ParallelContext::single()` for a one-rank plan), reading data with `tokenizer` (the one the
@@ -70,7 +70,6 @@ where
 {
     check_context(plan, &ctx)?;
     let recipe = &setup.recipe;
-    crate::rank::fp8::check_support::<B>(&recipe.precision, device)?;
     let parallel = &recipe.parallel;
     if parallel.distributed_optimizer && parallel.distributed_optimizer_instances > 1 {
         return Err(TrainError::Config(format!(
@@ -79,16 +78,9 @@ where
             parallel.distributed_optimizer_instances
         )));
     }
-    let mut model = RankModel::<B>::new(
-        plan,
-        ctx.clone(),
-        &setup.model_config(plan)?,
-        AdamWConfig::from_recipe(&recipe.training.optimizer),
-        parallel.distributed_optimizer,
-        device,
-    )?;
+    let mut model = RankModel::<B>::new(plan, ctx.clone(), device)?;
     let mut state = ResumeState::fresh();
-    let resumed = setup.resume_source()?;
+    let resumed = resume_source(&recipe.checkpoint, setup.store.as_ref())?;
     if let Some(checkpoint) = &resumed {
         checkpoint.check_compatible(&setup.shape, recipe.training.seed)?;
         model.load(checkpoint)?;

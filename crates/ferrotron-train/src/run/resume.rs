@@ -1,17 +1,18 @@
-//! Where a run stands and what a checkpoint folder gives back outside training: the loop
-//! position (just iteration and consumed samples: data order and randomness are functions of
-//! those), a one-rank model for inference, the recipe and tokenizer written beside the tensors.
-//! Training ranks save and load their share in `parallel::rank_checkpoint`.
+//! Where a run stands and where it continues from: the loop position (just iteration and
+//! consumed samples: data order and randomness are functions of those), the checkpoint a run
+//! resumes from (`checkpoint.resume`), and a one-rank model for inference from a checkpoint
+//! folder. Training ranks save and load their share in `crate::rank::checkpointing`; what a
+//! checkpoint records beside the tensors is written in `crate::checkpoint::save`.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
 use ferrotron_model::{GptModel, ModelConfig};
 use ferrotron_parallel::ShardSpec;
-use ferrotron_recipe::Recipe;
+use ferrotron_recipe::{Checkpoint, ResumePolicy};
 
-use crate::checkpoint::{RECIPE_FILE, ShardKind, ShardedCheckpoint};
+use crate::checkpoint::{CheckpointStore, ShardKind, ShardedCheckpoint};
 use crate::params::{NamedTensor, ParamEntry};
 use crate::{TrainError, load_named_tensors, param_entries};
 
@@ -31,6 +32,64 @@ impl ResumeState {
             consumed_tokens: 0,
         }
     }
+}
+
+/// The checkpoint to continue from, by `checkpoint.resume`, opened and (unless
+/// `checkpoint.verify` is off) checked against its checksums. With `auto`, a damaged newest
+/// checkpoint of `store` is reported and the newest older one that verifies is taken instead; a
+/// path named explicitly must verify itself.
+pub(crate) fn resume_source(
+    checkpoint: &Checkpoint,
+    store: Option<&CheckpointStore>,
+) -> Result<Option<ShardedCheckpoint>, TrainError> {
+    let verify = checkpoint.verify;
+    match checkpoint.resume_policy() {
+        ResumePolicy::Never => Ok(None),
+        ResumePolicy::Auto => match store {
+            Some(store) => newest_intact(store, verify),
+            None => Ok(None),
+        },
+        ResumePolicy::Path(path) => {
+            let path = PathBuf::from(path);
+            if crate::checkpoint::is_committed(&path) {
+                ShardedCheckpoint::open_with(&path, verify).map(Some)
+            } else {
+                Err(TrainError::checkpoint(
+                    &path,
+                    "checkpoint.resume names a folder that is not a committed checkpoint",
+                ))
+            }
+        }
+    }
+}
+
+/// The newest committed checkpoint of `store` that opens and verifies. Damaged ones are passed
+/// over with a warning; when none is intact the newest one's damage is the error (starting
+/// from scratch would silently overwrite the run).
+fn newest_intact(
+    store: &CheckpointStore,
+    verify: bool,
+) -> Result<Option<ShardedCheckpoint>, TrainError> {
+    let mut first_damage = None;
+    for committed in store.committed()?.into_iter().rev() {
+        match ShardedCheckpoint::open_with(&committed.path, verify) {
+            Ok(checkpoint) => {
+                if let Some(damage) = &first_damage {
+                    tracing::warn!(
+                        "{damage}; resuming from the newest intact checkpoint, {}",
+                        committed.path.display()
+                    );
+                }
+                return Ok(Some(checkpoint));
+            }
+            Err(damage @ TrainError::Damaged { .. }) => {
+                tracing::warn!("{damage}; trying the checkpoint before it");
+                first_damage.get_or_insert(damage);
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    first_damage.map_or(Ok(None), Err)
 }
 
 /// A one-rank model for inference from a checkpoint folder alone (manifest + tensors), whatever
@@ -82,32 +141,4 @@ fn whole_tensors(
         out.insert(name, tensor);
     }
     Ok(out)
-}
-
-/// The resolved recipe as YAML (`recipe validate` reads it back).
-pub(crate) fn write_recipe(dir: &Path, recipe: &Recipe) -> Result<(), TrainError> {
-    let path = dir.join(RECIPE_FILE);
-    std::fs::create_dir_all(dir).map_err(|e| TrainError::io("create", dir, e))?;
-    let text = serde_saphyr::to_string(recipe)
-        .map_err(|e| TrainError::Config(format!("cannot write the recipe as YAML: {e}")))?;
-    std::fs::write(&path, text).map_err(|e| TrainError::io("write", &path, e))
-}
-
-/// The tokenizer with absolute paths, so a checkpoint samples from any working directory.
-pub(crate) fn absolute_tokenizer(
-    tokenizer: &ferrotron_recipe::Tokenizer,
-) -> ferrotron_recipe::Tokenizer {
-    let absolute = |path: &Option<String>| {
-        path.as_ref().map(|p| {
-            std::fs::canonicalize(p)
-                .map(|c| c.display().to_string())
-                .unwrap_or_else(|_| p.clone())
-        })
-    };
-    ferrotron_recipe::Tokenizer {
-        kind: tokenizer.kind,
-        vocab_file: absolute(&tokenizer.vocab_file),
-        merge_file: absolute(&tokenizer.merge_file),
-        file: absolute(&tokenizer.file),
-    }
 }

@@ -28,11 +28,11 @@ use ferrotron_telemetry::{
 };
 use serde::Serialize;
 
-use crate::checkpoint::{CheckpointInfo, CheckpointStore};
+use crate::checkpoint::{CheckpointInfo, CheckpointStore, write_recipe};
 use crate::run::eval_batches::eval_start;
 use crate::run::pending::{DeviceValues, read_together};
 use crate::run::resume::ResumeState;
-use crate::run::setup::{RunSetup, write_run_dir};
+use crate::run::setup::RunSetup;
 use crate::{Microbatch, PendingStats, StepContext, StepStats, StopFlag, TrainError};
 
 /// How the caller wants the run to go, beyond the plan.
@@ -389,6 +389,18 @@ impl Reporter {
         };
         self.message(&format!("iteration {iteration}: {why}; {saved}"));
     }
+}
+
+/// `plan.json` and the resolved recipe in the run directory (beside the checkpoints, by
+/// default), so it explains itself without the recipe file that started it.
+fn write_run_dir(run_dir: &Path, plan: &Plan, recipe: &Recipe) -> Result<(), TrainError> {
+    plan.write_to(run_dir).map_err(|e| {
+        TrainError::Config(format!(
+            "cannot write plan.json into {}: {e}",
+            run_dir.display()
+        ))
+    })?;
+    write_recipe(run_dir, recipe)
 }
 
 /// Sums since the last log line, for interval averages as Megatron prints them.

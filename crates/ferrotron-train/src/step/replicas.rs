@@ -1,6 +1,6 @@
 //! Data parallelism with the whole model on every rank (tensor, pipeline, context and expert
 //! degrees all 1, the plain optimizer): each rank runs the one-rank device step over its share
-//! of the microbatches, and the step's flat fp32 gradient buffers are averaged over the
+//! of the microbatches, and the step's flat gradient buffers are averaged over the
 //! data-parallel group before the norm and the update. The buffers are what the optimizer
 //! already owns (`flat_adamw.rs`), so the reduction is one collective per buffer on the device
 //! (NCCL on a GPU, no host copy) instead of the host exchange the general layouts take, and
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
-use burn::tensor::{DType, Shape, Tensor, TensorMetadata};
+use burn::tensor::{Shape, Tensor, TensorMetadata};
 use ferrotron_model::ExpertLoads;
 use ferrotron_parallel::{Comm, InFlight, ParallelOps, ReduceOp, prefetch};
 
@@ -339,7 +339,7 @@ where
                 group,
                 |id| grads.remove(&id),
                 previous,
-                DType::F32,
+                self.layout.groups[group].sum_dtype,
             );
             self.started[group] = Some(self.reduction.begin(&self.layout.groups[group], sum));
         }

@@ -1,15 +1,16 @@
 //! Megatron's optimizer CPU offload (`--optimizer-cpu-offload --optimizer-offload-fraction`) on
 //! thread ranks: the offloaded groups' update is the kernel the in-device one is on the CPU, so
 //! every layout trains to the same bits with the whole optimizer offloaded or none, in fp32 and
-//! bf16 weights, fp32 and bf16 moments, and saves the same checkpoint; half of it offloaded
-//! gives the same bits on one data rank and the parallel tolerances on several (see below).
+//! bf16 weights, fp32 and bf16 moments, fp32 and bf16 gradient sums, and saves the same
+//! checkpoint; half of it offloaded gives the same bits on one data rank and the parallel
+//! tolerances on several (see below).
 
 use std::path::Path;
 
 use serde_json::{Value, json};
 
 use super::fixture::{Layout, merge, train_and_save, write_data};
-use super::optimizer_states::bf16_states;
+use super::optimizer_states::{bf16_main_grads, bf16_states};
 use super::{LOSS_TOLERANCE, WEIGHT_TOLERANCE};
 use crate::checkpoint::read_safetensors;
 
@@ -85,6 +86,8 @@ fn an_offloaded_optimizer_trains_and_saves_the_in_device_bits_on_every_layout() 
             }),
             json!({}),
         ),
+        // the host's AdamW reading bf16 gradient sums
+        (zero1(Layout::alone()), bf16_main_grads()),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         write_data(dir.path());

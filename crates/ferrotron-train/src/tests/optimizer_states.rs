@@ -87,3 +87,55 @@ fn bf16_states_are_stored_in_bf16_and_train_as_fp32_ones_do() {
         }
     }
 }
+
+/// The recipe keys of bf16 main gradients (Megatron's `--main-grads-dtype bf16`).
+pub(super) fn bf16_main_grads() -> Value {
+    json!({"training": {"optimizer": {
+        "use_precision_aware_optimizer": true, "main_grads_dtype": "bf16"
+    }}})
+}
+
+/// Summed in bf16 over four microbatches (and over replicas, and per chunk), the gradients
+/// train as the fp32 sums do to bf16's rounding of the sums, deterministically.
+#[test]
+fn bf16_main_grads_train_as_fp32_sums_do() {
+    for layout in [
+        Layout {
+            distributed_optimizer: true,
+            ..Layout::alone()
+        },
+        Layout {
+            dp: 2,
+            distributed_optimizer: true,
+            ..Layout::alone()
+        },
+        Layout {
+            tp: 2,
+            pp: 2,
+            dp: 2,
+            distributed_optimizer: true,
+            ..Layout::alone()
+        },
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_data(dir.path());
+        let fp32_sums = json!({"training": {"optimizer": {"use_precision_aware_optimizer": true}}});
+        let (fp32_losses, _) = train(dir.path(), "fp32", layout, fp32_sums);
+        let (bf16_losses, _) = train(dir.path(), "bf16", layout, bf16_main_grads());
+        let (again, _) = train(dir.path(), "bf16-again", layout, bf16_main_grads());
+        assert_eq!(bf16_losses, again, "{layout:?}: deterministic");
+        assert_eq!(bf16_losses.len(), fp32_losses.len());
+        // The first loss is computed before any update.
+        assert_eq!(bf16_losses[0], fp32_losses[0], "{layout:?}");
+        assert_ne!(
+            bf16_losses, fp32_losses,
+            "{layout:?}: rounding the sums shows"
+        );
+        for (b, f) in bf16_losses.iter().zip(&fp32_losses) {
+            assert!(
+                (b - f).abs() <= 1e-2 * f.abs(),
+                "{layout:?}: bf16 sums {bf16_losses:?} against fp32 {fp32_losses:?}"
+            );
+        }
+    }
+}

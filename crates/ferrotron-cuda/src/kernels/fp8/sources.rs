@@ -514,7 +514,7 @@ mod tests {
 
     #[test]
     fn kernels_are_named_after_what_they_cast() {
-        let name = |spec: &CastTranspose| crate::engine::launch::kernel_name(&spec.source());
+        let name = |spec: &CastTranspose| crate::engine::kernel_cache::kernel_name(&spec.source());
         let spec = CastTranspose {
             input: DType::BF16,
             format: Fp8Format::E5m2,
@@ -534,7 +534,7 @@ mod tests {
             "fp8_cast_transpose_bf16_e5m2_delayed_swiglu_grad_dbias"
         );
         assert_eq!(
-            crate::engine::launch::kernel_name(&ScaleUpdate.source()),
+            crate::engine::kernel_cache::kernel_name(&ScaleUpdate.source()),
             "fp8_scale_update"
         );
     }

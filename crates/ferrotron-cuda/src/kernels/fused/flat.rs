@@ -195,7 +195,13 @@ mod tests {
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
     fn flat_sources_compile() {
         for grad in [DType::F32, DType::BF16, DType::F16] {
-            for (out, accumulate) in [(DType::F32, false), (DType::F32, true), (grad, false)] {
+            // f32 sums, one microbatch in its own dtype, and bf16 sums (`main_grads_dtype`)
+            for (out, accumulate) in [
+                (DType::F32, false),
+                (DType::F32, true),
+                (grad, false),
+                (DType::BF16, true),
+            ] {
                 let source = GatherFlat {
                     grad,
                     out,

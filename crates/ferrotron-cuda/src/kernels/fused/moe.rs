@@ -262,7 +262,7 @@ mod tests {
             MoeKernel::Scatter { experts: 8 },
         ]
         .iter()
-        .map(|spec| crate::engine::launch::kernel_name(&spec.source()))
+        .map(|spec| crate::engine::kernel_cache::kernel_name(&spec.source()))
         .collect();
         assert_eq!(
             names,
