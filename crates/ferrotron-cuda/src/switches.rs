@@ -12,8 +12,8 @@
 
 use std::sync::OnceLock;
 
-/// Which of the backend's own paths a run takes; every one on by default (the measured, GPU-tested
-/// choice), off to compare with burn's composition.
+/// Which of the backend's own paths a run takes; every one measured on a GPU is on by default
+/// (off to compare with burn's composition), a newer one is opt-in until it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Paths {
     /// cuDNN's fused flash attention (off: burn's attention, composed).
@@ -24,6 +24,9 @@ pub struct Paths {
     pub vector_maps: bool,
     /// One grouped GEMM for every expert (off: a GEMM per expert).
     pub grouped_gemm: bool,
+    /// That GEMM reads the experts' row counts on the device (`kernels/fused/grouped_gemm.rs`;
+    /// off: cuBLAS's grouped call with host counts). Off by default until measured on a GPU.
+    pub grouped_gemm_device_counts: bool,
     /// Time cuBLASLt's candidate algorithms per GEMM shape and keep the fastest.
     pub gemm_tune: bool,
     /// Time cuDNN's candidate plans per attention graph and keep the fastest.
@@ -41,6 +44,7 @@ impl Default for Paths {
             fused_kernels: true,
             vector_maps: true,
             grouped_gemm: true,
+            grouped_gemm_device_counts: false,
             gemm_tune: true,
             attention_tune: true,
             norm_one_pass: true,

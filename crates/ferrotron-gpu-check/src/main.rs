@@ -13,6 +13,7 @@
 mod autodiff;
 mod cases;
 mod compare;
+mod device_grouped;
 mod fp8;
 mod fp8_fused_sources;
 mod fp8_source;
@@ -433,6 +434,9 @@ fn main() -> anyhow::Result<()> {
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "fused_grouped" {
         rows.extend(fused_grouped::rows(&device));
     }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "device_grouped" {
+        rows.extend(device_grouped::rows(&device));
+    }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "moe" {
         rows.extend(fused_moe::rows(&device));
     }
@@ -474,6 +478,8 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused_window::timings(&device));
     } else if args.timings && args.filter == "mla" {
         println!("\n{}", fused_mla::timings(&device));
+    } else if args.timings && args.filter == "device_grouped" {
+        println!("\n{}", device_grouped::timings(&device));
     } else if args.timings {
         if let Some(comm) = &nccl_comm {
             println!("\n{}", nccl::timings(comm));
@@ -488,6 +494,7 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused_qkv::timings(&device));
         println!("\n{}", fused_window::timings(&device));
         println!("\n{}", fused_mla::timings(&device));
+        println!("\n{}", device_grouped::timings(&device));
         println!("\n{}", fused_dropout::timings(&device));
         println!("\n{}", fp8_source::timings(&device));
     }

@@ -1205,6 +1205,12 @@ pub struct Runtime {
     /// One grouped GEMM for all experts (off: a GEMM per expert).
     #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
     pub grouped_gemm: bool,
+    /// The grouped GEMM reads the routing's per-expert row counts on the device (Ferrotron's
+    /// own sm_80+ kernel for bf16 and f16, expert widths a multiple of 128), so a MoE layer
+    /// never waits for the host; off: cuBLAS's grouped-batched GEMM, which takes the counts as
+    /// host numbers. Opt-in until its `gpu_check` rows and bench rows are measured on a GPU.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub grouped_gemm_device_counts: bool,
     /// Time cuBLASLt's candidate algorithms per GEMM shape and keep the fastest (off: the
     /// heuristic's first).
     #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
@@ -1237,6 +1243,7 @@ impl Default for Runtime {
             fused_kernels: true,
             vector_maps: true,
             grouped_gemm: true,
+            grouped_gemm_device_counts: false,
             gemm_tune: true,
             attention_tune: true,
             norm_one_pass: true,

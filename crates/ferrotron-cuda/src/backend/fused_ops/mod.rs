@@ -49,13 +49,13 @@ use crate::engine::dtype::DType;
 
 use crate::blas::grouped::{self, grouped_matmul, grouped_matmul_backward};
 use crate::engine::layout::SliceArg;
-use crate::kernels::fused::flat;
 use crate::kernels::fused::loss::{cross_entropy_backward, cross_entropy_forward};
 use crate::kernels::fused::moe;
 use crate::kernels::fused::qk_norm::{self, qk_norm_backward, qk_norm_forward};
 use crate::kernels::fused::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::fused::swiglu::{swiglu_backward, swiglu_forward};
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
+use crate::kernels::fused::{flat, grouped_gemm};
 use crate::kernels::prim::random;
 use crate::kernels::prim::reduce::{ReduceOp, reduce_all};
 use crate::kernels::prim::sum_squares;
@@ -69,6 +69,12 @@ pub(crate) fn fused_attention_enabled() -> bool {
 /// `runtime.fused_kernels`).
 pub(crate) fn fused_kernels_enabled() -> bool {
     crate::switches::paths().fused_kernels
+}
+
+/// Whether the experts' grouped matmul of `x` and `weight` reads the counts on the device
+/// (the recipe's `runtime.grouped_gemm_device_counts`, and shapes the kernel takes).
+fn device_counts_gemm(x: &FloatTensor<Cuda>, weight: &FloatTensor<Cuda>) -> bool {
+    crate::switches::paths().grouped_gemm_device_counts && grouped_gemm::supports(x, weight)
 }
 
 /// What an attention node keeps, from cuDNN's forward.
@@ -646,6 +652,10 @@ impl FusedOps for Cuda {
         weight: FloatTensor<Self>,
         group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
+        if device_counts_gemm(&x, &weight) {
+            let counts = group_rows.device(&crate::backend::shared::device(&x));
+            return ok(grouped_gemm::forward(&x, &weight, &counts));
+        }
         ok(grouped_matmul(&x, &weight, group_rows.host()))
     }
 
@@ -655,6 +665,15 @@ impl FusedOps for Cuda {
         grad_output: FloatTensor<Self>,
         group_rows: &GroupRows<Self>,
     ) -> GroupedMatmulGrads<Self> {
+        if device_counts_gemm(&x, &weight) {
+            let counts = group_rows.device(&crate::backend::shared::device(&x));
+            let grad = ok(grad_output.cast(x.dtype()));
+            let groups = weight.shape()[0];
+            return GroupedMatmulGrads {
+                x: ok(grouped_gemm::input_grad(&grad, &weight, &counts)),
+                weight: ok(grouped_gemm::weight_grad(&x, &grad, &counts, groups)),
+            };
+        }
         let (x, weight) = ok(grouped_matmul_backward(
             &x,
             &weight,

@@ -1,7 +1,8 @@
 //! The hand-written kernels behind `FusedOps`, one module per op: the norms (`norm.rs`, with the
 //! warp-per-row `norm_rows.rs` and the one-pass backward `norm_grad_rows.rs`), the AdamW update,
 //! the softmax cross-entropy (`loss.rs`), QK-norm, RoPE and SwiGLU of the packed projection, MoE
-//! routing, and the gathering of gradients into the optimizer's flat buffers (`flat.rs`).
+//! routing, the experts' grouped matmul over counts left on the device (`grouped_gemm.rs`), and
+//! the gathering of gradients into the optimizer's flat buffers (`flat.rs`).
 //!
 //! Why by hand: each composed version is a chain of generic map and reduce kernels, each a full
 //! pass over memory with its own output buffer; these read their inputs once, accumulate in
@@ -10,6 +11,7 @@
 
 pub mod adamw;
 pub mod flat;
+pub mod grouped_gemm;
 pub mod loss;
 pub mod moe;
 pub mod norm;

@@ -1,0 +1,245 @@
+//! Rows for the grouped GEMM that reads the experts' row counts on the device
+//! (`kernels/fused/grouped_gemm.rs`): its forward, input gradient and weight gradient against
+//! cuBLAS's grouped call (`blas/grouped.rs`, itself checked against the composed per-group
+//! matmuls in `fused_grouped.rs`) from the same 16-bit inputs, over uneven groups with empty
+//! ones, one group taking every row, and 128 groups. Outputs are poisoned, so an empty group's
+//! weight gradient must be written as zeros and no row may be left unwritten. Then the two
+//! timed at the MoE shapes of `tools/cublaslt_grouped_probe.py`.
+
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use ferrotron_cuda::blas::grouped::{grouped_matmul, grouped_matmul_backward};
+use ferrotron_cuda::kernels::fused::grouped_gemm;
+use ferrotron_cuda::{Cuda, CudaTensor, GpuDevice};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::fused::{dtype_label, host, median_ms, round};
+use crate::{Row, compare, failed, first_line, guarded};
+
+fn upload(data: &TensorData, dtype: DType, device: &GpuDevice) -> CudaTensor {
+    Tensor::<Cuda, 2>::from_data(round(data.clone(), dtype), (device, dtype))
+        .into_primitive()
+        .tensor()
+}
+
+fn upload3(data: &TensorData, dtype: DType, device: &GpuDevice) -> CudaTensor {
+    Tensor::<Cuda, 3>::from_data(round(data.clone(), dtype), (device, dtype))
+        .into_primitive()
+        .tensor()
+}
+
+fn counts_on(rows: &[usize], device: &GpuDevice) -> CudaTensor {
+    let data = TensorData::new(rows.iter().map(|&r| r as i64).collect(), [rows.len()]);
+    Tensor::<Cuda, 1, Int>::from_data(data, device).into_primitive()
+}
+
+fn download(x: CudaTensor) -> Result<Vec<f32>, String> {
+    let t = Tensor::<Cuda, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(
+        x.reshape(&[x.numel()]).map_err(|e| e.to_string())?,
+    ));
+    t.cast(DType::F32)
+        .into_data()
+        .to_vec::<f32>()
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// `out ++ dx ++ dweight`, in f32, by the device-count kernels or by cuBLAS's grouped call.
+fn products(
+    device_counts: bool,
+    rows: &[usize],
+    x: &CudaTensor,
+    weight: &CudaTensor,
+    dy: &CudaTensor,
+    device: &GpuDevice,
+) -> Result<TensorData, String> {
+    let (out, dx, dw) = if device_counts {
+        let counts = counts_on(rows, device);
+        let err = |e: ferrotron_cuda::CudaError| e.to_string();
+        (
+            grouped_gemm::forward(x, weight, &counts).map_err(err)?,
+            grouped_gemm::input_grad(dy, weight, &counts).map_err(err)?,
+            grouped_gemm::weight_grad(x, dy, &counts, rows.len()).map_err(err)?,
+        )
+    } else {
+        let out = grouped_matmul(x, weight, rows).map_err(|e| e.to_string())?;
+        let (dx, dw) = grouped_matmul_backward(x, weight, dy, rows).map_err(|e| e.to_string())?;
+        (out, dx, dw)
+    };
+    let mut all = download(out)?;
+    all.extend(download(dx)?);
+    all.extend(download(dw)?);
+    let n = all.len();
+    Ok(TensorData::new(all, [n]))
+}
+
+fn row(
+    device: &GpuDevice,
+    rng: &mut StdRng,
+    dtype: DType,
+    rows: &[usize],
+    [k, n]: [usize; 2],
+    what: &str,
+) -> Row {
+    let total: usize = rows.iter().sum();
+    let x = upload(&host(&[total, k], rng, dtype), dtype, device);
+    let weight = upload3(&host(&[rows.len(), k, n], rng, dtype), dtype, device);
+    let dy = upload(&host(&[total, n], rng, dtype), dtype, device);
+    let got = guarded(|| products(true, rows, &x, &weight, &dy, device));
+    let want = guarded(|| products(false, rows, &x, &weight, &dy, device));
+    let (errors, note) = match (got, want) {
+        // Same 16-bit inputs, f32 sums in another order, one rounding each.
+        (Ok(got), Ok(want)) => (
+            compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
+            format!("{what}; device counts vs cuBLAS grouped; out + dx + dweight"),
+        ),
+        (Err(e), _) => (failed(), format!("device counts: {}", first_line(&e))),
+        (_, Err(e)) => (failed(), format!("cuBLAS grouped: {}", first_line(&e))),
+    };
+    Row {
+        op: "grouped_gemm_device_counts".into(),
+        dtype: dtype_label(dtype),
+        shape: format!("[{total}, {k}] x [{}, {k}, {n}]", rows.len()),
+        errors,
+        note,
+    }
+}
+
+/// Row counts of `groups` experts summing to `total`, skewed as routing leaves them, expert 1
+/// empty (the probe's distribution).
+fn skewed(groups: usize, total: usize, rng: &mut StdRng) -> Vec<usize> {
+    let weights: Vec<f64> = (0..groups)
+        .map(|g| {
+            if g == 1 {
+                0.0
+            } else {
+                rng.random_range(0.0f64..1.0).powi(2) + 0.05
+            }
+        })
+        .collect();
+    let sum: f64 = weights.iter().sum();
+    let mut rows: Vec<usize> = weights
+        .iter()
+        .map(|w| (w / sum * total as f64) as usize)
+        .collect();
+    rows[0] += total - rows.iter().sum::<usize>();
+    rows
+}
+
+pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
+    let mut rng = StdRng::seed_from_u64(47);
+    let mut out = Vec::new();
+    let uneven = [300, 129, 512, 0, 77, 256, 1, 200];
+    let one_takes_all = [0, 0, 1000, 0, 0, 0, 0, 0];
+    let many = skewed(128, 3000, &mut rng);
+    for dtype in [DType::BF16, DType::F16] {
+        out.push(row(
+            device,
+            &mut rng,
+            dtype,
+            &uneven,
+            [256, 384],
+            "uneven, one empty",
+        ));
+        out.push(row(
+            device,
+            &mut rng,
+            dtype,
+            &uneven,
+            [384, 256],
+            "uneven, one empty",
+        ));
+        out.push(row(
+            device,
+            &mut rng,
+            dtype,
+            &one_takes_all,
+            [256, 256],
+            "one expert takes every row",
+        ));
+        out.push(row(
+            device,
+            &mut rng,
+            dtype,
+            &many,
+            [256, 128],
+            "128 experts, skewed",
+        ));
+    }
+    out
+}
+
+/// Milliseconds and TFLOP/s of each product, device counts against cuBLAS's grouped call (host
+/// counts given, nothing read back), at the probe's MoE shapes in bf16.
+pub(crate) fn timings(device: &GpuDevice) -> String {
+    let mut table = String::from(
+        "| grouped GEMM (bf16) | pass | device counts ms | TFLOP/s | cuBLAS grouped ms | TFLOP/s |\n|---|---|---:|---:|---:|---:|\n",
+    );
+    let mut rng = StdRng::seed_from_u64(7);
+    for (name, groups, k, n, total) in [
+        ("small-moe 8x2816", 8, 1024, 2816, 16 * 2048 * 2),
+        ("mixtral 8x14336", 8, 4096, 14336, 4 * 4096 * 2),
+        ("qwen3 128x768", 128, 2048, 768, 4 * 4096 * 8),
+        ("deepseek 64x2048", 64, 2048, 2048, 4 * 4096 * 8),
+    ] {
+        let rows = skewed(groups, total, &mut rng);
+        let lines = guarded(|| {
+            let random = |shape: &[usize]| -> CudaTensor {
+                Tensor::<Cuda, 1>::random(
+                    [shape.iter().product::<usize>()],
+                    burn::tensor::Distribution::Normal(0.0, 1.0),
+                    device,
+                )
+                .cast(DType::BF16)
+                .into_primitive()
+                .tensor()
+                .reshape(shape)
+                .expect("a contiguous reshape")
+            };
+            let (x, w, dy) = (
+                random(&[total, k]),
+                random(&[groups, k, n]),
+                random(&[total, n]),
+            );
+            let counts = counts_on(&rows, device);
+            let flops = 2.0 * (total * k * n) as f64;
+            let rate = |ms: f64| flops / (ms * 1e-3) / 1e12;
+            let mut lines = String::new();
+            for pass in ["forward", "input grad", "weight grad"] {
+                let ours = median_ms(device, 10, || {
+                    let _ = match pass {
+                        "forward" => grouped_gemm::forward(&x, &w, &counts),
+                        "input grad" => grouped_gemm::input_grad(&dy, &w, &counts),
+                        _ => grouped_gemm::weight_grad(&x, &dy, &counts, groups),
+                    };
+                });
+                let cublas = median_ms(device, 10, || {
+                    let _ = match pass {
+                        "forward" => grouped_matmul(&x, &w, &rows),
+                        // cuBLAS's backward computes both gradients in one call
+                        _ => grouped_matmul_backward(&x, &w, &dy, &rows).map(|(dx, _)| dx),
+                    };
+                });
+                let cublas = if pass == "forward" {
+                    cublas
+                } else {
+                    cublas / 2.0
+                };
+                lines.push_str(&format!(
+                    "| {name} | {pass} | {ours:.3} | {:.0} | {cublas:.3}{} | {:.0} |\n",
+                    rate(ours),
+                    if pass == "forward" {
+                        ""
+                    } else {
+                        " (half of both)"
+                    },
+                    rate(cublas)
+                ));
+            }
+            Ok(lines)
+        });
+        table.push_str(
+            &lines.unwrap_or_else(|e| format!("| {name} | failed: {} |\n", first_line(&e))),
+        );
+    }
+    table
+}
