@@ -38,9 +38,10 @@ fn train(dir: &Path, name: &str, layout: Layout, states: Value) -> (Vec<f64>, Ve
     (losses, moments)
 }
 
-#[test]
-fn bf16_states_are_stored_in_bf16_and_train_as_fp32_ones_do() {
-    for layout in [
+/// Data parallelism (the replicated step) and tp 2 × pp 2 × dp 2 (the per-chunk step), both
+/// with the distributed optimizer the precision-aware one needs.
+fn zero1_layouts() -> [Layout; 2] {
+    [
         Layout {
             dp: 2,
             distributed_optimizer: true,
@@ -53,7 +54,12 @@ fn bf16_states_are_stored_in_bf16_and_train_as_fp32_ones_do() {
             distributed_optimizer: true,
             ..Layout::alone()
         },
-    ] {
+    ]
+}
+
+#[test]
+fn bf16_states_are_stored_in_bf16_and_train_as_fp32_ones_do() {
+    for layout in zero1_layouts() {
         let dir = tempfile::tempdir().expect("tempdir");
         write_data(dir.path());
         let (fp32_losses, fp32_moments) = train(dir.path(), "fp32", layout, json!({}));
@@ -99,24 +105,11 @@ pub(super) fn bf16_main_grads() -> Value {
 /// train as the fp32 sums do to bf16's rounding of the sums, deterministically.
 #[test]
 fn bf16_main_grads_train_as_fp32_sums_do() {
-    for layout in [
-        Layout {
-            distributed_optimizer: true,
-            ..Layout::alone()
-        },
-        Layout {
-            dp: 2,
-            distributed_optimizer: true,
-            ..Layout::alone()
-        },
-        Layout {
-            tp: 2,
-            pp: 2,
-            dp: 2,
-            distributed_optimizer: true,
-            ..Layout::alone()
-        },
-    ] {
+    let alone = Layout {
+        distributed_optimizer: true,
+        ..Layout::alone()
+    };
+    for layout in std::iter::once(alone).chain(zero1_layouts()) {
         let dir = tempfile::tempdir().expect("tempdir");
         write_data(dir.path());
         let fp32_sums = json!({"training": {"optimizer": {"use_precision_aware_optimizer": true}}});

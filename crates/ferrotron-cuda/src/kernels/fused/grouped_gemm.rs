@@ -78,13 +78,20 @@ pub fn supports(x: &CudaTensor, weight: &CudaTensor) -> bool {
     let ([_, k], [groups, k2, n]) = (x.shape(), weight.shape()) else {
         return false;
     };
-    matches!(x.dtype(), DType::BF16 | DType::F16)
-        && weight.dtype() == x.dtype()
-        && k == k2
+    k == k2 && takes(x.dtype(), weight.dtype(), *k, *n, *groups)
+}
+
+/// What every product needs: one 16-bit dtype, `k` and `n` whole tiles, 1 to
+/// [`MAX_GROUPS`] groups.
+fn takes(a: DType, b: DType, k: usize, n: usize, groups: usize) -> bool {
+    matches!(a, DType::BF16 | DType::F16)
+        && a == b
         && k.is_multiple_of(TILE)
         && n.is_multiple_of(TILE)
-        && (1..=MAX_GROUPS).contains(groups)
+        && (1..=MAX_GROUPS).contains(&groups)
 }
+
+const TAKES: &str = "16-bit operands of one dtype, k and n multiples of 128, 1 to 256 groups";
 
 fn context(name: &str, x: &CudaTensor, weight_shape: &[usize]) -> OpContext {
     OpContext::new(name)
@@ -166,17 +173,8 @@ fn rows_product(
         Product::InputGrad => (n, k),
         _ => (k, n),
     };
-    if *a_cols != inner
-        || !matches!(a.dtype(), DType::BF16 | DType::F16)
-        || weight.dtype() != a.dtype()
-        || !k.is_multiple_of(TILE)
-        || !n.is_multiple_of(TILE)
-        || !(1..=MAX_GROUPS).contains(&groups)
-    {
-        return Err(CudaError::unsupported(
-            op.clone(),
-            "16-bit rows and weights of one dtype, k and n multiples of 128, 1 to 256 groups",
-        ));
+    if *a_cols != inner || !takes(a.dtype(), weight.dtype(), k, n, groups) {
+        return Err(CudaError::unsupported(op.clone(), TAKES));
     }
     let counts = device_counts(counts, groups, op)?;
     let a = aligned(a)?;
@@ -221,17 +219,8 @@ pub fn weight_grad(
         ));
     };
     let (rows, k, n) = (*rows, *k, *n);
-    if rows != *rows2
-        || !matches!(x.dtype(), DType::BF16 | DType::F16)
-        || grad_output.dtype() != x.dtype()
-        || !k.is_multiple_of(TILE)
-        || !n.is_multiple_of(TILE)
-        || !(1..=MAX_GROUPS).contains(&groups)
-    {
-        return Err(CudaError::unsupported(
-            op,
-            "16-bit x and gradient of one dtype and rows, k and n multiples of 128, 1 to 256 groups",
-        ));
+    if rows != *rows2 || !takes(x.dtype(), grad_output.dtype(), k, n, groups) {
+        return Err(CudaError::unsupported(op, TAKES));
     }
     let counts = device_counts(counts, groups, &op)?;
     let x = aligned(x)?;
