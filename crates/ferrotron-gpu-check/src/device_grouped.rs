@@ -43,65 +43,80 @@ fn download(x: CudaTensor) -> Result<Vec<f32>, String> {
         .map_err(|e| format!("{e:?}"))
 }
 
-/// `out ++ dx ++ dweight`, in f32, by the device-count kernels or by cuBLAS's grouped call.
-fn products(
+/// The three products a grouped matmul's node runs.
+const PRODUCTS: [&str; 3] = ["forward", "input grad", "weight grad"];
+
+/// Product `which` (of [`PRODUCTS`]) in f32, by the device-count kernels or by cuBLAS's
+/// grouped call.
+fn product(
+    which: &str,
     device_counts: bool,
     rows: &[usize],
-    x: &CudaTensor,
-    weight: &CudaTensor,
-    dy: &CudaTensor,
+    [x, weight, dy]: [&CudaTensor; 3],
     device: &GpuDevice,
 ) -> Result<TensorData, String> {
-    let (out, dx, dw) = if device_counts {
+    let out = if device_counts {
         let counts = counts_on(rows, device);
-        let err = |e: ferrotron_cuda::CudaError| e.to_string();
-        (
-            grouped_gemm::forward(x, weight, &counts).map_err(err)?,
-            grouped_gemm::input_grad(dy, weight, &counts).map_err(err)?,
-            grouped_gemm::weight_grad(x, dy, &counts, rows.len()).map_err(err)?,
-        )
+        match which {
+            "forward" => grouped_gemm::forward(x, weight, &counts),
+            "input grad" => grouped_gemm::input_grad(dy, weight, &counts),
+            _ => grouped_gemm::weight_grad(x, dy, &counts, rows.len()),
+        }
+    } else if which == "forward" {
+        grouped_matmul(x, weight, rows)
     } else {
-        let out = grouped_matmul(x, weight, rows).map_err(|e| e.to_string())?;
-        let (dx, dw) = grouped_matmul_backward(x, weight, dy, rows).map_err(|e| e.to_string())?;
-        (out, dx, dw)
-    };
-    let mut all = download(out)?;
-    all.extend(download(dx)?);
-    all.extend(download(dw)?);
+        grouped_matmul_backward(x, weight, dy, rows)
+            .map(|(dx, dw)| if which == "input grad" { dx } else { dw })
+    }
+    .map_err(|e| e.to_string())?;
+    let all = download(out)?;
     let n = all.len();
     Ok(TensorData::new(all, [n]))
 }
 
-fn row(
+/// One row per product: the device-count kernel against cuBLAS's grouped call.
+fn rows_of(
     device: &GpuDevice,
     rng: &mut StdRng,
     dtype: DType,
     rows: &[usize],
     [k, n]: [usize; 2],
     what: &str,
-) -> Row {
+) -> Vec<Row> {
     let total: usize = rows.iter().sum();
     let x = upload(&host(&[total, k], rng, dtype), dtype, device);
     let weight = upload3(&host(&[rows.len(), k, n], rng, dtype), dtype, device);
     let dy = upload(&host(&[total, n], rng, dtype), dtype, device);
-    let got = guarded(|| products(true, rows, &x, &weight, &dy, device));
-    let want = guarded(|| products(false, rows, &x, &weight, &dy, device));
-    let (errors, note) = match (got, want) {
-        // Same 16-bit inputs, f32 sums in another order, one rounding each.
-        (Ok(got), Ok(want)) => (
-            compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
-            format!("{what}; device counts vs cuBLAS grouped; out + dx + dweight"),
-        ),
-        (Err(e), _) => (failed(), format!("device counts: {}", first_line(&e))),
-        (_, Err(e)) => (failed(), format!("cuBLAS grouped: {}", first_line(&e))),
-    };
-    Row {
-        op: "grouped_gemm_device_counts".into(),
-        dtype: dtype_label(dtype),
-        shape: format!("[{total}, {k}] x [{}, {k}, {n}]", rows.len()),
-        errors,
-        note,
-    }
+    let operands = [&x, &weight, &dy];
+    PRODUCTS
+        .iter()
+        .map(|which| {
+            let got = guarded(|| product(which, true, rows, operands, device));
+            let want = guarded(|| product(which, false, rows, operands, device));
+            let (errors, note) = match (got, want) {
+                // Same 16-bit inputs, f32 sums in another order, one rounding each.
+                (Ok(got), Ok(want)) => (
+                    compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
+                    format!("{which}; {what}; device counts vs cuBLAS grouped"),
+                ),
+                (Err(e), _) => (
+                    failed(),
+                    format!("{which}: device counts: {}", first_line(&e)),
+                ),
+                (_, Err(e)) => (
+                    failed(),
+                    format!("{which}: cuBLAS grouped: {}", first_line(&e)),
+                ),
+            };
+            Row {
+                op: "grouped_gemm_device_counts".into(),
+                dtype: dtype_label(dtype),
+                shape: format!("[{total}, {k}] x [{}, {k}, {n}]", rows.len()),
+                errors,
+                note,
+            }
+        })
+        .collect()
 }
 
 /// Row counts of `groups` experts summing to `total`, skewed as routing leaves them, expert 1
@@ -132,7 +147,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let one_takes_all = [0, 0, 1000, 0, 0, 0, 0, 0];
     let many = skewed(128, 3000, &mut rng);
     for dtype in [DType::BF16, DType::F16] {
-        out.push(row(
+        out.extend(rows_of(
             device,
             &mut rng,
             dtype,
@@ -140,7 +155,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             [256, 384],
             "uneven, one empty",
         ));
-        out.push(row(
+        out.extend(rows_of(
             device,
             &mut rng,
             dtype,
@@ -148,7 +163,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             [384, 256],
             "uneven, one empty",
         ));
-        out.push(row(
+        out.extend(rows_of(
             device,
             &mut rng,
             dtype,
@@ -156,7 +171,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             [256, 256],
             "one expert takes every row",
         ));
-        out.push(row(
+        out.extend(rows_of(
             device,
             &mut rng,
             dtype,
@@ -204,7 +219,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
             let flops = 2.0 * (total * k * n) as f64;
             let rate = |ms: f64| flops / (ms * 1e-3) / 1e12;
             let mut lines = String::new();
-            for pass in ["forward", "input grad", "weight grad"] {
+            for pass in PRODUCTS {
                 let ours = median_ms(device, 10, || {
                     let _ = match pass {
                         "forward" => grouped_gemm::forward(&x, &w, &counts),
