@@ -7,6 +7,9 @@
 {{!   ROWS (forward, input gradient): C[r] = A[r] · B_g for the rows r of group g; the grid is }}
 {{!     the host's upper bound on row tiles (rows / 128 + groups) × column tiles, and blocks past }}
 {{!     the groups' tiles return at once. }}
+{{!   Blocks run in bands of BAND row tiles, the rows fastest, so the blocks resident at once }}
+{{!   share their A rows and B columns through L2 (row-major order would stream an expert's }}
+{{!   weights from memory once per row tile). }}
 {{!   INNER (weight gradient): C_g = A_gᵀ · B_g, the sum running over group g's rows; one block }}
 {{!     per (group, row tile, column tile), an empty group writes zeros. }}
 #include <cuda_fp16.h>
@@ -15,6 +18,7 @@
 #define BN 128
 #define BK 32
 #define STAGES 3
+#define BAND 16
 #define GROUPS {{GROUPS}}
 typedef {{ELEM}} elem;
 
@@ -71,6 +75,18 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
   return *reinterpret_cast<unsigned*>(&v);
 }
 
+// Block `b` of `m_tiles × n_tiles` → its row tile and first column, in bands of BAND row
+// tiles with the rows fastest.
+__device__ __forceinline__ void band_tile(long long b, long long m_tiles, long long n_tiles,
+                                          long long* m_tile, long long* n0) {
+  const long long per_band = (long long)BAND * n_tiles;
+  const long long first = (b / per_band) * BAND;
+  const long long size = min((long long)BAND, m_tiles - first);
+  const long long in_band = b % per_band;
+  *m_tile = first + in_band % size;
+  *n0 = (in_band / size) * BN;
+}
+
 // Inclusive sum over the block's 256 threads (8 warps).
 __device__ __forceinline__ long long block_scan(long long v, long long* warp_sums) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -98,8 +114,8 @@ extern "C" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params 
   const long long count = tid < GROUPS ? counts[tid] : 0;
 {{#if ROWS}}
   const long long tiles = (count + BM - 1) / BM;
-  const long long tile = (long long)blockIdx.x / p.n_tiles;
-  const long long n0 = ((long long)blockIdx.x % p.n_tiles) * BN;
+  long long tile, n0;
+  band_tile(blockIdx.x, p.m_tiles, p.n_tiles, &tile, &n0);
   if (tid == 0) scratch[8] = -1;
   const long long rows_end = block_scan(count, scratch);
   const long long tiles_end = block_scan(tiles, scratch);
@@ -122,8 +138,9 @@ extern "C" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params 
 {{#else}}
   const long long per_group = p.m_tiles * p.n_tiles;
   const long long group = (long long)blockIdx.x / per_group;
-  const long long m0 = (((long long)blockIdx.x % per_group) / p.n_tiles) * BM;
-  const long long n0 = ((long long)blockIdx.x % p.n_tiles) * BN;
+  long long m_tile, n0;
+  band_tile((long long)blockIdx.x % per_group, p.m_tiles, p.n_tiles, &m_tile, &n0);
+  const long long m0 = m_tile * BM;
   const long long rows_end = block_scan(count, scratch);
   if (tid == group) {
     scratch[8] = rows_end - count;

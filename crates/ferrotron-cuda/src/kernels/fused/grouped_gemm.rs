@@ -193,7 +193,7 @@ fn rows_product(
         .ptr(out.data_ptr())
         .ptr(counts.data_ptr())
         .int(n_tiles as i64)
-        .int(0)
+        .int(row_tiles as i64)
         .int(inner as i64)
         .int(inner as i64)
         .int(n as i64)
