@@ -73,9 +73,6 @@ pub(crate) struct Group {
     pub offloaded: bool,
     /// The parameters' own dtype (16-bit ones also get a rounded copy written by the update).
     pub dtype: DType,
-    /// What its gradients are summed in over microbatches and replicas (`main_grads_dtype`,
-    /// Megatron's `--main-grads-dtype`: f32 unless asked).
-    pub sum_dtype: DType,
     pub members: Vec<ParamId>,
     pub len: usize,
 }
@@ -99,6 +96,9 @@ pub(crate) struct Layout {
     pub slots: HashMap<ParamId, Slot>,
     /// Every parameter in the model's visiting order (the per-parameter norm's order).
     pub order: Vec<ParamId>,
+    /// What every group's gradients are summed in over microbatches and replicas
+    /// (`main_grads_dtype`, Megatron's `--main-grads-dtype`: f32 unless asked).
+    pub sum_dtype: DType,
 }
 
 impl Layout {
@@ -139,7 +139,6 @@ impl Layout {
                         decays,
                         offloaded,
                         dtype,
-                        sum_dtype: main_grads_dtype,
                         members: Vec::new(),
                         len: 0,
                     });
@@ -168,6 +167,7 @@ impl Layout {
             groups,
             slots,
             order: params.iter().map(|p| p.id).collect(),
+            sum_dtype: main_grads_dtype,
         }
     }
 
@@ -341,8 +341,8 @@ impl<I: Backend> FlatState<I> {
     }
 }
 
-/// A step's gradients, one flat buffer per group (its sum dtype), summed over the microbatches
-/// so far.
+/// A step's gradients, one flat buffer per group (the layout's sum dtype), summed over the
+/// microbatches so far.
 #[derive(Debug)]
 pub(crate) struct FlatGrads<I: Backend> {
     pub buffers: Vec<FloatTensor<I>>,
@@ -392,8 +392,9 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for TakeGrads<'_, B::InnerBackend> {
 }
 
 /// `into + this microbatch's gradients` in `layout` (a fresh buffer set without `into`); fails
-/// for a gradient of a parameter outside the layout. The buffers are each group's sum dtype,
-/// or with `Sum::Alone` (the step's only microbatch, nothing added to it later) its own dtype.
+/// for a gradient of a parameter outside the layout. The buffers are the layout's sum dtype,
+/// or with `Sum::Alone` (the step's only microbatch, nothing added to it later) each group's
+/// own dtype.
 pub(crate) fn gather<I: FusedOps>(
     layout: &Layout,
     mut taken: HashMap<ParamId, Tensor<I, 1>>,
@@ -406,7 +407,7 @@ pub(crate) fn gather<I: FusedOps>(
         let previous = into.as_mut().and_then(|buffers| buffers[index].take());
         let dtype = match sum {
             Sum::Alone if previous.is_none() => layout.groups[index].dtype,
-            _ => layout.groups[index].sum_dtype,
+            _ => layout.sum_dtype,
         };
         buffers.push(gather_group(
             layout,
@@ -446,8 +447,9 @@ pub(crate) fn gather_group<I: FusedOps>(
     I::gather_flat(pieces, previous, dtype)
 }
 
-/// Whether a step's flat gradients are a sum (in each group's sum dtype: microbatches or
-/// data-parallel replicas are added into them) or one microbatch's gradients alone, which may keep their own dtype.
+/// Whether a step's flat gradients are a sum (in the layout's sum dtype: microbatches or
+/// data-parallel replicas are added into them) or one microbatch's gradients alone, which may
+/// keep their own dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Sum {
     Summed,

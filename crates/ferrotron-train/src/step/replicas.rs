@@ -339,7 +339,7 @@ where
                 group,
                 |id| grads.remove(&id),
                 previous,
-                self.layout.groups[group].sum_dtype,
+                self.layout.sum_dtype,
             );
             self.started[group] = Some(self.reduction.begin(&self.layout.groups[group], sum));
         }
