@@ -104,7 +104,7 @@ qwen3_235b_2l=("${dense_4l[@]}" "${moe_1gpu[@]}" --set model.num_layers=2 --set 
 zero1=(--set parallel.distributed_optimizer=true --set training.optimizer.use_precision_aware_optimizer=true)
 offload=("${zero1[@]}" --set training.optimizer.optimizer_cpu_offload=true)
 # The 8B rows draw their initial weights on the device: one CPU core drawing 8 B of them took
-# 186 s of the offload row's start (the steps are the same either way).
+# 186 s of the offload row's start (the step times do not depend on where they are drawn).
 llama8b=("${dense_4l[@]}" --set model.num_layers=32 --set recompute.granularity=full
     --set recompute.method=uniform --set recompute.num_layers=1
     --set runtime.use_cpu_initialization=false)
