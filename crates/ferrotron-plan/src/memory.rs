@@ -486,7 +486,7 @@ fn megatron_memory(
             "gradients",
             gradient * params,
             || if gradient > 0.0 {
-                let dtype = if gradient == 4.0 { "fp32" } else { "bf16" };
+                let dtype = if setup.recipe.training.optimizer.main_grads_dtype.is_fp32() { "fp32" } else { "bf16" };
                 format!("{gradient} B ({dtype} main gradients, summed over microbatches) × {params:.0} parameters")
             } else {
                 "none at the peak: one microbatch, whose gradients replace activations as backward frees them".to_owned()
