@@ -10,6 +10,7 @@
 //! the device machine. The same harness runs burn-flex against itself in the GPU-free tests, so
 //! a typo in the table fails CI rather than a scarce GPU run.
 
+mod attention_rates;
 mod autodiff;
 mod cases;
 mod compare;
@@ -378,7 +379,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|upload|host_pass|fp8|nccl] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|upload|host_pass|fp8|nccl|attention_rates] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
                      linear overrides against their composed versions, the fp8 kernels and linear\n\
                      (Hopper), then the NCCL communicator\n\
@@ -478,6 +479,8 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", fused_window::timings(&device));
     } else if args.timings && args.filter == "mla" {
         println!("\n{}", fused_mla::timings(&device));
+    } else if args.timings && args.filter == "attention_rates" {
+        println!("\n{}", attention_rates::timings(&device));
     } else if args.timings && args.filter == "device_grouped" {
         println!("\n{}", device_grouped::timings(&device));
     } else if args.timings {
