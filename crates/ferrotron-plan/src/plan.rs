@@ -13,7 +13,7 @@ use crate::memory::{Memory, memory, stage_local_parameters};
 use crate::offload;
 use crate::params::{ParameterCount, parameter_count};
 use crate::ranks::{ProcessGroups, RankGroups, RankInfo, rank_grid};
-use crate::search::{AutoReport, SearchFailure, Shortfall, recompute_settings, search, setup};
+use crate::search::{AutoReport, SearchFailure, Shortfall, search, setup};
 use crate::setup::Setup;
 use crate::stages::StageInfo;
 use crate::time::{Predicted, predict};
@@ -262,7 +262,7 @@ pub fn plan(recipe: &Recipe, opts: &PlanOptions) -> Result<Plan, Vec<Finding>> {
     };
     let best = &ranked[0];
     let mut resolved = resolved;
-    resolved.recompute = recompute_settings(&resolved.recompute, best.recompute);
+    resolved.recompute = best.recompute.clone();
     if let Some(fraction) = best.optimizer_offload_fraction {
         let optimizer = &mut resolved.training.optimizer;
         optimizer.optimizer_cpu_offload = true;
@@ -586,7 +586,8 @@ mod tests {
         );
         let auto = small.auto.as_ref().expect("auto report");
         assert_eq!(auto.resolved, vec!["recompute.granularity"]);
-        assert_eq!(auto.searched, 3);
+        // none, selective, full, and the block method's bisection
+        assert!(auto.searched > 3, "{}", auto.searched);
         // Large ones do not fit without it: auto recomputes, and the result fits.
         assert!(!plan_with(RecomputeGranularity::None, 8).memory.fits);
         let large = plan_with(RecomputeGranularity::Auto, 8);
@@ -600,7 +601,77 @@ mod tests {
         );
         assert!(large.memory.fits);
         let top = &large.auto.as_ref().expect("auto report").top;
-        assert_eq!(top[0].recompute, large.recipe.recompute.granularity);
+        assert_eq!(top[0].recompute, large.recipe.recompute);
+    }
+
+    /// The LLaMA-style 1B of the long-context bench rows, one sequence a step on one H100.
+    fn llama_1b_at(seq_length: u32, granularity: RecomputeGranularity) -> Plan {
+        let mut recipe = llama3_8b();
+        recipe.model.num_layers = 16;
+        recipe.model.hidden_size = 2048;
+        recipe.model.ffn_hidden_size = Some(8192);
+        recipe.model.seq_length = seq_length;
+        recipe.model.max_position_embeddings = Some(seq_length);
+        recipe.training.global_batch_size = 1;
+        recipe.recompute.granularity = granularity;
+        if granularity == RecomputeGranularity::Full {
+            recipe.recompute.method = Some(ferrotron_recipe::RecomputeMethod::Uniform);
+            recipe.recompute.num_layers = Some(1);
+        }
+        let one_h100 = Some(Cluster {
+            nodes: 1,
+            gpus_per_node: 1,
+            gpu: GpuKind::H100,
+        });
+        plan(
+            &recipe,
+            &PlanOptions {
+                cluster: one_h100,
+                vocab_size: 50257,
+            },
+        )
+        .expect("plans")
+    }
+
+    #[test]
+    fn recompute_auto_recomputes_only_the_layers_a_long_sequence_needs() {
+        // 32k tokens fit without recomputation: auto recomputes nothing.
+        let at_32k = llama_1b_at(32768, RecomputeGranularity::Auto);
+        assert_eq!(
+            at_32k.recipe.recompute.granularity,
+            RecomputeGranularity::None
+        );
+        // 128k do not, and full recomputation is more than they need: the block method with
+        // some layers kept fits and is faster.
+        let full = llama_1b_at(131072, RecomputeGranularity::Full);
+        assert!(full.memory.fits);
+        let auto = llama_1b_at(131072, RecomputeGranularity::Auto);
+        let recompute = &auto.recipe.recompute;
+        assert_eq!(
+            (recompute.granularity, recompute.method),
+            (
+                RecomputeGranularity::Full,
+                Some(ferrotron_recipe::RecomputeMethod::Block)
+            ),
+        );
+        let n = recompute.num_layers.expect("block layers");
+        assert!((1..16).contains(&n), "block {n}");
+        assert!(auto.memory.fits);
+        assert!(auto.predicted.mfu > full.predicted.mfu);
+        // One layer fewer does not fit: the bisection found the smallest.
+        let mut fewer = auto.recipe.clone();
+        fewer.recompute.num_layers = Some(n - 1);
+        if n > 1 {
+            let tighter = plan(
+                &fewer,
+                &PlanOptions {
+                    cluster: Some(auto.cluster.clone()),
+                    vocab_size: 50257,
+                },
+            )
+            .expect("plans");
+            assert!(!tighter.memory.fits);
+        }
     }
 
     #[test]

@@ -322,7 +322,7 @@ pub fn render_human(plan: &Plan) -> String {
                 d.ep,
                 d.etp,
                 cand.micro_batch_size,
-                recompute_name(cand.recompute),
+                recompute_name(&cand.recompute),
                 cand.tokens_per_second_per_gpu,
                 100.0 * cand.mfu,
                 cand.why
@@ -368,12 +368,20 @@ pub fn render_explain(plan: &Plan) -> String {
     out
 }
 
-fn recompute_name(granularity: ferrotron_recipe::RecomputeGranularity) -> &'static str {
+fn recompute_name(recompute: &ferrotron_recipe::Recompute) -> String {
     use ferrotron_recipe::RecomputeGranularity::*;
-    match granularity {
-        None => "none",
-        Selective => "selective",
-        Full => "full",
-        Auto => "auto",
+    use ferrotron_recipe::RecomputeMethod::*;
+    match (
+        recompute.granularity,
+        recompute.method,
+        recompute.num_layers,
+    ) {
+        (Full, Some(Uniform), Some(1)) => "full".to_owned(),
+        (Full, Some(Uniform), Some(n)) => format!("full (uniform, {n} layers a chunk)"),
+        (Full, Some(Block), Some(n)) => format!("block {n}"),
+        (None, ..) => "none".to_owned(),
+        (Selective, ..) => "selective".to_owned(),
+        (Full, ..) => "full".to_owned(),
+        (Auto, ..) => "auto".to_owned(),
     }
 }

@@ -23,7 +23,7 @@ pub struct Candidate {
     pub degrees: Degrees,
     pub micro_batch_size: u32,
     /// Activation recomputation of this candidate (differs only when the recipe says `auto`).
-    pub recompute: RecomputeGranularity,
+    pub recompute: Recompute,
     pub step_seconds: f64,
     pub tokens_per_second_per_gpu: f64,
     pub mfu: f64,
@@ -82,42 +82,87 @@ pub(crate) enum SearchFailure {
     },
 }
 
-/// The recomputation settings `granularity` stands for: full recomputation checkpoints every
-/// layer (uniform, one layer per chunk), Megatron's usual choice when memory forces it.
-pub(crate) fn recompute_settings(base: &Recompute, granularity: RecomputeGranularity) -> Recompute {
-    match granularity {
-        RecomputeGranularity::Full if base.granularity == RecomputeGranularity::Auto => Recompute {
-            granularity,
-            method: Some(RecomputeMethod::Uniform),
-            num_layers: Some(1),
-        },
-        _ if base.granularity == RecomputeGranularity::Auto => Recompute {
-            granularity,
-            method: None,
-            num_layers: None,
-        },
-        _ => base.clone(),
-    }
-}
-
-/// The recipes the search tries: one per recomputation choice when it is `auto`.
+/// The settings `auto` tries for every layout: none, selective, and full recomputation of every
+/// layer (uniform, one layer per chunk, Megatron's usual choice when memory forces it). Between
+/// selective and full, [`fewest_block_layers`] adds Megatron's block method with the fewest
+/// recomputed layers that fit.
 fn recompute_variants(recipe: &Recipe) -> Vec<Recipe> {
     let choices = match recipe.recompute.granularity {
         RecomputeGranularity::Auto => vec![
-            RecomputeGranularity::None,
-            RecomputeGranularity::Selective,
-            RecomputeGranularity::Full,
+            Recompute {
+                granularity: RecomputeGranularity::None,
+                method: None,
+                num_layers: None,
+            },
+            Recompute {
+                granularity: RecomputeGranularity::Selective,
+                method: None,
+                num_layers: None,
+            },
+            block_or_uniform(RecomputeMethod::Uniform, 1),
         ],
-        fixed => vec![fixed],
+        _ => vec![recipe.recompute.clone()],
     };
     choices
         .into_iter()
-        .map(|granularity| {
-            let mut variant = recipe.clone();
-            variant.recompute = recompute_settings(&recipe.recompute, granularity);
-            variant
+        .map(|recompute| Recipe {
+            recompute,
+            ..recipe.clone()
         })
         .collect()
+}
+
+fn block_or_uniform(method: RecomputeMethod, num_layers: u32) -> Recompute {
+    Recompute {
+        granularity: RecomputeGranularity::Full,
+        method: Some(method),
+        num_layers: Some(num_layers),
+    }
+}
+
+/// Under `auto`, Megatron's block method (the first `n` layers of every chunk recomputed, the
+/// rest kept) with the smallest `n` whose peak fits `limit`, when some `n` short of every layer
+/// does: the fastest partial recomputation of this layout. A long sequence is where it pays:
+/// the LLaMA-style 1B at 128k tokens needs most of its layers recomputed on an 80 GB GPU, not
+/// all. Memory falls as `n` grows (a recomputed layer keeps only its input), so a bisection
+/// finds it; the variants it tried are added to `tried`.
+fn fewest_block_layers(
+    recipe: &Recipe,
+    cluster: &Cluster,
+    layout: Layout,
+    limit: u64,
+    padded: u32,
+    tried: &mut u32,
+) -> Option<Recipe> {
+    let params = parameter_count(&recipe.model, padded);
+    let block = |n| Recipe {
+        recompute: block_or_uniform(RecomputeMethod::Block, n),
+        ..recipe.clone()
+    };
+    let vpp = layout.degrees.vpp.max(1);
+    let chunk_layers = stages(recipe, &params, layout.degrees.pp, vpp)
+        .iter()
+        .map(|stage| stage.num_layers.div_ceil(vpp))
+        .max()?;
+    let mut fits = |n| {
+        *tried += 1;
+        let variant = block(n);
+        let s = setup(&variant, cluster, layout, params, padded, false);
+        memory::peak_bytes(&s) <= limit
+    };
+    if chunk_layers < 2 || !fits(chunk_layers - 1) {
+        return None;
+    }
+    let (mut low, mut high) = (1, chunk_layers - 1);
+    while low < high {
+        let mid = (low + high) / 2;
+        if fits(mid) {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+    }
+    Some(block(low))
 }
 
 fn options(degree: Degree, open: impl FnOnce() -> Vec<u32>) -> Vec<u32> {
@@ -303,7 +348,7 @@ fn candidate(
     let mut candidate = Candidate {
         degrees: s.layout.degrees,
         micro_batch_size: s.layout.micro_batch_size,
-        recompute: s.recipe.recompute.granularity,
+        recompute: s.recipe.recompute.clone(),
         step_seconds: predicted.step_seconds,
         tokens_per_second_per_gpu: predicted.tokens_per_second_per_gpu,
         mfu: predicted.mfu,
@@ -331,20 +376,17 @@ pub(crate) fn search(
 ) -> Result<(Vec<Candidate>, u32, u32, u32), SearchFailure> {
     let layouts = enumerate(recipe, original_expert_tensor, cluster);
     let variants = recompute_variants(recipe);
-    let searched = (layouts.len() * variants.len()) as u32;
+    let mut searched = (layouts.len() * variants.len()) as u32;
     let limit = GpuSpec::of(cluster.gpu).memory_bytes as u64;
     let mut valid = 0;
     let mut device_short = None;
     let mut host_short = None;
     let mut ranked = Vec::new();
     let mut offloaded = Vec::new();
-    for (layout, recipe) in layouts
-        .iter()
-        .flat_map(|layout| variants.iter().map(move |recipe| (*layout, recipe)))
-    {
+    let mut consider = |layout: Layout, recipe: &Recipe| {
         let findings = rules::check(recipe, OpenLayout::from_layout(&layout), Some(cluster.gpu));
         if findings.iter().any(|f| f.is_error()) {
-            continue;
+            return;
         }
         valid += 1;
         let padded = padded_vocab_of(layout.degrees.tp);
@@ -356,7 +398,7 @@ pub(crate) fn search(
                 Ok(candidate) => ranked.push(candidate),
                 Err(short) => short.keep_smallest(&mut host_short),
             }
-            continue;
+            return;
         }
         Shortfall {
             layout,
@@ -368,7 +410,7 @@ pub(crate) fn search(
             .then(|| memory::offload_to_fit(&s, limit))
             .flatten()
         else {
-            continue;
+            return;
         };
         let s = Setup {
             offload_fraction: fraction,
@@ -376,11 +418,24 @@ pub(crate) fn search(
         };
         let peak = memory::peak_bytes(&s);
         if peak > limit {
-            continue;
+            return;
         }
         match candidate(&s, peak, limit, Some(fraction), flops_of(padded)) {
             Ok(candidate) => offloaded.push(candidate),
             Err(short) => short.keep_smallest(&mut host_short),
+        }
+    };
+    for &layout in &layouts {
+        for variant in &variants {
+            consider(layout, variant);
+        }
+        if recipe.recompute.granularity == RecomputeGranularity::Auto {
+            let padded = padded_vocab_of(layout.degrees.tp);
+            if let Some(block) =
+                fewest_block_layers(recipe, cluster, layout, limit, padded, &mut searched)
+            {
+                consider(layout, &block);
+            }
         }
     }
     if valid == 0 {

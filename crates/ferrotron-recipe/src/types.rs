@@ -943,8 +943,8 @@ pub enum RecomputeGranularity {
     None,
     Selective,
     Full,
-    /// The planner picks none, selective or full (uniform, one layer per checkpoint): the
-    /// fastest that fits in memory.
+    /// The planner picks none, selective, full (uniform, one layer per checkpoint) or Megatron's
+    /// block method with the fewest recomputed layers that fit: the fastest that fits in memory.
     Auto,
 }
 
