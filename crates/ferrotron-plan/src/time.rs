@@ -127,8 +127,10 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
         * core_attention_per_layer_token(model, f64::from(model.seq_length))
         * window_share(model)
         / tp;
-    // Selective recomputation recomputes every layer's core attention.
-    if recompute == RecomputeGranularity::Selective {
+    // Selective recomputation recomputes every layer's core attention where it keeps scores;
+    // the fused (flash) attention keeps only its softmax statistics, so the runtime keeps the
+    // layer as it is (`RecomputePolicy::Keep`) and its backward already recomputes the rest.
+    if recompute == RecomputeGranularity::Selective && !setup.flash_attention() {
         attention *= 4.0 / 3.0;
     } else {
         attention *= 1.0 + recomputed / 3.0;
