@@ -158,7 +158,21 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     // forward and backward) and 6 over the FFN activations, 2 bytes each, at the fraction of
     // HBM bandwidth the GPU kind's fit found.
     // fp8 adds the casts of the GEMM operands, at the cast kernels' own fraction of HBM.
-    let elementwise_bytes = layers * tokens * (36.0 * 2.0 * h / sp + 6.0 * 2.0 * f / tp);
+    // An MoE layer's FFN passes run over its routed rows (top-k expert widths, sharded over
+    // etp, and the shared expert's), and its tokens pass through the dispatch and combine:
+    // [`moe_routing_bytes_per_token`].
+    let (moe_width, moe_routing) = match &model.moe {
+        Some(moe) => (
+            f64::from(moe.router_topk) * f64::from(moe.expert_ffn_hidden_size(model)) / etp
+                + f64::from(moe.shared_expert_ffn_hidden_size.unwrap_or(0)) / tp,
+            moe_routing_bytes_per_token(f64::from(moe.router_topk), h),
+        ),
+        None => (0.0, 0.0),
+    };
+    let elementwise_bytes = tokens
+        * (layers * 36.0 * 2.0 * h / sp
+            + 6.0 * 2.0 * (dense_layers * f / tp + moe_layers * moe_width)
+            + moe_layers * moe_routing / sp);
     let cast_bytes = tokens * crate::fp8::cast_bytes_per_token(setup.recipe, fp8, tp);
     let memory_bound = elementwise_bytes / (spec.memory_bandwidth * spec.memory_bound_efficiency)
         + cast_bytes / (spec.memory_bandwidth * crate::fp8::CAST_BANDWIDTH_EFFICIENCY);
@@ -231,7 +245,7 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
             || {
                 let hbm = spec.memory_bandwidth;
                 let elementwise = format!(
-                    "L·s·b·(72·h/sp + 12·f/tp) bytes / (HBM × efficiency) = {elementwise_bytes:.4e} / ({hbm:.3e} × {})",
+                    "s·b·(L·72·h/sp + 12·(L_dense·f/tp + L_moe·(k·f_e/etp + f_shared/tp)) + L_moe·(12k+6)·h/sp) bytes / (HBM × efficiency) = {elementwise_bytes:.4e} / ({hbm:.3e} × {})",
                     spec.memory_bound_efficiency
                 );
                 if cast_bytes > 0.0 {
@@ -272,6 +286,15 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
         p2p,
         terms,
     }
+}
+
+/// Bytes an MoE layer's dispatch and combine move per token, forward and backward, 2 bytes an
+/// element: the dispatch gathers each token's `k` routed rows (read and write `k·h`) and its
+/// backward sums them back (read `k·h`, write `h`); the combine reads the `k` expert outputs
+/// and writes the weighted sum (`(k+1)·h`), and its backward writes the `k` rows' gradients
+/// and reads the rows again for the weights' gradients (`(2k+1)·h`): `(12k + 6)·h`.
+fn moe_routing_bytes_per_token(topk: f64, h: f64) -> f64 {
+    2.0 * (2.0 * topk + (topk + 1.0) + (topk + 1.0) + (2.0 * topk + 1.0)) * h
 }
 
 /// Local parameters that take part in the dense and the expert gradient reduction.
@@ -490,6 +513,53 @@ mod tests {
         let s = setup(&recipe, &cluster, layout, params, 128256, true);
         let flops = crate::flops::flops_per_iteration(&recipe, 128256, 128);
         predict(&s, flops, &stage_local_parameters(&s))
+    }
+
+    /// The memory-bound seconds of one microbatch of `recipe` on one H200, one rank.
+    fn memory_bound_on_one_gpu(recipe: &ferrotron_recipe::Recipe) -> f64 {
+        let padded = recipe.model.padded_vocab_size(32000, 1);
+        let params = parameter_count(&recipe.model, padded);
+        let cluster = Cluster {
+            nodes: 1,
+            gpus_per_node: 1,
+            gpu: GpuKind::H200,
+        };
+        let layout = Layout {
+            degrees: Degrees {
+                tp: 1,
+                pp: 1,
+                vpp: 1,
+                cp: 1,
+                ep: 1,
+                etp: 1,
+                dp: 1,
+                edp: 1,
+            },
+            micro_batch_size: 1,
+        };
+        let s = setup(recipe, &cluster, layout, params, padded, false);
+        stage_time(&s, &s.stages[0]).memory_bound
+    }
+
+    #[test]
+    fn an_moe_layers_element_wise_passes_run_over_its_routed_rows_and_its_dispatch() {
+        // Mixtral: top-2 of experts as wide as the dense FFN, so its FFN passes cover twice the
+        // dense width, and every token is dispatched and combined: (12·2 + 6)·h bytes.
+        let mixtral = crate::testing::mixtral_8x7b();
+        let mut dense = mixtral.clone();
+        dense.model.moe = None;
+        let m = &mixtral.model;
+        let tokens = f64::from(m.seq_length);
+        let extra_bytes = f64::from(m.num_layers)
+            * tokens
+            * (6.0 * 2.0 * f64::from(m.ffn_hidden_size()) + 30.0 * f64::from(m.hidden_size));
+        let spec = crate::hardware::GpuSpec::of(GpuKind::H200);
+        let extra = extra_bytes / (spec.memory_bandwidth * spec.memory_bound_efficiency);
+        let difference = memory_bound_on_one_gpu(&mixtral) - memory_bound_on_one_gpu(&dense);
+        assert!(
+            (difference - extra).abs() < 1e-9 * extra,
+            "{difference} against {extra}"
+        );
     }
 
     #[test]
