@@ -10,6 +10,19 @@ use serde::{Deserialize, Serialize};
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// Hopper's rates, fitted by least squares to the dense bench rows on one H200 and one H100
+/// with the GEMMs at the rate gpt-1.3b's per-op timing measured (`tools/README.md`, "Where the
+/// planner's fitted numbers come from"): GEMMs at this fraction of peak,
+const HOPPER_GEMM_EFFICIENCY: f64 = 0.76;
+/// fused attention without dropout at this fraction of peak by the planner's FLOP count,
+const HOPPER_ATTENTION_EFFICIENCY: f64 = 0.405;
+/// dropout at this many seconds a causal score (the forward alone, timed: 946 µs a layer of
+/// gpt-1.3b 12 × 2048 with it and 390 without, 1.38 ps a score),
+const HOPPER_DROPOUT_SECONDS_PER_SCORE: f64 = 1.8e-12;
+/// and the element-wise passes at this many of the bytes `time.rs` counts a second: the same
+/// on both cards, whose steps took the same time, so not the HBM's bandwidth.
+const HOPPER_ELEMENTWISE_BYTES_PER_SECOND: f64 = 0.432 * 4.8e12;
+
 /// Performance figures of one accelerator kind.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GpuSpec {
@@ -26,8 +39,13 @@ pub struct GpuSpec {
     pub memory_bandwidth: f64,
     /// Fraction of peak reached by large GEMMs.
     pub gemm_efficiency: f64,
-    /// Fraction of peak reached by fused (flash) attention, forward and backward together.
+    /// Fraction of peak reached by fused (flash) attention without dropout, forward and
+    /// backward together, by the planner's count of its FLOPs (`flops.rs`).
     pub attention_efficiency: f64,
+    /// Seconds attention dropout adds per causal score (`b·heads·s²/2` a layer), forward and
+    /// backward: the kernel draws a random number for every score, which costs the same at
+    /// any head dim.
+    pub attention_dropout_seconds_per_score: f64,
     /// Fraction of HBM bandwidth the element-wise passes reach, as `time.rs` counts their bytes
     /// (it counts the main passes; the fit folds in the ones it leaves out and small kernels).
     pub memory_bound_efficiency: f64,
@@ -55,6 +73,8 @@ impl GpuSpec {
                 memory_bandwidth: 2.0e12,
                 gemm_efficiency: 0.80,
                 attention_efficiency: 0.55,
+                // Hopper's fitted cost, scaled by the fp32 rate the random numbers are drawn at.
+                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE * 67.0 / 19.5,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 230e9,
                 inter_node_bandwidth: 0.8 * 25e9,
@@ -63,6 +83,10 @@ impl GpuSpec {
                 source: "A100 SXM 80GB datasheet; efficiencies and NVLink3 bus bandwidth assumed; \
                          200 Gb/s InfiniBand per GPU at 80%",
             },
+            // The same chip as the H200 with less and slower memory: its GEMMs, attention and
+            // element-wise passes ran the bench rows in the same time (gpt-1.3b 12 × 2048:
+            // 0.388 s a step on both), so it takes the H200's fitted rates, the element-wise
+            // one scaled to the same bytes a second.
             GpuKind::H100 => GpuSpec {
                 kind,
                 peak_bf16: 989e12,
@@ -70,15 +94,18 @@ impl GpuSpec {
                 peak_fp32: 67e12,
                 memory_bytes: 80.0 * GIB,
                 memory_bandwidth: 3.35e12,
-                gemm_efficiency: 0.75,
-                attention_efficiency: 0.50,
-                memory_bound_efficiency: 1.0,
+                gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
+                attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
+                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE,
+                memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 3.35e12,
                 intra_node_bus_bandwidth: 356e9,
                 inter_node_bandwidth: 0.8 * 50e9,
                 collective_latency: 20e-6,
                 framework_overhead_bytes: 3.0 * GIB,
-                source: "H100 SXM datasheet; NVLink all-reduce bus bandwidth as measured on H200 \
-                         (356 GB/s); GEMM efficiency assumed; 400 Gb/s InfiniBand per GPU at 80%",
+                source: "H100 SXM datasheet; GEMM, attention and element-wise rates the H200's \
+                         (the same chip: the bench rows ran in the same time on both); NVLink \
+                         all-reduce bus bandwidth as measured on H200 (356 GB/s); 400 Gb/s \
+                         InfiniBand per GPU at 80%",
             },
             GpuKind::H200 => GpuSpec {
                 kind,
@@ -87,24 +114,24 @@ impl GpuSpec {
                 peak_fp32: 67e12,
                 memory_bytes: 140.0 * GIB,
                 memory_bandwidth: 4.8e12,
-                // Fitted to `tools/gpu-bench.sh` rows on one H200 (`tools/README.md`, "Where
-                // the planner's fitted numbers come from"): GEMMs and cuDNN attention at the
-                // rates the per-op timing of gpt-1.3b measured, the element-wise passes by least
-                // squares on the rest, the overhead the device's peak less the allocator's
-                // (the CUDA context, cuBLAS/cuDNN workspaces, module images);
-                // `tests/bench_rows.rs` holds every dense row's prediction within 10 %.
-                gemm_efficiency: 0.76,
-                attention_efficiency: 0.36,
-                memory_bound_efficiency: 0.31,
+                // Fitted to `tools/gpu-bench.sh` rows on one H200 and one H100 (`tools/README.md`,
+                // "Where the planner's fitted numbers come from"); the overhead is the device's
+                // peak less the allocator's (the CUDA context, cuBLAS/cuDNN workspaces, module
+                // images); `tests/bench_rows.rs` holds every dense row's prediction within 10 %.
+                gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
+                attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
+                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE,
+                memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 4.8e12,
                 intra_node_bus_bandwidth: 356e9,
                 inter_node_bandwidth: 0.8 * 50e9,
                 collective_latency: 20e-6,
                 framework_overhead_bytes: 0.6 * GIB,
                 source: "H200 SXM datasheet; fitted here \
-                         (tools/gpu-bench.sh, one H200): training GEMMs 0.76 of peak, fused \
-                         attention 0.36, element-wise passes 0.31 of HBM bandwidth, 0.6 GiB \
-                         outside the tensors; NCCL all-reduce bus bandwidth 356 GB/s on 4 GPUs; \
-                         400 Gb/s InfiniBand per GPU at 80%",
+                         (tools/gpu-bench.sh, one H200 and one H100): training GEMMs 0.76 of \
+                         peak, fused attention 0.405 without dropout and 1.8 ps a causal score \
+                         with it, element-wise passes at 2.07 TB/s, 0.6 GiB outside the \
+                         tensors; NCCL all-reduce bus bandwidth 356 GB/s on 4 GPUs; 400 Gb/s \
+                         InfiniBand per GPU at 80%",
             },
             GpuKind::B200 => GpuSpec {
                 kind,
@@ -115,6 +142,7 @@ impl GpuSpec {
                 memory_bandwidth: 8.0e12,
                 gemm_efficiency: 0.75,
                 attention_efficiency: 0.50,
+                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE * 67.0 / 80.0,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 700e9,
                 inter_node_bandwidth: 0.8 * 100e9,
@@ -132,6 +160,8 @@ impl GpuSpec {
                 memory_bandwidth: 20e9,
                 gemm_efficiency: 0.5,
                 attention_efficiency: 0.3,
+                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE * 67e12
+                    / 100e9,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 5e9,
                 inter_node_bandwidth: 1e9,

@@ -152,11 +152,24 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
         * crate::fp8::FP8_EFFICIENCY;
     let gemm_time = (gemm - fp8_gemm) / gemm_rate + fp8_gemm / fp8_rate;
     let attention_rate = spec.peak(precision.dtype, Fp8::None) * spec.attention_efficiency;
-    let compute = gemm_time + attention / attention_rate;
+    // Attention dropout draws a random number for every score the kernel computes (the
+    // forward's mask, regenerated in the backward): a cost per causal score, not per FLOP.
+    let dropout_scores = if model.attention_dropout > 0.0 {
+        tokens * layers * f64::from(model.num_attention_heads) / tp * f64::from(model.seq_length)
+            / 2.0
+            * window_share(model)
+            * (1.0 + recomputed / 3.0)
+    } else {
+        0.0
+    };
+    let attention_time =
+        attention / attention_rate + dropout_scores * spec.attention_dropout_seconds_per_score;
+    let compute = gemm_time + attention_time;
 
     // Memory-bound work: ~36 passes over the hidden state (norms, residuals, dropout, RoPE,
-    // forward and backward) and 6 over the FFN activations, 2 bytes each, at the fraction of
-    // HBM bandwidth the GPU kind's fit found.
+    // forward and backward) and 6 over the FFN activations (GELU's; SwiGLU's input is twice as
+    // wide: [`ffn_passes`]), 2 bytes each, at the fraction of HBM bandwidth the GPU kind's fit
+    // found.
     // fp8 adds the casts of the GEMM operands, at the cast kernels' own fraction of HBM.
     // An MoE layer's FFN passes run over its routed rows (top-k expert widths, sharded over
     // etp, and the shared expert's), and its tokens pass through the dispatch and combine:
@@ -171,7 +184,7 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     };
     let elementwise_bytes = tokens
         * (layers * 36.0 * 2.0 * h / sp
-            + 6.0 * 2.0 * (dense_layers * f / tp + moe_layers * moe_width)
+            + ffn_passes(model) * 2.0 * (dense_layers * f / tp + moe_layers * moe_width)
             + moe_layers * moe_routing / sp);
     let cast_bytes = tokens * crate::fp8::cast_bytes_per_token(setup.recipe, fp8, tp);
     let memory_bound = elementwise_bytes / (spec.memory_bandwidth * spec.memory_bound_efficiency)
@@ -202,7 +215,7 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     } else {
         0.0
     };
-    let cp_exposed = (cp_comm - attention / attention_rate).max(0.0);
+    let cp_exposed = (cp_comm - attention_time).max(0.0);
     // EP: dispatch and combine all-to-alls, forward and backward, of the routed tokens.
     let ep_time = match &model.moe {
         Some(moe) if d.ep > 1 => {
@@ -233,11 +246,12 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
             ),),
         setup.term(
             "core attention compute",
-            attention / attention_rate,
+            attention_time,
             || format!(
-                "causal attention FLOPs / (peak × attention efficiency) = {attention:.4e} / ({:.4e} × {})",
+                "causal attention FLOPs / (peak × attention efficiency) + dropout's causal scores × seconds a score = {attention:.4e} / ({:.4e} × {}) + {dropout_scores:.4e} × {:.2e}",
                 spec.peak(precision.dtype, Fp8::None),
-                spec.attention_efficiency
+                spec.attention_efficiency,
+                spec.attention_dropout_seconds_per_score
             ),),
         setup.term(
             "memory-bound element-wise work",
@@ -245,7 +259,7 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
             || {
                 let hbm = spec.memory_bandwidth;
                 let elementwise = format!(
-                    "s·b·(L·72·h/sp + 12·(L_dense·f/tp + L_moe·(k·f_e/etp + f_shared/tp)) + L_moe·(12k+6)·h/sp) bytes / (HBM × efficiency) = {elementwise_bytes:.4e} / ({hbm:.3e} × {})",
+                    "s·b·(L·72·h/sp + 2·passes·(L_dense·f/tp + L_moe·(k·f_e/etp + f_shared/tp)) + L_moe·(12k+6)·h/sp) bytes / (HBM × efficiency) = {elementwise_bytes:.4e} / ({hbm:.3e} × {})",
                     spec.memory_bound_efficiency
                 );
                 if cast_bytes > 0.0 {
@@ -285,6 +299,16 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
         ep: ep_time,
         p2p,
         terms,
+    }
+}
+
+/// Passes over an FFN-wide tensor (`f` elements a token) the element-wise term counts: 6 for
+/// GELU, as fitted; SwiGLU's input is `2f` wide, so its passes read and write 8 `f`-wide
+/// tensors where GELU's read and write 5 (forward: 3 against 2; backward: 5 against 3).
+fn ffn_passes(model: &ferrotron_recipe::Model) -> f64 {
+    match model.activation {
+        ferrotron_recipe::Activation::Swiglu => 6.0 * 8.0 / 5.0,
+        ferrotron_recipe::Activation::Gelu | ferrotron_recipe::Activation::GeluTanh => 6.0,
     }
 }
 
@@ -552,7 +576,8 @@ mod tests {
         let tokens = f64::from(m.seq_length);
         let extra_bytes = f64::from(m.num_layers)
             * tokens
-            * (6.0 * 2.0 * f64::from(m.ffn_hidden_size()) + 30.0 * f64::from(m.hidden_size));
+            * (ffn_passes(m) * 2.0 * f64::from(m.ffn_hidden_size())
+                + 30.0 * f64::from(m.hidden_size));
         let spec = crate::hardware::GpuSpec::of(GpuKind::H200);
         let extra = extra_bytes / (spec.memory_bandwidth * spec.memory_bound_efficiency);
         let difference = memory_bound_on_one_gpu(&mixtral) - memory_bound_on_one_gpu(&dense);
