@@ -8,13 +8,11 @@
 //! forward and backward kernel time (median of `reps` calls) and its fraction of 989 TFLOP/s
 //! by the causal count (forward `2·b·h·s²·d`, backward 2.5×, as the plan counts them).
 
-use burn::tensor::{DType, Distribution, Tensor};
-use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_ops::{AttentionSpec, FusedOps};
+use ferrotron_cuda::GpuDevice;
+use ferrotron_ops::AttentionSpec;
 
-use crate::first_line;
-use crate::fused::median_ms;
-use crate::guarded;
+use crate::fused::{attention_ms, bf16_normal};
+use crate::{first_line, guarded};
 
 /// H100/H200 dense bf16 peak, the planner's MFU denominator.
 const PEAK: f64 = 989e12;
@@ -40,31 +38,13 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
     for &(row, [b, h, g, s, d], dropout, reps) in SHAPES {
         let shape = format!("b {b} h {h} kv {g} s {s} d {d}");
         let line = guarded(|| {
-            let mk = |heads: usize| {
-                Tensor::<Cuda, 4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), device)
-                    .cast(DType::BF16)
-                    .into_primitive()
-                    .tensor()
-            };
+            let mk = |heads: usize| bf16_normal(device, [b, heads, s, d]);
             let (q, k, v, grad) = (mk(h), mk(g), mk(g), mk(h));
             let spec = AttentionSpec {
                 dropout,
                 ..AttentionSpec::causal()
             };
-            let fwd = median_ms(device, reps, || {
-                let _ = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
-            });
-            let saved = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
-            let bwd = median_ms(device, reps, || {
-                let _ = Cuda::attention_kernel_backward(
-                    q.clone(),
-                    k.clone(),
-                    v.clone(),
-                    saved.clone(),
-                    grad.clone(),
-                    spec,
-                );
-            });
+            let (fwd, bwd) = attention_ms(device, [&q, &k, &v, &grad], spec, reps);
             let flops = 2.0 * (b * h * s * s * d) as f64;
             let of_peak = |flops: f64, ms: f64| flops / (ms * 1e-3) / PEAK;
             Ok(format!(

@@ -442,6 +442,39 @@ pub(crate) fn median_ms(device: &GpuDevice, reps: usize, mut f: impl FnMut()) ->
     t[t.len() / 2]
 }
 
+/// A `[b, heads, s, d]` bf16 tensor of standard normal values on the GPU.
+pub(crate) fn bf16_normal(device: &GpuDevice, shape: [usize; 4]) -> FloatTensor<Cuda> {
+    Tensor::<Cuda, 4>::random(shape, burn::tensor::Distribution::Normal(0.0, 1.0), device)
+        .cast(DType::BF16)
+        .into_primitive()
+        .tensor()
+}
+
+/// Median times (ms) of `reps` forward and `reps` backward calls of the fused attention
+/// kernel on `q, k, v`, the backward from the output gradient `grad`.
+pub(crate) fn attention_ms(
+    device: &GpuDevice,
+    [q, k, v, grad]: [&FloatTensor<Cuda>; 4],
+    spec: AttentionSpec,
+    reps: usize,
+) -> (f64, f64) {
+    let fwd = median_ms(device, reps, || {
+        let _ = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
+    });
+    let saved = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
+    let bwd = median_ms(device, reps, || {
+        let _ = Cuda::attention_kernel_backward(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            saved.clone(),
+            grad.clone(),
+            spec,
+        );
+    });
+    (fwd, bwd)
+}
+
 /// Attention speed: cuDNN forward and backward kernels and the composed forward, TFLOP/s by
 /// the causal count (half the dense `4·b·h·s²·d` forward; backward 2.5× forward).
 pub(crate) fn timings(device: &GpuDevice) -> String {
@@ -454,33 +487,10 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
         [2, 32, 8, 4096, 128],
     ] {
         let line = guarded(|| {
-            let mk = |heads: usize| {
-                Tensor::<Cuda, 4>::random(
-                    [b, heads, s, d],
-                    burn::tensor::Distribution::Normal(0.0, 1.0),
-                    device,
-                )
-                .cast(DType::BF16)
-                .into_primitive()
-                .tensor()
-            };
-            let (q, k, v) = (mk(h), mk(g), mk(g));
+            let mk = |heads: usize| bf16_normal(device, [b, heads, s, d]);
+            let (q, k, v, grad) = (mk(h), mk(g), mk(g), mk(h));
             let spec = AttentionSpec::causal();
-            let fwd = median_ms(device, 10, || {
-                let _ = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
-            });
-            let saved = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
-            let grad = mk(h);
-            let bwd = median_ms(device, 10, || {
-                let _ = Cuda::attention_kernel_backward(
-                    q.clone(),
-                    k.clone(),
-                    v.clone(),
-                    saved.clone(),
-                    grad.clone(),
-                    spec,
-                );
-            });
+            let (fwd, bwd) = attention_ms(device, [&q, &k, &v, &grad], spec, 10);
             let composed = median_ms(device, 3, || {
                 let _ = composed_attention::<Cuda>(q.clone(), k.clone(), v.clone(), spec);
             });

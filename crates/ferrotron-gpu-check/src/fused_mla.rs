@@ -20,14 +20,14 @@ use burn::backend::Autodiff;
 use burn::backend::Flex;
 use burn::backend::flex::FlexDevice;
 use burn::tensor::activation::softmax;
-use burn::tensor::{Bool, DType, Distribution, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Bool, DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
 use ferrotron_ops::{AttentionSpec, FusedOps};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::compare;
-use crate::fused::{dropout_row_with, dtype_label, host, median_ms, round};
+use crate::fused::{attention_ms, bf16_normal, dropout_row_with, dtype_label, host, round};
 use crate::{Row, failed, first_line, guarded};
 
 /// DeepSeek-V3's softmax scale: `mscale² / sqrt(q_head_dim)` with yarn's
@@ -259,31 +259,13 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
     ] {
         let label = format!("b {b} h {h} s {s} d_qk {d_qk} d_v {d_v}");
         let line = guarded(|| {
-            let mk = |d: usize| {
-                Tensor::<Cuda, 4>::random([b, h, s, d], Distribution::Normal(0.0, 1.0), device)
-                    .cast(DType::BF16)
-                    .into_primitive()
-                    .tensor()
-            };
+            let mk = |d: usize| bf16_normal(device, [b, h, s, d]);
             let (q, k, v, grad) = (mk(d_qk), mk(d_qk), mk(d_v), mk(d_v));
             let spec = AttentionSpec::causal();
             if !Cuda::has_attention_kernel(&q, &k, &v, &spec) {
                 return Err("cuDNN does not take it here".to_string());
             }
-            let fwd = median_ms(device, 10, || {
-                let _ = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
-            });
-            let saved = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
-            let bwd = median_ms(device, 10, || {
-                let _ = Cuda::attention_kernel_backward(
-                    q.clone(),
-                    k.clone(),
-                    v.clone(),
-                    saved.clone(),
-                    grad.clone(),
-                    spec,
-                );
-            });
+            let (fwd, bwd) = attention_ms(device, [&q, &k, &v, &grad], spec, 10);
             let square = (b * h * s * s) as f64;
             let fwd_flops = square * (d_qk + d_v) as f64;
             let bwd_flops = square * (3 * d_qk + 2 * d_v) as f64;

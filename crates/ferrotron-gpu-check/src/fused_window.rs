@@ -7,13 +7,13 @@
 //! f32 takes the composed path on the GPU (cuDNN has no f32 fused attention). The timing table
 //! puts the windowed kernels beside plain causal ones at the same shape.
 
-use burn::tensor::{DType, Distribution, Tensor};
-use ferrotron_cuda::{Cuda, GpuDevice};
-use ferrotron_ops::{AttentionSpec, FusedOps};
+use burn::tensor::DType;
+use ferrotron_cuda::GpuDevice;
+use ferrotron_ops::AttentionSpec;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use crate::fused::{attention_row_against, dropout_row, median_ms};
+use crate::fused::{attention_ms, attention_row_against, bf16_normal, dropout_row};
 use crate::fused_qkv::packed_row_with;
 use crate::{Row, first_line, guarded};
 
@@ -108,30 +108,9 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
     );
     for ([b, h, g, s, d], left) in [([1, 32, 8, 8192, 128], 4095), ([2, 32, 8, 4096, 128], 1023)] {
         let line = guarded(|| {
-            let mk = |heads: usize| {
-                Tensor::<Cuda, 4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), device)
-                    .cast(DType::BF16)
-                    .into_primitive()
-                    .tensor()
-            };
+            let mk = |heads: usize| bf16_normal(device, [b, heads, s, d]);
             let (q, k, v, grad) = (mk(h), mk(g), mk(g), mk(h));
-            let time = |spec: AttentionSpec| {
-                let fwd = median_ms(device, 10, || {
-                    let _ = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
-                });
-                let saved = Cuda::attention_kernel_forward(q.clone(), k.clone(), v.clone(), spec);
-                let bwd = median_ms(device, 10, || {
-                    let _ = Cuda::attention_kernel_backward(
-                        q.clone(),
-                        k.clone(),
-                        v.clone(),
-                        saved.clone(),
-                        grad.clone(),
-                        spec,
-                    );
-                });
-                (fwd, bwd)
-            };
+            let time = |spec: AttentionSpec| attention_ms(device, [&q, &k, &v, &grad], spec, 10);
             let (causal_fwd, causal_bwd) = time(AttentionSpec::causal());
             let (window_fwd, window_bwd) = time(windowed(left));
             Ok(format!(
