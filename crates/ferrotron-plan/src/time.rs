@@ -513,15 +513,9 @@ mod tests {
     use crate::search::setup;
     use crate::testing::llama3_8b;
 
-    fn predicted(tp: u32, pp: u32, vpp: u32, dp: u32, nodes: u32, gpus_per_node: u32) -> Predicted {
-        let recipe = llama3_8b();
-        let params = parameter_count(&recipe.model, 128256);
-        let cluster = Cluster {
-            nodes,
-            gpus_per_node,
-            gpu: GpuKind::H200,
-        };
-        let layout = Layout {
+    /// Micro batch 1 at these degrees, etp = tp and edp = dp.
+    fn layout(tp: u32, pp: u32, vpp: u32, dp: u32) -> Layout {
+        Layout {
             degrees: Degrees {
                 tp,
                 pp,
@@ -533,8 +527,25 @@ mod tests {
                 edp: dp,
             },
             micro_batch_size: 1,
+        }
+    }
+
+    fn predicted(tp: u32, pp: u32, vpp: u32, dp: u32, nodes: u32, gpus_per_node: u32) -> Predicted {
+        let recipe = llama3_8b();
+        let params = parameter_count(&recipe.model, 128256);
+        let cluster = Cluster {
+            nodes,
+            gpus_per_node,
+            gpu: GpuKind::H200,
         };
-        let s = setup(&recipe, &cluster, layout, params, 128256, true);
+        let s = setup(
+            &recipe,
+            &cluster,
+            layout(tp, pp, vpp, dp),
+            params,
+            128256,
+            true,
+        );
         let flops = crate::flops::flops_per_iteration(&recipe, 128256, 128);
         predict(&s, flops, &stage_local_parameters(&s))
     }
@@ -548,20 +559,7 @@ mod tests {
             gpus_per_node: 1,
             gpu: GpuKind::H200,
         };
-        let layout = Layout {
-            degrees: Degrees {
-                tp: 1,
-                pp: 1,
-                vpp: 1,
-                cp: 1,
-                ep: 1,
-                etp: 1,
-                dp: 1,
-                edp: 1,
-            },
-            micro_batch_size: 1,
-        };
-        let s = setup(recipe, &cluster, layout, params, padded, false);
+        let s = setup(recipe, &cluster, layout(1, 1, 1, 1), params, padded, false);
         stage_time(&s, &s.stages[0]).memory_bound
     }
 
