@@ -26,7 +26,9 @@
 # suffix for every row's name, so two settings of the same model in one OUT keep their rows: run
 # again with TAG=-notune EXTRA_SETS='--set runtime.gemm_tune=false' to compare), TORCH=1 (after each row, PyTorch +
 # torch.compile trains the same model at the same shapes, `tools/torch_ref.py` reading the row's
-# plan; a second table puts the two side by side; fp8 rows have no reference and say so).
+# plan; a second table puts the two side by side; fp8 rows have no reference and say so),
+# PLAN_ONLY=1 (no run: each row's plan, its memory, step and MFU, on the card named by GPU, h100
+# or h200 (default: this machine's); works on a machine without a GPU).
 set -uo pipefail
 
 root=$(pwd)
@@ -41,8 +43,8 @@ export FERROTRON_KERNEL_CACHE=${FERROTRON_KERNEL_CACHE:-/tmp/ferrotron-kernels}
 
 # The planner's chip: the one on this machine (an H100's step is predicted with its own HBM
 # bandwidth and memory, not an H200's).
-case $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) in
-    *H100*) gpu=h100 ;;
+case ${GPU:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)} in
+    *H100* | h100) gpu=h100 ;;
     *) gpu=h200 ;;
 esac
 common=(--set checkpoint.dir=null --set parallel.data=1 --set parallel.distributed_optimizer=false
@@ -205,6 +207,17 @@ for entry in "${benches[@]}"; do
     sets+=(${EXTRA_SETS:-})
     "$dist/recipe" plan "$recipe" "${sets[@]}" --nodes 1 --gpus-per-node 1 --gpu "$gpu" --format json \
         >"$OUT/logs/$name.plan.json" 2>"$OUT/logs/$name.plan.err"
+    if [[ ${PLAN_ONLY:-0} == 1 ]]; then
+        python3 -c 'import json, sys
+p = json.load(open(sys.argv[2]))
+r = p["recipe"]["recompute"]
+print("| %s | %s | %.1f GiB | %.3f s | %.1f %% | %s %s %s |" % (sys.argv[1], sys.argv[3],
+      p["memory"]["per_gpu_bytes"]["total"] / 2**30, p["predicted"]["step_seconds"],
+      100 * p["predicted"]["mfu"], r["granularity"], r.get("method") or "", r.get("num_layers") or ""))' \
+            "$name" "$OUT/logs/$name.plan.json" "$gpu" 2>/dev/null || sed 's/^/    /' "$OUT/logs/$name.plan.err" | head -5
+        unset -n more
+        continue
+    fi
     echo "=== $name: micro batch $mb, $steps steps ($(date +%T))"
     timing=()
     if [[ ${OP_TIMING:-0} == 1 ]]; then
@@ -232,6 +245,7 @@ for entry in "${benches[@]}"; do
     fi
     unset -n more
 done
+[[ ${PLAN_ONLY:-0} == 1 ]] && exit 0
 
 python3 - "$OUT" <<'EOF'
 import glob, json, os, re, statistics, sys
