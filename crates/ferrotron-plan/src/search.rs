@@ -99,7 +99,7 @@ fn recompute_variants(recipe: &Recipe) -> Vec<Recipe> {
                 method: None,
                 num_layers: None,
             },
-            block_or_uniform(RecomputeMethod::Uniform, 1),
+            full_recompute(RecomputeMethod::Uniform, 1),
         ],
         _ => vec![recipe.recompute.clone()],
     };
@@ -112,7 +112,8 @@ fn recompute_variants(recipe: &Recipe) -> Vec<Recipe> {
         .collect()
 }
 
-fn block_or_uniform(method: RecomputeMethod, num_layers: u32) -> Recompute {
+/// Megatron's full recomputation by `method` of `num_layers` layers.
+fn full_recompute(method: RecomputeMethod, num_layers: u32) -> Recompute {
     Recompute {
         granularity: RecomputeGranularity::Full,
         method: Some(method),
@@ -136,7 +137,7 @@ fn fewest_block_layers(
 ) -> Option<Recipe> {
     let params = parameter_count(&recipe.model, padded);
     let block = |n| Recipe {
-        recompute: block_or_uniform(RecomputeMethod::Block, n),
+        recompute: full_recompute(RecomputeMethod::Block, n),
         ..recipe.clone()
     };
     let vpp = layout.degrees.vpp.max(1);

@@ -564,6 +564,43 @@ mod tests {
     }
 
     #[test]
+    fn attention_dropout_costs_its_seconds_a_causal_score() {
+        let mut dropout = llama3_8b();
+        dropout.model.attention_dropout = 0.1;
+        let mut without = llama3_8b();
+        without.model.attention_dropout = 0.0;
+        let attention_seconds = |recipe: &ferrotron_recipe::Recipe| {
+            let params = parameter_count(&recipe.model, 128256);
+            let cluster = Cluster {
+                nodes: 1,
+                gpus_per_node: 1,
+                gpu: GpuKind::H100,
+            };
+            let s = setup(recipe, &cluster, layout(1, 1, 1, 1), params, 128256, false);
+            let t = stage_time(&s, &s.stages[0]);
+            t.terms
+                .iter()
+                .find(|t| t.name == "core attention compute")
+                .expect("attention term")
+                .value
+        };
+        let m = &dropout.model;
+        // b·heads·s²/2 a layer, one sequence
+        let scores = f64::from(m.num_layers)
+            * f64::from(m.num_attention_heads)
+            * f64::from(m.seq_length).powi(2)
+            / 2.0;
+        let per_score =
+            crate::hardware::GpuSpec::of(GpuKind::H100).attention_dropout_seconds_per_score;
+        let added = attention_seconds(&dropout) - attention_seconds(&without);
+        assert!(
+            (added - scores * per_score).abs() < 1e-9 * added,
+            "{added} against {}",
+            scores * per_score
+        );
+    }
+
+    #[test]
     fn an_moe_layers_element_wise_passes_run_over_its_routed_rows_and_its_dispatch() {
         // Mixtral: top-2 of experts as wide as the dense FFN, so its FFN passes cover twice the
         // dense width, and every token is dispatched and combined: (12·2 + 6)·h bytes.
