@@ -19,6 +19,8 @@ const HOPPER_ATTENTION_EFFICIENCY: f64 = 0.405;
 /// dropout at this many seconds a causal score (the forward alone, timed: 946 µs a layer of
 /// gpt-1.3b 12 × 2048 with it and 390 without, 1.38 ps a score),
 const HOPPER_DROPOUT_SECONDS_PER_SCORE: f64 = 1.8e-12;
+/// Hopper's dense fp32 peak, which the dropout cost of other chips is scaled by.
+const HOPPER_PEAK_FP32: f64 = 67e12;
 /// and the element-wise passes at this many of the bytes `time.rs` counts a second: the same
 /// on both cards, whose steps took the same time, so not the HBM's bandwidth.
 const HOPPER_ELEMENTWISE_BYTES_PER_SECOND: f64 = 0.432 * 4.8e12;
@@ -42,10 +44,6 @@ pub struct GpuSpec {
     /// Fraction of peak reached by fused (flash) attention without dropout, forward and
     /// backward together, by the planner's count of its FLOPs (`flops.rs`).
     pub attention_efficiency: f64,
-    /// Seconds attention dropout adds per causal score (`b·heads·s²/2` a layer), forward and
-    /// backward: the kernel draws a random number for every score, which costs the same at
-    /// any head dim.
-    pub attention_dropout_seconds_per_score: f64,
     /// Fraction of HBM bandwidth the element-wise passes reach, as `time.rs` counts their bytes
     /// (it counts the main passes; the fit folds in the ones it leaves out and small kernels).
     pub memory_bound_efficiency: f64,
@@ -73,8 +71,6 @@ impl GpuSpec {
                 memory_bandwidth: 2.0e12,
                 gemm_efficiency: 0.80,
                 attention_efficiency: 0.55,
-                // Hopper's fitted cost, scaled by the fp32 rate the random numbers are drawn at.
-                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE * 67.0 / 19.5,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 230e9,
                 inter_node_bandwidth: 0.8 * 25e9,
@@ -91,12 +87,11 @@ impl GpuSpec {
                 kind,
                 peak_bf16: 989e12,
                 peak_fp8: 1979e12,
-                peak_fp32: 67e12,
+                peak_fp32: HOPPER_PEAK_FP32,
                 memory_bytes: 80.0 * GIB,
                 memory_bandwidth: 3.35e12,
                 gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
                 attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
-                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE,
                 memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 3.35e12,
                 intra_node_bus_bandwidth: 356e9,
                 inter_node_bandwidth: 0.8 * 50e9,
@@ -111,7 +106,7 @@ impl GpuSpec {
                 kind,
                 peak_bf16: 989e12,
                 peak_fp8: 1979e12,
-                peak_fp32: 67e12,
+                peak_fp32: HOPPER_PEAK_FP32,
                 memory_bytes: 140.0 * GIB,
                 memory_bandwidth: 4.8e12,
                 // Fitted to `tools/gpu-bench.sh` rows on one H200 and one H100 (`tools/README.md`,
@@ -120,7 +115,6 @@ impl GpuSpec {
                 // images); `tests/bench_rows.rs` holds every dense row's prediction within 10 %.
                 gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
                 attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
-                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE,
                 memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 4.8e12,
                 intra_node_bus_bandwidth: 356e9,
                 inter_node_bandwidth: 0.8 * 50e9,
@@ -142,7 +136,6 @@ impl GpuSpec {
                 memory_bandwidth: 8.0e12,
                 gemm_efficiency: 0.75,
                 attention_efficiency: 0.50,
-                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE * 67.0 / 80.0,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 700e9,
                 inter_node_bandwidth: 0.8 * 100e9,
@@ -160,8 +153,6 @@ impl GpuSpec {
                 memory_bandwidth: 20e9,
                 gemm_efficiency: 0.5,
                 attention_efficiency: 0.3,
-                attention_dropout_seconds_per_score: HOPPER_DROPOUT_SECONDS_PER_SCORE * 67e12
-                    / 100e9,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 5e9,
                 inter_node_bandwidth: 1e9,
@@ -190,6 +181,14 @@ impl GpuSpec {
     /// shows as a higher MFU, not as a lower one against the fp8 peak.
     pub fn mfu_peak(&self, dtype: Dtype) -> f64 {
         self.peak(dtype, Fp8::None)
+    }
+
+    /// Seconds attention dropout adds per causal score (`b·heads·s²/2` a layer), forward and
+    /// backward: the kernel draws a random number for every score, which costs the same at any
+    /// head dim. Fitted on Hopper; another chip's scales with its fp32 rate, the units that
+    /// draw the numbers (an assumption until measured there).
+    pub fn attention_dropout_seconds_per_score(&self) -> f64 {
+        HOPPER_DROPOUT_SECONDS_PER_SCORE * HOPPER_PEAK_FP32 / self.peak_fp32
     }
 
     /// Whether the chip has fp8 tensor cores.

@@ -163,7 +163,7 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
         0.0
     };
     let attention_time =
-        attention / attention_rate + dropout_scores * spec.attention_dropout_seconds_per_score;
+        attention / attention_rate + dropout_scores * spec.attention_dropout_seconds_per_score();
     let compute = gemm_time + attention_time;
 
     // Memory-bound work: ~36 passes over the hidden state (norms, residuals, dropout, RoPE,
@@ -251,7 +251,7 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
                 "causal attention FLOPs / (peak × attention efficiency) + dropout's causal scores × seconds a score = {attention:.4e} / ({:.4e} × {}) + {dropout_scores:.4e} × {:.2e}",
                 spec.peak(precision.dtype, Fp8::None),
                 spec.attention_efficiency,
-                spec.attention_dropout_seconds_per_score
+                spec.attention_dropout_seconds_per_score()
             ),),
         setup.term(
             "memory-bound element-wise work",
@@ -591,7 +591,7 @@ mod tests {
             * f64::from(m.seq_length).powi(2)
             / 2.0;
         let per_score =
-            crate::hardware::GpuSpec::of(GpuKind::H100).attention_dropout_seconds_per_score;
+            crate::hardware::GpuSpec::of(GpuKind::H100).attention_dropout_seconds_per_score();
         let added = attention_seconds(&dropout) - attention_seconds(&without);
         assert!(
             (added - scores * per_score).abs() < 1e-9 * added,
