@@ -125,15 +125,20 @@ llama8b_bf16_grads_b8=("${llama8b_bf16_grads[@]}" --set recompute.method=block -
 llama8b_bf16_grads_b12=("${llama8b_bf16_grads[@]}" --set recompute.method=block --set recompute.num_layers=12)
 
 # Long context (issue 48): the LLaMA-style 1B, one sequence a step, at 32k and 128k tokens, its
-# recomputation `auto` (the plan's choice on one H100: none at 32k, 61.8 GiB; the block method
-# with 14 of 16 layers recomputed at 128k, 78.7 GiB; both ran with full recompute before, 36.3 %
-# and 33.6 % MFU), and the Llama-3.1-8B shape at 32k, its optimizer offloaded: an H200 row (the
-# plan: 85 GiB on the device, more than an 80 GB card, and 144 GiB with bf16 moments kept there;
-# the fp32 logits of 32k tokens alone are 16 GiB).
+# recomputation `auto` (the plan's choice on one H100: none at 32k, 61.8 GiB, 47.6 %; both ran
+# with full recompute before, 36.3 % and 33.6 % MFU). At 128k the fp32 logits alone are 25.6 GiB:
+# with them the plan recomputes 14 of 16 layers (block method, 78.7 GiB, 33.8 %); with Megatron's
+# linear cross-entropy fusion (one chunk of logits alive) every attention block stays and only
+# the MLP blocks are recomputed (`selective` with `modules: [core_attn, mlp]`, 71.5 GiB, 41.9 %).
+# And the Llama-3.1-8B shape at 32k, its optimizer offloaded: 87.0 GiB with whole logits (16 GiB
+# of them), 76.2 GiB with the linear fusion, so it fits one 80 GB card (40.3 % planned).
 long_ctx=(--set recompute.granularity=auto --set recompute.method=null --set recompute.num_layers=null)
+linear_loss=(--set runtime.cross_entropy_fusion_impl=linear)
 llama_1b_32k=("${llama_1b[@]}" "${long_ctx[@]}" --set model.seq_length=32768 --set model.max_position_embeddings=32768)
-llama_1b_128k=("${llama_1b[@]}" "${long_ctx[@]}" --set model.seq_length=131072 --set model.max_position_embeddings=131072)
-llama8b_offload_32k=("${llama8b_offload[@]}" --set model.seq_length=32768 --set model.max_position_embeddings=32768)
+llama_1b_128k=("${llama_1b[@]}" "${long_ctx[@]}" "${linear_loss[@]}" --set model.seq_length=131072
+    --set model.max_position_embeddings=131072)
+llama8b_offload_32k=("${llama8b_offload[@]}" "${linear_loss[@]}" --set model.seq_length=32768
+    --set model.max_position_embeddings=32768)
 
 # name | recipe | micro batch | extra overrides (an array's name) | global batch (default: the
 # micro batch, one microbatch a step)
@@ -213,7 +218,8 @@ p = json.load(open(sys.argv[2]))
 r = p["recipe"]["recompute"]
 print("| %s | %s | %.1f GiB | %.3f s | %.1f %% | %s %s %s |" % (sys.argv[1], sys.argv[3],
       p["memory"]["per_gpu_bytes"]["total"] / 2**30, p["predicted"]["step_seconds"],
-      100 * p["predicted"]["mfu"], r["granularity"], r.get("method") or "", r.get("num_layers") or ""))' \
+      100 * p["predicted"]["mfu"], r["granularity"], r.get("method") or "",
+      r.get("num_layers") or " ".join(r.get("modules", []))))' \
             "$name" "$OUT/logs/$name.plan.json" "$gpu" 2>/dev/null || sed 's/^/    /' "$OUT/logs/$name.plan.err" | head -5
         unset -n more
         continue

@@ -226,6 +226,16 @@ impl<B: ParallelOps> TransformerBlock<B> {
         x: Tensor<B, 3>,
         positions: &SequencePositions<B>,
     ) -> (Tensor<B, 3>, Option<MoeStats<B>>) {
+        let x = self.attention_block(x, positions);
+        self.feed_forward_block(x)
+    }
+
+    /// The layer's first half: norm, attention, dropout and the residual add.
+    pub(crate) fn attention_block(
+        &self,
+        x: Tensor<B, 3>,
+        positions: &SequencePositions<B>,
+    ) -> Tensor<B, 3> {
         let attended = match (&self.attention, &self.latent_attention) {
             (Some(attention), _) => attention.forward_normed(
                 x.clone(),
@@ -238,7 +248,15 @@ impl<B: ParallelOps> TransformerBlock<B> {
             }
             (None, None) => unreachable!("a layer holds one kind of attention"),
         };
-        let x = self.add_residual(attended, x);
+        self.add_residual(attended, x)
+    }
+
+    /// The layer's second half: norm, MLP or experts, dropout and the residual add (a dense
+    /// layer's is what `recompute.modules: [mlp]` re-runs).
+    pub(crate) fn feed_forward_block(
+        &self,
+        x: Tensor<B, 3>,
+    ) -> (Tensor<B, 3>, Option<MoeStats<B>>) {
         let (transformed, stats) = match &self.feed_forward {
             FeedForward::Dense(mlp) => {
                 let residual = self.fp8_residual(&x);

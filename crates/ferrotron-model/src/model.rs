@@ -16,10 +16,13 @@ use burn::nn::{Dropout, DropoutConfig, Embedding, Linear};
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ferrotron_ops::fp8::scaling::Fp8Settings;
-use ferrotron_ops::{Fp8State, cross_entropy, tied_cross_entropy, tied_logits};
+use ferrotron_ops::{
+    Fp8State, LinearLossSpec, OutputWeight, cross_entropy, linear_cross_entropy,
+    tied_cross_entropy, tied_logits,
+};
 use ferrotron_parallel::collectives::gather_from_region;
 use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ShardSpec};
-use ferrotron_recipe::PositionEmbedding;
+use ferrotron_recipe::{CrossEntropyFusionImpl, PositionEmbedding};
 
 use crate::block::TransformerBlock;
 use crate::init::{normal_embedding, normal_linear};
@@ -28,7 +31,9 @@ use crate::parallel::{
     ChunkData, ChunkInput, ChunkOutput, ChunkSpec, Placement, SequencePositions, TensorParallel,
     VocabShard, cut_module, roles_of, vocab_parallel_cross_entropy, vocab_parallel_lookup,
 };
-use crate::recompute::{LayersOut, RecomputePolicy, run_kept, run_plain, run_recomputed};
+use crate::recompute::{
+    LayersOut, RecomputePolicy, run_kept, run_mlp_recomputed, run_plain, run_recomputed,
+};
 use crate::{ExpertLoads, ModelConfig, ModelError};
 
 #[derive(Module, Debug)]
@@ -62,6 +67,10 @@ pub struct GptModel<B: Backend> {
     /// The scaling state of this chunk's fp8 linears (`crate::fp8`), when it has any.
     #[module(skip)]
     fp8: Option<Arc<Fp8State>>,
+    /// Whether the last chunk computes its output layer and loss a chunk of rows at a time
+    /// (`runtime.cross_entropy_fusion_impl: linear`, one tensor rank).
+    #[module(skip)]
+    linear_loss: bool,
 }
 
 /// The forward pass's results.
@@ -131,6 +140,7 @@ impl<B: Backend> GptModel<B> {
             recompute: RecomputePolicy::Keep,
             cut_layers: false,
             fp8: None,
+            linear_loss: false,
         }
     }
 
@@ -199,6 +209,7 @@ impl<B: Backend> GptModel<B> {
             cut_layers: full.cut_layers,
             // fp8 handles are given to the cut chunk (`with_fp8`): a state is one chunk's
             fp8: None,
+            linear_loss: full.linear_loss,
         })
     }
 
@@ -272,6 +283,15 @@ impl<B: Backend> GptModel<B> {
     /// differentiated (the data-parallel reduction's overlap). The numbers do not change.
     pub fn with_layer_cuts(self, cut_layers: bool) -> Self {
         GptModel { cut_layers, ..self }
+    }
+
+    /// The same model with its output layer and loss run as `fusion` says (Megatron's
+    /// `--cross-entropy-fusion-impl`); the numbers agree to rounding.
+    pub fn with_cross_entropy_fusion(self, fusion: CrossEntropyFusionImpl) -> Self {
+        GptModel {
+            linear_loss: fusion == CrossEntropyFusionImpl::Linear,
+            ..self
+        }
     }
 
     /// The same model with fp8 GEMMs (`settings`) in the layers `in_fp8` picks by global index,
@@ -532,6 +552,20 @@ impl<B: ParallelOps> GptModel<B> {
         let [batch, seq] = labels.dims();
         let rows = self.output_rows(hidden);
         let flat_labels = || labels.clone().reshape([batch * seq]);
+        if self.linear_loss && tp.size() == 1 {
+            let (weight, layout) = match (&self.output_layer, &self.embedding) {
+                (Some(output), _) => (output.weight.val(), OutputWeight::Untied),
+                (None, Some(embedding)) => (embedding.weight.val(), OutputWeight::Tied),
+                (None, None) => unreachable!("a tied post_process chunk holds the embedding"),
+            };
+            let vocab = self.config.padded_vocab_size as u64;
+            let spec = LinearLossSpec {
+                weight: layout,
+                chunk_rows: usize::try_from(CrossEntropyFusionImpl::linear_chunk_rows(vocab))
+                    .unwrap_or(usize::MAX),
+            };
+            return linear_cross_entropy(rows, weight, flat_labels(), spec);
+        }
         if tp.size() == 1
             && let (None, Some(embedding)) = (&self.output_layer, &self.embedding)
             && let Some(losses) =
@@ -648,6 +682,16 @@ impl<B: ParallelOps> GptModel<B> {
                 run_plain(&self.layers[range], first, out, positions, marks, false)
             }
         };
+        if training && self.recompute == RecomputePolicy::Mlp {
+            for (i, layer) in self.layers.iter().enumerate() {
+                out = if layer.moe().is_some() {
+                    kept(i..i + 1, out)
+                } else {
+                    run_mlp_recomputed(layer, offset + i, out, positions, marks, cut)
+                };
+            }
+            return (out.hidden, out.aux_loss, ExpertLoads::pending(out.loads));
+        }
         let mut next = 0;
         for range in ranges {
             out = kept(next..range.start, out);

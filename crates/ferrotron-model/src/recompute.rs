@@ -31,13 +31,16 @@ use crate::{LayerLoads, ModelError};
 /// The layer ranges of a chunk that are recomputed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RecomputePolicy {
-    /// Every activation kept (also `selective`: see the module docs).
+    /// Every activation kept (also `selective` of the attention core: see the module docs).
     #[default]
     Keep,
     /// Groups of `layers` consecutive layers, each re-run as one range.
     Uniform { layers: usize },
     /// The chunk's first `layers` layers, each re-run on its own.
     Block { layers: usize },
+    /// Every dense layer's MLP block re-run on its own, the attention block kept (Megatron's
+    /// selective recomputation with `--recompute-modules mlp`).
+    Mlp,
 }
 
 impl RecomputePolicy {
@@ -55,6 +58,7 @@ impl RecomputePolicy {
                 })
         };
         match (recompute.granularity, recompute.method) {
+            (RecomputeGranularity::Selective, _) if recompute.recomputes_mlp() => Ok(Self::Mlp),
             (RecomputeGranularity::None | RecomputeGranularity::Selective, _) => Ok(Self::Keep),
             (RecomputeGranularity::Full, Some(RecomputeMethod::Uniform)) => {
                 Ok(Self::Uniform { layers: layers()? })
@@ -74,7 +78,7 @@ impl RecomputePolicy {
     /// The recomputed ranges of a chunk of `count` layers, in order.
     pub fn ranges(&self, count: usize) -> Vec<Range<usize>> {
         match *self {
-            Self::Keep => Vec::new(),
+            Self::Keep | Self::Mlp => Vec::new(),
             Self::Uniform { layers } => (0..count)
                 .step_by(layers)
                 .map(|start| start..(start + layers).min(count))
@@ -176,6 +180,60 @@ pub(crate) fn run_recomputed<B: ParallelOps>(
     joined(outputs, input.aux_loss, input.loads, loads.take())
 }
 
+/// Runs the dense `layer` with its MLP block as a recomputed range of its own: the block's input
+/// is all it keeps for the backward, which re-runs the norm, both projections, the activation,
+/// the dropout (from the generator mark taken at the block's start) and the residual add. The
+/// attention block before it runs as [`run_plain`] would run the layer, or as a kept cut when
+/// `cut` (the data-parallel overlap's ranges). A dense layer's auxiliary loss and loads pass
+/// through untouched.
+pub(crate) fn run_mlp_recomputed<B: ParallelOps>(
+    layer: &TransformerBlock<B>,
+    index: usize,
+    input: LayersOut<B>,
+    positions: &SequencePositions<B>,
+    marks: bool,
+    cut: bool,
+) -> LayersOut<B> {
+    debug_assert!(layer.moe().is_none(), "`mlp` recomputes dense layers only");
+    prefetch::entering_layer(index);
+    let device = input.hidden.device();
+    if marks {
+        B::rng_mark(&device);
+    }
+    layer.visit(&mut Materialize);
+    let attended = if cut {
+        let tracked = layer.clone();
+        let positions = positions.clone();
+        let run: Run<B> = Box::new(move |inputs| {
+            let (hidden, _) = split_inputs::<B>(inputs);
+            vec![
+                tracked
+                    .attention_block(hidden, &positions)
+                    .into_primitive()
+                    .tensor(),
+            ]
+        });
+        let outputs = B::cut_kept(vec![input.hidden.into_primitive().tensor()], run);
+        joined(outputs, input.aux_loss.clone(), Vec::new(), Vec::new()).hidden
+    } else {
+        layer.attention_block(input.hidden, positions)
+    };
+    let mark = if marks { B::rng_mark(&device) } else { [0, 0] };
+    let tracked = layer.clone();
+    let rerun: Rerun<B> = Rc::new(move |inputs, track| {
+        let (hidden, _) = split_inputs::<B>(inputs);
+        let layer = if track {
+            tracked.clone()
+        } else {
+            tracked.clone().no_grad()
+        };
+        let (out, _) = layer.feed_forward_block(hidden);
+        vec![out.into_primitive().tensor()]
+    });
+    let outputs = B::recompute(vec![attended.into_primitive().tensor()], mark, rerun);
+    joined(outputs, input.aux_loss, input.loads, Vec::new())
+}
+
 /// Runs `layer` as a kept cut of the graph (`ferrotron_parallel::recompute`): tracked, with its
 /// activations, but differentiated by the trainer's driver on its own. The running auxiliary
 /// loss goes through the cut as through a recomputed range.
@@ -274,6 +332,8 @@ impl<B: Backend> ModuleVisitor<B> for Materialize {
 
 #[cfg(test)]
 mod tests {
+    use ferrotron_recipe::RecomputeModule;
+
     use super::*;
 
     #[test]
@@ -301,11 +361,26 @@ mod tests {
                 granularity,
                 method,
                 num_layers,
+                modules: Vec::new(),
             })
             .ok()
         };
         assert_eq!(policy(Off, None, None), Some(RecomputePolicy::Keep));
         assert_eq!(policy(Selective, None, None), Some(RecomputePolicy::Keep));
+        let selective = |modules| Recompute {
+            granularity: Selective,
+            modules,
+            ..Recompute::default()
+        };
+        assert_eq!(
+            RecomputePolicy::from_recipe(&selective(vec![RecomputeModule::CoreAttn])).ok(),
+            Some(RecomputePolicy::Keep)
+        );
+        assert_eq!(
+            RecomputePolicy::from_recipe(&selective(vec![RecomputeModule::Mlp])).ok(),
+            Some(RecomputePolicy::Mlp)
+        );
+        assert!(RecomputePolicy::Mlp.ranges(4).is_empty());
         assert_eq!(
             policy(Full, Some(RecomputeMethod::Uniform), Some(2)),
             Some(RecomputePolicy::Uniform { layers: 2 })

@@ -9,7 +9,8 @@
 //! The norm node keeps x, γ and two f32 numbers per row instead of every intermediate (the
 //! QK-norm node likewise, per head row of the packed projection); the
 //! cross-entropy node the logits, the labels and one f32 log-sum-exp per row; the tied-logits
-//! node its two operands, as burn's matmul does.
+//! node its two operands, as burn's matmul does; the linear cross-entropy node its two operands,
+//! the labels and the log-sum-exps, no logits.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -23,12 +24,13 @@ use crate::op::gather::gather_rows_node;
 use crate::op::grouped::stack_parts;
 use crate::{
     AttentionSpec, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, Fp8Rope, Fp8State, FusedOps,
-    GroupLimit, GroupRows, MoePermutation, NormSpec, QkNormParams, attention_node,
+    GroupLimit, GroupRows, LinearLossSpec, MoePermutation, NormSpec, QkNormParams, attention_node,
     composed_attention, composed_dropout_add, composed_embedding, composed_gelu,
     composed_grouped_matmul, composed_qk_norm, composed_qkv_attention, composed_rope_qkv,
     composed_swiglu, composed_tied_logits, cross_entropy_node, dropout_add_node, embedding_node,
-    gelu_node, grouped_matmul_node, grouped_matmul_parts_node, norm_node, qk_norm_node,
-    qkv_attention_node, rope_qkv_node, swiglu_node, tied_cross_entropy_node, tied_logits_node,
+    gelu_node, grouped_matmul_node, grouped_matmul_parts_node, linear_cross_entropy_node,
+    norm_node, qk_norm_node, qkv_attention_node, rope_qkv_node, swiglu_node,
+    tied_cross_entropy_node, tied_logits_node,
 };
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
@@ -81,6 +83,15 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         labels: IntTensor<Self>,
     ) -> FloatTensor<Self> {
         tied_cross_entropy_node::<B, C>(rows, embedding, labels)
+    }
+
+    fn fused_linear_cross_entropy(
+        rows: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+        spec: LinearLossSpec,
+    ) -> FloatTensor<Self> {
+        linear_cross_entropy_node::<B, C>(rows, weight, labels, spec)
     }
 
     fn device_resident_step() -> bool {

@@ -74,6 +74,10 @@ pub use op::grouped::{
     GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_node, grouped_matmul_parts_node,
 };
 pub use op::host_pass::{HostPass, HostPiece, HostValues, HostValuesMut, composed_host_pass};
+pub use op::linear_loss::{
+    LinearLossSaved, LinearLossSpec, LinearLossState, OutputWeight, linear_cross_entropy,
+    linear_cross_entropy_backward, linear_cross_entropy_forward, linear_cross_entropy_node,
+};
 pub use op::logits::{composed_tied_logits, tied_logits, tied_logits_node};
 pub use op::loss::{CrossEntropySaved, cross_entropy, cross_entropy_node};
 pub use op::moe::{
@@ -617,6 +621,18 @@ pub trait FusedOps: Backend {
     ) -> bool {
         let _ = (rows, embedding);
         false
+    }
+
+    /// Per-row losses of the output layer and cross-entropy a chunk of rows at a time (see
+    /// [`crate::linear_cross_entropy`]). Default: the chunked forward alone (a backend without
+    /// autodiff); autodiff records a node whose backward recomputes each chunk's logits.
+    fn fused_linear_cross_entropy(
+        rows: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        labels: IntTensor<Self>,
+        spec: LinearLossSpec,
+    ) -> FloatTensor<Self> {
+        linear_cross_entropy_forward::<Self>(rows, weight, labels, spec).losses
     }
 
     /// Per-row losses of the tied output layer with the kernel (called only where

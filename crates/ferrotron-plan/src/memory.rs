@@ -18,7 +18,8 @@
 //! the GPU, and the most loaded node's host memory is reported beside it (`offload.rs`).
 
 use ferrotron_recipe::{
-    Activation, Dtype, Model, Optimizer, RecomputeGranularity, RecomputeMethod,
+    Activation, CrossEntropyFusionImpl, Dtype, Model, Optimizer, RecomputeGranularity,
+    RecomputeMethod,
 };
 use serde::{Deserialize, Serialize};
 
@@ -152,11 +153,22 @@ pub(crate) fn layer_activation_terms(setup: &Setup<'_>, moe_layer: bool) -> Vec<
     let s = f64::from(model.seq_length) / f64::from(d.cp);
     let b = f64::from(setup.layout.micro_batch_size);
     let masks = if model.hidden_dropout > 0.0 { 2.0 } else { 0.0 };
-    let mut terms = vec![setup.term(
-        "norm inputs, residual inputs, dropout masks",
-        (8.0 + masks) * sb * h / sp,
-        || format!("(8 + {masks}) · s·b·h / sp = (8 + {masks}) · {sb}·{h} / {sp}"),
-    )];
+    let mlp_recomputed = !moe_layer && setup.recipe.recompute.recomputes_mlp();
+    let mut terms = vec![if mlp_recomputed {
+        // The MLP block keeps only its input: not its normed input or its dropout mask.
+        let masks = masks / 2.0;
+        setup.term(
+            "norm inputs, residual inputs, attention's dropout mask (MLP block recomputed)",
+            (6.0 + masks) * sb * h / sp,
+            || format!("(6 + {masks}) · s·b·h / sp = (6 + {masks}) · {sb}·{h} / {sp}"),
+        )
+    } else {
+        setup.term(
+            "norm inputs, residual inputs, dropout masks",
+            (8.0 + masks) * sb * h / sp,
+            || format!("(8 + {masks}) · s·b·h / sp = (8 + {masks}) · {sb}·{h} / {sp}"),
+        )
+    }];
     match &model.mla {
         None => {
             let kv = f64::from(model.kv_channels());
@@ -205,10 +217,7 @@ pub(crate) fn layer_activation_terms(setup: &Setup<'_>, moe_layer: bool) -> Vec<
             || format!("(2 + {dropout}) · a·s²·b / tp = (2 + {dropout})·{a}·{s}²·{b} / {tp}"),
         ));
     }
-    let per_ffn = match model.activation {
-        Activation::Gelu | Activation::GeluTanh => 4.0,
-        Activation::Swiglu => 6.0,
-    };
+    let per_ffn = ffn_bytes_per_width(model);
     match (&model.moe, moe_layer) {
         (Some(moe), true) => {
             let experts = f64::from(moe.num_experts);
@@ -240,6 +249,7 @@ pub(crate) fn layer_activation_terms(setup: &Setup<'_>, moe_layer: bool) -> Vec<
                 ));
             }
         }
+        _ if mlp_recomputed => {}
         _ => {
             let f = f64::from(model.ffn_hidden_size());
             terms.push(setup.term("MLP activations", per_ffn * sb * f / tp, || {
@@ -248,6 +258,29 @@ pub(crate) fn layer_activation_terms(setup: &Setup<'_>, moe_layer: bool) -> Vec<
         }
     }
     terms
+}
+
+/// Bytes an MLP keeps per token and unit of FFN width: GELU's input and output, SwiGLU's
+/// twice-as-wide input and its output, 16-bit.
+fn ffn_bytes_per_width(model: &Model) -> f64 {
+    match model.activation {
+        Activation::Gelu | Activation::GeluTanh => 4.0,
+        Activation::Swiglu => 6.0,
+    }
+}
+
+/// A dense MLP block's activations beyond its input, which `recompute.modules: [mlp]` rebuilds
+/// one layer at a time in the backward: the normed input, the dropout mask, the MLP's own.
+fn mlp_block_bytes(setup: &Setup<'_>) -> f64 {
+    let model = &setup.recipe.model;
+    let mask = if model.hidden_dropout > 0.0 { 1.0 } else { 0.0 };
+    let (sb, sp) = (setup.local_tokens(), setup.sequence_shards());
+    let (h, f) = (
+        f64::from(model.hidden_size),
+        f64::from(model.ffn_hidden_size()),
+    );
+    (2.0 + mask) * sb * h / sp
+        + ffn_bytes_per_width(model) * sb * f / f64::from(setup.layout.degrees.tp)
 }
 
 fn sum(terms: &[Term]) -> f64 {
@@ -338,6 +371,14 @@ fn stage_activation_terms(setup: &Setup<'_>, stage: &StageInfo) -> Vec<Term> {
                 || format!(
                     "(L_dense · {dense_layer} + L_moe · {moe_layer}) · in_flight = ({dense_layers}·{dense_layer} + {moe_layers}·{moe_layer}) · {in_flight}"
                 ),));
+            if recompute.recomputes_mlp() && dense_layers > 0.0 {
+                let block = mlp_block_bytes(setup);
+                terms.push(
+                    setup.term("recomputation working set (one MLP block)", block, || {
+                        format!("(2 + mask)·s·b·h/sp + ffn bytes·s·b·f/tp = {block}")
+                    }),
+                );
+            }
         }
     }
     let fp8 = crate::fp8::fp8_layers(setup.recipe, stage);
@@ -363,11 +404,26 @@ fn stage_activation_terms(setup: &Setup<'_>, stage: &StageInfo) -> Vec<Term> {
     }
     if stage.has_output_layer {
         let v = f64::from(setup.padded_vocab);
-        terms.push(setup.term(
-            "final norm and output-layer input, fp32 logits (one microbatch)",
-            4.0 * sb * h / sp + 4.0 * sb * v / tp,
-            || format!("4·s·b·h/sp + 4·s·b·V/tp = 4·{sb}·{h}/{sp} + 4·{sb}·{v}/{tp}"),
-        ));
+        terms.push(match setup.recipe.runtime.cross_entropy_fusion_impl {
+            CrossEntropyFusionImpl::Native => setup.term(
+                "final norm and output-layer input, fp32 logits (one microbatch)",
+                4.0 * sb * h / sp + 4.0 * sb * v / tp,
+                || format!("4·s·b·h/sp + 4·s·b·V/tp = 4·{sb}·{h}/{sp} + 4·{sb}·{v}/{tp}"),
+            ),
+            CrossEntropyFusionImpl::Linear => {
+                // One chunk's 16-bit logits and their gradient, and with several chunks the
+                // weight gradient's f32 sum.
+                let chunk = (CrossEntropyFusionImpl::linear_chunk_rows(u64::from(setup.padded_vocab))
+                    as f64)
+                    .min(sb);
+                let weight_sum = if chunk < sb { 4.0 * v * h } else { 0.0 };
+                setup.term(
+                    "final norm and output-layer input, one chunk of logits and its gradient (linear loss)",
+                    4.0 * sb * h / sp + 4.0 * chunk * v + weight_sum,
+                    || format!("4·s·b·h/sp + 4·chunk·V + f32 weight-gradient sum = 4·{sb}·{h}/{sp} + 4·{chunk}·{v} + {weight_sum}"),
+                )
+            }
+        });
     }
     terms
 }
@@ -808,5 +864,78 @@ mod tests {
         ));
         assert!(full.per_gpu_bytes.activations * 5 < plain.per_gpu_bytes.activations);
         assert_eq!(full.per_gpu_bytes.weights, plain.per_gpu_bytes.weights);
+    }
+
+    #[test]
+    fn mlp_recomputation_keeps_no_mlp_activations_and_rebuilds_one_block() {
+        // Llama-3-8B at 8,192 tokens, micro batch 1, hidden dropout on: each dense layer drops
+        // its MLP activations (6 bytes × f, SwiGLU), its normed MLP input (2 bytes × h) and
+        // its dropout mask (1 byte × h) per token; one block's worth comes back as the
+        // backward's working set.
+        let mut recipe = llama3_8b();
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        let activations = |recipe: &ferrotron_recipe::Recipe| {
+            memory(&setup(
+                recipe,
+                &c,
+                layout(1, 1, 8, 1),
+                params,
+                128256,
+                false,
+            ))
+            .per_gpu_bytes
+            .activations as f64
+        };
+        recipe.recompute.granularity = RecomputeGranularity::Selective;
+        let kept = activations(&recipe);
+        recipe.recompute.modules = vec![ferrotron_recipe::RecomputeModule::Mlp];
+        let recomputed = activations(&recipe);
+        let (tokens, h, f, layers) = (8192.0, 4096.0, 14336.0, 32.0);
+        assert!(recipe.model.hidden_dropout > 0.0);
+        let block = tokens * (3.0 * h + 6.0 * f);
+        let saved = (layers - 1.0) * block;
+        assert!(
+            (kept - recomputed - saved).abs() < 1.0,
+            "{kept} − {recomputed} ≠ {saved}"
+        );
+    }
+
+    #[test]
+    fn the_linear_loss_keeps_one_chunk_of_logits_and_the_weight_gradients_sum() {
+        // Llama-3-8B's 128,256-token vocabulary over 8,192 tokens: 2,092 rows a chunk, four
+        // chunks, so the f32 sum of the output layer's weight gradient is alive too.
+        let mut recipe = llama3_8b();
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        let activations = |recipe: &ferrotron_recipe::Recipe| {
+            memory(&setup(
+                recipe,
+                &c,
+                layout(1, 1, 8, 1),
+                params,
+                128256,
+                false,
+            ))
+            .per_gpu_bytes
+            .activations as f64
+        };
+        let native = activations(&recipe);
+        recipe.runtime.cross_entropy_fusion_impl = CrossEntropyFusionImpl::Linear;
+        let linear = activations(&recipe);
+        let (tokens, vocab, hidden) = (8192.0, 128256.0, 4096.0);
+        let chunk = f64::from(1u32 << 28).div_euclid(vocab);
+        assert_eq!(chunk, 2092.0);
+        let saved = 4.0 * tokens * vocab - (4.0 * chunk * vocab + 4.0 * vocab * hidden);
+        assert!(
+            (native - linear - saved).abs() < 1.0,
+            "{native} − {linear} ≠ {saved}"
+        );
+        // One chunk covers a short sequence: no sum.
+        recipe.model.seq_length = 1024;
+        let linear_short = activations(&recipe);
+        recipe.runtime.cross_entropy_fusion_impl = CrossEntropyFusionImpl::Native;
+        let native_short = activations(&recipe);
+        assert!((native_short - linear_short).abs() < 1.0);
     }
 }

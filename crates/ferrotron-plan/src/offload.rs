@@ -384,6 +384,7 @@ mod tests {
             granularity: ferrotron_recipe::RecomputeGranularity::Full,
             method: Some(ferrotron_recipe::RecomputeMethod::Uniform),
             num_layers: Some(1),
+            modules: Vec::new(),
         };
         let mut s = setup(&recipe, &c, layout(1, 1), params, 128256, false);
         assert!(memory(&s).fits);

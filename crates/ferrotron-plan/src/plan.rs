@@ -453,7 +453,7 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
-    use ferrotron_recipe::{Degree, Fp8};
+    use ferrotron_recipe::{CrossEntropyFusionImpl, Degree, Fp8};
 
     use super::*;
     use crate::testing::{gpt2_small, llama3_8b};
@@ -606,7 +606,16 @@ mod tests {
 
     /// The LLaMA-style 1B of the long-context bench rows, one sequence a step on one H100.
     fn llama_1b_at(seq_length: u32, granularity: RecomputeGranularity) -> Plan {
+        llama_1b_with(seq_length, granularity, CrossEntropyFusionImpl::Native)
+    }
+
+    fn llama_1b_with(
+        seq_length: u32,
+        granularity: RecomputeGranularity,
+        fusion: CrossEntropyFusionImpl,
+    ) -> Plan {
         let mut recipe = llama3_8b();
+        recipe.runtime.cross_entropy_fusion_impl = fusion;
         recipe.model.num_layers = 16;
         recipe.model.hidden_size = 2048;
         recipe.model.ffn_hidden_size = Some(8192);
@@ -672,6 +681,29 @@ mod tests {
             .expect("plans");
             assert!(!tighter.memory.fits);
         }
+    }
+
+    #[test]
+    fn at_128k_the_linear_loss_leaves_room_to_recompute_only_the_mlp_blocks() {
+        // The fp32 logits of 131,072 tokens (25.6 GiB) gone, every layer's attention block
+        // can stay and only its MLP block is recomputed: a third of the MLP's GEMMs more,
+        // where recomputing whole layers re-runs their attention too.
+        let native = llama_1b_at(131072, RecomputeGranularity::Auto);
+        let linear = llama_1b_with(
+            131072,
+            RecomputeGranularity::Auto,
+            CrossEntropyFusionImpl::Linear,
+        );
+        let recompute = &linear.recipe.recompute;
+        assert_eq!(recompute.granularity, RecomputeGranularity::Selective);
+        assert!(recompute.recomputes_mlp());
+        assert!(linear.memory.fits);
+        assert!(
+            linear.predicted.mfu > native.predicted.mfu + 0.05,
+            "{} vs {}",
+            linear.predicted.mfu,
+            native.predicted.mfu
+        );
     }
 
     #[test]

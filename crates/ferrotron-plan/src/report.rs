@@ -380,6 +380,7 @@ fn recompute_name(recompute: &ferrotron_recipe::Recompute) -> String {
         (Full, Some(Uniform), Some(n)) => format!("full (uniform, {n} layers a chunk)"),
         (Full, Some(Block), Some(n)) => format!("block {n}"),
         (None, ..) => "none".to_owned(),
+        (Selective, ..) if recompute.recomputes_mlp() => "selective (mlp)".to_owned(),
         (Selective, ..) => "selective".to_owned(),
         (Full, ..) => "full".to_owned(),
         (Auto, ..) => "auto".to_owned(),

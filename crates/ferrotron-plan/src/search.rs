@@ -5,7 +5,9 @@
 //! to the layer count, a handful of virtual-stage, context and micro-batch choices), and each
 //! candidate costs only arithmetic, so even a 16,384-GPU cluster plans in milliseconds.
 
-use ferrotron_recipe::{Cluster, Degree, Recipe, Recompute, RecomputeGranularity, RecomputeMethod};
+use ferrotron_recipe::{
+    Cluster, Degree, Recipe, Recompute, RecomputeGranularity, RecomputeMethod, RecomputeModule,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::hardware::{GPU_HOST, GpuSpec};
@@ -82,22 +84,24 @@ pub(crate) enum SearchFailure {
     },
 }
 
-/// The settings `auto` tries for every layout: none, selective, and full recomputation of every
-/// layer (uniform, one layer per chunk, Megatron's usual choice when memory forces it). Between
+/// The settings `auto` tries for every layout: none, selective (the attention core, then also
+/// every dense layer's MLP block: Megatron's `--recompute-modules core_attn mlp`), and full
+/// recomputation of every layer (uniform, one layer per chunk, Megatron's usual choice when
+/// memory forces it). Between
 /// selective and full, [`fewest_block_layers`] adds Megatron's block method with the fewest
 /// recomputed layers that fit.
 fn recompute_variants(recipe: &Recipe) -> Vec<Recipe> {
     let choices = match recipe.recompute.granularity {
         RecomputeGranularity::Auto => vec![
+            Recompute::default(),
             Recompute {
-                granularity: RecomputeGranularity::None,
-                method: None,
-                num_layers: None,
+                granularity: RecomputeGranularity::Selective,
+                ..Recompute::default()
             },
             Recompute {
                 granularity: RecomputeGranularity::Selective,
-                method: None,
-                num_layers: None,
+                modules: vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp],
+                ..Recompute::default()
             },
             full_recompute(RecomputeMethod::Uniform, 1),
         ],
@@ -118,6 +122,7 @@ fn full_recompute(method: RecomputeMethod, num_layers: u32) -> Recompute {
         granularity: RecomputeGranularity::Full,
         method: Some(method),
         num_layers: Some(num_layers),
+        modules: Vec::new(),
     }
 }
 

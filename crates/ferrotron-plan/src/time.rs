@@ -5,7 +5,7 @@
 //! It is a roofline-style model meant to rank layouts and to set expectations, not a
 //! simulator; every term is returned so a user can see which assumption dominates.
 
-use ferrotron_recipe::{Fp8, RecomputeGranularity, RecomputeMethod};
+use ferrotron_recipe::{CrossEntropyFusionImpl, Fp8, RecomputeGranularity, RecomputeMethod};
 use serde::{Deserialize, Serialize};
 
 use crate::flops::{
@@ -114,11 +114,20 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
             + dense_layers * dense_mlp_per_layer_token(model)
             + moe_layers * moe_mlp_per_layer_token(model))
         / tp;
-    // A recomputed layer runs its forward twice: 4/3 of its GEMMs.
+    // A recomputed layer runs its forward twice: 4/3 of its GEMMs; a recomputed MLP block,
+    // 4/3 of the MLP's.
     let recomputed = recomputed_share(setup, stage);
     gemm *= 1.0 + recomputed / 3.0;
+    if setup.recipe.recompute.recomputes_mlp() {
+        gemm += tokens * dense_layers * dense_mlp_per_layer_token(model) / tp / 3.0;
+    }
     if stage.has_output_layer {
-        gemm += tokens * logits_per_token(model, setup.padded_vocab) / tp;
+        // The linear loss fusion recomputes the logits in the backward: a fourth product.
+        let products = match setup.recipe.runtime.cross_entropy_fusion_impl {
+            CrossEntropyFusionImpl::Native => 1.0,
+            CrossEntropyFusionImpl::Linear => 4.0 / 3.0,
+        };
+        gemm += products * tokens * logits_per_token(model, setup.padded_vocab) / tp;
     }
     // Core attention over the full (causal) sequence for this rank's queries, of which a sliding
     // window computes only its band.
@@ -677,6 +686,7 @@ mod tests {
                 granularity,
                 method,
                 num_layers,
+                modules: Vec::new(),
             };
             let params = parameter_count(&recipe.model, 128256);
             let cluster = Cluster {

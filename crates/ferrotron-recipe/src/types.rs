@@ -934,6 +934,32 @@ pub struct Recompute {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = crate::bounds::MAX_LAYERS))]
     pub num_layers: Option<u32>,
+    /// Megatron's `--recompute-modules`, only with `selective`: which parts of a layer the
+    /// backward recomputes. Absent: Megatron's default, `[core_attn]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<RecomputeModule>,
+}
+
+impl Recompute {
+    /// Whether every dense layer's MLP block is recomputed (`selective` with `mlp`).
+    pub fn recomputes_mlp(&self) -> bool {
+        self.granularity == RecomputeGranularity::Selective
+            && self.modules.contains(&RecomputeModule::Mlp)
+    }
+}
+
+/// A part of a layer that selective recomputation re-runs (Megatron's `--recompute-modules`
+/// names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RecomputeModule {
+    /// The attention core: scores, softmax, dropout. A fused (flash) attention kernel keeps
+    /// only its softmax statistics and recomputes the rest in its backward anyway.
+    CoreAttn,
+    /// Each dense layer's MLP block: its norm, both projections, the activation, the dropout
+    /// and the residual add, re-run from the block's input. It holds most of a layer's
+    /// activations and few of its FLOPs at long sequence lengths, where attention dominates.
+    Mlp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -1232,6 +1258,37 @@ pub struct Runtime {
     /// 186 s before its first step, the draw not timed apart).
     #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
     pub use_cpu_initialization: bool,
+    /// Megatron's `--cross-entropy-fusion-impl`: how the output layer and the loss run.
+    #[serde(default, skip_serializing_if = "CrossEntropyFusionImpl::is_native")]
+    pub cross_entropy_fusion_impl: CrossEntropyFusionImpl,
+}
+
+/// How the output layer's logits reach the loss (Megatron's `--cross-entropy-fusion-impl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CrossEntropyFusionImpl {
+    /// The logits of a whole microbatch written by the output layer and kept for the backward;
+    /// the fused cross-entropy kernel computes the loss from them.
+    #[default]
+    Native,
+    /// The output layer and the loss as one op over chunks of rows, each chunk's logits
+    /// recomputed in the backward: at most one chunk's logits and their gradient are alive
+    /// (long sequences, large vocabularies), for a third more of the output layer's FLOPs.
+    /// Needs `parallel.tensor: 1`.
+    Linear,
+}
+
+impl CrossEntropyFusionImpl {
+    /// Rows of logits one chunk of [`CrossEntropyFusionImpl::Linear`] holds: 2²⁸ logits (512 MiB
+    /// in bf16, as much again for their gradient) over a `vocab`-wide output layer, so the
+    /// chunk's GEMMs stay large while its memory stays below one layer's activations.
+    pub fn linear_chunk_rows(vocab: u64) -> u64 {
+        ((1u64 << 28) / vocab.max(1)).max(1)
+    }
+
+    fn is_native(&self) -> bool {
+        *self == Self::Native
+    }
 }
 
 impl Default for Runtime {
@@ -1249,6 +1306,7 @@ impl Default for Runtime {
             norm_one_pass: true,
             pinned_uploads: true,
             use_cpu_initialization: true,
+            cross_entropy_fusion_impl: CrossEntropyFusionImpl::Native,
         }
     }
 }

@@ -5,6 +5,7 @@ mod counts;
 mod dense_families;
 mod fp8;
 mod init;
+mod linear_loss;
 mod mla_parallel;
 mod moe;
 mod moe_parallel;

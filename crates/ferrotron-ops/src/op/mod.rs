@@ -10,6 +10,7 @@ pub(crate) mod gelu;
 pub(crate) mod group_rows;
 pub(crate) mod grouped;
 pub(crate) mod host_pass;
+pub(crate) mod linear_loss;
 pub(crate) mod logits;
 pub(crate) mod loss;
 pub(crate) mod moe;

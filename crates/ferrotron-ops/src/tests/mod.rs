@@ -9,6 +9,7 @@ mod fp8;
 mod fp8_mlp;
 mod gather;
 mod grouped;
+mod linear_loss;
 mod loss;
 mod norm;
 mod qk_norm;

@@ -1,8 +1,9 @@
 //! Tensor-parallel sharding of the model's dimensions (`TransformerConfig.__post_init__`):
 //! attention heads, key/value groups and FFN columns are split over tp ranks, experts' FFN
-//! columns over etp ranks.
+//! columns over etp ranks. The linear cross-entropy fusion computes the loss over a whole
+//! vocabulary, so it takes one tensor rank.
 
-use ferrotron_recipe::Model;
+use ferrotron_recipe::{CrossEntropyFusionImpl, Model};
 
 use super::Check;
 use crate::layout::{divisors, list};
@@ -72,6 +73,19 @@ pub(super) fn check(c: &mut Check<'_>) {
             );
         }
     }
+    if let Some(tp) = c.open.tp
+        && tp > 1
+        && c.recipe.runtime.cross_entropy_fusion_impl == CrossEntropyFusionImpl::Linear
+    {
+        c.error(
+            "layout::linear-loss-needs-one-tensor-rank",
+            "runtime.cross_entropy_fusion_impl",
+            format!(
+                "cross_entropy_fusion_impl: linear computes the loss over a whole vocabulary; with tensor: {tp} the vocabulary is split over ranks"
+            ),
+            "set runtime.cross_entropy_fusion_impl: native, or parallel.tensor: 1".to_owned(),
+        );
+    }
     if let (Some(moe), Some(etp)) = (&model.moe, c.open.etp) {
         let expert_ffn = moe.expert_ffn_hidden_size(model);
         if expert_ffn % etp != 0 {
@@ -104,6 +118,19 @@ mod tests {
         );
         assert_eq!(finding.help.as_deref(), Some("valid: 1, 2, 4, 8, 16, 32"));
         assert_eq!(finding.path, "parallel.tensor");
+    }
+
+    #[test]
+    fn the_linear_loss_fusion_needs_one_tensor_rank() {
+        let mut recipe = llama3_8b();
+        recipe.runtime.cross_entropy_fusion_impl = ferrotron_recipe::CrossEntropyFusionImpl::Linear;
+        recipe.parallel.tensor = Degree::Fixed(1);
+        assert!(codes(&recipe, None).is_empty());
+        recipe.parallel.tensor = Degree::Fixed(2);
+        let finding = only(&recipe, None, "layout::linear-loss-needs-one-tensor-rank");
+        assert_eq!(finding.path, "runtime.cross_entropy_fusion_impl");
+        recipe.runtime.cross_entropy_fusion_impl = ferrotron_recipe::CrossEntropyFusionImpl::Native;
+        assert!(codes(&recipe, None).is_empty());
     }
 
     #[test]

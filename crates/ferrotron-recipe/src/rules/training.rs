@@ -243,6 +243,18 @@ fn check_schedule(recipe: &Recipe, out: &mut Vec<Finding>) {
 
 fn check_recompute(recipe: &Recipe, out: &mut Vec<Finding>) {
     let r = &recipe.recompute;
+    if !r.modules.is_empty() && r.granularity != RecomputeGranularity::Selective {
+        // Megatron: "--recompute-modules is only applicable when --recompute-granularity is
+        // selective"; `auto` picks its own modules.
+        out.push(
+            Finding::error(
+                "recompute::modules-only-with-selective",
+                "recompute.modules",
+                "recompute.modules only applies to granularity `selective`",
+            )
+            .with_help("remove recompute.modules or set recompute.granularity: selective"),
+        );
+    }
     let full = r.granularity == RecomputeGranularity::Full;
     if !full {
         for (set, key) in [
@@ -493,6 +505,16 @@ mod tests {
         r.recompute.method = None;
         r.recompute.num_layers = None;
         assert_eq!(codes(&run(&r)), ["recompute::full-needs-method"]);
+    }
+
+    #[test]
+    fn recompute_modules_only_with_selective() {
+        let mut r = recipe();
+        r.recompute.modules = vec![crate::RecomputeModule::Mlp];
+        assert_eq!(codes(&run(&r)), ["recompute::modules-only-with-selective"]);
+        r.recompute.granularity = RecomputeGranularity::Selective;
+        assert!(run(&r).is_empty());
+        assert!(r.recompute.recomputes_mlp());
     }
 
     #[test]

@@ -149,7 +149,11 @@ where
         let policy = RecomputePolicy::from_recipe(&recipe.recompute)?;
         let chunks = chunks
             .into_iter()
-            .map(|chunk| chunk.with_recompute(policy))
+            .map(|chunk| {
+                chunk
+                    .with_recompute(policy)
+                    .with_cross_entropy_fusion(recipe.runtime.cross_entropy_fusion_impl)
+            })
             .collect();
         let chunks = crate::rank::fp8::with_fp8::<B>(chunks, &recipe.precision, device)?;
         let position = StagePosition {

@@ -11,13 +11,13 @@ type B = CpuTrainBackend;
 
 const LAYERS: usize = 3;
 
-/// A tiny GPT with dropout everywhere (tied embeddings, learned positions).
-fn model(policy: RecomputePolicy, cut_layers: bool) -> GptModel<B> {
+/// A tiny GPT with dropout `dropout` everywhere (tied embeddings, learned positions).
+fn model(policy: RecomputePolicy, cut_layers: bool, dropout: f64) -> GptModel<B> {
     let device = Default::default();
     <B as Backend>::seed(&device, 5);
     let section: ferrotron_recipe::Model = serde_json::from_value(serde_json::json!({
         "num_layers": LAYERS, "hidden_size": 16, "num_attention_heads": 2, "seq_length": 8,
-        "vocab_size": 64, "hidden_dropout": 0.2, "attention_dropout": 0.2
+        "vocab_size": 64, "hidden_dropout": dropout, "attention_dropout": dropout
     }))
     .expect("model section parses");
     let model: GptModel<B> = ModelConfig::from_model(&section, 64)
@@ -39,8 +39,18 @@ fn gradients_cut(
     cut_layers: bool,
     restore: bool,
 ) -> (Vec<Option<Vec<f32>>>, Vec<f32>, usize) {
+    gradients_of(policy, cut_layers, restore, 0.2)
+}
+
+/// [`gradients_cut`] of the model with dropout `dropout`.
+fn gradients_of(
+    policy: RecomputePolicy,
+    cut_layers: bool,
+    restore: bool,
+    dropout: f64,
+) -> (Vec<Option<Vec<f32>>>, Vec<f32>, usize) {
     let device = Default::default();
-    let model = model(policy, cut_layers);
+    let model = model(policy, cut_layers, dropout);
     let tokens = |offset: i64| {
         let values: Vec<i64> = (0..16).map(|i| (i * 7 + offset) % 64).collect();
         Tensor::<B, 2, Int>::from_data(TensorData::new(values, [2, 8]), &device)
@@ -125,4 +135,32 @@ fn layer_cuts_give_the_same_gradients_with_dropout() {
             "{policy:?} with cuts: the generator moved"
         );
     }
+}
+
+/// Megatron's `--recompute-modules mlp`: each layer's MLP block a recomputed range, its
+/// attention block kept (a cut of its own with the layer cuts). Without dropout the gradients
+/// are bit for bit those of one backward over the whole graph.
+#[test]
+fn mlp_recomputation_gives_the_same_gradients() {
+    let (kept, _, _) = gradients_of(RecomputePolicy::Keep, false, true, 0.0);
+    for (cut_layers, ranges) in [(false, LAYERS), (true, 2 * LAYERS)] {
+        let (grads, _, cut) = gradients_of(RecomputePolicy::Mlp, cut_layers, true, 0.0);
+        assert_eq!(cut, ranges, "cuts {cut_layers}: {ranges} ranges");
+        assert_eq!(grads, kept, "cuts {cut_layers}: gradients differ");
+    }
+}
+
+/// With dropout the MLP blocks re-run from the generator mark at their start: with the layer
+/// cuts or without, the same gradients and generator position; without restoring the mark
+/// the re-runs draw other masks. (On a backend whose generator state cannot be read, a mark
+/// re-keys the stream, so the masks differ from a run without this recomputation; on the CUDA
+/// backend a mark only reads the counter.)
+#[test]
+fn mlp_recomputation_redraws_the_forwards_dropout_masks() {
+    let (grads, after, _) = gradients_of(RecomputePolicy::Mlp, false, true, 0.2);
+    let (grads_cut, after_cut, _) = gradients_of(RecomputePolicy::Mlp, true, true, 0.2);
+    assert_eq!(grads, grads_cut);
+    assert_eq!(after, after_cut);
+    let (unrestored, _, _) = gradients_of(RecomputePolicy::Mlp, false, false, 0.2);
+    assert_ne!(grads, unrestored);
 }
