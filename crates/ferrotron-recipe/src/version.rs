@@ -112,6 +112,7 @@ const V0_RENAMES: &[Rename] = &[
     rename("recompute", "recompute_granularity", "granularity"),
     rename("recompute", "recompute_method", "method"),
     rename("recompute", "recompute_num_layers", "num_layers"),
+    rename("recompute", "recompute_modules", "modules"),
 ];
 
 /// Every migration step, oldest first; `STEPS[i].from == OLDEST_FORMAT_VERSION + i` and the
