@@ -2,12 +2,14 @@
 //!
 //! The fused node (bf16 or f32 logits) and burn's composition in f32 (the model's loss without
 //! a kernel: max, exp, sum, log, gather) from the same rounded logits: the per-row losses and
-//! the logits' gradient for a weighted sum of the losses.
+//! the logits' gradient for a weighted sum of the losses. And the linear cross-entropy fusion
+//! (the output layer and the loss over chunks of rows, an uneven last chunk included) against
+//! the output layer's GEMM then the fused loss: losses, d rows and d weight.
 
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::{Cuda, GpuDevice};
 use ferrotron_ops::reference::cross_entropy_forward_reference;
-use ferrotron_ops::{FusedOps, cross_entropy};
+use ferrotron_ops::{FusedOps, LinearLossSpec, OutputWeight, cross_entropy, linear_cross_entropy};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -108,6 +110,93 @@ fn loss_row(device: &GpuDevice, rng: &mut StdRng, [rows, vocab]: [usize; 2], dty
     }
 }
 
+/// Losses, d rows and d weight of `Σ w_r · loss_r` for the output layer `weight` on `rows`:
+/// chunked (`chunk_rows`) or the whole logits then the fused loss.
+fn linear_loss_grads(
+    (rows, weight, weights): (&TensorData, &TensorData, &TensorData),
+    labels: &[i64],
+    layout: OutputWeight,
+    chunk_rows: Option<usize>,
+    device: &GpuDevice,
+) -> TensorData {
+    let x: Tensor<A, 2> = upload(rows, DType::BF16, device).require_grad();
+    let w: Tensor<A, 2> = upload(weight, DType::BF16, device).require_grad();
+    let n = labels.len();
+    let labels = Tensor::<A, 1, Int>::from_data(TensorData::new(labels.to_vec(), [n]), device);
+    let row_weights =
+        Tensor::<A, 1>::from_data(round(weights.clone(), DType::F32), (device, DType::F32));
+    let losses = match chunk_rows {
+        Some(chunk_rows) => linear_cross_entropy(
+            x.clone(),
+            w.clone(),
+            labels,
+            LinearLossSpec {
+                weight: layout,
+                chunk_rows,
+            },
+        ),
+        None => {
+            let logits = match layout {
+                OutputWeight::Untied => x.clone().matmul(w.clone()),
+                OutputWeight::Tied => x.clone().matmul(w.clone().transpose()),
+            };
+            cross_entropy(logits, labels).expect("the CUDA backend has a cross-entropy kernel")
+        }
+    };
+    let grads = (losses.clone() * row_weights).sum().backward();
+    let flat = |t: Tensor<Cuda, 2>| t.cast(DType::F32).reshape([-1]);
+    let dx = flat(x.grad(&grads).expect("d rows"));
+    let dw = flat(w.grad(&grads).expect("d weight"));
+    Tensor::cat(vec![losses.inner().cast(DType::F32), dx, dw], 0).into_data()
+}
+
+fn linear_loss_row(
+    device: &GpuDevice,
+    rng: &mut StdRng,
+    [rows, hidden, vocab]: [usize; 3],
+    layout: OutputWeight,
+    chunk_rows: usize,
+) -> Row {
+    let x = host(&[rows, hidden], rng, DType::BF16);
+    let shape = match layout {
+        OutputWeight::Untied => [hidden, vocab],
+        OutputWeight::Tied => [vocab, hidden],
+    };
+    let w = host(&shape, rng, DType::BF16);
+    let weights = host(&[rows], rng, DType::F32);
+    let labels: Vec<i64> = (0..rows)
+        .map(|_| rng.random_range(0..vocab as i64))
+        .collect();
+    let operands = (&x, &w, &weights);
+    let got = guarded(|| {
+        Ok(linear_loss_grads(
+            operands,
+            &labels,
+            layout,
+            Some(chunk_rows),
+            device,
+        ))
+    });
+    let want = guarded(|| Ok(linear_loss_grads(operands, &labels, layout, None, device)));
+    let (errors, note) = match (got, want) {
+        (Ok(g), Ok(w)) => (
+            compare::compare(&round(g, DType::BF16), &round(w, DType::BF16), 8.0),
+            format!(
+                "{layout:?}, {chunk_rows} rows a chunk vs whole logits + fused loss; losses, d rows, d weight"
+            ),
+        ),
+        (Err(e), _) => (failed(), format!("chunked: {}", first_line(&e))),
+        (_, Err(e)) => (failed(), format!("whole: {}", first_line(&e))),
+    };
+    Row {
+        op: "linear_cross_entropy".into(),
+        dtype: dtype_label(DType::BF16),
+        shape: format!("rows [{rows}, {hidden}], vocab {vocab}"),
+        errors,
+        note,
+    }
+}
+
 /// Every cross-entropy row.
 pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(23);
@@ -117,6 +206,22 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
         rows.push(loss_row(device, &mut rng, [64, 50304], dtype));
         rows.push(loss_row(device, &mut rng, [37, 1000], dtype));
         rows.push(loss_row(device, &mut rng, [37, 1003], dtype));
+    }
+    for layout in [OutputWeight::Untied, OutputWeight::Tied] {
+        rows.push(linear_loss_row(
+            device,
+            &mut rng,
+            [37, 256, 1003],
+            layout,
+            16,
+        ));
+        rows.push(linear_loss_row(
+            device,
+            &mut rng,
+            [64, 512, 50304],
+            layout,
+            24,
+        ));
     }
     rows
 }
