@@ -483,6 +483,8 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", attention_rates::timings(&device));
     } else if args.timings && args.filter == "device_grouped" {
         println!("\n{}", device_grouped::timings(&device));
+    } else if args.timings && args.filter == "host_pass" {
+        println!("\n{}", read_later::timings(&device));
     } else if args.timings {
         if let Some(comm) = &nccl_comm {
             println!("\n{}", nccl::timings(comm));
@@ -500,6 +502,7 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", device_grouped::timings(&device));
         println!("\n{}", fused_dropout::timings(&device));
         println!("\n{}", fp8_source::timings(&device));
+        println!("\n{}", read_later::timings(&device));
     }
     if ferrotron_cuda::timing::enabled() {
         println!(

@@ -52,10 +52,46 @@ fn read_later(ordinal: usize) -> Result<(TensorData, TensorData, f64, f64), Stri
     let read = Cuda::read_later(x);
     let started = Instant::now();
     let queued = crate::uploads::busy_queue(&engine)?;
-    let got = read();
+    let copy = read();
     let read_ms = started.elapsed().as_secs_f64() * 1e3;
     drop(queued);
     engine.synchronize().map_err(err)?;
     let queue_ms = started.elapsed().as_secs_f64() * 1e3;
-    Ok((got, TensorData::new(values, [LEN]), read_ms, queue_ms))
+    Ok((copy(), TensorData::new(values, [LEN]), read_ms, queue_ms))
+}
+
+/// The rate a snapshot's reads come off the device (GB/s): a 1 GiB buffer read twice, the
+/// first read allocating its page-locked buffer, the second reusing it (every save after the
+/// first), and the host copy out of it.
+pub(crate) fn timings(device: &GpuDevice) -> String {
+    let mut out = String::from(
+        "| read_later, 1 GiB f32 | off the device GB/s | host copy GB/s |\n|---|---:|---:|\n",
+    );
+    let rates = guarded(|| {
+        let err = |e: ferrotron_cuda::CudaError| e.to_string();
+        let engine = CudaDevice::get(device.ordinal).map_err(err)?;
+        let len = 1usize << 28;
+        let bytes = vec![0u8; 4 * len];
+        let x = CudaTensor::from_bytes(&engine, &bytes, &[len], DType::F32).map_err(err)?;
+        engine.synchronize().map_err(err)?;
+        let mut lines = String::new();
+        for which in ["first read", "second read"] {
+            let read = Cuda::read_later(x.clone());
+            let started = Instant::now();
+            let copy = read();
+            let off = started.elapsed().as_secs_f64();
+            let started = Instant::now();
+            let data = copy();
+            let host = started.elapsed().as_secs_f64();
+            let gb = data.as_bytes().len() as f64 / 1e9;
+            lines.push_str(&format!(
+                "| {which} | {:.1} | {:.1} |\n",
+                gb / off,
+                gb / host
+            ));
+        }
+        Ok(lines)
+    });
+    out.push_str(&rates.unwrap_or_else(|e| format!("| failed: {} | | |\n", first_line(&e))));
+    out
 }

@@ -139,8 +139,13 @@ use crate::op::tied_loss::{
     tied_cross_entropy_backward_reference, tied_cross_entropy_forward_reference,
 };
 
-/// A device read to finish later ([`FusedOps::read_later`]).
-pub type ReadLater = Box<dyn FnOnce() -> TensorData + Send>;
+/// A device read to finish later ([`FusedOps::read_later`]): called, it copies the values off
+/// the device and returns once the device is no longer read; what it returns makes them host
+/// data (from a device backend's page-locked copy, on the caller's thread, later).
+pub type ReadLater = Box<dyn FnOnce() -> HostCopy + Send>;
+
+/// Values already copied off the device, made host data when called.
+pub type HostCopy = Box<dyn FnOnce() -> TensorData + Send>;
 
 pub trait FusedOps: Backend {
     /// `query [b, heads, s_q, d]`, `key [b, groups, s_kv, d]`, `value [b, groups, s_kv, d_v]`
@@ -680,10 +685,15 @@ pub trait FusedOps: Backend {
 
     /// A read of `x` to finish later, on any thread: it sees what the work queued before this
     /// call leaves in `x` and need not wait for work queued after it (a checkpoint snapshot's
-    /// reads run beside the next step). Default: the read itself, deferred (behind everything
-    /// queued by the time it runs).
+    /// reads run beside the next step), and it lets go of the device before the host copy is
+    /// made host data ([`HostCopy`]): a snapshot's reads hold the next update back only for the
+    /// copies off the device. Default: the read itself, deferred (behind everything queued by
+    /// the time it runs).
     fn read_later(x: FloatTensor<Self>) -> ReadLater {
-        Box::new(move || Tensor::<Self, 1>::from_primitive(TensorPrimitive::Float(x)).into_data())
+        Box::new(move || {
+            let data = Tensor::<Self, 1>::from_primitive(TensorPrimitive::Float(x)).into_data();
+            Box::new(move || data)
+        })
     }
 
     /// Streams each of `inputs` (flat buffers on the device) through the host and returns one

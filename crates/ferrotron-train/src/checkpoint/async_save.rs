@@ -176,10 +176,15 @@ impl WriterJob {
         (mut model, mut optimizer): (Vec<ShardTensor>, Vec<ShardTensor>),
         read: OpenOnDrop,
     ) -> Result<(), TrainError> {
+        // Off the device first, the next update held back only for that; into host values
+        // after it is let go.
+        for shard in model.iter().chain(&optimizer) {
+            shard.values.fetch_device();
+        }
+        drop(read);
         for shard in model.iter_mut().chain(&mut optimizer) {
             shard.values.read_device();
         }
-        drop(read);
         let written = write_rank_files(&self.temp, self.rank, self.world, &model, &optimizer);
         // the snapshot's host memory goes back before rank 0 waits for the others
         drop((model, optimizer));

@@ -49,8 +49,12 @@ pub enum ShardValues {
 /// Values in a device buffer, read as f32 when asked (behind the device's queued work).
 pub trait DeviceShard: std::fmt::Debug + Send + Sync {
     fn len(&self) -> usize;
-    /// The values; a device range is read once (a snapshot's values are the buffer's at the
-    /// save, which a second read after the next update would not see).
+    /// Copies the values off the device, keeping them for [`DeviceShard::read`]: after it the
+    /// device buffer may change.
+    fn fetch(&self);
+    /// The values (fetched first if they were not); a device range is read once (a snapshot's
+    /// values are the buffer's at the save, which a second read after the next update would
+    /// not see).
     fn read(&self) -> Vec<f32>;
 
     fn is_empty(&self) -> bool {
@@ -83,6 +87,13 @@ impl ShardValues {
                 .to_vec()
                 .expect("a buffer converted to f32 reads back as f32"),
             ShardValues::Device(values) => values.read(),
+        }
+    }
+
+    /// Device values copied off the device (not yet into host values: [`Self::read_device`]).
+    pub(crate) fn fetch_device(&self) {
+        if let ShardValues::Device(values) = self {
+            values.fetch();
         }
     }
 

@@ -18,8 +18,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive, bf16};
 use ferrotron_ops::{
-    AdamWStep, FusedOps, HostAdamW, HostMoment, HostOldValues, HostPiece, HostRounded, HostValues,
-    HostValuesMut, ReadLater,
+    AdamWStep, FusedOps, HostAdamW, HostCopy, HostMoment, HostOldValues, HostPiece, HostRounded,
+    HostValues, HostValuesMut, ReadLater,
 };
 
 use std::sync::{Arc, Mutex};
@@ -85,7 +85,7 @@ impl<I: FusedOps> Held<I> {
         match self {
             Held::Device(x) => ShardValues::Device(Arc::new(DeviceRange {
                 len: range.len(),
-                read: Mutex::new(Some(I::read_later(
+                read: Mutex::new(DeviceRead::Pending(I::read_later(
                     x.clone().slice(range).into_primitive().tensor(),
                 ))),
             })),
@@ -97,10 +97,18 @@ impl<I: FusedOps> Held<I> {
     }
 }
 
-/// A range of a device buffer a checkpoint reads once, later.
+/// A range of a device buffer a checkpoint reads once, later: off the device first
+/// ([`DeviceShard::fetch`]), into host values after.
 struct DeviceRange {
     len: usize,
-    read: Mutex<Option<ReadLater>>,
+    read: Mutex<DeviceRead>,
+}
+
+/// Where a [`DeviceRange`]'s one read stands.
+enum DeviceRead {
+    Pending(ReadLater),
+    Fetched(HostCopy),
+    Done,
 }
 
 impl std::fmt::Debug for DeviceRange {
@@ -116,14 +124,33 @@ impl DeviceShard for DeviceRange {
         self.len
     }
 
-    fn read(&self) -> Vec<f32> {
-        let read = self
+    fn fetch(&self) {
+        let mut read = self
             .read
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take()
-            .expect("a snapshot's device values are read once");
-        read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let DeviceRead::Pending(_) = &*read
+            && let DeviceRead::Pending(pending) = std::mem::replace(&mut *read, DeviceRead::Done)
+        {
+            *read = DeviceRead::Fetched(pending());
+        }
+    }
+
+    fn read(&self) -> Vec<f32> {
+        self.fetch();
+        let copy = match std::mem::replace(
+            &mut *self
+                .read
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            DeviceRead::Done,
+        ) {
+            DeviceRead::Fetched(copy) => copy,
+            DeviceRead::Pending(_) | DeviceRead::Done => {
+                panic!("a snapshot's device values are read once")
+            }
+        };
+        copy()
             .convert::<f32>()
             .into_vec::<f32>()
             .expect("a buffer converted to f32 reads back as f32")
@@ -398,7 +425,31 @@ mod tests {
     use burn::tensor::{DType, Distribution, Tensor, TensorData};
     use ferrotron_ops::{AdamWStep, FusedOps};
 
-    use super::{HostJob, offloaded, update_on_host};
+    use super::{Held, HostJob, offloaded, update_on_host};
+    use crate::checkpoint::ShardValues;
+
+    /// A device range for a checkpoint is read once, fetched off the device first or not: the
+    /// values are the buffer's range, and a second read is refused.
+    #[test]
+    fn a_device_range_is_fetched_then_read_once() {
+        let values: Vec<f32> = (0..10).map(|i| i as f32).collect();
+        let held = Held::<Flex>::Device(Tensor::from_data(
+            TensorData::new(values, [10]),
+            &Default::default(),
+        ));
+        for fetch_first in [true, false] {
+            let ShardValues::Device(range) = held.shard_values(2..6) else {
+                panic!("a device buffer's range is read later");
+            };
+            if fetch_first {
+                range.fetch();
+                range.fetch();
+            }
+            assert_eq!(range.read(), [2.0, 3.0, 4.0, 5.0]);
+            let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| range.read()));
+            assert!(again.is_err(), "a second read must be refused");
+        }
+    }
 
     /// Megatron offloads a parameter while the count before it is below the threshold, so the
     /// one that crosses it goes too.

@@ -22,6 +22,7 @@ mod evaluation;
 mod exchanged;
 mod fixture;
 mod host_reads;
+mod loss_fusion;
 mod mla;
 mod offload;
 mod optimizer_states;

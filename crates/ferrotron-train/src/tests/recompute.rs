@@ -81,3 +81,22 @@ fn pipeline_stages_recompute_bit_identically() {
     };
     check(pp2, 4, json!({}), full("block", 1));
 }
+
+/// Megatron's `--recompute-modules mlp`: every dense layer's MLP block a recomputed range, on
+/// one rank, over tensor + sequence parallel thread ranks and over a pipeline.
+#[test]
+fn mlp_blocks_recompute_bit_identically() {
+    let mlp = json!({"granularity": "selective", "modules": ["core_attn", "mlp"]});
+    check(Layout::alone(), 2, json!({}), mlp.clone());
+    let tp2 = Layout {
+        tp: 2,
+        ..Layout::alone()
+    };
+    let sp = json!({"parallel": {"sequence_parallel": true}});
+    check(tp2, 2, sp, mlp.clone());
+    let pp2 = Layout {
+        pp: 2,
+        ..Layout::alone()
+    };
+    check(pp2, 4, json!({}), mlp);
+}
