@@ -372,12 +372,15 @@ fn stage_activation_terms(setup: &Setup<'_>, stage: &StageInfo) -> Vec<Term> {
                     "(L_dense · {dense_layer} + L_moe · {moe_layer}) · in_flight = ({dense_layers}·{dense_layer} + {moe_layers}·{moe_layer}) · {in_flight}"
                 ),));
             if recompute.recomputes_mlp() && dense_layers > 0.0 {
-                let block = mlp_block_bytes(setup);
-                terms.push(
-                    setup.term("recomputation working set (one MLP block)", block, || {
-                        format!("(2 + mask)·s·b·h/sp + ffn bytes·s·b·f/tp = {block}")
-                    }),
-                );
+                // The re-run block's backward holds its activations and their gradients: at
+                // 128k tokens the LLaMA-style 1B's plan without the gradients (71.5 GiB) ran out
+                // of an 80 GB H100's memory in its first steps (tools/README.md, 2026-12-07).
+                let block = 2.0 * mlp_block_bytes(setup);
+                terms.push(setup.term(
+                    "recomputation working set (one MLP block and its gradients)",
+                    block,
+                    || format!("2 · ((2 + mask)·s·b·h/sp + ffn bytes·s·b·f/tp) = {block}"),
+                ));
             }
         }
     }
@@ -870,8 +873,8 @@ mod tests {
     fn mlp_recomputation_keeps_no_mlp_activations_and_rebuilds_one_block() {
         // Llama-3-8B at 8,192 tokens, micro batch 1, hidden dropout on: each dense layer drops
         // its MLP activations (6 bytes × f, SwiGLU), its normed MLP input (2 bytes × h) and
-        // its dropout mask (1 byte × h) per token; one block's worth comes back as the
-        // backward's working set.
+        // its dropout mask (1 byte × h) per token; one block's worth and its gradients come
+        // back as the backward's working set.
         let mut recipe = llama3_8b();
         let params = parameter_count(&recipe.model, 128256);
         let c = cluster(8, GpuKind::H100);
@@ -894,7 +897,7 @@ mod tests {
         let (tokens, h, f, layers) = (8192.0, 4096.0, 14336.0, 32.0);
         assert!(recipe.model.hidden_dropout > 0.0);
         let block = tokens * (3.0 * h + 6.0 * f);
-        let saved = (layers - 1.0) * block;
+        let saved = (layers - 2.0) * block;
         assert!(
             (kept - recomputed - saved).abs() < 1.0,
             "{kept} − {recomputed} ≠ {saved}"

@@ -614,7 +614,13 @@ mod tests {
         granularity: RecomputeGranularity,
         fusion: CrossEntropyFusionImpl,
     ) -> Plan {
+        // The bench rows' LLaMA-style 1B (`tools/gpu-bench.sh`): GPT-2's vocabulary, no
+        // dropout, bf16.
         let mut recipe = llama3_8b();
+        recipe.model.vocab_size = Some(50257);
+        recipe.model.hidden_dropout = 0.0;
+        recipe.model.attention_dropout = 0.0;
+        recipe.precision.dtype = ferrotron_recipe::Dtype::Bf16;
         recipe.runtime.cross_entropy_fusion_impl = fusion;
         recipe.model.num_layers = 16;
         recipe.model.hidden_size = 2048;
