@@ -869,6 +869,22 @@ mod tests {
         assert_eq!(full.per_gpu_bytes.weights, plain.per_gpu_bytes.weights);
     }
 
+    /// Activation bytes of `recipe` (Llama-3-8B's size) on 8 H100s, data-parallel, micro batch 1.
+    fn activations_over_dp8(recipe: &ferrotron_recipe::Recipe) -> f64 {
+        let params = parameter_count(&recipe.model, 128256);
+        let c = cluster(8, GpuKind::H100);
+        memory(&setup(
+            recipe,
+            &c,
+            layout(1, 1, 8, 1),
+            params,
+            128256,
+            false,
+        ))
+        .per_gpu_bytes
+        .activations as f64
+    }
+
     #[test]
     fn mlp_recomputation_keeps_no_mlp_activations_and_rebuilds_one_block() {
         // Llama-3-8B at 8,192 tokens, micro batch 1, hidden dropout on: each dense layer drops
@@ -876,24 +892,10 @@ mod tests {
         // its dropout mask (1 byte × h) per token; one block's worth and its gradients come
         // back as the backward's working set.
         let mut recipe = llama3_8b();
-        let params = parameter_count(&recipe.model, 128256);
-        let c = cluster(8, GpuKind::H100);
-        let activations = |recipe: &ferrotron_recipe::Recipe| {
-            memory(&setup(
-                recipe,
-                &c,
-                layout(1, 1, 8, 1),
-                params,
-                128256,
-                false,
-            ))
-            .per_gpu_bytes
-            .activations as f64
-        };
         recipe.recompute.granularity = RecomputeGranularity::Selective;
-        let kept = activations(&recipe);
+        let kept = activations_over_dp8(&recipe);
         recipe.recompute.modules = vec![ferrotron_recipe::RecomputeModule::Mlp];
-        let recomputed = activations(&recipe);
+        let recomputed = activations_over_dp8(&recipe);
         let (tokens, h, f, layers) = (8192.0, 4096.0, 14336.0, 32.0);
         assert!(recipe.model.hidden_dropout > 0.0);
         let block = tokens * (3.0 * h + 6.0 * f);
@@ -909,23 +911,9 @@ mod tests {
         // Llama-3-8B's 128,256-token vocabulary over 8,192 tokens: 2,092 rows a chunk, four
         // chunks, so the f32 sum of the output layer's weight gradient is alive too.
         let mut recipe = llama3_8b();
-        let params = parameter_count(&recipe.model, 128256);
-        let c = cluster(8, GpuKind::H100);
-        let activations = |recipe: &ferrotron_recipe::Recipe| {
-            memory(&setup(
-                recipe,
-                &c,
-                layout(1, 1, 8, 1),
-                params,
-                128256,
-                false,
-            ))
-            .per_gpu_bytes
-            .activations as f64
-        };
-        let native = activations(&recipe);
+        let native = activations_over_dp8(&recipe);
         recipe.runtime.cross_entropy_fusion_impl = CrossEntropyFusionImpl::Linear;
-        let linear = activations(&recipe);
+        let linear = activations_over_dp8(&recipe);
         let (tokens, vocab, hidden) = (8192.0, 128256.0, 4096.0);
         let chunk = f64::from(1u32 << 28).div_euclid(vocab);
         assert_eq!(chunk, 2092.0);
@@ -936,9 +924,9 @@ mod tests {
         );
         // One chunk covers a short sequence: no sum.
         recipe.model.seq_length = 1024;
-        let linear_short = activations(&recipe);
+        let linear_short = activations_over_dp8(&recipe);
         recipe.runtime.cross_entropy_fusion_impl = CrossEntropyFusionImpl::Native;
-        let native_short = activations(&recipe);
+        let native_short = activations_over_dp8(&recipe);
         assert!((native_short - linear_short).abs() < 1.0);
     }
 }

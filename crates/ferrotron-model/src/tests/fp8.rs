@@ -20,19 +20,6 @@ fn hybrid() -> Fp8Settings {
     }
 }
 
-fn batch() -> (Tensor<CpuAutodiff, 2, Int>, Tensor<CpuAutodiff, 2, Int>) {
-    (
-        tokens(&[
-            &[11, 42, 7, 93, 5, 61, 28, 70],
-            &[3, 3, 58, 14, 99, 0, 36, 81],
-        ]),
-        tokens(&[
-            &[42, 7, 93, 5, 61, 28, 70, 12],
-            &[3, 58, 14, 99, 0, 36, 81, 47],
-        ]),
-    )
-}
-
 #[test]
 fn a_chunk_names_its_fp8_linears_and_skips_the_bf16_layers() {
     let gpt = build::<CpuAutodiff>(&gpt2_model(), 0).with_fp8(hybrid(), |layer| layer == 1);
@@ -68,7 +55,7 @@ fn an_fp8_forward_stays_close_to_the_plain_one() {
         ..llama_model()
     };
     for model in [gpt2_model(), llama_model(), qwen3] {
-        let (inputs, _) = batch();
+        let (inputs, _) = fixed_batch();
         let plain = build::<CpuAutodiff>(&model, 3);
         let fp8 = build::<CpuAutodiff>(&model, 3).with_fp8(hybrid(), |_| true);
         let a = values(plain.forward(inputs.clone()).logits);
@@ -87,7 +74,7 @@ fn an_fp8_forward_stays_close_to_the_plain_one() {
 
 #[test]
 fn fp8_training_follows_the_plain_loss() {
-    let (inputs, labels) = batch();
+    let (inputs, labels) = fixed_batch();
     let run = |fp8: bool| {
         let mut gpt = build::<CpuAutodiff>(&llama_model(), 0);
         if fp8 {
@@ -226,7 +213,7 @@ fn mla_linears_take_fp8_gemms() {
             "layers.0.feed_forward.Dense.fc2",
         ]
     );
-    let (inputs, _) = batch();
+    let (inputs, _) = fixed_batch();
     let plain = build::<CpuAutodiff>(&mla_model(), 3);
     let fp8 = build::<CpuAutodiff>(&mla_model(), 3).with_fp8(hybrid(), |_| true);
     let a = values(plain.forward(inputs.clone()).logits);

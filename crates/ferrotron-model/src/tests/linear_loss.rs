@@ -11,14 +11,7 @@ use super::*;
 /// The loss and every parameter's gradient (in visiting order) of one forward and backward.
 fn loss_and_gradients(model: &Model, fusion: CrossEntropyFusionImpl) -> (f32, Vec<Vec<f32>>) {
     let gpt = build::<CpuAutodiff>(model, 3).with_cross_entropy_fusion(fusion);
-    let inputs = tokens::<CpuAutodiff>(&[
-        &[11, 42, 7, 93, 5, 61, 28, 70],
-        &[3, 3, 58, 14, 99, 0, 36, 81],
-    ]);
-    let labels = tokens::<CpuAutodiff>(&[
-        &[42, 7, 93, 5, 61, 28, 70, 12],
-        &[3, 58, 14, 99, 0, 36, 81, 47],
-    ]);
+    let (inputs, labels) = fixed_batch();
     let loss = gpt.loss(inputs, labels).loss;
     let value = scalar(loss.clone());
     let grads = loss.backward();

@@ -160,6 +160,20 @@ pub(crate) fn values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f3
     tensor.into_data().iter::<f32>().collect()
 }
 
+/// Two sequences of 8 tokens and their next tokens: the batch the training tests fit.
+pub(crate) fn fixed_batch() -> (Tensor<CpuAutodiff, 2, Int>, Tensor<CpuAutodiff, 2, Int>) {
+    (
+        tokens(&[
+            &[11, 42, 7, 93, 5, 61, 28, 70],
+            &[3, 3, 58, 14, 99, 0, 36, 81],
+        ]),
+        tokens(&[
+            &[42, 7, 93, 5, 61, 28, 70, 12],
+            &[3, 58, 14, 99, 0, 36, 81, 47],
+        ]),
+    )
+}
+
 pub(crate) fn scalar<B: Backend>(tensor: Tensor<B, 1>) -> f32 {
     values(tensor)[0]
 }

@@ -8,14 +8,7 @@ fn overfit(model: &Model, steps: usize) -> (f32, f32) {
     let mut optimizer = AdamWConfig::new()
         .with_weight_decay(0.0)
         .init::<CpuAutodiff, GptModel<CpuAutodiff>>();
-    let inputs = tokens::<CpuAutodiff>(&[
-        &[11, 42, 7, 93, 5, 61, 28, 70],
-        &[3, 3, 58, 14, 99, 0, 36, 81],
-    ]);
-    let labels = tokens::<CpuAutodiff>(&[
-        &[42, 7, 93, 5, 61, 28, 70, 12],
-        &[3, 58, 14, 99, 0, 36, 81, 47],
-    ]);
+    let (inputs, labels) = fixed_batch();
     let mut first = f32::NAN;
     let mut last = f32::NAN;
     for step in 0..steps {
