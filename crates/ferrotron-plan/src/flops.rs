@@ -126,9 +126,16 @@ pub(crate) fn dense_mlp_per_layer_token(model: &Model) -> f64 {
 /// MoE MLP per MoE layer per token: top-k routed experts plus the shared expert.
 pub(crate) fn moe_mlp_per_layer_token(model: &Model) -> f64 {
     let Some(moe) = &model.moe else { return 0.0 };
-    let routed = f64::from(moe.expert_ffn_hidden_size(model)) * f64::from(moe.router_topk);
     let shared = f64::from(moe.shared_expert_ffn_hidden_size.unwrap_or(0));
-    FORWARD_BACKWARD * FMA * f64::from(model.hidden_size) * (routed + shared) * ffn_expansion(model)
+    routed_experts_per_layer_token(model)
+        + FORWARD_BACKWARD * FMA * f64::from(model.hidden_size) * shared * ffn_expansion(model)
+}
+
+/// The top-k routed experts' part of [`moe_mlp_per_layer_token`]: the grouped GEMMs.
+pub(crate) fn routed_experts_per_layer_token(model: &Model) -> f64 {
+    let Some(moe) = &model.moe else { return 0.0 };
+    let routed = f64::from(moe.expert_ffn_hidden_size(model)) * f64::from(moe.router_topk);
+    FORWARD_BACKWARD * FMA * f64::from(model.hidden_size) * routed * ffn_expansion(model)
 }
 
 /// Logits per token: h × padded vocab.

@@ -19,6 +19,14 @@ const HOPPER_ATTENTION_EFFICIENCY: f64 = 0.405;
 /// dropout at this many seconds a causal score (the forward alone, timed: 946 µs a layer of
 /// gpt-1.3b 12 × 2048 with it and 390 without, 1.38 ps a score),
 const HOPPER_DROPOUT_SECONDS_PER_SCORE: f64 = 1.8e-12;
+/// The MoE experts' grouped GEMMs (cuBLAS's `cublasGemmGroupedBatchedEx`) at this fraction of
+/// peak: per-op timing of `moe-8x-mb16` on one H100 (2026-12-07, `tools/README.md`) put 27.2
+/// TFLOP of routed-expert GEMMs a step at 89.7 ms, where its forward's layout runs at 285
+/// TFLOP/s in isolation and its gradients' at 668. Other chips take the same ratio to their
+/// dense GEMM rate ([`GROUPED_TO_DENSE`]), assumed.
+const HOPPER_GROUPED_GEMM_EFFICIENCY: f64 = 0.307;
+/// The grouped GEMMs' rate over the dense GEMMs' on Hopper.
+const GROUPED_TO_DENSE: f64 = HOPPER_GROUPED_GEMM_EFFICIENCY / HOPPER_GEMM_EFFICIENCY;
 /// Hopper's dense fp32 peak, which the dropout cost of other chips is scaled by.
 const HOPPER_PEAK_FP32: f64 = 67e12;
 /// and the element-wise passes at this many of the bytes `time.rs` counts a second: the same
@@ -41,6 +49,8 @@ pub struct GpuSpec {
     pub memory_bandwidth: f64,
     /// Fraction of peak reached by large GEMMs.
     pub gemm_efficiency: f64,
+    /// Fraction of peak reached by the MoE experts' grouped GEMMs (one call for every expert).
+    pub grouped_gemm_efficiency: f64,
     /// Fraction of peak reached by fused (flash) attention without dropout, forward and
     /// backward together, by the planner's count of its FLOPs (`flops.rs`).
     pub attention_efficiency: f64,
@@ -70,6 +80,7 @@ impl GpuSpec {
                 memory_bytes: 80.0 * GIB,
                 memory_bandwidth: 2.0e12,
                 gemm_efficiency: 0.80,
+                grouped_gemm_efficiency: 0.80 * GROUPED_TO_DENSE,
                 attention_efficiency: 0.55,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 230e9,
@@ -91,6 +102,7 @@ impl GpuSpec {
                 memory_bytes: 80.0 * GIB,
                 memory_bandwidth: 3.35e12,
                 gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
+                grouped_gemm_efficiency: HOPPER_GROUPED_GEMM_EFFICIENCY,
                 attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
                 memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 3.35e12,
                 intra_node_bus_bandwidth: 356e9,
@@ -114,6 +126,7 @@ impl GpuSpec {
                 // peak less the allocator's (the CUDA context, cuBLAS/cuDNN workspaces, module
                 // images); `tests/bench_rows.rs` holds every dense row's prediction within 10 %.
                 gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
+                grouped_gemm_efficiency: HOPPER_GROUPED_GEMM_EFFICIENCY,
                 attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
                 memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 4.8e12,
                 intra_node_bus_bandwidth: 356e9,
@@ -135,6 +148,7 @@ impl GpuSpec {
                 memory_bytes: 180.0 * GIB,
                 memory_bandwidth: 8.0e12,
                 gemm_efficiency: 0.75,
+                grouped_gemm_efficiency: 0.75 * GROUPED_TO_DENSE,
                 attention_efficiency: 0.50,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 700e9,
@@ -152,6 +166,7 @@ impl GpuSpec {
                 memory_bytes: 16.0 * GIB,
                 memory_bandwidth: 20e9,
                 gemm_efficiency: 0.5,
+                grouped_gemm_efficiency: 0.5 * GROUPED_TO_DENSE,
                 attention_efficiency: 0.3,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 5e9,

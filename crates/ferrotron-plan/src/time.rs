@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::flops::{
     attention_projections_per_layer_token, core_attention_per_layer_token,
-    dense_mlp_per_layer_token, logits_per_token, moe_mlp_per_layer_token, window_share,
+    dense_mlp_per_layer_token, logits_per_token, moe_mlp_per_layer_token,
+    routed_experts_per_layer_token, window_share,
 };
 use crate::setup::Setup;
 use crate::stages::StageInfo;
@@ -159,7 +160,12 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     let fp8_rate = spec.peak(precision.dtype, precision.fp8)
         * spec.gemm_efficiency
         * crate::fp8::FP8_EFFICIENCY;
-    let gemm_time = (gemm - fp8_gemm) / gemm_rate + fp8_gemm / fp8_rate;
+    // The routed experts' GEMMs run as grouped GEMMs (bf16), at their own rate.
+    let grouped =
+        (1.0 + recomputed / 3.0) * tokens * moe_layers * routed_experts_per_layer_token(model) / tp;
+    let grouped_rate = spec.peak(precision.dtype, Fp8::None) * spec.grouped_gemm_efficiency;
+    let gemm_time =
+        (gemm - fp8_gemm - grouped) / gemm_rate + fp8_gemm / fp8_rate + grouped / grouped_rate;
     let attention_rate = spec.peak(precision.dtype, Fp8::None) * spec.attention_efficiency;
     // Attention dropout draws a random number for every score the kernel computes (the
     // forward's mask, regenerated in the backward): a cost per causal score, not per FLOP.
@@ -247,11 +253,13 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
             "GEMM compute",
             gemm_time,
             || format!(
-                "bf16 GEMM FLOPs / (peak × efficiency) + fp8 GEMM FLOPs / (fp8 peak × efficiency × {}) = {:.4e} / ({:.4e} × {}) + {fp8_gemm:.4e} / {fp8_rate:.4e}",
+                "bf16 GEMM FLOPs / (peak × efficiency) + fp8 GEMM FLOPs / (fp8 peak × efficiency × {}){} = {:.4e} / ({:.4e} × {}) + {fp8_gemm:.4e} / {fp8_rate:.4e}{}",
                 crate::fp8::FP8_EFFICIENCY,
-                gemm - fp8_gemm,
+                if grouped > 0.0 { " + grouped expert GEMM FLOPs / (peak × grouped efficiency)" } else { "" },
+                gemm - fp8_gemm - grouped,
                 spec.peak(precision.dtype, Fp8::None),
-                spec.gemm_efficiency
+                spec.gemm_efficiency,
+                if grouped > 0.0 { format!(" + {grouped:.4e} / {grouped_rate:.4e}") } else { String::new() },
             ),),
         setup.term(
             "core attention compute",

@@ -524,6 +524,11 @@ fn the_fine_grained_moe_rows_are_within_ten_percent_of_their_h100_device_peak() 
 /// Asserts every row's predicted step on `gpu` is within 10 % of its measured one, printing the
 /// table.
 fn assert_steps_within_ten_percent(rows: &[(&str, Measured)], gpu: GpuKind) {
+    assert_steps_within(rows, gpu, 0.1);
+}
+
+/// Each row's predicted step within `tolerance` (relative) of its measured one on `gpu`.
+fn assert_steps_within(rows: &[(&str, Measured)], gpu: GpuKind, tolerance: f64) {
     let mut misses = Vec::new();
     println!("| model | predicted s | measured s | predicted/measured |");
     for &(name, measured) in rows {
@@ -540,7 +545,7 @@ fn assert_steps_within_ten_percent(rows: &[(&str, Measured)], gpu: GpuKind) {
         let predicted = plan.predicted.step_seconds;
         let ratio = predicted / measured;
         println!("| {name} | {predicted:.3} | {measured:.3} | {ratio:.2} |");
-        if !(0.9..=1.1).contains(&ratio) {
+        if !(1.0 - tolerance..=1.0 + tolerance).contains(&ratio) {
             misses.push(format!(
                 "{name}: {measured} s measured, {predicted:.3} s predicted"
             ));
@@ -561,6 +566,18 @@ fn every_timed_dense_bench_row_is_within_ten_percent_of_its_predicted_step() {
 #[test]
 fn every_timed_dense_h100_row_is_within_ten_percent_of_its_predicted_step() {
     assert_steps_within_ten_percent(MEASURED_H100_STEP, GpuKind::H100);
+}
+
+/// The small MoE's step with its experts' grouped GEMMs at their measured rate, within issue
+/// 47's 15 %: on one H100 222,269 tokens/s (2026-12-06), on one H200 31.6 % MFU (2026-12-05
+/// 02:03 UTC). The fine-grained rows (128 experts of 768) are not yet held: their grouped GEMMs
+/// run slower than this rate, and their last measured steps (12-06) still waited for the host.
+#[test]
+fn the_small_moe_rows_are_within_fifteen_percent_of_their_predicted_step() {
+    let h100 = [("moe-8x-mb16", Measured::Seconds(32768.0 / 222_269.0))];
+    assert_steps_within(&h100, GpuKind::H100, 0.15);
+    let h200 = [("moe-8x-mb16", Measured::Mfu(0.316))];
+    assert_steps_within(&h200, GpuKind::H200, 0.15);
 }
 
 #[test]
