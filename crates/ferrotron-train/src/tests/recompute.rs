@@ -98,5 +98,10 @@ fn mlp_blocks_recompute_bit_identically() {
         pp: 2,
         ..Layout::alone()
     };
-    check(pp2, 4, json!({}), mlp);
+    check(pp2, 4, json!({}), mlp.clone());
+    // A dense layer then an MoE layer: the MoE layer runs whole, its auxiliary loss beside the
+    // dense layer's recomputed MLP block.
+    let mixed =
+        json!({"model": {"moe": {"num_experts": 2, "router_topk": 2, "layer_freq": [0, 1]}}});
+    check(Layout::alone(), 2, mixed, mlp);
 }
