@@ -92,19 +92,23 @@ pub(crate) enum SearchFailure {
 /// recomputed layers that fit.
 fn recompute_variants(recipe: &Recipe) -> Vec<Recipe> {
     let choices = match recipe.recompute.granularity {
-        RecomputeGranularity::Auto => vec![
-            Recompute::default(),
-            Recompute {
+        RecomputeGranularity::Auto => {
+            let selective = |modules| Recompute {
                 granularity: RecomputeGranularity::Selective,
+                modules,
                 ..Recompute::default()
-            },
-            Recompute {
-                granularity: RecomputeGranularity::Selective,
-                modules: vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp],
-                ..Recompute::default()
-            },
-            full_recompute(RecomputeMethod::Uniform, 1),
-        ],
+            };
+            let mut choices = vec![Recompute::default(), selective(Vec::new())];
+            // Without a dense layer the MLP blocks' variant would be plain selective again.
+            if recipe.model.num_moe_layers() < recipe.model.num_layers {
+                choices.push(selective(vec![
+                    RecomputeModule::CoreAttn,
+                    RecomputeModule::Mlp,
+                ]));
+            }
+            choices.push(full_recompute(RecomputeMethod::Uniform, 1));
+            choices
+        }
         _ => vec![recipe.recompute.clone()],
     };
     choices

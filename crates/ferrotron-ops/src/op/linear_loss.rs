@@ -88,12 +88,12 @@ fn chunk_logits<B: FusedOps>(
     }
 }
 
-fn slice_rows<B: Backend>(x: &FloatTensor<B>, range: std::ops::Range<usize>) -> FloatTensor<B> {
-    unwrap(wrap::<B, 2>(x.clone()).slice([range]))
-}
-
-fn slice_values<B: Backend>(x: &FloatTensor<B>, range: std::ops::Range<usize>) -> FloatTensor<B> {
-    unwrap(wrap::<B, 1>(x.clone()).slice([range]))
+/// Rows `range` of `x` (of rank `D`, sliced along its first dimension).
+fn slice<B: Backend, const D: usize>(
+    x: &FloatTensor<B>,
+    range: std::ops::Range<usize>,
+) -> FloatTensor<B> {
+    unwrap(wrap::<B, D>(x.clone()).slice([range]))
 }
 
 fn slice_labels<B: Backend>(x: &IntTensor<B>, range: std::ops::Range<usize>) -> IntTensor<B> {
@@ -124,7 +124,7 @@ pub fn linear_cross_entropy_forward<B: FusedOps>(
     let (mut losses, mut log_sum_exp) = (Vec::new(), Vec::new());
     for range in chunks(n, spec.chunk_rows) {
         let logits = chunk_logits::<B>(
-            slice_rows::<B>(&rows, range.clone()),
+            slice::<B, 2>(&rows, range.clone()),
             weight.clone(),
             spec.weight,
         );
@@ -154,13 +154,13 @@ pub fn linear_cross_entropy_backward<B: FusedOps>(
     let mut d_rows = Vec::with_capacity(ranges.len());
     let mut d_weight: Option<Tensor<B, 2>> = None;
     for range in ranges {
-        let chunk_rows = slice_rows::<B>(&rows, range.clone());
+        let chunk_rows = slice::<B, 2>(&rows, range.clone());
         let logits = chunk_logits::<B>(chunk_rows.clone(), weight.clone(), spec.weight);
         let grad_logits = B::cross_entropy_kernel_backward(
             logits,
             slice_labels::<B>(&state.labels, range.clone()),
-            slice_values::<B>(&state.log_sum_exp, range.clone()),
-            slice_values::<B>(&grad_losses, range),
+            slice::<B, 1>(&state.log_sum_exp, range.clone()),
+            slice::<B, 1>(&grad_losses, range),
         );
         let (d_chunk, d_weight_chunk) = match spec.weight {
             OutputWeight::Tied => {

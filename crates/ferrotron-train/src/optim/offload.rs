@@ -129,11 +129,10 @@ impl DeviceShard for DeviceRange {
             .read
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let DeviceRead::Pending(_) = &*read
-            && let DeviceRead::Pending(pending) = std::mem::replace(&mut *read, DeviceRead::Done)
-        {
-            *read = DeviceRead::Fetched(pending());
-        }
+        *read = match std::mem::replace(&mut *read, DeviceRead::Done) {
+            DeviceRead::Pending(pending) => DeviceRead::Fetched(pending()),
+            done_or_fetched => done_or_fetched,
+        };
     }
 
     fn read(&self) -> Vec<f32> {
