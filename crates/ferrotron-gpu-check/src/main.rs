@@ -19,6 +19,7 @@ mod fp8;
 mod fp8_fused_sources;
 mod fp8_source;
 mod fused;
+mod fused_combine;
 mod fused_dropout;
 mod fused_flat;
 mod fused_grouped;
@@ -423,6 +424,9 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_rope::rows(&device));
         rows.extend(fused_flat::rows(&device));
     }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "combine" {
+        rows.extend(fused_combine::rows(&device));
+    }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "qk_norm" {
         rows.extend(fused_qk_norm::rows(&device));
     }
@@ -475,6 +479,8 @@ fn main() -> anyhow::Result<()> {
         }
     } else if args.timings && args.filter == "fp8" {
         println!("\n{}", fp8_source::timings(&device));
+    } else if args.timings && args.filter == "combine" {
+        println!("\n{}", fused_combine::timings(&device));
     } else if args.timings && args.filter == "window" {
         println!("\n{}", fused_window::timings(&device));
     } else if args.timings && args.filter == "mla" {

@@ -23,14 +23,15 @@ use crate::kernel_or_composed;
 use crate::op::gather::gather_rows_node;
 use crate::op::grouped::stack_parts;
 use crate::{
-    AttentionSpec, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, Fp8Rope, Fp8State, FusedOps,
-    GroupLimit, GroupRows, LinearLossSpec, MoePermutation, NormSpec, QkNormParams, attention_node,
-    composed_attention, composed_dropout_add, composed_embedding, composed_gelu,
-    composed_grouped_matmul, composed_qk_norm, composed_qkv_attention, composed_rope_qkv,
-    composed_swiglu, composed_tied_logits, cross_entropy_node, dropout_add_node, embedding_node,
-    gelu_node, grouped_matmul_node, grouped_matmul_parts_node, linear_cross_entropy_node,
-    norm_node, qk_norm_node, qkv_attention_node, rope_qkv_node, swiglu_node,
-    tied_cross_entropy_node, tied_logits_node,
+    AttentionSpec, CombineIndex, CombineSpec, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual,
+    Fp8Rope, Fp8State, FusedOps, GroupLimit, GroupRows, LinearLossSpec, MoePermutation, NormSpec,
+    QkNormParams, attention_node, combine_rows_node, composed_attention, composed_combine_rows,
+    composed_dropout_add, composed_embedding, composed_gelu, composed_grouped_matmul,
+    composed_qk_norm, composed_qkv_attention, composed_rope_qkv, composed_swiglu,
+    composed_tied_logits, cross_entropy_node, dropout_add_node, embedding_node, gelu_node,
+    grouped_matmul_node, grouped_matmul_parts_node, linear_cross_entropy_node, norm_node,
+    qk_norm_node, qkv_attention_node, rope_qkv_node, swiglu_node, tied_cross_entropy_node,
+    tied_logits_node,
 };
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
@@ -105,6 +106,20 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         group: usize,
     ) -> FloatTensor<Self> {
         gather_rows_node::<B, C>(x, index, back, group)
+    }
+
+    fn fused_combine_rows(
+        rows: FloatTensor<Self>,
+        index: CombineIndex<Self>,
+        weights: FloatTensor<Self>,
+        spec: CombineSpec,
+    ) -> FloatTensor<Self> {
+        kernel_or_composed!(
+            B::has_combine_rows_kernel(&rows.primitive, &weights.primitive, &spec),
+            combine_rows_node::<B, C>,
+            composed_combine_rows::<Self>,
+            (rows, index, weights, spec)
+        )
     }
 
     fn moe_topk(

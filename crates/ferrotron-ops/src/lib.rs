@@ -63,6 +63,9 @@ pub use op::attention::{
     AttentionGrads, AttentionSaved, AttentionSpec, attention_node, composed_attention,
     repeat_groups,
 };
+pub use op::combine::{
+    CombineIndex, CombineSpec, combine_rows, combine_rows_node, composed_combine_rows,
+};
 pub use op::dropout::{DropoutMask, DropoutSaved, composed_dropout_add, dropout_add_node};
 pub use op::embedding::{composed_embedding, embedding_node};
 pub use op::flat::{
@@ -123,6 +126,7 @@ use crate::fp8::linear::{fp8_matmul_reference, fp8_quantize_reference, fp8_updat
 use crate::fp8::rope::rotate_output;
 use crate::fp8::scaling::{Fp8Role, Fp8Settings};
 use crate::op::attention::{attention_backward_reference, attention_forward_reference};
+use crate::op::combine::{combine_rows_backward_reference, combine_rows_forward_reference};
 use crate::op::dropout::{dropout_add_backward_reference, dropout_add_forward_reference};
 use crate::op::embedding::embedding_backward_reference;
 use crate::op::gelu::gelu_backward_reference;
@@ -407,6 +411,50 @@ pub trait FusedOps: Backend {
     ) -> FloatTensor<Self> {
         let _ = (back, group);
         Self::float_select(x, 0, index)
+    }
+
+    /// The MoE combine: `rows [r, h]` (the experts' outputs, sorted by expert) → `[tokens, h]`,
+    /// each token's `spec.topk` slots' rows (`index`) times their `weights [tokens · k]`,
+    /// summed (see `op/combine.rs`). Default: the composed gather, multiply and sum.
+    fn fused_combine_rows(
+        rows: FloatTensor<Self>,
+        index: CombineIndex<Self>,
+        weights: FloatTensor<Self>,
+        spec: CombineSpec,
+    ) -> FloatTensor<Self> {
+        composed_combine_rows::<Self>(rows, index, weights, spec)
+    }
+
+    /// Whether [`FusedOps::combine_rows_kernel_forward`] is a real kernel for these rows,
+    /// weights and slots per token. Default: no.
+    fn has_combine_rows_kernel(
+        rows: &FloatTensor<Self>,
+        weights: &FloatTensor<Self>,
+        spec: &CombineSpec,
+    ) -> bool {
+        let _ = (rows, weights, spec);
+        false
+    }
+
+    /// The combine with the kernel. Default: the reference (f32 sums, one rounding).
+    fn combine_rows_kernel_forward(
+        rows: FloatTensor<Self>,
+        index: &CombineIndex<Self>,
+        weights: FloatTensor<Self>,
+        spec: CombineSpec,
+    ) -> FloatTensor<Self> {
+        combine_rows_forward_reference::<Self>(rows, index, weights, spec)
+    }
+
+    /// The rows' and the weights' gradients from the output gradient. Default: the reference.
+    fn combine_rows_kernel_backward(
+        rows: FloatTensor<Self>,
+        index: &CombineIndex<Self>,
+        weights: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: CombineSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        combine_rows_backward_reference::<Self>(rows, index, weights, grad_output, spec)
     }
 
     /// `scores [rows, experts]` → `[rows, k]` int: each row's `k` best experts, best first, a

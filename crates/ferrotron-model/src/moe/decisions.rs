@@ -12,7 +12,7 @@
 
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData, TensorPrimitive};
-use ferrotron_ops::{FusedOps, GroupRows};
+use ferrotron_ops::{CombineSpec, FusedOps, GroupRows, combine_rows};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
@@ -126,29 +126,20 @@ impl<B: ParallelOps> Decisions<B> {
     }
 
     /// The experts' `[rows, hidden]` outputs → `[tokens, hidden]`: each (token, slot) takes its
-    /// row (zeros where capacity dropped it: an appended zero row), weighted by `weights
-    /// [tokens · topk]`, summed over the token's slots. Each row is read by its one slot, so its
-    /// gradient is a gather too.
+    /// row (zeros where capacity dropped it), weighted by `weights [tokens · topk]`, summed over
+    /// the token's slots (`FusedOps::fused_combine_rows`: one kernel each way on the GPU).
     pub(super) fn combine(&self, expert_out: Tensor<B, 2>, weights: Tensor<B, 1>) -> Tensor<B, 2> {
-        let [tokens, topk] = self.chosen.dims();
-        let [_, hidden] = expert_out.dims();
-        let (source, back) = if self.dropped {
-            let device = expert_out.device();
-            let zero = Tensor::<B, 2>::zeros([1, hidden], (&device, expert_out.dtype()));
-            // The zero row's gradient is discarded (a constant); any slot will do.
-            let any = Tensor::<B, 1, Int>::zeros([1], &device);
-            (
-                Tensor::cat(vec![expert_out, zero], 0),
-                Tensor::cat(vec![self.slots.clone(), any], 0),
-            )
-        } else {
-            (expert_out, self.slots.clone())
-        };
-        let slot_rows = gather_rows(source, self.rows.clone(), back, 1);
-        (slot_rows * weights.reshape([tokens * topk, 1]))
-            .reshape([tokens, topk, hidden])
-            .sum_dim(1)
-            .reshape([tokens, hidden])
+        let [_, topk] = self.chosen.dims();
+        combine_rows(
+            expert_out,
+            self.rows.clone(),
+            self.slots.clone(),
+            weights,
+            CombineSpec {
+                topk,
+                dropped: self.dropped,
+            },
+        )
     }
 
     /// Plain top-k slot counts of `logits` (no bias, groups or capacity: what the balancing

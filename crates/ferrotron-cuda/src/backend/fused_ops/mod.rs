@@ -31,11 +31,11 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_ops::fp8::scaling::{Fp8Role, Fp8Settings};
 use ferrotron_ops::kernel_or_composed;
 use ferrotron_ops::{
-    AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CrossEntropySaved,
-    DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment, Fp8InputNorm, Fp8Linear,
-    Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit, GroupRows,
-    GroupedMatmulGrads, HostPass, MoePermutation, NormGrads, NormKind, NormSaved, NormSpec,
-    NormStats, QkNormGrads, QkNormParams, QkNormSaved, ReadLater, composed_adamw,
+    AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CombineIndex,
+    CombineSpec, CrossEntropySaved, DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment,
+    Fp8InputNorm, Fp8Linear, Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit,
+    GroupRows, GroupedMatmulGrads, HostPass, MoePermutation, NormGrads, NormKind, NormSaved,
+    NormSpec, NormStats, QkNormGrads, QkNormParams, QkNormSaved, ReadLater, composed_adamw,
     composed_attention, composed_gather_flat, composed_grouped_matmul, composed_qk_norm,
     composed_qkv_attention, composed_rope_qkv, composed_segment_sum_of_squares,
     composed_sum_of_squares, composed_swiglu, fp8_quantize_norm_composed,
@@ -50,11 +50,11 @@ use crate::engine::dtype::DType;
 use crate::blas::grouped::{self, grouped_matmul, grouped_matmul_backward};
 use crate::engine::layout::SliceArg;
 use crate::kernels::fused::loss::{cross_entropy_backward, cross_entropy_forward};
-use crate::kernels::fused::moe;
 use crate::kernels::fused::qk_norm::{self, qk_norm_backward, qk_norm_forward};
 use crate::kernels::fused::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::fused::swiglu::{swiglu_backward, swiglu_forward};
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
+use crate::kernels::fused::{combine, moe};
 use crate::kernels::fused::{flat, grouped_gemm};
 use crate::kernels::prim::random;
 use crate::kernels::prim::reduce::{ReduceOp, reduce_all};
@@ -605,6 +605,39 @@ impl FusedOps for Cuda {
             composed_swiglu::<Self>,
             (x)
         )
+    }
+
+    fn has_combine_rows_kernel(
+        rows: &FloatTensor<Self>,
+        weights: &FloatTensor<Self>,
+        spec: &CombineSpec,
+    ) -> bool {
+        fused_kernels_enabled() && combine::supports(rows, weights, spec.topk)
+    }
+
+    fn combine_rows_kernel_forward(
+        rows: FloatTensor<Self>,
+        index: &CombineIndex<Self>,
+        weights: FloatTensor<Self>,
+        spec: CombineSpec,
+    ) -> FloatTensor<Self> {
+        ok(combine::forward(&rows, &index.index, &weights, spec.topk))
+    }
+
+    fn combine_rows_kernel_backward(
+        rows: FloatTensor<Self>,
+        index: &CombineIndex<Self>,
+        weights: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: CombineSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        ok(combine::backward(
+            &rows,
+            &index.index,
+            &weights,
+            &grad_output,
+            spec.topk,
+        ))
     }
 
     fn has_swiglu_kernel(x: &FloatTensor<Self>) -> bool {

@@ -10,6 +10,7 @@
 //! the backend's (`backend/fused_ops/`), not made here.
 
 pub mod adamw;
+pub mod combine;
 pub mod flat;
 pub mod grouped_gemm;
 pub mod loss;
