@@ -122,6 +122,10 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         )
     }
 
+    fn reserve_reads_later(device: &Self::Device, bytes: usize) -> usize {
+        B::reserve_reads_later(device, bytes)
+    }
+
     fn moe_topk(
         scores: FloatTensor<Self>,
         k: usize,

@@ -744,6 +744,15 @@ pub trait FusedOps: Backend {
         })
     }
 
+    /// Readies what [`FusedOps::read_later`] reads of `bytes` in all will land in (a device
+    /// backend's page-locked host memory), so that the first checkpoint snapshot does not pay
+    /// for it while the next update waits; returns the bytes newly set aside. Default: nothing
+    /// (a host backend's reads need no staging).
+    fn reserve_reads_later(device: &Self::Device, bytes: usize) -> usize {
+        let _ = (device, bytes);
+        0
+    }
+
     /// Streams each of `inputs` (flat buffers on the device) through the host and returns one
     /// new buffer of the dtype paired with it: `pass` is called on consecutive pieces, input by
     /// input in order, and fills each piece's output (`op/host_pass.rs`). Called on the

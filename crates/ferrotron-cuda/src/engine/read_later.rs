@@ -12,9 +12,13 @@
 //! stages through its own small pinned buffer and the fresh pages fault in as it writes, and
 //! gpt-1.3b's 18.4 GB of masters and moments came off an H100 at 2.5 GB/s, holding the next
 //! update 7.2–7.8 s (tools/README.md). The host copy out of the page-locked buffer
-//! ([`ferrotron_ops::HostCopy`]) runs after the update is let go. A save's shards have the same
-//! sizes every time, so the buffers are kept for the next save (one snapshot's worth: at most one
-//! save is in flight); where page-locked memory cannot be had, the copy goes pageable as before.
+//! ([`ferrotron_ops::HostCopy`]) runs after the update is let go. The page-locked memory is kept
+//! for the next save as arenas that reads take consecutive pieces of, an arena starting over once
+//! every piece is back (one snapshot's worth: at most one save is in flight); a read that finds no
+//! room gets an arena of its own size. Page-locking gigabytes takes seconds, which the first
+//! save's next update would wait for, so a run with asynchronous saves reserves one arena of its
+//! state's size after its first step ([`ReadStream::reserve`]); where page-locked memory cannot be
+//! had, the copy goes pageable as before.
 #![allow(unsafe_code)]
 
 use std::sync::{Arc, Mutex};
@@ -41,12 +45,12 @@ impl Drop for Mark {
     }
 }
 
-/// A device's read stream, created on its first read, and the page-locked buffers its reads
+/// A device's read stream, created on its first read, and the page-locked arenas its reads
 /// land in.
 #[derive(Default)]
 pub(crate) struct ReadStream {
     stream: Mutex<Option<StreamHandle>>,
-    buffers: Mutex<Vec<Pinned>>,
+    arenas: Mutex<Vec<Arena>>,
 }
 
 struct StreamHandle(sys::CUstream);
@@ -54,70 +58,127 @@ struct StreamHandle(sys::CUstream);
 // SAFETY: a driver stream handle, used under the mutex.
 unsafe impl Send for StreamHandle {}
 
-/// A page-locked host buffer of `capacity` bytes.
-struct Pinned {
+/// Pieces start at multiples of this many bytes (the copy engines' preferred alignment).
+const ALIGN: usize = 256;
+
+/// A page-locked host allocation of `capacity` bytes, handed out in consecutive pieces: `used`
+/// bytes are taken, by `lent` pieces not yet given back.
+struct Arena {
     host: *mut u8,
     capacity: usize,
+    used: usize,
+    lent: usize,
 }
 
-// SAFETY: a driver allocation usable from any thread; one owner at a time (the pool's mutex, or
-// the read holding it).
-unsafe impl Send for Pinned {}
+// SAFETY: a driver allocation usable from any thread; its pieces have one owner each (the pool's
+// mutex hands them out).
+unsafe impl Send for Arena {}
+
+/// A piece of arena `arena`, `len` bytes at `host`.
+struct Piece {
+    arena: usize,
+    host: *mut u8,
+}
+
+// SAFETY: see `Arena`.
+unsafe impl Send for Piece {}
+
+/// A page-locked allocation of `len` bytes, `None` (logged) when the driver refuses one.
+fn page_locked(len: usize) -> Option<*mut u8> {
+    // SAFETY: a plain page-locked allocation of `len` bytes, owned by the arena made of it.
+    match unsafe { result::malloc_host(len, 0) } {
+        Ok(host) => Some(host.cast()),
+        Err(err) => {
+            tracing::warn!(
+                ?err,
+                bytes = len,
+                "no page-locked memory for a snapshot read; copying pageable"
+            );
+            None
+        }
+    }
+}
 
 impl ReadStream {
-    /// The smallest kept buffer of at least `len` bytes, or a new one; `None` when page-locked
-    /// memory cannot be had.
-    fn take(&self, len: usize) -> Option<Pinned> {
-        let mut kept = self
-            .buffers
+    /// The pool, recovered from a poisoned lock (its bookkeeping is a few integers).
+    fn pool(&self) -> std::sync::MutexGuard<'_, Vec<Arena>> {
+        self.arenas
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let best = kept
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A piece of `len` bytes from the first arena with room, or from a new arena of its own;
+    /// `None` when page-locked memory cannot be had.
+    fn take(&self, len: usize) -> Option<Piece> {
+        let mut arenas = self.pool();
+        let room = arenas
             .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity >= len)
-            .min_by_key(|(_, b)| b.capacity)
-            .map(|(index, _)| index);
-        if let Some(index) = best {
-            return Some(kept.swap_remove(index));
-        }
-        drop(kept);
-        // SAFETY: a plain page-locked allocation of `len` bytes, owned by the `Pinned` made of it.
-        match unsafe { result::malloc_host(len, 0) } {
-            Ok(host) => Some(Pinned {
-                host: host.cast(),
-                capacity: len,
-            }),
-            Err(err) => {
-                tracing::warn!(
-                    ?err,
-                    bytes = len,
-                    "no page-locked memory for a snapshot read; copying pageable"
-                );
-                None
-            }
+            .position(|a| a.capacity - a.used >= len)
+            .or_else(|| {
+                let host = page_locked(len)?;
+                arenas.push(Arena {
+                    host,
+                    capacity: len,
+                    used: 0,
+                    lent: 0,
+                });
+                Some(arenas.len() - 1)
+            })?;
+        let arena = &mut arenas[room];
+        // SAFETY: `used + len <= capacity`, within the allocation.
+        let host = unsafe { arena.host.add(arena.used) };
+        arena.used = (arena.used + len.next_multiple_of(ALIGN)).min(arena.capacity);
+        arena.lent += 1;
+        Some(Piece { arena: room, host })
+    }
+
+    /// Gives `piece` back; its arena starts over once all of its pieces are back.
+    fn give(&self, piece: Piece) {
+        let mut arenas = self.pool();
+        let arena = &mut arenas[piece.arena];
+        arena.lent -= 1;
+        if arena.lent == 0 {
+            arena.used = 0;
         }
     }
 
-    /// Keeps `buffer` for the next read.
-    fn give(&self, buffer: Pinned) {
-        self.buffers
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(buffer);
+    /// Makes the arenas hold at least `bytes` (one new arena for what is missing): what a
+    /// snapshot of that many bytes reads into, page-locked now rather than during its save.
+    /// Returns the bytes newly page-locked.
+    pub(crate) fn reserve(&self, bytes: usize) -> usize {
+        let mut arenas = self.pool();
+        let held: usize = arenas.iter().map(|a| a.capacity).sum();
+        // the pieces' alignment: at most one `ALIGN` each, a piece per ~MiB is generous
+        let wanted = bytes + bytes.div_ceil(1 << 20) * ALIGN;
+        let missing = wanted.saturating_sub(held);
+        if missing == 0 {
+            return 0;
+        }
+        match page_locked(missing) {
+            Some(host) => {
+                arenas.push(Arena {
+                    host,
+                    capacity: missing,
+                    used: 0,
+                    lent: 0,
+                });
+                missing
+            }
+            None => 0,
+        }
     }
 }
 
 impl Drop for ReadStream {
     fn drop(&mut self) {
-        let buffers = self
-            .buffers
+        let arenas = self
+            .arenas
             .get_mut()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        for buffer in buffers.drain(..) {
+        for arena in arenas.drain(..) {
             // SAFETY: allocated by `malloc_host` and freed once, here; no copy uses it (a read
-            // gives its buffer back only after its stream was synchronised).
-            let _ = unsafe { result::free_host(buffer.host.cast()) };
+            // gives its piece back only after its stream was synchronised).
+            let _ = unsafe { result::free_host(arena.host.cast()) };
         }
     }
 }
@@ -178,8 +239,8 @@ pub(crate) fn read(
             )
             .ctx(ctx)?;
             match &pinned {
-                Some(buffer) => {
-                    let host = std::slice::from_raw_parts_mut(buffer.host, len);
+                Some(piece) => {
+                    let host = std::slice::from_raw_parts_mut(piece.host, len);
                     result::memcpy_dtoh_async(host, x.data_ptr(), stream).ctx(ctx)?;
                 }
                 None => result::memcpy_dtoh_async(&mut pageable, x.data_ptr(), stream).ctx(ctx)?,
@@ -188,13 +249,13 @@ pub(crate) fn read(
         }
     }
     drop(guard);
-    let held = pinned.map(|buffer| Lent {
-        buffer: Some(buffer),
+    let held = pinned.map(|piece| Lent {
+        piece: Some(piece),
         device: device.clone(),
     });
     Ok(Box::new(move || {
         let bytes = match held {
-            // SAFETY: the buffer holds the `len` bytes the synchronised copy wrote, and `Lent`
+            // SAFETY: the piece holds the `len` bytes the synchronised copy wrote, and `Lent`
             // keeps it out of the pool until it is dropped after this read.
             Some(lent) => unsafe { std::slice::from_raw_parts(lent.host(), len) }.to_vec(),
             None => pageable,
@@ -203,22 +264,22 @@ pub(crate) fn read(
     }))
 }
 
-/// A kept buffer lent to one read, back in the device's pool when dropped (read or not).
+/// A piece lent to one read, back in the device's pool when dropped (read or not).
 struct Lent {
-    buffer: Option<Pinned>,
+    piece: Option<Piece>,
     device: Arc<CudaDevice>,
 }
 
 impl Lent {
     fn host(&self) -> *const u8 {
-        self.buffer.as_ref().expect("lent until dropped").host
+        self.piece.as_ref().expect("lent until dropped").host
     }
 }
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        if let Some(buffer) = self.buffer.take() {
-            self.device.read_stream().give(buffer);
+        if let Some(piece) = self.piece.take() {
+            self.device.read_stream().give(piece);
         }
     }
 }

@@ -235,6 +235,12 @@ impl<I: Backend> AdamW<I> {
 
     /// Hold the next update until `gate` opens: an asynchronous save is still reading this
     /// optimizer's device buffers ([`SnapshotGate`]).
+    /// Bytes of the flat state on the device (see [`FlatState::device_bytes`]); 0 before the
+    /// first step lays it out.
+    pub(crate) fn device_state_bytes(&self) -> usize {
+        self.flat.as_ref().map_or(0, |flat| flat.device_bytes())
+    }
+
     pub(crate) fn hold_until(&mut self, gate: SnapshotGate) {
         self.snapshot = Some(gate);
     }

@@ -335,6 +335,21 @@ where
         self.save_checkpoint(store, info)
     }
 
+    fn reserve_snapshot(&mut self) {
+        let optimizers = self.optimizer.per_chunk();
+        let bytes: usize = optimizers.iter().map(|o| o.device_state_bytes()).sum();
+        let start = std::time::Instant::now();
+        let reserved =
+            <B::InnerBackend as ferrotron_ops::FusedOps>::reserve_reads_later(&self.device, bytes);
+        if reserved > 0 {
+            tracing::info!(
+                "page-locked {:.2} GB for the asynchronous checkpoints' snapshot in {:.2} s",
+                reserved as f64 / 1e9,
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+
     fn settle_save(&mut self) -> Result<Option<(u64, PathBuf)>, TrainError> {
         let Some(save) = self.save_in_flight.take() else {
             return Ok(None);

@@ -147,6 +147,10 @@ pub(crate) trait RankStep {
         store: &CheckpointStore,
         info: &CheckpointInfo<'_>,
     ) -> Result<Option<PathBuf>, TrainError>;
+    /// Sets aside what an asynchronous save's snapshot reads into (a GPU's page-locked host
+    /// memory), once the first step has laid the optimizer's state out: page-locking gigabytes
+    /// takes seconds, which the first save's next update would otherwise wait for.
+    fn reserve_snapshot(&mut self) {}
     /// Wait for the save in flight and agree that every rank's part committed (collective):
     /// its iteration and folder, `None` when no save is in flight.
     fn settle_save(&mut self) -> Result<Option<(u64, PathBuf)>, TrainError> {
@@ -573,6 +577,9 @@ pub(crate) fn run_iterations(
                 .options
                 .memory
                 .log_device("after queueing the first step");
+            if recipe.checkpoint.async_save && context.setup.store.is_some() {
+                stepper.reserve_snapshot();
+            }
         }
         let queued = pending.waits();
         clock.queued(queued, metrics(&reporter));

@@ -66,9 +66,15 @@ impl RankStep for Recorder {
     fn save(
         &mut self,
         _: &CheckpointStore,
-        _: &CheckpointInfo<'_>,
+        info: &CheckpointInfo<'_>,
     ) -> Result<Option<PathBuf>, TrainError> {
-        unreachable!("the test recipes save nothing")
+        let iteration = info.state.iteration;
+        self.events.borrow_mut().push(format!("save {iteration}"));
+        Ok(Some(PathBuf::from(format!("iter_{iteration:07}"))))
+    }
+
+    fn reserve_snapshot(&mut self) {
+        self.events.borrow_mut().push("reserve".into());
     }
 
     /// With `stop`, the recorder plays a rank with peers, one of which asks to stop once step
@@ -177,6 +183,33 @@ fn a_device_step_is_read_once_the_next_one_is_queued() {
         lines,
         vec![(1, 1.0, 8), (2, 2.0, 16), (3, 3.0, 24), (4, 4.0, 32)]
     );
+}
+
+/// A run with asynchronous saves page-locks its snapshot's memory once, after its first step
+/// is queued; a run that saves synchronously, or not at all, does not.
+#[test]
+fn only_asynchronous_saves_reserve_their_snapshot_after_the_first_step() {
+    for (async_save, dir) in [(true, true), (false, true), (true, false)] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let checkpoint = if dir {
+            json!({"dir": tmp.path().join("ckpt"), "async_save": async_save, "interval": 100})
+        } else {
+            json!({"async_save": async_save})
+        };
+        let Run { order, outcome, .. } =
+            run(tmp.path(), 3, true, None, json!({"checkpoint": checkpoint}));
+        outcome.expect("the run succeeds");
+        let reserve: &[&str] = if async_save && dir { &["reserve"] } else { &[] };
+        let save: &[&str] = if dir { &["save 3"] } else { &[] };
+        let want = [
+            &["queue 1"][..],
+            reserve,
+            &["queue 2", "read 1", "queue 3", "read 2", "read 3"],
+            save,
+        ]
+        .concat();
+        assert_eq!(order, events(&want), "async {async_save}, dir {dir}");
+    }
 }
 
 #[test]

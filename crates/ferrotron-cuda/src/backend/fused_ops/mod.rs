@@ -239,6 +239,13 @@ impl FusedOps for Cuda {
         Box::new(move || ok(crate::engine::read_later::read(&device, &x, mark)))
     }
 
+    fn reserve_reads_later(device: &Self::Device, bytes: usize) -> usize {
+        let engine = device.engine();
+        // page-locked allocations belong to the context current on the calling thread
+        ok(engine.bind());
+        engine.read_stream().reserve(bytes)
+    }
+
     fn host_pass(
         inputs: Vec<(FloatTensor<Self>, burn::tensor::DType)>,
         pass: &mut HostPass<'_>,
