@@ -1,7 +1,8 @@
 //! Rows for the MoE combine (`FusedOps::fused_combine_rows`): the kernels in f32 and bf16
 //! against the composed gather, multiply and sum in f32 on the same GPU from the same rounded
-//! rows and weights. Each row compares the output, the rows' gradient and the weights' gradient
-//! of a weighted-sum loss; outputs are poisoned, so a row the backward leaves unwritten shows.
+//! rows and weights. Each case has two rows: the output with the rows' gradient, and the weights'
+//! gradient, of a weighted-sum loss; outputs are poisoned, so a row the backward leaves unwritten
+//! shows.
 //! Slots run in a shuffled order, some dropped (reading the zero row), with `k` of 1, 2 and 8.
 
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
@@ -11,8 +12,9 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::fused::{A, host, packed_grad_row, round, upload};
-use crate::{Row, guarded};
+use crate::compare;
+use crate::fused::{A, dtype_label, host, packed_grad_row, round, upload};
+use crate::{Row, failed, first_line, guarded};
 
 /// Slot → row (`rows` where dropped) and row → slot for `slots` slots, about `drop` of them
 /// dropped, rows in a shuffled order.
@@ -42,9 +44,9 @@ struct Case<'a> {
     spec: CombineSpec,
 }
 
-/// Output, rows' gradient and weights' gradient of `Σ w ∘ combine`, flattened into one f32
-/// tensor, by the kernels (`FUSED`) or composed.
-fn grads<const FUSED: bool>(case: &Case<'_>, dtype: DType, device: &GpuDevice) -> TensorData {
+/// Output and rows' gradient of `Σ w ∘ combine` flattened into one f32 tensor, and the weights'
+/// gradient, by the kernels (`FUSED`) or composed.
+fn grads<const FUSED: bool>(case: &Case<'_>, dtype: DType, device: &GpuDevice) -> [TensorData; 2] {
     let x: Tensor<A, 2> = upload(case.x, dtype, device);
     let weights: Tensor<A, 1> = upload(case.weights, dtype, device);
     let index = CombineIndex {
@@ -63,15 +65,41 @@ fn grads<const FUSED: bool>(case: &Case<'_>, dtype: DType, device: &GpuDevice) -
     let out: Tensor<A, 2> = Tensor::from_primitive(TensorPrimitive::Float(out));
     let w = Tensor::<A, 2>::from_data(round(case.w.clone(), DType::F32), (device, DType::F32));
     let g = (out.clone().cast(DType::F32) * w).sum().backward();
-    Tensor::cat(
+    let packed = Tensor::cat(
         vec![
             out.inner().cast(DType::F32).reshape([-1]),
             x.grad(&g).expect("d rows").cast(DType::F32).reshape([-1]),
-            weights.grad(&g).expect("d weights").cast(DType::F32),
         ],
         0,
-    )
-    .into_data()
+    );
+    let d_weights = weights.grad(&g).expect("d weights").cast(DType::F32);
+    [packed.into_data(), d_weights.into_data()]
+}
+
+/// The weights' gradients of the kernels (`got`, in `dtype`) and composed in f32 (`want`): each
+/// a dot product over `hidden` of the output gradient, which the `dtype` run rounds to `dtype`
+/// first, so compared at the scale of the norm's γ gradient (a reduction over rounded rows too).
+fn weights_row(
+    dtype: DType,
+    shape: String,
+    got: Result<TensorData, String>,
+    want: Result<TensorData, String>,
+) -> Row {
+    let (errors, note) = match (got, want) {
+        (Ok(got), Ok(want)) => (
+            compare::compare(&round(got, dtype), &round(want, dtype), 8.0),
+            "fused vs composed f32; d weights".to_string(),
+        ),
+        (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
+        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
+    };
+    Row {
+        op: "fused_combine_rows".into(),
+        dtype: dtype_label(dtype),
+        shape,
+        errors,
+        note,
+    }
 }
 
 fn row(
@@ -80,7 +108,7 @@ fn row(
     dtype: DType,
     [tokens, k, hidden]: [usize; 3],
     drop: f64,
-) -> Row {
+) -> Vec<Row> {
     let (rows, index, back) = routing(tokens * k, drop, rng);
     let x = host(&[rows, hidden], rng, dtype);
     let weights = host(&[tokens * k], rng, dtype);
@@ -98,15 +126,24 @@ fn row(
     };
     let got = guarded(|| Ok(grads::<true>(&case, dtype, device)));
     let want = guarded(|| Ok(grads::<false>(&case, DType::F32, device)));
-    let mut row = packed_grad_row(
+    let shape = format!("[{rows}, {hidden}] → [{tokens}, {hidden}], k {k}");
+    let part = |r: &Result<[TensorData; 2], String>, i: usize| {
+        r.as_ref()
+            .map(|parts| parts[i].clone())
+            .map_err(Clone::clone)
+    };
+    let mut packed = packed_grad_row(
         "fused_combine_rows",
         dtype,
-        format!("[{rows}, {hidden}] → [{tokens}, {hidden}], k {k}"),
-        got,
-        want,
+        shape.clone(),
+        part(&got, 0),
+        part(&want, 0),
     );
-    row.note = format!("{}; d weights; {} dropped", row.note, tokens * k - rows);
-    row
+    packed.note = format!("{}; {} dropped", packed.note, tokens * k - rows);
+    vec![
+        packed,
+        weights_row(dtype, shape, part(&got, 1), part(&want, 1)),
+    ]
 }
 
 /// Every combine row.
@@ -114,9 +151,9 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(29);
     let mut out = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
-        out.push(row(device, &mut rng, dtype, [2048, 2, 1024], 0.0));
-        out.push(row(device, &mut rng, dtype, [512, 8, 512], 0.1));
-        out.push(row(device, &mut rng, dtype, [300, 1, 96], 0.2));
+        out.extend(row(device, &mut rng, dtype, [2048, 2, 1024], 0.0));
+        out.extend(row(device, &mut rng, dtype, [512, 8, 512], 0.1));
+        out.extend(row(device, &mut rng, dtype, [300, 1, 96], 0.2));
     }
     out
 }
