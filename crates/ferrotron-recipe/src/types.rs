@@ -1237,12 +1237,6 @@ pub struct Runtime {
     /// host numbers. Opt-in until its `gpu_check` rows and bench rows are measured on a GPU.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub grouped_gemm_device_counts: bool,
-    /// cuBLAS's grouped forward reads the experts' weights transposed (`[experts, n, k]`, copied
-    /// once per call), so both operands are contiguous along the inner dimension (the layout its
-    /// gradients run in, at up to 2.3× the forward's rate on an H100); off: the weights as
-    /// stored. Opt-in until its bench rows are measured on a GPU.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub grouped_gemm_transposed_forward: bool,
     /// Time cuBLASLt's candidate algorithms per GEMM shape and keep the fastest (off: the
     /// heuristic's first).
     #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
@@ -1307,7 +1301,6 @@ impl Default for Runtime {
             vector_maps: true,
             grouped_gemm: true,
             grouped_gemm_device_counts: false,
-            grouped_gemm_transposed_forward: false,
             gemm_tune: true,
             attention_tune: true,
             norm_one_pass: true,

@@ -91,94 +91,38 @@ fn dims(x: &CudaTensor, weight: &CudaTensor, group_rows: &[usize]) -> Result<(us
 }
 
 /// Row block `g` of `x [rows, k]` (`group_rows[g]` rows) times `weight[g]` of `weight [groups,
-/// k, n]` → `[rows, n]`; with the recipe's `runtime.grouped_gemm_transposed_forward`, through
-/// [`grouped_matmul_transposed`].
+/// k, n]` → `[rows, n]`.
 pub fn grouped_matmul(
     x: &CudaTensor,
     weight: &CudaTensor,
     group_rows: &[usize],
 ) -> Result<CudaTensor> {
-    if crate::switches::paths().grouped_gemm_transposed_forward {
-        grouped_matmul_transposed(x, weight, group_rows)
-    } else {
-        forward(x, weight, group_rows, WeightLayout::AsStored)
-    }
-}
-
-/// [`grouped_matmul`] from a transposed copy of the weights (`[groups, n, k]`, one copy a
-/// call): cuBLAS then reads both operands along the inner dimension, the layout its gradients
-/// run in. Stored `[groups, k, n]`, the weights make the forward the one product whose `A` is
-/// contiguous along `m`, and cuBLAS's grouped call ran it at 0.43 of the gradients' rate on an
-/// H100 (tools/README.md); the copy reads and writes the weights once.
-pub fn grouped_matmul_transposed(
-    x: &CudaTensor,
-    weight: &CudaTensor,
-    group_rows: &[usize],
-) -> Result<CudaTensor> {
-    forward(x, weight, group_rows, WeightLayout::Transposed)
-}
-
-/// How the forward hands the weights to cuBLAS.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum WeightLayout {
-    AsStored,
-    Transposed,
-}
-
-fn forward(
-    x: &CudaTensor,
-    weight: &CudaTensor,
-    group_rows: &[usize],
-    layout: WeightLayout,
-) -> Result<CudaTensor> {
     let (k, n) = dims(x, weight, group_rows)?;
     let x = x.contiguous()?;
+    let weight = weight.contiguous()?;
     let device = x.device().clone();
+    let out = CudaTensor::empty(&device, &[x.shape()[0], n], x.dtype())?;
     let size = x.dtype().size_in_bytes() as u64;
     if k == 0 {
-        return crate::kernels::prim::elementwise::zeros(&device, &[x.shape()[0], n], x.dtype());
+        return crate::kernels::prim::elementwise::zeros(&device, out.shape(), x.dtype());
     }
-    let weight = match layout {
-        WeightLayout::AsStored => weight.contiguous()?,
-        WeightLayout::Transposed => weight.swap_dims(1, 2)?.contiguous()?,
-    };
-    let out = CudaTensor::empty(&device, &[x.shape()[0], n], x.dtype())?;
     let mut problems = Vec::new();
     let mut row = 0;
     for (group, &rows) in group_rows.iter().enumerate() {
         if rows > 0 && n > 0 {
-            let a = weight.data_ptr() + (group * k * n) as u64 * size;
-            let b = x.data_ptr() + (row * k) as u64 * size;
-            let c = out.data_ptr() + (row * n) as u64 * size;
-            problems.push(match layout {
-                // outᵀ (n × rows) = weight[g]ᵀ (n × k, as stored) · x_gᵀ (k × rows, as stored).
-                WeightLayout::AsStored => Problem {
-                    trans_a: false,
-                    trans_b: false,
-                    m: n,
-                    n: rows,
-                    k,
-                    a,
-                    lda: n,
-                    b,
-                    ldb: k,
-                    c,
-                    ldc: n,
-                },
-                // The same, with weight[g]ᵀ stored `[n, k]`: read as k × n, transposed.
-                WeightLayout::Transposed => Problem {
-                    trans_a: true,
-                    trans_b: false,
-                    m: n,
-                    n: rows,
-                    k,
-                    a,
-                    lda: k,
-                    b,
-                    ldb: k,
-                    c,
-                    ldc: n,
-                },
+            // outᵀ (n × rows) = weight[g]ᵀ (n × k, as stored) · x_gᵀ (k × rows, as stored).
+            problems.push(Problem {
+                trans_a: false,
+                trans_b: false,
+                m: n,
+                n: rows,
+                k,
+                a: weight.data_ptr() + (group * k * n) as u64 * size,
+                lda: n,
+                b: x.data_ptr() + (row * k) as u64 * size,
+                ldb: k,
+                c: out.data_ptr() + (row * n) as u64 * size,
+                ldc: n,
             });
         }
         row += rows;
