@@ -253,15 +253,25 @@ pub(crate) fn read(
         piece: Some(piece),
         device: device.clone(),
     });
-    Ok(Box::new(move || {
-        let bytes = match held {
+    Ok(Box::new(move || match held {
+        Some(lent) => {
             // SAFETY: the piece holds the `len` bytes the synchronised copy wrote, and `Lent`
             // keeps it out of the pool until it is dropped after this read.
-            Some(lent) => unsafe { std::slice::from_raw_parts(lent.host(), len) }.to_vec(),
-            None => pageable,
-        };
-        TensorData::from_bytes_vec(bytes, shape, dtype)
+            let bytes = unsafe { std::slice::from_raw_parts(lent.host(), len) };
+            host_data(bytes, shape, dtype)
+        }
+        None => TensorData::from_bytes_vec(pageable, shape, dtype),
     }))
+}
+
+/// A piece's bytes as host data in one copy: f32 values (the optimizer's masters and moments)
+/// into a vector of f32, which a reader then takes as it is; a vector of bytes, aligned for
+/// nothing wider, would be copied once more by every reader that asks for the values.
+fn host_data(bytes: &[u8], shape: Vec<usize>, dtype: burn::tensor::DType) -> TensorData {
+    match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+        Ok(values) if dtype == burn::tensor::DType::F32 => TensorData::new(values.to_vec(), shape),
+        _ => TensorData::from_bytes_vec(bytes.to_vec(), shape, dtype),
+    }
 }
 
 /// A piece lent to one read, back in the device's pool when dropped (read or not).
@@ -281,5 +291,35 @@ impl Drop for Lent {
         if let Some(piece) = self.piece.take() {
             self.device.read_stream().give(piece);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// f32 bytes become f32 values (read back without another copy); other dtypes and
+    /// unaligned bytes stay bytes of their dtype. The values are the same either way.
+    #[test]
+    fn a_piece_becomes_host_data_of_its_dtype() {
+        let values = [1.5f32, -0.25, f32::MIN_POSITIVE, 3.0];
+        let aligned: &[u8] = bytemuck::cast_slice(&values);
+        let data = host_data(aligned, vec![2, 2], burn::tensor::DType::F32);
+        assert_eq!(data.shape.dims::<2>(), [2, 2]);
+        assert_eq!(data.to_vec::<f32>().expect("f32"), values);
+        let mut shifted = vec![0u8; aligned.len() + 1];
+        shifted[1..].copy_from_slice(aligned);
+        let unaligned = host_data(&shifted[1..], vec![4], burn::tensor::DType::F32);
+        assert_eq!(unaligned.to_vec::<f32>().expect("f32"), values);
+        let halves = [0x3f80u16, 0xc000];
+        let bf16 = host_data(
+            bytemuck::cast_slice(&halves),
+            vec![2],
+            burn::tensor::DType::BF16,
+        );
+        assert_eq!(
+            bf16.convert::<f32>().to_vec::<f32>().expect("f32"),
+            [1.0, -2.0]
+        );
     }
 }

@@ -117,9 +117,26 @@ impl PartialEq for ShardValues {
     }
 }
 
+/// One tensor as the writer streams it: its f32 values as little-endian bytes, borrowed where
+/// they are in memory already (no copy of a checkpoint's state before the write: the file is
+/// written tensor by tensor from the values themselves), made per tensor otherwise.
 struct F32View<'a> {
     shape: &'a [usize],
-    bytes: Vec<u8>,
+    values: Values<'a>,
+}
+
+enum Values<'a> {
+    Slice(&'a [f32]),
+    Shard(&'a ShardValues),
+}
+
+/// `values` as the file's little-endian bytes: the values themselves on a little-endian host.
+fn le_bytes(values: &[f32]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(values))
+    } else {
+        Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
 }
 
 impl View for F32View<'_> {
@@ -130,22 +147,38 @@ impl View for F32View<'_> {
         self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
+        match self.values {
+            Values::Slice(values) => le_bytes(values),
+            Values::Shard(ShardValues::Read(values)) => le_bytes(values),
+            Values::Shard(shard) => Cow::Owned(le_bytes(&shard.to_vec()).into_owned()),
+        }
     }
     fn data_len(&self) -> usize {
-        self.bytes.len()
+        4 * match self.values {
+            Values::Slice(values) => values.len(),
+            Values::Shard(shard) => shard.len(),
+        }
     }
 }
 
 /// Write `tensors` to `path` as one safetensors file.
 pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), TrainError> {
-    write_with_metadata(path, tensors, None)
+    let views = tensors.iter().map(|t| {
+        (
+            t.name.as_str(),
+            F32View {
+                shape: &t.shape,
+                values: Values::Slice(&t.values),
+            },
+        )
+    });
+    write_views(path, views, None)
 }
 
 /// Write shards to `path`, each under its global name, with their specs in the header. A rank
 /// holds at most one piece of a global tensor, so a repeated name is a caller's bug, refused.
 pub fn write_shard_file(path: &Path, shards: &[ShardTensor]) -> Result<(), TrainError> {
-    let mut tensors = Vec::with_capacity(shards.len());
+    let mut shapes = Vec::with_capacity(shards.len());
     let mut seen = std::collections::HashSet::new();
     for shard in shards {
         let name = &shard.spec.global_name;
@@ -168,16 +201,21 @@ pub fn write_shard_file(path: &Path, shards: &[ShardTensor]) -> Result<(), Train
                 ),
             ));
         }
-        tensors.push(NamedTensor {
-            name: name.clone(),
-            shape,
-            values: shard.values.to_vec(),
-        });
+        shapes.push(shape);
     }
     let specs: Vec<&ShardSpec> = shards.iter().map(|s| &s.spec).collect();
     let json = serde_json::to_string(&specs).expect("shard specs serialize");
     let metadata = HashMap::from([(SHARDS_METADATA_KEY.to_owned(), json)]);
-    write_with_metadata(path, &tensors, Some(metadata))
+    let views = shards.iter().zip(&shapes).map(|(shard, shape)| {
+        (
+            shard.spec.global_name.as_str(),
+            F32View {
+                shape,
+                values: Values::Shard(&shard.values),
+            },
+        )
+    });
+    write_views(path, views, Some(metadata))
 }
 
 /// The shard specs recorded in a shard file's header, reading only the header.
@@ -205,24 +243,16 @@ pub fn read_shard_specs(path: &Path) -> Result<Vec<ShardSpec>, TrainError> {
         .map_err(|e| TrainError::checkpoint(path, format!("invalid shard specs: {e}")))
 }
 
-fn write_with_metadata(
+/// Streams `views` into `path`: the header, then each tensor's bytes in turn.
+fn write_views<'a>(
     path: &Path,
-    tensors: &[NamedTensor],
+    views: impl Iterator<Item = (&'a str, F32View<'a>)>,
     metadata: Option<HashMap<String, String>>,
 ) -> Result<(), TrainError> {
-    let views = tensors.iter().map(|t| {
-        let bytes = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        (
-            t.name.as_str(),
-            F32View {
-                shape: &t.shape,
-                bytes,
-            },
-        )
-    });
-    let buffer = safetensors::serialize(views, metadata)
-        .map_err(|e| TrainError::checkpoint(path, format!("cannot encode tensors: {e}")))?;
-    std::fs::write(path, buffer).map_err(|e| TrainError::io("write", path, e))
+    safetensors::serialize_to_file(views, metadata, path).map_err(|e| match e {
+        safetensors::SafeTensorError::IoError(io) => TrainError::io("write", path, io),
+        other => TrainError::checkpoint(path, format!("cannot encode tensors: {other}")),
+    })
 }
 
 /// Read every tensor of a safetensors file (f32 only), by name.
@@ -283,6 +313,68 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got.values), bits(&tensor.values));
         }
+    }
+
+    /// The streamed shard file is, byte for byte, what safetensors makes of the same f32
+    /// tensors in one buffer: values read already (borrowed) and a range of a host buffer (made
+    /// per tensor) alike.
+    #[test]
+    fn a_streamed_shard_file_is_safetensors_serialize_byte_for_byte() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("shard.safetensors");
+        let spec = |name: &str, shape: Vec<usize>| ShardSpec {
+            global_name: name.into(),
+            global_shape: shape,
+            splits: Vec::new(),
+        };
+        let host: Vec<f32> = (0..10).map(|i| i as f32 * 0.5 - 1.0).collect();
+        let buffer = Tensor::<Flex, 1>::from_floats(host.as_slice(), &Default::default());
+        let shards = vec![
+            ShardTensor {
+                spec: spec("b.weight", vec![2, 3]),
+                values: ShardValues::Read(vec![1.0, -2.5, 3.25, f32::MIN_POSITIVE, 0.1, -0.0]),
+            },
+            ShardTensor {
+                spec: spec("a.exp_avg", vec![4]),
+                values: ShardValues::Host {
+                    buffer,
+                    range: 3..7,
+                },
+            },
+        ];
+        write_shard_file(&path, &shards).expect("write");
+        let specs: Vec<&ShardSpec> = shards.iter().map(|s| &s.spec).collect();
+        let metadata = HashMap::from([(
+            SHARDS_METADATA_KEY.to_owned(),
+            serde_json::to_string(&specs).expect("json"),
+        )]);
+        let owned: Vec<(String, Vec<usize>, Vec<u8>)> = shards
+            .iter()
+            .map(|s| {
+                let bytes = s
+                    .values
+                    .to_vec()
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
+                (
+                    s.spec.global_name.clone(),
+                    s.spec.global_shape.clone(),
+                    bytes,
+                )
+            })
+            .collect();
+        let views = owned.iter().map(|(name, shape, bytes)| {
+            let view = safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), bytes)
+                .expect("a view");
+            (name.as_str(), view)
+        });
+        let want = safetensors::serialize(views, Some(metadata)).expect("serialize");
+        assert_eq!(std::fs::read(&path).expect("read"), want);
+        assert_eq!(
+            read_safetensors(&path).expect("read")["a.exp_avg"].values,
+            host[3..7]
+        );
     }
 
     #[test]
