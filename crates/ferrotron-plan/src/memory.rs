@@ -599,7 +599,7 @@ pub(crate) fn memory(setup: &Setup<'_>) -> Memory {
     let per_gpu = per_stage.get(stage).copied().unwrap_or_default();
     let limit = setup.spec.memory_bytes as u64;
     let d = setup.layout.degrees;
-    let host = (setup.offload_fraction > 0.0).then(|| {
+    let host = offload::watches_host(setup).then(|| {
         let (host, host_terms) = offload::host_memory(setup, &optimizer_params);
         terms.extend(host_terms);
         host

@@ -31,7 +31,7 @@ pub(crate) const GRADIENTS_DOWN: &str = "optimizer offload: gradients device →
 pub(crate) const HOST_ADAMW: &str = "optimizer offload: AdamW on the host CPU";
 pub(crate) const WEIGHTS_UP: &str = "optimizer offload: weights host → device";
 
-/// Host memory of one node under the optimizer CPU offload.
+/// Host memory of one node under the optimizer CPU offload or asynchronous saves on GPUs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostMemory {
     /// Share of every rank's optimizer parameters whose state lives in host memory.
@@ -42,8 +42,13 @@ pub struct HostMemory {
     pub optimizer_states: u64,
     /// Its ranks' page-locked transfer pieces.
     pub transfer_buffers: u64,
-    /// Its ranks' offloaded state once more while an asynchronous save is in flight: the
-    /// snapshot being written keeps the old buffers, the next update writes new ones.
+    /// Its ranks' optimizer state still on their GPUs, page-locked from the first step for an
+    /// asynchronous save's snapshot (the device reads land there).
+    #[serde(default)]
+    pub snapshot_page_locked: u64,
+    /// While an asynchronous save is in flight: its ranks' offloaded state once more (the
+    /// snapshot being written keeps the old buffers, the next update writes new ones) and the
+    /// snapshot of the state on their GPUs as the f32 values the writer writes.
     pub save_in_flight: u64,
     /// What the OS and the processes keep (an assumed allowance per node).
     pub reserved: u64,
@@ -71,24 +76,36 @@ fn host_bytes_per_parameter(setup: &Setup<'_>) -> f64 {
     4.0 + (optimizer.exp_avg_dtype.bytes() + optimizer.exp_avg_sq_dtype.bytes()) as f64
 }
 
-/// The node with the largest sum of a per-rank quantity that depends only on the rank's
-/// pipeline stage: (node, sum). In Megatron's rank order pipeline is outermost, so a stage is
-/// world/pp consecutive ranks, and a node is gpus_per_node consecutive ranks.
-fn busiest_node(setup: &Setup<'_>, per_stage: &[f64]) -> (u32, f64) {
+/// The sum over `node`'s ranks of a per-rank quantity that depends only on the rank's
+/// pipeline stage. In Megatron's rank order pipeline is outermost, so a stage is world/pp
+/// consecutive ranks, and a node is gpus_per_node consecutive ranks.
+fn node_sum(setup: &Setup<'_>, node: u32, per_stage: &[f64]) -> f64 {
     let d = setup.layout.degrees;
     let ranks_per_stage = d.world_size() / d.pp;
-    let per_node = setup.cluster.gpus_per_node.min(d.world_size());
-    let nodes = d.world_size() / per_node;
+    let per_node = ranks_per_node(setup);
+    (node * per_node..(node + 1) * per_node)
+        .map(|rank| per_stage[(rank / ranks_per_stage) as usize])
+        .sum()
+}
+
+/// The node with the largest [`node_sum`] of `per_stage`: (node, sum).
+fn busiest_node(setup: &Setup<'_>, per_stage: &[f64]) -> (u32, f64) {
+    let nodes = setup.layout.degrees.world_size() / ranks_per_node(setup);
     let mut busiest = (0, 0.0);
     for node in 0..nodes {
-        let sum: f64 = (node * per_node..(node + 1) * per_node)
-            .map(|rank| per_stage[(rank / ranks_per_stage) as usize])
-            .sum();
+        let sum = node_sum(setup, node, per_stage);
         if sum > busiest.1 {
             busiest = (node, sum);
         }
     }
     busiest
+}
+
+/// Whether a plan watches its nodes' host memory: under the optimizer offload, and with
+/// asynchronous saves on GPUs, whose snapshots land in (page-locked) host memory.
+pub(crate) fn watches_host(setup: &Setup<'_>) -> bool {
+    setup.offload_fraction > 0.0
+        || (setup.recipe.checkpoint.async_save && setup.cluster.gpu != GpuKind::Cpu)
 }
 
 /// Ranks on one node (a single node of a smaller world holds only the world).
@@ -104,27 +121,49 @@ fn ranks_per_node(setup: &Setup<'_>) -> u32 {
 pub(crate) fn host_memory(setup: &Setup<'_>, optimizer_params: &[f64]) -> (HostMemory, Vec<Term>) {
     let fraction = setup.offload_fraction;
     let per_parameter = host_bytes_per_parameter(setup);
-    let per_rank: Vec<f64> = optimizer_params
-        .iter()
-        .map(|params| fraction * params * per_parameter)
-        .collect();
-    let (node, states) = busiest_node(setup, &per_rank);
+    let async_save = setup.recipe.checkpoint.async_save && setup.cluster.gpu != GpuKind::Cpu;
     let ranks = f64::from(ranks_per_node(setup));
     let host = &setup.host;
-    let buffers = ranks * host.transfer_buffer_bytes;
-    let reserved = host.reserved_per_node_bytes;
-    let limit = f64::from(setup.cluster.gpus_per_node) * host.memory_per_gpu_bytes;
-    let in_flight = if setup.recipe.checkpoint.async_save {
-        states
+    let per_rank = |bytes: f64| -> Vec<f64> {
+        optimizer_params.iter().map(|params| params * bytes).collect()
+    };
+    let offloaded = per_rank(fraction * per_parameter);
+    let on_device = per_rank((1.0 - fraction) * per_parameter);
+    // the device part's snapshot is written as f32: master, m and v
+    let written = per_rank((1.0 - fraction) * 12.0);
+    let buffer = if fraction > 0.0 {
+        host.transfer_buffer_bytes
     } else {
         0.0
     };
-    let total = states + buffers + in_flight + reserved;
+    let total_per_rank: Vec<f64> = (0..optimizer_params.len())
+        .map(|stage| {
+            let saving = if async_save {
+                offloaded[stage] + on_device[stage] + written[stage]
+            } else {
+                0.0
+            };
+            offloaded[stage] + buffer + saving
+        })
+        .collect();
+    let (node, _) = busiest_node(setup, &total_per_rank);
+    let states = node_sum(setup, node, &offloaded);
+    let buffers = ranks * buffer;
+    let (page_locked, in_flight) = if async_save {
+        let page_locked = node_sum(setup, node, &on_device);
+        (page_locked, states + node_sum(setup, node, &written))
+    } else {
+        (0.0, 0.0)
+    };
+    let reserved = host.reserved_per_node_bytes;
+    let limit = f64::from(setup.cluster.gpus_per_node) * host.memory_per_gpu_bytes;
+    let total = states + buffers + page_locked + in_flight + reserved;
     let memory = HostMemory {
         offload_fraction: fraction,
         most_loaded_node: node,
         optimizer_states: states as u64,
         transfer_buffers: buffers as u64,
+        snapshot_page_locked: page_locked as u64,
         save_in_flight: in_flight as u64,
         reserved: reserved as u64,
         total: total as u64,
@@ -146,8 +185,18 @@ pub(crate) fn host_memory(setup: &Setup<'_>, optimizer_params: &[f64]) -> (HostM
             buffers,
             || {
                 format!(
-                    "ranks ({ranks}) × {:.3e} B (four page-locked pieces each)",
-                    host.transfer_buffer_bytes
+                    "ranks ({ranks}) × {buffer:.3e} B (four page-locked pieces each under the offload)"
+
+                )
+            },
+        ),
+        setup.term(
+            &format!("host of node {node}: asynchronous save's page-locked snapshot"),
+            page_locked,
+            || {
+                format!(
+                    "with checkpoint.async_save on GPUs: Σ over its ranks of {} × optimizer parameters × {per_parameter} B (the state on the GPU, page-locked from the first step), else 0",
+                    1.0 - fraction
                 )
             },
         ),
@@ -155,7 +204,10 @@ pub(crate) fn host_memory(setup: &Setup<'_>, optimizer_params: &[f64]) -> (HostM
             &format!("host of node {node}: asynchronous save in flight"),
             in_flight,
             || {
-                "the offloaded states again when checkpoint.async_save is on (the snapshot keeps the old buffers while the update writes new ones), else 0".to_owned()
+                format!(
+                    "with checkpoint.async_save on GPUs: the offloaded states again (the snapshot keeps the old buffers while the update writes new ones) + Σ over its ranks of {} × optimizer parameters × 12 B (the GPU part's snapshot as the f32 values written), else 0",
+                    1.0 - fraction
+                )
             },
         ),
         setup.term(&format!("host of node {node}: reserved"), reserved, || {
@@ -410,6 +462,38 @@ mod tests {
         assert!((host.save_in_flight as f64 - 12.0 * p).abs() < 1e3);
         assert_eq!(host.save_in_flight, host.optimizer_states);
         assert!(!host.fits, "an 8B model's state twice is more than 128 GiB");
+    }
+
+    /// Without the offload, an asynchronous save page-locks the GPU's state (its snapshot's
+    /// reads land there) and holds it as f32 values while the writer writes: an 8B model's
+    /// state is 8 B a parameter with bf16 moments, 12 B written, more than 128 GiB of host
+    /// together. A synchronous save and CPU ranks watch no host memory.
+    #[test]
+    fn an_asynchronous_save_of_the_state_on_the_gpu_page_locks_it_and_writes_it_as_f32() {
+        let params = parameter_count(&llama3_8b().model, 128256);
+        let p = params.total as f64;
+        let c = cluster(1, 1);
+        let mut recipe = offloading(0.0);
+        recipe.training.optimizer.exp_avg_dtype = StateDtype::Bf16;
+        recipe.training.optimizer.exp_avg_sq_dtype = StateDtype::Bf16;
+        let plan = |recipe: &Recipe, c: &Cluster| {
+            memory(&setup(recipe, c, layout(1, 1), params, 128256, false))
+        };
+        assert!(plan(&recipe, &c).host.is_none(), "synchronous saves");
+        recipe.checkpoint.async_save = true;
+        let m = plan(&recipe, &c);
+        let host = m.host.expect("host memory with asynchronous saves");
+        assert!(near(host.snapshot_page_locked, 8.0 * p));
+        assert!(near(host.save_in_flight, 12.0 * p));
+        assert_eq!((host.optimizer_states, host.transfer_buffers), (0, 0));
+        assert_eq!(
+            host.total,
+            host.snapshot_page_locked + host.save_in_flight + host.reserved
+        );
+        assert!(!host.fits && !m.fits, "160 GB of snapshot on a 128 GiB host");
+        let mut cpu = cluster(1, 1);
+        cpu.gpu = GpuKind::Cpu;
+        assert!(plan(&recipe, &cpu).host.is_none(), "CPU ranks hold it in host memory already");
     }
 
     #[test]

@@ -372,11 +372,16 @@ fn memory_warnings(s: &Setup<'_>, memory: &Memory) -> Vec<String> {
     }
     if let Some(host) = memory.host.as_ref().filter(|h| !h.fits) {
         warnings.push(format!(
-            "does not fit the host: {:.1} GiB of host memory needed on node {} (the offloaded optimizer state of its ranks, their transfer buffers and {:.0} GiB reserved), {:.1} GiB available; lower training.optimizer.optimizer_offload_fraction or plan for more nodes",
+            "does not fit the host: {:.1} GiB of host memory needed on node {} (the offloaded optimizer state of its ranks, their transfer buffers, an asynchronous save's snapshot and {:.0} GiB reserved), {:.1} GiB available; {}",
             gib(host.total),
             host.most_loaded_node,
             gib(host.reserved),
-            gib(host.limit_bytes)
+            gib(host.limit_bytes),
+            if host.snapshot_page_locked > 0 {
+                "turn checkpoint.async_save off (a synchronous save needs no snapshot), lower training.optimizer.optimizer_offload_fraction or plan for more nodes"
+            } else {
+                "lower training.optimizer.optimizer_offload_fraction or plan for more nodes"
+            }
         ));
     }
     warnings

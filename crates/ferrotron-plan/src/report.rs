@@ -88,17 +88,29 @@ fn total_row(out: &mut String, total: u64, limit: u64) {
     );
 }
 
-/// The host memory of the most loaded node under the optimizer CPU offload.
+/// The host memory of the most loaded node under the optimizer CPU offload or asynchronous
+/// saves.
 fn host_memory(out: &mut String, plan: &Plan, host: &HostMemory) {
+    let what = if host.offload_fraction > 0.0 {
+        format!(
+            "optimizer CPU offload of {}% of each rank's optimizer state",
+            100.0 * host.offload_fraction
+        )
+    } else {
+        "asynchronous checkpoint saves".to_owned()
+    };
     let _ = writeln!(
         out,
-        "host memory per node (optimizer CPU offload of {}% of each rank's optimizer state; most loaded: node {}, {} rank(s) per node)",
-        100.0 * host.offload_fraction,
-        host.most_loaded_node,
-        plan.cluster.gpus_per_node
+        "host memory per node ({what}; most loaded: node {}, {} rank(s) per node)",
+        host.most_loaded_node, plan.cluster.gpus_per_node
     );
-    memory_row(out, "optimizer states", host.optimizer_states);
-    memory_row(out, "transfer buffers", host.transfer_buffers);
+    if host.offload_fraction > 0.0 {
+        memory_row(out, "optimizer states", host.optimizer_states);
+        memory_row(out, "transfer buffers", host.transfer_buffers);
+    }
+    if host.snapshot_page_locked > 0 {
+        memory_row(out, "snapshot, page-locked", host.snapshot_page_locked);
+    }
     if host.save_in_flight > 0 {
         memory_row(out, "async save in flight", host.save_in_flight);
     }

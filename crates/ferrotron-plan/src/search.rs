@@ -344,7 +344,7 @@ fn candidate(
     chosen_offload: Option<f64>,
     flops: f64,
 ) -> Result<Candidate, Shortfall> {
-    let host = (s.offload_fraction > 0.0)
+    let host = offload::watches_host(s)
         .then(|| offload::host_memory(s, &memory::stage_optimizer_parameters(s)).0);
     if let Some(host) = host.as_ref().filter(|h| !h.fits) {
         return Err(Shortfall {
