@@ -125,7 +125,10 @@ pub(crate) fn host_memory(setup: &Setup<'_>, optimizer_params: &[f64]) -> (HostM
     let ranks = f64::from(ranks_per_node(setup));
     let host = &setup.host;
     let per_rank = |bytes: f64| -> Vec<f64> {
-        optimizer_params.iter().map(|params| params * bytes).collect()
+        optimizer_params
+            .iter()
+            .map(|params| params * bytes)
+            .collect()
     };
     let offloaded = per_rank(fraction * per_parameter);
     let on_device = per_rank((1.0 - fraction) * per_parameter);
@@ -490,10 +493,16 @@ mod tests {
             host.total,
             host.snapshot_page_locked + host.save_in_flight + host.reserved
         );
-        assert!(!host.fits && !m.fits, "160 GB of snapshot on a 128 GiB host");
+        assert!(
+            !host.fits && !m.fits,
+            "160 GB of snapshot on a 128 GiB host"
+        );
         let mut cpu = cluster(1, 1);
         cpu.gpu = GpuKind::Cpu;
-        assert!(plan(&recipe, &cpu).host.is_none(), "CPU ranks hold it in host memory already");
+        assert!(
+            plan(&recipe, &cpu).host.is_none(),
+            "CPU ranks hold it in host memory already"
+        );
     }
 
     #[test]
