@@ -84,10 +84,23 @@ pub(crate) fn packed_grad_row(
     got: Result<TensorData, String>,
     want: Result<TensorData, String>,
 ) -> Row {
+    rounded_row(op, dtype, shape, (2.0, "out + packed dx"), got, want)
+}
+
+/// The row of a kernel's values (`got`, in `dtype`) against the composed ones in f32 (`want`),
+/// both rounded to `dtype`, compared at `scale` times the dtype's tolerance; `what` names them.
+pub(crate) fn rounded_row(
+    op: &str,
+    dtype: DType,
+    shape: String,
+    (scale, what): (f64, &str),
+    got: Result<TensorData, String>,
+    want: Result<TensorData, String>,
+) -> Row {
     let (errors, note) = match (got, want) {
         (Ok(got), Ok(want)) => (
-            compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
-            "fused vs composed f32; out + packed dx".to_string(),
+            compare::compare(&round(got, dtype), &round(want, dtype), scale),
+            format!("fused vs composed f32; {what}"),
         ),
         (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
         (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),

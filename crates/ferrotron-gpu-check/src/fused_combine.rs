@@ -12,9 +12,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::compare;
-use crate::fused::{A, dtype_label, host, packed_grad_row, round, upload};
-use crate::{Row, failed, first_line, guarded};
+use crate::fused::{A, host, round, rounded_row, upload};
+use crate::{Row, guarded};
 
 /// Slot → row (`rows` where dropped) and row → slot for `slots` slots, about `drop` of them
 /// dropped, rows in a shuffled order.
@@ -35,23 +34,47 @@ fn ints(values: &[i64], device: &GpuDevice) -> Tensor<A, 1, Int> {
     Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
 }
 
-struct Case<'a> {
-    x: &'a TensorData,
-    weights: &'a TensorData,
-    w: &'a TensorData,
-    index: &'a [i64],
-    back: &'a [i64],
+/// One combine's inputs: the experts' rows, the combine weights, the loss's weighting and the
+/// routing.
+struct Case {
+    x: TensorData,
+    weights: TensorData,
+    w: TensorData,
+    index: Vec<i64>,
+    back: Vec<i64>,
     spec: CombineSpec,
+}
+
+impl Case {
+    /// `tokens` tokens of `k` slots over rows of `hidden`, about `drop` of the slots dropped.
+    fn random(rng: &mut StdRng, dtype: DType, [tokens, k, hidden]: [usize; 3], drop: f64) -> Case {
+        let (rows, index, back) = routing(tokens * k, drop, rng);
+        Case {
+            x: host(&[rows, hidden], rng, dtype),
+            weights: host(&[tokens * k], rng, dtype),
+            w: host(&[tokens, hidden], rng, DType::F32),
+            index,
+            back,
+            spec: CombineSpec {
+                topk: k,
+                dropped: rows < tokens * k,
+            },
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.back.len()
+    }
 }
 
 /// Output and rows' gradient of `Σ w ∘ combine` flattened into one f32 tensor, and the weights'
 /// gradient, by the kernels (`FUSED`) or composed.
-fn grads<const FUSED: bool>(case: &Case<'_>, dtype: DType, device: &GpuDevice) -> [TensorData; 2] {
-    let x: Tensor<A, 2> = upload(case.x, dtype, device);
-    let weights: Tensor<A, 1> = upload(case.weights, dtype, device);
+fn grads<const FUSED: bool>(case: &Case, dtype: DType, device: &GpuDevice) -> [TensorData; 2] {
+    let x: Tensor<A, 2> = upload(&case.x, dtype, device);
+    let weights: Tensor<A, 1> = upload(&case.weights, dtype, device);
     let index = CombineIndex {
-        index: ints(case.index, device).into_primitive(),
-        back: ints(case.back, device).into_primitive(),
+        index: ints(&case.index, device).into_primitive(),
+        back: ints(&case.back, device).into_primitive(),
     };
     let (rows, p) = (
         x.clone().into_primitive().tensor(),
@@ -76,74 +99,41 @@ fn grads<const FUSED: bool>(case: &Case<'_>, dtype: DType, device: &GpuDevice) -
     [packed.into_data(), d_weights.into_data()]
 }
 
-/// The weights' gradients of the kernels (`got`, in `dtype`) and composed in f32 (`want`): each
-/// a dot product over `hidden` of the output gradient, which the `dtype` run rounds to `dtype`
-/// first, so compared at the scale of the norm's γ gradient (a reduction over rounded rows too).
-fn weights_row(
-    dtype: DType,
-    shape: String,
-    got: Result<TensorData, String>,
-    want: Result<TensorData, String>,
-) -> Row {
-    let (errors, note) = match (got, want) {
-        (Ok(got), Ok(want)) => (
-            compare::compare(&round(got, dtype), &round(want, dtype), 8.0),
-            "fused vs composed f32; d weights".to_string(),
-        ),
-        (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
-        (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
-    };
-    Row {
-        op: "fused_combine_rows".into(),
-        dtype: dtype_label(dtype),
-        shape,
-        errors,
-        note,
-    }
-}
-
+/// The two rows of one case. The weights' gradient is a dot product over `hidden` of the output
+/// gradient, which the `dtype` run rounds to `dtype` first: compared at the scale of the norm's
+/// γ gradient, a reduction over rounded rows too.
 fn row(
     device: &GpuDevice,
     rng: &mut StdRng,
     dtype: DType,
-    [tokens, k, hidden]: [usize; 3],
+    dims: [usize; 3],
     drop: f64,
 ) -> Vec<Row> {
-    let (rows, index, back) = routing(tokens * k, drop, rng);
-    let x = host(&[rows, hidden], rng, dtype);
-    let weights = host(&[tokens * k], rng, dtype);
-    let w = host(&[tokens, hidden], rng, DType::F32);
-    let case = Case {
-        x: &x,
-        weights: &weights,
-        w: &w,
-        index: &index,
-        back: &back,
-        spec: CombineSpec {
-            topk: k,
-            dropped: rows < tokens * k,
-        },
-    };
+    let case = Case::random(rng, dtype, dims, drop);
+    let [tokens, k, hidden] = dims;
     let got = guarded(|| Ok(grads::<true>(&case, dtype, device)));
     let want = guarded(|| Ok(grads::<false>(&case, DType::F32, device)));
-    let shape = format!("[{rows}, {hidden}] → [{tokens}, {hidden}], k {k}");
+    let shape = format!("[{}, {hidden}] → [{tokens}, {hidden}], k {k}", case.rows());
     let part = |r: &Result<[TensorData; 2], String>, i: usize| {
         r.as_ref()
             .map(|parts| parts[i].clone())
             .map_err(Clone::clone)
     };
-    let mut packed = packed_grad_row(
-        "fused_combine_rows",
-        dtype,
-        shape.clone(),
-        part(&got, 0),
-        part(&want, 0),
-    );
-    packed.note = format!("{}; {} dropped", packed.note, tokens * k - rows);
-    vec![
-        packed,
-        weights_row(dtype, shape, part(&got, 1), part(&want, 1)),
-    ]
+    let dropped = format!("out + packed dx; {} dropped", tokens * k - case.rows());
+    [(0, 2.0, dropped.as_str()), (1, 8.0, "d weights")]
+        .into_iter()
+        .map(|(i, scale, what)| {
+            let (got, want) = (part(&got, i), part(&want, i));
+            rounded_row(
+                "fused_combine_rows",
+                dtype,
+                shape.clone(),
+                (scale, what),
+                got,
+                want,
+            )
+        })
+        .collect()
 }
 
 /// Every combine row.
@@ -170,27 +160,13 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
         ("Mixtral", 16384, 2, 4096),
         ("Qwen3-30B-A3B", 16384, 8, 2048),
     ] {
-        let (rows, index, back) = routing(tokens * k, 0.0, &mut rng);
-        let x = host(&[rows, hidden], &mut rng, DType::BF16);
-        let weights = host(&[tokens * k], &mut rng, DType::BF16);
-        let w = host(&[tokens, hidden], &mut rng, DType::F32);
-        let case = Case {
-            x: &x,
-            weights: &weights,
-            w: &w,
-            index: &index,
-            back: &back,
-            spec: CombineSpec {
-                topk: k,
-                dropped: false,
-            },
-        };
+        let case = Case::random(&mut rng, DType::BF16, [tokens, k, hidden], 0.0);
         let line = guarded(|| {
             // uploaded once: the timed part is the op's forward and backward and the loss's
             let x = Tensor::<Cuda, 2>::from_data(case.x.clone(), (device, DType::BF16));
             let p = Tensor::<Cuda, 1>::from_data(case.weights.clone(), (device, DType::BF16));
             let weighting = Tensor::<A, 2>::from_data(case.w.clone(), (device, DType::F32));
-            let (index, back) = (ints(case.index, device), ints(case.back, device));
+            let (index, back) = (ints(&case.index, device), ints(&case.back, device));
             let step = |fused: bool| {
                 let x = Tensor::<A, 2>::from_inner(x.clone()).require_grad();
                 let p = Tensor::<A, 1>::from_inner(p.clone()).require_grad();
