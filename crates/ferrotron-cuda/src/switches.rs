@@ -27,6 +27,9 @@ pub struct Paths {
     /// That GEMM reads the experts' row counts on the device (`kernels/fused/grouped_gemm.rs`;
     /// off: cuBLAS's grouped call with host counts). Off by default until measured on a GPU.
     pub grouped_gemm_device_counts: bool,
+    /// The grouped forward as one cuBLASLt GEMM per expert (`blas/grouped.rs`; off: cuBLAS's
+    /// grouped call). Off by default until measured on a GPU.
+    pub grouped_gemm_per_expert_forward: bool,
     /// Time cuBLASLt's candidate algorithms per GEMM shape and keep the fastest.
     pub gemm_tune: bool,
     /// Time cuDNN's candidate plans per attention graph and keep the fastest.
@@ -45,6 +48,7 @@ impl Default for Paths {
             vector_maps: true,
             grouped_gemm: true,
             grouped_gemm_device_counts: false,
+            grouped_gemm_per_expert_forward: false,
             gemm_tune: true,
             attention_tune: true,
             norm_one_pass: true,

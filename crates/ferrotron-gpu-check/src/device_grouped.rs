@@ -3,11 +3,13 @@
 //! cuBLAS's grouped call (`blas/grouped.rs`, itself checked against the composed per-group
 //! matmuls in `fused_grouped.rs`) from the same 16-bit inputs, over uneven groups with empty
 //! ones, one group taking every row, and 128 groups. Outputs are poisoned, so an empty group's
-//! weight gradient must be written as zeros and no row may be left unwritten. Then the two
-//! timed at the MoE shapes of `tools/cublaslt_grouped_probe.py`.
+//! weight gradient must be written as zeros and no row may be left unwritten. The forward as one
+//! cuBLASLt GEMM per expert (`runtime.grouped_gemm_per_expert_forward`) is checked against the
+//! grouped call's, likewise. Then all of them timed at the MoE shapes of
+//! `tools/cublaslt_grouped_probe.py`.
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use ferrotron_cuda::blas::grouped::{grouped_matmul, grouped_matmul_backward};
+use ferrotron_cuda::blas::grouped::{grouped_matmul, grouped_matmul_backward, matmul_per_expert};
 use ferrotron_cuda::kernels::fused::grouped_gemm;
 use ferrotron_cuda::{Cuda, CudaTensor, GpuDevice};
 use rand::rngs::StdRng;
@@ -46,27 +48,38 @@ fn download(x: CudaTensor) -> Result<Vec<f32>, String> {
 /// The three products a grouped matmul's node runs.
 const PRODUCTS: [&str; 3] = ["forward", "input grad", "weight grad"];
 
+/// Who computes a product.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    DeviceCounts,
+    Cublas,
+    /// cuBLASLt's forward, one GEMM per expert (its gradients are [`Path::Cublas`]'s).
+    PerExpert,
+}
+
 /// Product `which` (of [`PRODUCTS`]) in f32, by the device-count kernels or by cuBLAS's
 /// grouped call.
 fn product(
     which: &str,
-    device_counts: bool,
+    path: Path,
     rows: &[usize],
     [x, weight, dy]: [&CudaTensor; 3],
     device: &GpuDevice,
 ) -> Result<TensorData, String> {
-    let out = if device_counts {
-        let counts = counts_on(rows, device);
-        match which {
-            "forward" => grouped_gemm::forward(x, weight, &counts),
-            "input grad" => grouped_gemm::input_grad(dy, weight, &counts),
-            _ => grouped_gemm::weight_grad(x, dy, &counts, rows.len()),
+    let out = match (path, which) {
+        (Path::DeviceCounts, "forward") => {
+            grouped_gemm::forward(x, weight, &counts_on(rows, device))
         }
-    } else if which == "forward" {
-        grouped_matmul(x, weight, rows)
-    } else {
-        grouped_matmul_backward(x, weight, dy, rows)
-            .map(|(dx, dw)| if which == "input grad" { dx } else { dw })
+        (Path::DeviceCounts, "input grad") => {
+            grouped_gemm::input_grad(dy, weight, &counts_on(rows, device))
+        }
+        (Path::DeviceCounts, _) => {
+            grouped_gemm::weight_grad(x, dy, &counts_on(rows, device), rows.len())
+        }
+        (Path::Cublas, "forward") => grouped_matmul(x, weight, rows),
+        (Path::PerExpert, "forward") => matmul_per_expert(x, weight, rows),
+        (_, _) => grouped_matmul_backward(x, weight, dy, rows)
+            .map(|(dx, dw)| if which == "input grad" { dx } else { dw }),
     }
     .map_err(|e| e.to_string())?;
     let all = download(out)?;
@@ -74,7 +87,8 @@ fn product(
     Ok(TensorData::new(all, [n]))
 }
 
-/// One row per product: the device-count kernel against cuBLAS's grouped call.
+/// One row per product: the device-count kernel against cuBLAS's grouped call, and one for
+/// the per-expert cuBLASLt forward against the same.
 fn rows_of(
     device: &GpuDevice,
     rng: &mut StdRng,
@@ -88,28 +102,38 @@ fn rows_of(
     let weight = upload3(&host(&[rows.len(), k, n], rng, dtype), dtype, device);
     let dy = upload(&host(&[total, n], rng, dtype), dtype, device);
     let operands = [&x, &weight, &dy];
-    PRODUCTS
+    // The device-count kernel takes 16-bit operands only.
+    let device_counts = if dtype == DType::F32 {
+        &[][..]
+    } else {
+        &PRODUCTS[..]
+    };
+    let checks = device_counts
         .iter()
-        .map(|which| {
-            let got = guarded(|| product(which, true, rows, operands, device));
-            let want = guarded(|| product(which, false, rows, operands, device));
+        .map(|which| (*which, Path::DeviceCounts))
+        .chain([("forward", Path::PerExpert)]);
+    checks
+        .map(|(which, path)| {
+            let (op, label) = match path {
+                Path::PerExpert => ("grouped_gemm_per_expert_forward", "per-expert cuBLASLt"),
+                _ => ("grouped_gemm_device_counts", "device counts"),
+            };
+            let got = guarded(|| product(which, path, rows, operands, device));
+            let want = guarded(|| product(which, Path::Cublas, rows, operands, device));
             let (errors, note) = match (got, want) {
                 // Same 16-bit inputs, f32 sums in another order, one rounding each.
                 (Ok(got), Ok(want)) => (
                     compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
-                    format!("{which}; {what}; device counts vs cuBLAS grouped"),
+                    format!("{which}; {what}; {label} vs cuBLAS grouped"),
                 ),
-                (Err(e), _) => (
-                    failed(),
-                    format!("{which}: device counts: {}", first_line(&e)),
-                ),
+                (Err(e), _) => (failed(), format!("{which}: {label}: {}", first_line(&e))),
                 (_, Err(e)) => (
                     failed(),
                     format!("{which}: cuBLAS grouped: {}", first_line(&e)),
                 ),
             };
             Row {
-                op: "grouped_gemm_device_counts".into(),
+                op: op.into(),
                 dtype: dtype_label(dtype),
                 shape: format!("[{total}, {k}] x [{}, {k}, {n}]", rows.len()),
                 errors,
@@ -146,7 +170,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let uneven = [300, 129, 512, 0, 77, 256, 1, 200];
     let one_takes_all = [0, 0, 1000, 0, 0, 0, 0, 0];
     let many = skewed(128, 3000, &mut rng);
-    for dtype in [DType::BF16, DType::F16] {
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
         out.extend(rows_of(
             device,
             &mut rng,
@@ -239,6 +263,15 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 } else {
                     cublas / 2.0
                 };
+                if pass == "forward" {
+                    let per_expert = median_ms(device, 10, || {
+                        let _ = matmul_per_expert(&x, &w, &rows);
+                    });
+                    lines.push_str(&format!(
+                        "| {name} | forward, per-expert cuBLASLt | | | {per_expert:.3} | {:.0} |\n",
+                        rate(per_expert)
+                    ));
+                }
                 lines.push_str(&format!(
                     "| {name} | {pass} | {ours:.3} | {:.0} | {cublas:.3}{} | {:.0} |\n",
                     rate(ours),

@@ -107,6 +107,8 @@ struct ProblemKey {
     d_align: u32,
     /// cuBLASLt bias epilogue (a vector over the output columns added in the GEMM).
     bias: bool,
+    /// Planned for a bucket of row counts (`m` the bucket's top, [`matmul_rows_into`]).
+    rows_bucket: bool,
 }
 
 impl ProblemKey {
@@ -121,8 +123,9 @@ impl ProblemKey {
         } else {
             String::new()
         };
+        let rows = if self.rows_bucket { " (rows ≤)" } else { "" };
         format!(
-            "{op}(cublaslt) {}x{}x{} {}{}{batch}",
+            "{op}(cublaslt) {}{rows}x{}x{} {}{}{batch}",
             self.m,
             self.n,
             self.k,
@@ -312,6 +315,7 @@ pub fn matmul_bias(
         ),
         d_align: pointer_alignment(out.data_ptr()),
         bias: bias.is_some(),
+        rows_bucket: false,
     };
     let bias = match bias {
         Some(v) => {
@@ -329,14 +333,35 @@ pub fn matmul_bias(
         }
         None => None,
     };
+    with_blas(&device, &ctx, |blas| {
+        run_gemm(
+            blas,
+            &device,
+            &key,
+            data_type,
+            &a_op,
+            &b_op,
+            bias.as_ref(),
+            &out,
+        )
+    })?;
+    Ok(out)
+}
+
+/// Runs `f` with `device`'s cuBLASLt handle (created on first use), under its mutex.
+fn with_blas(
+    device: &Arc<CudaDevice>,
+    ctx: &dyn Fn() -> OpContext,
+    f: impl FnOnce(&mut BlasHandle) -> Result<(), result::CublasError>,
+) -> Result<()> {
     device.bind()?;
-    let handle = handle_slot(&device);
+    let handle = handle_slot(device);
     let mut guard = handle
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     if guard.is_none() {
         let handle = result::create_handle().map_err(|e| CudaError::blas(ctx(), e))?;
-        let workspace = DeviceBuffer::alloc(&device, WORKSPACE_BYTES)?;
+        let workspace = DeviceBuffer::alloc(device, WORKSPACE_BYTES)?;
         *guard = Some(BlasHandle {
             handle,
             workspace,
@@ -346,18 +371,92 @@ pub fn matmul_bias(
     let blas = guard
         .as_mut()
         .ok_or_else(|| CudaError::invalid(ctx(), "cuBLASLt handle missing"))?;
-    run_gemm(
-        blas,
-        &device,
-        &key,
-        data_type,
-        &a_op,
-        &b_op,
-        bias.as_ref(),
-        &out,
-    )
-    .map_err(|e| CudaError::blas(ctx(), e))?;
-    Ok(out)
+    f(blas).map_err(|e| CudaError::blas(ctx(), e))
+}
+
+/// Row counts per plan of [`matmul_rows_into`]: a count is planned as the next multiple.
+const ROW_BUCKET: usize = 1024;
+
+/// `out = x · w` into `out` for a block of rows whose count changes from call to call (an MoE
+/// expert's): `x [m, k]` and `out [m, n]` row-major (row slices of larger tensors will do),
+/// `w [k, n]`. The algorithm is asked for once per bucket of [`ROW_BUCKET`] counts, `m` rounded
+/// up, and run at `m` itself, so a new count costs two layouts rather than a heuristic query;
+/// the bucket is not tuned (a trial run would write its rows past `m`).
+pub fn matmul_rows_into(x: &CudaTensor, w: &CudaTensor, out: &CudaTensor) -> Result<()> {
+    let ctx = || {
+        OpContext::new("matmul_rows_into")
+            .shape(x.shape())
+            .shape(w.shape())
+            .dtype(x.dtype())
+    };
+    let ([m, k], [k2, n], [m2, n2]) = (x.shape(), w.shape(), out.shape()) else {
+        return Err(CudaError::invalid(ctx(), "x [m, k], w [k, n], out [m, n]"));
+    };
+    let (m, k, n) = (*m, *k, *n);
+    if k != *k2 || m != *m2 || n != *n2 || x.dtype() != w.dtype() || out.dtype() != x.dtype() {
+        return Err(CudaError::invalid(ctx(), "shapes or dtypes do not match"));
+    }
+    let Some(data_type) = cuda_type(x.dtype()) else {
+        return Err(CudaError::unsupported(ctx(), "f32, f16 or bf16"));
+    };
+    let out_order = matrix_order(m, n, out.strides()[0], out.strides()[1])
+        .filter(|order| order.row_major)
+        .ok_or_else(|| CudaError::invalid(ctx(), "out must be row-major"))?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        return Err(CudaError::unsupported(ctx(), "an empty inner dimension"));
+    }
+    let a_op = prepare(x, &[], m, k)?;
+    let b_op = prepare(w, &[], k, n)?;
+    cublaslt_present()?;
+    let device = x.device().clone();
+    let key = ProblemKey {
+        dtype: x.dtype(),
+        tf32: device.tf32(),
+        m: m.next_multiple_of(ROW_BUCKET) as u64,
+        n: n as u64,
+        k: k as u64,
+        batch: 1,
+        a: (a_op.order, 0, pointer_alignment(a_op.tensor.data_ptr())),
+        b: (b_op.order, 0, pointer_alignment(b_op.tensor.data_ptr())),
+        d_align: pointer_alignment(out.data_ptr()),
+        bias: false,
+        rows_bucket: true,
+    };
+    with_blas(&device, &ctx, |blas| {
+        if !blas.plans.contains_key(&key) {
+            let (plan, _) = make_plan(blas, &key, data_type, &a_op, &b_op)?;
+            blas.plans.insert(key.clone(), plan);
+        }
+        let plan = &blas.plans[&key];
+        let _timer = if crate::engine::timing::enabled() {
+            crate::engine::timing::scope(&device, &key.timing_name())
+        } else {
+            None
+        };
+        // The plan's layouts are the bucket's; these are the `m` rows'.
+        let (m, k, n) = (m as u64, k as u64, n as u64);
+        let ld = a_op.order.ld;
+        let second = if a_op.order.row_major {
+            matrix_layout(data_type, k, m, ld, 1, 0)?
+        } else {
+            matrix_layout(data_type, m, k, ld, 1, 0)?
+        };
+        let d = matrix_layout(data_type, n, m, out_order.ld, 1, 0)?;
+        let layouts = [&plan.first, &second, &d];
+        let stream = device.cu_stream();
+        launch_with(
+            blas,
+            &plan.desc,
+            layouts,
+            &plan.algo,
+            [&a_op, &b_op],
+            out,
+            stream,
+        )
+    })
 }
 
 fn set_desc<T>(
@@ -463,6 +562,20 @@ fn launch(
     out: &CudaTensor,
     stream: cudarc::driver::sys::CUstream,
 ) -> Result<(), result::CublasError> {
+    let layouts = [&plan.first, &plan.second, &plan.d];
+    launch_with(blas, &plan.desc, layouts, algo, [a, b], out, stream)
+}
+
+/// [`launch`] with the layouts given: cuBLASLt's A (our `b`), B (our `a`) and D.
+fn launch_with(
+    blas: &BlasHandle,
+    desc: &Desc,
+    [first, second, d]: [&Layout; 3],
+    algo: &sys::cublasLtMatmulAlgo_t,
+    [a, b]: [&Operand; 2],
+    out: &CudaTensor,
+    stream: cudarc::driver::sys::CUstream,
+) -> Result<(), result::CublasError> {
     let alpha: f32 = 1.0;
     let beta: f32 = 0.0;
     // SAFETY: pointers address live device buffers of the sizes the layouts describe (checked
@@ -473,17 +586,17 @@ fn launch(
     unsafe {
         result::matmul(
             blas.handle,
-            plan.desc.0,
+            desc.0,
             (&alpha as *const f32).cast::<c_void>(),
             (&beta as *const f32).cast::<c_void>(),
             b.tensor.data_ptr() as *const c_void,
-            plan.first.0,
+            first.0,
             a.tensor.data_ptr() as *const c_void,
-            plan.second.0,
+            second.0,
             out.data_ptr() as *const c_void,
-            plan.d.0,
+            d.0,
             out.data_ptr() as *mut c_void,
-            plan.d.0,
+            d.0,
             algo,
             blas.workspace.ptr() as *mut c_void,
             blas.workspace.len(),
