@@ -22,6 +22,7 @@ mod fused;
 mod fused_combine;
 mod fused_dropout;
 mod fused_flat;
+mod fused_gather;
 mod fused_grouped;
 mod fused_loss;
 mod fused_mla;
@@ -426,6 +427,7 @@ fn main() -> anyhow::Result<()> {
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "combine" {
         rows.extend(fused_combine::rows(&device));
+        rows.extend(fused_gather::rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "qk_norm" {
         rows.extend(fused_qk_norm::rows(&device));

@@ -71,6 +71,7 @@ pub use op::embedding::{composed_embedding, embedding_node};
 pub use op::flat::{
     FlatPiece, FlatSegment, OrderedSum, composed_gather_flat, composed_segment_sum_of_squares,
 };
+pub use op::gather::gather_rows_backward_reference;
 pub use op::gelu::{composed_gelu, gelu, gelu_node};
 pub use op::group_rows::GroupRows;
 pub use op::grouped::{
@@ -129,6 +130,7 @@ use crate::op::attention::{attention_backward_reference, attention_forward_refer
 use crate::op::combine::{combine_rows_backward_reference, combine_rows_forward_reference};
 use crate::op::dropout::{dropout_add_backward_reference, dropout_add_forward_reference};
 use crate::op::embedding::embedding_backward_reference;
+
 use crate::op::gelu::gelu_backward_reference;
 use crate::op::grouped::{grouped_matmul_backward_reference, stack_parts};
 use crate::op::logits::tied_logits_backward_reference;
@@ -455,6 +457,17 @@ pub trait FusedOps: Backend {
         spec: CombineSpec,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         combine_rows_backward_reference::<Self>(rows, index, weights, grad_output, spec)
+    }
+
+    /// The gradient of [`FusedOps::gather_rows`]: the rows of `grad [p, h]` at `back [m ·
+    /// group]`, summed over each group in order → `[m, h]` (the MoE dispatch's: each token's
+    /// `k` rows). Default: a select and a sum over the group.
+    fn gather_rows_backward(
+        grad: FloatTensor<Self>,
+        back: IntTensor<Self>,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        gather_rows_backward_reference::<Self>(grad, back, group)
     }
 
     /// `scores [rows, experts]` → `[rows, k]` int: each row's `k` best experts, best first, a

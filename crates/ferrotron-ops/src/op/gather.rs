@@ -23,11 +23,9 @@ use burn::tensor::{Int, Tensor, TensorMetadata};
 use crate::FusedOps;
 use crate::primitive::{unwrap, wrap};
 
-/// The gradient of [`FusedOps::gather_rows`]: the rows of `grad [p, h]` at `back [m · group]`,
-/// summed over each group → `[m, h]`.
-///
-/// [`FusedOps::gather_rows`]: crate::FusedOps::gather_rows
-fn gather_rows_backward<B: Backend>(
+/// Reference of `FusedOps::gather_rows_backward`: the rows of `grad [p, h]` at `back [m ·
+/// group]`, summed over each group → `[m, h]` (a select and a sum over the group).
+pub fn gather_rows_backward_reference<B: Backend>(
     grad: FloatTensor<B>,
     back: IntTensor<B>,
     group: usize,
@@ -57,12 +55,13 @@ impl<B: FusedOps> Backward<B, 1> for GatherRowsOp {
         let grad = grads.consume::<B>(&ops.node);
         let (back, group) = ops.state;
         if let [Some(node)] = ops.parents {
-            grads.register::<B>(node.id, gather_rows_backward::<B>(grad, back, group));
+            grads.register::<B>(node.id, B::gather_rows_backward(grad, back, group));
         }
     }
 }
 
-/// Records [`FusedOps::gather_rows`] as one node whose backward is [`gather_rows_backward`].
+/// Records [`FusedOps::gather_rows`] as one node whose backward is
+/// [`FusedOps::gather_rows_backward`].
 ///
 /// # Panics
 /// If `back` does not hold `group` entries for each row of `x`.

@@ -39,7 +39,7 @@ use ferrotron_ops::{
     composed_attention, composed_gather_flat, composed_grouped_matmul, composed_qk_norm,
     composed_qkv_attention, composed_rope_qkv, composed_segment_sum_of_squares,
     composed_sum_of_squares, composed_swiglu, fp8_quantize_norm_composed,
-    moe_permutation_reference, moe_topk_reference,
+    gather_rows_backward_reference, moe_permutation_reference, moe_topk_reference,
 };
 
 use crate::backend::convert::ok;
@@ -54,7 +54,7 @@ use crate::kernels::fused::qk_norm::{self, qk_norm_backward, qk_norm_forward};
 use crate::kernels::fused::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::fused::swiglu::{swiglu_backward, swiglu_forward};
 use crate::kernels::fused::{adamw, norm_backward, norm_forward};
-use crate::kernels::fused::{combine, moe};
+use crate::kernels::fused::{combine, gather_sum, moe};
 use crate::kernels::fused::{flat, grouped_gemm};
 use crate::kernels::prim::random;
 use crate::kernels::prim::reduce::{ReduceOp, reduce_all};
@@ -302,6 +302,18 @@ impl FusedOps for Cuda {
             exp_avg: out.exp_avg,
             exp_avg_sq: out.exp_avg_sq,
             rounded: out.rounded,
+        }
+    }
+
+    fn gather_rows_backward(
+        grad: FloatTensor<Self>,
+        back: IntTensor<Self>,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        if fused_kernels_enabled() && gather_sum::supports(&grad, group) {
+            ok(gather_sum::gather_sum(&grad, &back, group))
+        } else {
+            gather_rows_backward_reference::<Self>(grad, back, group)
         }
     }
 

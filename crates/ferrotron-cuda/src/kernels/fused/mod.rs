@@ -12,6 +12,7 @@
 pub mod adamw;
 pub mod combine;
 pub mod flat;
+pub mod gather_sum;
 pub mod grouped_gemm;
 pub mod loss;
 pub mod moe;
