@@ -19,7 +19,8 @@
 # Env: FERROTRON_DIST (default .gpu-dist, `recipe` or `recipe.gz`), STEPS (18), INTERVAL (6),
 # CKPT_ROOT (/tmp/ferrotron-ckpt), RUN_TIMEOUT (400), OFFLOAD=1 (the optimizer offloaded to the
 # host, Megatron's --optimizer-cpu-offload: an asynchronous save's snapshot then shares the host
-# buffers instead of copying the state down).
+# buffers instead of copying the state down), MODES ("warmup sync async"; e.g. "warmup async" for
+# the asynchronous stalls alone, without the byte comparison).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,7 +47,8 @@ fi
 # last bits from the chosen algorithm's) and remembers its choices beside the kernel cache; the
 # runs compared below then multiply with the same algorithms from step 1 (on 2026-12-06 without
 # this warm-up the two runs' losses differed from step 1).
-for mode in warmup sync async; do
+modes=${MODES:-warmup sync async}
+for mode in $modes; do
     async=false
     [[ $mode == async ]] && async=true
     dir=$ckpt_root/$mode
@@ -74,9 +76,12 @@ for mode in warmup sync async; do
     # an asynchronous save's device copies run behind the next step's work; the step's update
     # waits for what they take beyond it
     grep -o "the optimizer step waited [0-9.]* s for the checkpoint's snapshot" "$dir.log"
+    # the snapshot's page-locked memory, set aside after the first step
+    grep -o "page-locked [0-9.]* GB for the asynchronous checkpoints' snapshot in [0-9.]* s" "$dir.log"
     grep -i "error" "$dir.log" | tail -3 | cut -c1-300
 done
 
+[[ " $modes " == *" sync "* && " $modes " == *" async "* ]] || exit 0
 echo "--- the final checkpoints, file by file (the recipe, its hash in the manifest and the plan"
 echo "    name async_save, so those three differ)"
 same=1
