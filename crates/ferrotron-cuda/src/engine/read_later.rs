@@ -74,7 +74,7 @@ struct Arena {
 // mutex hands them out).
 unsafe impl Send for Arena {}
 
-/// A piece of arena `arena`, `len` bytes at `host`.
+/// A piece of arena `arena`, starting at `host`.
 struct Piece {
     arena: usize,
     host: *mut u8,
