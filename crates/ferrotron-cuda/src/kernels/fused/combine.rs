@@ -5,12 +5,12 @@
 //! hidden` values (`op/combine.rs` in the ops crate says which).
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{BLOCK, KernelSpec, Params, launch};
+use crate::engine::launch::{KernelSpec, Params, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::template::{Hole, template};
 
-use super::{BLOCK_SUM, WARP_SUM, block_rows};
+use super::{BLOCK_SUM, WARP_SUM, block_rows, row_threads};
 use crate::kernels::fused::moe::MAX_TOPK;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,11 +51,6 @@ impl KernelSpec for CombineKernel {
             }
         }
     }
-}
-
-/// Threads per block: the hidden width rounded up to warps, at most [`BLOCK`].
-fn threads(hidden: usize) -> u32 {
-    (hidden.div_ceil(32) * 32).clamp(32, BLOCK as usize) as u32
 }
 
 /// Whether the kernels take these operands: `rows [r, h]` and `weights` of one float dtype,
@@ -129,7 +124,14 @@ pub fn forward(
         k,
     };
     let grid = block_rows(tokens, &op)?;
-    launch(rows.device(), &spec, grid, threads(hidden), &params, &op)?;
+    launch(
+        rows.device(),
+        &spec,
+        grid,
+        row_threads(hidden),
+        &params,
+        &op,
+    )?;
     Ok(out)
 }
 
@@ -183,7 +185,7 @@ pub fn backward(
         k,
     };
     let grid = block_rows(slots, &op)?;
-    launch(device, &spec, grid, threads(hidden), &params, &op)?;
+    launch(device, &spec, grid, row_threads(hidden), &params, &op)?;
     Ok((d_rows, d_weights))
 }
 

@@ -6,12 +6,12 @@
 //! (the sum kernel accumulates in f32 as well).
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{BLOCK, KernelSpec, Params, launch};
+use crate::engine::launch::{KernelSpec, Params, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::template::{Hole, template};
 
-use super::block_rows;
+use super::{block_rows, row_threads};
 
 /// Rows a group sums at most (their pointers are kept in registers).
 pub const MAX_GROUP: usize = 32;
@@ -79,12 +79,12 @@ pub fn gather_sum(grad: &CudaTensor, back: &CudaTensor, group: usize) -> Result<
         dtype: grad.dtype(),
         group,
     };
-    let threads = (hidden.div_ceil(32) * 32).clamp(32, BLOCK as usize) as u32;
+    let grid = block_rows(rows, &op)?;
     launch(
         grad.device(),
         &spec,
-        block_rows(rows, &op)?,
-        threads,
+        grid,
+        row_threads(hidden),
         &params,
         &op,
     )?;

@@ -39,6 +39,12 @@ fn uses_half(dtypes: &[DType]) -> bool {
     dtypes.iter().copied().any(DType::needs_half_headers)
 }
 
+/// Threads of a block that walks a row of `width` elements: the width rounded up to warps, at
+/// most [`BLOCK`](crate::engine::launch::BLOCK).
+fn row_threads(width: usize) -> u32 {
+    (width.div_ceil(32) * 32).clamp(32, crate::engine::launch::BLOCK as usize) as u32
+}
+
 /// A grid of one block per row.
 fn block_rows(rows: usize, op: &dyn Fn() -> OpContext) -> Result<u32> {
     u32::try_from(rows.max(1))
