@@ -27,9 +27,9 @@ pub struct Paths {
     /// That GEMM reads the experts' row counts on the device (`kernels/fused/grouped_gemm.rs`;
     /// off: cuBLAS's grouped call with host counts). Off by default until measured on a GPU.
     pub grouped_gemm_device_counts: bool,
-    /// The grouped forward as one cuBLASLt GEMM per expert (`blas/grouped.rs`; off: cuBLAS's
-    /// grouped call). Off by default until measured on a GPU.
-    pub grouped_gemm_per_expert_forward: bool,
+    /// The grouped GEMMs (forward and both gradients) as one cuBLASLt GEMM per expert where
+    /// each expert fills the GPU (`blas/grouped.rs`; off: cuBLAS's grouped call always).
+    pub grouped_gemm_per_expert: bool,
     /// Time cuBLASLt's candidate algorithms per GEMM shape and keep the fastest.
     pub gemm_tune: bool,
     /// Time cuDNN's candidate plans per attention graph and keep the fastest.
@@ -48,7 +48,7 @@ impl Default for Paths {
             vector_maps: true,
             grouped_gemm: true,
             grouped_gemm_device_counts: false,
-            grouped_gemm_per_expert_forward: false,
+            grouped_gemm_per_expert: true,
             gemm_tune: true,
             attention_tune: true,
             norm_one_pass: true,
@@ -77,7 +77,8 @@ pub fn paths() -> Paths {
 pub struct EnvVars;
 
 impl EnvVars {
-    /// A path: the per-op GPU time table is written there at exit (`1`: to stderr).
+    /// A path: the per-op GPU time table is written there at exit (`1`: to stderr); a training
+    /// run's table starts after its first step (`FusedOps::first_step_queued`).
     pub const OP_TIMING: &'static str = "FERROTRON_OP_TIMING";
     /// A path: every op's start and end on the stream, for `tools/gpu_timeline.py`.
     pub const OP_TIMELINE: &'static str = "FERROTRON_OP_TIMELINE";

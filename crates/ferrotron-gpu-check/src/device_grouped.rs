@@ -3,13 +3,15 @@
 //! cuBLAS's grouped call (`blas/grouped.rs`, itself checked against the composed per-group
 //! matmuls in `fused_grouped.rs`) from the same 16-bit inputs, over uneven groups with empty
 //! ones, one group taking every row, and 128 groups. Outputs are poisoned, so an empty group's
-//! weight gradient must be written as zeros and no row may be left unwritten. The forward as one
-//! cuBLASLt GEMM per expert (`runtime.grouped_gemm_per_expert_forward`) is checked against the
-//! grouped call's, likewise. Then all of them timed at the MoE shapes of
+//! weight gradient must be written as zeros and no row may be left unwritten. The three
+//! products as one cuBLASLt GEMM per expert (`runtime.grouped_gemm_per_expert`) are checked
+//! against the grouped call's, likewise. Then all of them timed at the MoE shapes of
 //! `tools/cublaslt_grouped_probe.py`.
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use ferrotron_cuda::blas::grouped::{grouped_matmul, grouped_matmul_backward, matmul_per_expert};
+use ferrotron_cuda::blas::grouped::{
+    backward_grouped_call, backward_per_expert, matmul_grouped_call, matmul_per_expert,
+};
 use ferrotron_cuda::kernels::fused::grouped_gemm;
 use ferrotron_cuda::{Cuda, CudaTensor, GpuDevice};
 use rand::rngs::StdRng;
@@ -53,7 +55,7 @@ const PRODUCTS: [&str; 3] = ["forward", "input grad", "weight grad"];
 enum Path {
     DeviceCounts,
     Cublas,
-    /// cuBLASLt's forward, one GEMM per expert (its gradients are [`Path::Cublas`]'s).
+    /// cuBLASLt, one GEMM per expert and product.
     PerExpert,
 }
 
@@ -76,9 +78,11 @@ fn product(
         (Path::DeviceCounts, _) => {
             grouped_gemm::weight_grad(x, dy, &counts_on(rows, device), rows.len())
         }
-        (Path::Cublas, "forward") => grouped_matmul(x, weight, rows),
+        (Path::Cublas, "forward") => matmul_grouped_call(x, weight, rows),
         (Path::PerExpert, "forward") => matmul_per_expert(x, weight, rows),
-        (_, _) => grouped_matmul_backward(x, weight, dy, rows)
+        (Path::PerExpert, _) => backward_per_expert(x, weight, dy, rows)
+            .map(|(dx, dw)| if which == "input grad" { dx } else { dw }),
+        (Path::Cublas, _) => backward_grouped_call(x, weight, dy, rows)
             .map(|(dx, dw)| if which == "input grad" { dx } else { dw }),
     }
     .map_err(|e| e.to_string())?;
@@ -111,11 +115,11 @@ fn rows_of(
     let checks = device_counts
         .iter()
         .map(|which| (*which, Path::DeviceCounts))
-        .chain([("forward", Path::PerExpert)]);
+        .chain(PRODUCTS.iter().map(|which| (*which, Path::PerExpert)));
     checks
         .map(|(which, path)| {
             let (op, label) = match path {
-                Path::PerExpert => ("grouped_gemm_per_expert_forward", "per-expert cuBLASLt"),
+                Path::PerExpert => ("grouped_gemm_per_expert", "per-expert cuBLASLt"),
                 _ => ("grouped_gemm_device_counts", "device counts"),
             };
             let got = guarded(|| product(which, path, rows, operands, device));
@@ -253,9 +257,9 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 });
                 let cublas = median_ms(device, 10, || {
                     let _ = match pass {
-                        "forward" => grouped_matmul(&x, &w, &rows),
+                        "forward" => matmul_grouped_call(&x, &w, &rows),
                         // cuBLAS's backward computes both gradients in one call
-                        _ => grouped_matmul_backward(&x, &w, &dy, &rows).map(|(dx, _)| dx),
+                        _ => backward_grouped_call(&x, &w, &dy, &rows).map(|(dx, _)| dx),
                     };
                 });
                 let cublas = if pass == "forward" {
@@ -263,12 +267,21 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 } else {
                     cublas / 2.0
                 };
-                if pass == "forward" {
+                if pass != "weight grad" {
                     let per_expert = median_ms(device, 10, || {
-                        let _ = matmul_per_expert(&x, &w, &rows);
+                        let _ = if pass == "forward" {
+                            matmul_per_expert(&x, &w, &rows)
+                        } else {
+                            backward_per_expert(&x, &w, &dy, &rows).map(|(dx, _)| dx)
+                        };
                     });
+                    let (what, per_expert) = if pass == "forward" {
+                        ("forward", per_expert)
+                    } else {
+                        ("both grads (half)", per_expert / 2.0)
+                    };
                     lines.push_str(&format!(
-                        "| {name} | forward, per-expert cuBLASLt | | | {per_expert:.3} | {:.0} |\n",
+                        "| {name} | {what}, per-expert cuBLASLt | | | {per_expert:.3} | {:.0} |\n",
                         rate(per_expert)
                     ));
                 }

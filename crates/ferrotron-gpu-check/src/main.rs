@@ -36,6 +36,7 @@ mod fused_window;
 mod host_pass;
 mod nccl;
 mod nccl_faults;
+mod pool_retry;
 mod read_later;
 mod timing;
 mod uploads;
@@ -381,7 +382,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|upload|host_pass|fp8|nccl|attention_rates] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|upload|host_pass|alloc|fp8|nccl|attention_rates] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
                      linear overrides against their composed versions, the fp8 kernels and linear\n\
                      (Hopper), then the NCCL communicator\n\
@@ -453,6 +454,9 @@ fn main() -> anyhow::Result<()> {
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "host_pass" {
         rows.extend(host_pass::rows(&device));
         rows.extend(read_later::rows(&device));
+    }
+    if args.filter.is_empty() || args.filter == "alloc" {
+        rows.extend(pool_retry::rows(args.device_index));
     }
     if args.filter.is_empty() || args.filter == "fp8" {
         rows.extend(fp8::rows(&device));

@@ -766,6 +766,13 @@ pub trait FusedOps: Backend {
         0
     }
 
+    /// The run's first step is queued: what a backend measures per op from here on is the
+    /// steady state, without the first step's one-time costs (kernel compiles, GEMM and
+    /// attention tuning, pool growth). Default: nothing is measured.
+    fn first_step_queued(device: &Self::Device) {
+        let _ = device;
+    }
+
     /// Streams each of `inputs` (flat buffers on the device) through the host and returns one
     /// new buffer of the dtype paired with it: `pass` is called on consecutive pieces, input by
     /// input in order, and fills each piece's output (`op/host_pass.rs`). Called on the

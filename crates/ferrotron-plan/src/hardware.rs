@@ -20,13 +20,22 @@ const HOPPER_ATTENTION_EFFICIENCY: f64 = 0.405;
 /// gpt-1.3b 12 × 2048 with it and 390 without, 1.38 ps a score),
 const HOPPER_DROPOUT_SECONDS_PER_SCORE: f64 = 1.8e-12;
 /// The MoE experts' grouped GEMMs (cuBLAS's `cublasGemmGroupedBatchedEx`) at this fraction of
-/// peak: per-op timing of `moe-8x-mb16` on one H100 (2026-12-07, `tools/README.md`) put 27.2
-/// TFLOP of routed-expert GEMMs a step at 89.7 ms, where its forward's layout runs at 285
-/// TFLOP/s in isolation and its gradients' at 668. Other chips take the same ratio to their
-/// dense GEMM rate ([`GROUPED_TO_DENSE`]), assumed.
-const HOPPER_GROUPED_GEMM_EFFICIENCY: f64 = 0.307;
+/// peak, where the runtime keeps them on that call (experts too small to fill the chip alone):
+/// fitted to `qwen3-30b-a3b-4l` on one H100 (128 experts of 768, ~500 rows each; 0.126 s a step
+/// on 2026-12-07, `tools/README.md`). In isolation the call runs 0.27–0.28 of peak at that
+/// shape; in the step, with new row counts every call, its op time was 4.6 ms a call against
+/// 1.5–3 ms. Other chips take the same ratio to their dense GEMM rate ([`GROUPED_TO_DENSE`]),
+/// assumed.
+const HOPPER_GROUPED_GEMM_EFFICIENCY: f64 = 0.14;
 /// The grouped GEMMs' rate over the dense GEMMs' on Hopper.
 const GROUPED_TO_DENSE: f64 = HOPPER_GROUPED_GEMM_EFFICIENCY / HOPPER_GEMM_EFFICIENCY;
+/// The experts' GEMMs one per expert (cuBLASLt, each expert's output filling the chip) at this
+/// fraction of peak: fitted to `moe-8x-mb16`, `mixtral-8x7b-2l` and `deepseek-v3-3l` on one
+/// H100 (2026-12-07 09:53–09:56 UTC; predicted 1.01, 1.07 and 0.88 of their steps). In
+/// isolation they ran 0.51–0.67 of peak (`gpu_check --filter device_grouped`).
+const HOPPER_PER_EXPERT_GEMM_EFFICIENCY: f64 = 0.5;
+/// The per-expert GEMMs' rate over the dense GEMMs' on Hopper.
+const PER_EXPERT_TO_DENSE: f64 = HOPPER_PER_EXPERT_GEMM_EFFICIENCY / HOPPER_GEMM_EFFICIENCY;
 /// Hopper's dense fp32 peak, which the dropout cost of other chips is scaled by.
 const HOPPER_PEAK_FP32: f64 = 67e12;
 /// and the element-wise passes at this many of the bytes `time.rs` counts a second: the same
@@ -51,6 +60,11 @@ pub struct GpuSpec {
     pub gemm_efficiency: f64,
     /// Fraction of peak reached by the MoE experts' grouped GEMMs (one call for every expert).
     pub grouped_gemm_efficiency: f64,
+    /// Fraction of peak reached by the experts' GEMMs run one per expert, where each expert's
+    /// output fills the chip (`runtime.grouped_gemm_per_expert`, `routed.rs`).
+    pub per_expert_gemm_efficiency: f64,
+    /// Streaming multiprocessors: how many 128 × 128 output tiles fill the chip.
+    pub multiprocessors: u32,
     /// Fraction of peak reached by fused (flash) attention without dropout, forward and
     /// backward together, by the planner's count of its FLOPs (`flops.rs`).
     pub attention_efficiency: f64,
@@ -81,6 +95,8 @@ impl GpuSpec {
                 memory_bandwidth: 2.0e12,
                 gemm_efficiency: 0.80,
                 grouped_gemm_efficiency: 0.80 * GROUPED_TO_DENSE,
+                per_expert_gemm_efficiency: 0.80 * PER_EXPERT_TO_DENSE,
+                multiprocessors: 108,
                 attention_efficiency: 0.55,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 230e9,
@@ -103,6 +119,8 @@ impl GpuSpec {
                 memory_bandwidth: 3.35e12,
                 gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
                 grouped_gemm_efficiency: HOPPER_GROUPED_GEMM_EFFICIENCY,
+                per_expert_gemm_efficiency: HOPPER_PER_EXPERT_GEMM_EFFICIENCY,
+                multiprocessors: 132,
                 attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
                 memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 3.35e12,
                 intra_node_bus_bandwidth: 356e9,
@@ -127,6 +145,8 @@ impl GpuSpec {
                 // images); `tests/bench_rows.rs` holds every dense row's prediction within 10 %.
                 gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
                 grouped_gemm_efficiency: HOPPER_GROUPED_GEMM_EFFICIENCY,
+                per_expert_gemm_efficiency: HOPPER_PER_EXPERT_GEMM_EFFICIENCY,
+                multiprocessors: 132,
                 attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
                 memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 4.8e12,
                 intra_node_bus_bandwidth: 356e9,
@@ -149,6 +169,8 @@ impl GpuSpec {
                 memory_bandwidth: 8.0e12,
                 gemm_efficiency: 0.75,
                 grouped_gemm_efficiency: 0.75 * GROUPED_TO_DENSE,
+                per_expert_gemm_efficiency: 0.75 * PER_EXPERT_TO_DENSE,
+                multiprocessors: 148,
                 attention_efficiency: 0.50,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 700e9,
@@ -167,6 +189,8 @@ impl GpuSpec {
                 memory_bandwidth: 20e9,
                 gemm_efficiency: 0.5,
                 grouped_gemm_efficiency: 0.5 * GROUPED_TO_DENSE,
+                per_expert_gemm_efficiency: 0.5 * GROUPED_TO_DENSE,
+                multiprocessors: 1,
                 attention_efficiency: 0.3,
                 memory_bound_efficiency: 1.0,
                 intra_node_bus_bandwidth: 5e9,

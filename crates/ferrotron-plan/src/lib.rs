@@ -17,6 +17,7 @@ mod plan;
 mod ranks;
 mod report;
 mod resolve;
+mod routed;
 mod rules;
 mod search;
 mod setup;

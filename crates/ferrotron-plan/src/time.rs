@@ -160,10 +160,11 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     let fp8_rate = spec.peak(precision.dtype, precision.fp8)
         * spec.gemm_efficiency
         * crate::fp8::FP8_EFFICIENCY;
-    // The routed experts' GEMMs run as grouped GEMMs (bf16), at their own rate.
+    // The routed experts' GEMMs (bf16) at their own rate, per expert or grouped (`routed.rs`).
     let grouped =
         (1.0 + recomputed / 3.0) * tokens * moe_layers * routed_experts_per_layer_token(model) / tp;
-    let grouped_rate = spec.peak(precision.dtype, Fp8::None) * spec.grouped_gemm_efficiency;
+    let grouped_rate = spec.peak(precision.dtype, Fp8::None)
+        * crate::routed::routed_gemm_efficiency(setup, tokens);
     let gemm_time =
         (gemm - fp8_gemm - grouped) / gemm_rate + fp8_gemm / fp8_rate + grouped / grouped_rate;
     let attention_rate = spec.peak(precision.dtype, Fp8::None) * spec.attention_efficiency;

@@ -384,7 +384,7 @@ fn configure_cuda(runtime: &ferrotron_recipe::Runtime) -> anyhow::Result<()> {
         vector_maps: runtime.vector_maps,
         grouped_gemm: runtime.grouped_gemm,
         grouped_gemm_device_counts: runtime.grouped_gemm_device_counts,
-        grouped_gemm_per_expert_forward: runtime.grouped_gemm_per_expert_forward,
+        grouped_gemm_per_expert: runtime.grouped_gemm_per_expert,
         gemm_tune: runtime.gemm_tune,
         attention_tune: runtime.attention_tune,
         norm_one_pass: runtime.norm_one_pass,

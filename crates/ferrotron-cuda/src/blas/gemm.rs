@@ -107,8 +107,9 @@ struct ProblemKey {
     d_align: u32,
     /// cuBLASLt bias epilogue (a vector over the output columns added in the GEMM).
     bias: bool,
-    /// Planned for a bucket of row counts (`m` the bucket's top, [`matmul_rows_into`]).
-    rows_bucket: bool,
+    /// Planned for a bucket of counts of one dimension (the bucket's top in `m` or `k`,
+    /// [`matmul_rows_into`], [`matmul_inner_into`]).
+    bucketed: Option<Bucketed>,
 }
 
 impl ProblemKey {
@@ -123,12 +124,20 @@ impl ProblemKey {
         } else {
             String::new()
         };
-        let rows = if self.rows_bucket { " (rows ≤)" } else { "" };
+        let up_to = |dim| {
+            if self.bucketed == Some(dim) {
+                " (rows ≤)"
+            } else {
+                ""
+            }
+        };
         format!(
-            "{op}(cublaslt) {}{rows}x{}x{} {}{}{batch}",
+            "{op}(cublaslt) {}{}x{}x{}{} {}{}{batch}",
             self.m,
+            up_to(Bucketed::Rows),
             self.n,
             self.k,
+            up_to(Bucketed::Inner),
             order(&self.a.0),
             order(&self.b.0)
         )
@@ -315,7 +324,7 @@ pub fn matmul_bias(
         ),
         d_align: pointer_alignment(out.data_ptr()),
         bias: bias.is_some(),
-        rows_bucket: false,
+        bucketed: None,
     };
     let bias = match bias {
         Some(v) => {
@@ -374,8 +383,18 @@ fn with_blas(
     f(blas).map_err(|e| CudaError::blas(ctx(), e))
 }
 
-/// Row counts per plan of [`matmul_rows_into`]: a count is planned as the next multiple.
+/// Counts per plan of [`matmul_rows_into`] and [`matmul_inner_into`]: a count is planned as the
+/// next multiple.
 const ROW_BUCKET: usize = 1024;
+
+/// Which dimension of a [`matmul_bucketed`] call changes from call to call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Bucketed {
+    /// `m`, the output's rows (an expert's rows in the forward and the input gradient).
+    Rows,
+    /// `k`, the inner dimension (an expert's rows in the weight gradient).
+    Inner,
+}
 
 /// `out = x · w` into `out` for a block of rows whose count changes from call to call (an MoE
 /// expert's): `x [m, k]` and `out [m, n]` row-major (row slices of larger tensors will do),
@@ -383,8 +402,20 @@ const ROW_BUCKET: usize = 1024;
 /// up, and run at `m` itself, so a new count costs two layouts rather than a heuristic query;
 /// the bucket is not tuned (a trial run would write its rows past `m`).
 pub fn matmul_rows_into(x: &CudaTensor, w: &CudaTensor, out: &CudaTensor) -> Result<()> {
+    matmul_bucketed(x, w, out, Bucketed::Rows)
+}
+
+/// `out = a · b` into `out [m, n]` (row-major) where the inner dimension `k` is a count that
+/// changes from call to call (an expert's weight gradient, `x_gᵀ · dy_g`, whose sum runs over
+/// the expert's rows): planned once per bucket of [`ROW_BUCKET`] counts, as
+/// [`matmul_rows_into`].
+pub fn matmul_inner_into(a: &CudaTensor, b: &CudaTensor, out: &CudaTensor) -> Result<()> {
+    matmul_bucketed(a, b, out, Bucketed::Inner)
+}
+
+fn matmul_bucketed(x: &CudaTensor, w: &CudaTensor, out: &CudaTensor, vary: Bucketed) -> Result<()> {
     let ctx = || {
-        OpContext::new("matmul_rows_into")
+        OpContext::new("matmul_bucketed")
             .shape(x.shape())
             .shape(w.shape())
             .dtype(x.dtype())
@@ -408,22 +439,36 @@ pub fn matmul_rows_into(x: &CudaTensor, w: &CudaTensor, out: &CudaTensor) -> Res
     if k == 0 {
         return Err(CudaError::unsupported(ctx(), "an empty inner dimension"));
     }
-    let a_op = prepare(x, &[], m, k)?;
-    let b_op = prepare(w, &[], k, n)?;
+    let bucket = |count: usize| count.next_multiple_of(ROW_BUCKET);
+    let (m_plan, k_plan) = match vary {
+        Bucketed::Rows => (bucket(m), k),
+        Bucketed::Inner => (m, bucket(k)),
+    };
+    let a_op = at_plan_shape(prepare(x, &[], m, k)?, m_plan, k_plan);
+    let b_op = at_plan_shape(prepare(w, &[], k, n)?, k_plan, n);
     cublaslt_present()?;
     let device = x.device().clone();
+    let bucket = |count: usize| bucket(count) as u64;
     let key = ProblemKey {
         dtype: x.dtype(),
         tf32: device.tf32(),
-        m: m.next_multiple_of(ROW_BUCKET) as u64,
+        m: if vary == Bucketed::Rows {
+            bucket(m)
+        } else {
+            m as u64
+        },
         n: n as u64,
-        k: k as u64,
+        k: if vary == Bucketed::Inner {
+            bucket(k)
+        } else {
+            k as u64
+        },
         batch: 1,
         a: (a_op.order, 0, pointer_alignment(a_op.tensor.data_ptr())),
         b: (b_op.order, 0, pointer_alignment(b_op.tensor.data_ptr())),
         d_align: pointer_alignment(out.data_ptr()),
         bias: false,
-        rows_bucket: true,
+        bucketed: Some(vary),
     };
     with_blas(&device, &ctx, |blas| {
         if !blas.plans.contains_key(&key) {
@@ -436,8 +481,15 @@ pub fn matmul_rows_into(x: &CudaTensor, w: &CudaTensor, out: &CudaTensor) -> Res
         } else {
             None
         };
-        // The plan's layouts are the bucket's; these are the `m` rows'.
+        // The plan's layouts are the bucket's; these are this call's counts.
         let (m, k, n) = (m as u64, k as u64, n as u64);
+        let first = match vary {
+            Bucketed::Rows => None,
+            Bucketed::Inner if b_op.order.row_major => {
+                Some(matrix_layout(data_type, n, k, b_op.order.ld, 1, 0)?)
+            }
+            Bucketed::Inner => Some(matrix_layout(data_type, k, n, b_op.order.ld, 1, 0)?),
+        };
         let ld = a_op.order.ld;
         let second = if a_op.order.row_major {
             matrix_layout(data_type, k, m, ld, 1, 0)?
@@ -445,7 +497,7 @@ pub fn matmul_rows_into(x: &CudaTensor, w: &CudaTensor, out: &CudaTensor) -> Res
             matrix_layout(data_type, m, k, ld, 1, 0)?
         };
         let d = matrix_layout(data_type, n, m, out_order.ld, 1, 0)?;
-        let layouts = [&plan.first, &second, &d];
+        let layouts = [first.as_ref().unwrap_or(&plan.first), &second, &d];
         let stream = device.cu_stream();
         launch_with(
             blas,
@@ -457,6 +509,17 @@ pub fn matmul_rows_into(x: &CudaTensor, w: &CudaTensor, out: &CudaTensor) -> Res
             stream,
         )
     })
+}
+
+/// `op` with its order read at the plan's shape: a count of one makes any matrix look
+/// row-major (one column takes any stride), which a plan for a bucket of counts cannot use
+/// (an x_gᵀ of one row read as row-major with a leading dimension of 1).
+fn at_plan_shape(op: Operand, rows: usize, cols: usize) -> Operand {
+    let strides = op.tensor.strides();
+    match matrix_order(rows, cols, strides[0], strides[1]) {
+        Some(order) => Operand { order, ..op },
+        None => op,
+    }
 }
 
 fn set_desc<T>(

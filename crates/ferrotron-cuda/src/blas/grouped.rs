@@ -4,10 +4,13 @@
 //! routing already has, so nothing is read back; the three pointer arrays travel to the device
 //! as one small upload per call.
 //!
-//! cuBLASLt (`gemm.rs`) has no grouped call and plans each problem shape once: with row counts
-//! that change every step, one GEMM per expert there also meant one heuristic query per expert
-//! and step. Row-major operands are handed over as their column-major transposes, as in
-//! `gemm.rs`: `C = A·B` is computed as `Cᵀ = Bᵀ·Aᵀ`.
+//! cuBLASLt (`gemm.rs`) has no grouped call, but it runs one expert's GEMM at the dense rate
+//! once the expert's output fills the chip, where the grouped call ran the forward at 0.43 of
+//! its gradients' rate and, inside a training step, the gradients at 0.4 of their isolated rate
+//! (H100, 2026-12-07). So experts that large run one cuBLASLt GEMM each, planned once per bucket
+//! of row counts (a new count costs two layouts, not a heuristic query), and small ones (many
+//! fine-grained experts) keep the grouped call. Row-major operands are handed over as their
+//! column-major transposes, as in `gemm.rs`: `C = A·B` is computed as `Cᵀ = Bᵀ·Aᵀ`.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -91,17 +94,43 @@ fn dims(x: &CudaTensor, weight: &CudaTensor, group_rows: &[usize]) -> Result<(us
     Ok((*k, *n))
 }
 
+/// Output tiles of 128 × 128 an expert's GEMM must hold per multiprocessor to fill the GPU on
+/// its own: below a wave, the grouped call's one launch keeps the GPU busier than one GEMM per
+/// expert (H100, 2026-12-07: per expert 1.566 ms against 1.528 at Qwen3-30B-A3B's 128 experts
+/// of ~1,024 rows × 768, 0.4 to 0.6 of the grouped call's time at 2,048 rows and more).
+const TILE: usize = 128 * 128;
+
+/// Whether the forward runs as one GEMM per expert: the recipe's switch is on and the mean
+/// non-empty expert's output (`rows × n`) covers every multiprocessor with a 128 × 128 tile.
+fn per_expert(device: &CudaDevice, n: usize, group_rows: &[usize]) -> bool {
+    let busy = group_rows.iter().filter(|&&rows| rows > 0).count();
+    crate::switches::paths().grouped_gemm_per_expert
+        && busy > 0
+        && group_rows.iter().sum::<usize>() / busy * n >= device.multiprocessors() * TILE
+}
+
 /// Row block `g` of `x [rows, k]` (`group_rows[g]` rows) times `weight[g]` of `weight [groups,
-/// k, n]` → `[rows, n]`; with the recipe's `runtime.grouped_gemm_per_expert_forward`, through
-/// [`matmul_per_expert`].
+/// k, n]` → `[rows, n]`; through [`matmul_per_expert`] where each expert fills the GPU
+/// (`per_expert`).
 pub fn grouped_matmul(
     x: &CudaTensor,
     weight: &CudaTensor,
     group_rows: &[usize],
 ) -> Result<CudaTensor> {
-    if crate::switches::paths().grouped_gemm_per_expert_forward {
-        return matmul_per_expert(x, weight, group_rows);
+    match weight.shape() {
+        [.., n] if per_expert(x.device(), *n, group_rows) => {
+            matmul_per_expert(x, weight, group_rows)
+        }
+        _ => matmul_grouped_call(x, weight, group_rows),
     }
+}
+
+/// [`grouped_matmul`] as cuBLAS's one grouped call, whatever the shapes.
+pub fn matmul_grouped_call(
+    x: &CudaTensor,
+    weight: &CudaTensor,
+    group_rows: &[usize],
+) -> Result<CudaTensor> {
     let (k, n) = dims(x, weight, group_rows)?;
     let x = x.contiguous()?;
     let weight = weight.contiguous()?;
@@ -176,41 +205,146 @@ pub fn matmul_per_expert(
 }
 
 /// The gradients `(dx [rows, k], dweight [groups, k, n])` of [`grouped_matmul`] from the output
-/// gradient `[rows, n]` (cast to `x`'s dtype); an empty group's weight gradient is zero.
+/// gradient `[rows, n]` (cast to `x`'s dtype); an empty group's weight gradient is zero. Per
+/// expert where the forward is (`per_expert`), else cuBLAS's one grouped call.
 pub fn grouped_matmul_backward(
     x: &CudaTensor,
     weight: &CudaTensor,
     grad_output: &CudaTensor,
     group_rows: &[usize],
 ) -> Result<(CudaTensor, CudaTensor)> {
-    let (k, n) = dims(x, weight, group_rows)?;
-    let rows = x.shape()[0];
-    if grad_output.shape() != [rows, n] {
-        return Err(CudaError::invalid(
-            OpContext::new("grouped_matmul_backward").shape(grad_output.shape()),
-            format!("the output gradient must be [{rows}, {n}]"),
-        ));
+    match weight.shape() {
+        [.., n] if per_expert(x.device(), *n, group_rows) => {
+            backward_per_expert(x, weight, grad_output, group_rows)
+        }
+        _ => backward_grouped_call(x, weight, grad_output, group_rows),
     }
-    let dtype = x.dtype();
-    let x = x.contiguous()?;
-    let weight = weight.contiguous()?;
-    let grad = if grad_output.dtype() == dtype {
-        grad_output.contiguous()?
-    } else {
-        grad_output.cast(dtype)?.contiguous()?
-    };
-    let device = x.device().clone();
-    let dx = CudaTensor::empty(&device, &[rows, k], dtype)?;
-    let groups = group_rows.len();
-    let dweight = if group_rows.contains(&0) || k == 0 || n == 0 {
-        crate::kernels::prim::elementwise::zeros(&device, &[groups, k, n], dtype)?
-    } else {
-        CudaTensor::empty(&device, &[groups, k, n], dtype)?
-    };
-    if k == 0 || n == 0 || rows == 0 {
-        let dx = crate::kernels::prim::elementwise::zeros(&device, &[rows, k], dtype)?;
-        return Ok((dx, dweight));
+}
+
+/// A backward's operands, contiguous and of `x`'s dtype, and its outputs, allocated: `dweight`
+/// zeroed where a group is empty (its gradient is zero and no GEMM writes it).
+struct Backward {
+    x: CudaTensor,
+    weight: CudaTensor,
+    grad: CudaTensor,
+    dx: CudaTensor,
+    dweight: CudaTensor,
+    k: usize,
+    n: usize,
+}
+
+impl Backward {
+    fn new(
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        grad_output: &CudaTensor,
+        group_rows: &[usize],
+    ) -> Result<Self> {
+        let (k, n) = dims(x, weight, group_rows)?;
+        let rows = x.shape()[0];
+        if grad_output.shape() != [rows, n] {
+            return Err(CudaError::invalid(
+                OpContext::new("grouped_matmul_backward").shape(grad_output.shape()),
+                format!("the output gradient must be [{rows}, {n}]"),
+            ));
+        }
+        let dtype = x.dtype();
+        let grad = if grad_output.dtype() == dtype {
+            grad_output.contiguous()?
+        } else {
+            grad_output.cast(dtype)?.contiguous()?
+        };
+        let device = x.device().clone();
+        let zeros =
+            |shape: &[usize]| crate::kernels::prim::elementwise::zeros(&device, shape, dtype);
+        let groups = group_rows.len();
+        let dweight = if group_rows.contains(&0) || k == 0 || n == 0 {
+            zeros(&[groups, k, n])?
+        } else {
+            CudaTensor::empty(&device, &[groups, k, n], dtype)?
+        };
+        let dx = if k == 0 || n == 0 || rows == 0 {
+            zeros(&[rows, k])?
+        } else {
+            CudaTensor::empty(&device, &[rows, k], dtype)?
+        };
+        Ok(Backward {
+            x: x.contiguous()?,
+            weight: weight.contiguous()?,
+            grad,
+            dx,
+            dweight,
+            k,
+            n,
+        })
     }
+
+    /// Whether no GEMM is left to run (the outputs are already their zeros).
+    fn empty(&self) -> bool {
+        self.k == 0 || self.n == 0 || self.x.shape()[0] == 0
+    }
+}
+
+/// [`grouped_matmul_backward`] as one cuBLASLt GEMM per expert for each gradient: `dx_g = dy_g ·
+/// weight[g]ᵀ` planned per bucket of row counts, `dweight[g] = x_gᵀ · dy_g` per bucket of
+/// inner counts (`gemm::matmul_inner_into`).
+pub fn backward_per_expert(
+    x: &CudaTensor,
+    weight: &CudaTensor,
+    grad_output: &CudaTensor,
+    group_rows: &[usize],
+) -> Result<(CudaTensor, CudaTensor)> {
+    let b = Backward::new(x, weight, grad_output, group_rows)?;
+    if b.empty() {
+        return Ok((b.dx, b.dweight));
+    }
+    let (k, n) = (b.k, b.n);
+    let mut row = 0;
+    for (group, &len) in group_rows.iter().enumerate() {
+        if len > 0 {
+            let rows_of = |t: &CudaTensor, width: usize| {
+                t.slice(&[SliceArg::range(row, row + len), SliceArg::full(width)])
+            };
+            let expert = |t: &CudaTensor| {
+                t.slice(&[
+                    SliceArg::range(group, group + 1),
+                    SliceArg::full(k),
+                    SliceArg::full(n),
+                ])?
+                .reshape(&[k, n])
+            };
+            let dy = rows_of(&b.grad, n)?;
+            let w_t = expert(&b.weight)?.permute(&[1, 0])?;
+            crate::blas::gemm::matmul_rows_into(&dy, &w_t, &rows_of(&b.dx, k)?)?;
+            let x_t = rows_of(&b.x, k)?.permute(&[1, 0])?;
+            crate::blas::gemm::matmul_inner_into(&x_t, &dy, &expert(&b.dweight)?)?;
+        }
+        row += len;
+    }
+    Ok((b.dx, b.dweight))
+}
+
+/// [`grouped_matmul_backward`] as cuBLAS's one grouped call for both gradients.
+pub fn backward_grouped_call(
+    x: &CudaTensor,
+    weight: &CudaTensor,
+    grad_output: &CudaTensor,
+    group_rows: &[usize],
+) -> Result<(CudaTensor, CudaTensor)> {
+    let b = Backward::new(x, weight, grad_output, group_rows)?;
+    if b.empty() {
+        return Ok((b.dx, b.dweight));
+    }
+    let Backward {
+        x,
+        weight,
+        grad,
+        dx,
+        dweight,
+        k,
+        n,
+    } = b;
+    let (device, dtype) = (x.device().clone(), x.dtype());
     let size = dtype.size_in_bytes() as u64;
     let mut problems = Vec::new();
     let mut row = 0;

@@ -3,7 +3,9 @@
 //! Buffers come from `cuMemAllocAsync` on the device's one compute stream, out of the device's
 //! default memory pool whose release threshold is raised so freed blocks stay cached in the
 //! pool: allocation and free are then stream-ordered and cost no synchronisation, which is what
-//! a caching allocator would buy us, without writing one. The bookkeeping (bytes live, peak,
+//! a caching allocator would buy us, without writing one. The price is fragmentation: a large
+//! request the cached blocks cannot hold fails while they hold memory the driver could give
+//! it, so an out-of-memory answer first returns the cached blocks and retries. The bookkeeping (bytes live, peak,
 //! counts) is plain atomics, so it is tested without a GPU; `reserved` comes from the pool.
 #![allow(unsafe_code)]
 
@@ -102,7 +104,25 @@ impl DeviceBuffer {
         let ctx = || OpContext::new(format!("alloc {bytes} bytes"));
         // SAFETY: the stream belongs to the device's context, bound to this thread above; the
         // memory is only used on that same stream.
-        let ptr = unsafe { result::malloc_async(device.cu_stream(), size) }.ctx(ctx)?;
+        let first = unsafe { result::malloc_async(device.cu_stream(), size) };
+        let ptr = match first {
+            Err(result::DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => {
+                // The pool keeps freed blocks; when none of them is large enough and the
+                // driver has no more memory, give the cached ones back and ask once more (as
+                // PyTorch's cudaMallocAsync allocator does).
+                let cached = device.memory_stats();
+                tracing::warn!(
+                    bytes = size,
+                    reserved = cached.reserved_bytes,
+                    live = cached.allocated_bytes,
+                    "out of device memory: returning the pool's cached blocks and retrying"
+                );
+                device.empty_cache()?;
+                // SAFETY: as above.
+                unsafe { result::malloc_async(device.cu_stream(), size) }.ctx(ctx)?
+            }
+            other => other.ctx(ctx)?,
+        };
         device.stats().record_alloc(size);
         let buffer = Arc::new(DeviceBuffer {
             ptr,

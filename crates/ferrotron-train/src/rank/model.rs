@@ -335,6 +335,10 @@ where
         self.save_checkpoint(store, info)
     }
 
+    fn first_step_queued(&mut self) {
+        <B::InnerBackend as ferrotron_ops::FusedOps>::first_step_queued(&self.device);
+    }
+
     fn reserve_snapshot(&mut self) {
         let optimizers = self.optimizer.per_chunk();
         let bytes: usize = optimizers.iter().map(|o| o.device_state_bytes()).sum();

@@ -151,6 +151,8 @@ pub(crate) trait RankStep {
     /// memory), once the first step has laid the optimizer's state out: page-locking gigabytes
     /// takes seconds, which the first save's next update would otherwise wait for.
     fn reserve_snapshot(&mut self) {}
+    /// The first step is queued: the backend's per-op timing starts over from here.
+    fn first_step_queued(&mut self) {}
     /// Wait for the save in flight and agree that every rank's part committed (collective):
     /// its iteration and folder, `None` when no save is in flight.
     fn settle_save(&mut self) -> Result<Option<(u64, PathBuf)>, TrainError> {
@@ -577,6 +579,7 @@ pub(crate) fn run_iterations(
                 .options
                 .memory
                 .log_device("after queueing the first step");
+            stepper.first_step_queued();
             if recipe.checkpoint.async_save && context.setup.store.is_some() {
                 stepper.reserve_snapshot();
             }

@@ -239,6 +239,14 @@ impl FusedOps for Cuda {
         Box::new(move || ok(crate::engine::read_later::read(&device, &x, mark)))
     }
 
+    fn first_step_queued(_device: &Self::Device) {
+        if crate::timing::enabled() {
+            // waits for the first step's timed ops, then forgets them
+            crate::timing::reset();
+            tracing::info!("op timing restarts after the first step");
+        }
+    }
+
     fn reserve_reads_later(device: &Self::Device, bytes: usize) -> usize {
         let engine = device.engine();
         // page-locked allocations belong to the context current on the calling thread
