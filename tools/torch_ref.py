@@ -75,8 +75,6 @@ def check_supported(recipe, plan):
     degrees = plan.get("degrees", {})
     if any(v != 1 for v in degrees.values()):
         raise Unsupported(f"one GPU only, the plan has degrees {degrees}")
-    if plan.get("num_microbatches", 1) != 1:
-        raise Unsupported("one microbatch a step (global batch = micro batch)")
     if recipe.get("precision", {}).get("fp8", "none") != "none":
         raise Unsupported("fp8 (this reference trains in bf16)")
     moe = model.get("moe")
@@ -370,6 +368,8 @@ def main():
     model_cfg = recipe["model"]
     vocab = plan["padded_vocab_size"]
     mb, seq = plan["micro_batch_size"], model_cfg["seq_length"]
+    # Gradient accumulation as Megatron's: each micro batch's loss over their number, one update.
+    microbatches = plan.get("num_microbatches", 1)
     net = Model(model_cfg, vocab).to(device)
     opt = optimizer(net, recipe["training"], fused=cuda)
     step_fn = net if args.no_compile else torch.compile(net)
@@ -377,15 +377,18 @@ def main():
     generator = torch.Generator(device=device).manual_seed(7)
 
     def step():
-        tokens = torch.randint(0, recipe["model"]["vocab_size"], (mb, seq + 1), device=device, generator=generator)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            lm_loss, loss = step_fn(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
+        lm_losses = []
+        for _ in range(microbatches):
+            tokens = torch.randint(0, recipe["model"]["vocab_size"], (mb, seq + 1), device=device, generator=generator)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                lm_loss, loss = step_fn(tokens[:, :-1], tokens[:, 1:])
+            (loss / microbatches).backward()
+            lm_losses.append(lm_loss.detach())
         if clip:
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return lm_loss.item()
+        return torch.stack(lm_losses).mean().item()
 
     losses, times = [], []
     compile_start = time.perf_counter()
@@ -403,7 +406,7 @@ def main():
         result["error"] = f"out of memory: {str(e).splitlines()[0]}"
     if times:
         step_s = statistics.median(times)
-        tokens = mb * seq
+        tokens = mb * seq * microbatches
         flops = plan["flops_per_iteration"]
         result.update(
             tokens_per_second=tokens / step_s,
