@@ -125,21 +125,80 @@ pub fn grouped_matmul(
     }
 }
 
+/// A forward's operands made contiguous, its output allocated, and `(k, n)`.
+struct Forward {
+    x: CudaTensor,
+    weight: CudaTensor,
+    out: CudaTensor,
+    k: usize,
+    n: usize,
+}
+
+impl Forward {
+    /// The operands, or the finished output where the inner dimension is empty (zeros).
+    fn new(
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        group_rows: &[usize],
+    ) -> Result<std::result::Result<Self, CudaTensor>> {
+        let (k, n) = dims(x, weight, group_rows)?;
+        let shape = [x.shape()[0], n];
+        if k == 0 {
+            let zeros = crate::kernels::prim::elementwise::zeros(x.device(), &shape, x.dtype())?;
+            return Ok(Err(zeros));
+        }
+        Ok(Ok(Forward {
+            x: x.contiguous()?,
+            weight: weight.contiguous()?,
+            out: CudaTensor::empty(x.device(), &shape, x.dtype())?,
+            k,
+            n,
+        }))
+    }
+}
+
+/// Rows `row..row + len` of a row-major `[rows, width]` tensor (a view).
+fn rows_block(t: &CudaTensor, row: usize, len: usize) -> Result<CudaTensor> {
+    t.slice(&[
+        SliceArg::range(row, row + len),
+        SliceArg::full(t.shape()[1]),
+    ])
+}
+
+/// Expert `group`'s `[k, n]` matrix of a contiguous `[groups, k, n]` tensor (a view).
+fn expert_matrix(t: &CudaTensor, group: usize) -> Result<CudaTensor> {
+    let [_, k, n] = *t.shape() else {
+        return Err(CudaError::invalid(
+            t.op("expert_matrix"),
+            "a [groups, k, n] tensor",
+        ));
+    };
+    t.slice(&[
+        SliceArg::range(group, group + 1),
+        SliceArg::full(k),
+        SliceArg::full(n),
+    ])?
+    .reshape(&[k, n])
+}
+
 /// [`grouped_matmul`] as cuBLAS's one grouped call, whatever the shapes.
 pub fn matmul_grouped_call(
     x: &CudaTensor,
     weight: &CudaTensor,
     group_rows: &[usize],
 ) -> Result<CudaTensor> {
-    let (k, n) = dims(x, weight, group_rows)?;
-    let x = x.contiguous()?;
-    let weight = weight.contiguous()?;
+    let Forward {
+        x,
+        weight,
+        out,
+        k,
+        n,
+    } = match Forward::new(x, weight, group_rows)? {
+        Ok(forward) => forward,
+        Err(zeros) => return Ok(zeros),
+    };
     let device = x.device().clone();
-    let out = CudaTensor::empty(&device, &[x.shape()[0], n], x.dtype())?;
     let size = x.dtype().size_in_bytes() as u64;
-    if k == 0 {
-        return crate::kernels::prim::elementwise::zeros(&device, out.shape(), x.dtype());
-    }
     let mut problems = Vec::new();
     let mut row = 0;
     for (group, &rows) in group_rows.iter().enumerate() {
@@ -175,33 +234,22 @@ pub fn matmul_per_expert(
     weight: &CudaTensor,
     group_rows: &[usize],
 ) -> Result<CudaTensor> {
-    let (k, n) = dims(x, weight, group_rows)?;
-    let x = x.contiguous()?;
-    let weight = weight.contiguous()?;
-    let device = x.device().clone();
-    let rows = x.shape()[0];
-    if k == 0 {
-        return crate::kernels::prim::elementwise::zeros(&device, &[rows, n], x.dtype());
-    }
-    let out = CudaTensor::empty(&device, &[rows, n], x.dtype())?;
+    let f = match Forward::new(x, weight, group_rows)? {
+        Ok(forward) => forward,
+        Err(zeros) => return Ok(zeros),
+    };
     let mut row = 0;
     for (group, &len) in group_rows.iter().enumerate() {
         if len > 0 {
-            let block = |t: &CudaTensor, width: usize| {
-                t.slice(&[SliceArg::range(row, row + len), SliceArg::full(width)])
-            };
-            let w = weight
-                .slice(&[
-                    SliceArg::range(group, group + 1),
-                    SliceArg::full(k),
-                    SliceArg::full(n),
-                ])?
-                .reshape(&[k, n])?;
-            crate::blas::gemm::matmul_rows_into(&block(&x, k)?, &w, &block(&out, n)?)?;
+            crate::blas::gemm::matmul_rows_into(
+                &rows_block(&f.x, row, len)?,
+                &expert_matrix(&f.weight, group)?,
+                &rows_block(&f.out, row, len)?,
+            )?;
         }
         row += len;
     }
-    Ok(out)
+    Ok(f.out)
 }
 
 /// The gradients `(dx [rows, k], dweight [groups, k, n])` of [`grouped_matmul`] from the output
@@ -298,26 +346,14 @@ pub fn backward_per_expert(
     if b.empty() {
         return Ok((b.dx, b.dweight));
     }
-    let (k, n) = (b.k, b.n);
     let mut row = 0;
     for (group, &len) in group_rows.iter().enumerate() {
         if len > 0 {
-            let rows_of = |t: &CudaTensor, width: usize| {
-                t.slice(&[SliceArg::range(row, row + len), SliceArg::full(width)])
-            };
-            let expert = |t: &CudaTensor| {
-                t.slice(&[
-                    SliceArg::range(group, group + 1),
-                    SliceArg::full(k),
-                    SliceArg::full(n),
-                ])?
-                .reshape(&[k, n])
-            };
-            let dy = rows_of(&b.grad, n)?;
-            let w_t = expert(&b.weight)?.permute(&[1, 0])?;
-            crate::blas::gemm::matmul_rows_into(&dy, &w_t, &rows_of(&b.dx, k)?)?;
-            let x_t = rows_of(&b.x, k)?.permute(&[1, 0])?;
-            crate::blas::gemm::matmul_inner_into(&x_t, &dy, &expert(&b.dweight)?)?;
+            let dy = rows_block(&b.grad, row, len)?;
+            let w_t = expert_matrix(&b.weight, group)?.permute(&[1, 0])?;
+            crate::blas::gemm::matmul_rows_into(&dy, &w_t, &rows_block(&b.dx, row, len)?)?;
+            let x_t = rows_block(&b.x, row, len)?.permute(&[1, 0])?;
+            crate::blas::gemm::matmul_inner_into(&x_t, &dy, &expert_matrix(&b.dweight, group)?)?;
         }
         row += len;
     }
