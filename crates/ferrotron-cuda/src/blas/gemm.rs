@@ -448,21 +448,12 @@ fn matmul_bucketed(x: &CudaTensor, w: &CudaTensor, out: &CudaTensor, vary: Bucke
     let b_op = at_plan_shape(prepare(w, &[], k, n)?, k_plan, n);
     cublaslt_present()?;
     let device = x.device().clone();
-    let bucket = |count: usize| bucket(count) as u64;
     let key = ProblemKey {
         dtype: x.dtype(),
         tf32: device.tf32(),
-        m: if vary == Bucketed::Rows {
-            bucket(m)
-        } else {
-            m as u64
-        },
+        m: m_plan as u64,
         n: n as u64,
-        k: if vary == Bucketed::Inner {
-            bucket(k)
-        } else {
-            k as u64
-        },
+        k: k_plan as u64,
         batch: 1,
         a: (a_op.order, 0, pointer_alignment(a_op.tensor.data_ptr())),
         b: (b_op.order, 0, pointer_alignment(b_op.tensor.data_ptr())),

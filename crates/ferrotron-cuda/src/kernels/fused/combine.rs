@@ -5,12 +5,12 @@
 //! hidden` values (`op/combine.rs` in the ops crate says which).
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{KernelSpec, Params, launch};
+use crate::engine::launch::{KernelSpec, Params};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::template::{Hole, template};
 
-use super::{BLOCK_SUM, WARP_SUM, block_rows, row_threads};
+use super::{BLOCK_SUM, WARP_SUM, launch_per_row};
 use crate::kernels::fused::moe::MAX_TOPK;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -123,15 +123,7 @@ pub fn forward(
         dtype: rows.dtype(),
         k,
     };
-    let grid = block_rows(tokens, &op)?;
-    launch(
-        rows.device(),
-        &spec,
-        grid,
-        row_threads(hidden),
-        &params,
-        &op,
-    )?;
+    launch_per_row(rows.device(), &spec, tokens, hidden, &params, &op)?;
     Ok(out)
 }
 
@@ -184,8 +176,7 @@ pub fn backward(
         dtype: rows.dtype(),
         k,
     };
-    let grid = block_rows(slots, &op)?;
-    launch(device, &spec, grid, row_threads(hidden), &params, &op)?;
+    launch_per_row(device, &spec, slots, hidden, &params, &op)?;
     Ok((d_rows, d_weights))
 }
 

@@ -6,12 +6,12 @@
 //! (the sum kernel accumulates in f32 as well).
 
 use crate::engine::dtype::DType;
-use crate::engine::launch::{KernelSpec, Params, launch};
+use crate::engine::launch::{KernelSpec, Params};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::template::{Hole, template};
 
-use super::{block_rows, row_threads};
+use super::launch_per_row;
 
 /// Rows a group sums at most (their pointers are kept in registers).
 pub const MAX_GROUP: usize = 32;
@@ -79,15 +79,7 @@ pub fn gather_sum(grad: &CudaTensor, back: &CudaTensor, group: usize) -> Result<
         dtype: grad.dtype(),
         group,
     };
-    let grid = block_rows(rows, &op)?;
-    launch(
-        grad.device(),
-        &spec,
-        grid,
-        row_threads(hidden),
-        &params,
-        &op,
-    )?;
+    launch_per_row(grad.device(), &spec, rows, hidden, &params, &op)?;
     Ok(out)
 }
 

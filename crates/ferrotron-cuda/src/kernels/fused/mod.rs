@@ -39,10 +39,26 @@ fn uses_half(dtypes: &[DType]) -> bool {
     dtypes.iter().copied().any(DType::needs_half_headers)
 }
 
-/// Threads of a block that walks a row of `width` elements: the width rounded up to warps, at
-/// most [`BLOCK`](crate::engine::launch::BLOCK).
-fn row_threads(width: usize) -> u32 {
-    (width.div_ceil(32) * 32).clamp(32, crate::engine::launch::BLOCK as usize) as u32
+/// Launches `spec` with one block per row of `rows`, each walking a row of `width` elements
+/// with the width's threads rounded up to warps, at most
+/// [`BLOCK`](crate::engine::launch::BLOCK).
+fn launch_per_row<S: crate::engine::launch::KernelSpec>(
+    device: &crate::engine::device::CudaDevice,
+    spec: &S,
+    rows: usize,
+    width: usize,
+    params: &crate::engine::launch::Params,
+    op: &dyn Fn() -> OpContext,
+) -> Result<()> {
+    let threads = (width.div_ceil(32) * 32).clamp(32, crate::engine::launch::BLOCK as usize);
+    crate::engine::launch::launch(
+        device,
+        spec,
+        block_rows(rows, op)?,
+        threads as u32,
+        params,
+        op,
+    )
 }
 
 /// A grid of one block per row.
