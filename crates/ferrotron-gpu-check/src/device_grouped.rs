@@ -10,10 +10,10 @@
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_cuda::blas::grouped::{
-    backward_grouped_call, backward_per_expert, matmul_grouped_call, matmul_per_expert,
+    Weights, backward_grouped_call, backward_per_expert, matmul_grouped_call, matmul_per_expert,
 };
 use ferrotron_cuda::kernels::fused::grouped_gemm;
-use ferrotron_cuda::{Cuda, CudaTensor, GpuDevice};
+use ferrotron_cuda::{Cuda, CudaTensor, GpuDevice, SliceArg};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -60,14 +60,17 @@ enum Path {
 }
 
 /// Product `which` (of [`PRODUCTS`]) in f32, by the device-count kernels or by cuBLAS's
-/// grouped call.
+/// grouped call; cuBLAS's paths read the experts' weights from `parts` (each expert's own
+/// tensor) where given, else from the stacked `weight`.
 fn product(
     which: &str,
     path: Path,
     rows: &[usize],
     [x, weight, dy]: [&CudaTensor; 3],
+    parts: Option<&[CudaTensor]>,
     device: &GpuDevice,
 ) -> Result<TensorData, String> {
+    let weights = parts.map_or(Weights::Stacked(weight), Weights::Parts);
     let out = match (path, which) {
         (Path::DeviceCounts, "forward") => {
             grouped_gemm::forward(x, weight, &counts_on(rows, device))
@@ -78,11 +81,11 @@ fn product(
         (Path::DeviceCounts, _) => {
             grouped_gemm::weight_grad(x, dy, &counts_on(rows, device), rows.len())
         }
-        (Path::Cublas, "forward") => matmul_grouped_call(x, weight, rows),
-        (Path::PerExpert, "forward") => matmul_per_expert(x, weight, rows),
-        (Path::PerExpert, _) => backward_per_expert(x, weight, dy, rows)
+        (Path::Cublas, "forward") => matmul_grouped_call(x, weights, rows),
+        (Path::PerExpert, "forward") => matmul_per_expert(x, weights, rows),
+        (Path::PerExpert, _) => backward_per_expert(x, weights, dy, rows)
             .map(|(dx, dw)| if which == "input grad" { dx } else { dw }),
-        (Path::Cublas, _) => backward_grouped_call(x, weight, dy, rows)
+        (Path::Cublas, _) => backward_grouped_call(x, weights, dy, rows)
             .map(|(dx, dw)| if which == "input grad" { dx } else { dw }),
     }
     .map_err(|e| e.to_string())?;
@@ -91,8 +94,9 @@ fn product(
     Ok(TensorData::new(all, [n]))
 }
 
-/// One row per product: the device-count kernel against cuBLAS's grouped call, and one for
-/// the per-expert cuBLASLt forward against the same.
+/// One row per product: the device-count kernel against cuBLAS's grouped call, one for the
+/// per-expert cuBLASLt GEMMs against the same, and both cuBLAS paths over the experts' own
+/// tensors (separate allocations, as parameters are) against themselves over the stack.
 fn rows_of(
     device: &GpuDevice,
     rng: &mut StdRng,
@@ -106,6 +110,20 @@ fn rows_of(
     let weight = upload3(&host(&[rows.len(), k, n], rng, dtype), dtype, device);
     let dy = upload(&host(&[total, n], rng, dtype), dtype, device);
     let operands = [&x, &weight, &dy];
+    let parts: Vec<CudaTensor> = (0..rows.len())
+        .map(|g| {
+            let part = weight
+                .slice(&[
+                    SliceArg::range(g, g + 1),
+                    SliceArg::full(k),
+                    SliceArg::full(n),
+                ])
+                .and_then(|p| p.reshape(&[k, n]))
+                .expect("an expert's slice");
+            // A copy of its own, at its own address.
+            ferrotron_cuda::kernels::prim::elementwise::copy(&part).expect("a copy")
+        })
+        .collect();
     // The device-count kernel takes 16-bit operands only.
     let device_counts = if dtype == DType::F32 {
         &[][..]
@@ -114,27 +132,49 @@ fn rows_of(
     };
     let checks = device_counts
         .iter()
-        .map(|which| (*which, Path::DeviceCounts))
-        .chain(PRODUCTS.iter().map(|which| (*which, Path::PerExpert)));
+        .map(|which| (*which, Path::DeviceCounts, false))
+        .chain(
+            PRODUCTS
+                .iter()
+                .map(|which| (*which, Path::PerExpert, false)),
+        )
+        .chain(PRODUCTS.iter().map(|which| (*which, Path::PerExpert, true)))
+        .chain(PRODUCTS.iter().map(|which| (*which, Path::Cublas, true)));
     checks
-        .map(|(which, path)| {
-            let (op, label) = match path {
-                Path::PerExpert => ("grouped_gemm_per_expert", "per-expert cuBLASLt"),
-                _ => ("grouped_gemm_device_counts", "device counts"),
+        .map(|(which, path, over_parts)| {
+            let (op, label, against) = match (path, over_parts) {
+                (Path::PerExpert, false) => (
+                    "grouped_gemm_per_expert",
+                    "per-expert cuBLASLt",
+                    Path::Cublas,
+                ),
+                (Path::PerExpert, true) => (
+                    "grouped_gemm_per_expert_parts",
+                    "per-expert cuBLASLt over parts vs stacked",
+                    Path::PerExpert,
+                ),
+                (Path::Cublas, _) => (
+                    "grouped_gemm_parts",
+                    "cuBLAS grouped over parts vs stacked",
+                    Path::Cublas,
+                ),
+                (Path::DeviceCounts, _) => (
+                    "grouped_gemm_device_counts",
+                    "device counts vs cuBLAS grouped",
+                    Path::Cublas,
+                ),
             };
-            let got = guarded(|| product(which, path, rows, operands, device));
-            let want = guarded(|| product(which, Path::Cublas, rows, operands, device));
+            let given = over_parts.then_some(&parts[..]);
+            let got = guarded(|| product(which, path, rows, operands, given, device));
+            let want = guarded(|| product(which, against, rows, operands, None, device));
             let (errors, note) = match (got, want) {
                 // Same 16-bit inputs, f32 sums in another order, one rounding each.
                 (Ok(got), Ok(want)) => (
                     compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
-                    format!("{which}; {what}; {label} vs cuBLAS grouped"),
+                    format!("{which}; {what}; {label}"),
                 ),
                 (Err(e), _) => (failed(), format!("{which}: {label}: {}", first_line(&e))),
-                (_, Err(e)) => (
-                    failed(),
-                    format!("{which}: cuBLAS grouped: {}", first_line(&e)),
-                ),
+                (_, Err(e)) => (failed(), format!("{which}: reference: {}", first_line(&e))),
             };
             Row {
                 op: op.into(),
@@ -257,9 +297,10 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 });
                 let cublas = median_ms(device, 10, || {
                     let _ = match pass {
-                        "forward" => matmul_grouped_call(&x, &w, &rows),
+                        "forward" => matmul_grouped_call(&x, Weights::Stacked(&w), &rows),
                         // cuBLAS's backward computes both gradients in one call
-                        _ => backward_grouped_call(&x, &w, &dy, &rows).map(|(dx, _)| dx),
+                        _ => backward_grouped_call(&x, Weights::Stacked(&w), &dy, &rows)
+                            .map(|(dx, _)| dx),
                     };
                 });
                 let cublas = if pass == "forward" {
@@ -270,9 +311,10 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 if pass != "weight grad" {
                     let per_expert = median_ms(device, 10, || {
                         let _ = if pass == "forward" {
-                            matmul_per_expert(&x, &w, &rows)
+                            matmul_per_expert(&x, Weights::Stacked(&w), &rows)
                         } else {
-                            backward_per_expert(&x, &w, &dy, &rows).map(|(dx, _)| dx)
+                            backward_per_expert(&x, Weights::Stacked(&w), &dy, &rows)
+                                .map(|(dx, _)| dx)
                         };
                     });
                     let (what, per_expert) = if pass == "forward" {

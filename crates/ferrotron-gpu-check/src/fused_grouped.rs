@@ -25,8 +25,12 @@ enum Mode {
     Composed,
     /// The fused node over the stacked weight.
     Fused,
-    /// The fused node over the groups' own weights, which it keeps for its backward.
+    /// The fused node over the groups' own weights, computed by slicing one weight: stacked
+    /// again by the op.
     Parts,
+    /// The fused node over the groups' own weights, each a leaf as a parameter is: never
+    /// stacked, each part's gradient registered by the node.
+    Leaves,
 }
 
 /// Output, x gradient and weight gradient of `Σ w ∘ grouped(x, weight)`, flattened in f32.
@@ -48,6 +52,7 @@ fn grads(
     // The fused node gets the counts on the device, as dropless routing leaves them.
     let counts = TensorData::new(GROUPS.iter().map(|&r| r as i64).collect(), [GROUPS.len()]);
     let counts = Tensor::<A, 1, Int>::from_data(counts, device).into_primitive();
+    let mut leaves: Vec<Tensor<A, 2>> = Vec::new();
     let out = match mode {
         Mode::Fused => A::fused_grouped_matmul(px, pw, &GroupRows::on_device(counts)),
         Mode::Parts => {
@@ -64,21 +69,40 @@ fn grads(
                 .collect();
             A::fused_grouped_matmul_parts(px, parts, &GroupRows::on_device(counts))
         }
+        Mode::Leaves => {
+            let [groups, k, n] = weight.dims();
+            leaves = (0..groups)
+                .map(|g| {
+                    let part = weight.clone().slice_dim(0, g..g + 1).reshape([k, n]);
+                    Tensor::<A, 2>::from_data(part.into_data(), device).require_grad()
+                })
+                .collect();
+            let parts = leaves
+                .iter()
+                .map(|part| part.clone().into_primitive().tensor())
+                .collect();
+            A::fused_grouped_matmul_parts(px, parts, &GroupRows::on_device(counts))
+        }
         Mode::Composed => {
             composed_grouped_matmul::<A>(px, pw, &GroupRows::on_host(GROUPS.to_vec()))
         }
     };
     let out: Tensor<A, 2> = Tensor::from_primitive(TensorPrimitive::Float(out));
     let g = (out.clone().cast(DType::F32) * w).sum().backward();
+    let dweight = if mode == Mode::Leaves {
+        let parts = leaves
+            .iter()
+            .map(|part| part.grad(&g).expect("a part's gradient").reshape([-1]))
+            .collect();
+        Tensor::cat(parts, 0)
+    } else {
+        weight.grad(&g).expect("dweight").reshape([-1])
+    };
     Tensor::cat(
         vec![
             out.inner().cast(DType::F32).reshape([-1]),
             x.grad(&g).expect("dx").cast(DType::F32).reshape([-1]),
-            weight
-                .grad(&g)
-                .expect("dweight")
-                .cast(DType::F32)
-                .reshape([-1]),
+            dweight.cast(DType::F32),
         ],
         0,
     )
@@ -96,13 +120,20 @@ fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, [k, n]: [usize; 2], m
         // Same roundings on both sides: what differs is the order of each f32 sum.
         (Ok(got), Ok(want)) => (
             compare::compare(&round(got, dtype), &round(want, dtype), 2.0),
-            "fused vs composed, same dtype; out + dx + dweight".to_string(),
+            match mode {
+                Mode::Parts => "fused (sliced parts) vs composed, same dtype; out + dx + dweight",
+                Mode::Leaves => {
+                    "fused (parameter parts) vs composed, same dtype; out + dx + dweights"
+                }
+                _ => "fused vs composed, same dtype; out + dx + dweight",
+            }
+            .to_string(),
         ),
         (Err(e), _) => (failed(), format!("fused: {}", first_line(&e))),
         (_, Err(e)) => (failed(), format!("composed: {}", first_line(&e))),
     };
     let op = match mode {
-        Mode::Parts => "fused_grouped_matmul_parts",
+        Mode::Parts | Mode::Leaves => "fused_grouped_matmul_parts",
         _ => "fused_grouped_matmul",
     };
     Row {
@@ -118,7 +149,7 @@ fn row(device: &GpuDevice, rng: &mut StdRng, dtype: DType, [k, n]: [usize; 2], m
 pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(29);
     let mut rows = Vec::new();
-    for mode in [Mode::Fused, Mode::Parts] {
+    for mode in [Mode::Fused, Mode::Parts, Mode::Leaves] {
         for dtype in [DType::F32, DType::BF16] {
             rows.push(row(device, &mut rng, dtype, [128, 352], mode));
             rows.push(row(device, &mut rng, dtype, [176, 128], mode));

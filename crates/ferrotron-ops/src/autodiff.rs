@@ -30,8 +30,8 @@ use crate::{
     composed_qk_norm, composed_qkv_attention, composed_rope_qkv, composed_swiglu,
     composed_tied_logits, cross_entropy_node, dropout_add_node, embedding_node, gelu_node,
     grouped_matmul_node, grouped_matmul_parts_node, linear_cross_entropy_node, norm_node,
-    qk_norm_node, qkv_attention_node, rope_qkv_node, swiglu_node, tied_cross_entropy_node,
-    tied_logits_node,
+    parts_are_leaves, qk_norm_node, qkv_attention_node, rope_qkv_node, swiglu_node,
+    tied_cross_entropy_node, tied_logits_node,
 };
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
@@ -239,12 +239,15 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         parts: Vec<FloatTensor<Self>>,
         group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
-        let weight = stack_parts::<Self>(parts.clone());
-        if B::has_grouped_matmul_kernel(&x.primitive, &weight.primitive) {
-            grouped_matmul_parts_node::<B, C>(x, weight, &parts, group_rows)
-        } else {
-            composed_grouped_matmul::<Self>(x, weight, group_rows)
+        let kernel = parts
+            .first()
+            .is_some_and(|part| B::has_grouped_matmul_parts_kernel(&x.primitive, &part.primitive));
+        if kernel && parts_are_leaves::<B, C>(&parts) {
+            return grouped_matmul_parts_node::<B, C>(x, parts, group_rows);
         }
+        // Parts computed by other ops reach the node through the stack's own backward.
+        let weight = stack_parts::<Self>(parts);
+        Self::fused_grouped_matmul(x, weight, group_rows)
     }
 
     fn fused_rope_qkv(

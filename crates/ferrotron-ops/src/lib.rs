@@ -75,7 +75,8 @@ pub use op::gather::gather_rows_backward_reference;
 pub use op::gelu::{composed_gelu, gelu, gelu_node};
 pub use op::group_rows::GroupRows;
 pub use op::grouped::{
-    GroupedMatmulGrads, composed_grouped_matmul, grouped_matmul_node, grouped_matmul_parts_node,
+    GroupedMatmulGrads, GroupedMatmulPartsGrads, composed_grouped_matmul, grouped_matmul_node,
+    grouped_matmul_parts_node, parts_are_leaves,
 };
 pub use op::host_pass::{HostPass, HostPiece, HostValues, HostValuesMut, composed_host_pass};
 pub use op::linear_loss::{
@@ -132,7 +133,7 @@ use crate::op::dropout::{dropout_add_backward_reference, dropout_add_forward_ref
 use crate::op::embedding::embedding_backward_reference;
 
 use crate::op::gelu::gelu_backward_reference;
-use crate::op::grouped::{grouped_matmul_backward_reference, stack_parts};
+use crate::op::grouped::{grouped_matmul_backward_reference, stack_parts, unstack_parts};
 use crate::op::logits::tied_logits_backward_reference;
 use crate::op::loss::{cross_entropy_backward_reference, cross_entropy_forward_reference};
 use crate::op::norm::fold_rows;
@@ -365,8 +366,9 @@ pub trait FusedOps: Backend {
         composed_grouped_matmul::<Self>(x, weight, group_rows)
     }
 
-    /// [`FusedOps::fused_grouped_matmul`] over the groups' own weights `parts` (each `[k, n]`),
-    /// stacked by the op: autodiff keeps the parts for the backward, not a stacked copy.
+    /// [`FusedOps::fused_grouped_matmul`] over the groups' own weights `parts` (each `[k, n]`):
+    /// with a kernel and parameters for parts, autodiff never stacks them
+    /// ([`grouped_matmul_parts_node`]).
     fn fused_grouped_matmul_parts(
         x: FloatTensor<Self>,
         parts: Vec<FloatTensor<Self>>,
@@ -379,6 +381,13 @@ pub trait FusedOps: Backend {
     /// Default: no.
     fn has_grouped_matmul_kernel(x: &FloatTensor<Self>, weight: &FloatTensor<Self>) -> bool {
         let _ = (x, weight);
+        false
+    }
+
+    /// Whether [`FusedOps::grouped_matmul_parts_kernel_forward`] is a real kernel for `x` and
+    /// parts like `part`. Default: no.
+    fn has_grouped_matmul_parts_kernel(x: &FloatTensor<Self>, part: &FloatTensor<Self>) -> bool {
+        let _ = (x, part);
         false
     }
 
@@ -399,6 +408,32 @@ pub trait FusedOps: Backend {
         group_rows: &GroupRows<Self>,
     ) -> GroupedMatmulGrads<Self> {
         grouped_matmul_backward_reference::<Self>(x, weight, grad_output, group_rows)
+    }
+
+    /// [`FusedOps::grouped_matmul_kernel_forward`] over the groups' own weights `parts` (each
+    /// `[k, n]`). Default: over the parts stacked.
+    fn grouped_matmul_parts_kernel_forward(
+        x: FloatTensor<Self>,
+        parts: &[FloatTensor<Self>],
+        group_rows: &GroupRows<Self>,
+    ) -> FloatTensor<Self> {
+        Self::grouped_matmul_kernel_forward(x, stack_parts::<Self>(parts.to_vec()), group_rows)
+    }
+
+    /// The gradients of `x` and of each part from the output gradient. Default: the stacked
+    /// weight's, cut into the parts'.
+    fn grouped_matmul_parts_kernel_backward(
+        x: FloatTensor<Self>,
+        parts: &[FloatTensor<Self>],
+        grad_output: FloatTensor<Self>,
+        group_rows: &GroupRows<Self>,
+    ) -> GroupedMatmulPartsGrads<Self> {
+        let weight = stack_parts::<Self>(parts.to_vec());
+        let grads = Self::grouped_matmul_kernel_backward(x, weight, grad_output, group_rows);
+        GroupedMatmulPartsGrads {
+            x: grads.x,
+            parts: unstack_parts::<Self>(grads.weight),
+        }
     }
 
     /// `x [m, h]`'s rows at `index [p]` → `[p, h]`, where input row `i` is read by exactly the

@@ -65,33 +65,87 @@ pub fn supports(x: DType, weight: DType) -> bool {
     crate::switches::paths().grouped_gemm && x == weight && data_type(x).is_some()
 }
 
-/// Checks `x [rows, k]`, `weight [groups, k, n]` against the group sizes: `(k, n)`.
-fn dims(x: &CudaTensor, weight: &CudaTensor, group_rows: &[usize]) -> Result<(usize, usize)> {
+/// The experts' `[k, n]` weights: slices of one `[groups, k, n]` tensor, or each expert's own
+/// tensor (its parameter: autodiff's `grouped_matmul_parts_node` never stacks them, which cost a
+/// read and write of every expert's weights and a copy launch per expert, forward and backward).
+#[derive(Debug, Clone, Copy)]
+pub enum Weights<'a> {
+    Stacked(&'a CudaTensor),
+    Parts(&'a [CudaTensor]),
+}
+
+impl Weights<'_> {
+    fn dtype(&self) -> Option<DType> {
+        match self {
+            Weights::Stacked(weight) => Some(weight.dtype()),
+            Weights::Parts(parts) => parts.first().map(CudaTensor::dtype),
+        }
+    }
+
+    /// `(groups, k, n)`, where every part is one `[k, n]` of one dtype.
+    fn dims(&self) -> Option<(usize, usize, usize)> {
+        match self {
+            Weights::Stacked(weight) => match weight.shape() {
+                [groups, k, n] => Some((*groups, *k, *n)),
+                _ => None,
+            },
+            Weights::Parts(parts) => {
+                let first = parts.first()?;
+                let [k, n] = *first.shape() else { return None };
+                parts
+                    .iter()
+                    .all(|part| part.shape() == [k, n] && part.dtype() == first.dtype())
+                    .then_some((parts.len(), k, n))
+            }
+        }
+    }
+
+    /// Each expert's `[k, n]` matrix, contiguous (views of the stack made contiguous).
+    fn matrices(&self) -> Result<Vec<CudaTensor>> {
+        match self {
+            Weights::Stacked(weight) => {
+                let weight = weight.contiguous()?;
+                (0..weight.shape()[0])
+                    .map(|group| expert_matrix(&weight, group))
+                    .collect()
+            }
+            Weights::Parts(parts) => parts.iter().map(CudaTensor::contiguous).collect(),
+        }
+    }
+}
+
+/// Checks `x [rows, k]` and the weights (`[groups, k, n]`) against the group sizes: `(k, n)`.
+fn dims(x: &CudaTensor, weights: Weights<'_>, group_rows: &[usize]) -> Result<(usize, usize)> {
     let ctx = || {
-        OpContext::new("grouped_matmul")
-            .shape(x.shape())
-            .shape(weight.shape())
-            .dtype(x.dtype())
+        let ctx = OpContext::new("grouped_matmul").shape(x.shape());
+        match weights {
+            Weights::Stacked(weight) => ctx.shape(weight.shape()),
+            Weights::Parts(parts) => parts.iter().fold(ctx, |ctx, p| ctx.shape(p.shape())),
+        }
+        .dtype(x.dtype())
     };
-    if !supports(x.dtype(), weight.dtype()) {
+    if !weights
+        .dtype()
+        .is_some_and(|dtype| supports(x.dtype(), dtype))
+    {
         return Err(CudaError::unsupported(
             ctx(),
             "one float dtype (f32, f16, bf16) for x and weight",
         ));
     }
-    let ([rows, k], [groups, k2, n]) = (x.shape(), weight.shape()) else {
+    let ([rows, k], Some((groups, k2, n))) = (x.shape(), weights.dims()) else {
         return Err(CudaError::invalid(
             ctx(),
-            "x must be [rows, k], weight [groups, k, n]",
+            "x must be [rows, k], the weights [groups, k, n] or `groups` parts [k, n]",
         ));
     };
-    if *k != *k2 || *groups != group_rows.len() || *rows != group_rows.iter().sum::<usize>() {
+    if *k != k2 || groups != group_rows.len() || *rows != group_rows.iter().sum::<usize>() {
         return Err(CudaError::invalid(
             ctx(),
             format!("shapes do not match the groups {group_rows:?}"),
         ));
     }
-    Ok((*k, *n))
+    Ok((*k, n))
 }
 
 /// Output tiles of 128 × 128 an expert's GEMM must hold per multiprocessor to fill the GPU on
@@ -109,26 +163,25 @@ fn per_expert(device: &CudaDevice, n: usize, group_rows: &[usize]) -> bool {
         && group_rows.iter().sum::<usize>() / busy * n >= device.multiprocessors() * TILE
 }
 
-/// Row block `g` of `x [rows, k]` (`group_rows[g]` rows) times `weight[g]` of `weight [groups,
-/// k, n]` → `[rows, n]`; through [`matmul_per_expert`] where each expert fills the GPU
-/// (`per_expert`).
+/// Row block `g` of `x [rows, k]` (`group_rows[g]` rows) times expert `g`'s `[k, n]` weight →
+/// `[rows, n]`; through [`matmul_per_expert`] where each expert fills the GPU (`per_expert`).
 pub fn grouped_matmul(
     x: &CudaTensor,
-    weight: &CudaTensor,
+    weights: Weights<'_>,
     group_rows: &[usize],
 ) -> Result<CudaTensor> {
-    match weight.shape() {
-        [.., n] if per_expert(x.device(), *n, group_rows) => {
-            matmul_per_expert(x, weight, group_rows)
+    match weights.dims() {
+        Some((_, _, n)) if per_expert(x.device(), n, group_rows) => {
+            matmul_per_expert(x, weights, group_rows)
         }
-        _ => matmul_grouped_call(x, weight, group_rows),
+        _ => matmul_grouped_call(x, weights, group_rows),
     }
 }
 
 /// A forward's operands made contiguous, its output allocated, and `(k, n)`.
 struct Forward {
     x: CudaTensor,
-    weight: CudaTensor,
+    weights: Vec<CudaTensor>,
     out: CudaTensor,
     k: usize,
     n: usize,
@@ -138,10 +191,10 @@ impl Forward {
     /// The operands, or the finished output where the inner dimension is empty (zeros).
     fn new(
         x: &CudaTensor,
-        weight: &CudaTensor,
+        weights: Weights<'_>,
         group_rows: &[usize],
     ) -> Result<std::result::Result<Self, CudaTensor>> {
-        let (k, n) = dims(x, weight, group_rows)?;
+        let (k, n) = dims(x, weights, group_rows)?;
         let shape = [x.shape()[0], n];
         if k == 0 {
             let zeros = crate::kernels::prim::elementwise::zeros(x.device(), &shape, x.dtype())?;
@@ -149,7 +202,7 @@ impl Forward {
         }
         Ok(Ok(Forward {
             x: x.contiguous()?,
-            weight: weight.contiguous()?,
+            weights: weights.matrices()?,
             out: CudaTensor::empty(x.device(), &shape, x.dtype())?,
             k,
             n,
@@ -184,16 +237,16 @@ fn expert_matrix(t: &CudaTensor, group: usize) -> Result<CudaTensor> {
 /// [`grouped_matmul`] as cuBLAS's one grouped call, whatever the shapes.
 pub fn matmul_grouped_call(
     x: &CudaTensor,
-    weight: &CudaTensor,
+    weights: Weights<'_>,
     group_rows: &[usize],
 ) -> Result<CudaTensor> {
     let Forward {
         x,
-        weight,
+        weights,
         out,
         k,
         n,
-    } = match Forward::new(x, weight, group_rows)? {
+    } = match Forward::new(x, weights, group_rows)? {
         Ok(forward) => forward,
         Err(zeros) => return Ok(zeros),
     };
@@ -210,7 +263,7 @@ pub fn matmul_grouped_call(
                 m: n,
                 n: rows,
                 k,
-                a: weight.data_ptr() + (group * k * n) as u64 * size,
+                a: weights[group].data_ptr(),
                 lda: n,
                 b: x.data_ptr() + (row * k) as u64 * size,
                 ldb: k,
@@ -231,10 +284,10 @@ pub fn matmul_grouped_call(
 /// rows each fill the GPU on their own.
 pub fn matmul_per_expert(
     x: &CudaTensor,
-    weight: &CudaTensor,
+    weights: Weights<'_>,
     group_rows: &[usize],
 ) -> Result<CudaTensor> {
-    let f = match Forward::new(x, weight, group_rows)? {
+    let f = match Forward::new(x, weights, group_rows)? {
         Ok(forward) => forward,
         Err(zeros) => return Ok(zeros),
     };
@@ -243,7 +296,7 @@ pub fn matmul_per_expert(
         if len > 0 {
             crate::blas::gemm::matmul_rows_into(
                 &rows_block(&f.x, row, len)?,
-                &expert_matrix(&f.weight, group)?,
+                &f.weights[group],
                 &rows_block(&f.out, row, len)?,
             )?;
         }
@@ -257,23 +310,29 @@ pub fn matmul_per_expert(
 /// expert where the forward is (`per_expert`), else cuBLAS's one grouped call.
 pub fn grouped_matmul_backward(
     x: &CudaTensor,
-    weight: &CudaTensor,
+    weights: Weights<'_>,
     grad_output: &CudaTensor,
     group_rows: &[usize],
 ) -> Result<(CudaTensor, CudaTensor)> {
-    match weight.shape() {
-        [.., n] if per_expert(x.device(), *n, group_rows) => {
-            backward_per_expert(x, weight, grad_output, group_rows)
+    match weights.dims() {
+        Some((_, _, n)) if per_expert(x.device(), n, group_rows) => {
+            backward_per_expert(x, weights, grad_output, group_rows)
         }
-        _ => backward_grouped_call(x, weight, grad_output, group_rows),
+        _ => backward_grouped_call(x, weights, grad_output, group_rows),
     }
+}
+
+/// Expert `group`'s `[k, n]` gradient of a `[groups, k, n]` one (a view): each part's gradient
+/// where the weights are parts.
+pub fn expert_gradient(dweight: &CudaTensor, group: usize) -> Result<CudaTensor> {
+    expert_matrix(dweight, group)
 }
 
 /// A backward's operands, contiguous and of `x`'s dtype, and its outputs, allocated: `dweight`
 /// zeroed where a group is empty (its gradient is zero and no GEMM writes it).
 struct Backward {
     x: CudaTensor,
-    weight: CudaTensor,
+    weights: Vec<CudaTensor>,
     grad: CudaTensor,
     dx: CudaTensor,
     dweight: CudaTensor,
@@ -284,11 +343,11 @@ struct Backward {
 impl Backward {
     fn new(
         x: &CudaTensor,
-        weight: &CudaTensor,
+        weights: Weights<'_>,
         grad_output: &CudaTensor,
         group_rows: &[usize],
     ) -> Result<Self> {
-        let (k, n) = dims(x, weight, group_rows)?;
+        let (k, n) = dims(x, weights, group_rows)?;
         let rows = x.shape()[0];
         if grad_output.shape() != [rows, n] {
             return Err(CudaError::invalid(
@@ -318,7 +377,7 @@ impl Backward {
         };
         Ok(Backward {
             x: x.contiguous()?,
-            weight: weight.contiguous()?,
+            weights: weights.matrices()?,
             grad,
             dx,
             dweight,
@@ -338,11 +397,11 @@ impl Backward {
 /// inner counts (`gemm::matmul_inner_into`).
 pub fn backward_per_expert(
     x: &CudaTensor,
-    weight: &CudaTensor,
+    weights: Weights<'_>,
     grad_output: &CudaTensor,
     group_rows: &[usize],
 ) -> Result<(CudaTensor, CudaTensor)> {
-    let b = Backward::new(x, weight, grad_output, group_rows)?;
+    let b = Backward::new(x, weights, grad_output, group_rows)?;
     if b.empty() {
         return Ok((b.dx, b.dweight));
     }
@@ -350,7 +409,7 @@ pub fn backward_per_expert(
     for (group, &len) in group_rows.iter().enumerate() {
         if len > 0 {
             let dy = rows_block(&b.grad, row, len)?;
-            let w_t = expert_matrix(&b.weight, group)?.permute(&[1, 0])?;
+            let w_t = b.weights[group].permute(&[1, 0])?;
             crate::blas::gemm::matmul_rows_into(&dy, &w_t, &rows_block(&b.dx, row, len)?)?;
             let x_t = rows_block(&b.x, row, len)?.permute(&[1, 0])?;
             crate::blas::gemm::matmul_inner_into(&x_t, &dy, &expert_matrix(&b.dweight, group)?)?;
@@ -363,17 +422,17 @@ pub fn backward_per_expert(
 /// [`grouped_matmul_backward`] as cuBLAS's one grouped call for both gradients.
 pub fn backward_grouped_call(
     x: &CudaTensor,
-    weight: &CudaTensor,
+    weights: Weights<'_>,
     grad_output: &CudaTensor,
     group_rows: &[usize],
 ) -> Result<(CudaTensor, CudaTensor)> {
-    let b = Backward::new(x, weight, grad_output, group_rows)?;
+    let b = Backward::new(x, weights, grad_output, group_rows)?;
     if b.empty() {
         return Ok((b.dx, b.dweight));
     }
     let Backward {
         x,
-        weight,
+        weights,
         grad,
         dx,
         dweight,
@@ -386,7 +445,7 @@ pub fn backward_grouped_call(
     let mut row = 0;
     for (group, &len) in group_rows.iter().enumerate() {
         if len > 0 {
-            let w = weight.data_ptr() + (group * k * n) as u64 * size;
+            let w = weights[group].data_ptr();
             let g = grad.data_ptr() + (row * n) as u64 * size;
             let xg = x.data_ptr() + (row * k) as u64 * size;
             // dx_gᵀ (k × len) = weight[g] (k × n: the stored n × k transposed) · grad_gᵀ.

@@ -5,12 +5,12 @@
 //! forward and four backward per layer, whatever the number of experts; on the CPU the composed
 //! op is the old per-expert arithmetic.
 //!
-//! The stacked weights are a copy made each forward (the parameters stay one per expert, so
-//! checkpoints and parameter roles are unchanged); its cost is a read and write of the experts'
-//! weights, small next to the GEMMs that read them. The grouped matmul keeps the experts' own
-//! weights for its backward and stacks them again there
-//! ([`FusedOps::fused_grouped_matmul_parts`]), so no stacked copy lives from a forward to its
-//! backward: one per MoE layer and microbatch in flight was gigabytes on a pipeline stage.
+//! The experts' weights stay one parameter per expert (checkpoints and parameter roles are
+//! unchanged) and reach the op as parts ([`FusedOps::fused_grouped_matmul_parts`]): a GPU's
+//! kernels read each expert's weight where it lies and write each expert's gradient into one
+//! buffer the parameters' gradients are views of, so no stacked copy is made forward or backward
+//! (it was a read and write of every expert's weights and one copy launch per expert each way)
+//! and none lives from a forward to its backward.
 
 use burn::tensor::activation::gelu;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorPrimitive};

@@ -15,6 +15,7 @@
 //! returns a tensor cut off from the graph.
 
 use burn::backend::Autodiff;
+use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -33,6 +34,14 @@ use crate::primitive::{unwrap, wrap};
 pub struct GroupedMatmulGrads<B: Backend> {
     pub x: FloatTensor<B>,
     pub weight: FloatTensor<B>,
+}
+
+/// Gradients of a grouped matmul over the groups' own weights: `x [rows, k]` and one `[k, n]`
+/// per part.
+#[derive(Debug, Clone)]
+pub struct GroupedMatmulPartsGrads<B: Backend> {
+    pub x: FloatTensor<B>,
+    pub parts: Vec<FloatTensor<B>>,
 }
 
 /// Checks the shapes against the group sizes: `(k, n)`.
@@ -136,23 +145,6 @@ pub(crate) fn grouped_matmul_backward_reference<B: Backend>(
 #[derive(Debug)]
 struct GroupedMatmulOp;
 
-/// The weight a node keeps for its backward: the stacked tensor it was given, or the groups'
-/// own weights (parameters the model holds anyway), stacked again when the backward runs.
-#[derive(Debug, Clone)]
-enum SavedWeight<B: Backend> {
-    Stacked(FloatTensor<B>),
-    Parts(Vec<FloatTensor<B>>),
-}
-
-impl<B: Backend> SavedWeight<B> {
-    fn stacked(self) -> FloatTensor<B> {
-        match self {
-            SavedWeight::Stacked(weight) => weight,
-            SavedWeight::Parts(parts) => stack_parts::<B>(parts),
-        }
-    }
-}
-
 /// `parts`, each `[k, n]`, as one `[groups, k, n]` tensor.
 pub(crate) fn stack_parts<B: Backend>(parts: Vec<FloatTensor<B>>) -> FloatTensor<B> {
     unwrap(Tensor::stack::<3>(
@@ -161,8 +153,17 @@ pub(crate) fn stack_parts<B: Backend>(parts: Vec<FloatTensor<B>>) -> FloatTensor
     ))
 }
 
-/// State of one grouped-matmul node: `x`, the weight and the group sizes.
-type GroupedMatmulState<B> = (FloatTensor<B>, SavedWeight<B>, GroupRows<B>);
+/// `stacked [groups, k, n]` as its groups' `[k, n]` matrices (slices).
+pub(crate) fn unstack_parts<B: Backend>(stacked: FloatTensor<B>) -> Vec<FloatTensor<B>> {
+    let stacked = wrap::<B, 3>(stacked);
+    let [groups, k, n] = stacked.dims();
+    (0..groups)
+        .map(|group| unwrap(group_weight(stacked.clone(), group).reshape([k, n])))
+        .collect()
+}
+
+/// State of one grouped-matmul node: `x`, the stacked weight and the group sizes.
+type GroupedMatmulState<B> = (FloatTensor<B>, FloatTensor<B>, GroupRows<B>);
 
 /// Parents are `x` and `weight`.
 impl<B: FusedOps> Backward<B, 2> for GroupedMatmulOp {
@@ -171,7 +172,7 @@ impl<B: FusedOps> Backward<B, 2> for GroupedMatmulOp {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
         let (x, weight, group_rows) = ops.state;
-        let out = B::grouped_matmul_kernel_backward(x, weight.stacked(), grad, &group_rows);
+        let out = B::grouped_matmul_kernel_backward(x, weight, grad, &group_rows);
         let [node_x, node_weight] = ops.parents;
         if let Some(node) = node_x {
             grads.register::<B>(node.id, out.x);
@@ -190,31 +191,6 @@ pub fn grouped_matmul_node<B: FusedOps, C: CheckpointStrategy>(
     weight: FloatTensor<Autodiff<B, C>>,
     group_rows: &GroupRows<Autodiff<B, C>>,
 ) -> FloatTensor<Autodiff<B, C>> {
-    let saved = SavedWeight::Stacked(weight.primitive.clone());
-    record_grouped_matmul::<B, C>(x, weight, saved, group_rows)
-}
-
-/// [`grouped_matmul_node`] over the groups' own weights `parts` (each `[k, n]`): they are stacked
-/// for the forward, and the node keeps the parts, not the stacked copy, stacking them again in
-/// its backward. Stacked copies kept from forward to backward cost every MoE layer a copy of its
-/// experts' weights per microbatch in flight (DeepSeek-V3's layout: 21 GiB on a stage).
-/// `weight` is `parts` stacked (a tracked op, which keeps no values).
-pub fn grouped_matmul_parts_node<B: FusedOps, C: CheckpointStrategy>(
-    x: FloatTensor<Autodiff<B, C>>,
-    weight: FloatTensor<Autodiff<B, C>>,
-    parts: &[FloatTensor<Autodiff<B, C>>],
-    group_rows: &GroupRows<Autodiff<B, C>>,
-) -> FloatTensor<Autodiff<B, C>> {
-    let saved = SavedWeight::Parts(parts.iter().map(|part| part.primitive.clone()).collect());
-    record_grouped_matmul::<B, C>(x, weight, saved, group_rows)
-}
-
-fn record_grouped_matmul<B: FusedOps, C: CheckpointStrategy>(
-    x: FloatTensor<Autodiff<B, C>>,
-    weight: FloatTensor<Autodiff<B, C>>,
-    saved: SavedWeight<B>,
-    group_rows: &GroupRows<Autodiff<B, C>>,
-) -> FloatTensor<Autodiff<B, C>> {
     let group_rows = &group_rows.of::<B>();
     let prepared = GroupedMatmulOp
         .prepare::<C>([x.node.clone(), weight.node.clone()])
@@ -222,13 +198,102 @@ fn record_grouped_matmul<B: FusedOps, C: CheckpointStrategy>(
         .stateful();
     match prepared {
         OpsKind::Tracked(prep) => {
-            let output =
-                B::grouped_matmul_kernel_forward(x.primitive.clone(), weight.primitive, group_rows);
-            prep.finish((x.primitive, saved, group_rows.clone()), output)
+            let output = B::grouped_matmul_kernel_forward(
+                x.primitive.clone(),
+                weight.primitive.clone(),
+                group_rows,
+            );
+            prep.finish((x.primitive, weight.primitive, group_rows.clone()), output)
         }
         OpsKind::UnTracked(prep) => prep.finish(B::grouped_matmul_kernel_forward(
             x.primitive,
             weight.primitive,
+            group_rows,
+        )),
+    }
+}
+
+/// Whether `parts` can go to [`grouped_matmul_parts_node`]: each is a leaf of the graph (a
+/// parameter), whose gradient the node registers itself; a part computed by another op would
+/// need that op's backward run, which only a parent gets.
+pub fn parts_are_leaves<B: Backend, C: CheckpointStrategy>(
+    parts: &[FloatTensor<Autodiff<B, C>>],
+) -> bool {
+    !parts.is_empty() && parts.iter().all(|part| part.node.parents.is_empty())
+}
+
+#[derive(Debug)]
+struct GroupedMatmulPartsOp;
+
+/// State of one node over the groups' own weights: `x`, the parts, the graph id of each part
+/// that takes a gradient, and the group sizes.
+type GroupedMatmulPartsState<B> = (
+    FloatTensor<B>,
+    Vec<FloatTensor<B>>,
+    Vec<Option<NodeId>>,
+    GroupRows<B>,
+);
+
+/// Parents are `x` and one of the parts, which makes the node tracked when only the weights
+/// take gradients; every part's gradient is registered by its id, that one's too.
+impl<B: FusedOps> Backward<B, 2> for GroupedMatmulPartsOp {
+    type State = GroupedMatmulPartsState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, parts, ids, group_rows) = ops.state;
+        let out = B::grouped_matmul_parts_kernel_backward(x, &parts, grad, &group_rows);
+        let [node_x, _] = ops.parents;
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, out.x);
+        }
+        for (id, grad) in ids.into_iter().zip(out.parts) {
+            if let Some(id) = id {
+                grads.register::<B>(id, grad);
+            }
+        }
+    }
+}
+
+/// A grouped matmul over the groups' own weights `parts` (each `[k, n]`, leaves of the graph:
+/// [`parts_are_leaves`]), never stacked: the inner backend's kernels take the parts
+/// ([`FusedOps::grouped_matmul_parts_kernel_forward`]), the node keeps them (parameters the model
+/// holds anyway) and registers each part's gradient. A stacked copy costs a read and write of
+/// every expert's weights forward and backward (Qwen3-30B-A3B: 1.2 GB a layer, one copy launch
+/// per expert) and, kept from forward to backward, a copy per MoE layer and microbatch in flight
+/// (DeepSeek-V3's layout: 21 GiB on a stage).
+pub fn grouped_matmul_parts_node<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    parts: Vec<FloatTensor<Autodiff<B, C>>>,
+    group_rows: &GroupRows<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    assert!(
+        parts_are_leaves::<B, C>(&parts),
+        "grouped matmul over parts: every part must be a leaf of the graph"
+    );
+    let group_rows = &group_rows.of::<B>();
+    let anchor = parts
+        .iter()
+        .find(|part| !part.node.requirement.is_none())
+        .unwrap_or(&parts[0]);
+    let prepared = GroupedMatmulPartsOp
+        .prepare::<C>([x.node.clone(), anchor.node.clone()])
+        .compute_bound()
+        .stateful();
+    let ids = parts
+        .iter()
+        .map(|part| (!part.node.requirement.is_none()).then_some(part.node.id))
+        .collect();
+    let parts: Vec<FloatTensor<B>> = parts.into_iter().map(|part| part.primitive).collect();
+    match prepared {
+        OpsKind::Tracked(prep) => {
+            let output =
+                B::grouped_matmul_parts_kernel_forward(x.primitive.clone(), &parts, group_rows);
+            prep.finish((x.primitive, parts, ids, group_rows.clone()), output)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::grouped_matmul_parts_kernel_forward(
+            x.primitive,
+            &parts,
             group_rows,
         )),
     }

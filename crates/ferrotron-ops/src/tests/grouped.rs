@@ -6,7 +6,7 @@ use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use super::{B, assert_close, flat, tensor};
+use super::{B, assert_close, flat, fresh, tensor};
 use crate::{FusedOps, GroupRows, grouped_matmul_node, grouped_matmul_parts_node};
 
 /// Rows per group: the third group is empty.
@@ -90,13 +90,63 @@ fn grouped_matmul_node_gradients_equal_the_composed_graph() {
     assert!(node[2][90..].iter().any(|g| g.abs() > 1e-3));
 }
 
-/// The node over the groups' own weights (which it keeps for its backward instead of the stacked
-/// copy): the same output and gradients, each part's gradient its slice of the stacked one's.
+/// Output and gradients (x, each part's, concatenated) of the node over the groups' own weights,
+/// each a leaf as a parameter is; `x_grad` false leaves `x` out of the graph, so only the parts
+/// take gradients.
+fn run_parts(x_grad: bool) -> [Vec<f32>; 3] {
+    let x = tensor([8, 5], 0.6);
+    let x = if x_grad { x.require_grad() } else { x };
+    let weight = tensor([4, 5, 6], 1.1);
+    let parts: Vec<Tensor<B, 2>> = (0..GROUPS.len())
+        .map(|g| fresh(&weight.clone().slice_dim(0, g..g + 1).reshape([5, 6])).require_grad())
+        .collect();
+    let primitives: Vec<_> = parts
+        .iter()
+        .map(|part| part.clone().into_primitive().tensor())
+        .collect();
+    assert!(crate::parts_are_leaves::<Flex, NoCheckpointing>(
+        &primitives
+    ));
+    let out: Tensor<B, 2> =
+        Tensor::from_primitive(TensorPrimitive::Float(grouped_matmul_parts_node::<
+            Flex,
+            NoCheckpointing,
+        >(
+            x.clone().into_primitive().tensor(),
+            primitives,
+            &GroupRows::on_host(GROUPS.to_vec()),
+        )));
+    let grads = (out.clone() * tensor([8, 6], 1.7)).sum().backward();
+    let part_grads = parts
+        .iter()
+        .flat_map(|part| flat(part.grad(&grads).expect("a part gradient")))
+        .collect();
+    let x_grad = x.grad(&grads).map(flat).unwrap_or_default();
+    [flat(out), x_grad, part_grads]
+}
+
+/// The node over the groups' own weights (which it keeps for its backward, never stacked when the
+/// backend's kernels take parts): the same output and gradients as the node over the stacked
+/// weight, each part's gradient its slice of the stacked one's, bit for bit.
 #[test]
 fn grouped_matmul_parts_node_equals_the_stacked_node() {
     let stacked = run(stacked_node);
-    let parts = run(|x, weight| {
-        // The weight's groups as separate tensors: the graph reaches `weight` through the slices.
+    let parts = run_parts(true);
+    for (parts, stacked) in parts.into_iter().zip(stacked.clone()) {
+        assert_eq!(bits(parts), bits(stacked));
+    }
+    // With only the weights taking gradients the node is still recorded, their gradients equal.
+    let weights_only = run_parts(false);
+    assert!(weights_only[1].is_empty());
+    assert_eq!(bits(weights_only[2].clone()), bits(stacked[2].clone()));
+}
+
+/// Parts computed by other ops (slices of one weight) are not leaves: the op stacks them, and the
+/// gradient reaches the weight through the slices' own backward.
+#[test]
+fn grouped_matmul_over_computed_parts_reaches_their_source() {
+    let stacked = run(fused);
+    let sliced = run(|x, weight| {
         let parts: Vec<_> = (0..GROUPS.len())
             .map(|g| {
                 weight
@@ -107,18 +157,14 @@ fn grouped_matmul_parts_node_equals_the_stacked_node() {
                     .tensor()
             })
             .collect();
-        let stacked = crate::op::grouped::stack_parts::<B>(parts.clone());
-        Tensor::from_primitive(TensorPrimitive::Float(grouped_matmul_parts_node::<
-            Flex,
-            NoCheckpointing,
-        >(
+        assert!(!crate::parts_are_leaves::<Flex, NoCheckpointing>(&parts));
+        Tensor::from_primitive(TensorPrimitive::Float(B::fused_grouped_matmul_parts(
             x.into_primitive().tensor(),
-            stacked,
-            &parts,
+            parts,
             &GroupRows::on_host(GROUPS.to_vec()),
         )))
     });
-    for (parts, stacked) in parts.into_iter().zip(stacked) {
-        assert_eq!(bits(parts), bits(stacked));
+    for (sliced, stacked) in sliced.into_iter().zip(stacked) {
+        assert_eq!(bits(sliced), bits(stacked));
     }
 }

@@ -34,10 +34,10 @@ use ferrotron_ops::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CombineIndex,
     CombineSpec, CrossEntropySaved, DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment,
     Fp8InputNorm, Fp8Linear, Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit,
-    GroupRows, GroupedMatmulGrads, HostPass, MoePermutation, NormGrads, NormKind, NormSaved,
-    NormSpec, NormStats, QkNormGrads, QkNormParams, QkNormSaved, ReadLater, composed_adamw,
-    composed_attention, composed_gather_flat, composed_grouped_matmul, composed_qk_norm,
-    composed_qkv_attention, composed_rope_qkv, composed_segment_sum_of_squares,
+    GroupRows, GroupedMatmulGrads, GroupedMatmulPartsGrads, HostPass, MoePermutation, NormGrads,
+    NormKind, NormSaved, NormSpec, NormStats, QkNormGrads, QkNormParams, QkNormSaved, ReadLater,
+    composed_adamw, composed_attention, composed_gather_flat, composed_grouped_matmul,
+    composed_qk_norm, composed_qkv_attention, composed_rope_qkv, composed_segment_sum_of_squares,
     composed_sum_of_squares, composed_swiglu, fp8_quantize_norm_composed,
     gather_rows_backward_reference, moe_permutation_reference, moe_topk_reference,
 };
@@ -47,7 +47,7 @@ use crate::backend::{Cuda, GpuDevice};
 use crate::cudnn;
 use crate::engine::dtype::DType;
 
-use crate::blas::grouped::{self, grouped_matmul, grouped_matmul_backward};
+use crate::blas::grouped::{self, Weights, grouped_matmul, grouped_matmul_backward};
 use crate::engine::layout::SliceArg;
 use crate::kernels::fused::loss::{cross_entropy_backward, cross_entropy_forward};
 use crate::kernels::fused::qk_norm::{self, qk_norm_backward, qk_norm_forward};
@@ -75,6 +75,12 @@ pub(crate) fn fused_kernels_enabled() -> bool {
 /// (the recipe's `runtime.grouped_gemm_device_counts`, and shapes the kernel takes).
 fn device_counts_gemm(x: &FloatTensor<Cuda>, weight: &FloatTensor<Cuda>) -> bool {
     crate::switches::paths().grouped_gemm_device_counts && grouped_gemm::supports(x, weight)
+}
+
+/// `parts`, each `[k, n]`, as one `[groups, k, n]` tensor.
+fn stacked(parts: &[FloatTensor<Cuda>]) -> FloatTensor<Cuda> {
+    let parts: Vec<FloatTensor<Cuda>> = parts.iter().map(|part| ok(part.unsqueeze(0))).collect();
+    ok(crate::kernels::prim::index::cat(&parts, 0))
 }
 
 /// What an attention node keeps, from cuDNN's forward.
@@ -716,7 +722,11 @@ impl FusedOps for Cuda {
             let counts = group_rows.device(&crate::backend::shared::device(&x));
             return ok(grouped_gemm::forward(&x, &weight, &counts));
         }
-        ok(grouped_matmul(&x, &weight, group_rows.host()))
+        ok(grouped_matmul(
+            &x,
+            Weights::Stacked(&weight),
+            group_rows.host(),
+        ))
     }
 
     fn grouped_matmul_kernel_backward(
@@ -736,11 +746,56 @@ impl FusedOps for Cuda {
         }
         let (x, weight) = ok(grouped_matmul_backward(
             &x,
-            &weight,
+            Weights::Stacked(&weight),
             &grad_output,
             group_rows.host(),
         ));
         GroupedMatmulGrads { x, weight }
+    }
+
+    fn has_grouped_matmul_parts_kernel(x: &FloatTensor<Self>, part: &FloatTensor<Self>) -> bool {
+        fused_kernels_enabled()
+            && x.rank() == 2
+            && part.rank() == 2
+            && grouped::supports(x.dtype(), part.dtype())
+    }
+
+    fn grouped_matmul_parts_kernel_forward(
+        x: FloatTensor<Self>,
+        parts: &[FloatTensor<Self>],
+        group_rows: &GroupRows<Self>,
+    ) -> FloatTensor<Self> {
+        if crate::switches::paths().grouped_gemm_device_counts {
+            // The device-count kernel reads one stacked weight.
+            let weight = stacked(parts);
+            return Self::grouped_matmul_kernel_forward(x, weight, group_rows);
+        }
+        ok(grouped_matmul(&x, Weights::Parts(parts), group_rows.host()))
+    }
+
+    fn grouped_matmul_parts_kernel_backward(
+        x: FloatTensor<Self>,
+        parts: &[FloatTensor<Self>],
+        grad_output: FloatTensor<Self>,
+        group_rows: &GroupRows<Self>,
+    ) -> GroupedMatmulPartsGrads<Self> {
+        let (x, weight) = if crate::switches::paths().grouped_gemm_device_counts {
+            let weight = stacked(parts);
+            let grads = Self::grouped_matmul_kernel_backward(x, weight, grad_output, group_rows);
+            (grads.x, grads.weight)
+        } else {
+            ok(grouped_matmul_backward(
+                &x,
+                Weights::Parts(parts),
+                &grad_output,
+                group_rows.host(),
+            ))
+        };
+        // Each part's gradient is its view of the one buffer the GEMMs wrote.
+        let parts = (0..parts.len())
+            .map(|group| ok(grouped::expert_gradient(&weight, group)))
+            .collect();
+        GroupedMatmulPartsGrads { x, parts }
     }
 
     fn fused_qkv_attention(qkv: FloatTensor<Self>, spec: AttentionSpec) -> FloatTensor<Self> {
