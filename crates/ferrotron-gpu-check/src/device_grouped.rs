@@ -73,10 +73,10 @@ fn product(
     let weights = parts.map_or(Weights::Stacked(weight), Weights::Parts);
     let out = match (path, which) {
         (Path::DeviceCounts, "forward") => {
-            grouped_gemm::forward(x, weight, &counts_on(rows, device))
+            grouped_gemm::forward(x, weights, &counts_on(rows, device))
         }
         (Path::DeviceCounts, "input grad") => {
-            grouped_gemm::input_grad(dy, weight, &counts_on(rows, device))
+            grouped_gemm::input_grad(dy, weights, &counts_on(rows, device))
         }
         (Path::DeviceCounts, _) => {
             grouped_gemm::weight_grad(x, dy, &counts_on(rows, device), rows.len())
@@ -139,7 +139,12 @@ fn rows_of(
                 .map(|which| (*which, Path::PerExpert, false)),
         )
         .chain(PRODUCTS.iter().map(|which| (*which, Path::PerExpert, true)))
-        .chain(PRODUCTS.iter().map(|which| (*which, Path::Cublas, true)));
+        .chain(PRODUCTS.iter().map(|which| (*which, Path::Cublas, true)))
+        .chain(
+            device_counts
+                .iter()
+                .map(|which| (*which, Path::DeviceCounts, true)),
+        );
     checks
         .map(|(which, path, over_parts)| {
             let (op, label, against) = match (path, over_parts) {
@@ -158,10 +163,15 @@ fn rows_of(
                     "cuBLAS grouped over parts vs stacked",
                     Path::Cublas,
                 ),
-                (Path::DeviceCounts, _) => (
+                (Path::DeviceCounts, false) => (
                     "grouped_gemm_device_counts",
                     "device counts vs cuBLAS grouped",
                     Path::Cublas,
+                ),
+                (Path::DeviceCounts, true) => (
+                    "grouped_gemm_device_counts_parts",
+                    "device counts over parts vs stacked",
+                    Path::DeviceCounts,
                 ),
             };
             let given = over_parts.then_some(&parts[..]);
@@ -290,8 +300,10 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
             for pass in PRODUCTS {
                 let ours = median_ms(device, 10, || {
                     let _ = match pass {
-                        "forward" => grouped_gemm::forward(&x, &w, &counts),
-                        "input grad" => grouped_gemm::input_grad(&dy, &w, &counts),
+                        "forward" => grouped_gemm::forward(&x, Weights::Stacked(&w), &counts),
+                        "input grad" => {
+                            grouped_gemm::input_grad(&dy, Weights::Stacked(&w), &counts)
+                        }
                         _ => grouped_gemm::weight_grad(&x, &dy, &counts, groups),
                     };
                 });

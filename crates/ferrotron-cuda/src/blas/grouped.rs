@@ -21,6 +21,8 @@ use cudarc::cublas::sys;
 
 use crate::engine::device::CudaDevice;
 use crate::engine::dtype::DType;
+pub use crate::engine::experts::Weights;
+use crate::engine::experts::expert_matrix;
 use crate::engine::layout::SliceArg;
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
@@ -63,55 +65,6 @@ fn data_type(dtype: DType) -> Option<sys::cudaDataType_t> {
 /// compare).
 pub fn supports(x: DType, weight: DType) -> bool {
     crate::switches::paths().grouped_gemm && x == weight && data_type(x).is_some()
-}
-
-/// The experts' `[k, n]` weights: slices of one `[groups, k, n]` tensor, or each expert's own
-/// tensor (its parameter: autodiff's `grouped_matmul_parts_node` never stacks them, which cost a
-/// read and write of every expert's weights and a copy launch per expert, forward and backward).
-#[derive(Debug, Clone, Copy)]
-pub enum Weights<'a> {
-    Stacked(&'a CudaTensor),
-    Parts(&'a [CudaTensor]),
-}
-
-impl Weights<'_> {
-    fn dtype(&self) -> Option<DType> {
-        match self {
-            Weights::Stacked(weight) => Some(weight.dtype()),
-            Weights::Parts(parts) => parts.first().map(CudaTensor::dtype),
-        }
-    }
-
-    /// `(groups, k, n)`, where every part is one `[k, n]` of one dtype.
-    fn dims(&self) -> Option<(usize, usize, usize)> {
-        match self {
-            Weights::Stacked(weight) => match weight.shape() {
-                [groups, k, n] => Some((*groups, *k, *n)),
-                _ => None,
-            },
-            Weights::Parts(parts) => {
-                let first = parts.first()?;
-                let [k, n] = *first.shape() else { return None };
-                parts
-                    .iter()
-                    .all(|part| part.shape() == [k, n] && part.dtype() == first.dtype())
-                    .then_some((parts.len(), k, n))
-            }
-        }
-    }
-
-    /// Each expert's `[k, n]` matrix, contiguous (views of the stack made contiguous).
-    fn matrices(&self) -> Result<Vec<CudaTensor>> {
-        match self {
-            Weights::Stacked(weight) => {
-                let weight = weight.contiguous()?;
-                (0..weight.shape()[0])
-                    .map(|group| expert_matrix(&weight, group))
-                    .collect()
-            }
-            Weights::Parts(parts) => parts.iter().map(CudaTensor::contiguous).collect(),
-        }
-    }
 }
 
 /// Checks `x [rows, k]` and the weights (`[groups, k, n]`) against the group sizes: `(k, n)`.
@@ -216,22 +169,6 @@ fn rows_block(t: &CudaTensor, row: usize, len: usize) -> Result<CudaTensor> {
         SliceArg::range(row, row + len),
         SliceArg::full(t.shape()[1]),
     ])
-}
-
-/// Expert `group`'s `[k, n]` matrix of a contiguous `[groups, k, n]` tensor (a view).
-fn expert_matrix(t: &CudaTensor, group: usize) -> Result<CudaTensor> {
-    let [_, k, n] = *t.shape() else {
-        return Err(CudaError::invalid(
-            t.op("expert_matrix"),
-            "a [groups, k, n] tensor",
-        ));
-    };
-    t.slice(&[
-        SliceArg::range(group, group + 1),
-        SliceArg::full(k),
-        SliceArg::full(n),
-    ])?
-    .reshape(&[k, n])
 }
 
 /// [`grouped_matmul`] as cuBLAS's one grouped call, whatever the shapes.

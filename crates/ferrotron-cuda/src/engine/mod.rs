@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod device;
 pub(crate) mod download;
 pub mod dtype;
+pub mod experts;
 pub(crate) mod host_pass;
 pub mod kernel_cache;
 pub mod launch;

@@ -71,16 +71,27 @@ pub(crate) fn fused_kernels_enabled() -> bool {
     crate::switches::paths().fused_kernels
 }
 
-/// Whether the experts' grouped matmul of `x` and `weight` reads the counts on the device
+/// Whether the experts' grouped matmul of `x` and `weights` reads the counts on the device
 /// (the recipe's `runtime.grouped_gemm_device_counts`, and shapes the kernel takes).
-fn device_counts_gemm(x: &FloatTensor<Cuda>, weight: &FloatTensor<Cuda>) -> bool {
-    crate::switches::paths().grouped_gemm_device_counts && grouped_gemm::supports(x, weight)
+fn device_counts_gemm(x: &FloatTensor<Cuda>, weights: Weights<'_>) -> bool {
+    crate::switches::paths().grouped_gemm_device_counts && grouped_gemm::supports(x, weights)
 }
 
-/// `parts`, each `[k, n]`, as one `[groups, k, n]` tensor.
-fn stacked(parts: &[FloatTensor<Cuda>]) -> FloatTensor<Cuda> {
-    let parts: Vec<FloatTensor<Cuda>> = parts.iter().map(|part| ok(part.unsqueeze(0))).collect();
-    ok(crate::kernels::prim::index::cat(&parts, 0))
+/// Both gradients of a grouped matmul by the device-count kernels: `(dx, dweight [groups, k,
+/// n])`.
+fn device_counts_backward(
+    x: &FloatTensor<Cuda>,
+    weights: Weights<'_>,
+    grad_output: &FloatTensor<Cuda>,
+    group_rows: &GroupRows<Cuda>,
+) -> (FloatTensor<Cuda>, FloatTensor<Cuda>) {
+    let counts = group_rows.device(&crate::backend::shared::device(x));
+    let grad = ok(grad_output.cast(x.dtype()));
+    let groups = group_rows.groups();
+    (
+        ok(grouped_gemm::input_grad(&grad, weights, &counts)),
+        ok(grouped_gemm::weight_grad(x, &grad, &counts, groups)),
+    )
 }
 
 /// What an attention node keeps, from cuDNN's forward.
@@ -718,9 +729,13 @@ impl FusedOps for Cuda {
         weight: FloatTensor<Self>,
         group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
-        if device_counts_gemm(&x, &weight) {
+        if device_counts_gemm(&x, Weights::Stacked(&weight)) {
             let counts = group_rows.device(&crate::backend::shared::device(&x));
-            return ok(grouped_gemm::forward(&x, &weight, &counts));
+            return ok(grouped_gemm::forward(
+                &x,
+                Weights::Stacked(&weight),
+                &counts,
+            ));
         }
         ok(grouped_matmul(
             &x,
@@ -735,14 +750,10 @@ impl FusedOps for Cuda {
         grad_output: FloatTensor<Self>,
         group_rows: &GroupRows<Self>,
     ) -> GroupedMatmulGrads<Self> {
-        if device_counts_gemm(&x, &weight) {
-            let counts = group_rows.device(&crate::backend::shared::device(&x));
-            let grad = ok(grad_output.cast(x.dtype()));
-            let groups = weight.shape()[0];
-            return GroupedMatmulGrads {
-                x: ok(grouped_gemm::input_grad(&grad, &weight, &counts)),
-                weight: ok(grouped_gemm::weight_grad(&x, &grad, &counts, groups)),
-            };
+        if device_counts_gemm(&x, Weights::Stacked(&weight)) {
+            let (x, weight) =
+                device_counts_backward(&x, Weights::Stacked(&weight), &grad_output, group_rows);
+            return GroupedMatmulGrads { x, weight };
         }
         let (x, weight) = ok(grouped_matmul_backward(
             &x,
@@ -765,10 +776,9 @@ impl FusedOps for Cuda {
         parts: &[FloatTensor<Self>],
         group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
-        if crate::switches::paths().grouped_gemm_device_counts {
-            // The device-count kernel reads one stacked weight.
-            let weight = stacked(parts);
-            return Self::grouped_matmul_kernel_forward(x, weight, group_rows);
+        if device_counts_gemm(&x, Weights::Parts(parts)) {
+            let counts = group_rows.device(&crate::backend::shared::device(&x));
+            return ok(grouped_gemm::forward(&x, Weights::Parts(parts), &counts));
         }
         ok(grouped_matmul(&x, Weights::Parts(parts), group_rows.host()))
     }
@@ -779,10 +789,8 @@ impl FusedOps for Cuda {
         grad_output: FloatTensor<Self>,
         group_rows: &GroupRows<Self>,
     ) -> GroupedMatmulPartsGrads<Self> {
-        let (x, weight) = if crate::switches::paths().grouped_gemm_device_counts {
-            let weight = stacked(parts);
-            let grads = Self::grouped_matmul_kernel_backward(x, weight, grad_output, group_rows);
-            (grads.x, grads.weight)
+        let (x, weight) = if device_counts_gemm(&x, Weights::Parts(parts)) {
+            device_counts_backward(&x, Weights::Parts(parts), &grad_output, group_rows)
         } else {
             ok(grouped_matmul_backward(
                 &x,

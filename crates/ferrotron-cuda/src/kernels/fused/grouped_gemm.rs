@@ -11,6 +11,7 @@
 //! and experts' own tensors both work without a copy.
 
 use crate::engine::dtype::DType;
+use crate::engine::experts::Weights;
 use crate::engine::launch::{KernelSpec, Params, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
@@ -71,14 +72,15 @@ impl KernelSpec for GroupedGemm {
     }
 }
 
-/// Whether the kernels take `x [rows, k]` against `weight [groups, k, n]`: a 16-bit dtype for
-/// both, `k` and `n` multiples of 128, at most [`MAX_GROUPS`] groups, 16-byte aligned
-/// operands. Otherwise the caller takes cuBLAS's grouped call.
-pub fn supports(x: &CudaTensor, weight: &CudaTensor) -> bool {
-    let ([_, k], [groups, k2, n]) = (x.shape(), weight.shape()) else {
+/// Whether the kernels take `x [rows, k]` against the experts' weights (`[groups, k, n]`): a
+/// 16-bit dtype for both, `k` and `n` multiples of 128, at most [`MAX_GROUPS`] groups.
+/// Otherwise the caller takes cuBLAS's grouped call.
+pub fn supports(x: &CudaTensor, weights: Weights<'_>) -> bool {
+    let ([_, k], Some((groups, k2, n)), Some(dtype)) = (x.shape(), weights.dims(), weights.dtype())
+    else {
         return false;
     };
-    k == k2 && takes(x.dtype(), weight.dtype(), *k, *n, *groups)
+    *k == k2 && takes(x.dtype(), dtype, k2, n, groups)
 }
 
 /// What every product needs: one 16-bit dtype, `k` and `n` whole tiles, 1 to
@@ -98,6 +100,13 @@ fn context(name: &str, x: &CudaTensor, weight_shape: &[usize]) -> OpContext {
         .shape(x.shape())
         .shape(weight_shape)
         .dtype(x.dtype())
+}
+
+/// The experts' weights' `[groups, k, n]`, for messages.
+fn weights_shape(weights: Weights<'_>) -> Vec<usize> {
+    weights
+        .dims()
+        .map_or_else(Vec::new, |(groups, k, n)| vec![groups, k, n])
 }
 
 /// `counts [groups]` as contiguous i64 on the device, checked against the groups.
@@ -135,50 +144,61 @@ fn group_pointers(stack: &CudaTensor) -> Vec<i64> {
         .collect()
 }
 
-/// Row block `g` of `x [rows, k]` (`counts[g]` rows, on the device) times `weight[g]` of
-/// `weight [groups, k, n]` → `[rows, n]`.
-pub fn forward(x: &CudaTensor, weight: &CudaTensor, counts: &CudaTensor) -> Result<CudaTensor> {
-    let op = context("grouped_gemm", x, weight.shape());
-    rows_product(x, weight, counts, Product::Forward, &op)
+/// Row block `g` of `x [rows, k]` (`counts[g]` rows, on the device) times expert `g`'s `[k, n]`
+/// weight → `[rows, n]`.
+pub fn forward(x: &CudaTensor, weights: Weights<'_>, counts: &CudaTensor) -> Result<CudaTensor> {
+    let op = context("grouped_gemm", x, &weights_shape(weights));
+    rows_product(x, weights, counts, Product::Forward, &op)
 }
 
-/// `dx = dy · weight[g]ᵀ` for each row block: `grad_output [rows, n]` → `[rows, k]`.
+/// `dx = dy · w_gᵀ` for each row block: `grad_output [rows, n]` → `[rows, k]`.
 pub fn input_grad(
     grad_output: &CudaTensor,
-    weight: &CudaTensor,
+    weights: Weights<'_>,
     counts: &CudaTensor,
 ) -> Result<CudaTensor> {
-    let op = context("grouped_gemm_input_grad", grad_output, weight.shape());
-    rows_product(grad_output, weight, counts, Product::InputGrad, &op)
+    let op = context(
+        "grouped_gemm_input_grad",
+        grad_output,
+        &weights_shape(weights),
+    );
+    rows_product(grad_output, weights, counts, Product::InputGrad, &op)
 }
 
 /// The forward and the input gradient: one output row block per group, the weights' pointers
 /// by value.
 fn rows_product(
     a: &CudaTensor,
-    weight: &CudaTensor,
+    weights: Weights<'_>,
     counts: &CudaTensor,
     product: Product,
     op: &OpContext,
 ) -> Result<CudaTensor> {
-    let ([rows, a_cols], [groups, k, n]) = (a.shape(), weight.shape()) else {
+    let ([rows, a_cols], Some((groups, k, n)), Some(dtype)) =
+        (a.shape(), weights.dims(), weights.dtype())
+    else {
         return Err(CudaError::invalid(
             op.clone(),
-            "the rows must be [rows, cols], the weight [groups, k, n]",
+            "the rows must be [rows, cols], the weights [groups, k, n]",
         ));
     };
-    let (rows, groups, k, n) = (*rows, *groups, *k, *n);
+    let rows = *rows;
     // forward: [rows, k] · [k, n]; input gradient: [rows, n] · [k, n]ᵀ
     let (inner, out_cols) = match product {
         Product::InputGrad => (n, k),
         _ => (k, n),
     };
-    if *a_cols != inner || !takes(a.dtype(), weight.dtype(), k, n, groups) {
+    if *a_cols != inner || !takes(a.dtype(), dtype, k, n, groups) {
         return Err(CudaError::unsupported(op.clone(), TAKES));
     }
     let counts = device_counts(counts, groups, op)?;
     let a = aligned(a)?;
-    let weight = aligned(weight)?;
+    let weights: Vec<CudaTensor> = weights
+        .matrices()?
+        .iter()
+        .map(aligned)
+        .collect::<Result<_>>()?;
+    let pointers: Vec<i64> = weights.iter().map(|w| w.data_ptr() as i64).collect();
     let out = CudaTensor::empty(a.device(), &[rows, out_cols], a.dtype())?;
     let n_tiles = out_cols / TILE;
     let row_tiles = rows.div_ceil(TILE) + groups;
@@ -198,7 +218,7 @@ fn rows_product(
         .int(inner as i64)
         .int(n as i64)
         .int(out_cols as i64)
-        .padded(&group_pointers(&weight), groups);
+        .padded(&pointers, groups);
     launch_blocks(&a, product, groups, blocks, &params, op)?;
     Ok(out)
 }
