@@ -74,7 +74,7 @@ fn grads(
             leaves = (0..groups)
                 .map(|g| {
                     let part = weight.clone().slice_dim(0, g..g + 1).reshape([k, n]);
-                    Tensor::<A, 2>::from_data(part.into_data(), device).require_grad()
+                    Tensor::<A, 2>::from_data(part.into_data(), (device, dtype)).require_grad()
                 })
                 .collect();
             let parts = leaves
