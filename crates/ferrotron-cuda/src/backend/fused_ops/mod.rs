@@ -77,14 +77,35 @@ fn device_counts_gemm(x: &FloatTensor<Cuda>, weights: Weights<'_>) -> bool {
     crate::switches::paths().grouped_gemm_device_counts && grouped_gemm::supports(x, weights)
 }
 
-/// Both gradients of a grouped matmul by the device-count kernels: `(dx, dweight [groups, k,
-/// n])`.
-fn device_counts_backward(
+/// The experts' grouped matmul: the device-count kernel where it is on and takes the shapes
+/// (nothing read back), else the cuBLAS paths over the counts as host numbers.
+fn grouped_forward(
+    x: &FloatTensor<Cuda>,
+    weights: Weights<'_>,
+    group_rows: &GroupRows<Cuda>,
+) -> FloatTensor<Cuda> {
+    if device_counts_gemm(x, weights) {
+        let counts = group_rows.device(&crate::backend::shared::device(x));
+        return ok(grouped_gemm::forward(x, weights, &counts));
+    }
+    ok(grouped_matmul(x, weights, group_rows.host()))
+}
+
+/// Both gradients of [`grouped_forward`]: `(dx, dweight [groups, k, n])`.
+fn grouped_backward(
     x: &FloatTensor<Cuda>,
     weights: Weights<'_>,
     grad_output: &FloatTensor<Cuda>,
     group_rows: &GroupRows<Cuda>,
 ) -> (FloatTensor<Cuda>, FloatTensor<Cuda>) {
+    if !device_counts_gemm(x, weights) {
+        return ok(grouped_matmul_backward(
+            x,
+            weights,
+            grad_output,
+            group_rows.host(),
+        ));
+    }
     let counts = group_rows.device(&crate::backend::shared::device(x));
     let grad = ok(grad_output.cast(x.dtype()));
     let groups = group_rows.groups();
@@ -729,19 +750,7 @@ impl FusedOps for Cuda {
         weight: FloatTensor<Self>,
         group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
-        if device_counts_gemm(&x, Weights::Stacked(&weight)) {
-            let counts = group_rows.device(&crate::backend::shared::device(&x));
-            return ok(grouped_gemm::forward(
-                &x,
-                Weights::Stacked(&weight),
-                &counts,
-            ));
-        }
-        ok(grouped_matmul(
-            &x,
-            Weights::Stacked(&weight),
-            group_rows.host(),
-        ))
+        grouped_forward(&x, Weights::Stacked(&weight), group_rows)
     }
 
     fn grouped_matmul_kernel_backward(
@@ -750,17 +759,7 @@ impl FusedOps for Cuda {
         grad_output: FloatTensor<Self>,
         group_rows: &GroupRows<Self>,
     ) -> GroupedMatmulGrads<Self> {
-        if device_counts_gemm(&x, Weights::Stacked(&weight)) {
-            let (x, weight) =
-                device_counts_backward(&x, Weights::Stacked(&weight), &grad_output, group_rows);
-            return GroupedMatmulGrads { x, weight };
-        }
-        let (x, weight) = ok(grouped_matmul_backward(
-            &x,
-            Weights::Stacked(&weight),
-            &grad_output,
-            group_rows.host(),
-        ));
+        let (x, weight) = grouped_backward(&x, Weights::Stacked(&weight), &grad_output, group_rows);
         GroupedMatmulGrads { x, weight }
     }
 
@@ -776,11 +775,7 @@ impl FusedOps for Cuda {
         parts: &[FloatTensor<Self>],
         group_rows: &GroupRows<Self>,
     ) -> FloatTensor<Self> {
-        if device_counts_gemm(&x, Weights::Parts(parts)) {
-            let counts = group_rows.device(&crate::backend::shared::device(&x));
-            return ok(grouped_gemm::forward(&x, Weights::Parts(parts), &counts));
-        }
-        ok(grouped_matmul(&x, Weights::Parts(parts), group_rows.host()))
+        grouped_forward(&x, Weights::Parts(parts), group_rows)
     }
 
     fn grouped_matmul_parts_kernel_backward(
@@ -789,16 +784,7 @@ impl FusedOps for Cuda {
         grad_output: FloatTensor<Self>,
         group_rows: &GroupRows<Self>,
     ) -> GroupedMatmulPartsGrads<Self> {
-        let (x, weight) = if device_counts_gemm(&x, Weights::Parts(parts)) {
-            device_counts_backward(&x, Weights::Parts(parts), &grad_output, group_rows)
-        } else {
-            ok(grouped_matmul_backward(
-                &x,
-                Weights::Parts(parts),
-                &grad_output,
-                group_rows.host(),
-            ))
-        };
+        let (x, weight) = grouped_backward(&x, Weights::Parts(parts), &grad_output, group_rows);
         // Each part's gradient is its view of the one buffer the GEMMs wrote.
         let parts = (0..parts.len())
             .map(|group| ok(grouped::expert_gradient(&weight, group)))
