@@ -245,7 +245,8 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         if kernel && parts_are_leaves::<B, C>(&parts) {
             return grouped_matmul_parts_node::<B, C>(x, parts, group_rows);
         }
-        // Parts computed by other ops reach the node through the stack's own backward.
+        // Parts computed by other ops reach the node through the stack's own backward; the node
+        // then keeps the stacked copy until its backward (model parameters are always leaves).
         let weight = stack_parts::<Self>(parts);
         Self::fused_grouped_matmul(x, weight, group_rows)
     }
