@@ -259,12 +259,6 @@ pub fn grouped_matmul_backward(
     }
 }
 
-/// Expert `group`'s `[k, n]` gradient of a `[groups, k, n]` one (a view): each part's gradient
-/// where the weights are parts.
-pub fn expert_gradient(dweight: &CudaTensor, group: usize) -> Result<CudaTensor> {
-    expert_matrix(dweight, group)
-}
-
 /// A backward's operands, contiguous and of `x`'s dtype, and its outputs, allocated: `dweight`
 /// zeroed where a group is empty (its gradient is zero and no GEMM writes it).
 struct Backward {

@@ -786,9 +786,7 @@ impl FusedOps for Cuda {
     ) -> GroupedMatmulPartsGrads<Self> {
         let (x, weight) = grouped_backward(&x, Weights::Parts(parts), &grad_output, group_rows);
         // Each part's gradient is its view of the one buffer the GEMMs wrote.
-        let parts = (0..parts.len())
-            .map(|group| ok(grouped::expert_gradient(&weight, group)))
-            .collect();
+        let parts = ok(Weights::Stacked(&weight).matrices());
         GroupedMatmulPartsGrads { x, parts }
     }
 

@@ -133,15 +133,9 @@ fn aligned(x: &CudaTensor) -> Result<CudaTensor> {
     }
 }
 
-/// The groups' pointers into `stack [groups, rows, cols]`.
-fn group_pointers(stack: &CudaTensor) -> Vec<i64> {
-    let [groups, rows, cols] = stack.shape() else {
-        unreachable!("a stack is [groups, rows, cols]")
-    };
-    let bytes = (rows * cols * stack.dtype().size_in_bytes()) as u64;
-    (0..*groups as u64)
-        .map(|g| (stack.data_ptr() + g * bytes) as i64)
-        .collect()
+/// Each expert's matrix's device address, as the kernels take the weights (by value).
+fn pointers(matrices: &[CudaTensor]) -> Vec<i64> {
+    matrices.iter().map(|m| m.data_ptr() as i64).collect()
 }
 
 /// Row block `g` of `x [rows, k]` (`counts[g]` rows, on the device) times expert `g`'s `[k, n]`
@@ -198,7 +192,6 @@ fn rows_product(
         .iter()
         .map(aligned)
         .collect::<Result<_>>()?;
-    let pointers: Vec<i64> = weights.iter().map(|w| w.data_ptr() as i64).collect();
     let out = CudaTensor::empty(a.device(), &[rows, out_cols], a.dtype())?;
     let n_tiles = out_cols / TILE;
     let row_tiles = rows.div_ceil(TILE) + groups;
@@ -218,7 +211,7 @@ fn rows_product(
         .int(inner as i64)
         .int(n as i64)
         .int(out_cols as i64)
-        .padded(&pointers, groups);
+        .padded(&pointers(&weights), groups);
     launch_blocks(&a, product, groups, blocks, &params, op)?;
     Ok(out)
 }
@@ -260,7 +253,7 @@ pub fn weight_grad(
         .int(k as i64)
         .int(n as i64)
         .int(n as i64)
-        .padded(&group_pointers(&out), groups);
+        .padded(&pointers(&Weights::Stacked(&out).matrices()?), groups);
     launch_blocks(&x, Product::WeightGrad, groups, blocks, &params, &op)?;
     Ok(out)
 }
