@@ -5,14 +5,15 @@
 //! ones, one group taking every row, and 128 groups. Outputs are poisoned, so an empty group's
 //! weight gradient must be written as zeros and no row may be left unwritten. The three
 //! products as one cuBLASLt GEMM per expert (`runtime.grouped_gemm_per_expert`) are checked
-//! against the grouped call's, likewise. Then all of them timed at the MoE shapes of
-//! `tools/cublaslt_grouped_probe.py`.
+//! against the grouped call's, likewise. On Hopper both device-count kernels are checked (the
+//! wgmma one the backend takes, and the portable mma.sync one). Then all of them timed at the
+//! MoE shapes of `tools/cublaslt_grouped_probe.py`.
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ferrotron_cuda::blas::grouped::{
     Weights, backward_grouped_call, backward_per_expert, matmul_grouped_call, matmul_per_expert,
 };
-use ferrotron_cuda::kernels::fused::grouped_gemm;
+use ferrotron_cuda::kernels::fused::grouped_gemm::{self, Kernel};
 use ferrotron_cuda::{Cuda, CudaTensor, GpuDevice, SliceArg};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -53,7 +54,7 @@ const PRODUCTS: [&str; 3] = ["forward", "input grad", "weight grad"];
 /// Who computes a product.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
-    DeviceCounts,
+    DeviceCounts(Kernel),
     Cublas,
     /// cuBLASLt, one GEMM per expert and product.
     PerExpert,
@@ -72,14 +73,14 @@ fn product(
 ) -> Result<TensorData, String> {
     let weights = parts.map_or(Weights::Stacked(weight), Weights::Parts);
     let out = match (path, which) {
-        (Path::DeviceCounts, "forward") => {
-            grouped_gemm::forward(x, weights, &counts_on(rows, device))
+        (Path::DeviceCounts(kernel), "forward") => {
+            grouped_gemm::forward(kernel, x, weights, &counts_on(rows, device))
         }
-        (Path::DeviceCounts, "input grad") => {
-            grouped_gemm::input_grad(dy, weights, &counts_on(rows, device))
+        (Path::DeviceCounts(kernel), "input grad") => {
+            grouped_gemm::input_grad(kernel, dy, weights, &counts_on(rows, device))
         }
-        (Path::DeviceCounts, _) => {
-            grouped_gemm::weight_grad(x, dy, &counts_on(rows, device), rows.len())
+        (Path::DeviceCounts(kernel), _) => {
+            grouped_gemm::weight_grad(kernel, x, dy, &counts_on(rows, device), rows.len())
         }
         (Path::Cublas, "forward") => matmul_grouped_call(x, weights, rows),
         (Path::PerExpert, "forward") => matmul_per_expert(x, weights, rows),
@@ -124,15 +125,18 @@ fn rows_of(
             ferrotron_cuda::kernels::prim::elementwise::copy(&part).expect("a copy")
         })
         .collect();
-    // The device-count kernel takes 16-bit operands only.
-    let device_counts = if dtype == DType::F32 {
-        &[][..]
+    // The device-count kernels take 16-bit operands only.
+    let device_counts: Vec<(&str, Path)> = if dtype == DType::F32 {
+        Vec::new()
     } else {
-        &PRODUCTS[..]
+        Kernel::available(x.device())
+            .into_iter()
+            .flat_map(|kernel| PRODUCTS.map(|which| (which, Path::DeviceCounts(kernel))))
+            .collect()
     };
     let checks = device_counts
         .iter()
-        .map(|which| (*which, Path::DeviceCounts, false))
+        .map(|&(which, path)| (which, path, false))
         .chain(
             PRODUCTS
                 .iter()
@@ -143,7 +147,7 @@ fn rows_of(
         .chain(
             device_counts
                 .iter()
-                .map(|which| (*which, Path::DeviceCounts, true)),
+                .map(|&(which, path)| (which, path, true)),
         );
     checks
         .map(|(which, path, over_parts)| {
@@ -163,15 +167,24 @@ fn rows_of(
                     "cuBLAS grouped over parts vs stacked",
                     Path::Cublas,
                 ),
-                (Path::DeviceCounts, false) => (
+                (Path::DeviceCounts(Kernel::Portable), false) => (
                     "grouped_gemm_device_counts",
                     "device counts vs cuBLAS grouped",
                     Path::Cublas,
                 ),
-                (Path::DeviceCounts, true) => (
-                    "grouped_gemm_device_counts_parts",
+                (Path::DeviceCounts(Kernel::Hopper), false) => (
+                    "grouped_gemm_device_counts_sm90",
+                    "device counts (wgmma) vs cuBLAS grouped",
+                    Path::Cublas,
+                ),
+                (Path::DeviceCounts(kernel), true) => (
+                    if kernel == Kernel::Hopper {
+                        "grouped_gemm_device_counts_sm90_parts"
+                    } else {
+                        "grouped_gemm_device_counts_parts"
+                    },
                     "device counts over parts vs stacked",
-                    Path::DeviceCounts,
+                    Path::DeviceCounts(kernel),
                 ),
             };
             let given = over_parts.then_some(&parts[..]);
@@ -298,15 +311,28 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
             let rate = |ms: f64| flops / (ms * 1e-3) / 1e12;
             let mut lines = String::new();
             for pass in PRODUCTS {
-                let ours = median_ms(device, 10, || {
-                    let _ = match pass {
-                        "forward" => grouped_gemm::forward(&x, Weights::Stacked(&w), &counts),
-                        "input grad" => {
-                            grouped_gemm::input_grad(&dy, Weights::Stacked(&w), &counts)
-                        }
-                        _ => grouped_gemm::weight_grad(&x, &dy, &counts, groups),
-                    };
-                });
+                let time = |kernel: Kernel| {
+                    median_ms(device, 10, || {
+                        let _ = match pass {
+                            "forward" => {
+                                grouped_gemm::forward(kernel, &x, Weights::Stacked(&w), &counts)
+                            }
+                            "input grad" => {
+                                grouped_gemm::input_grad(kernel, &dy, Weights::Stacked(&w), &counts)
+                            }
+                            _ => grouped_gemm::weight_grad(kernel, &x, &dy, &counts, groups),
+                        };
+                    })
+                };
+                let kernels = Kernel::available(x.device());
+                let ours = time(kernels[0]);
+                if let Some(&portable) = kernels.get(1) {
+                    let ms = time(portable);
+                    lines.push_str(&format!(
+                        "| {name} | {pass}, device counts (mma.sync) | {ms:.3} | {:.0} | | |\n",
+                        rate(ms)
+                    ));
+                }
                 let cublas = median_ms(device, 10, || {
                     let _ = match pass {
                         "forward" => matmul_grouped_call(&x, Weights::Stacked(&w), &rows),

@@ -84,6 +84,10 @@ pub fn disk_cache_dir(arch: &str) -> Option<PathBuf> {
 pub struct KernelCache {
     arch: String,
     options: Vec<String>,
+    /// The architecture-specific target (`sm_90a`): the options of kernels that use features
+    /// only one architecture has (Hopper's wgmma), see [`KernelSpec::arch_specific`].
+    specific_arch: String,
+    specific_options: Vec<String>,
     disk: Option<PathBuf>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Launch-time lookup: hash of (spec type, spec) → function and kernel name.
@@ -101,8 +105,11 @@ fn spec_key<S: KernelSpec>(spec: &S) -> u64 {
 
 impl KernelCache {
     pub fn new(arch: String) -> Self {
+        let specific_arch = format!("{arch}a");
         Self {
             options: compile_options(&arch),
+            specific_options: compile_options(&specific_arch),
+            specific_arch,
             disk: disk_cache_dir(&arch),
             arch,
             functions: Mutex::new(HashMap::new()),
@@ -145,7 +152,7 @@ impl KernelCache {
         let source = spec.source();
         let name = kernel_name(&source);
         let source = source.replace(KERNEL_ENTRY, &name);
-        let function = self.function_named(ctx, &source, &name, op)?;
+        let function = self.function_named(ctx, &source, &name, spec.arch_specific(), op)?;
         let entry = (function, Arc::<str>::from(name));
         self.by_spec
             .lock()
@@ -161,7 +168,7 @@ impl KernelCache {
         source: &str,
         op: &dyn Fn() -> OpContext,
     ) -> Result<CudaFunction> {
-        self.function_named(ctx, source, KERNEL_ENTRY, op)
+        self.function_named(ctx, source, KERNEL_ENTRY, false, op)
     }
 
     fn function_named(
@@ -169,16 +176,22 @@ impl KernelCache {
         ctx: &Arc<CudaContext>,
         source: &str,
         entry: &str,
+        arch_specific: bool,
         op: &dyn Fn() -> OpContext,
     ) -> Result<CudaFunction> {
-        let key = cache_key(&self.arch, &self.options, source);
+        let (arch, options) = if arch_specific {
+            (&self.specific_arch, &self.specific_options)
+        } else {
+            (&self.arch, &self.options)
+        };
+        let key = cache_key(arch, options, source);
         if let Some(f) = self.lock().get(&key) {
             return Ok(f.clone());
         }
         let ptx = match self.read_disk(&key) {
             Some(ptx) => ptx,
             None => {
-                let ptx = self.compile(source, op)?;
+                let ptx = self.compile(source, options, op)?;
                 self.write_disk(&key, &ptx);
                 ptx
             }
@@ -189,7 +202,12 @@ impl KernelCache {
         Ok(function)
     }
 
-    fn compile(&self, source: &str, op: &dyn Fn() -> OpContext) -> Result<String> {
+    fn compile(
+        &self,
+        source: &str,
+        options: &[String],
+        op: &dyn Fn() -> OpContext,
+    ) -> Result<String> {
         // SAFETY: only tries to dlopen NVRTC by its usual names.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(CudaError::LibraryMissing {
@@ -198,7 +216,7 @@ impl KernelCache {
             });
         }
         let opts = CompileOptions {
-            options: self.options.clone(),
+            options: options.to_vec(),
             name: Some(format!("{KERNEL_ENTRY}.cu")),
             ..Default::default()
         };

@@ -86,7 +86,8 @@ fn grouped_forward(
 ) -> FloatTensor<Cuda> {
     if device_counts_gemm(x, weights) {
         let counts = group_rows.device(&crate::backend::shared::device(x));
-        return ok(grouped_gemm::forward(x, weights, &counts));
+        let kernel = grouped_gemm::Kernel::best(x.device());
+        return ok(grouped_gemm::forward(kernel, x, weights, &counts));
     }
     ok(grouped_matmul(x, weights, group_rows.host()))
 }
@@ -109,9 +110,10 @@ fn grouped_backward(
     let counts = group_rows.device(&crate::backend::shared::device(x));
     let grad = ok(grad_output.cast(x.dtype()));
     let groups = group_rows.groups();
+    let kernel = grouped_gemm::Kernel::best(x.device());
     (
-        ok(grouped_gemm::input_grad(&grad, weights, &counts)),
-        ok(grouped_gemm::weight_grad(x, &grad, &counts, groups)),
+        ok(grouped_gemm::input_grad(kernel, &grad, weights, &counts)),
+        ok(grouped_gemm::weight_grad(kernel, x, &grad, &counts, groups)),
     )
 }
 

@@ -1,5 +1,6 @@
-//! The experts' grouped matmul with the row counts read on the device (`grouped_gemm.cu`):
-//! forward, input gradient and weight gradient, bf16 and f16, fp32 accumulation.
+//! The experts' grouped matmul with the row counts read on the device (`grouped_gemm.cu`, and
+//! `grouped_gemm_sm90.cu` on Hopper): forward, input gradient and weight gradient, bf16 and f16,
+//! fp32 accumulation.
 //!
 //! Why our own: cuBLAS's `cublasGemmGroupedBatchedEx` (`blas/grouped.rs`) takes each group's
 //! shape as a host number, so a dropless MoE layer reads the routing's counts back and the GPU
@@ -9,10 +10,16 @@
 //! needs only the number of rows) and each block finds its group by a scan of the counts; blocks
 //! past the last tile return. The weights are the groups' pointers, passed by value, so a stack
 //! and experts' own tensors both work without a copy.
+//!
+//! Why two kernels: `mma.sync` (the portable one, sm_80 and later) runs on Hopper at about half
+//! its tensor-core rate (208 TFLOP/s at Qwen3-30B-A3B's shape, where PyTorch's CUTLASS grouped
+//! GEMM reaches 483), so on sm_90 the same grid feeds Hopper's warpgroup MMA (`wgmma`) from
+//! swizzled shared memory instead.
 
+use crate::engine::device::CudaDevice;
 use crate::engine::dtype::DType;
 use crate::engine::experts::Weights;
-use crate::engine::launch::{KernelSpec, Params, launch};
+use crate::engine::launch::{KernelSpec, Params, launch_with_shared};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::template::{Hole, template};
@@ -24,6 +31,43 @@ const TILE: usize = 128;
 pub const MAX_GROUPS: usize = 256;
 // four pointers, six integers and the groups' pointers, 8 bytes each
 const _: () = assert!((4 + 6 + MAX_GROUPS) * 8 <= 4096);
+
+/// Which tensor-core instructions run a grouped matmul.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `mma.sync` through `ldmatrix`, 128 × 128 tiles (sm_80 and later).
+    Portable,
+    /// Hopper's warpgroup MMA from descriptors, 128 × 256 (or 128 × 128) tiles (sm_90 only).
+    Hopper,
+}
+
+impl Kernel {
+    /// The fastest kernel the device runs.
+    pub fn best(device: &CudaDevice) -> Self {
+        if device.arch() == "sm_90" {
+            Kernel::Hopper
+        } else {
+            Kernel::Portable
+        }
+    }
+
+    /// Every kernel the device runs (for the checks that compare them).
+    pub fn available(device: &CudaDevice) -> Vec<Self> {
+        match Self::best(device) {
+            Kernel::Hopper => vec![Kernel::Hopper, Kernel::Portable],
+            Kernel::Portable => vec![Kernel::Portable],
+        }
+    }
+
+    /// Output tile columns for an output `cols` wide: Hopper's widest instruction where it
+    /// divides them.
+    fn tile_cols(self, cols: usize) -> usize {
+        match self {
+            Kernel::Hopper if cols.is_multiple_of(256) => 256,
+            _ => TILE,
+        }
+    }
+}
 
 /// Which product of a grouped matmul `y = x · w_g` (row block `g` of `x [rows, k]` times
 /// `w_g [k, n]`).
@@ -42,33 +86,134 @@ struct GroupedGemm {
     dtype: DType,
     groups: usize,
     product: Product,
+    kernel: Kernel,
+    /// Output tile columns ([`Kernel::tile_cols`]).
+    tile_cols: usize,
 }
 
-impl KernelSpec for GroupedGemm {
-    fn source(&self) -> String {
-        let (mode, a_t, b_t) = match self.product {
-            Product::Forward => ("forward", false, false),
-            Product::InputGrad => ("input_grad", false, true),
-            Product::WeightGrad => ("weight_grad", true, false),
+impl GroupedGemm {
+    /// Hopper's stages of shared memory: 192 KiB of them whatever the tile.
+    fn stages(&self) -> usize {
+        if self.tile_cols == 256 { 4 } else { 6 }
+    }
+
+    /// Dynamic shared memory a block takes (Hopper: the stages and 1 KiB to align them).
+    fn shared_bytes(&self) -> u32 {
+        match self.kernel {
+            Kernel::Portable => 0,
+            Kernel::Hopper => {
+                let stage = (TILE * 64 + 64 * self.tile_cols) * 2;
+                (self.stages() * stage + 1024) as u32
+            }
+        }
+    }
+
+    fn mode(&self) -> &'static str {
+        match self.product {
+            Product::Forward => "forward",
+            Product::InputGrad => "input_grad",
+            Product::WeightGrad => "weight_grad",
+        }
+    }
+
+    fn mma(&self) -> &'static str {
+        if self.dtype == DType::BF16 {
+            "bf16"
+        } else {
+            "f16"
+        }
+    }
+
+    fn portable_source(&self) -> String {
+        let (a_t, b_t) = match self.product {
+            Product::Forward => (false, false),
+            Product::InputGrad => (false, true),
+            Product::WeightGrad => (true, false),
         };
         template!("grouped_gemm.cu").fill(&[
             ("NAME", Hole::Name(self.dtype)),
-            ("MODE", Hole::code(format!("{mode} groups {}", self.groups))),
+            (
+                "MODE",
+                Hole::code(format!("{} groups {}", self.mode(), self.groups)),
+            ),
             ("GROUPS", Hole::Int(self.groups as i64)),
             ("ELEM", Hole::Storage(self.dtype)),
-            (
-                "MMA",
-                Hole::code(if self.dtype == DType::BF16 {
-                    "bf16"
-                } else {
-                    "f16"
-                }),
-            ),
+            ("MMA", Hole::code(self.mma())),
             ("BF16", Hole::Flag(self.dtype == DType::BF16)),
             ("ROWS", Hole::Flag(self.product != Product::WeightGrad)),
             ("A_T", Hole::Flag(a_t)),
             ("B_T", Hole::Flag(b_t)),
         ])
+    }
+
+    fn hopper_source(&self) -> String {
+        // Which operand is stored with the reduction dimension outermost (wgmma's transpose).
+        let (a_mn, b_mn) = match self.product {
+            Product::Forward => (false, true),
+            Product::InputGrad => (false, false),
+            Product::WeightGrad => (true, true),
+        };
+        template!("grouped_gemm_sm90.cu").fill(&[
+            ("NAME", Hole::Name(self.dtype)),
+            (
+                "MODE",
+                Hole::code(format!(
+                    "{} n{} groups {}",
+                    self.mode(),
+                    self.tile_cols,
+                    self.groups
+                )),
+            ),
+            ("BN", Hole::Int(self.tile_cols as i64)),
+            ("STAGES", Hole::Int(self.stages() as i64)),
+            ("GROUPS", Hole::Int(self.groups as i64)),
+            ("ELEM", Hole::Storage(self.dtype)),
+            (
+                "WGMMA",
+                Hole::code(wgmma_asm(self.tile_cols, self.mma(), a_mn, b_mn)),
+            ),
+            ("BF16", Hole::Flag(self.dtype == DType::BF16)),
+            ("ROWS", Hole::Flag(self.product != Product::WeightGrad)),
+            ("A_MN", Hole::Flag(a_mn)),
+            ("B_MN", Hole::Flag(b_mn)),
+        ])
+    }
+}
+
+/// The body of `wgmma(d, a, b)`: one `m64n{n}k16` MMA, fp32 accumulators `d[0..n/2]` added to,
+/// both operands from shared-memory descriptors.
+fn wgmma_asm(n: usize, mma: &str, a_mn: bool, b_mn: bool) -> String {
+    let regs = n / 2;
+    let list = (0..regs).map(|i| format!("%{i}")).collect::<Vec<_>>();
+    let outputs = (0..regs)
+        .map(|i| format!(r#""+f"(d[{i}])"#))
+        .collect::<Vec<_>>();
+    let (a, b, scale) = (regs, regs + 1, regs + 2);
+    let (ta, tb) = (u8::from(a_mn), u8::from(b_mn));
+    [
+        "  asm volatile(".to_string(),
+        format!(r#"      "{{\n.reg .pred p;\nsetp.ne.b32 p, %{scale}, 0;\n""#),
+        format!(r#"      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{mma}.{mma} ""#),
+        format!(
+            r#"      "{{{}}}, %{a}, %{b}, p, 1, 1, {ta}, {tb};\n}}\n""#,
+            list.join(", ")
+        ),
+        format!("      : {}", outputs.join(", ")),
+        r#"      : "l"(a), "l"(b), "r"(1));"#.to_string(),
+    ]
+    .join("\n")
+}
+
+impl KernelSpec for GroupedGemm {
+    fn source(&self) -> String {
+        match self.kernel {
+            Kernel::Portable => self.portable_source(),
+            Kernel::Hopper => self.hopper_source(),
+        }
+    }
+
+    fn arch_specific(&self) -> bool {
+        self.kernel == Kernel::Hopper
     }
 }
 
@@ -140,13 +285,19 @@ fn pointers(matrices: &[CudaTensor]) -> Vec<i64> {
 
 /// Row block `g` of `x [rows, k]` (`counts[g]` rows, on the device) times expert `g`'s `[k, n]`
 /// weight → `[rows, n]`.
-pub fn forward(x: &CudaTensor, weights: Weights<'_>, counts: &CudaTensor) -> Result<CudaTensor> {
+pub fn forward(
+    kernel: Kernel,
+    x: &CudaTensor,
+    weights: Weights<'_>,
+    counts: &CudaTensor,
+) -> Result<CudaTensor> {
     let op = context("grouped_gemm", x, &weights_shape(weights));
-    rows_product(x, weights, counts, Product::Forward, &op)
+    rows_product(kernel, x, weights, counts, Product::Forward, &op)
 }
 
 /// `dx = dy · w_gᵀ` for each row block: `grad_output [rows, n]` → `[rows, k]`.
 pub fn input_grad(
+    kernel: Kernel,
     grad_output: &CudaTensor,
     weights: Weights<'_>,
     counts: &CudaTensor,
@@ -156,12 +307,20 @@ pub fn input_grad(
         grad_output,
         &weights_shape(weights),
     );
-    rows_product(grad_output, weights, counts, Product::InputGrad, &op)
+    rows_product(
+        kernel,
+        grad_output,
+        weights,
+        counts,
+        Product::InputGrad,
+        &op,
+    )
 }
 
 /// The forward and the input gradient: one output row block per group, the weights' pointers
 /// by value.
 fn rows_product(
+    kernel: Kernel,
     a: &CudaTensor,
     weights: Weights<'_>,
     counts: &CudaTensor,
@@ -193,7 +352,14 @@ fn rows_product(
         .map(aligned)
         .collect::<Result<_>>()?;
     let out = CudaTensor::empty(a.device(), &[rows, out_cols], a.dtype())?;
-    let n_tiles = out_cols / TILE;
+    let spec = GroupedGemm {
+        dtype: a.dtype(),
+        groups,
+        product,
+        kernel,
+        tile_cols: kernel.tile_cols(out_cols),
+    };
+    let n_tiles = out_cols / spec.tile_cols;
     let row_tiles = rows.div_ceil(TILE) + groups;
     let blocks = row_tiles * n_tiles;
     if rows == 0 {
@@ -212,13 +378,14 @@ fn rows_product(
         .int(n as i64)
         .int(out_cols as i64)
         .padded(&pointers(&weights), groups);
-    launch_blocks(&a, product, groups, blocks, &params, op)?;
+    launch_blocks(&a, &spec, blocks, &params, op)?;
     Ok(out)
 }
 
 /// `dweight[g] = x_gᵀ · dy_g` over each group's rows: `x [rows, k]`, `grad_output [rows, n]`
 /// → `[groups, k, n]` (zeros for a group without rows).
 pub fn weight_grad(
+    kernel: Kernel,
     x: &CudaTensor,
     grad_output: &CudaTensor,
     counts: &CudaTensor,
@@ -239,7 +406,14 @@ pub fn weight_grad(
     let x = aligned(x)?;
     let grad_output = aligned(grad_output)?;
     let out = CudaTensor::empty(x.device(), &[groups, k, n], x.dtype())?;
-    let (m_tiles, n_tiles) = (k / TILE, n / TILE);
+    let spec = GroupedGemm {
+        dtype: x.dtype(),
+        groups,
+        product: Product::WeightGrad,
+        kernel,
+        tile_cols: kernel.tile_cols(n),
+    };
+    let (m_tiles, n_tiles) = (k / TILE, n / spec.tile_cols);
     let blocks = groups * m_tiles * n_tiles;
     let mut params = Params::new();
     params
@@ -254,14 +428,13 @@ pub fn weight_grad(
         .int(n as i64)
         .int(n as i64)
         .padded(&pointers(&Weights::Stacked(&out).matrices()?), groups);
-    launch_blocks(&x, Product::WeightGrad, groups, blocks, &params, &op)?;
+    launch_blocks(&x, &spec, blocks, &params, &op)?;
     Ok(out)
 }
 
 fn launch_blocks(
     on: &CudaTensor,
-    product: Product,
-    groups: usize,
+    spec: &GroupedGemm,
     blocks: usize,
     params: &Params,
     op: &OpContext,
@@ -269,12 +442,8 @@ fn launch_blocks(
     let grid = u32::try_from(blocks).map_err(|_| {
         CudaError::unsupported(op.clone(), format!("{blocks} tiles exceed one grid"))
     })?;
-    let spec = GroupedGemm {
-        dtype: on.dtype(),
-        groups,
-        product,
-    };
-    launch(on.device(), &spec, grid, 256, params, &|| op.clone())
+    let shared = spec.shared_bytes();
+    launch_with_shared(on.device(), spec, grid, 256, shared, params, &|| op.clone())
 }
 
 #[cfg(test)]
@@ -286,15 +455,39 @@ mod tests {
         for dtype in [DType::BF16, DType::F16] {
             for product in [Product::Forward, Product::InputGrad, Product::WeightGrad] {
                 for groups in [8, 128, MAX_GROUPS] {
-                    specs.push(GroupedGemm {
-                        dtype,
-                        groups,
-                        product,
-                    });
+                    for (kernel, tile_cols) in [
+                        (Kernel::Portable, TILE),
+                        (Kernel::Hopper, 128),
+                        (Kernel::Hopper, 256),
+                    ] {
+                        specs.push(GroupedGemm {
+                            dtype,
+                            groups,
+                            product,
+                            kernel,
+                            tile_cols,
+                        });
+                    }
                 }
             }
         }
         specs
+    }
+
+    #[test]
+    fn hopper_stages_fit_a_block_of_shared_memory() {
+        for spec in specs() {
+            // sm_90's opt-in limit a block
+            assert!(spec.shared_bytes() <= 227 * 1024, "{spec:?}");
+        }
+    }
+
+    #[test]
+    fn the_widest_tile_divides_the_output() {
+        assert_eq!(Kernel::Hopper.tile_cols(768), 256);
+        assert_eq!(Kernel::Hopper.tile_cols(14336), 256);
+        assert_eq!(Kernel::Hopper.tile_cols(1408), 128);
+        assert_eq!(Kernel::Portable.tile_cols(768), 128);
     }
 
     #[test]
@@ -303,13 +496,19 @@ mod tests {
         insta::assert_snapshot!(crate::kernels::digests(&sources));
     }
 
-    /// Every generated source compiles for sm_90 (NVRTC, no GPU needed).
+    /// Every generated source compiles for sm_90 (the Hopper kernels for `sm_90a`; NVRTC, no
+    /// GPU needed).
     #[test]
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
     fn grouped_gemm_sources_compile() {
         for spec in specs() {
             let source = spec.source();
-            crate::engine::kernel_cache::compile_for_test(&source, "sm_90")
+            let arch = if spec.arch_specific() {
+                "sm_90a"
+            } else {
+                "sm_90"
+            };
+            crate::engine::kernel_cache::compile_for_test(&source, arch)
                 .unwrap_or_else(|e| panic!("{e}\n{source}"));
         }
     }

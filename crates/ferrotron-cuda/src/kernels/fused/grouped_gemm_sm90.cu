@@ -1,0 +1,252 @@
+// grouped gemm sm90 {{NAME}} {{MODE}}
+{{! The device-count grouped GEMM of grouped_gemm.cu on Hopper's warpgroup MMA (wgmma): the }}
+{{! same grid, group lookup and products, with each warpgroup's 64 × BN accumulator fed from }}
+{{! shared memory by descriptors instead of ldmatrix + mma.sync (which Hopper runs at about }}
+{{! half its tensor-core rate). Tiles of 128 × BN × 64, two warpgroups of 64 rows each; }}
+{{! STAGES cp.async stages of 128-byte-swizzled shared memory in the canonical layouts wgmma }}
+{{! reads (an operand stored with its reduction dimension contiguous is K-major, the other }}
+{{! MN-major: wgmma's transpose bit); tile k + STAGES - 2 loads while tile k's MMAs run and }}
+{{! tile k - 1's drain. }}
+{{!   ROWS (forward, input gradient): C[r] = A[r] · B_g for the rows r of group g. }}
+{{!   INNER (weight gradient): C_g = A_gᵀ · B_g, the sum running over group g's rows. }}
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define BM 128
+#define BN {{BN}}
+#define BK 64
+#define STAGES {{STAGES}}
+#define BAND 16
+#define GROUPS {{GROUPS}}
+#define A_BYTES (BM * BK * 2)
+#define STAGE_BYTES (A_BYTES + BK * BN * 2)
+typedef {{ELEM}} elem;
+
+struct Params {
+  unsigned long long a, b, c, counts;
+  long long n_tiles, m_tiles, k;
+  long long lda, ldb, ldc;
+  unsigned long long group[GROUPS];
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global → shared; zeros where `valid` is false (nothing is read then).
+__device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a K-major tile: rows of 64 elements
+// (128 bytes), the 128-byte swizzle (chunk ^ row % 8) on 1024-byte-aligned groups of 8 rows.
+__device__ __forceinline__ unsigned k_major(int row, int chunk) {
+  return row * 128 + ((chunk ^ (row & 7)) << 4);
+}
+// Byte offset of column chunk `chunk` (8 elements) of reduction row `krow` in an MN-major tile:
+// 64-column blocks of 64 rows × 128 bytes (8 KiB each), swizzled the same way.
+__device__ __forceinline__ unsigned mn_major(int krow, int chunk) {
+  return (chunk >> 3) * 8192 + krow * 128 + (((chunk & 7) ^ (krow & 7)) << 4);
+}
+
+// A shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte
+// units), the 128-byte swizzle.
+__device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// Keeps the compiler from moving accumulator reads or writes across wgmma's asynchrony.
+__device__ __forceinline__ void fence_acc(float* d) {
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void wgmma(float* d, unsigned long long a, unsigned long long b) {
+{{WGMMA}}
+}
+
+__device__ __forceinline__ unsigned pack(float lo, float hi) {
+{{#if BF16}}
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+{{#else}}
+  __half2 v = __floats2half2_rn(lo, hi);
+{{/if}}
+  return *reinterpret_cast<unsigned*>(&v);
+}
+
+// Block `b` of `m_tiles × n_tiles` → its row tile and first column, in bands of BAND row
+// tiles with the rows fastest.
+__device__ __forceinline__ void band_tile(long long b, long long m_tiles, long long n_tiles,
+                                          long long* m_tile, long long* n0) {
+  const long long per_band = (long long)BAND * n_tiles;
+  const long long first = (b / per_band) * BAND;
+  const long long size = min((long long)BAND, m_tiles - first);
+  const long long in_band = b % per_band;
+  *m_tile = first + in_band % size;
+  *n0 = (in_band / size) * BN;
+}
+
+// Inclusive sum over the block's 256 threads (8 warps).
+__device__ __forceinline__ long long block_scan(long long v, long long* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int d = 1; d < 32; d <<= 1) {
+    const long long up = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += up;
+  }
+  if (lane == 31) warp_sums[warp] = v;
+  __syncthreads();
+  long long before = 0;
+  for (int w = 0; w < warp; ++w) before += warp_sums[w];
+  __syncthreads();
+  return v + before;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) ferrotron_kernel(const Params p) {
+  extern __shared__ unsigned char dynamic_smem[];
+  __shared__ long long scratch[16];
+  // The swizzle is a function of the address: the stages start on a 1024-byte boundary.
+  const unsigned smem = (smem_addr(dynamic_smem) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+  const long long* __restrict__ counts = (const long long*)p.counts;
+
+  const long long count = tid < GROUPS ? counts[tid] : 0;
+{{#if ROWS}}
+  const long long tiles = (count + BM - 1) / BM;
+  long long tile, n0;
+  band_tile(blockIdx.x, p.m_tiles, p.n_tiles, &tile, &n0);
+  if (tid == 0) scratch[8] = -1;
+  const long long rows_end = block_scan(count, scratch);
+  const long long tiles_end = block_scan(tiles, scratch);
+  if (tid < GROUPS && tiles_end - tiles <= tile && tile < tiles_end) {
+    scratch[8] = tid;
+    scratch[9] = rows_end - count + (tile - (tiles_end - tiles)) * BM;  // first row of the tile
+    scratch[10] = min((long long)BM, count - (tile - (tiles_end - tiles)) * BM);
+  }
+  __syncthreads();
+  const long long group = scratch[8];
+  const long long row0 = scratch[9];
+  const int m_valid = (int)scratch[10];
+  __syncthreads();
+  if (group < 0) return;
+  const long long m0 = 0;
+  const long long k_valid = p.k;
+  const elem* __restrict__ A = (const elem*)p.a + row0 * p.lda;
+  const elem* __restrict__ B = (const elem*)p.group[group];
+  elem* __restrict__ C = (elem*)p.c + row0 * p.ldc;
+{{#else}}
+  const long long per_group = p.m_tiles * p.n_tiles;
+  const long long group = (long long)blockIdx.x / per_group;
+  long long m_tile, n0;
+  band_tile((long long)blockIdx.x % per_group, p.m_tiles, p.n_tiles, &m_tile, &n0);
+  const long long m0 = m_tile * BM;
+  const long long rows_end = block_scan(count, scratch);
+  if (tid == group) {
+    scratch[8] = rows_end - count;
+    scratch[9] = count;
+  }
+  __syncthreads();
+  const long long row0 = scratch[8];
+  const long long k_valid = scratch[9];
+  const int m_valid = BM;
+  __syncthreads();
+  const elem* __restrict__ A = (const elem*)p.a + row0 * p.lda;
+  const elem* __restrict__ B = (const elem*)p.b + row0 * p.ldb;
+  elem* __restrict__ C = (elem*)p.group[group];
+{{/if}}
+  const int k_tiles = (int)((k_valid + BK - 1) / BK);
+
+  // Stage `s` ← the kt-th reduction tile of A and B, 16 bytes per copy.
+  auto load = [&](int s, int kt) {
+    const long long k0 = (long long)kt * BK;
+    const unsigned a_s = smem + s * STAGE_BYTES, b_s = a_s + A_BYTES;
+#pragma unroll
+    for (int i = 0; i < BM * BK / 8 / 256; ++i) {
+      const int c = tid + i * 256;
+{{#if A_MN}}
+      // A stored with its rows (the reduction) outermost: 64 rows of BM columns
+      const int krow = c / (BM / 8), chunk = c % (BM / 8);
+      const bool ok = k0 + krow < k_valid;
+      const elem* src = ok ? A + (k0 + krow) * p.lda + m0 + chunk * 8 : A;
+      copy16(a_s + mn_major(krow, chunk), src, ok);
+{{#else}}
+      // A stored with the reduction contiguous: BM rows of 64
+      const int row = c >> 3, chunk = c & 7;
+      const bool ok = row < m_valid;
+      const elem* src = ok ? A + (m0 + row) * p.lda + k0 + chunk * 8 : A;
+      copy16(a_s + k_major(row, chunk), src, ok);
+{{/if}}
+    }
+#pragma unroll
+    for (int i = 0; i < BK * BN / 8 / 256; ++i) {
+      const int c = tid + i * 256;
+{{#if B_MN}}
+      // B stored with the reduction outermost: 64 rows of BN columns
+      const int krow = c / (BN / 8), chunk = c % (BN / 8);
+      const bool ok = k0 + krow < k_valid;
+      const elem* src = ok ? B + (k0 + krow) * p.ldb + n0 + chunk * 8 : B;
+      copy16(b_s + mn_major(krow, chunk), src, ok);
+{{#else}}
+      // B stored with the reduction contiguous: BN rows of 64
+      const int row = c >> 3, chunk = c & 7;
+      copy16(b_s + k_major(row, chunk), B + (n0 + row) * p.ldb + k0 + chunk * 8, true);
+{{/if}}
+    }
+  };
+
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; ++s) {
+    if (s < k_tiles) load(s, s);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    // Tile kt has landed (this thread's copies), is visible to the async proxy wgmma reads
+    // through, and every warpgroup has finished tile kt - 2, whose stage is refilled next.
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 3));
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (kt + STAGES - 2 < k_tiles) load((kt + STAGES - 2) % STAGES, kt + STAGES - 2);
+    asm volatile("cp.async.commit_group;\n" ::);
+    const unsigned a_s = smem + (kt % STAGES) * STAGE_BYTES, b_s = a_s + A_BYTES;
+    fence_acc(acc);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+{{#if A_MN}}
+      const unsigned long long da = descriptor(a_s + wg * 8192 + kk * 2048, 8192, 1024);
+{{#else}}
+      const unsigned long long da = descriptor(a_s + wg * 64 * 128 + kk * 32, 16, 1024);
+{{/if}}
+{{#if B_MN}}
+      const unsigned long long db = descriptor(b_s + kk * 2048, 8192, 1024);
+{{#else}}
+      const unsigned long long db = descriptor(b_s + kk * 32, 16, 1024);
+{{/if}}
+      wgmma(acc, da, db);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    fence_acc(acc);
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  fence_acc(acc);
+  asm volatile("cp.async.wait_group 0;\n" ::);
+
+  // The accumulator of m64nBN: warp w of the warpgroup holds rows 16w..16w+15; register
+  // 4j + {0,1} is row lane / 4, columns 8j + 2 (lane % 4) + {0,1}; 4j + {2,3} the row 8 below.
+  const int wrow = wg * 64 + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = wrow + half * 8;
+    if (row >= m_valid) continue;
+    elem* out = C + (m0 + row) * p.ldc + n0 + (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      *reinterpret_cast<unsigned*>(out + j * 8) = pack(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+    }
+  }
+}
