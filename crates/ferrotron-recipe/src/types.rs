@@ -1232,7 +1232,8 @@ pub struct Runtime {
     #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
     pub grouped_gemm: bool,
     /// The grouped GEMM reads the routing's per-expert row counts on the device (Ferrotron's
-    /// own sm_80+ kernel for bf16 and f16, expert widths a multiple of 128), so a MoE layer
+    /// own kernel for bf16 and f16, expert widths a multiple of 128: warpgroup MMA on Hopper,
+    /// `mma.sync` on other sm_80+ GPUs), so a MoE layer
     /// never waits for the host; off: cuBLAS's grouped-batched GEMM, which takes the counts as
     /// host numbers. Opt-in until its `gpu_check` rows and bench rows are measured on a GPU.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
