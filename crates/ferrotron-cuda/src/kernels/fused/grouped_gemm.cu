@@ -22,22 +22,7 @@
 #define GROUPS {{GROUPS}}
 typedef {{ELEM}} elem;
 
-struct Params {
-  unsigned long long a, b, c, counts;
-  long long n_tiles, m_tiles, k;
-  long long lda, ldb, ldc;
-  unsigned long long group[GROUPS];
-};
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global → shared; zeros where `valid` is false (nothing is read then).
-__device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid) {
-  const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
+{{TILES}}
 
 // Offsets (in elements) of 16-byte chunk `chunk` of row `row`: rows of 32 elements (4 chunks)
 // and rows of 128 (16 chunks), each swizzled so that the 8 rows one ldmatrix reads fall in
@@ -66,95 +51,19 @@ __device__ __forceinline__ void mma(float* d, const unsigned* a, const unsigned*
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ unsigned pack(float lo, float hi) {
-{{#if BF16}}
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-{{#else}}
-  __half2 v = __floats2half2_rn(lo, hi);
-{{/if}}
-  return *reinterpret_cast<unsigned*>(&v);
-}
-
-// Block `b` of `m_tiles × n_tiles` → its row tile and first column, in bands of BAND row
-// tiles with the rows fastest.
-__device__ __forceinline__ void band_tile(long long b, long long m_tiles, long long n_tiles,
-                                          long long* m_tile, long long* n0) {
-  const long long per_band = (long long)BAND * n_tiles;
-  const long long first = (b / per_band) * BAND;
-  const long long size = min((long long)BAND, m_tiles - first);
-  const long long in_band = b % per_band;
-  *m_tile = first + in_band % size;
-  *n0 = (in_band / size) * BN;
-}
-
-// Inclusive sum over the block's 256 threads (8 warps).
-__device__ __forceinline__ long long block_scan(long long v, long long* warp_sums) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int d = 1; d < 32; d <<= 1) {
-    const long long up = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += up;
-  }
-  if (lane == 31) warp_sums[warp] = v;
-  __syncthreads();
-  long long before = 0;
-  for (int w = 0; w < warp; ++w) before += warp_sums[w];
-  __syncthreads();
-  return v + before;
-}
-
 extern "C" __global__ void __launch_bounds__(256) ferrotron_kernel(const Params p) {
   __shared__ __align__(128) elem As[STAGES][BM * BK];
   __shared__ __align__(128) elem Bs[STAGES][BK * BN];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const long long* __restrict__ counts = (const long long*)p.counts;
-
-  // Which group, which of its tiles, where its rows start: a scan of the counts, in the
-  // stage buffers before any tile is loaded there.
+  // The stage buffers hold the scan's scratch before any tile is loaded there.
   long long* scratch = (long long*)&As[0][0];
-  const long long count = tid < GROUPS ? counts[tid] : 0;
-{{#if ROWS}}
-  const long long tiles = (count + BM - 1) / BM;
-  long long tile, n0;
-  band_tile(blockIdx.x, p.m_tiles, p.n_tiles, &tile, &n0);
-  if (tid == 0) scratch[8] = -1;
-  const long long rows_end = block_scan(count, scratch);
-  const long long tiles_end = block_scan(tiles, scratch);
-  if (tid < GROUPS && tiles_end - tiles <= tile && tile < tiles_end) {
-    scratch[8] = tid;
-    scratch[9] = rows_end - count + (tile - (tiles_end - tiles)) * BM;  // first row of the tile
-    scratch[10] = min((long long)BM, count - (tile - (tiles_end - tiles)) * BM);
-  }
-  __syncthreads();
-  const long long group = scratch[8];
-  const long long row0 = scratch[9];
-  const int m_valid = (int)scratch[10];
-  __syncthreads();
-  if (group < 0) return;
-  const long long m0 = 0;
-  const long long k_valid = p.k;
-  const elem* __restrict__ A = (const elem*)p.a + row0 * p.lda;
-  const elem* __restrict__ B = (const elem*)p.group[group];
-  elem* __restrict__ C = (elem*)p.c + row0 * p.ldc;
-{{#else}}
-  const long long per_group = p.m_tiles * p.n_tiles;
-  const long long group = (long long)blockIdx.x / per_group;
-  long long m_tile, n0;
-  band_tile((long long)blockIdx.x % per_group, p.m_tiles, p.n_tiles, &m_tile, &n0);
-  const long long m0 = m_tile * BM;
-  const long long rows_end = block_scan(count, scratch);
-  if (tid == group) {
-    scratch[8] = rows_end - count;
-    scratch[9] = count;
-  }
-  __syncthreads();
-  const long long row0 = scratch[8];
-  const long long k_valid = scratch[9];
-  const int m_valid = BM;
-  __syncthreads();
-  const elem* __restrict__ A = (const elem*)p.a + row0 * p.lda;
-  const elem* __restrict__ B = (const elem*)p.b + row0 * p.ldb;
-  elem* __restrict__ C = (elem*)p.group[group];
-{{/if}}
+  Tile t;
+  if (!find_tile(p, scratch, &t)) return;
+  const elem* __restrict__ A = t.a;
+  const elem* __restrict__ B = t.b;
+  elem* __restrict__ C = t.c;
+  const long long m0 = t.m0, n0 = t.n0, k_valid = t.k_valid;
+  const int m_valid = t.m_valid;
   const int k_tiles = (int)((k_valid + BK - 1) / BK);
 
   // Stage `s` ← the k-th tile of A and B: 512 chunks of 16 bytes each, two per thread.

@@ -124,6 +124,15 @@ impl GroupedGemm {
         }
     }
 
+    /// What both kernels share: the parameters, the copies, the output's packing and the
+    /// lookup of a block's group and tile.
+    fn tiles(&self) -> String {
+        template!("grouped_gemm_tiles.cu").fill(&[
+            ("BF16", Hole::Flag(self.dtype == DType::BF16)),
+            ("ROWS", Hole::Flag(self.product != Product::WeightGrad)),
+        ])
+    }
+
     fn portable_source(&self) -> String {
         let (a_t, b_t) = match self.product {
             Product::Forward => (false, false),
@@ -139,8 +148,7 @@ impl GroupedGemm {
             ("GROUPS", Hole::Int(self.groups as i64)),
             ("ELEM", Hole::Storage(self.dtype)),
             ("MMA", Hole::code(self.mma())),
-            ("BF16", Hole::Flag(self.dtype == DType::BF16)),
-            ("ROWS", Hole::Flag(self.product != Product::WeightGrad)),
+            ("TILES", Hole::code(self.tiles())),
             ("A_T", Hole::Flag(a_t)),
             ("B_T", Hole::Flag(b_t)),
         ])
@@ -172,8 +180,7 @@ impl GroupedGemm {
                 "WGMMA",
                 Hole::code(wgmma_asm(self.tile_cols, self.mma(), a_mn, b_mn)),
             ),
-            ("BF16", Hole::Flag(self.dtype == DType::BF16)),
-            ("ROWS", Hole::Flag(self.product != Product::WeightGrad)),
+            ("TILES", Hole::code(self.tiles())),
             ("A_MN", Hole::Flag(a_mn)),
             ("B_MN", Hole::Flag(b_mn)),
         ])
