@@ -177,11 +177,16 @@ fn rows_of(
                     "device counts (wgmma) vs cuBLAS grouped",
                     Path::Cublas,
                 ),
+                (Path::DeviceCounts(Kernel::HopperNarrow), false) => (
+                    "grouped_gemm_device_counts_sm90_n128",
+                    "device counts (wgmma, 128 x 128 tiles) vs cuBLAS grouped",
+                    Path::Cublas,
+                ),
                 (Path::DeviceCounts(kernel), true) => (
-                    if kernel == Kernel::Hopper {
-                        "grouped_gemm_device_counts_sm90_parts"
-                    } else {
-                        "grouped_gemm_device_counts_parts"
+                    match kernel {
+                        Kernel::Portable => "grouped_gemm_device_counts_parts",
+                        Kernel::Hopper => "grouped_gemm_device_counts_sm90_parts",
+                        Kernel::HopperNarrow => "grouped_gemm_device_counts_sm90_n128_parts",
                     },
                     "device counts over parts vs stacked",
                     Path::DeviceCounts(kernel),
@@ -326,10 +331,14 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 };
                 let kernels = Kernel::available(x.device());
                 let ours = time(kernels[0]);
-                if let Some(&portable) = kernels.get(1) {
-                    let ms = time(portable);
+                for &other in &kernels[1..] {
+                    let ms = time(other);
+                    let what = match other {
+                        Kernel::HopperNarrow => "wgmma, 128 x 128 tiles",
+                        _ => "mma.sync",
+                    };
                     lines.push_str(&format!(
-                        "| {name} | {pass}, device counts (mma.sync) | {ms:.3} | {:.0} | | |\n",
+                        "| {name} | {pass}, device counts ({what}) | {ms:.3} | {:.0} | | |\n",
                         rate(ms)
                     ));
                 }

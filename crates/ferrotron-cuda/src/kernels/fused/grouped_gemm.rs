@@ -37,8 +37,12 @@ const _: () = assert!((4 + 6 + MAX_GROUPS) * 8 <= 4096);
 pub enum Kernel {
     /// `mma.sync` through `ldmatrix`, 128 × 128 tiles (sm_80 and later).
     Portable,
-    /// Hopper's warpgroup MMA from descriptors, 128 × 256 (or 128 × 128) tiles (sm_90 only).
+    /// Hopper's warpgroup MMA from descriptors, 128 × 256 tiles where they divide the
+    /// output's width, else 128 × 128 (sm_90 only).
     Hopper,
+    /// Hopper's kernel with 128 × 128 tiles always (six stages instead of four), timed
+    /// against the wide tiles.
+    HopperNarrow,
 }
 
 impl Kernel {
@@ -51,12 +55,17 @@ impl Kernel {
         }
     }
 
-    /// Every kernel the device runs (for the checks that compare them).
+    /// Every kernel the device runs, the best first (for the checks that compare them).
     pub fn available(device: &CudaDevice) -> Vec<Self> {
         match Self::best(device) {
-            Kernel::Hopper => vec![Kernel::Hopper, Kernel::Portable],
             Kernel::Portable => vec![Kernel::Portable],
+            _ => vec![Kernel::Hopper, Kernel::HopperNarrow, Kernel::Portable],
         }
+    }
+
+    /// Whether this is Hopper's warpgroup-MMA kernel.
+    fn is_hopper(self) -> bool {
+        matches!(self, Kernel::Hopper | Kernel::HopperNarrow)
     }
 
     /// Output tile columns for an output `cols` wide: Hopper's widest instruction where it
@@ -99,12 +108,11 @@ impl GroupedGemm {
 
     /// Dynamic shared memory a block takes (Hopper: the stages and 1 KiB to align them).
     fn shared_bytes(&self) -> u32 {
-        match self.kernel {
-            Kernel::Portable => 0,
-            Kernel::Hopper => {
-                let stage = (TILE * 64 + 64 * self.tile_cols) * 2;
-                (self.stages() * stage + 1024) as u32
-            }
+        if self.kernel.is_hopper() {
+            let stage = (TILE * 64 + 64 * self.tile_cols) * 2;
+            (self.stages() * stage + 1024) as u32
+        } else {
+            0
         }
     }
 
@@ -213,14 +221,15 @@ fn wgmma_asm(n: usize, mma: &str, a_mn: bool, b_mn: bool) -> String {
 
 impl KernelSpec for GroupedGemm {
     fn source(&self) -> String {
-        match self.kernel {
-            Kernel::Portable => self.portable_source(),
-            Kernel::Hopper => self.hopper_source(),
+        if self.kernel.is_hopper() {
+            self.hopper_source()
+        } else {
+            self.portable_source()
         }
     }
 
     fn arch_specific(&self) -> bool {
-        self.kernel == Kernel::Hopper
+        self.kernel.is_hopper()
     }
 }
 
@@ -464,7 +473,7 @@ mod tests {
                 for groups in [8, 128, MAX_GROUPS] {
                     for (kernel, tile_cols) in [
                         (Kernel::Portable, TILE),
-                        (Kernel::Hopper, 128),
+                        (Kernel::HopperNarrow, 128),
                         (Kernel::Hopper, 256),
                     ] {
                         specs.push(GroupedGemm {
@@ -494,6 +503,7 @@ mod tests {
         assert_eq!(Kernel::Hopper.tile_cols(768), 256);
         assert_eq!(Kernel::Hopper.tile_cols(14336), 256);
         assert_eq!(Kernel::Hopper.tile_cols(1408), 128);
+        assert_eq!(Kernel::HopperNarrow.tile_cols(768), 128);
         assert_eq!(Kernel::Portable.tile_cols(768), 128);
     }
 
