@@ -335,6 +335,17 @@ mod tests {
     }
 
     #[test]
+    fn arch_specific_kernels_compile_for_the_a_target_under_their_own_key() {
+        let cache = KernelCache::new("sm_90".into());
+        assert_eq!(cache.specific_arch, "sm_90a");
+        assert_eq!(cache.specific_options[0], "--gpu-architecture=sm_90a");
+        assert_ne!(
+            cache_key(&cache.arch, &cache.options, "src"),
+            cache_key(&cache.specific_arch, &cache.specific_options, "src")
+        );
+    }
+
+    #[test]
     fn disk_entries_are_written_atomically() {
         let dir = std::env::temp_dir().join(format!("ferrotron-kc-{}", std::process::id()));
         let path = dir.join("sm_90").join("abc.ptx");
