@@ -13,12 +13,16 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
 use super::launch::KernelSpec;
 use crate::error::{CudaError, DriverResultExt, OpContext, Result};
 use crate::switches::EnvVars;
+
+/// Shared memory a block may take without raising the function's limit.
+const SHARED_STATIC_LIMIT: u32 = 48 * 1024;
 
 /// Name of the entry point every generated kernel defines.
 pub const KERNEL_ENTRY: &str = "ferrotron_kernel";
@@ -153,6 +157,15 @@ impl KernelCache {
         let name = kernel_name(&source);
         let source = source.replace(KERNEL_ENTRY, &name);
         let function = self.function_named(ctx, &source, &name, spec.arch_specific(), op)?;
+        let shared = spec.shared_bytes();
+        if shared > SHARED_STATIC_LIMIT {
+            function
+                .set_attribute(
+                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared as i32,
+                )
+                .ctx(op)?;
+        }
         let entry = (function, Arc::<str>::from(name));
         self.by_spec
             .lock()

@@ -89,10 +89,13 @@ pub(crate) trait KernelSpec: std::hash::Hash + 'static {
     fn arch_specific(&self) -> bool {
         false
     }
-}
 
-/// Shared memory a block may take without asking the driver (the static limit).
-const SHARED_DEFAULT: u32 = 48 * 1024;
+    /// Dynamic shared memory a block takes (`extern __shared__`); the kernel cache raises the
+    /// function's limit once, where it passes the static 48 KiB, as the driver requires.
+    fn shared_bytes(&self) -> u32 {
+        0
+    }
+}
 
 /// Compiles (once per spec) and launches a kernel on the device's stream, timed under its
 /// name when op timing is on.
@@ -104,32 +107,10 @@ pub(crate) fn launch<S: KernelSpec>(
     params: &Params,
     op: &dyn Fn() -> OpContext,
 ) -> Result<()> {
-    launch_with_shared(device, spec, grid, block, 0, params, op)
-}
-
-/// [`launch`] with `shared` bytes of dynamic shared memory a block (`extern __shared__`); above
-/// the static 48 KiB the kernel's limit is raised first, as the driver requires.
-pub(crate) fn launch_with_shared<S: KernelSpec>(
-    device: &CudaDevice,
-    spec: &S,
-    grid: u32,
-    block: u32,
-    shared: u32,
-    params: &Params,
-    op: &dyn Fn() -> OpContext,
-) -> Result<()> {
     device.bind()?;
     let (function, name) = device
         .kernels()
         .function_for_spec(device.context(), spec, op)?;
-    if shared > SHARED_DEFAULT {
-        function
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared as i32,
-            )
-            .ctx(op)?;
-    }
     let _timer = crate::engine::timing::scope(device, &name);
     let mut words = params.words().to_vec();
     let mut args: [*mut c_void; 1] = [words.as_mut_ptr().cast()];
@@ -142,7 +123,7 @@ pub(crate) fn launch_with_shared<S: KernelSpec>(
             function.cu_function(),
             (grid, 1, 1),
             (block, 1, 1),
-            shared,
+            spec.shared_bytes(),
             device.cu_stream(),
             &mut args,
         )

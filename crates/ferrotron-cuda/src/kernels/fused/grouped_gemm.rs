@@ -19,7 +19,7 @@
 use crate::engine::device::CudaDevice;
 use crate::engine::dtype::DType;
 use crate::engine::experts::Weights;
-use crate::engine::launch::{KernelSpec, Params, launch_with_shared};
+use crate::engine::launch::{KernelSpec, Params, launch};
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::template::{Hole, template};
@@ -104,16 +104,6 @@ impl GroupedGemm {
     /// Hopper's stages of shared memory: 192 KiB of them whatever the tile.
     fn stages(&self) -> usize {
         if self.tile_cols == 256 { 4 } else { 6 }
-    }
-
-    /// Dynamic shared memory a block takes (Hopper: the stages and 1 KiB to align them).
-    fn shared_bytes(&self) -> u32 {
-        if self.kernel.is_hopper() {
-            let stage = (TILE * 64 + 64 * self.tile_cols) * 2;
-            (self.stages() * stage + 1024) as u32
-        } else {
-            0
-        }
     }
 
     fn mode(&self) -> &'static str {
@@ -230,6 +220,16 @@ impl KernelSpec for GroupedGemm {
 
     fn arch_specific(&self) -> bool {
         self.kernel.is_hopper()
+    }
+
+    /// Hopper: the stages and 1 KiB to align them.
+    fn shared_bytes(&self) -> u32 {
+        if self.kernel.is_hopper() {
+            let stage = (TILE * 64 + 64 * self.tile_cols) * 2;
+            (self.stages() * stage + 1024) as u32
+        } else {
+            0
+        }
     }
 }
 
@@ -458,8 +458,7 @@ fn launch_blocks(
     let grid = u32::try_from(blocks).map_err(|_| {
         CudaError::unsupported(op.clone(), format!("{blocks} tiles exceed one grid"))
     })?;
-    let shared = spec.shared_bytes();
-    launch_with_shared(on.device(), spec, grid, 256, shared, params, &|| op.clone())
+    launch(on.device(), spec, grid, 256, params, &|| op.clone())
 }
 
 #[cfg(test)]
