@@ -25,6 +25,8 @@
 #       killed (SIGKILL) after two steps, then stopped (SIGSTOP) with a distributed timeout of
 #       3 s: how long until the launcher exits, and whether rank 0's error names rank 1 (the
 #       NCCL side of the watchdog is part (a)'s `watchdog_blocked_stream` row);
+#   (L) context parallel 2 at 32k tokens (a 2-layer LLaMA-style model), two ranks on ONE GPU over
+#       TCP against one GPU with the same batch (issue 48's long-context equivalence);
 #   (m) only with PARTS containing m and at least two GPUs (2, 4 or 8): every layout over NCCL
 #       (tp2 with and without SP, pp2, pp2·vpp2, dp2, dp2 + ZeRO-1, cp2, MoE ep2 and ep2·etp2,
 #       tp2·pp2·dp2; each when the machine has its world size) against one GPU with the same
@@ -42,7 +44,7 @@
 #
 # Env: OUT (results, default /tmp/gpu-nccl-out), FERROTRON_DIST (binaries, default .gpu-dist),
 # PARTS (default "ab"; t for two ranks on one GPU over TCP, x for the device exchange's
-# layouts on one GPU over TCP, f for the failing ranks, m for the multi-GPU run), STEPS
+# layouts on one GPU over TCP, L for context parallel 2 at 32k on one GPU over TCP, f for the failing ranks, m for the multi-GPU run), STEPS
 # (30), RUN_TIMEOUT (300).
 # Output: the tables last on stdout and in $OUT/gpu-nccl.md; full logs under $OUT/logs.
 set -uo pipefail
@@ -240,6 +242,27 @@ if [[ $parts == *x* ]]; then
         tiny-f32-moe-ep2-dp4-zero1
     grep -h "training on the GPU" "$logs"/tiny-*-zero1.log "$logs/tiny-bf16-cp2.log" | cut -c1-200 >>"$tables"
     grep -h -i "error" "$logs"/tiny-*-{zero1,cp2,dp2}.log 2>/dev/null | head -n 5 >>"$tables"
+fi
+
+# ---- (L) context parallel 2 at 32k tokens on one GPU over TCP ------------------------------
+# Long context is where context parallelism is used and where Megatron's tracker reports its
+# crashes: a LLaMA-style model (RoPE, RMSNorm, SwiGLU, GQA 4 on 2) of 2 layers, hidden 256, at
+# sequences of 32,768 tokens, two microbatches of one a step, split over two ranks sharing the
+# GPU (each holds 16,384 tokens of every sequence and the causal attention's K/V exchange runs
+# over TCP) against one GPU with the same batch: expected the same losses up to bf16 sums.
+if [[ $parts == *L* ]]; then
+    # shellcheck source=tools/gpu-families.sh
+    source "$root/tools/gpu-families.sh"
+    long=("${llama_sets[@]}" --set model.num_layers=2 --set model.hidden_size=256
+        --set model.num_attention_heads=4 --set model.ffn_hidden_size=704
+        --set model.seq_length=32768 --set model.max_position_embeddings=32768
+        --set training.global_batch_size=2 --set training.micro_batch_size=1)
+    train long-bf16-32k --world-size 1 "${long[@]}"
+    FERROTRON_COMM=tcp train long-bf16-32k-cp2 --nproc-per-node 2 --set parallel.context=2 \
+        --set parallel.data=1 "${long[@]}"
+    compare "(L) context parallel 2 at 32k tokens, two ranks on one GPU over TCP, vs one GPU" \
+        long-bf16-32k long-bf16-32k-cp2
+    grep -h -i "error\|panicked" "$logs"/long-bf16-32k*.log 2>/dev/null | head -n 5 >>"$tables"
 fi
 
 # ---- (m) every layout over NCCL on several GPUs, and data-parallel scaling -------------------

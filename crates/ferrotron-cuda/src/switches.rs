@@ -24,8 +24,9 @@ pub struct Paths {
     pub vector_maps: bool,
     /// One grouped GEMM for every expert (off: a GEMM per expert).
     pub grouped_gemm: bool,
-    /// That GEMM reads the experts' row counts on the device (`kernels/fused/grouped_gemm.rs`;
-    /// off: cuBLAS's grouped call with host counts). Off by default until measured on a GPU.
+    /// That GEMM reads the experts' row counts on the device (`kernels/fused/grouped_gemm.rs`)
+    /// where the experts are too small for one cuBLASLt GEMM each (off: cuBLAS's grouped call
+    /// with host counts there).
     pub grouped_gemm_device_counts: bool,
     /// The grouped GEMMs (forward and both gradients) as one cuBLASLt GEMM per expert where
     /// each expert fills the GPU (`blas/grouped.rs`; off: cuBLAS's grouped call always).
@@ -47,7 +48,7 @@ impl Default for Paths {
             fused_kernels: true,
             vector_maps: true,
             grouped_gemm: true,
-            grouped_gemm_device_counts: false,
+            grouped_gemm_device_counts: true,
             grouped_gemm_per_expert: true,
             gemm_tune: true,
             attention_tune: true,

@@ -36,6 +36,14 @@ const GROUPED_TO_DENSE: f64 = HOPPER_GROUPED_GEMM_EFFICIENCY / HOPPER_GEMM_EFFIC
 const HOPPER_PER_EXPERT_GEMM_EFFICIENCY: f64 = 0.5;
 /// The per-expert GEMMs' rate over the dense GEMMs' on Hopper.
 const PER_EXPERT_TO_DENSE: f64 = HOPPER_PER_EXPERT_GEMM_EFFICIENCY / HOPPER_GEMM_EFFICIENCY;
+/// The experts' GEMMs through Ferrotron's device-count kernel (warpgroup MMA; the counts never
+/// read back) at this fraction of peak, where the runtime takes it (experts too small to fill
+/// the chip alone): fitted to `qwen3-30b-a3b-4l` and its 8-microbatch twin on one H100
+/// (2026-12-07 17:00–17:05 UTC). In isolation it ran 0.27–0.34 of peak at that shape
+/// (`gpu_check --filter device_grouped`), cuBLAS's grouped call 0.27–0.30.
+const HOPPER_DEVICE_COUNTS_GEMM_EFFICIENCY: f64 = 0.16;
+/// The device-count kernel's rate over the dense GEMMs' on Hopper.
+const DEVICE_COUNTS_TO_DENSE: f64 = HOPPER_DEVICE_COUNTS_GEMM_EFFICIENCY / HOPPER_GEMM_EFFICIENCY;
 /// Hopper's dense fp32 peak, which the dropout cost of other chips is scaled by.
 const HOPPER_PEAK_FP32: f64 = 67e12;
 /// and the element-wise passes at this many of the bytes `time.rs` counts a second: the same
@@ -63,6 +71,9 @@ pub struct GpuSpec {
     /// Fraction of peak reached by the experts' GEMMs run one per expert, where each expert's
     /// output fills the chip (`runtime.grouped_gemm_per_expert`, `routed.rs`).
     pub per_expert_gemm_efficiency: f64,
+    /// Fraction of peak reached by the experts' GEMMs through the device-count kernel, where
+    /// they do not (`runtime.grouped_gemm_device_counts`, `routed.rs`).
+    pub device_counts_gemm_efficiency: f64,
     /// Streaming multiprocessors: how many 128 × 128 output tiles fill the chip.
     pub multiprocessors: u32,
     /// Fraction of peak reached by fused (flash) attention without dropout, forward and
@@ -96,6 +107,7 @@ impl GpuSpec {
                 gemm_efficiency: 0.80,
                 grouped_gemm_efficiency: 0.80 * GROUPED_TO_DENSE,
                 per_expert_gemm_efficiency: 0.80 * PER_EXPERT_TO_DENSE,
+                device_counts_gemm_efficiency: 0.80 * DEVICE_COUNTS_TO_DENSE,
                 multiprocessors: 108,
                 attention_efficiency: 0.55,
                 memory_bound_efficiency: 1.0,
@@ -120,6 +132,7 @@ impl GpuSpec {
                 gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
                 grouped_gemm_efficiency: HOPPER_GROUPED_GEMM_EFFICIENCY,
                 per_expert_gemm_efficiency: HOPPER_PER_EXPERT_GEMM_EFFICIENCY,
+                device_counts_gemm_efficiency: HOPPER_DEVICE_COUNTS_GEMM_EFFICIENCY,
                 multiprocessors: 132,
                 attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
                 memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 3.35e12,
@@ -146,6 +159,7 @@ impl GpuSpec {
                 gemm_efficiency: HOPPER_GEMM_EFFICIENCY,
                 grouped_gemm_efficiency: HOPPER_GROUPED_GEMM_EFFICIENCY,
                 per_expert_gemm_efficiency: HOPPER_PER_EXPERT_GEMM_EFFICIENCY,
+                device_counts_gemm_efficiency: HOPPER_DEVICE_COUNTS_GEMM_EFFICIENCY,
                 multiprocessors: 132,
                 attention_efficiency: HOPPER_ATTENTION_EFFICIENCY,
                 memory_bound_efficiency: HOPPER_ELEMENTWISE_BYTES_PER_SECOND / 4.8e12,
@@ -170,6 +184,7 @@ impl GpuSpec {
                 gemm_efficiency: 0.75,
                 grouped_gemm_efficiency: 0.75 * GROUPED_TO_DENSE,
                 per_expert_gemm_efficiency: 0.75 * PER_EXPERT_TO_DENSE,
+                device_counts_gemm_efficiency: 0.75 * DEVICE_COUNTS_TO_DENSE,
                 multiprocessors: 148,
                 attention_efficiency: 0.50,
                 memory_bound_efficiency: 1.0,
@@ -190,6 +205,7 @@ impl GpuSpec {
                 gemm_efficiency: 0.5,
                 grouped_gemm_efficiency: 0.5 * GROUPED_TO_DENSE,
                 per_expert_gemm_efficiency: 0.5 * GROUPED_TO_DENSE,
+                device_counts_gemm_efficiency: 0.5 * GROUPED_TO_DENSE,
                 multiprocessors: 1,
                 attention_efficiency: 0.3,
                 memory_bound_efficiency: 1.0,

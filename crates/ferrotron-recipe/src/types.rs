@@ -1233,10 +1233,13 @@ pub struct Runtime {
     pub grouped_gemm: bool,
     /// The grouped GEMM reads the routing's per-expert row counts on the device (Ferrotron's
     /// own kernel for bf16 and f16, expert widths a multiple of 128: warpgroup MMA on Hopper,
-    /// `mma.sync` on other sm_80+ GPUs), so a MoE layer
-    /// never waits for the host; off: cuBLAS's grouped-batched GEMM, which takes the counts as
-    /// host numbers. Opt-in until its `gpu_check` rows and bench rows are measured on a GPU.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// `mma.sync` on other sm_80+ GPUs), so a MoE layer never waits for the host, wherever the
+    /// mean expert is too small for one GEMM per expert (`grouped_gemm_per_expert`, which reads
+    /// the counts and runs 1.5–1.7× the kernel's rate where it applies). On an H100 the kernel
+    /// beats cuBLAS's grouped call at Qwen3-30B-A3B's experts by 1.12–1.21× per GEMM, and that
+    /// model trained at 88,754 tokens/s over a global batch where the grouped call gave 81,262
+    /// (2026-12-07). Off: cuBLAS's grouped-batched GEMM, which takes the counts as host numbers.
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
     pub grouped_gemm_device_counts: bool,
     /// The experts' GEMMs (forward and both gradients) as one cuBLASLt GEMM per expert
     /// (planned once per bucket of 1,024 row counts) where each expert's output covers the GPU's
@@ -1309,7 +1312,7 @@ impl Default for Runtime {
             fused_kernels: true,
             vector_maps: true,
             grouped_gemm: true,
-            grouped_gemm_device_counts: false,
+            grouped_gemm_device_counts: true,
             grouped_gemm_per_expert: true,
             gemm_tune: true,
             attention_tune: true,

@@ -111,9 +111,24 @@ const TILE: usize = 128 * 128;
 /// non-empty expert's output (`rows × n`) covers every multiprocessor with a 128 × 128 tile.
 fn per_expert(device: &CudaDevice, n: usize, group_rows: &[usize]) -> bool {
     let busy = group_rows.iter().filter(|&&rows| rows > 0).count();
-    crate::switches::paths().grouped_gemm_per_expert
-        && busy > 0
-        && group_rows.iter().sum::<usize>() / busy * n >= device.multiprocessors() * TILE
+    busy > 0 && per_expert_at(device, n, group_rows.iter().sum::<usize>() / busy)
+}
+
+/// [`per_expert`] before the counts are known, from the mean expert's `rows / groups` rows:
+/// the device-count kernel takes the experts this rule leaves to the grouped call, so the
+/// choice needs no host read (`backend/fused_ops`).
+pub(crate) fn per_expert_expected(
+    device: &CudaDevice,
+    n: usize,
+    rows: usize,
+    groups: usize,
+) -> bool {
+    groups > 0 && per_expert_at(device, n, rows / groups)
+}
+
+/// The recipe's switch is on and an expert of `rows` rows fills the GPU with `n` columns.
+fn per_expert_at(device: &CudaDevice, n: usize, rows: usize) -> bool {
+    crate::switches::paths().grouped_gemm_per_expert && rows * n >= device.multiprocessors() * TILE
 }
 
 /// Row block `g` of `x [rows, k]` (`group_rows[g]` rows) times expert `g`'s `[k, n]` weight →
