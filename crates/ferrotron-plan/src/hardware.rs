@@ -39,8 +39,9 @@ const PER_EXPERT_TO_DENSE: f64 = HOPPER_PER_EXPERT_GEMM_EFFICIENCY / HOPPER_GEMM
 /// The experts' GEMMs through Ferrotron's device-count kernel (warpgroup MMA; the counts never
 /// read back) at this fraction of peak, where the runtime takes it (experts too small to fill
 /// the chip alone): fitted to `qwen3-30b-a3b-4l` and its 8-microbatch twin on one H100
-/// (2026-12-07 17:00–17:05 UTC). In isolation it ran 0.27–0.34 of peak at that shape
-/// (`gpu_check --filter device_grouped`), cuBLAS's grouped call 0.27–0.30.
+/// (2026-12-07 17:00 and 17:41 UTC: predicted 1.03 and 1.00 of their steps). In isolation it
+/// ran 0.27–0.34 of peak at that shape (`gpu_check --filter device_grouped`), cuBLAS's grouped
+/// call 0.27–0.30.
 const HOPPER_DEVICE_COUNTS_GEMM_EFFICIENCY: f64 = 0.16;
 /// The device-count kernel's rate over the dense GEMMs' on Hopper.
 const DEVICE_COUNTS_TO_DENSE: f64 = HOPPER_DEVICE_COUNTS_GEMM_EFFICIENCY / HOPPER_GEMM_EFFICIENCY;

@@ -679,8 +679,8 @@ fn every_timed_dense_h100_row_is_within_ten_percent_of_its_predicted_step() {
 /// The MoE rows' steps within issue 47's 15 %, on one H100 (`tools/gpu-bench.sh`, tokens a step
 /// over tokens/s): the experts one GEMM per expert where each fills the chip (the small MoE,
 /// Mixtral's and DeepSeek-V3's shapes; 2026-12-07 09:53–09:56 UTC) and on the device-count
-/// kernel where they do not (Qwen3-30B-A3B's 128 experts of ~500 rows, one microbatch and
-/// eight; 17:00–17:05 UTC).
+/// kernel where they do not (Qwen3-30B-A3B's 128 experts of ~500 rows, one microbatch at
+/// 17:00 UTC and eight at 17:41, the kernel then the default).
 #[test]
 fn the_moe_rows_are_within_fifteen_percent_of_their_predicted_step() {
     let h100 = [
@@ -690,7 +690,7 @@ fn the_moe_rows_are_within_fifteen_percent_of_their_predicted_step() {
         ("qwen3-30b-a3b-4l", Measured::Seconds(8192.0 / 70_521.0)),
         (
             "qwen3-30b-a3b-4l-gb16",
-            Measured::Seconds(65536.0 / 88_754.0),
+            Measured::Seconds(65536.0 / 89_629.0),
         ),
     ];
     assert_steps_within(&h100, GpuKind::H100, 0.15);

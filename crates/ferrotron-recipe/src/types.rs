@@ -1237,8 +1237,9 @@ pub struct Runtime {
     /// mean expert is too small for one GEMM per expert (`grouped_gemm_per_expert`, which reads
     /// the counts and runs 1.5–1.7× the kernel's rate where it applies). On an H100 the kernel
     /// beats cuBLAS's grouped call at Qwen3-30B-A3B's experts by 1.12–1.21× per GEMM, and that
-    /// model trained at 88,754 tokens/s over a global batch where the grouped call gave 81,262
-    /// (2026-12-07). Off: cuBLAS's grouped-batched GEMM, which takes the counts as host numbers.
+    /// model trained at 89,629 tokens/s over a global batch where the grouped call gave 81,262
+    /// (2026-12-07). With `grouped_gemm_per_expert: false` it takes every shape. Off: cuBLAS's
+    /// grouped-batched GEMM, which takes the counts as host numbers.
     #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
     pub grouped_gemm_device_counts: bool,
     /// The experts' GEMMs (forward and both gradients) as one cuBLASLt GEMM per expert
