@@ -39,6 +39,10 @@ pub struct Paths {
     pub norm_one_pass: bool,
     /// Host-to-device uploads through pinned staging buffers.
     pub pinned_uploads: bool,
+    /// A GELU MLP's fc1 bias added inside GELU, the bias gradient summed in GELU's backward
+    /// pass (`kernels/fused/bias_gelu.rs`; off: the linear's bias and a second read of the
+    /// gradient). Off by default until measured on a GPU.
+    pub bias_gelu_fusion: bool,
 }
 
 impl Default for Paths {
@@ -54,6 +58,7 @@ impl Default for Paths {
             attention_tune: true,
             norm_one_pass: true,
             pinned_uploads: true,
+            bias_gelu_fusion: false,
         }
     }
 }

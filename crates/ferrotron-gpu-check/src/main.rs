@@ -19,6 +19,7 @@ mod fp8;
 mod fp8_fused_sources;
 mod fp8_source;
 mod fused;
+mod fused_bias_gelu;
 mod fused_combine;
 mod fused_dropout;
 mod fused_flat;
@@ -423,6 +424,7 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_qkv::rows(&device));
         rows.extend(fused_dropout::rows(&device));
         rows.extend(fused_swiglu::rows(&device));
+        rows.extend(fused_bias_gelu::rows(&device));
         rows.extend(fused_rope::rows(&device));
         rows.extend(fused_flat::rows(&device));
     }

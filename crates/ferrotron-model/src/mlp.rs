@@ -8,8 +8,11 @@
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
+use burn::tensor::module::linear;
 use burn::tensor::{Tensor, TensorPrimitive};
-use ferrotron_ops::{Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, FusedOps, gelu};
+use ferrotron_ops::{
+    Fp8Activation, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual, FusedOps, bias_gelu, gelu,
+};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::Activation;
 
@@ -120,7 +123,16 @@ impl<B: ParallelOps> Mlp<B> {
             return self.fp8_forward(x, None, None, fc1, fc2, activation);
         }
         let fp8 = self.fp8.as_ref();
-        let hidden = crate::fp8::linear(&self.fc1, self.tp.enter(x), fp8.map(|f| &f.0));
+        let x = self.tp.enter(x);
+        if let (Activation::Gelu, None, Some(bias)) = (self.activation, fp8, &self.fc1.bias)
+            && B::fuses_bias_gelu()
+        {
+            // fc1's bias added inside GELU, whose backward sums the bias gradient in its pass
+            let hidden = linear(x, self.fc1.weight.val(), None);
+            let activated = bias_gelu(hidden, bias.val());
+            return crate::fp8::row_parallel(&self.tp, &self.fc2, activated, None);
+        }
+        let hidden = crate::fp8::linear(&self.fc1, x, fp8.map(|f| &f.0));
         let activated = match self.activation {
             Activation::Swiglu => swiglu(hidden),
             Activation::Gelu => gelu(hidden),

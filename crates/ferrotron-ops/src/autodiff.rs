@@ -25,13 +25,13 @@ use crate::op::grouped::stack_parts;
 use crate::{
     AttentionSpec, CombineIndex, CombineSpec, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual,
     Fp8Rope, Fp8State, FusedOps, GroupLimit, GroupRows, LinearLossSpec, MoePermutation, NormSpec,
-    QkNormParams, attention_node, combine_rows_node, composed_attention, composed_combine_rows,
-    composed_dropout_add, composed_embedding, composed_gelu, composed_grouped_matmul,
-    composed_qk_norm, composed_qkv_attention, composed_rope_qkv, composed_swiglu,
-    composed_tied_logits, cross_entropy_node, dropout_add_node, embedding_node, gelu_node,
-    grouped_matmul_node, grouped_matmul_parts_node, linear_cross_entropy_node, norm_node,
-    parts_are_leaves, qk_norm_node, qkv_attention_node, rope_qkv_node, swiglu_node,
-    tied_cross_entropy_node, tied_logits_node,
+    QkNormParams, attention_node, bias_gelu_node, combine_rows_node, composed_attention,
+    composed_bias_gelu, composed_combine_rows, composed_dropout_add, composed_embedding,
+    composed_gelu, composed_grouped_matmul, composed_qk_norm, composed_qkv_attention,
+    composed_rope_qkv, composed_swiglu, composed_tied_logits, cross_entropy_node, dropout_add_node,
+    embedding_node, gelu_node, grouped_matmul_node, grouped_matmul_parts_node,
+    linear_cross_entropy_node, norm_node, parts_are_leaves, qk_norm_node, qkv_attention_node,
+    rope_qkv_node, swiglu_node, tied_cross_entropy_node, tied_logits_node,
 };
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
@@ -209,6 +209,19 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             embedding_node::<B, C>,
             composed_embedding::<Self>,
             (weight, indices)
+        )
+    }
+
+    fn fuses_bias_gelu() -> bool {
+        B::fuses_bias_gelu()
+    }
+
+    fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        kernel_or_composed!(
+            B::has_bias_gelu_kernel(&x.primitive, &bias.primitive),
+            bias_gelu_node::<B, C>,
+            composed_bias_gelu::<Self>,
+            (x, bias)
         )
     }
 

@@ -63,6 +63,7 @@ pub use op::attention::{
     AttentionGrads, AttentionSaved, AttentionSpec, attention_node, composed_attention,
     repeat_groups,
 };
+pub use op::bias_gelu::{bias_gelu, bias_gelu_node, composed_bias_gelu};
 pub use op::combine::{
     CombineIndex, CombineSpec, combine_rows, combine_rows_node, composed_combine_rows,
 };
@@ -109,6 +110,7 @@ pub mod reference {
         fp8_matmul_reference, fp8_quantize_reference, fp8_update_reference,
     };
     pub use crate::op::attention::{attention_backward_reference, attention_forward_reference};
+    pub use crate::op::bias_gelu::bias_gelu_backward_reference;
     pub use crate::op::embedding::embedding_backward_reference;
     pub use crate::op::gelu::gelu_backward_reference;
     pub use crate::op::logits::tied_logits_backward_reference;
@@ -132,6 +134,7 @@ use crate::op::combine::{combine_rows_backward_reference, combine_rows_forward_r
 use crate::op::dropout::{dropout_add_backward_reference, dropout_add_forward_reference};
 use crate::op::embedding::embedding_backward_reference;
 
+use crate::op::bias_gelu::bias_gelu_backward_reference;
 use crate::op::gelu::gelu_backward_reference;
 use crate::op::grouped::{grouped_matmul_backward_reference, stack_parts, unstack_parts};
 use crate::op::logits::tied_logits_backward_reference;
@@ -320,6 +323,42 @@ pub trait FusedOps: Backend {
         grad_output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         gelu_backward_reference::<Self>(x, grad_output)
+    }
+
+    /// Whether the model hands a GELU MLP's `fc1` bias to [`FusedOps::fused_bias_gelu`] rather
+    /// than to the linear (on CUDA: `runtime.bias_gelu_fusion`). Default: no.
+    fn fuses_bias_gelu() -> bool {
+        false
+    }
+
+    /// `gelu(x + bias)`, `bias` over the last dimension (see `op/bias_gelu.rs`).
+    fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed_bias_gelu::<Self>(x, bias)
+    }
+
+    /// Whether [`FusedOps::bias_gelu_kernel_forward`] is a real kernel for these inputs.
+    /// Default: no.
+    fn has_bias_gelu_kernel(x: &FloatTensor<Self>, bias: &FloatTensor<Self>) -> bool {
+        let _ = (x, bias);
+        false
+    }
+
+    /// `gelu(x + bias)` with the kernel. Default: the composed arithmetic.
+    fn bias_gelu_kernel_forward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        composed_bias_gelu::<Self>(x, bias)
+    }
+
+    /// `(dx, dbias)` from the output's gradient. Default: the backend's `gelu_backward` and a
+    /// sum over the rows.
+    fn bias_gelu_kernel_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        bias_gelu_backward_reference::<Self>(x, bias, grad_output)
     }
 
     /// Rows of `weight [vocab, hidden]` for `indices [batch, seq]` → `[batch, seq, hidden]`:

@@ -1263,6 +1263,13 @@ pub struct Runtime {
     /// Uploads through pinned staging buffers (off: pageable copies).
     #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_yes")]
     pub pinned_uploads: bool,
+    /// Megatron's `bias_gelu_fusion` for a GELU MLP on the GPU: fc1's bias is added inside the
+    /// GELU kernel and its gradient summed in the pass that writes GELU's input gradient,
+    /// instead of a second read of that gradient (`[tokens, ffn]`) by the linear's backward.
+    /// The exact (erf) GELU is kept, where Megatron's fused kernel uses the tanh form. Opt-in
+    /// until measured on a GPU; the CPU always runs the linear's bias.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bias_gelu_fusion: bool,
     /// Megatron's `use_cpu_initialization`, on by default here: the initial weights are drawn
     /// on the CPU (burn-flex's generator) and copied to the device, so every backend and
     /// layout starts from the CPU run's weights. Off: the device draws them with its own
@@ -1319,6 +1326,7 @@ impl Default for Runtime {
             attention_tune: true,
             norm_one_pass: true,
             pinned_uploads: true,
+            bias_gelu_fusion: false,
             use_cpu_initialization: true,
             cross_entropy_fusion_impl: CrossEntropyFusionImpl::Native,
         }

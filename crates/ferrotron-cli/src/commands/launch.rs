@@ -389,6 +389,7 @@ fn configure_cuda(runtime: &ferrotron_recipe::Runtime) -> anyhow::Result<()> {
         attention_tune: runtime.attention_tune,
         norm_one_pass: runtime.norm_one_pass,
         pinned_uploads: runtime.pinned_uploads,
+        bias_gelu_fusion: runtime.bias_gelu_fusion,
     };
     if let Err(held) = ferrotron_cuda::switches::configure(paths) {
         anyhow::bail!(

@@ -2,6 +2,7 @@
 
 pub(crate) mod adamw;
 pub(crate) mod attention;
+pub(crate) mod bias_gelu;
 pub(crate) mod combine;
 pub(crate) mod dropout;
 pub(crate) mod embedding;

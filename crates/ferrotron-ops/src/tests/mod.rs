@@ -2,6 +2,7 @@
 //! (driven by the reference kernels) against the composed graph, and burn-flex's kernels.
 
 mod attention;
+mod bias_gelu;
 mod combine;
 mod cpu;
 mod cpu_layers;

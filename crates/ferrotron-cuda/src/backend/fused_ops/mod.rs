@@ -36,10 +36,11 @@ use ferrotron_ops::{
     Fp8InputNorm, Fp8Linear, Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit,
     GroupRows, GroupedMatmulGrads, GroupedMatmulPartsGrads, HostPass, MoePermutation, NormGrads,
     NormKind, NormSaved, NormSpec, NormStats, QkNormGrads, QkNormParams, QkNormSaved, ReadLater,
-    composed_adamw, composed_attention, composed_gather_flat, composed_grouped_matmul,
-    composed_qk_norm, composed_qkv_attention, composed_rope_qkv, composed_segment_sum_of_squares,
-    composed_sum_of_squares, composed_swiglu, fp8_quantize_norm_composed,
-    gather_rows_backward_reference, moe_permutation_reference, moe_topk_reference,
+    composed_adamw, composed_attention, composed_bias_gelu, composed_gather_flat,
+    composed_grouped_matmul, composed_qk_norm, composed_qkv_attention, composed_rope_qkv,
+    composed_segment_sum_of_squares, composed_sum_of_squares, composed_swiglu,
+    fp8_quantize_norm_composed, gather_rows_backward_reference, moe_permutation_reference,
+    moe_topk_reference,
 };
 
 use crate::backend::convert::ok;
@@ -53,7 +54,7 @@ use crate::kernels::fused::loss::{cross_entropy_backward, cross_entropy_forward}
 use crate::kernels::fused::qk_norm::{self, qk_norm_backward, qk_norm_forward};
 use crate::kernels::fused::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::fused::swiglu::{swiglu_backward, swiglu_forward};
-use crate::kernels::fused::{adamw, norm_backward, norm_forward};
+use crate::kernels::fused::{adamw, bias_gelu, norm_backward, norm_forward};
 use crate::kernels::fused::{combine, gather_sum, moe};
 use crate::kernels::fused::{flat, grouped_gemm};
 use crate::kernels::prim::random;
@@ -672,6 +673,38 @@ impl FusedOps for Cuda {
             &grad_output,
         ));
         QkNormGrads { qkv, weight, bias }
+    }
+
+    fn fuses_bias_gelu() -> bool {
+        fused_kernels_enabled() && crate::switches::paths().bias_gelu_fusion
+    }
+
+    fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        kernel_or_composed!(
+            Self::has_bias_gelu_kernel(&x, &bias),
+            Self::bias_gelu_kernel_forward,
+            composed_bias_gelu::<Self>,
+            (x, bias)
+        )
+    }
+
+    fn has_bias_gelu_kernel(x: &FloatTensor<Self>, bias: &FloatTensor<Self>) -> bool {
+        Self::fuses_bias_gelu() && bias_gelu::supports(x, bias)
+    }
+
+    fn bias_gelu_kernel_forward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        ok(bias_gelu::bias_gelu_forward(&x, &bias))
+    }
+
+    fn bias_gelu_kernel_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        ok(bias_gelu::bias_gelu_backward(&x, &bias, &grad_output))
     }
 
     fn fused_swiglu(x: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -1,6 +1,7 @@
 //! The hand-written kernels behind `FusedOps`, one module per op: the norms (`norm.rs`, with the
 //! warp-per-row `norm_rows.rs` and the one-pass backward `norm_grad_rows.rs`), the AdamW update,
-//! the softmax cross-entropy (`loss.rs`), QK-norm, RoPE and SwiGLU of the packed projection, MoE
+//! the softmax cross-entropy (`loss.rs`), QK-norm, RoPE and SwiGLU of the packed projection, GELU
+//! with its linear's bias (`bias_gelu.rs`), MoE
 //! routing, the experts' grouped matmul over counts left on the device (`grouped_gemm.rs`), and
 //! the gathering of gradients into the optimizer's flat buffers (`flat.rs`).
 //!
@@ -10,6 +11,7 @@
 //! the backend's (`backend/fused_ops/`), not made here.
 
 pub mod adamw;
+pub mod bias_gelu;
 pub mod combine;
 pub mod flat;
 pub mod gather_sum;
