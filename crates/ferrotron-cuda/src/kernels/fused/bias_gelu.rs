@@ -28,8 +28,14 @@ struct BiasGeluBackward {
 impl KernelSpec for BiasGeluBackward {
     fn source(&self) -> String {
         let x = self.x;
+        let (pair, to_pair) = match x {
+            DType::F16 => ("__half2", "__floats2half2_rn"),
+            _ => ("__nv_bfloat162", "__floats2bfloat162_rn"),
+        };
         template!("bias_gelu_backward.cu").fill(&[
             ("X_NAME", Hole::Name(x)),
+            ("PAIR", Hole::code(pair)),
+            ("TO_PAIR", Hole::code(to_pair)),
             ("HALF", Hole::Flag(x.needs_half_headers())),
             ("FAST_MATH", Hole::code(FAST_MATH.trim_end())),
             ("PACK_BYTES", Hole::Int(8 * x.size_in_bytes() as i64)),
@@ -40,13 +46,12 @@ impl KernelSpec for BiasGeluBackward {
             ("LOAD_BIAS", Hole::code(x.load_expr("bias.v[j]"))),
             ("LOAD_X", Hole::code(x.load_expr("x.v[j]"))),
             ("LOAD_G", Hole::code(x.load_expr("g.v[j]"))),
-            ("STORE_D", Hole::code(x.store_expr("d"))),
         ])
     }
 }
 
-/// Whether the kernels take `x [.., n]` and `bias [n]`: one float dtype, `x` contiguous and
-/// 16-byte aligned, `n` a multiple of 8 (the backward's vector of a thread).
+/// Whether the kernels take `x [.., n]` and `bias [n]`: one float dtype, `x` contiguous, both
+/// aligned to 32 bytes (eight f32), `n` a multiple of 8 (the backward's vector of a thread).
 pub fn supports(x: &CudaTensor, bias: &CudaTensor) -> bool {
     let (Some(&n), [len]) = (x.shape().last(), bias.shape()) else {
         return false;
@@ -58,7 +63,7 @@ pub fn supports(x: &CudaTensor, bias: &CudaTensor) -> bool {
         && x.numel() > 0
         && x.is_contiguous()
         && bias.is_contiguous()
-        && [x.data_ptr(), bias.data_ptr()].iter().all(|p| p % 16 == 0)
+        && [x.data_ptr(), bias.data_ptr()].iter().all(|p| p % 32 == 0)
 }
 
 /// `gelu(x + bias)`, `bias` broadcast over the rows.
