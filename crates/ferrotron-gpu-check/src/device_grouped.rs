@@ -182,11 +182,17 @@ fn rows_of(
                     "device counts (wgmma, 128 x 128 tiles) vs cuBLAS grouped",
                     Path::Cublas,
                 ),
+                (Path::DeviceCounts(Kernel::HopperPair), false) => (
+                    "grouped_gemm_device_counts_sm90_pair",
+                    "device counts (wgmma, two blocks an SM) vs cuBLAS grouped",
+                    Path::Cublas,
+                ),
                 (Path::DeviceCounts(kernel), true) => (
                     match kernel {
                         Kernel::Portable => "grouped_gemm_device_counts_parts",
                         Kernel::Hopper => "grouped_gemm_device_counts_sm90_parts",
                         Kernel::HopperNarrow => "grouped_gemm_device_counts_sm90_n128_parts",
+                        Kernel::HopperPair => "grouped_gemm_device_counts_sm90_pair_parts",
                     },
                     "device counts over parts vs stacked",
                     Path::DeviceCounts(kernel),
@@ -335,6 +341,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                     let ms = time(other);
                     let what = match other {
                         Kernel::HopperNarrow => "wgmma, 128 x 128 tiles",
+                        Kernel::HopperPair => "wgmma, two blocks an SM",
                         _ => "mma.sync",
                     };
                     lines.push_str(&format!(

@@ -45,6 +45,11 @@ pub enum Kernel {
     /// Hopper's kernel with 128 × 128 tiles always (six stages instead of four), timed
     /// against the wide tiles.
     HopperNarrow,
+    /// Hopper's kernel with 128 × 128 tiles in three stages (97 KiB) at 128 registers a
+    /// thread, so two blocks share an SM and one's prologue and epilogue run under the other's
+    /// main loop: timed against the others for the reductions of a few k-steps (an expert's
+    /// rows in the weight gradient).
+    HopperPair,
 }
 
 impl Kernel {
@@ -61,13 +66,21 @@ impl Kernel {
     pub fn available(device: &CudaDevice) -> Vec<Self> {
         match Self::best(device) {
             Kernel::Portable => vec![Kernel::Portable],
-            _ => vec![Kernel::Hopper, Kernel::HopperNarrow, Kernel::Portable],
+            _ => vec![
+                Kernel::Hopper,
+                Kernel::HopperNarrow,
+                Kernel::HopperPair,
+                Kernel::Portable,
+            ],
         }
     }
 
     /// Whether this is Hopper's warpgroup-MMA kernel.
     fn is_hopper(self) -> bool {
-        matches!(self, Kernel::Hopper | Kernel::HopperNarrow)
+        matches!(
+            self,
+            Kernel::Hopper | Kernel::HopperNarrow | Kernel::HopperPair
+        )
     }
 
     /// Output tile columns for an output `cols` wide: Hopper's widest instruction where it
@@ -103,9 +116,23 @@ struct GroupedGemm {
 }
 
 impl GroupedGemm {
-    /// Hopper's stages of shared memory: 192 KiB of them whatever the tile.
+    /// Hopper's stages of shared memory: 192 KiB of them whatever the tile, or half of that
+    /// for two blocks an SM.
     fn stages(&self) -> usize {
-        if self.tile_cols == 256 { 4 } else { 6 }
+        match (self.kernel, self.tile_cols) {
+            (Kernel::HopperPair, _) => 3,
+            (_, 256) => 4,
+            _ => 6,
+        }
+    }
+
+    /// Blocks an SM the kernel is compiled for (`__launch_bounds__`).
+    fn blocks_per_sm(&self) -> i64 {
+        if self.kernel == Kernel::HopperPair {
+            2
+        } else {
+            1
+        }
     }
 
     fn mode(&self) -> &'static str {
@@ -166,14 +193,20 @@ impl GroupedGemm {
             (
                 "MODE",
                 Hole::code(format!(
-                    "{} n{} groups {}",
+                    "{} n{}{} groups {}",
                     self.mode(),
                     self.tile_cols,
+                    if self.kernel == Kernel::HopperPair {
+                        " pair"
+                    } else {
+                        ""
+                    },
                     self.groups
                 )),
             ),
             ("BN", Hole::Int(self.tile_cols as i64)),
             ("STAGES", Hole::Int(self.stages() as i64)),
+            ("BLOCKS_PER_SM", Hole::Int(self.blocks_per_sm())),
             ("GROUPS", Hole::Int(self.groups as i64)),
             ("ELEM", Hole::Storage(self.dtype)),
             (
@@ -475,6 +508,7 @@ mod tests {
                     for (kernel, tile_cols) in [
                         (Kernel::Portable, TILE),
                         (Kernel::HopperNarrow, 128),
+                        (Kernel::HopperPair, 128),
                         (Kernel::Hopper, 256),
                     ] {
                         specs.push(GroupedGemm {
@@ -494,8 +528,13 @@ mod tests {
     #[test]
     fn hopper_stages_fit_a_block_of_shared_memory() {
         for spec in specs() {
-            // sm_90's opt-in limit a block
+            // sm_90's opt-in limit a block, and 228 KiB an SM (1 KiB of it the system's a block)
             assert!(spec.shared_bytes() <= 227 * 1024, "{spec:?}");
+            let blocks = spec.blocks_per_sm() as u32;
+            assert!(
+                blocks * (spec.shared_bytes() + 1024) <= 228 * 1024,
+                "{spec:?}"
+            );
         }
     }
 
@@ -505,6 +544,7 @@ mod tests {
         assert_eq!(Kernel::Hopper.tile_cols(14336), 256);
         assert_eq!(Kernel::Hopper.tile_cols(1408), 128);
         assert_eq!(Kernel::HopperNarrow.tile_cols(768), 128);
+        assert_eq!(Kernel::HopperPair.tile_cols(768), 128);
         assert_eq!(Kernel::Portable.tile_cols(768), 128);
     }
 

@@ -51,7 +51,7 @@ __device__ __forceinline__ void wgmma(float* d, unsigned long long a, unsigned l
 {{WGMMA}}
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) ferrotron_kernel(const Params p) {
+extern "C" __global__ void __launch_bounds__(256, {{BLOCKS_PER_SM}}) ferrotron_kernel(const Params p) {
   extern __shared__ unsigned char dynamic_smem[];
   __shared__ long long scratch[16];
   // The swizzle is a function of the address: the stages start on a 1024-byte boundary.
