@@ -124,19 +124,19 @@ impl<B: ParallelOps> Mlp<B> {
         }
         let fp8 = self.fp8.as_ref();
         let x = self.tp.enter(x);
-        if let (Activation::Gelu, None, Some(bias)) = (self.activation, fp8, &self.fc1.bias)
-            && B::fuses_bias_gelu()
-        {
+        let activated = match (self.activation, fp8, &self.fc1.bias) {
             // fc1's bias added inside GELU, whose backward sums the bias gradient in its pass
-            let hidden = linear(x, self.fc1.weight.val(), None);
-            let activated = bias_gelu(hidden, bias.val());
-            return crate::fp8::row_parallel(&self.tp, &self.fc2, activated, None);
-        }
-        let hidden = crate::fp8::linear(&self.fc1, x, fp8.map(|f| &f.0));
-        let activated = match self.activation {
-            Activation::Swiglu => swiglu(hidden),
-            Activation::Gelu => gelu(hidden),
-            Activation::GeluTanh => gelu_tanh(hidden),
+            (Activation::Gelu, None, Some(bias)) if B::fuses_bias_gelu() => {
+                bias_gelu(linear(x, self.fc1.weight.val(), None), bias.val())
+            }
+            _ => {
+                let hidden = crate::fp8::linear(&self.fc1, x, fp8.map(|f| &f.0));
+                match self.activation {
+                    Activation::Swiglu => swiglu(hidden),
+                    Activation::Gelu => gelu(hidden),
+                    Activation::GeluTanh => gelu_tanh(hidden),
+                }
+            }
         };
         crate::fp8::row_parallel(&self.tp, &self.fc2, activated, fp8.map(|f| &f.1))
     }
