@@ -710,8 +710,10 @@ fn the_recipes_distributed_timeout_is_the_worlds_deadline() {
     });
     assert!(
         started.elapsed() < std::time::Duration::from_secs(60),
-        "{:?}",
-        started.elapsed()
+        "the world took {:?}; rank 0: {}; rank 1: {}",
+        started.elapsed(),
+        String::from_utf8_lossy(&outputs[0].stderr),
+        String::from_utf8_lossy(&outputs[1].stderr)
     );
     let stderr = String::from_utf8_lossy(&outputs[0].stderr);
     assert!(!outputs[0].status.success(), "{stderr}");

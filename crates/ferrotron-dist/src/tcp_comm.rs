@@ -24,7 +24,8 @@ use crate::communicator::Communicator;
 use crate::element::{Element, ReduceOp};
 use crate::error::{CommError, GroupLabel};
 use crate::rendezvous::Signature;
-use crate::tcp_comm_mesh::{Mesh, TcpError, WaitError, connect};
+use crate::tcp_comm_mesh::{Mesh, WaitError, connect};
+use crate::tcp_comm_rendezvous::TcpError;
 use crate::tcp_comm_wire::{Channel, Header, decode, element_bytes, encode, group_key};
 use crate::world::DEFAULT_TIMEOUT;
 

@@ -1,12 +1,7 @@
-//! How the processes of a [`crate::TcpComm`] world find each other and talk.
-//!
-//! Rendezvous is torchrun's: rank 0 listens on `MASTER_ADDR:MASTER_PORT`; every other rank
-//! opens a listener of its own on any free port, connects to rank 0 (retrying until rank 0 is
-//! up) and says who it is; rank 0 answers everyone with the table of addresses (each rank's as
-//! rank 0 saw it, so the interface that routes is the one used); then rank `i` connects to
-//! every rank `0 < j < i` and accepts the ranks above it. The result is a full mesh of one TCP
-//! connection per pair, which suits the small CPU worlds this serves and keeps collectives
-//! direct (no ring to stall on a slow member).
+//! How the processes of a [`crate::TcpComm`] world talk once they found each other
+//! (`crate::tcp_comm_rendezvous`): a full mesh of one TCP connection per pair, which suits the
+//! small CPU worlds this serves and keeps collectives direct (no ring to stall on a slow
+//! member).
 //!
 //! One reader thread per connection drains frames into per-(group, channel, sender) queues as
 //! they come, so a send never waits for the receiver to post its receive: no schedule can
@@ -22,54 +17,18 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::tcp_comm::TcpConfig;
-use crate::tcp_comm_wire::{Channel, Frame, Header, MAGIC, VERSION};
+use crate::tcp_comm_rendezvous::{TcpError, form};
+use crate::tcp_comm_wire::{Channel, Frame, Header};
 use crate::watchdog::{Health, Watched};
 
 /// How often a process tells its peers it is alive.
 pub(crate) const HEARTBEAT: Duration = Duration::from_secs(1);
-
-/// Why a TCP world could not be formed.
-#[derive(Debug, thiserror::Error)]
-pub enum TcpError {
-    #[error("rank {rank} is outside a world of {world_size}")]
-    BadRank { rank: u32, world_size: u32 },
-    #[error("rank 0 cannot listen on port {port}: {source}")]
-    Listen { port: u16, source: io::Error },
-    #[error("cannot resolve the master address {address}: {source}")]
-    Resolve { address: String, source: io::Error },
-    #[error(
-        "rank {rank} could not reach rank 0 at {address} within {after:?} (is rank 0 running? MASTER_ADDR/MASTER_PORT agree?): {source}"
-    )]
-    Unreachable {
-        rank: u32,
-        address: String,
-        after: Duration,
-        source: io::Error,
-    },
-    #[error(
-        "rendezvous at {address} timed out after {after:?}: {} did not connect",
-        crate::error::RankList(missing)
-    )]
-    Timeout {
-        address: String,
-        after: Duration,
-        missing: Vec<u32>,
-    },
-    #[error("rendezvous at {address}: {detail}")]
-    Protocol { address: String, detail: String },
-    #[error("rendezvous at {address}: connection to rank {peer} failed: {source}")]
-    Io {
-        address: String,
-        peer: u32,
-        source: io::Error,
-    },
-}
 
 /// Why a wait for a frame ended without one.
 pub(crate) enum WaitError {
@@ -314,22 +273,7 @@ pub(crate) fn connect(config: &TcpConfig, listener: Option<TcpListener>) -> Resu
         return Err(TcpError::BadRank { rank, world_size });
     }
     let address = format!("{}:{}", config.master_addr, config.master_port);
-    let streams = if world_size == 1 {
-        vec![None]
-    } else if rank == 0 {
-        let listener = match listener {
-            Some(listener) => listener,
-            None => TcpListener::bind(("0.0.0.0", config.master_port)).map_err(|source| {
-                TcpError::Listen {
-                    port: config.master_port,
-                    source,
-                }
-            })?,
-        };
-        serve(config, &address, &listener)?
-    } else {
-        join(config, &address)?
-    };
+    let streams = form(config, listener)?;
     let inbox = Arc::new(Inbox::default());
     let now = Instant::now();
     inbox.update(|state| {
@@ -436,317 +380,9 @@ fn read_frames(mut stream: TcpStream, peer: u32, inbox: &Inbox) {
     });
 }
 
-/// The greeting a rank sends on every connection it opens.
-struct Hello {
-    world_size: u32,
-    rank: u32,
-    /// The port of the sender's own listener (0 when sent to a peer other than rank 0).
-    port: u16,
-}
-
-impl Hello {
-    fn write(&self, stream: &mut TcpStream) -> io::Result<()> {
-        let mut bytes = Vec::with_capacity(18);
-        for word in [MAGIC, VERSION, self.world_size, self.rank] {
-            bytes.extend_from_slice(&word.to_le_bytes());
-        }
-        bytes.extend_from_slice(&self.port.to_le_bytes());
-        stream.write_all(&bytes)
-    }
-
-    /// `Ok(None)` for a connection that does not speak this protocol (a stray client).
-    fn read(stream: &mut TcpStream) -> io::Result<Option<Hello>> {
-        let mut bytes = [0u8; 18];
-        stream.read_exact(&mut bytes)?;
-        let word = |i: usize| {
-            let mut w = [0u8; 4];
-            w.copy_from_slice(&bytes[4 * i..4 * i + 4]);
-            u32::from_le_bytes(w)
-        };
-        if word(0) != MAGIC || word(1) != VERSION {
-            return Ok(None);
-        }
-        Ok(Some(Hello {
-            world_size: word(2),
-            rank: word(3),
-            port: u16::from_le_bytes([bytes[16], bytes[17]]),
-        }))
-    }
-}
-
-/// Accepts one connection, polling so the wait is bounded by `deadline`.
-fn accept_until(
-    listener: &TcpListener,
-    deadline: Instant,
-) -> io::Result<Option<(TcpStream, SocketAddr)>> {
-    listener.set_nonblocking(true)?;
-    loop {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                stream.set_nonblocking(false)?;
-                return Ok(Some((stream, peer)));
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Ok(None);
-                }
-                thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Reads the greeting of a connection just accepted, bounded by a few seconds.
-fn greeting(stream: &mut TcpStream, world_size: u32) -> Result<Option<Hello>, String> {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    let hello = match Hello::read(stream) {
-        Ok(Some(hello)) => hello,
-        Ok(None) | Err(_) => return Ok(None),
-    };
-    if hello.world_size != world_size {
-        return Err(format!(
-            "rank {} was started with a world of {}, this one has {world_size} ranks",
-            hello.rank, hello.world_size
-        ));
-    }
-    if hello.rank == 0 || hello.rank >= world_size {
-        return Err(format!(
-            "a peer claims rank {} in a world of {world_size}",
-            hello.rank
-        ));
-    }
-    Ok(Some(hello))
-}
-
-/// Rank 0: wait for every other rank, then send everyone the address table.
-fn serve(
-    config: &TcpConfig,
-    address: &str,
-    listener: &TcpListener,
-) -> Result<Vec<Option<TcpStream>>, TcpError> {
-    let n = config.world_size as usize;
-    let deadline = Instant::now() + config.connect_timeout;
-    let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
-    let mut table: Vec<Option<SocketAddr>> = vec![None; n];
-    let protocol = |detail: String| TcpError::Protocol {
-        address: address.to_owned(),
-        detail,
-    };
-    while streams.iter().skip(1).any(Option::is_none) {
-        let accepted = accept_until(listener, deadline).map_err(|source| TcpError::Listen {
-            port: config.master_port,
-            source,
-        })?;
-        let Some((mut stream, peer_addr)) = accepted else {
-            let missing = (1..n)
-                .filter(|&r| streams[r].is_none())
-                .map(|r| r as u32)
-                .collect();
-            return Err(TcpError::Timeout {
-                address: address.to_owned(),
-                after: config.connect_timeout,
-                missing,
-            });
-        };
-        let Some(hello) = greeting(&mut stream, config.world_size).map_err(protocol)? else {
-            continue;
-        };
-        let r = hello.rank as usize;
-        if streams[r].is_some() {
-            return Err(protocol(format!("two processes claim rank {r}")));
-        }
-        table[r] = Some(SocketAddr::new(peer_addr.ip(), hello.port));
-        streams[r] = Some(stream);
-    }
-    advertise_routable(&mut table, &streams);
-    let mut encoded = Vec::new();
-    for entry in table.iter().skip(1).flatten() {
-        let ip = entry.ip().to_string();
-        encoded.push(ip.len() as u8);
-        encoded.extend_from_slice(ip.as_bytes());
-        encoded.extend_from_slice(&entry.port().to_le_bytes());
-    }
-    for (r, stream) in streams.iter_mut().enumerate().skip(1) {
-        if let Some(stream) = stream {
-            stream.write_all(&encoded).map_err(|source| TcpError::Io {
-                address: address.to_owned(),
-                peer: r as u32,
-                source,
-            })?;
-        }
-    }
-    Ok(streams)
-}
-
-/// Ranks on rank 0's own node may have connected over loopback (Debian maps the host name to
-/// 127.0.1.1), and a loopback address means nothing to ranks on other nodes. Those ranks
-/// listen on every interface, so rank 0's own routable address (as a remote rank reached it)
-/// reaches them as well. On a single node every address stays loopback, which is right there.
-fn advertise_routable(table: &mut [Option<SocketAddr>], streams: &[Option<TcpStream>]) {
-    let routable = streams
-        .iter()
-        .flatten()
-        .filter_map(|stream| stream.local_addr().ok())
-        .map(|local| local.ip())
-        .find(|ip| !ip.is_loopback());
-    if let Some(ip) = routable {
-        replace_loopback(table, ip);
-    }
-}
-
-fn replace_loopback(table: &mut [Option<SocketAddr>], ip: IpAddr) {
-    for entry in table.iter_mut().flatten() {
-        if entry.ip().is_loopback() {
-            entry.set_ip(ip);
-        }
-    }
-}
-
-/// Connects to `address`, retrying until `deadline` (the listener may not be up yet).
-fn connect_retrying(targets: &[SocketAddr], deadline: Instant) -> io::Result<TcpStream> {
-    loop {
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-        for target in targets {
-            match TcpStream::connect_timeout(target, Duration::from_secs(5)) {
-                Ok(stream) => return Ok(stream),
-                Err(e) => last = e,
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(last);
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Ranks above 0: register with rank 0, learn the table, connect to the ranks below, accept
-/// the ranks above.
-fn join(config: &TcpConfig, address: &str) -> Result<Vec<Option<TcpStream>>, TcpError> {
-    let (rank, n) = (config.rank, config.world_size as usize);
-    let deadline = Instant::now() + config.connect_timeout;
-    let io_error = |peer: u32| {
-        move |source| TcpError::Io {
-            address: address.to_owned(),
-            peer,
-            source,
-        }
-    };
-    let listener =
-        TcpListener::bind(("0.0.0.0", 0)).map_err(|source| TcpError::Listen { port: 0, source })?;
-    let port = listener.local_addr().map_err(io_error(rank))?.port();
-    let targets: Vec<SocketAddr> = address
-        .to_socket_addrs()
-        .map_err(|source| TcpError::Resolve {
-            address: address.to_owned(),
-            source,
-        })?
-        .collect();
-    let mut master =
-        connect_retrying(&targets, deadline).map_err(|source| TcpError::Unreachable {
-            rank,
-            address: address.to_owned(),
-            after: config.connect_timeout,
-            source,
-        })?;
-    let world_size = config.world_size;
-    Hello {
-        world_size,
-        rank,
-        port,
-    }
-    .write(&mut master)
-    .map_err(io_error(0))?;
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    master
-        .set_read_timeout(Some(remaining.max(Duration::from_secs(1))))
-        .map_err(io_error(0))?;
-    let mut table = vec![None; n];
-    for entry in table.iter_mut().skip(1) {
-        let mut len = [0u8; 1];
-        master.read_exact(&mut len).map_err(io_error(0))?;
-        let mut ip = vec![0u8; usize::from(len[0])];
-        master.read_exact(&mut ip).map_err(io_error(0))?;
-        let mut peer_port = [0u8; 2];
-        master.read_exact(&mut peer_port).map_err(io_error(0))?;
-        let ip: IpAddr = String::from_utf8_lossy(&ip)
-            .parse()
-            .map_err(|e| TcpError::Protocol {
-                address: address.to_owned(),
-                detail: format!("rank 0 sent a bad address table: {e}"),
-            })?;
-        *entry = Some(SocketAddr::new(ip, u16::from_le_bytes(peer_port)));
-    }
-    let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
-    streams[0] = Some(master);
-    for (peer, entry) in table.iter().enumerate().take(rank as usize).skip(1) {
-        let Some(target) = entry else { continue };
-        let mut stream = connect_retrying(&[*target], deadline).map_err(io_error(peer as u32))?;
-        Hello {
-            world_size,
-            rank,
-            port: 0,
-        }
-        .write(&mut stream)
-        .map_err(io_error(peer as u32))?;
-        streams[peer] = Some(stream);
-    }
-    while (rank as usize + 1..n).any(|r| streams[r].is_none()) {
-        let missing = || {
-            (rank as usize + 1..n)
-                .filter(|&r| streams[r].is_none())
-                .map(|r| r as u32)
-                .collect::<Vec<_>>()
-        };
-        let accepted = accept_until(&listener, deadline).map_err(io_error(rank))?;
-        let Some((mut stream, _)) = accepted else {
-            return Err(TcpError::Timeout {
-                address: address.to_owned(),
-                after: config.connect_timeout,
-                missing: missing(),
-            });
-        };
-        let hello =
-            greeting(&mut stream, config.world_size).map_err(|detail| TcpError::Protocol {
-                address: address.to_owned(),
-                detail,
-            })?;
-        match hello {
-            Some(hello) if hello.rank > rank && streams[hello.rank as usize].is_none() => {
-                streams[hello.rank as usize] = Some(stream);
-            }
-            _ => continue,
-        }
-    }
-    Ok(streams)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_entries_get_the_routable_address_and_the_others_stay() {
-        let addr = |text: &str| text.parse::<SocketAddr>().ok();
-        let mut table = vec![
-            None,
-            addr("127.0.1.1:4001"),
-            addr("10.0.0.7:4002"),
-            addr("127.0.0.1:4003"),
-        ];
-        replace_loopback(&mut table, "10.0.0.1".parse().expect("an IP"));
-        assert_eq!(
-            table,
-            [
-                None,
-                addr("10.0.0.1:4001"),
-                addr("10.0.0.7:4002"),
-                addr("10.0.0.1:4003")
-            ]
-        );
-    }
 
     #[test]
     fn a_peer_gone_reads_the_same_whether_read_or_written() {

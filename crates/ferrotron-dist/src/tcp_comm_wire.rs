@@ -18,7 +18,7 @@ use crate::rendezvous::Signature;
 /// "FTRN": the first bytes of every rendezvous greeting, so a stray connection is recognised.
 pub(crate) const MAGIC: u32 = 0x4654_524e;
 /// Bumped whenever the frame or greeting layout changes; peers of different versions refuse.
-pub(crate) const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 3;
 
 /// The operations a frame can belong to; the index is the wire code.
 const OPS: [&str; 9] = [

@@ -347,6 +347,53 @@ fn rendezvous_names_the_ranks_that_never_connect() {
     let _ = joiner.join();
 }
 
+/// What listens at `MASTER_PORT` when it is not rank 0: a joining rank says so at once instead
+/// of reading the reply as the address table until the connect deadline.
+#[test]
+fn a_rank_refuses_a_master_port_that_is_not_rank_0() {
+    type Answer = fn(&mut std::net::TcpStream) -> std::io::Result<()>;
+    fn echo_own_greeting(stream: &mut std::net::TcpStream) -> std::io::Result<()> {
+        let mut hello = [0u8; 18];
+        std::io::Read::read_exact(stream, &mut hello)?;
+        std::io::Write::write_all(stream, &hello)
+    }
+    fn answer_http(stream: &mut std::net::TcpStream) -> std::io::Result<()> {
+        std::io::Write::write_all(stream, b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    }
+    let cases: [(Answer, &str); 2] = [
+        (
+            echo_own_greeting,
+            "the process listening there is rank 1 of a world of 2, not rank 0",
+        ),
+        (
+            answer_http,
+            "the process listening there is not a ferrotron rank 0 (it answered with other bytes)",
+        ),
+    ];
+    for (answer, expected) in cases {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let port = listener.local_addr().expect("bound").port();
+        let started = Instant::now();
+        let err = thread::scope(|scope| {
+            scope.spawn(|| {
+                let (mut stream, _) = listener.accept().expect("the rank connects");
+                answer(&mut stream).expect("answered");
+                thread::sleep(Duration::from_millis(200));
+            });
+            let config = TcpConfig {
+                connect_timeout: Duration::from_secs(60),
+                ..TcpConfig::new(1, 2, "127.0.0.1", port)
+            };
+            TcpComm::connect(&config).expect_err("not rank 0")
+        });
+        assert_eq!(
+            err.to_string(),
+            format!("rendezvous at 127.0.0.1:{port}: {expected}")
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+    }
+}
+
 #[test]
 fn a_rank_outside_the_world_is_refused() {
     let err = TcpComm::connect(&TcpConfig::new(4, 4, "127.0.0.1", 1)).expect_err("rank 4 of 4");
