@@ -187,12 +187,18 @@ fn rows_of(
                     "device counts (wgmma, two blocks an SM) vs cuBLAS grouped",
                     Path::Cublas,
                 ),
+                (Path::DeviceCounts(Kernel::HopperTma), false) => (
+                    "grouped_gemm_device_counts_sm90_tma",
+                    "device counts (wgmma fed by the TMA, warp-specialised) vs cuBLAS grouped",
+                    Path::Cublas,
+                ),
                 (Path::DeviceCounts(kernel), true) => (
                     match kernel {
                         Kernel::Portable => "grouped_gemm_device_counts_parts",
                         Kernel::Hopper => "grouped_gemm_device_counts_sm90_parts",
                         Kernel::HopperNarrow => "grouped_gemm_device_counts_sm90_n128_parts",
                         Kernel::HopperPair => "grouped_gemm_device_counts_sm90_pair_parts",
+                        Kernel::HopperTma => "grouped_gemm_device_counts_sm90_tma_parts",
                     },
                     "device counts over parts vs stacked",
                     Path::DeviceCounts(kernel),
@@ -342,6 +348,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                     let what = match other {
                         Kernel::HopperNarrow => "wgmma, 128 x 128 tiles",
                         Kernel::HopperPair => "wgmma, two blocks an SM",
+                        Kernel::HopperTma => "wgmma, TMA, warp-specialised",
                         _ => "mma.sync",
                     };
                     lines.push_str(&format!(

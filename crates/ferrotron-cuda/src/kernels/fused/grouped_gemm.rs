@@ -26,6 +26,8 @@ use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::template::{Hole, template};
 
+mod tma;
+
 /// Tile edge of the output (rows and columns); the inner dimension runs in steps of 32.
 const TILE: usize = 128;
 /// Groups a launch can take: one thread of the block's scan each, and their pointers fit the
@@ -50,6 +52,12 @@ pub enum Kernel {
     /// main loop: timed against the others for the reductions of a few k-steps (an expert's
     /// rows in the weight gradient).
     HopperPair,
+    /// Hopper's warp-specialised persistent kernel (`grouped_gemm_sm90_tma.cu`): one block an
+    /// SM walks the tiles, a producer warp's Tensor Memory Accelerator copies feed two consumer
+    /// warpgroups' MMAs through mbarriers, so a tile's loads run under the previous tile's last
+    /// MMAs and stores. 128 × 256 tiles where they divide the output, at most
+    /// 252 groups (a 128-byte tensor map each among its parameters).
+    HopperTma,
 }
 
 impl Kernel {
@@ -70,6 +78,7 @@ impl Kernel {
                 Kernel::Hopper,
                 Kernel::HopperNarrow,
                 Kernel::HopperPair,
+                Kernel::HopperTma,
                 Kernel::Portable,
             ],
         }
@@ -79,7 +88,7 @@ impl Kernel {
     fn is_hopper(self) -> bool {
         matches!(
             self,
-            Kernel::Hopper | Kernel::HopperNarrow | Kernel::HopperPair
+            Kernel::Hopper | Kernel::HopperNarrow | Kernel::HopperPair | Kernel::HopperTma
         )
     }
 
@@ -87,7 +96,7 @@ impl Kernel {
     /// divides them.
     fn tile_cols(self, cols: usize) -> usize {
         match self {
-            Kernel::Hopper if cols.is_multiple_of(256) => 256,
+            Kernel::Hopper | Kernel::HopperTma if cols.is_multiple_of(256) => 256,
             _ => TILE,
         }
     }
@@ -157,7 +166,16 @@ impl GroupedGemm {
         template!("grouped_gemm_tiles.cu").fill(&[
             ("BF16", Hole::Flag(self.dtype == DType::BF16)),
             ("ROWS", Hole::Flag(self.product != Product::WeightGrad)),
+            ("CP_ASYNC", Hole::Flag(self.kernel != Kernel::HopperTma)),
         ])
+    }
+
+    /// Hopper's descriptors and one MMA of the tile's width, for both warpgroup kernels.
+    fn wgmma_helpers(&self, a_mn: bool, b_mn: bool) -> String {
+        template!("grouped_gemm_wgmma.cu").fill(&[(
+            "WGMMA",
+            Hole::code(wgmma_asm(self.tile_cols, self.mma(), a_mn, b_mn)),
+        )])
     }
 
     fn portable_source(&self) -> String {
@@ -181,13 +199,44 @@ impl GroupedGemm {
         ])
     }
 
-    fn hopper_source(&self) -> String {
-        // Which operand is stored with the reduction dimension outermost (wgmma's transpose).
-        let (a_mn, b_mn) = match self.product {
+    /// The warp-specialised kernel: the same operand layouts as [`Self::hopper_source`], loaded
+    /// by the TMA.
+    fn tma_source(&self) -> String {
+        let (a_mn, b_mn) = self.operand_layouts();
+        template!("grouped_gemm_sm90_tma.cu").fill(&[
+            ("NAME", Hole::Name(self.dtype)),
+            (
+                "MODE",
+                Hole::code(format!(
+                    "{} n{} groups {}",
+                    self.mode(),
+                    self.tile_cols,
+                    self.groups
+                )),
+            ),
+            ("BN", Hole::Int(self.tile_cols as i64)),
+            ("STAGES", Hole::Int(self.stages() as i64)),
+            ("GROUPS", Hole::Int(self.groups as i64)),
+            ("ELEM", Hole::Storage(self.dtype)),
+            ("WGMMA_HELPERS", Hole::code(self.wgmma_helpers(a_mn, b_mn))),
+            ("TILES", Hole::code(self.tiles())),
+            ("ROWS", Hole::Flag(self.product != Product::WeightGrad)),
+            ("A_MN", Hole::Flag(a_mn)),
+            ("B_MN", Hole::Flag(b_mn)),
+        ])
+    }
+
+    /// Which operand is stored with the reduction dimension outermost (wgmma's transpose).
+    fn operand_layouts(&self) -> (bool, bool) {
+        match self.product {
             Product::Forward => (false, true),
             Product::InputGrad => (false, false),
             Product::WeightGrad => (true, true),
-        };
+        }
+    }
+
+    fn hopper_source(&self) -> String {
+        let (a_mn, b_mn) = self.operand_layouts();
         template!("grouped_gemm_sm90.cu").fill(&[
             ("NAME", Hole::Name(self.dtype)),
             (
@@ -209,10 +258,7 @@ impl GroupedGemm {
             ("BLOCKS_PER_SM", Hole::Int(self.blocks_per_sm())),
             ("GROUPS", Hole::Int(self.groups as i64)),
             ("ELEM", Hole::Storage(self.dtype)),
-            (
-                "WGMMA",
-                Hole::code(wgmma_asm(self.tile_cols, self.mma(), a_mn, b_mn)),
-            ),
+            ("WGMMA_HELPERS", Hole::code(self.wgmma_helpers(a_mn, b_mn))),
             ("TILES", Hole::code(self.tiles())),
             ("A_MN", Hole::Flag(a_mn)),
             ("B_MN", Hole::Flag(b_mn)),
@@ -246,10 +292,10 @@ fn wgmma_asm(n: usize, mma: &str, a_mn: bool, b_mn: bool) -> String {
 
 impl KernelSpec for GroupedGemm {
     fn source(&self) -> String {
-        if self.kernel.is_hopper() {
-            self.hopper_source()
-        } else {
-            self.portable_source()
+        match self.kernel {
+            Kernel::HopperTma => self.tma_source(),
+            Kernel::Portable => self.portable_source(),
+            _ => self.hopper_source(),
         }
     }
 
@@ -290,6 +336,17 @@ fn takes(a: DType, b: DType, k: usize, n: usize, groups: usize) -> bool {
 }
 
 const TAKES: &str = "16-bit operands of one dtype, k and n multiples of 128, 1 to 256 groups";
+
+/// The TMA kernel's parameters hold a map per group: fewer groups than the others take.
+fn check_groups(kernel: Kernel, groups: usize, op: &OpContext) -> Result<()> {
+    if kernel == Kernel::HopperTma && groups > tma::MAX_GROUPS {
+        return Err(CudaError::unsupported(
+            op.clone(),
+            format!("the TMA kernel takes at most {} groups", tma::MAX_GROUPS),
+        ));
+    }
+    Ok(())
+}
 
 fn context(name: &str, x: &CudaTensor, weight_shape: &[usize]) -> OpContext {
     OpContext::new(name)
@@ -395,6 +452,7 @@ fn rows_product(
     if *a_cols != inner || !takes(a.dtype(), dtype, k, n, groups) {
         return Err(CudaError::unsupported(op.clone(), TAKES));
     }
+    check_groups(kernel, groups, op)?;
     let counts = device_counts(counts, groups, op)?;
     let a = aligned(a)?;
     let weights: Vec<CudaTensor> = weights
@@ -414,6 +472,10 @@ fn rows_product(
     let row_tiles = rows.div_ceil(TILE) + groups;
     let blocks = row_tiles * n_tiles;
     if rows == 0 {
+        return Ok(out);
+    }
+    if kernel == Kernel::HopperTma {
+        tma::rows_product(&spec, &a, &weights, &counts, &out, op)?;
         return Ok(out);
     }
     let mut params = Params::new();
@@ -453,6 +515,14 @@ pub fn weight_grad(
     if rows != *rows2 || !takes(x.dtype(), grad_output.dtype(), k, n, groups) {
         return Err(CudaError::unsupported(op, TAKES));
     }
+    check_groups(kernel, groups, &op)?;
+    // No rows: every group's gradient is zeros, which the cp.async kernel writes without a
+    // tensor map (the TMA's cannot describe an empty matrix).
+    let kernel = if rows == 0 && kernel == Kernel::HopperTma {
+        Kernel::Hopper
+    } else {
+        kernel
+    };
     let counts = device_counts(counts, groups, &op)?;
     let x = aligned(x)?;
     let grad_output = aligned(grad_output)?;
@@ -464,6 +534,10 @@ pub fn weight_grad(
         kernel,
         tile_cols: kernel.tile_cols(n),
     };
+    if kernel == Kernel::HopperTma {
+        tma::weight_grad(&spec, &x, &grad_output, &counts, &out, &op)?;
+        return Ok(out);
+    }
     let (m_tiles, n_tiles) = (k / TILE, n / spec.tile_cols);
     let blocks = groups * m_tiles * n_tiles;
     let mut params = Params::new();
@@ -516,6 +590,21 @@ mod tests {
                             groups,
                             product,
                             kernel,
+                            tile_cols,
+                        });
+                    }
+                }
+            }
+        }
+        for dtype in [DType::BF16, DType::F16] {
+            for product in [Product::Forward, Product::InputGrad, Product::WeightGrad] {
+                for groups in [8, 128, tma::MAX_GROUPS] {
+                    for tile_cols in [128, 256] {
+                        specs.push(GroupedGemm {
+                            dtype,
+                            groups,
+                            product,
+                            kernel: Kernel::HopperTma,
                             tile_cols,
                         });
                     }

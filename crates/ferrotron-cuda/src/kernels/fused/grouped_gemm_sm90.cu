@@ -34,23 +34,7 @@ __device__ __forceinline__ unsigned mn_major(int krow, int chunk) {
   return (chunk >> 3) * 8192 + krow * 128 + (((chunk & 7) ^ (krow & 7)) << 4);
 }
 
-// A shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte
-// units), the 128-byte swizzle.
-__device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned lbo, unsigned sbo) {
-  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
-}
-
-// Keeps the compiler from moving accumulator reads or writes across wgmma's asynchrony.
-__device__ __forceinline__ void fence_acc(float* d) {
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void wgmma(float* d, unsigned long long a, unsigned long long b) {
-{{WGMMA}}
-}
-
+{{WGMMA_HELPERS}}
 extern "C" __global__ void __launch_bounds__(256, {{BLOCKS_PER_SM}}) ferrotron_kernel(const Params p) {
   extern __shared__ unsigned char dynamic_smem[];
   __shared__ long long scratch[16];

@@ -1,23 +1,28 @@
 {{! The part of the grouped GEMMs (grouped_gemm.cu, grouped_gemm_sm90.cu) that does not }}
 {{! depend on the tensor-core instructions: the parameters, the 16-byte copies, the output's }}
 {{! packing, and which tile of which group a block computes. Needs BM, BN, BAND, GROUPS and }}
-{{! `elem` defined first. }}
+{{! `elem` defined first. The TMA kernel (CP_ASYNC false) takes the packing, the band order }}
+{{! and the scan only. }}
+{{#if CP_ASYNC}}
 struct Params {
   unsigned long long a, b, c, counts;
   long long n_tiles, m_tiles, k;
   long long lda, ldb, ldc;
   unsigned long long group[GROUPS];
 };
+{{/if}}
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
 
+{{#if CP_ASYNC}}
 // 16 bytes global → shared; zeros where `valid` is false (nothing is read then).
 __device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid) {
   const int bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
+{{/if}}
 
 __device__ __forceinline__ unsigned pack(float lo, float hi) {
 {{#if BF16}}
@@ -55,6 +60,7 @@ __device__ __forceinline__ long long block_scan(long long v, long long* warp_sum
   return v + before;
 }
 
+{{#if CP_ASYNC}}
 // A block's tile: the operands advanced to its group's rows, its first row `m0` and column
 // `n0`, the reduction's length and the rows it may write.
 struct Tile {
@@ -117,3 +123,4 @@ __device__ __forceinline__ bool find_tile(const Params& p, long long* scratch, T
 {{/if}}
   return true;
 }
+{{/if}}

@@ -1,0 +1,300 @@
+// grouped gemm sm90 tma {{NAME}} {{MODE}}
+{{! The device-count grouped GEMM of grouped_gemm_sm90.cu, warp-specialised and persistent, as }}
+{{! CUTLASS's Hopper kernels are: one block an SM walks the tiles (blockIdx.x, + gridDim.x, ...); }}
+{{! warpgroup 0 is the producer, one thread of it issuing the Tensor Memory Accelerator's bulk }}
+{{! copies (cp.async.bulk.tensor) into STAGES stages of 128-byte-swizzled shared memory, each }}
+{{! stage's arrival counted by an mbarrier; warpgroups 1 and 2 are the consumers, 64 rows of the }}
+{{! 128 × BN tile each, releasing a stage through a second mbarrier once their MMAs on it are }}
+{{! done. The producer runs ahead across tiles, so the next tile's loads overlap this tile's }}
+{{! last MMAs and its stores (what the cp.async kernel's 8-step reductions of an expert's rows }}
+{{! in the weight gradient wait for), and no thread of the consumers issues a copy. }}
+{{! The tensor maps (host-encoded, by value in the parameters, __grid_constant__) cut the boxes: }}
+{{! the routed rows' map over all rows, one map per group's weight, the weight gradient's two }}
+{{! row maps. Each box is 64 elements (128 bytes) wide, so the TMA's 128-byte swizzle lays it }}
+{{! out exactly as wgmma's canonical K-major or MN-major layout reads it. }}
+{{!   ROWS (forward, input gradient): C[r] = A[r] · B_g for the rows r of group g; rows of the }}
+{{!     tile past the group's (the next group's, or past the end: zeros) are computed, not stored. }}
+{{!   INNER (weight gradient): C_g = A_gᵀ · B_g, the sum running over group g's rows; the rows of }}
+{{!     the last step past the group's are zeroed in shared memory before the MMAs read them. }}
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define BM 128
+#define BN {{BN}}
+#define BK 64
+#define STAGES {{STAGES}}
+#define BAND 16
+#define GROUPS {{GROUPS}}
+#define A_BYTES (BM * BK * 2)
+#define STAGE_BYTES (A_BYTES + BK * BN * 2)
+// The two consumer warpgroups' named barrier (0 is __syncthreads').
+#define CONSUMERS_BARRIER 1
+typedef {{ELEM}} elem;
+
+struct __align__(128) TensorMap {
+  unsigned long long opaque[16];
+};
+
+// 16 scalar words (128 bytes, so the maps after them are aligned), then the maps.
+struct __align__(128) Params {
+  unsigned long long c, counts;
+  long long n_tiles, k_tiles, k, ldc;
+  long long reserved[10];
+  TensorMap a;
+{{#if ROWS}}
+  TensorMap w[GROUPS];
+{{#else}}
+  TensorMap b;
+{{/if}}
+};
+
+{{TILES}}
+
+{{WGMMA_HELPERS}}
+__device__ __forceinline__ void bar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void bar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void bar_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// One box of `map` at (column `x`, row `y`) into shared `dst`, counted on `bar`.
+__device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int x, int y, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
+// The groups' scans, in shared memory for every warpgroup's tile lookups.
+struct Groups {
+  long long rows[GROUPS + 1];   // first row of each group; rows[GROUPS] = all rows
+  long long tiles[GROUPS + 1];  // first row tile of each group (ROWS)
+};
+
+// Tile `i` of the walk: its group, first row `r0` of that group's rows, output rows `m0` (ROWS:
+// a routed row; INNER: a row of the group's [k, n] gradient), first column `n0`, and how many
+// of its rows may be written (ROWS) or how many rows the reduction runs over (INNER).
+struct Work {
+  int group;
+  long long r0, m0, n0, valid;
+};
+
+__device__ __forceinline__ Work tile_work(const Params& p, const Groups& g, long long i) {
+  Work w;
+{{#if ROWS}}
+  long long m_tile;
+  band_tile(i, g.tiles[GROUPS], p.n_tiles, &m_tile, &w.n0);
+  int lo = 0, hi = GROUPS - 1;  // the last group whose first tile is <= m_tile
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (g.tiles[mid] <= m_tile) lo = mid; else hi = mid - 1;
+  }
+  w.group = lo;
+  const long long local = (m_tile - g.tiles[lo]) * BM;
+  w.r0 = g.rows[lo];
+  w.m0 = g.rows[lo] + local;
+  w.valid = min((long long)BM, g.rows[lo + 1] - g.rows[lo] - local);
+{{#else}}
+  const long long m_tiles = p.k / BM;
+  const long long per_group = m_tiles * p.n_tiles;
+  w.group = (int)(i / per_group);
+  long long m_tile;
+  band_tile(i % per_group, m_tiles, p.n_tiles, &m_tile, &w.n0);
+  w.r0 = g.rows[w.group];
+  w.m0 = m_tile * BM;
+  w.valid = g.rows[w.group + 1] - g.rows[w.group];
+{{/if}}
+  return w;
+}
+
+// Reduction steps of a tile.
+__device__ __forceinline__ int steps(const Params& p, const Work& w) {
+{{#if ROWS}}
+  return (int)p.k_tiles;
+{{#else}}
+  return (int)((w.valid + BK - 1) / BK);
+{{/if}}
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) ferrotron_kernel(const __grid_constant__ Params p) {
+  extern __shared__ unsigned char dynamic_smem[];
+  __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+  __shared__ Groups groups;
+  __shared__ long long scratch[16];
+  // The swizzle is a function of the address: the stages start on a 1024-byte boundary.
+  const unsigned smem = (smem_addr(dynamic_smem) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+
+  // Every thread: the groups' scans (threads 0..GROUPS-1 hold a group's count each).
+  const long long* __restrict__ counts = (const long long*)p.counts;
+  const long long count = tid < GROUPS ? counts[tid] : 0;
+  const long long rows_end = block_scan(count, scratch);
+  const long long tiles_end = block_scan((count + BM - 1) / BM, scratch);
+  if (tid < GROUPS) {
+    groups.rows[tid + 1] = rows_end;
+    groups.tiles[tid + 1] = tiles_end;
+  }
+  if (tid == 0) {
+    groups.rows[0] = 0;
+    groups.tiles[0] = 0;
+    for (int s = 0; s < STAGES; ++s) {
+      bar_init(smem_addr(&full_bar[s]), 1);
+      bar_init(smem_addr(&empty_bar[s]), 8);  // a consumer warp's lane 0 each
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+{{#if ROWS}}
+  const long long total = groups.tiles[GROUPS] * p.n_tiles;
+{{#else}}
+  const long long total = (long long)GROUPS * (p.k / BM) * p.n_tiles;
+{{/if}}
+
+  if (wg == 0) {
+    // The producer: one thread issues every copy; the rest of the warpgroup has nothing to do.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid != 0) return;
+    int stage = 0;
+    unsigned phase = 0;
+    for (long long i = blockIdx.x; i < total; i += gridDim.x) {
+      const Work w = tile_work(p, groups, i);
+      const int k_steps = steps(p, w);
+      for (int kt = 0; kt < k_steps; ++kt) {
+        // A fresh barrier is in phase 0, so waiting on parity 1 passes at once: the first
+        // STAGES loads need no release.
+        bar_wait(smem_addr(&empty_bar[stage]), phase ^ 1);
+        const unsigned full = smem_addr(&full_bar[stage]);
+        bar_expect(full, STAGE_BYTES);
+        const unsigned a_s = smem + stage * STAGE_BYTES, b_s = a_s + A_BYTES;
+        const int k0 = kt * BK;
+{{#if ROWS}}
+        // A: BM routed rows of 64 (K-major)
+        tma_load(a_s, &p.a, k0, (int)w.m0, full);
+{{#if B_MN}}
+        // B (forward): the weight's [k, n], 64 reduction rows of BN columns (MN-major blocks)
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) tma_load(b_s + j * 8192, &p.w[w.group], (int)w.n0 + j * 64, k0, full);
+{{#else}}
+        // B (input gradient): the weight's [k, n] as BN rows of 64 of the reduction (K-major)
+        tma_load(b_s, &p.w[w.group], k0, (int)w.n0, full);
+{{/if}}
+{{#else}}
+        // A: x's rows (the reduction) × BM columns; B: the output gradient's rows × BN columns
+        const int row = (int)(w.r0 + k0);
+#pragma unroll
+        for (int j = 0; j < BM / 64; ++j) tma_load(a_s + j * 8192, &p.a, (int)w.m0 + j * 64, row, full);
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) tma_load(b_s + j * 8192, &p.b, (int)w.n0 + j * 64, row, full);
+{{/if}}
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  // The consumers: warpgroup 1 takes the tile's rows 0..63, warpgroup 2 rows 64..127.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int cw = wg - 1;
+  int stage = 0;
+  unsigned phase = 0;
+  float acc[BN / 2];
+  for (long long i = blockIdx.x; i < total; i += gridDim.x) {
+    const Work w = tile_work(p, groups, i);
+    const int k_steps = steps(p, w);
+#pragma unroll
+    for (int r = 0; r < BN / 2; ++r) acc[r] = 0.f;
+    int held = -1;  // the stage whose MMAs may still be reading it
+    for (int kt = 0; kt < k_steps; ++kt) {
+      bar_wait(smem_addr(&full_bar[stage]), phase);
+      const unsigned a_s = smem + stage * STAGE_BYTES, b_s = a_s + A_BYTES;
+{{#if !ROWS}}
+      const int live = (int)min((long long)BK, w.valid - (long long)kt * BK);
+      if (live < BK) {
+        // The last step's rows past the group's: zero them in A and B (128-byte lines; the
+        // swizzle permutes chunks within a line only), then let the async proxy see it.
+        const int lines = (BK - live) * (BM / 64 + BN / 64);
+        for (int l = tid - 128; l < lines * 8; l += 256) {
+          const int line = l >> 3, chunk = l & 7;
+          const int block = line / (BK - live), krow = live + line % (BK - live);
+          const unsigned base = block < BM / 64 ? a_s + block * 8192 : b_s + (block - BM / 64) * 8192;
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + krow * 128 + chunk * 16), "r"(0)
+                       : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        asm volatile("bar.sync %0, 256;\n" ::"n"(CONSUMERS_BARRIER) : "memory");
+      }
+{{/if}}
+      fence_acc(acc);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+{{#if A_MN}}
+        const unsigned long long da = descriptor(a_s + cw * 8192 + kk * 2048, 8192, 1024);
+{{#else}}
+        const unsigned long long da = descriptor(a_s + cw * 64 * 128 + kk * 32, 16, 1024);
+{{/if}}
+{{#if B_MN}}
+        const unsigned long long db = descriptor(b_s + kk * 2048, 8192, 1024);
+{{#else}}
+        const unsigned long long db = descriptor(b_s + kk * 32, 16, 1024);
+{{/if}}
+        wgmma(acc, da, db);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      // The step before this one is done: its stage goes back to the producer.
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      fence_acc(acc);
+      if (held >= 0 && lane == 0) bar_arrive(smem_addr(&empty_bar[held]));
+      held = stage;
+      if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    fence_acc(acc);
+    if (held >= 0 && lane == 0) bar_arrive(smem_addr(&empty_bar[held]));
+
+    // The accumulator of m64nBN: warp w of the warpgroup holds rows 16w..16w+15; register
+    // 4j + {0,1} is row lane / 4, columns 8j + 2 (lane % 4) + {0,1}; 4j + {2,3} the row 8 below.
+{{#if ROWS}}
+    elem* __restrict__ C = (elem*)p.c + w.m0 * p.ldc;
+    const long long writable = w.valid;
+{{#else}}
+    elem* __restrict__ C = (elem*)p.c + ((long long)w.group * p.k + w.m0) * p.ldc;
+    const long long writable = BM;
+{{/if}}
+    const int wrow = cw * 64 + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = wrow + half * 8;
+      if (row >= writable) continue;
+      elem* out = C + (long long)row * p.ldc + w.n0 + (lane & 3) * 2;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        *reinterpret_cast<unsigned*>(out + j * 8) = pack(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+}
