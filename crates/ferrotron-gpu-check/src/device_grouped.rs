@@ -98,6 +98,28 @@ fn product(
 /// One row per product: the device-count kernel against cuBLAS's grouped call, one for the
 /// per-expert cuBLASLt GEMMs against the same, and both cuBLAS paths over the experts' own
 /// tensors (separate allocations, as parameters are) against themselves over the stack.
+/// Which kernels' rows a run checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernels {
+    /// Every path: the device-count kernels, per-expert cuBLASLt, cuBLAS's grouped call.
+    All,
+    /// The TMA kernels alone (`--filter device_grouped_tma`), so a first run of them on a GPU
+    /// stands on its own under a short timeout.
+    Tma,
+}
+
+impl Kernels {
+    fn takes(self, path: Path) -> bool {
+        match self {
+            Kernels::All => true,
+            Kernels::Tma => matches!(
+                path,
+                Path::DeviceCounts(Kernel::HopperTma | Kernel::HopperTmaCluster)
+            ),
+        }
+    }
+}
+
 fn rows_of(
     device: &GpuDevice,
     rng: &mut StdRng,
@@ -105,6 +127,7 @@ fn rows_of(
     rows: &[usize],
     [k, n]: [usize; 2],
     what: &str,
+    kernels: Kernels,
 ) -> Vec<Row> {
     let total: usize = rows.iter().sum();
     let x = upload(&host(&[total, k], rng, dtype), dtype, device);
@@ -148,7 +171,8 @@ fn rows_of(
             device_counts
                 .iter()
                 .map(|&(which, path)| (which, path, true)),
-        );
+        )
+        .filter(|&(_, path, _)| kernels.takes(path));
     checks
         .map(|(which, path, over_parts)| {
             let (op, label, against) = match (path, over_parts) {
@@ -192,6 +216,11 @@ fn rows_of(
                     "device counts (wgmma fed by the TMA, warp-specialised) vs cuBLAS grouped",
                     Path::Cublas,
                 ),
+                (Path::DeviceCounts(Kernel::HopperTmaCluster), false) => (
+                    "grouped_gemm_device_counts_sm90_tma_cluster",
+                    "device counts (TMA, clusters of two sharing the row tile) vs cuBLAS grouped",
+                    Path::Cublas,
+                ),
                 (Path::DeviceCounts(kernel), true) => (
                     match kernel {
                         Kernel::Portable => "grouped_gemm_device_counts_parts",
@@ -199,6 +228,9 @@ fn rows_of(
                         Kernel::HopperNarrow => "grouped_gemm_device_counts_sm90_n128_parts",
                         Kernel::HopperPair => "grouped_gemm_device_counts_sm90_pair_parts",
                         Kernel::HopperTma => "grouped_gemm_device_counts_sm90_tma_parts",
+                        Kernel::HopperTmaCluster => {
+                            "grouped_gemm_device_counts_sm90_tma_cluster_parts"
+                        }
                     },
                     "device counts over parts vs stacked",
                     Path::DeviceCounts(kernel),
@@ -248,7 +280,7 @@ fn skewed(groups: usize, total: usize, rng: &mut StdRng) -> Vec<usize> {
     rows
 }
 
-pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
+pub(crate) fn rows(device: &GpuDevice, kernels: Kernels) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(47);
     let mut out = Vec::new();
     let uneven = [300, 129, 512, 0, 77, 256, 1, 200];
@@ -262,6 +294,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             &uneven,
             [256, 384],
             "uneven, one empty",
+            kernels,
         ));
         out.extend(rows_of(
             device,
@@ -270,6 +303,17 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             &uneven,
             [384, 256],
             "uneven, one empty",
+            kernels,
+        ));
+        // Two column tiles of 256 in every product: the cluster kernel's pairs.
+        out.extend(rows_of(
+            device,
+            &mut rng,
+            dtype,
+            &uneven,
+            [512, 512],
+            "uneven, one empty, column tiles in pairs",
+            kernels,
         ));
         out.extend(rows_of(
             device,
@@ -278,6 +322,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             &one_takes_all,
             [256, 256],
             "one expert takes every row",
+            kernels,
         ));
         out.extend(rows_of(
             device,
@@ -286,6 +331,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             &many,
             [256, 128],
             "128 experts, skewed",
+            kernels,
         ));
     }
     out
@@ -349,6 +395,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                         Kernel::HopperNarrow => "wgmma, 128 x 128 tiles",
                         Kernel::HopperPair => "wgmma, two blocks an SM",
                         Kernel::HopperTma => "wgmma, TMA, warp-specialised",
+                        Kernel::HopperTmaCluster => "wgmma, TMA, clusters of two",
                         _ => "mma.sync",
                     };
                     lines.push_str(&format!(

@@ -383,7 +383,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|upload|host_pass|alloc|fp8|nccl|attention_rates] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|device_grouped|device_grouped_tma|upload|host_pass|alloc|fp8|nccl|attention_rates] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
                      linear overrides against their composed versions, the fp8 kernels and linear\n\
                      (Hopper), then the NCCL communicator\n\
@@ -445,7 +445,10 @@ fn main() -> anyhow::Result<()> {
         rows.extend(fused_grouped::rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "device_grouped" {
-        rows.extend(device_grouped::rows(&device));
+        rows.extend(device_grouped::rows(&device, device_grouped::Kernels::All));
+    }
+    if args.filter == "device_grouped_tma" {
+        rows.extend(device_grouped::rows(&device, device_grouped::Kernels::Tma));
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "moe" {
         rows.extend(fused_moe::rows(&device));

@@ -16,6 +16,10 @@
 {{!     tile past the group's (the next group's, or past the end: zeros) are computed, not stored. }}
 {{!   INNER (weight gradient): C_g = A_gᵀ · B_g, the sum running over group g's rows; the rows of }}
 {{!     the last step past the group's are zeroed in shared memory before the MMAs read them. }}
+{{!   CLUSTER: blocks run in clusters of two on neighbouring column tiles of one row tile, so }}
+{{!     they share A: each loads half of it and the TMA multicasts that half into both blocks' }}
+{{!     shared memory (a third less read from L2 a step at 128 × 256), and a stage is refilled }}
+{{!     once both blocks' consumers released it (their arrivals counted on both barriers). }}
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #define BM 128
@@ -28,6 +32,13 @@
 #define STAGE_BYTES (A_BYTES + BK * BN * 2)
 // The two consumer warpgroups' named barrier (0 is __syncthreads').
 #define CONSUMERS_BARRIER 1
+{{#if CLUSTER}}
+#define CLUSTER 2
+{{#else}}
+#define CLUSTER 1
+{{/if}}
+// Arrivals that release a stage: every consumer warp of every block the stage's loads reach.
+#define RELEASES (8 * CLUSTER)
 typedef {{ELEM}} elem;
 
 struct __align__(128) TensorMap {
@@ -83,6 +94,43 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int
       : "memory");
 }
 
+// A release of this block's stage: one arrival on its barrier in every block of the cluster.
+__device__ __forceinline__ void release(unsigned bar) {
+{{#if CLUSTER}}
+#pragma unroll
+  for (unsigned rank = 0; rank < CLUSTER; ++rank) {
+    asm volatile(
+        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
+        ::"r"(bar), "r"(rank)
+        : "memory");
+  }
+{{#else}}
+  bar_arrive(bar);
+{{/if}}
+}
+{{#if CLUSTER}}
+
+// One box into the same place of every block of the cluster, counted on each one's `bar`.
+__device__ __forceinline__ void tma_multicast(unsigned dst, const TensorMap* map, int x, int y, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(bar), "h"((unsigned short)((1 << CLUSTER) - 1))
+      : "memory");
+}
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of both blocks: what one did before is seen by the other after.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+{{/if}}
+
 // The groups' scans, in shared memory for every warpgroup's tile lookups.
 struct Groups {
   long long rows[GROUPS + 1];   // first row of each group; rows[GROUPS] = all rows
@@ -97,11 +145,13 @@ struct Work {
   long long r0, m0, n0, valid;
 };
 
-__device__ __forceinline__ Work tile_work(const Params& p, const Groups& g, long long i) {
+// With clusters, `i` walks pairs of column tiles and block `rank` of the pair takes one of them.
+__device__ __forceinline__ Work tile_work(const Params& p, const Groups& g, long long i, unsigned rank) {
   Work w;
+  const long long n_steps = p.n_tiles / CLUSTER;
 {{#if ROWS}}
   long long m_tile;
-  band_tile(i, g.tiles[GROUPS], p.n_tiles, &m_tile, &w.n0);
+  band_tile(i, g.tiles[GROUPS], n_steps, &m_tile, &w.n0);
   int lo = 0, hi = GROUPS - 1;  // the last group whose first tile is <= m_tile
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
@@ -114,14 +164,15 @@ __device__ __forceinline__ Work tile_work(const Params& p, const Groups& g, long
   w.valid = min((long long)BM, g.rows[lo + 1] - g.rows[lo] - local);
 {{#else}}
   const long long m_tiles = p.k / BM;
-  const long long per_group = m_tiles * p.n_tiles;
+  const long long per_group = m_tiles * n_steps;
   w.group = (int)(i / per_group);
   long long m_tile;
-  band_tile(i % per_group, m_tiles, p.n_tiles, &m_tile, &w.n0);
+  band_tile(i % per_group, m_tiles, n_steps, &m_tile, &w.n0);
   w.r0 = g.rows[w.group];
   w.m0 = m_tile * BM;
   w.valid = g.rows[w.group + 1] - g.rows[w.group];
 {{/if}}
+  w.n0 = w.n0 * CLUSTER + rank * BN;
   return w;
 }
 
@@ -134,93 +185,72 @@ __device__ __forceinline__ int steps(const Params& p, const Work& w) {
 {{/if}}
 }
 
-extern "C" __global__ void __launch_bounds__(384, 1) ferrotron_kernel(const __grid_constant__ Params p) {
-  extern __shared__ unsigned char dynamic_smem[];
-  __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
-  __shared__ Groups groups;
-  __shared__ long long scratch[16];
-  // The swizzle is a function of the address: the stages start on a 1024-byte boundary.
-  const unsigned smem = (smem_addr(dynamic_smem) + 1023u) & ~1023u;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
-
-  // Every thread: the groups' scans (threads 0..GROUPS-1 hold a group's count each).
-  const long long* __restrict__ counts = (const long long*)p.counts;
-  const long long count = tid < GROUPS ? counts[tid] : 0;
-  const long long rows_end = block_scan(count, scratch);
-  const long long tiles_end = block_scan((count + BM - 1) / BM, scratch);
-  if (tid < GROUPS) {
-    groups.rows[tid + 1] = rows_end;
-    groups.tiles[tid + 1] = tiles_end;
-  }
-  if (tid == 0) {
-    groups.rows[0] = 0;
-    groups.tiles[0] = 0;
-    for (int s = 0; s < STAGES; ++s) {
-      bar_init(smem_addr(&full_bar[s]), 1);
-      bar_init(smem_addr(&empty_bar[s]), 8);  // a consumer warp's lane 0 each
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+// The producer's one thread: every stage's copies, tile after tile, as the stages come free.
+__device__ __forceinline__ void produce(const Params& p, const Groups& groups, unsigned smem,
+                                        unsigned long long* full_bar, unsigned long long* empty_bar,
+                                        long long first, long long stride, long long total, unsigned rank) {
+  int stage = 0;
+  unsigned phase = 0;
+  for (long long i = first; i < total; i += stride) {
+    const Work w = tile_work(p, groups, i, rank);
+    const int k_steps = steps(p, w);
+    for (int kt = 0; kt < k_steps; ++kt) {
+      // A fresh barrier is in phase 0, so waiting on parity 1 passes at once: the first
+      // STAGES loads need no release.
+      bar_wait(smem_addr(&empty_bar[stage]), phase ^ 1);
+      const unsigned full = smem_addr(&full_bar[stage]);
+      bar_expect(full, STAGE_BYTES);
+      const unsigned a_s = smem + stage * STAGE_BYTES, b_s = a_s + A_BYTES;
+      const int k0 = kt * BK;
 {{#if ROWS}}
-  const long long total = groups.tiles[GROUPS] * p.n_tiles;
+{{#if CLUSTER}}
+      // A: this block's half of the BM routed rows of 64 (K-major), into both blocks
+      tma_multicast(a_s + rank * (A_BYTES / 2), &p.a, k0, (int)w.m0 + rank * (BM / 2), full);
 {{#else}}
-  const long long total = (long long)GROUPS * (p.k / BM) * p.n_tiles;
+      // A: BM routed rows of 64 (K-major)
+      tma_load(a_s, &p.a, k0, (int)w.m0, full);
 {{/if}}
-
-  if (wg == 0) {
-    // The producer: one thread issues every copy; the rest of the warpgroup has nothing to do.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (tid != 0) return;
-    int stage = 0;
-    unsigned phase = 0;
-    for (long long i = blockIdx.x; i < total; i += gridDim.x) {
-      const Work w = tile_work(p, groups, i);
-      const int k_steps = steps(p, w);
-      for (int kt = 0; kt < k_steps; ++kt) {
-        // A fresh barrier is in phase 0, so waiting on parity 1 passes at once: the first
-        // STAGES loads need no release.
-        bar_wait(smem_addr(&empty_bar[stage]), phase ^ 1);
-        const unsigned full = smem_addr(&full_bar[stage]);
-        bar_expect(full, STAGE_BYTES);
-        const unsigned a_s = smem + stage * STAGE_BYTES, b_s = a_s + A_BYTES;
-        const int k0 = kt * BK;
-{{#if ROWS}}
-        // A: BM routed rows of 64 (K-major)
-        tma_load(a_s, &p.a, k0, (int)w.m0, full);
 {{#if B_MN}}
-        // B (forward): the weight's [k, n], 64 reduction rows of BN columns (MN-major blocks)
+      // B (forward): the weight's [k, n], 64 reduction rows of BN columns (MN-major blocks)
 #pragma unroll
-        for (int j = 0; j < BN / 64; ++j) tma_load(b_s + j * 8192, &p.w[w.group], (int)w.n0 + j * 64, k0, full);
+      for (int j = 0; j < BN / 64; ++j) tma_load(b_s + j * 8192, &p.w[w.group], (int)w.n0 + j * 64, k0, full);
 {{#else}}
-        // B (input gradient): the weight's [k, n] as BN rows of 64 of the reduction (K-major)
-        tma_load(b_s, &p.w[w.group], k0, (int)w.n0, full);
+      // B (input gradient): the weight's [k, n] as BN rows of 64 of the reduction (K-major)
+      tma_load(b_s, &p.w[w.group], k0, (int)w.n0, full);
 {{/if}}
 {{#else}}
-        // A: x's rows (the reduction) × BM columns; B: the output gradient's rows × BN columns
-        const int row = (int)(w.r0 + k0);
+      // A: x's rows (the reduction) × BM columns; B: the output gradient's rows × BN columns
+      const int row = (int)(w.r0 + k0);
+{{#if CLUSTER}}
+      // (this block's 64 of A's columns, into both blocks)
+      tma_multicast(a_s + rank * 8192, &p.a, (int)w.m0 + rank * 64, row, full);
+{{#else}}
 #pragma unroll
-        for (int j = 0; j < BM / 64; ++j) tma_load(a_s + j * 8192, &p.a, (int)w.m0 + j * 64, row, full);
-#pragma unroll
-        for (int j = 0; j < BN / 64; ++j) tma_load(b_s + j * 8192, &p.b, (int)w.n0 + j * 64, row, full);
+      for (int j = 0; j < BM / 64; ++j) tma_load(a_s + j * 8192, &p.a, (int)w.m0 + j * 64, row, full);
 {{/if}}
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1;
-        }
+#pragma unroll
+      for (int j = 0; j < BN / 64; ++j) tma_load(b_s + j * 8192, &p.b, (int)w.n0 + j * 64, row, full);
+{{/if}}
+      if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1;
       }
     }
-    return;
   }
+}
 
-  // The consumers: warpgroup 1 takes the tile's rows 0..63, warpgroup 2 rows 64..127.
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int cw = wg - 1;
+// A consumer warpgroup (`cw` 0 takes the tile's rows 0..63, 1 rows 64..127): the MMAs of every
+// stage, tile after tile, then the tile's stores.
+__device__ __forceinline__ void consume(const Params& p, const Groups& groups, unsigned smem,
+                                        unsigned long long* full_bar, unsigned long long* empty_bar,
+                                        long long first, long long stride, long long total, unsigned rank) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cw = (tid >> 7) - 1;
   int stage = 0;
   unsigned phase = 0;
   float acc[BN / 2];
-  for (long long i = blockIdx.x; i < total; i += gridDim.x) {
-    const Work w = tile_work(p, groups, i);
+  for (long long i = first; i < total; i += stride) {
+    const Work w = tile_work(p, groups, i, rank);
     const int k_steps = steps(p, w);
 #pragma unroll
     for (int r = 0; r < BN / 2; ++r) acc[r] = 0.f;
@@ -265,7 +295,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) ferrotron_kernel(const __gr
       // The step before this one is done: its stage goes back to the producer.
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       fence_acc(acc);
-      if (held >= 0 && lane == 0) bar_arrive(smem_addr(&empty_bar[held]));
+      if (held >= 0 && lane == 0) release(smem_addr(&empty_bar[held]));
       held = stage;
       if (++stage == STAGES) {
         stage = 0;
@@ -274,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) ferrotron_kernel(const __gr
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     fence_acc(acc);
-    if (held >= 0 && lane == 0) bar_arrive(smem_addr(&empty_bar[held]));
+    if (held >= 0 && lane == 0) release(smem_addr(&empty_bar[held]));
 
     // The accumulator of m64nBN: warp w of the warpgroup holds rows 16w..16w+15; register
     // 4j + {0,1} is row lane / 4, columns 8j + 2 (lane % 4) + {0,1}; 4j + {2,3} the row 8 below.
@@ -297,4 +327,65 @@ extern "C" __global__ void __launch_bounds__(384, 1) ferrotron_kernel(const __gr
       }
     }
   }
+}
+
+{{#if CLUSTER}}
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) ferrotron_kernel(const __grid_constant__ Params p) {
+{{#else}}
+extern "C" __global__ void __launch_bounds__(384, 1) ferrotron_kernel(const __grid_constant__ Params p) {
+{{/if}}
+  extern __shared__ unsigned char dynamic_smem[];
+  __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+  __shared__ Groups groups;
+  __shared__ long long scratch[16];
+  // The swizzle is a function of the address: the stages start on a 1024-byte boundary.
+  const unsigned smem = (smem_addr(dynamic_smem) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, wg = tid >> 7;
+
+  // Every thread: the groups' scans (threads 0..GROUPS-1 hold a group's count each).
+  const long long* __restrict__ counts = (const long long*)p.counts;
+  const long long count = tid < GROUPS ? counts[tid] : 0;
+  const long long rows_end = block_scan(count, scratch);
+  const long long tiles_end = block_scan((count + BM - 1) / BM, scratch);
+  if (tid < GROUPS) {
+    groups.rows[tid + 1] = rows_end;
+    groups.tiles[tid + 1] = tiles_end;
+  }
+  if (tid == 0) {
+    groups.rows[0] = 0;
+    groups.tiles[0] = 0;
+    for (int s = 0; s < STAGES; ++s) {
+      bar_init(smem_addr(&full_bar[s]), 1);
+      bar_init(smem_addr(&empty_bar[s]), RELEASES);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+{{#if CLUSTER}}
+  // The peer's barriers exist before this block's copies or releases reach them.
+  cluster_sync();
+  const unsigned rank = cluster_rank();
+  const long long first = blockIdx.x / CLUSTER, stride = gridDim.x / CLUSTER;
+{{#else}}
+  const unsigned rank = 0;
+  const long long first = blockIdx.x, stride = gridDim.x;
+{{/if}}
+{{#if ROWS}}
+  const long long total = groups.tiles[GROUPS] * (p.n_tiles / CLUSTER);
+{{#else}}
+  const long long total = (long long)GROUPS * (p.k / BM) * (p.n_tiles / CLUSTER);
+{{/if}}
+
+  if (wg == 0) {
+    // The producer: one thread issues every copy; the rest of the warpgroup has nothing to do.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid == 0) produce(p, groups, smem, full_bar, empty_bar, first, stride, total, rank);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    consume(p, groups, smem, full_bar, empty_bar, first, stride, total, rank);
+  }
+{{#if CLUSTER}}
+  // Neither block leaves while the other may still copy into it or release its stages.
+  cluster_sync();
+{{/if}}
 }

@@ -15,7 +15,7 @@ use std::sync::{LazyLock, Mutex, PoisonError};
 
 use cudarc::driver::sys;
 
-use super::{GroupedGemm, Product};
+use super::{GroupedGemm, Kernel, Product};
 use crate::engine::dtype::DType;
 use crate::engine::launch::{Params, launch};
 use crate::engine::tensor::CudaTensor;
@@ -154,13 +154,20 @@ pub(super) fn rows_product(
         return Err(crate::error::CudaError::invalid(op.clone(), "2-D operands"));
     };
     let n_tiles = out_cols / spec.tile_cols;
+    let spec = &paired(spec, n_tiles);
     // forward: 64 reduction rows of the weight a box; input gradient: a tile's columns' rows
     let weight_box = match spec.product {
         Product::InputGrad => spec.tile_cols,
         _ => 64,
     };
+    // a cluster's blocks load half the row tile each
+    let a_box = if spec.kernel == Kernel::HopperTmaCluster {
+        64
+    } else {
+        128
+    };
     let mut params = scalars(out, counts, n_tiles, inner / 64, 0, out_cols);
-    push_map(&mut params, MapKey::of(a, 128).encode(op)?);
+    push_map(&mut params, MapKey::of(a, a_box).encode(op)?);
     for weight in weights {
         push_map(&mut params, MapKey::of(weight, weight_box).cached(op)?);
     }
@@ -182,6 +189,7 @@ pub(super) fn weight_grad(
         return Err(crate::error::CudaError::invalid(op.clone(), "2-D operands"));
     };
     let n_tiles = n / spec.tile_cols;
+    let spec = &paired(spec, n_tiles);
     let mut params = scalars(out, counts, n_tiles, 0, k, n);
     push_map(&mut params, MapKey::of(x, 64).encode(op)?);
     push_map(&mut params, MapKey::of(grad_output, 64).encode(op)?);
@@ -189,6 +197,17 @@ pub(super) fn weight_grad(
     launch_persistent(x, spec, upper, &params, op)
 }
 
+/// The cluster kernel where the output's `n_tiles` column tiles pair up, else the single-block
+/// one.
+fn paired(spec: &GroupedGemm, n_tiles: usize) -> GroupedGemm {
+    let mut spec = spec.clone();
+    if spec.kernel == Kernel::HopperTmaCluster && !n_tiles.is_multiple_of(2) {
+        spec.kernel = Kernel::HopperTma;
+    }
+    spec
+}
+
+/// One block an SM, at most one a tile; whole clusters of two for the cluster kernel.
 fn launch_persistent(
     on: &CudaTensor,
     spec: &GroupedGemm,
@@ -196,6 +215,13 @@ fn launch_persistent(
     params: &Params,
     op: &OpContext,
 ) -> Result<()> {
-    let grid = tiles.clamp(1, on.device().multiprocessors()) as u32;
-    launch(on.device(), spec, grid, THREADS, params, &|| op.clone())
+    let sms = on.device().multiprocessors();
+    let grid = if spec.kernel == Kernel::HopperTmaCluster {
+        (tiles.min(sms) & !1).max(2)
+    } else {
+        tiles.clamp(1, sms)
+    };
+    launch(on.device(), spec, grid as u32, THREADS, params, &|| {
+        op.clone()
+    })
 }
