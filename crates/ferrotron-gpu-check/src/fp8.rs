@@ -245,7 +245,7 @@ fn amax_row(device: &Arc<CudaDevice>, rng: &mut StdRng) -> Row {
 }
 
 /// A random fp8 operand `[rows, k]`: host grid values and the device bytes of the same cast.
-fn operand(
+pub(crate) fn operand(
     device: &Arc<CudaDevice>,
     rng: &mut StdRng,
     [rows, k]: [usize; 2],

@@ -17,6 +17,7 @@ mod compare;
 mod device_grouped;
 mod fp8;
 mod fp8_fused_sources;
+mod fp8_grouped;
 mod fp8_source;
 mod fused;
 mod fused_bias_gelu;
@@ -449,6 +450,7 @@ fn main() -> anyhow::Result<()> {
     }
     if args.filter == "device_grouped_tma" {
         rows.extend(device_grouped::rows(&device, device_grouped::Kernels::Tma));
+        rows.extend(fp8_grouped::rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "moe" {
         rows.extend(fused_moe::rows(&device));
@@ -466,6 +468,7 @@ fn main() -> anyhow::Result<()> {
     if args.filter.is_empty() || args.filter == "fp8" {
         rows.extend(fp8::rows(&device));
         rows.extend(fp8_fused_sources::rows(&device));
+        rows.extend(fp8_grouped::rows(&device));
     }
     let mut nccl_comm = None;
     if args.filter.is_empty() || args.filter == "nccl" {

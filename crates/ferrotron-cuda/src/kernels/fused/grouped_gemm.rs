@@ -18,6 +18,8 @@
 //! call at that shape (H100, 2026-12-07), though still 0.6× the per-expert cuBLASLt GEMMs where
 //! an expert fills the GPU, which is why the backend keeps those there (`backend/fused_ops`).
 
+use ferrotron_ops::fp8::scaling::Fp8Format;
+
 use crate::engine::device::CudaDevice;
 use crate::engine::dtype::DType;
 use crate::engine::experts::Weights;
@@ -26,7 +28,10 @@ use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 use crate::kernels::template::{Hole, template};
 
+mod fp8;
 mod tma;
+
+pub use fp8::{fp8_inner, fp8_rows};
 
 /// Tile edge of the output (rows and columns); the inner dimension runs in steps of 32.
 const TILE: usize = 128;
@@ -135,12 +140,17 @@ enum Product {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct GroupedGemm {
+    /// The operands' and output's dtype (fp8 operands: the output's).
     dtype: DType,
     groups: usize,
     product: Product,
     kernel: Kernel,
     /// Output tile columns ([`Kernel::tile_cols`]).
     tile_cols: usize,
+    /// fp8 operands' formats (A's, B's), both stored with the reduction contiguous: then
+    /// [`Product::Forward`] is the rows product `A[r] · B_gᵀ` and [`Product::WeightGrad`] the
+    /// inner one `Aᵀ_g · B_g` from `Aᵀ` and `Bᵀ` (the TMA kernels only).
+    fp8: Option<(Fp8Format, Fp8Format)>,
 }
 
 impl GroupedGemm {
@@ -191,10 +201,11 @@ impl GroupedGemm {
 
     /// Hopper's descriptors and one MMA of the tile's width, for both warpgroup kernels.
     fn wgmma_helpers(&self, a_mn: bool, b_mn: bool) -> String {
-        template!("grouped_gemm_wgmma.cu").fill(&[(
-            "WGMMA",
-            Hole::code(wgmma_asm(self.tile_cols, self.mma(), a_mn, b_mn)),
-        )])
+        let mma = match self.fp8 {
+            Some((a, b)) => wgmma_fp8_asm(self.tile_cols, a, b),
+            None => wgmma_asm(self.tile_cols, self.mma(), a_mn, b_mn),
+        };
+        template!("grouped_gemm_wgmma.cu").fill(&[("WGMMA", Hole::code(mma))])
     }
 
     fn portable_source(&self) -> String {
@@ -228,7 +239,19 @@ impl GroupedGemm {
                 "MODE",
                 Hole::code(format!(
                     "{} n{}{} groups {}",
-                    self.mode(),
+                    match self.fp8 {
+                        Some((a, b)) => format!(
+                            "fp8 {} {} {}",
+                            a.name(),
+                            b.name(),
+                            if self.product == Product::WeightGrad {
+                                "inner"
+                            } else {
+                                "rows"
+                            }
+                        ),
+                        None => self.mode().to_string(),
+                    },
                     self.tile_cols,
                     if self.kernel == Kernel::HopperTmaCluster {
                         " cluster"
@@ -249,13 +272,18 @@ impl GroupedGemm {
                 "CLUSTER",
                 Hole::Flag(self.kernel == Kernel::HopperTmaCluster),
             ),
+            ("FP8", Hole::Flag(self.fp8.is_some())),
             ("A_MN", Hole::Flag(a_mn)),
             ("B_MN", Hole::Flag(b_mn)),
         ])
     }
 
-    /// Which operand is stored with the reduction dimension outermost (wgmma's transpose).
+    /// Which operand is stored with the reduction dimension outermost (wgmma's transpose; fp8
+    /// operands never are).
     fn operand_layouts(&self) -> (bool, bool) {
+        if self.fp8.is_some() {
+            return (false, false);
+        }
         match self.product {
             Product::Forward => (false, true),
             Product::InputGrad => (false, false),
@@ -310,6 +338,37 @@ fn wgmma_asm(n: usize, mma: &str, a_mn: bool, b_mn: bool) -> String {
         format!(r#"      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{mma}.{mma} ""#),
         format!(
             r#"      "{{{}}}, %{a}, %{b}, p, 1, 1, {ta}, {tb};\n}}\n""#,
+            list.join(", ")
+        ),
+        format!("      : {}", outputs.join(", ")),
+        r#"      : "l"(a), "l"(b), "r"(1));"#.to_string(),
+    ]
+    .join("\n")
+}
+
+/// The body of `wgmma(d, a, b)` for fp8 operands: one `m64n{n}k32` MMA, both operands
+/// K-major from shared-memory descriptors (fp8 has no transpose), fp32 accumulators added to.
+fn wgmma_fp8_asm(n: usize, a: Fp8Format, b: Fp8Format) -> String {
+    let regs = n / 2;
+    let list = (0..regs).map(|i| format!("%{i}")).collect::<Vec<_>>();
+    let outputs = (0..regs)
+        .map(|i| format!(r#""+f"(d[{i}])"#))
+        .collect::<Vec<_>>();
+    let (da, db, scale) = (regs, regs + 1, regs + 2);
+    let ptx = |f: Fp8Format| match f {
+        Fp8Format::E4m3 => "e4m3",
+        Fp8Format::E5m2 => "e5m2",
+    };
+    [
+        "  asm volatile(".to_string(),
+        format!(r#"      "{{\n.reg .pred p;\nsetp.ne.b32 p, %{scale}, 0;\n""#),
+        format!(
+            r#"      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{}.{} ""#,
+            ptx(a),
+            ptx(b)
+        ),
+        format!(
+            r#"      "{{{}}}, %{da}, %{db}, p, 1, 1;\n}}\n""#,
             list.join(", ")
         ),
         format!("      : {}", outputs.join(", ")),
@@ -495,6 +554,7 @@ fn rows_product(
         product,
         kernel,
         tile_cols: kernel.tile_cols(out_cols),
+        fp8: None,
     };
     let n_tiles = out_cols / spec.tile_cols;
     let row_tiles = rows.div_ceil(TILE) + groups;
@@ -503,7 +563,7 @@ fn rows_product(
         return Ok(out);
     }
     if kernel.is_tma() {
-        tma::rows_product(&spec, &a, &weights, &counts, &out, op)?;
+        tma::rows_product(&spec, &a, &weights, &counts, &out, None, op)?;
         return Ok(out);
     }
     let mut params = Params::new();
@@ -561,9 +621,10 @@ pub fn weight_grad(
         product: Product::WeightGrad,
         kernel,
         tile_cols: kernel.tile_cols(n),
+        fp8: None,
     };
     if kernel.is_tma() {
-        tma::weight_grad(&spec, &x, &grad_output, &counts, &out, &op)?;
+        tma::weight_grad(&spec, &x, &grad_output, &counts, &out, None, &op)?;
         return Ok(out);
     }
     let (m_tiles, n_tiles) = (k / TILE, n / spec.tile_cols);
@@ -619,6 +680,7 @@ mod tests {
                             product,
                             kernel,
                             tile_cols,
+                            fp8: None,
                         });
                     }
                 }
@@ -635,8 +697,32 @@ mod tests {
                                 product,
                                 kernel,
                                 tile_cols,
+                                fp8: None,
                             });
                         }
+                    }
+                }
+            }
+        }
+        // fp8: the rows product (forward e4m3 · e4m3, input gradient e5m2 · e4m3) and the
+        // inner one (weight gradient e4m3 · e5m2)
+        let fp8 = [
+            (Product::Forward, (Fp8Format::E4m3, Fp8Format::E4m3)),
+            (Product::Forward, (Fp8Format::E5m2, Fp8Format::E4m3)),
+            (Product::WeightGrad, (Fp8Format::E4m3, Fp8Format::E5m2)),
+        ];
+        for (product, formats) in fp8 {
+            for groups in [8, 128] {
+                for tile_cols in [128, 256] {
+                    for kernel in [Kernel::HopperTma, Kernel::HopperTmaCluster] {
+                        specs.push(GroupedGemm {
+                            dtype: DType::BF16,
+                            groups,
+                            product,
+                            kernel,
+                            tile_cols,
+                            fp8: Some(formats),
+                        });
                     }
                 }
             }

@@ -20,16 +20,30 @@
 {{!     they share A: each loads half of it and the TMA multicasts that half into both blocks' }}
 {{!     shared memory (a third less read from L2 a step at 128 × 256), and a stage is refilled }}
 {{!     once both blocks' consumers released it (their arrivals counted on both barriers). }}
+{{!   FP8: fp8 operands, both stored with the reduction contiguous (Hopper's fp8 wgmma reads no }}
+{{!     other layout): ROWS takes A [rows, K] and each group's B as [N, K]; INNER takes Aᵀ [M, }}
+{{!     rows] and Bᵀ [N, rows] and reduces over the group's columns of both, the last step's }}
+{{!     columns past the group zeroed. A step is 128 elements (128 bytes, the swizzle's span); }}
+{{!     the tile is scaled by A's inverse scale and the group's B's before it is stored. }}
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #define BM 128
 #define BN {{BN}}
-#define BK 64
 #define STAGES {{STAGES}}
 #define BAND 16
 #define GROUPS {{GROUPS}}
-#define A_BYTES (BM * BK * 2)
-#define STAGE_BYTES (A_BYTES + BK * BN * 2)
+{{#if FP8}}
+// Elements a reduction step (of 1 byte) and a wgmma instruction.
+#define BK 128
+#define MMA_K 32
+#define ELEM_BYTES 1
+{{#else}}
+#define BK 64
+#define MMA_K 16
+#define ELEM_BYTES 2
+{{/if}}
+#define A_BYTES (BM * BK * ELEM_BYTES)
+#define STAGE_BYTES (A_BYTES + BK * BN * ELEM_BYTES)
 // The two consumer warpgroups' named barrier (0 is __syncthreads').
 #define CONSUMERS_BARRIER 1
 {{#if CLUSTER}}
@@ -49,7 +63,10 @@ struct __align__(128) TensorMap {
 struct __align__(128) Params {
   unsigned long long c, counts;
   long long n_tiles, k_tiles, k, ldc;
-  long long reserved[10];
+  // FP8: A's [1] and B's [groups] (or [1], `b_scale_step` 0) f32 inverse scales
+  unsigned long long a_scale, b_scale;
+  long long b_scale_step;
+  long long reserved[7];
   TensorMap a;
 {{#if ROWS}}
   TensorMap w[GROUPS];
@@ -202,6 +219,23 @@ __device__ __forceinline__ void produce(const Params& p, const Groups& groups, u
       bar_expect(full, STAGE_BYTES);
       const unsigned a_s = smem + stage * STAGE_BYTES, b_s = a_s + A_BYTES;
       const int k0 = kt * BK;
+{{#if FP8}}
+{{#if ROWS}}
+      const int x = k0;
+      const TensorMap* b_map = &p.w[w.group];
+{{#else}}
+      // the group's columns of Aᵀ and Bᵀ
+      const int x = (int)(w.r0 + k0);
+      const TensorMap* b_map = &p.b;
+{{/if}}
+{{#if CLUSTER}}
+      tma_multicast(a_s + rank * (A_BYTES / 2), &p.a, x, (int)w.m0 + rank * (BM / 2), full);
+{{#else}}
+      tma_load(a_s, &p.a, x, (int)w.m0, full);
+{{/if}}
+      // B: BN rows of the reduction's 128 bytes (K-major)
+      tma_load(b_s, b_map, x, (int)w.n0, full);
+{{#else}}
 {{#if ROWS}}
 {{#if CLUSTER}}
       // A: this block's half of the BM routed rows of 64 (K-major), into both blocks
@@ -230,6 +264,7 @@ __device__ __forceinline__ void produce(const Params& p, const Groups& groups, u
 {{/if}}
 #pragma unroll
       for (int j = 0; j < BN / 64; ++j) tma_load(b_s + j * 8192, &p.b, (int)w.n0 + j * 64, row, full);
+{{/if}}
 {{/if}}
       if (++stage == STAGES) {
         stage = 0;
@@ -260,6 +295,37 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
       const unsigned a_s = smem + stage * STAGE_BYTES, b_s = a_s + A_BYTES;
 {{#if !ROWS}}
       const int live = (int)min((long long)BK, w.valid - (long long)kt * BK);
+{{#if FP8}}
+      if (live < BK) {
+        // The last step's columns past the group's: zero bytes live..127 of every 128-byte row
+        // of A and B, whose 16-byte chunks the swizzle permutes by the row (chunk ^ row % 8).
+        const int first_chunk = live >> 4, chunks = 8 - first_chunk;
+        for (int l = tid - 128; l < (BM + BN) * chunks; l += 256) {
+          const int row = l / chunks, chunk = first_chunk + l % chunks;
+          const unsigned line = row < BM ? a_s + row * 128 : b_s + (row - BM) * 128;
+          const unsigned at = line + ((chunk ^ (row & 7)) << 4);
+          // the first chunk keeps its bytes below live % 16
+          const int keep = chunk == first_chunk ? (live & 15) : 0;
+          unsigned v[4] = {0u, 0u, 0u, 0u};
+          if (keep > 0) {
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                         : "r"(at)
+                         : "memory");
+#pragma unroll
+            for (int word = 0; word < 4; ++word) {
+              const int kept = min(max(keep - word * 4, 0), 4);
+              v[word] &= kept == 4 ? 0xffffffffu : (1u << (8 * kept)) - 1u;
+            }
+          }
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(v[0]), "r"(v[1]), "r"(v[2]),
+                       "r"(v[3])
+                       : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        asm volatile("bar.sync %0, 256;\n" ::"n"(CONSUMERS_BARRIER) : "memory");
+      }
+{{#else}}
       if (live < BK) {
         // The last step's rows past the group's: zero them in A and B (128-byte lines; the
         // swizzle permutes chunks within a line only), then let the async proxy see it.
@@ -275,10 +341,11 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
         asm volatile("bar.sync %0, 256;\n" ::"n"(CONSUMERS_BARRIER) : "memory");
       }
 {{/if}}
+{{/if}}
       fence_acc(acc);
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
+      for (int kk = 0; kk < BK / MMA_K; ++kk) {
 {{#if A_MN}}
         const unsigned long long da = descriptor(a_s + cw * 8192 + kk * 2048, 8192, 1024);
 {{#else}}
@@ -316,6 +383,11 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
     const long long writable = BM;
 {{/if}}
     const int wrow = cw * 64 + (warp & 3) * 16 + (lane >> 2);
+{{#if FP8}}
+    const float scale = ((const float*)p.a_scale)[0] * ((const float*)p.b_scale)[w.group * p.b_scale_step];
+#pragma unroll
+    for (int r = 0; r < BN / 2; ++r) acc[r] *= scale;
+{{/if}}
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = wrow + half * 8;

@@ -33,8 +33,8 @@ const SCALARS: usize = 16;
 /// Encoded maps kept at most (a model's experts' weights in each box shape, with room).
 const CACHED_MAPS: usize = 1 << 16;
 
-/// A row-major `[outer, inner]` matrix of 16-bit elements, `stride` elements a row, cut into
-/// boxes of `box_inner × box_outer` (`box_inner` 64: 128 bytes, the swizzle's span).
+/// A row-major `[outer, inner]` matrix of 16-bit or 8-bit elements, `stride` elements a row,
+/// cut into boxes of 128 bytes (the swizzle's span) by `box_outer` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct MapKey {
     address: u64,
@@ -45,37 +45,40 @@ struct MapKey {
     box_outer: u32,
 }
 
-const BOX_INNER: u32 = 64;
+/// The swizzle's span, a box's width in bytes.
+const BOX_BYTES: usize = 128;
 
 static MAPS: LazyLock<Mutex<HashMap<MapKey, [u64; 16]>>> = LazyLock::new(Mutex::default);
 
 impl MapKey {
-    /// `[rows, cols]` contiguous `t` in boxes of 64 columns × `box_rows` rows.
+    /// `[rows, cols]` `t` (its columns contiguous, its rows `strides[0]` apart) in boxes of
+    /// 128 bytes × `box_rows` rows.
     fn of(t: &CudaTensor, box_rows: usize) -> Self {
-        let (rows, cols) = match *t.shape() {
-            [rows, cols] => (rows, cols),
-            _ => (0, 0),
+        let (rows, cols, stride) = match (t.shape(), t.strides()) {
+            (&[rows, cols], &[stride, _]) => (rows, cols, stride.max(0) as usize),
+            _ => (0, 0, 0),
         };
         MapKey {
             address: t.data_ptr(),
             dtype: t.dtype(),
             inner: cols as u64,
             outer: rows as u64,
-            stride: cols as u64,
+            stride: stride as u64,
             box_outer: box_rows as u32,
         }
     }
 
     /// The encoded map: 128-byte swizzle, zeros out of bounds, L2 promotion of 256 bytes.
     fn encode(&self, op: &OpContext) -> Result<[u64; 16]> {
-        let dtype = if self.dtype == DType::BF16 {
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-        } else {
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+        let dtype = match self.dtype {
+            DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            DType::U8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         };
+        let size = self.dtype.size_in_bytes();
         let dims = [self.inner, self.outer];
-        let strides = [self.stride * 2];
-        let boxes = [BOX_INNER, self.box_outer];
+        let strides = [self.stride * size as u64];
+        let boxes = [(BOX_BYTES / size) as u32, self.box_outer];
         let element_strides = [1u32, 1];
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
         // SAFETY: every pointer is to a live local array of the length a rank-2 map reads
@@ -116,21 +119,34 @@ impl MapKey {
     }
 }
 
+/// fp8 operands' inverse scales: A's `[1]`, B's `[groups]` (`b_step` 1) or `[1]` (0).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Scales<'a> {
+    pub(super) a: &'a CudaTensor,
+    pub(super) b: &'a CudaTensor,
+    pub(super) b_step: i64,
+}
+
 /// The 16 scalar words the kernel's parameters start with.
 fn scalars(
     out: &CudaTensor,
     counts: &CudaTensor,
-    n_tiles: usize,
-    k_tiles: usize,
-    k: usize,
-    ldc: usize,
+    [n_tiles, k_tiles, k, ldc]: [usize; 4],
+    scales: Option<Scales<'_>>,
 ) -> Params {
     let mut params = Params::new();
     params
         .ptr(out.data_ptr())
         .ptr(counts.data_ptr())
-        .ints([n_tiles, k_tiles, k, ldc].map(|v| v as i64))
-        .padded(&[], SCALARS - 6);
+        .ints([n_tiles, k_tiles, k, ldc].map(|v| v as i64));
+    match scales {
+        Some(scales) => params
+            .ptr(scales.a.data_ptr())
+            .ptr(scales.b.data_ptr())
+            .int(scales.b_step),
+        None => params.padded(&[], 3),
+    };
+    params.padded(&[], SCALARS - 9);
     params
 }
 
@@ -140,14 +156,15 @@ fn push_map(params: &mut Params, map: [u64; 16]) {
     }
 }
 
-/// The forward or input gradient: `a [rows, inner]` against each group's `[k, n]` weight into
-/// `out [rows, out_cols]`, the tiles walked by one block an SM.
+/// The forward or input gradient: `a [rows, inner]` against each group's weight (`[k, n]`;
+/// fp8: `[out_cols, inner]`) into `out [rows, out_cols]`, the tiles walked by one block an SM.
 pub(super) fn rows_product(
     spec: &GroupedGemm,
     a: &CudaTensor,
     weights: &[CudaTensor],
     counts: &CudaTensor,
     out: &CudaTensor,
+    scales: Option<Scales<'_>>,
     op: &OpContext,
 ) -> Result<()> {
     let (&[rows, inner], &[_, out_cols]) = (a.shape(), out.shape()) else {
@@ -155,10 +172,12 @@ pub(super) fn rows_product(
     };
     let n_tiles = out_cols / spec.tile_cols;
     let spec = &paired(spec, n_tiles);
-    // forward: 64 reduction rows of the weight a box; input gradient: a tile's columns' rows
-    let weight_box = match spec.product {
-        Product::InputGrad => spec.tile_cols,
-        _ => 64,
+    // a K-major weight (fp8, the input gradient): a tile's columns' rows of the reduction; the
+    // forward's MN-major one: 64 reduction rows
+    let weight_box = if spec.fp8.is_some() || spec.product == Product::InputGrad {
+        spec.tile_cols
+    } else {
+        64
     };
     // a cluster's blocks load half the row tile each
     let a_box = if spec.kernel == Kernel::HopperTmaCluster {
@@ -166,7 +185,8 @@ pub(super) fn rows_product(
     } else {
         128
     };
-    let mut params = scalars(out, counts, n_tiles, inner / 64, 0, out_cols);
+    let step = BOX_BYTES / a.dtype().size_in_bytes();
+    let mut params = scalars(out, counts, [n_tiles, inner / step, 0, out_cols], scales);
     push_map(&mut params, MapKey::of(a, a_box).encode(op)?);
     for weight in weights {
         push_map(&mut params, MapKey::of(weight, weight_box).cached(op)?);
@@ -176,23 +196,32 @@ pub(super) fn rows_product(
 }
 
 /// The weight gradient: `x [rows, k]ᵀ · dy [rows, n]` over each group's rows into
-/// `out [groups, k, n]`.
+/// `out [groups, k, n]`; fp8: from `xᵀ [k, rows]` and `dyᵀ [n, rows]`.
 pub(super) fn weight_grad(
     spec: &GroupedGemm,
     x: &CudaTensor,
     grad_output: &CudaTensor,
     counts: &CudaTensor,
     out: &CudaTensor,
+    scales: Option<Scales<'_>>,
     op: &OpContext,
 ) -> Result<()> {
-    let (&[_, k], &[_, n]) = (x.shape(), grad_output.shape()) else {
-        return Err(crate::error::CudaError::invalid(op.clone(), "2-D operands"));
+    let (k, n) = match (spec.fp8, x.shape(), grad_output.shape()) {
+        (Some(_), &[k, _], &[n, _]) | (None, &[_, k], &[_, n]) => (k, n),
+        _ => return Err(crate::error::CudaError::invalid(op.clone(), "2-D operands")),
     };
     let n_tiles = n / spec.tile_cols;
     let spec = &paired(spec, n_tiles);
-    let mut params = scalars(out, counts, n_tiles, 0, k, n);
-    push_map(&mut params, MapKey::of(x, 64).encode(op)?);
-    push_map(&mut params, MapKey::of(grad_output, 64).encode(op)?);
+    let mut params = scalars(out, counts, [n_tiles, 0, k, n], scales);
+    let (a_box, b_box) = match spec.fp8 {
+        // K-major: a tile's rows (a cluster's blocks half of them each) of 128 bytes
+        Some(_) if spec.kernel == Kernel::HopperTmaCluster => (64, spec.tile_cols),
+        Some(_) => (128, spec.tile_cols),
+        // MN-major: 64 reduction rows of 64 columns
+        None => (64, 64),
+    };
+    push_map(&mut params, MapKey::of(x, a_box).encode(op)?);
+    push_map(&mut params, MapKey::of(grad_output, b_box).encode(op)?);
     let upper = spec.groups * (k / 128) * n_tiles;
     launch_persistent(x, spec, upper, &params, op)
 }

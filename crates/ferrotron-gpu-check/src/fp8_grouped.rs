@@ -1,0 +1,254 @@
+//! The fp8 grouped GEMMs with device counts (`grouped_gemm::fp8_rows`, `fp8_inner`) against f64
+//! sums of the same fp8 grid values: uneven groups (one empty, one of a single row, counts not
+//! multiples of 16 or 128), per-group and shared weight scales, the inner product over a
+//! strided view (rows padded to 16 bytes), the TMA kernel and its clusters of two (512 columns:
+//! tiles in pairs; 384: the single-block fallback).
+
+use std::sync::Arc;
+
+use burn::tensor::{DType, TensorData};
+use ferrotron_cuda::fp8::Operand;
+use ferrotron_cuda::kernels::fused::grouped_gemm::{self, Kernel};
+use ferrotron_cuda::{CudaDevice, CudaTensor, DType as EDType, GpuDevice, SliceArg};
+use ferrotron_ops::fp8::scaling::Fp8Format;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::compare::{self, Errors};
+use crate::fp8::{f32s, operand, upload_f32};
+use crate::fused::round;
+use crate::{Row, failed, first_line, guarded};
+
+const COUNTS: [usize; 8] = [300, 129, 512, 0, 77, 256, 1, 200];
+const TMA_KERNELS: [Kernel; 2] = [Kernel::HopperTma, Kernel::HopperTmaCluster];
+
+fn counts_tensor(device: &Arc<CudaDevice>, counts: &[usize]) -> CudaTensor {
+    let bytes: Vec<u8> = counts
+        .iter()
+        .flat_map(|&c| (c as i64).to_le_bytes())
+        .collect();
+    CudaTensor::from_bytes(device, &bytes, &[counts.len()], EDType::I64).expect("counts")
+}
+
+fn starts(counts: &[usize]) -> Vec<usize> {
+    counts
+        .iter()
+        .scan(0, |at, &c| {
+            let start = *at;
+            *at += c;
+            Some(start)
+        })
+        .collect()
+}
+
+fn compared(got: &CudaTensor, want: Vec<f32>, shape: [usize; 2]) -> Result<Errors, String> {
+    let got = TensorData::new(f32s(got)?, shape);
+    let want = round(TensorData::new(want, shape), DType::BF16);
+    Ok(compare::compare(
+        &got.convert::<burn::tensor::bf16>(),
+        &want,
+        2.0,
+    ))
+}
+
+/// `a [rows, k]` rows of group g against `b_g [n, k]`, each group's weight its own scale or one
+/// shared.
+fn rows_row(
+    device: &Arc<CudaDevice>,
+    kernel: Kernel,
+    [k, n]: [usize; 2],
+    formats: (Fp8Format, Fp8Format),
+    per_group: bool,
+) -> Result<Errors, String> {
+    let mut rng = StdRng::seed_from_u64(48);
+    let rows: usize = COUNTS.iter().sum();
+    let groups = COUNTS.len();
+    let sa = 32.0f32;
+    let (a, ca) = operand(device, &mut rng, [rows, k], formats.0, sa)?;
+    let mut b_grid = Vec::new();
+    let mut b_casts = Vec::new();
+    let mut b_inverse = Vec::new();
+    for g in 0..groups {
+        let sb = if per_group {
+            16.0 * (g + 1) as f32
+        } else {
+            64.0
+        };
+        let (grid, cast) = operand(device, &mut rng, [n, k], formats.1, sb)?;
+        b_grid.push(grid);
+        b_casts.push(cast);
+        b_inverse.push(1.0 / sb);
+    }
+    let b_scale = if per_group {
+        upload_f32(device, &b_inverse, &[groups])
+    } else {
+        b_casts[0].scale_inv.clone()
+    };
+    let b: Vec<CudaTensor> = b_casts.iter().map(|c| c.data.clone()).collect();
+    let got = grouped_gemm::fp8_rows(
+        kernel,
+        Operand {
+            data: &ca.data,
+            format: formats.0,
+            scale_inv: &ca.scale_inv,
+        },
+        &b,
+        formats.1,
+        &b_scale,
+        &counts_tensor(device, &COUNTS),
+        EDType::BF16,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut want = vec![0.0f32; rows * n];
+    for (g, (&count, start)) in COUNTS.iter().zip(starts(&COUNTS)).enumerate() {
+        let inv = f64::from(1.0 / sa) * f64::from(b_inverse[if per_group { g } else { 0 }]);
+        for r in start..start + count {
+            for c in 0..n {
+                let dot: f64 = (0..k)
+                    .map(|j| f64::from(a[r * k + j]) * f64::from(b_grid[g][c * k + j]))
+                    .sum();
+                want[r * n + c] = (dot * inv) as f32;
+            }
+        }
+    }
+    compared(&got, want, [rows, n])
+}
+
+/// `a_t [m, rows]` and `b_t [n, rows]` reduced over each group's columns; the operands are views
+/// of buffers whose rows are padded to a multiple of 16 bytes.
+fn inner_row(
+    device: &Arc<CudaDevice>,
+    kernel: Kernel,
+    [m, n]: [usize; 2],
+    formats: (Fp8Format, Fp8Format),
+) -> Result<Errors, String> {
+    let mut rng = StdRng::seed_from_u64(49);
+    let rows: usize = COUNTS.iter().sum();
+    let padded = rows.div_ceil(16) * 16;
+    let (sa, sb) = (32.0f32, 8.0f32);
+    let (a, ca) = operand(device, &mut rng, [m, padded], formats.0, sa)?;
+    let (b, cb) = operand(device, &mut rng, [n, padded], formats.1, sb)?;
+    let view = |t: &CudaTensor, r: usize| {
+        t.slice(&[SliceArg::full(r), SliceArg::range(0, rows)])
+            .map_err(|e| e.to_string())
+    };
+    let (a_view, b_view) = (view(&ca.data, m)?, view(&cb.data, n)?);
+    let got = grouped_gemm::fp8_inner(
+        kernel,
+        Operand {
+            data: &a_view,
+            format: formats.0,
+            scale_inv: &ca.scale_inv,
+        },
+        Operand {
+            data: &b_view,
+            format: formats.1,
+            scale_inv: &cb.scale_inv,
+        },
+        &counts_tensor(device, &COUNTS),
+        COUNTS.len(),
+        EDType::BF16,
+    )
+    .map_err(|e| e.to_string())?;
+    let inv = f64::from(1.0 / sa) * f64::from(1.0 / sb);
+    let mut want = vec![0.0f32; COUNTS.len() * m * n];
+    for (g, (&count, start)) in COUNTS.iter().zip(starts(&COUNTS)).enumerate() {
+        for i in 0..m {
+            for j in 0..n {
+                let dot: f64 = (start..start + count)
+                    .map(|r| f64::from(a[i * padded + r]) * f64::from(b[j * padded + r]))
+                    .sum();
+                want[(g * m + i) * n + j] = (dot * inv) as f32;
+            }
+        }
+    }
+    compared(&got, want, [COUNTS.len() * m, n])
+}
+
+fn row(op: &str, shape: String, note: String, result: Result<Errors, String>) -> Row {
+    match result {
+        Ok(errors) => Row {
+            op: op.into(),
+            dtype: "fp8",
+            shape,
+            errors,
+            note,
+        },
+        Err(e) => Row {
+            op: op.into(),
+            dtype: "fp8",
+            shape,
+            errors: failed(),
+            note: format!("{note}: {}", first_line(&e)),
+        },
+    }
+}
+
+fn kernel_name(kernel: Kernel) -> &'static str {
+    if kernel == Kernel::HopperTmaCluster {
+        "TMA, clusters of two"
+    } else {
+        "TMA"
+    }
+}
+
+pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
+    let engine = match CudaDevice::get(device.ordinal) {
+        Ok(engine) => engine,
+        Err(e) => {
+            return vec![row(
+                "grouped_gemm_fp8",
+                "-".into(),
+                "device".into(),
+                Err(e.to_string()),
+            )];
+        }
+    };
+    // The TMA kernels are Hopper's (sm_90a).
+    if engine.arch() != "sm_90" {
+        return Vec::new();
+    }
+    let device = &engine;
+    let (e4m3, e5m2) = (Fp8Format::E4m3, Fp8Format::E5m2);
+    let mut out = Vec::new();
+    for kernel in TMA_KERNELS {
+        for ([k, n], formats, per_group) in [
+            ([256, 512], (e4m3, e4m3), true),
+            ([256, 384], (e4m3, e4m3), false),
+            ([512, 256], (e5m2, e4m3), true),
+        ] {
+            let result = guarded(|| rows_row(device, kernel, [k, n], formats, per_group));
+            out.push(row(
+                "grouped_gemm_fp8_rows",
+                format!(
+                    "[{}, {k}] x {}·[{n}, {k}]ᵀ",
+                    COUNTS.iter().sum::<usize>(),
+                    COUNTS.len()
+                ),
+                format!(
+                    "{}·{}ᵀ, {} scales, {}; bf16 out vs f64",
+                    formats.0.name(),
+                    formats.1.name(),
+                    if per_group { "per-group" } else { "shared" },
+                    kernel_name(kernel)
+                ),
+                result,
+            ));
+        }
+        let [m, n] = [256, 512];
+        let result = guarded(|| inner_row(device, kernel, [m, n], (e4m3, e5m2)));
+        out.push(row(
+            "grouped_gemm_fp8_inner",
+            format!(
+                "[{m}, {0}]·[{n}, {0}]ᵀ by groups",
+                COUNTS.iter().sum::<usize>()
+            ),
+            format!(
+                "e4m3ᵀ·e5m2 over uneven groups, rows padded to 16 bytes; {}; bf16 out vs f64",
+                kernel_name(kernel)
+            ),
+            result,
+        ));
+    }
+    out
+}
