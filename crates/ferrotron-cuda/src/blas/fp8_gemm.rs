@@ -30,13 +30,7 @@ use crate::error::{CudaError, OpContext, Result};
 /// cuBLASLt workspace, as the bf16 path's.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
-/// One fp8 operand: `[rows, k]` bytes, its format, its `[1]` f32 inverse scale.
-#[derive(Debug, Clone, Copy)]
-pub struct Operand<'a> {
-    pub data: &'a CudaTensor,
-    pub format: Fp8Format,
-    pub scale_inv: &'a CudaTensor,
-}
+pub use crate::engine::fp8_operand::Operand;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {

@@ -10,6 +10,7 @@ pub mod device;
 pub(crate) mod download;
 pub mod dtype;
 pub mod experts;
+pub mod fp8_operand;
 pub(crate) mod host_pass;
 pub mod kernel_cache;
 pub mod launch;

@@ -15,8 +15,8 @@ use ferrotron_ops::fp8::scaling::Fp8Format;
 
 use super::tma::{self, Scales};
 use super::{GroupedGemm, Kernel, Product, device_counts};
-use crate::blas::fp8_gemm::Operand;
 use crate::engine::dtype::DType;
+use crate::engine::fp8_operand::Operand;
 use crate::engine::tensor::CudaTensor;
 use crate::error::{CudaError, OpContext, Result};
 
