@@ -131,8 +131,8 @@ pub fn fp8_rows(
         fp8: Some((a.format, b_format)),
     };
     let scales = Scales {
-        a: a.scale_inv,
-        b: b_scale_inv,
+        a: a.scale_inv.data_ptr(),
+        b: b_scale_inv.data_ptr(),
         b_step: i64::from(per_group),
     };
     tma::rows_product(&spec, a.data, b, &counts, &output, Some(scales), &op)?;
@@ -183,8 +183,8 @@ pub fn fp8_inner(
         fp8: Some((a_t.format, b_t.format)),
     };
     let scales = Scales {
-        a: a_t.scale_inv,
-        b: b_t.scale_inv,
+        a: a_t.scale_inv.data_ptr(),
+        b: b_t.scale_inv.data_ptr(),
         b_step: 0,
     };
     tma::weight_grad(

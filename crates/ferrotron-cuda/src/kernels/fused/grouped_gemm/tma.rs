@@ -54,18 +54,38 @@ impl MapKey {
     /// `[rows, cols]` `t` (its columns contiguous, its rows `strides[0]` apart) in boxes of
     /// 128 bytes × `box_rows` rows.
     fn of(t: &CudaTensor, box_rows: usize) -> Self {
-        let (rows, cols, stride) = match (t.shape(), t.strides()) {
+        Self::new(t.data_ptr(), t.dtype(), t.shape(), t.strides(), box_rows)
+    }
+
+    fn new(
+        address: u64,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[isize],
+        box_rows: usize,
+    ) -> Self {
+        let (rows, cols, stride) = match (shape, strides) {
             (&[rows, cols], &[stride, _]) => (rows, cols, stride.max(0) as usize),
             _ => (0, 0, 0),
         };
         MapKey {
-            address: t.data_ptr(),
-            dtype: t.dtype(),
+            address,
+            dtype,
             inner: cols as u64,
             outer: rows as u64,
             stride: stride as u64,
             box_outer: box_rows as u32,
         }
+    }
+
+    /// The box in elements (128 bytes wide) and the rows' stride in bytes, as the driver takes
+    /// them.
+    fn box_and_stride(&self) -> ([u32; 2], u64) {
+        let size = self.dtype.size_in_bytes();
+        (
+            [(BOX_BYTES / size) as u32, self.box_outer],
+            self.stride * size as u64,
+        )
     }
 
     /// The encoded map: 128-byte swizzle, zeros out of bounds, L2 promotion of 256 bytes.
@@ -75,10 +95,9 @@ impl MapKey {
             DType::U8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
             _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         };
-        let size = self.dtype.size_in_bytes();
         let dims = [self.inner, self.outer];
-        let strides = [self.stride * size as u64];
-        let boxes = [(BOX_BYTES / size) as u32, self.box_outer];
+        let (boxes, stride) = self.box_and_stride();
+        let strides = [stride];
         let element_strides = [1u32, 1];
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
         // SAFETY: every pointer is to a live local array of the length a rank-2 map reads
@@ -119,31 +138,30 @@ impl MapKey {
     }
 }
 
-/// fp8 operands' inverse scales: A's `[1]`, B's `[groups]` (`b_step` 1) or `[1]` (0).
+/// fp8 operands' inverse scales (device addresses): A's `[1]`, B's `[groups]` (`b_step` 1) or
+/// `[1]` (0).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Scales<'a> {
-    pub(super) a: &'a CudaTensor,
-    pub(super) b: &'a CudaTensor,
+pub(super) struct Scales {
+    pub(super) a: u64,
+    pub(super) b: u64,
     pub(super) b_step: i64,
 }
 
-/// The 16 scalar words the kernel's parameters start with.
+/// The 16 scalar words the kernel's parameters start with (`out` and `counts` device
+/// addresses), in the order of the C `Params`.
 fn scalars(
-    out: &CudaTensor,
-    counts: &CudaTensor,
+    out: u64,
+    counts: u64,
     [n_tiles, k_tiles, k, ldc]: [usize; 4],
-    scales: Option<Scales<'_>>,
+    scales: Option<Scales>,
 ) -> Params {
     let mut params = Params::new();
     params
-        .ptr(out.data_ptr())
-        .ptr(counts.data_ptr())
+        .ptr(out)
+        .ptr(counts)
         .ints([n_tiles, k_tiles, k, ldc].map(|v| v as i64));
     match scales {
-        Some(scales) => params
-            .ptr(scales.a.data_ptr())
-            .ptr(scales.b.data_ptr())
-            .int(scales.b_step),
+        Some(scales) => params.ptr(scales.a).ptr(scales.b).int(scales.b_step),
         None => params.padded(&[], 3),
     };
     params.padded(&[], SCALARS - 9);
@@ -164,7 +182,7 @@ pub(super) fn rows_product(
     weights: &[CudaTensor],
     counts: &CudaTensor,
     out: &CudaTensor,
-    scales: Option<Scales<'_>>,
+    scales: Option<Scales>,
     op: &OpContext,
 ) -> Result<()> {
     let (&[rows, inner], &[_, out_cols]) = (a.shape(), out.shape()) else {
@@ -186,7 +204,12 @@ pub(super) fn rows_product(
         128
     };
     let step = BOX_BYTES / a.dtype().size_in_bytes();
-    let mut params = scalars(out, counts, [n_tiles, inner / step, 0, out_cols], scales);
+    let mut params = scalars(
+        out.data_ptr(),
+        counts.data_ptr(),
+        [n_tiles, inner / step, 0, out_cols],
+        scales,
+    );
     push_map(&mut params, MapKey::of(a, a_box).encode(op)?);
     for weight in weights {
         push_map(&mut params, MapKey::of(weight, weight_box).cached(op)?);
@@ -203,7 +226,7 @@ pub(super) fn weight_grad(
     grad_output: &CudaTensor,
     counts: &CudaTensor,
     out: &CudaTensor,
-    scales: Option<Scales<'_>>,
+    scales: Option<Scales>,
     op: &OpContext,
 ) -> Result<()> {
     let (k, n) = match (spec.fp8, x.shape(), grad_output.shape()) {
@@ -212,7 +235,12 @@ pub(super) fn weight_grad(
     };
     let n_tiles = n / spec.tile_cols;
     let spec = &paired(spec, n_tiles);
-    let mut params = scalars(out, counts, [n_tiles, 0, k, n], scales);
+    let mut params = scalars(
+        out.data_ptr(),
+        counts.data_ptr(),
+        [n_tiles, 0, k, n],
+        scales,
+    );
     let (a_box, b_box) = match spec.fp8 {
         // K-major: a tile's rows (a cluster's blocks half of them each) of 128 bytes
         Some(_) if spec.kernel == Kernel::HopperTmaCluster => (64, spec.tile_cols),
@@ -237,6 +265,15 @@ fn paired(spec: &GroupedGemm, n_tiles: usize) -> GroupedGemm {
 }
 
 /// One block an SM, at most one a tile; whole clusters of two for the cluster kernel.
+fn grid(kernel: Kernel, tiles: usize, sms: usize) -> u32 {
+    let blocks = if kernel == Kernel::HopperTmaCluster {
+        (tiles.min(sms) & !1).max(2)
+    } else {
+        tiles.clamp(1, sms)
+    };
+    blocks as u32
+}
+
 fn launch_persistent(
     on: &CudaTensor,
     spec: &GroupedGemm,
@@ -244,13 +281,90 @@ fn launch_persistent(
     params: &Params,
     op: &OpContext,
 ) -> Result<()> {
-    let sms = on.device().multiprocessors();
-    let grid = if spec.kernel == Kernel::HopperTmaCluster {
-        (tiles.min(sms) & !1).max(2)
-    } else {
-        tiles.clamp(1, sms)
-    };
-    launch(on.device(), spec, grid as u32, THREADS, params, &|| {
-        op.clone()
-    })
+    let grid = grid(spec.kernel, tiles, on.device().multiprocessors());
+    launch(on.device(), spec, grid, THREADS, params, &|| op.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The C `Params` of `grouped_gemm_sm90_tma.cu`: its 8-byte scalars before the first map,
+    /// counted from the declarations (`a, b;` two, `x[7];` seven).
+    fn template_scalars() -> usize {
+        let source = include_str!("../grouped_gemm_sm90_tma.cu");
+        let body = source
+            .split("struct __align__(128) Params {")
+            .nth(1)
+            .and_then(|rest| rest.split("TensorMap a;").next())
+            .expect("the template declares Params with the map a");
+        body.lines()
+            .map(|line| line.split("//").next().unwrap_or("").trim())
+            .filter(|code| !code.is_empty())
+            .map(|declaration| match declaration.split_once('[') {
+                Some((_, count)) => count
+                    .trim_end_matches("];")
+                    .parse::<usize>()
+                    .expect("an array length"),
+                None => declaration.matches(',').count() + 1,
+            })
+            .sum()
+    }
+
+    #[test]
+    fn the_scalars_fill_the_c_params_before_its_maps() {
+        assert_eq!(template_scalars(), SCALARS);
+        let plain = scalars(1, 2, [3, 4, 5, 6], None);
+        assert_eq!(
+            plain.words(),
+            &[1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        let scales = Scales {
+            a: 7,
+            b: 8,
+            b_step: 1,
+        };
+        let fp8 = scalars(1, 2, [3, 4, 5, 6], Some(scales));
+        assert_eq!(fp8.words()[6..10], [7, 8, 1, 0]);
+        assert_eq!(fp8.words().len() * 8, MAP_BYTES);
+    }
+
+    #[test]
+    fn boxes_are_128_bytes_wide_and_strides_in_bytes() {
+        let bf16 = MapKey::new(0x1000, DType::BF16, &[1000, 256], &[256, 1], 128);
+        assert_eq!(bf16.box_and_stride(), ([64, 128], 512));
+        // an fp8 transposed operand: a view of rows padded to 16 bytes
+        let fp8 = MapKey::new(0x1000, DType::U8, &[256, 1475], &[1488, 1], 64);
+        assert_eq!((fp8.inner, fp8.outer), (1475, 256));
+        assert_eq!(fp8.box_and_stride(), ([128, 64], 1488));
+    }
+
+    #[test]
+    fn clusters_take_whole_pairs_and_odd_column_tiles_one_block() {
+        assert_eq!(grid(Kernel::HopperTmaCluster, 1000, 132), 132);
+        assert_eq!(grid(Kernel::HopperTmaCluster, 7, 132), 6);
+        assert_eq!(grid(Kernel::HopperTmaCluster, 1, 132), 2);
+        assert_eq!(grid(Kernel::HopperTma, 7, 132), 7);
+        assert_eq!(grid(Kernel::HopperTma, 0, 132), 1);
+        let spec = |kernel| GroupedGemm {
+            dtype: DType::BF16,
+            groups: 8,
+            product: Product::Forward,
+            kernel,
+            tile_cols: 256,
+            fp8: None,
+        };
+        assert_eq!(
+            paired(&spec(Kernel::HopperTmaCluster), 6).kernel,
+            Kernel::HopperTmaCluster
+        );
+        assert_eq!(
+            paired(&spec(Kernel::HopperTmaCluster), 3).kernel,
+            Kernel::HopperTma
+        );
+        assert_eq!(
+            paired(&spec(Kernel::HopperTma), 6).kernel,
+            Kernel::HopperTma
+        );
+    }
 }
