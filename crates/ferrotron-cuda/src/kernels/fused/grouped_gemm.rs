@@ -688,8 +688,13 @@ mod tests {
         }
         for dtype in [DType::BF16, DType::F16] {
             for product in [Product::Forward, Product::InputGrad, Product::WeightGrad] {
-                for groups in [8, 128, tma::MAX_GROUPS] {
-                    for tile_cols in [128, 256] {
+                // the most groups (32 KiB of parameters) once per product and dtype
+                for (groups, widths) in [
+                    (8, &[128, 256][..]),
+                    (128, &[128, 256]),
+                    (tma::MAX_GROUPS, &[256]),
+                ] {
+                    for &tile_cols in widths {
                         for kernel in [Kernel::HopperTma, Kernel::HopperTmaCluster] {
                             specs.push(GroupedGemm {
                                 dtype,
@@ -764,15 +769,24 @@ mod tests {
     #[test]
     #[ignore = "needs NVRTC and the CUDA headers: tools/test.sh installs them and runs it"]
     fn grouped_gemm_sources_compile() {
-        for spec in specs() {
-            let source = spec.source();
-            let arch = if spec.arch_specific() {
-                "sm_90a"
-            } else {
-                "sm_90"
-            };
-            crate::engine::kernel_cache::compile_for_test(&source, arch)
-                .unwrap_or_else(|e| panic!("{e}\n{source}"));
-        }
+        let specs = specs();
+        // NVRTC is thread-safe: one share of the specs a core (CI has two).
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        std::thread::scope(|scope| {
+            for share in specs.chunks(specs.len().div_ceil(cores)) {
+                scope.spawn(move || {
+                    for spec in share {
+                        let source = spec.source();
+                        let arch = if spec.arch_specific() {
+                            "sm_90a"
+                        } else {
+                            "sm_90"
+                        };
+                        crate::engine::kernel_cache::compile_for_test(&source, arch)
+                            .unwrap_or_else(|e| panic!("{e}\n{source}"));
+                    }
+                });
+            }
+        });
     }
 }
