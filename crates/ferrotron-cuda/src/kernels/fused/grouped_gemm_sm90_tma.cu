@@ -82,16 +82,29 @@ __device__ __forceinline__ void bar_init(unsigned bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 
+// Cycles a wait may take (2^34: about 9 s at Hopper's clocks) before the launch fails. A
+// stage whose loads or release never come is a protocol bug; a trap makes it a launch error the
+// caller reports, where a spin would hang the process (one GPU has no collective timeout).
+#define WAIT_LIMIT (1ll << 34)
+
 __device__ __forceinline__ void bar_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  do {
+  long long start = -1;
+  for (;;) {
+    unsigned done;
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
-  } while (!done);
+    if (done) return;
+    const long long now = clock64();
+    if (start < 0) {
+      start = now;
+    } else if (now - start > WAIT_LIMIT) {
+      asm volatile("trap;");
+    }
+  }
 }
 
 __device__ __forceinline__ void bar_arrive(unsigned bar) {
