@@ -97,6 +97,8 @@ fn rows_row(
         &b_scale,
         &counts_tensor(device, &COUNTS),
         EDType::BF16,
+        // the forward's fast accumulation; the input gradient (e5m2 rows) splits it
+        formats.0 == Fp8Format::E4m3,
     )
     .map_err(|e| e.to_string())?;
     let mut want = vec![0.0f32; rows * n];
@@ -226,9 +228,10 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
                     COUNTS.len()
                 ),
                 format!(
-                    "{}·{}ᵀ, {} scales, {}; bf16 out vs f64",
+                    "{}·{}ᵀ ({} accumulation), {} scales, {}; bf16 out vs f64",
                     formats.0.name(),
                     formats.1.name(),
+                    if formats.0 == e4m3 { "fast" } else { "split" },
                     if per_group { "per-group" } else { "shared" },
                     kernel_name(kernel)
                 ),

@@ -147,10 +147,20 @@ struct GroupedGemm {
     kernel: Kernel,
     /// Output tile columns ([`Kernel::tile_cols`]).
     tile_cols: usize,
-    /// fp8 operands' formats (A's, B's), both stored with the reduction contiguous: then
-    /// [`Product::Forward`] is the rows product `A[r] · B_gᵀ` and [`Product::WeightGrad`] the
-    /// inner one `Aᵀ_g · B_g` from `Aᵀ` and `Bᵀ` (the TMA kernels only).
-    fp8: Option<(Fp8Format, Fp8Format)>,
+    /// fp8 operands, both stored with the reduction contiguous: then [`Product::Forward`] is
+    /// the rows product `A[r] · B_gᵀ` and [`Product::WeightGrad`] the inner one `Aᵀ_g · B_g`
+    /// from `Aᵀ` and `Bᵀ` (the TMA kernels only).
+    fp8: Option<Fp8Mma>,
+}
+
+/// An fp8 grouped GEMM's operand formats (A's, B's) and whether each step's MMAs are summed
+/// apart and promoted into the f32 total (the gradients' split accumulation; 128-wide tiles,
+/// whose two accumulators fit the registers) or chained (the forward's fast accumulation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Fp8Mma {
+    a: Fp8Format,
+    b: Fp8Format,
+    split: bool,
 }
 
 impl GroupedGemm {
@@ -202,7 +212,7 @@ impl GroupedGemm {
     /// Hopper's descriptors and one MMA of the tile's width, for both warpgroup kernels.
     fn wgmma_helpers(&self, a_mn: bool, b_mn: bool) -> String {
         let mma = match self.fp8 {
-            Some((a, b)) => wgmma_fp8_asm(self.tile_cols, a, b),
+            Some(fp8) => wgmma_fp8_asm(self.tile_cols, fp8.a, fp8.b),
             None => wgmma_asm(self.tile_cols, self.mma(), a_mn, b_mn),
         };
         template!("grouped_gemm_wgmma.cu").fill(&[("WGMMA", Hole::code(mma))])
@@ -240,15 +250,16 @@ impl GroupedGemm {
                 Hole::code(format!(
                     "{} n{}{} groups {}",
                     match self.fp8 {
-                        Some((a, b)) => format!(
-                            "fp8 {} {} {}",
-                            a.name(),
-                            b.name(),
+                        Some(fp8) => format!(
+                            "fp8 {} {} {}{}",
+                            fp8.a.name(),
+                            fp8.b.name(),
                             if self.product == Product::WeightGrad {
                                 "inner"
                             } else {
                                 "rows"
-                            }
+                            },
+                            if fp8.split { " split" } else { "" }
                         ),
                         None => self.mode().to_string(),
                     },
@@ -273,6 +284,7 @@ impl GroupedGemm {
                 Hole::Flag(self.kernel == Kernel::HopperTmaCluster),
             ),
             ("FP8", Hole::Flag(self.fp8.is_some())),
+            ("SPLIT", Hole::Flag(self.fp8.is_some_and(|fp8| fp8.split))),
             ("A_MN", Hole::Flag(a_mn)),
             ("B_MN", Hole::Flag(b_mn)),
         ])
@@ -709,16 +721,17 @@ mod tests {
                 }
             }
         }
-        // fp8: the rows product (forward e4m3 · e4m3, input gradient e5m2 · e4m3) and the
-        // inner one (weight gradient e4m3 · e5m2)
+        // fp8: the rows product (forward e4m3 · e4m3, fast; input gradient e5m2 · e4m3, split)
+        // and the inner one (weight gradient e4m3 · e5m2, split)
+        let (e4m3, e5m2) = (Fp8Format::E4m3, Fp8Format::E5m2);
         let fp8 = [
-            (Product::Forward, (Fp8Format::E4m3, Fp8Format::E4m3)),
-            (Product::Forward, (Fp8Format::E5m2, Fp8Format::E4m3)),
-            (Product::WeightGrad, (Fp8Format::E4m3, Fp8Format::E5m2)),
+            (Product::Forward, e4m3, e4m3, false, &[128, 256][..]),
+            (Product::Forward, e5m2, e4m3, true, &[128]),
+            (Product::WeightGrad, e4m3, e5m2, true, &[128]),
         ];
-        for (product, formats) in fp8 {
+        for (product, a, b, split, widths) in fp8 {
             for groups in [8, 128] {
-                for tile_cols in [128, 256] {
+                for &tile_cols in widths {
                     for kernel in [Kernel::HopperTma, Kernel::HopperTmaCluster] {
                         specs.push(GroupedGemm {
                             dtype: DType::BF16,
@@ -726,7 +739,7 @@ mod tests {
                             product,
                             kernel,
                             tile_cols,
-                            fp8: Some(formats),
+                            fp8: Some(Fp8Mma { a, b, split }),
                         });
                     }
                 }

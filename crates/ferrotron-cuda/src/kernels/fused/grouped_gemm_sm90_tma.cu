@@ -25,6 +25,8 @@
 {{!     rows] and Bᵀ [N, rows] and reduces over the group's columns of both, the last step's }}
 {{!     columns past the group zeroed. A step is 128 elements (128 bytes, the swizzle's span); }}
 {{!     the tile is scaled by A's inverse scale and the group's B's before it is stored. }}
+{{!   SPLIT (fp8, 128-wide tiles): each step's MMAs into a zeroed partial sum, added to the f32 }}
+{{!     total once they completed (the gradients' accumulation; the forward's is fast). }}
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #define BM 128
@@ -297,6 +299,9 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
   int stage = 0;
   unsigned phase = 0;
   float acc[BN / 2];
+{{#if SPLIT}}
+  float part[BN / 2];
+{{/if}}
   for (long long i = first; i < total; i += stride) {
     const Work w = tile_work(p, groups, i, rank);
     const int k_steps = steps(p, w);
@@ -355,7 +360,14 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
       }
 {{/if}}
 {{/if}}
+{{#if SPLIT}}
+      // This step's products alone, added to the f32 total below.
+#pragma unroll
+      for (int r = 0; r < BN / 2; ++r) part[r] = 0.f;
+      fence_acc(part);
+{{#else}}
       fence_acc(acc);
+{{/if}}
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int kk = 0; kk < BK / MMA_K; ++kk) {
@@ -369,14 +381,29 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
 {{#else}}
         const unsigned long long db = descriptor(b_s + kk * 32, 16, 1024);
 {{/if}}
+{{#if SPLIT}}
+        wgmma(part, da, db);
+{{#else}}
         wgmma(acc, da, db);
+{{/if}}
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+{{#if SPLIT}}
+      // Promoted every step (128 products), as cuBLASLt's split accumulation and DeepSeek-V3's
+      // recipe do: fp8 MMAs keep about 14 bits of their running sum. This step is done, so its
+      // stage goes back at once.
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      fence_acc(part);
+#pragma unroll
+      for (int r = 0; r < BN / 2; ++r) acc[r] += part[r];
+      if (lane == 0) release(smem_addr(&empty_bar[stage]));
+{{#else}}
       // The step before this one is done: its stage goes back to the producer.
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       fence_acc(acc);
       if (held >= 0 && lane == 0) release(smem_addr(&empty_bar[held]));
       held = stage;
+{{/if}}
       if (++stage == STAGES) {
         stage = 0;
         phase ^= 1;

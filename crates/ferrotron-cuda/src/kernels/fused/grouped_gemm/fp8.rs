@@ -14,7 +14,7 @@
 use ferrotron_ops::fp8::scaling::Fp8Format;
 
 use super::tma::{self, Scales};
-use super::{GroupedGemm, Kernel, Product, device_counts};
+use super::{Fp8Mma, GroupedGemm, Kernel, Product, TILE, device_counts};
 use crate::engine::dtype::DType;
 use crate::engine::fp8_operand::Operand;
 use crate::engine::tensor::CudaTensor;
@@ -80,7 +80,10 @@ fn operand_ok(t: &CudaTensor, scale: &CudaTensor, scales: usize, op: &OpContext)
 
 /// Row block `g` of `a [rows, k]` (`counts[g]` rows, on the device) times group `g`'s
 /// `b[g] [n, k]` transposed, each product dequantised by `a`'s inverse scale and `b_scale_inv`'s
-/// `[groups]` entry `g` (or its one `[1]` value) → `[rows, n]` in `out`.
+/// `[groups]` entry `g` (or its one `[1]` value) → `[rows, n]` in `out`. `fast_accumulation`
+/// chains the fp8 MMAs over the whole reduction (the forward's); otherwise each 128-element
+/// step is promoted into an f32 total (the gradients').
+#[allow(clippy::too_many_arguments)]
 pub fn fp8_rows(
     kernel: Kernel,
     a: Operand<'_>,
@@ -89,6 +92,7 @@ pub fn fp8_rows(
     b_scale_inv: &CudaTensor,
     counts: &CudaTensor,
     out: DType,
+    fast_accumulation: bool,
 ) -> Result<CudaTensor> {
     let op = OpContext::new(format!(
         "fp8 grouped gemm {}·{}ᵀ",
@@ -127,8 +131,16 @@ pub fn fp8_rows(
         groups,
         product: Product::Forward,
         kernel,
-        tile_cols: kernel.tile_cols(n),
-        fp8: Some((a.format, b_format)),
+        tile_cols: if fast_accumulation {
+            kernel.tile_cols(n)
+        } else {
+            TILE
+        },
+        fp8: Some(Fp8Mma {
+            a: a.format,
+            b: b_format,
+            split: !fast_accumulation,
+        }),
     };
     let scales = Scales {
         a: a.scale_inv.data_ptr(),
@@ -141,7 +153,8 @@ pub fn fp8_rows(
 
 /// For each group `g`, the sum over its rows (`counts[g]`, on the device) of `a_t [m, rows]`'s
 /// and `b_t [n, rows]`'s columns: `a_t[:, rows_g] · b_t[:, rows_g]ᵀ`, dequantised by both inverse
-/// scales → `[groups, m, n]` in `out` (zeros for a group without rows).
+/// scales → `[groups, m, n]` in `out` (zeros for a group without rows), each 128-element step
+/// promoted into an f32 total (a reduction over thousands of rows).
 pub fn fp8_inner(
     kernel: Kernel,
     a_t: Operand<'_>,
@@ -179,8 +192,12 @@ pub fn fp8_inner(
         groups,
         product: Product::WeightGrad,
         kernel,
-        tile_cols: kernel.tile_cols(n),
-        fp8: Some((a_t.format, b_t.format)),
+        tile_cols: TILE,
+        fp8: Some(Fp8Mma {
+            a: a_t.format,
+            b: b_t.format,
+            split: true,
+        }),
     };
     let scales = Scales {
         a: a_t.scale_inv.data_ptr(),
