@@ -154,7 +154,7 @@ impl<B: Backend> TransformerBlock<B> {
 
     /// The linears that take fp8 GEMMs, by path under the layer: attention's two (multi-latent
     /// attention's four or five) and a dense MLP's two (MoE experts keep the grouped GEMM).
-    pub(crate) fn fp8_linears(&self) -> Vec<String> {
+    pub(crate) fn fp8_linears(&self, experts: bool) -> Vec<String> {
         let mut names: Vec<String> = match &self.latent_attention {
             Some(mla) => mla
                 .linear_names()
@@ -163,8 +163,17 @@ impl<B: Backend> TransformerBlock<B> {
                 .collect(),
             None => vec!["attention.qkv".to_owned(), "attention.proj".to_owned()],
         };
-        if let FeedForward::Dense(_) = &self.feed_forward {
-            names.extend(["feed_forward.Dense.fc1", "feed_forward.Dense.fc2"].map(String::from));
+        match &self.feed_forward {
+            FeedForward::Dense(_) => {
+                names
+                    .extend(["feed_forward.Dense.fc1", "feed_forward.Dense.fc2"].map(String::from));
+            }
+            FeedForward::Moe(moe) if experts => names.extend(
+                moe.fp8_linears()
+                    .into_iter()
+                    .map(|name| format!("feed_forward.Moe.{name}")),
+            ),
+            FeedForward::Moe(_) => {}
         }
         names
     }
@@ -182,7 +191,7 @@ impl<B: Backend> TransformerBlock<B> {
         });
         let feed_forward = match self.feed_forward {
             FeedForward::Dense(mlp) => FeedForward::Dense(mlp.with_fp8(next(), next())),
-            moe => moe,
+            FeedForward::Moe(moe) => FeedForward::Moe(moe.with_fp8(handles.collect())),
         };
         TransformerBlock {
             attention,

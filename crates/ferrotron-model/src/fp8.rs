@@ -4,8 +4,10 @@
 //! projections, the MLP's fc1 — SwiGLU's packed gate and up — and fc2) run in fp8 through
 //! `FusedOps::fp8_linear`; norms, attention itself, the activation, the residual stream, the
 //! embedding, the output (logits) layer and the loss stay in the model's dtype, as do the MoE
-//! experts' grouped GEMMs. A chunk's fp8 linears share one `Fp8State`, named by their weights'
-//! parameter paths (`layers.3.attention.qkv`) so checkpoints keep each layer's scales.
+//! experts' grouped GEMMs unless `precision.fp8_experts` puts them in fp8 too (one slot for each
+//! linear's routed rows, one for each expert's weight: `ferrotron_ops`'s `fp8/experts.rs`). A
+//! chunk's fp8 linears share one `Fp8State`, named by their weights' parameter paths
+//! (`layers.3.attention.qkv`) so checkpoints keep each layer's scales.
 
 use std::sync::Arc;
 
@@ -82,13 +84,14 @@ pub(crate) fn row_parallel<B: ParallelOps, const D: usize>(
     }
 }
 
-/// `layers` (the first is global layer `first`) with fp8 handles in those `in_fp8` picks, and
-/// their shared state (`None` when no layer is picked).
+/// `layers` (the first is global layer `first`) with fp8 handles in those `in_fp8` picks (their
+/// routed experts' too with `experts`), and their shared state (`None` when no layer is picked).
 pub(crate) fn assign<B: Backend>(
     layers: Vec<TransformerBlock<B>>,
     first: usize,
     settings: Fp8Settings,
     in_fp8: impl Fn(usize) -> bool,
+    experts: bool,
 ) -> (Vec<TransformerBlock<B>>, Option<Arc<Fp8State>>) {
     let picked = |i: usize| in_fp8(first + i);
     let names: Vec<String> = layers
@@ -97,7 +100,7 @@ pub(crate) fn assign<B: Backend>(
         .filter(|(i, _)| picked(*i))
         .flat_map(|(i, layer)| {
             layer
-                .fp8_linears()
+                .fp8_linears(experts)
                 .into_iter()
                 .map(move |name| format!("layers.{}.{name}", first + i))
         })
@@ -114,7 +117,7 @@ pub(crate) fn assign<B: Backend>(
             if !picked(i) {
                 return layer;
             }
-            let count = layer.fp8_linears().len();
+            let count = layer.fp8_linears(experts).len();
             let handles = (slot..slot + count)
                 .map(|s| Fp8Linear::new(&state, s))
                 .collect();

@@ -295,10 +295,16 @@ impl<B: Backend> GptModel<B> {
     }
 
     /// The same model with fp8 GEMMs (`settings`) in the layers `in_fp8` picks by global index,
-    /// sharing one scaling state; the output layer stays in the model's dtype.
-    pub fn with_fp8(self, settings: Fp8Settings, in_fp8: impl Fn(usize) -> bool) -> Self {
+    /// their routed experts' too with `experts`, sharing one scaling state; the output layer
+    /// stays in the model's dtype.
+    pub fn with_fp8(
+        self,
+        settings: Fp8Settings,
+        in_fp8: impl Fn(usize) -> bool,
+        experts: bool,
+    ) -> Self {
         let first = self.chunk.layers.start;
-        let (layers, fp8) = crate::fp8::assign(self.layers, first, settings, in_fp8);
+        let (layers, fp8) = crate::fp8::assign(self.layers, first, settings, in_fp8, experts);
         GptModel {
             layers,
             fp8,

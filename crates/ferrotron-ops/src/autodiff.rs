@@ -16,6 +16,7 @@ use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
+use crate::fp8::experts::{Fp8Experts, fp8_experts_node};
 use crate::fp8::mlp::fp8_mlp_node;
 use crate::fp8::node::fp8_linear_node;
 use crate::fp8::scaling::Fp8Settings;
@@ -49,6 +50,15 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
 
     fn fp8_mlp(mlp: Fp8Mlp<Self>) -> FloatTensor<Self> {
         fp8_mlp_node::<B, C>(mlp)
+    }
+
+    fn fp8_experts(
+        x: FloatTensor<Self>,
+        parts: Vec<FloatTensor<Self>>,
+        group_rows: &GroupRows<Self>,
+        experts: &Fp8Experts,
+    ) -> FloatTensor<Self> {
+        fp8_experts_node::<B, C>(x, parts, group_rows, experts)
     }
 
     fn fp8_support(device: &Self::Device, settings: &Fp8Settings) -> Result<(), String> {

@@ -47,6 +47,7 @@ pub mod testing;
 mod tests;
 
 pub use cpu::{HostAdamW, HostMoment, HostOldValues, HostRounded};
+pub use fp8::experts::{Fp8Experts, fp8_experts_inference, fp8_experts_node};
 pub use fp8::linear::{
     Fp8Linear, Fp8Operand, Fp8State, Fp8Tensor, end_local_fp8_step, fp8_linear_inference,
 };
@@ -106,6 +107,7 @@ pub use op::tied_loss::{
 /// the defaults a backend falls back to, are exported at the root.)
 #[cfg(feature = "reference")]
 pub mod reference {
+    pub use crate::fp8::experts::{fp8_grouped_inner_reference, fp8_grouped_rows_reference};
     pub use crate::fp8::linear::{
         fp8_matmul_reference, fp8_quantize_reference, fp8_update_reference,
     };
@@ -126,6 +128,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
+use crate::fp8::experts::{fp8_grouped_inner_reference, fp8_grouped_rows_reference};
 use crate::fp8::linear::{fp8_matmul_reference, fp8_quantize_reference, fp8_update_reference};
 use crate::fp8::rope::rotate_output;
 use crate::fp8::scaling::{Fp8Role, Fp8Settings};
@@ -989,6 +992,43 @@ pub trait FusedOps: Backend {
     ) -> FloatTensor<Self> {
         let _ = fast_accumulation;
         fp8_matmul_reference::<Self>(a, b, bias, dtype)
+    }
+
+    /// Row block `g` of `a [rows, k]` (`group_rows` rows each) times group `g`'s `b[g] [n, k]`
+    /// transposed, each dequantised by both inverse scales, in `dtype`; `fast_accumulation` for
+    /// the forward. Default: the reference, group by group on the host's counts.
+    fn fp8_grouped_rows(
+        a: Fp8Operand<Self>,
+        b: &[Fp8Operand<Self>],
+        group_rows: &GroupRows<Self>,
+        dtype: DType,
+        fast_accumulation: bool,
+    ) -> FloatTensor<Self> {
+        fp8_grouped_rows_reference::<Self>(a, b, group_rows, dtype, fast_accumulation)
+    }
+
+    /// For each group `g`, `a_t [m, rows]`'s and `b_t [n, rows]`'s columns of the group's rows
+    /// reduced: `[groups, m, n]` dequantised, in `dtype` (an MoE linear's weight gradients from
+    /// `xᵀ` and `dyᵀ`). Default: the reference, group by group on the host's counts.
+    fn fp8_grouped_inner(
+        a_t: Fp8Operand<Self>,
+        b_t: Fp8Operand<Self>,
+        group_rows: &GroupRows<Self>,
+        dtype: DType,
+    ) -> FloatTensor<Self> {
+        fp8_grouped_inner_reference::<Self>(a_t, b_t, group_rows, dtype)
+    }
+
+    /// An MoE linear's experts in fp8: `x [rows, k]`, sorted by expert, through each expert's
+    /// own weight `parts[g] [k, n]` (see `fp8/experts.rs`). Default: the inference forward;
+    /// autodiff records one node.
+    fn fp8_experts(
+        x: FloatTensor<Self>,
+        parts: Vec<FloatTensor<Self>>,
+        group_rows: &GroupRows<Self>,
+        experts: &Fp8Experts,
+    ) -> FloatTensor<Self> {
+        fp8_experts_inference::<Self>(x, &parts, group_rows, experts)
     }
 
     /// The step-end update of every layer's delayed scales in `state`. Default: the host

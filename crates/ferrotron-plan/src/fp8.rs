@@ -2,8 +2,10 @@
 //!
 //! Which GEMMs run in fp8: the attention projections of every layer the recipe puts in fp8
 //! (`Precision::fp8_layer`: all but the first and last ones with `first_last_layers_bf16`) and
-//! the MLPs of its dense layers; the MoE experts, the core attention and the output layer stay
-//! in bf16. Their rate is the fp8 peak at a lower fraction than bf16 reaches: on the H200,
+//! the MLPs of its dense layers; the MoE experts too with `precision.fp8_experts` where they run
+//! whole on one rank, at the device-count kernel's fraction of the fp8 peak (its bf16 fraction,
+//! until the fp8 kernel is timed), their routed rows cast and each expert's weight copied; the
+//! core attention and the output layer stay in bf16. Their rate is the fp8 peak at a lower fraction than bf16 reaches: on the H200,
 //! gpt-1.3b's tuned fp8 GEMMs ran at 69 % of the 1979 peak where its bf16 GEMMs ran at 78 % of
 //! 989, so fp8 takes [`FP8_EFFICIENCY`] = 0.89 times the bf16 efficiency. The casts move their
 //! bytes at [`CAST_BANDWIDTH_EFFICIENCY`] of HBM. With both, the fp8 bench rows are predicted
@@ -39,10 +41,13 @@ pub(crate) struct Fp8Layers {
     pub all: f64,
     /// The dense ones among them (their MLPs are fp8 too).
     pub dense: f64,
+    /// The MoE ones whose routed experts are fp8 too (`precision.fp8_experts`).
+    pub experts: f64,
 }
 
-/// The fp8 layers of `stage`.
-pub(crate) fn fp8_layers(recipe: &Recipe, stage: &StageInfo) -> Fp8Layers {
+/// The fp8 layers of `stage`; `whole_experts` where the layout leaves every expert whole on one
+/// rank (the runtime's fp8 experts need it).
+pub(crate) fn fp8_layers(recipe: &Recipe, stage: &StageInfo, whole_experts: bool) -> Fp8Layers {
     let precision = &recipe.precision;
     if precision.fp8 == Fp8::None {
         return Fp8Layers::default();
@@ -56,6 +61,8 @@ pub(crate) fn fp8_layers(recipe: &Recipe, stage: &StageInfo) -> Fp8Layers {
                 layers.all += 1.0;
                 if !moe_layers.get(index as usize).copied().unwrap_or(false) {
                     layers.dense += 1.0;
+                } else if precision.fp8_experts && whole_experts {
+                    layers.experts += 1.0;
                 }
             }
         }
@@ -91,7 +98,29 @@ pub(crate) fn cast_bytes_per_token(recipe: &Recipe, layers: Fp8Layers, tp: f64) 
         Activation::Gelu | Activation::Swiglu => h + h,
         Activation::GeluTanh => (h + f) + (fc1 + h),
     };
-    4.0 * (layers.all * attention + layers.dense * mlp) / tp
+    4.0 * (layers.all * attention + layers.dense * mlp) / tp + layers.experts * routed_casts(recipe)
+}
+
+/// The routed experts' per-token widths: `(k, fc1's output, the expert FFN)`.
+fn routed_widths(recipe: &Recipe) -> (f64, f64, f64) {
+    let model = &recipe.model;
+    let Some(moe) = &model.moe else {
+        return (0.0, 0.0, 0.0);
+    };
+    let f = f64::from(moe.expert_ffn_hidden_size(model));
+    let fc1 = match model.activation {
+        Activation::Swiglu => 2.0 * f,
+        Activation::Gelu | Activation::GeluTanh => f,
+    };
+    (f64::from(moe.router_topk), fc1, f)
+}
+
+/// Cast bytes per token of one fp8-experts layer: fc1's and fc2's routed inputs and output
+/// gradients, `k` rows a token, each read in 16 bits and written twice in fp8.
+fn routed_casts(recipe: &Recipe) -> f64 {
+    let h = f64::from(recipe.model.hidden_size);
+    let (k, fc1, f) = routed_widths(recipe);
+    4.0 * k * ((h + f) + (fc1 + h))
 }
 
 /// The two fp8 copies of the fp8 layers' weights on this GPU, in bytes.
@@ -100,7 +129,11 @@ pub(crate) fn weight_cast_bytes(recipe: &Recipe, layers: Fp8Layers, tp: f64) -> 
     let f = f64::from(recipe.model.ffn_hidden_size());
     let attention = h * qkv + q * h;
     let mlp = h * fc1 + f * h;
-    2.0 * (layers.all * attention + layers.dense * mlp) / tp
+    let experts = recipe.model.moe.as_ref().map_or(0.0, |moe| {
+        let (_, fc1, f) = routed_widths(recipe);
+        f64::from(moe.num_experts) * (h * fc1 + f * h)
+    });
+    2.0 * ((layers.all * attention + layers.dense * mlp) / tp + layers.experts * experts)
 }
 
 /// How the saved inputs of one fp8 layer change its activation bytes per token: −1 byte for
@@ -139,12 +172,12 @@ mod tests {
     #[test]
     fn first_and_last_layers_in_bf16_leave_the_middle() {
         let mut recipe = gpt3_175b();
-        assert_eq!(fp8_layers(&recipe, &stage(96)), Fp8Layers::default());
+        assert_eq!(fp8_layers(&recipe, &stage(96), true), Fp8Layers::default());
         recipe.precision.fp8 = Fp8::Hybrid;
-        assert_eq!(fp8_layers(&recipe, &stage(96)).all, 96.0);
+        assert_eq!(fp8_layers(&recipe, &stage(96), true).all, 96.0);
         recipe.precision.first_last_layers_bf16 = true;
         recipe.precision.num_layers_at_end_in_bf16 = 2;
-        let layers = fp8_layers(&recipe, &stage(96));
+        let layers = fp8_layers(&recipe, &stage(96), true);
         assert_eq!((layers.all, layers.dense), (93.0, 93.0));
     }
 
@@ -155,6 +188,7 @@ mod tests {
         let one = Fp8Layers {
             all: 1.0,
             dense: 1.0,
+            experts: 0.0,
         };
         let h = 12288.0;
         // MHA: qkv 3h, ffn 4h, GELU; inputs h + h + h (fc2's 4h from the activation's pass),
@@ -167,5 +201,44 @@ mod tests {
         // 12h² parameters, two bytes of copies each, halved over two tensor ranks
         assert_eq!(weight_cast_bytes(&recipe, one, 2.0), 12.0 * h * h);
         assert_eq!(saved_input_delta_per_token(&recipe, true, 1.0), -5.0 * h);
+    }
+
+    #[test]
+    fn fp8_experts_cast_their_routed_rows_and_copy_every_experts_weight() {
+        let mut recipe = gpt3_175b();
+        recipe.precision.fp8 = Fp8::Hybrid;
+        recipe.model.num_layers = 4;
+        recipe.model.moe = Some(
+            serde_json::from_value(serde_json::json!({
+                "num_experts": 8, "router_topk": 2, "layer_freq": 2, "ffn_hidden_size": 1024
+            }))
+            .expect("moe"),
+        );
+        let stage = stage(4);
+        let without = fp8_layers(&recipe, &stage, true);
+        assert_eq!(
+            (without.all, without.dense, without.experts),
+            (4.0, 2.0, 0.0)
+        );
+        recipe.precision.fp8_experts = true;
+        let with = fp8_layers(&recipe, &stage, true);
+        assert_eq!((with.dense, with.experts), (2.0, 2.0));
+        assert_eq!(
+            fp8_layers(&recipe, &stage, false).experts,
+            0.0,
+            "cut experts stay bf16"
+        );
+        let h = 12288.0;
+        let (k, f) = (2.0, 1024.0);
+        // fc1's and fc2's inputs (h, f) and output gradients (f, h) of k rows, 4 bytes each
+        assert_eq!(
+            cast_bytes_per_token(&recipe, with, 1.0) - cast_bytes_per_token(&recipe, without, 1.0),
+            2.0 * 4.0 * k * (2.0 * h + 2.0 * f)
+        );
+        // two bytes for each of the 8 experts' 2·h·f weights, in both layers
+        assert_eq!(
+            weight_cast_bytes(&recipe, with, 1.0) - weight_cast_bytes(&recipe, without, 1.0),
+            2.0 * 2.0 * 8.0 * 2.0 * h * f
+        );
     }
 }

@@ -384,7 +384,7 @@ fn stage_activation_terms(setup: &Setup<'_>, stage: &StageInfo) -> Vec<Term> {
             }
         }
     }
-    let fp8 = crate::fp8::fp8_layers(setup.recipe, stage);
+    let fp8 = crate::fp8::fp8_layers(setup.recipe, stage, setup.whole_experts());
     if fp8.all > 0.0 {
         let copies = crate::fp8::weight_cast_bytes(setup.recipe, fp8, tp);
         terms.push(

@@ -47,6 +47,13 @@ impl Setup<'_> {
         self.cluster.gpu != GpuKind::Cpu
     }
 
+    /// Whether every MoE expert runs whole on one rank (no tp, ep or etp cutting the layer):
+    /// where the runtime can put the experts in fp8.
+    pub(crate) fn whole_experts(&self) -> bool {
+        let d = self.layout.degrees;
+        d.tp == 1 && d.ep == 1 && d.etp == 1
+    }
+
     /// Divisor of sequence-sharded activations: tp with sequence parallelism, else 1.
     pub(crate) fn sequence_shards(&self) -> f64 {
         if self.recipe.parallel.sequence_parallel {

@@ -146,7 +146,7 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
         attention *= 1.0 + recomputed / 3.0;
     }
     // The fp8 layers' projections (and dense MLPs) at the fp8 rate, the rest at bf16's.
-    let fp8 = crate::fp8::fp8_layers(setup.recipe, stage);
+    let fp8 = crate::fp8::fp8_layers(setup.recipe, stage, setup.whole_experts());
     let fp8_gemm = if spec.supports_fp8() {
         (1.0 + recomputed / 3.0)
             * tokens
@@ -160,13 +160,24 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
     let fp8_rate = spec.peak(precision.dtype, precision.fp8)
         * spec.gemm_efficiency
         * crate::fp8::FP8_EFFICIENCY;
-    // The routed experts' GEMMs (bf16) at their own rate, per expert or grouped (`routed.rs`).
-    let grouped =
-        (1.0 + recomputed / 3.0) * tokens * moe_layers * routed_experts_per_layer_token(model) / tp;
+    // The routed experts' GEMMs (bf16) at their own rate, per expert or grouped (`routed.rs`);
+    // those of fp8-experts layers on the fp8 device-count kernel.
+    let routed = (1.0 + recomputed / 3.0) * tokens * routed_experts_per_layer_token(model) / tp;
+    let fp8_experts = if spec.supports_fp8() {
+        fp8.experts
+    } else {
+        0.0
+    };
+    let (grouped, fp8_grouped) = (routed * (moe_layers - fp8_experts), routed * fp8_experts);
     let grouped_rate = spec.peak(precision.dtype, Fp8::None)
         * crate::routed::routed_gemm_efficiency(setup, tokens);
-    let gemm_time =
-        (gemm - fp8_gemm - grouped) / gemm_rate + fp8_gemm / fp8_rate + grouped / grouped_rate;
+    let fp8_grouped_rate = spec.peak(precision.dtype, precision.fp8)
+        * spec.device_counts_gemm_efficiency
+        * crate::fp8::FP8_EFFICIENCY;
+    let gemm_time = (gemm - fp8_gemm - grouped - fp8_grouped) / gemm_rate
+        + fp8_gemm / fp8_rate
+        + grouped / grouped_rate
+        + fp8_grouped / fp8_grouped_rate;
     let attention_rate = spec.peak(precision.dtype, Fp8::None) * spec.attention_efficiency;
     // Attention dropout draws a random number for every score the kernel computes (the
     // forward's mask, regenerated in the backward): a cost per causal score, not per FLOP.
@@ -254,13 +265,15 @@ fn stage_time(setup: &Setup<'_>, stage: &StageInfo) -> StageTime {
             "GEMM compute",
             gemm_time,
             || format!(
-                "bf16 GEMM FLOPs / (peak × efficiency) + fp8 GEMM FLOPs / (fp8 peak × efficiency × {}){} = {:.4e} / ({:.4e} × {}) + {fp8_gemm:.4e} / {fp8_rate:.4e}{}",
+                "bf16 GEMM FLOPs / (peak × efficiency) + fp8 GEMM FLOPs / (fp8 peak × efficiency × {}){}{} = {:.4e} / ({:.4e} × {}) + {fp8_gemm:.4e} / {fp8_rate:.4e}{}{}",
                 crate::fp8::FP8_EFFICIENCY,
                 if grouped > 0.0 { " + grouped expert GEMM FLOPs / (peak × grouped efficiency)" } else { "" },
-                gemm - fp8_gemm - grouped,
+                if fp8_grouped > 0.0 { " + fp8 expert GEMM FLOPs / (fp8 peak × device-count efficiency × fp8 factor)" } else { "" },
+                gemm - fp8_gemm - grouped - fp8_grouped,
                 spec.peak(precision.dtype, Fp8::None),
                 spec.gemm_efficiency,
                 if grouped > 0.0 { format!(" + {grouped:.4e} / {grouped_rate:.4e}") } else { String::new() },
+                if fp8_grouped > 0.0 { format!(" + {fp8_grouped:.4e} / {fp8_grouped_rate:.4e}") } else { String::new() },
             ),),
         setup.term(
             "core attention compute",

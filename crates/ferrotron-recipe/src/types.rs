@@ -628,6 +628,13 @@ pub struct Precision {
     /// Megatron's `--num-layers-at-end-in-bf16`, with `first_last_layers_bf16`.
     #[serde(default = "defaults::one")]
     pub num_layers_at_end_in_bf16: u32,
+    /// The routed MoE experts' fc1 and fc2 in fp8 too, on one rank (as Transformer Engine's
+    /// `GroupedLinear` runs them under fp8): the routed rows cast once, each expert's weight
+    /// with its own scale, Hopper's grouped GEMM with device counts. Off until its GPU checks
+    /// have run; the experts stay in the model's dtype otherwise, and in parallel layouts.
+    /// Written out only when on, so recipes without it keep their plan hash.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fp8_experts: bool,
     /// Static loss scale for fp16; absent means dynamic loss scaling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0))]
@@ -664,6 +671,7 @@ impl Default for Precision {
             first_last_layers_bf16: false,
             num_layers_at_start_in_bf16: 1,
             num_layers_at_end_in_bf16: 1,
+            fp8_experts: false,
             loss_scale: None,
         }
     }

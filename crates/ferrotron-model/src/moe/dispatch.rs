@@ -260,12 +260,12 @@ fn grouped_in_received_order<B: ParallelOps>(
                 .enumerate()
                 .all(|(position, &row)| position == row)
         );
-        return grouped_experts(experts, inputs, &group_rows);
+        return grouped_experts(experts, inputs, &group_rows, None);
     }
     // As in `run_experts`: `0 · inputs` keeps the inputs' exchange in the graph when this rank
     // received no rows (burn's ops on empty tensors can drop the link).
     let zero = inputs.clone().mul_scalar(0.0);
-    let outputs = grouped_experts(experts, select_rows(inputs, &order), &group_rows);
+    let outputs = grouped_experts(experts, select_rows(inputs, &order), &group_rows, None);
     let mut received_order = vec![0; order.len()];
     for (position, &row) in order.iter().enumerate() {
         received_order[row] = position;

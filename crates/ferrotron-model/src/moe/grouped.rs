@@ -14,20 +14,23 @@
 
 use burn::tensor::activation::gelu;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorPrimitive};
-use ferrotron_ops::{FusedOps, GroupRows};
+use ferrotron_ops::{Fp8Experts, FusedOps, GroupRows};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::Activation;
 
 use super::expert::Expert;
+use super::layer::ExpertsFp8;
 use crate::mlp::gelu_tanh;
 
 /// `x [rows, hidden]`, the first `group_rows[0]` rows for `experts[0]`, the next for
 /// `experts[1]`, … → each row through its expert, `[rows, hidden]`. Whole experts only (not cut
 /// over etp). The counts stay where they are: nothing here reads device counts to the host.
+/// With `fp8`, fc1 and fc2 are fp8 grouped GEMMs (`FusedOps::fp8_experts`).
 pub(super) fn grouped_experts<B: ParallelOps>(
     experts: &[Expert<B>],
     x: Tensor<B, 2>,
     group_rows: &GroupRows<B>,
+    fp8: Option<&ExpertsFp8>,
 ) -> Tensor<B, 2> {
     let activation = experts
         .first()
@@ -39,7 +42,7 @@ pub(super) fn grouped_experts<B: ParallelOps>(
     let row_experts = (fc1_bias.is_some() || fc2_bias.is_some())
         .then(|| row_experts::<B>(group_rows, x.dims()[0], &x.device()));
     let hidden = with_bias(
-        grouped_matmul(x, fc1, group_rows),
+        grouped_matmul(x, fc1, group_rows, fp8.map(|f| &f.fc1)),
         fc1_bias,
         row_experts.clone(),
     );
@@ -52,7 +55,7 @@ pub(super) fn grouped_experts<B: ParallelOps>(
     };
     let fc2: Vec<Tensor<B, 2>> = experts.iter().map(|e| e.fc2.weight.val()).collect();
     with_bias(
-        grouped_matmul(activated, fc2, group_rows),
+        grouped_matmul(activated, fc2, group_rows, fp8.map(|f| &f.fc2)),
         fc2_bias,
         row_experts,
     )
@@ -62,16 +65,17 @@ fn grouped_matmul<B: FusedOps>(
     x: Tensor<B, 2>,
     weights: Vec<Tensor<B, 2>>,
     group_rows: &GroupRows<B>,
+    fp8: Option<&Fp8Experts>,
 ) -> Tensor<B, 2> {
     let parts = weights
         .into_iter()
         .map(|weight| weight.into_primitive().tensor())
         .collect();
-    Tensor::from_primitive(TensorPrimitive::Float(B::fused_grouped_matmul_parts(
-        x.into_primitive().tensor(),
-        parts,
-        group_rows,
-    )))
+    let x = x.into_primitive().tensor();
+    Tensor::from_primitive(TensorPrimitive::Float(match fp8 {
+        Some(fp8) => B::fp8_experts(x, parts, group_rows, fp8),
+        None => B::fused_grouped_matmul_parts(x, parts, group_rows),
+    }))
 }
 
 /// The experts' biases stacked `[experts, width]`, when they have them.
@@ -217,7 +221,7 @@ mod tests {
         for (activation, bias) in [(Activation::Swiglu, false), (Activation::Gelu, true)] {
             let experts = experts(activation, bias);
             let grouped = run(&experts, |e, x| {
-                grouped_experts(e, x, &GroupRows::on_host(GROUPS.to_vec()))
+                grouped_experts(e, x, &GroupRows::on_host(GROUPS.to_vec()), None)
             });
             // Counts left on the device route the same rows (the biases' experts built there).
             let on_device = run(&experts, |e, x| {
@@ -226,7 +230,7 @@ mod tests {
                     TensorData::new(counts, [GROUPS.len()]),
                     &x.device(),
                 );
-                grouped_experts(e, x, &GroupRows::on_device(counts.into_primitive()))
+                grouped_experts(e, x, &GroupRows::on_device(counts.into_primitive()), None)
             });
             assert_close(&on_device, &grouped);
             let reference = run(&experts, one_by_one);

@@ -11,6 +11,7 @@ use burn::nn::Linear;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
+use ferrotron_ops::{Fp8Experts, Fp8Linear};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
@@ -42,6 +43,17 @@ pub struct MoeLayer<B: Backend> {
     /// `None` on one rank.
     #[module(skip)]
     pub(super) parallel: Option<MoeParallel>,
+    /// fp8 grouped GEMMs for the routed experts' fc1 and fc2 (`precision.fp8_experts`), on one
+    /// rank.
+    #[module(skip)]
+    pub(super) fp8: Option<ExpertsFp8>,
+}
+
+/// The routed experts' fp8 handles: fc1's and fc2's.
+#[derive(Debug, Clone)]
+pub(crate) struct ExpertsFp8 {
+    pub(crate) fc1: Fp8Experts,
+    pub(crate) fc2: Fp8Experts,
 }
 
 /// What one MoE layer reports besides its output.
@@ -81,7 +93,12 @@ impl<B: ParallelOps> MoeLayer<B> {
         let weights = self.combine_weights(logits.clone(), decisions.chosen.clone());
 
         let sorted = decisions.dispatch(tokens.clone());
-        let expert_out = grouped_experts(&self.experts, sorted, &decisions.per_expert);
+        let expert_out = grouped_experts(
+            &self.experts,
+            sorted,
+            &decisions.per_expert,
+            self.fp8.as_ref(),
+        );
         let output = decisions.combine(expert_out, weights);
         let output = match &self.shared_expert {
             Some(shared) => output + shared.forward(tokens),
@@ -130,6 +147,43 @@ impl<B: Backend> MoeLayer<B> {
             shared_expert,
             config: moe.clone(),
             parallel: None,
+            fp8: None,
+        }
+    }
+
+    /// The fp8 slots of the routed experts (relative to the layer), in the order
+    /// [`Self::with_fp8`] takes handles: fc1's routed rows, each expert's fc1 weight, then the
+    /// same for fc2. Each weight's slot is named by its parameter path (`experts.3.fc1`), the
+    /// rows' by the linear's (`experts.fc1`). None in a parallel layout, whose experts are cut.
+    pub(crate) fn fp8_linears(&self) -> Vec<String> {
+        if self.parallel.is_some() {
+            return Vec::new();
+        }
+        ["fc1", "fc2"]
+            .into_iter()
+            .flat_map(|linear| {
+                std::iter::once(format!("experts.{linear}"))
+                    .chain((0..self.experts.len()).map(move |e| format!("experts.{e}.{linear}")))
+            })
+            .collect()
+    }
+
+    /// The same layer with the handles of [`Self::fp8_linears`], in that order.
+    pub(crate) fn with_fp8(self, handles: Vec<Fp8Linear>) -> Self {
+        if handles.is_empty() {
+            return self;
+        }
+        let experts = self.experts.len();
+        let mut handles = handles.into_iter();
+        let mut take = || {
+            let rows = handles.next().expect("the routed rows' handle");
+            let weights = handles.by_ref().take(experts).collect();
+            Fp8Experts { rows, weights }
+        };
+        let (fc1, fc2) = (take(), take());
+        MoeLayer {
+            fp8: Some(ExpertsFp8 { fc1, fc2 }),
+            ..self
         }
     }
     /// The current selection bias, if this layer uses one.

@@ -84,6 +84,7 @@ impl<B: Backend> MoeLayer<B> {
             experts,
             shared_expert,
             config: self.config.clone(),
+            fp8: None,
             parallel: Some(MoeParallel {
                 ctx: ctx.clone(),
                 groups: ExpertGroups {

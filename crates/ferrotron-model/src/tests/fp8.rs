@@ -22,7 +22,7 @@ fn hybrid() -> Fp8Settings {
 
 #[test]
 fn a_chunk_names_its_fp8_linears_and_skips_the_bf16_layers() {
-    let gpt = build::<CpuAutodiff>(&gpt2_model(), 0).with_fp8(hybrid(), |layer| layer == 1);
+    let gpt = build::<CpuAutodiff>(&gpt2_model(), 0).with_fp8(hybrid(), |layer| layer == 1, false);
     let state = gpt.fp8_state().expect("layer 1 is fp8");
     assert_eq!(
         state.names(),
@@ -34,7 +34,7 @@ fn a_chunk_names_its_fp8_linears_and_skips_the_bf16_layers() {
         ]
     );
     // the MoE layer (layer 0 of this model) keeps its experts' grouped GEMM
-    let moe = build::<CpuAutodiff>(&moe_model(), 0).with_fp8(hybrid(), |_| true);
+    let moe = build::<CpuAutodiff>(&moe_model(), 0).with_fp8(hybrid(), |_| true, false);
     let names = moe.fp8_state().expect("fp8 layers").names().to_vec();
     assert_eq!(names.len(), 6, "{names:?}");
     assert!(
@@ -42,8 +42,66 @@ fn a_chunk_names_its_fp8_linears_and_skips_the_bf16_layers() {
             .iter()
             .all(|n| n.starts_with("layers.0.attention"))
     );
-    let none = build::<CpuAutodiff>(&gpt2_model(), 0).with_fp8(hybrid(), |_| false);
+    let none = build::<CpuAutodiff>(&gpt2_model(), 0).with_fp8(hybrid(), |_| false, false);
     assert!(none.fp8_state().is_none());
+    // with fp8 experts: each routed linear's rows, then each expert's weight by its path
+    let experts = build::<CpuAutodiff>(&moe_model(), 0).with_fp8(hybrid(), |_| true, true);
+    let names = experts.fp8_state().expect("fp8 layers").names().to_vec();
+    let count = moe_section().num_experts as usize;
+    assert_eq!(names.len(), 6 + 2 * (1 + count), "{names:?}");
+    let moe: Vec<&String> = names
+        .iter()
+        .filter(|n| n.starts_with("layers.0.feed_forward.Moe."))
+        .collect();
+    assert_eq!(moe[0], "layers.0.feed_forward.Moe.experts.fc1");
+    assert_eq!(moe[1], "layers.0.feed_forward.Moe.experts.0.fc1");
+    assert_eq!(moe[1 + count], "layers.0.feed_forward.Moe.experts.fc2");
+}
+
+/// The routed experts in fp8 (`precision.fp8_experts`) on the reference primitives: the MoE
+/// model trains as the plain one does.
+#[test]
+fn fp8_experts_training_follows_the_plain_loss() {
+    let (inputs, labels) = fixed_batch();
+    let run = |fp8: bool| {
+        let mut gpt = build::<CpuAutodiff>(&moe_model(), 0);
+        if fp8 {
+            gpt = gpt.with_fp8(hybrid(), |_| true, true);
+        }
+        let mut optimizer = AdamWConfig::new()
+            .with_weight_decay(0.0)
+            .init::<CpuAutodiff, GptModel<CpuAutodiff>>();
+        let mut losses = Vec::new();
+        for _ in 0..30 {
+            let output = gpt.loss(inputs.clone(), labels.clone());
+            losses.push(scalar(output.lm_loss.clone()));
+            let gradients = GradientsParams::from_grads(output.loss.backward(), &gpt);
+            gpt = optimizer.step(1e-2, gpt, gradients);
+            if let Some(state) = gpt.fp8_state() {
+                end_fp8_step::<Cpu>(state, &[&solo()]);
+            }
+        }
+        (losses, gpt)
+    };
+    let (plain, _) = run(false);
+    let (fp8, gpt) = run(true);
+    let last = |l: &[f32]| l[l.len() - 5..].iter().sum::<f32>() / 5.0;
+    assert!(last(&fp8) < 0.5 * fp8[0], "fp8 trains: {fp8:?}");
+    assert!(
+        (last(&fp8) - last(&plain)).abs() < 0.1 * last(&plain) + 0.05,
+        "fp8 {fp8:?}\nplain {plain:?}"
+    );
+    // every expert's weight scale moved off its initial 1, each to its own weight's range
+    let rows = gpt.fp8_state().expect("fp8").rows::<Cpu>();
+    let width = hybrid().block_width();
+    let scales: Vec<f32> = rows
+        .iter()
+        .filter(|(name, _)| name.contains(".Moe.experts.") && !name.ends_with("experts.fc1"))
+        .filter(|(name, _)| !name.ends_with("experts.fc2"))
+        .map(|(_, row)| row[Fp8Role::Weight as usize * width + SCALE])
+        .collect();
+    assert_eq!(scales.len(), 2 * moe_section().num_experts as usize);
+    assert!(scales.iter().all(|&s| s > 1.0), "{scales:?}");
 }
 
 #[test]
@@ -57,7 +115,7 @@ fn an_fp8_forward_stays_close_to_the_plain_one() {
     for model in [gpt2_model(), llama_model(), qwen3] {
         let (inputs, _) = fixed_batch();
         let plain = build::<CpuAutodiff>(&model, 3);
-        let fp8 = build::<CpuAutodiff>(&model, 3).with_fp8(hybrid(), |_| true);
+        let fp8 = build::<CpuAutodiff>(&model, 3).with_fp8(hybrid(), |_| true, false);
         let a = values(plain.forward(inputs.clone()).logits);
         let b = values(fp8.forward(inputs).logits);
         let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
@@ -78,7 +136,7 @@ fn fp8_training_follows_the_plain_loss() {
     let run = |fp8: bool| {
         let mut gpt = build::<CpuAutodiff>(&llama_model(), 0);
         if fp8 {
-            gpt = gpt.with_fp8(hybrid(), |_| true);
+            gpt = gpt.with_fp8(hybrid(), |_| true, false);
         }
         let mut optimizer = AdamWConfig::new()
             .with_weight_decay(0.0)
@@ -162,7 +220,7 @@ fn the_first_steps_tiny_gradients_reach_the_fp8_layers() {
     let run = |fp8: bool| {
         let mut gpt = build::<CpuAutodiff>(&model, 0);
         if fp8 {
-            gpt = gpt.with_fp8(settings, |_| true);
+            gpt = gpt.with_fp8(settings, |_| true, false);
         }
         let mut optimizer = AdamWConfig::new()
             .with_beta_2(0.95)
@@ -199,7 +257,7 @@ fn the_first_steps_tiny_gradients_reach_the_fp8_layers() {
 /// stays close to the plain one.
 #[test]
 fn mla_linears_take_fp8_gemms() {
-    let gpt = build::<CpuAutodiff>(&mla_model(), 0).with_fp8(hybrid(), |layer| layer == 0);
+    let gpt = build::<CpuAutodiff>(&mla_model(), 0).with_fp8(hybrid(), |layer| layer == 0, false);
     let state = gpt.fp8_state().expect("layer 0 is fp8");
     assert_eq!(
         state.names(),
@@ -215,7 +273,7 @@ fn mla_linears_take_fp8_gemms() {
     );
     let (inputs, _) = fixed_batch();
     let plain = build::<CpuAutodiff>(&mla_model(), 3);
-    let fp8 = build::<CpuAutodiff>(&mla_model(), 3).with_fp8(hybrid(), |_| true);
+    let fp8 = build::<CpuAutodiff>(&mla_model(), 3).with_fp8(hybrid(), |_| true, false);
     let a = values(plain.forward(inputs.clone()).logits);
     let b = values(fp8.forward(inputs).logits);
     let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();

@@ -19,7 +19,7 @@ const M: usize = 6;
 const K: usize = 32;
 const N: usize = 16;
 
-fn hybrid(scaling: Fp8Scaling) -> Fp8Settings {
+pub(super) fn hybrid(scaling: Fp8Scaling) -> Fp8Settings {
     Fp8Settings {
         forward: Fp8Format::E4m3,
         backward: Fp8Format::E5m2,
@@ -28,7 +28,7 @@ fn hybrid(scaling: Fp8Scaling) -> Fp8Settings {
     }
 }
 
-fn delayed() -> Fp8Settings {
+pub(super) fn delayed() -> Fp8Settings {
     hybrid(Fp8Scaling::Delayed {
         history: 2,
         algo: AmaxAlgo::MostRecent,
@@ -44,7 +44,7 @@ fn layer(settings: Fp8Settings) -> Fp8Linear {
 }
 
 /// The state's numbers (all slots) on the host.
-fn state_values(fp8: &Fp8Linear) -> Vec<f32> {
+pub(super) fn state_values(fp8: &Fp8Linear) -> Vec<f32> {
     fp8.state()
         .rows::<Flex>()
         .into_iter()
@@ -52,12 +52,12 @@ fn state_values(fp8: &Fp8Linear) -> Vec<f32> {
         .collect()
 }
 
-fn at(fp8: &Fp8Linear, role: Fp8Role, field: usize) -> f32 {
+pub(super) fn at(fp8: &Fp8Linear, role: Fp8Role, field: usize) -> f32 {
     state_values(fp8)[fp8.block_offset(role) + field]
 }
 
 /// Scaled inputs: magnitudes around `scale`, so casts exercise the grids' whole range.
-fn scaled(shape: [usize; 2], seed: f32, scale: f32) -> Tensor<B, 2> {
+pub(super) fn scaled(shape: [usize; 2], seed: f32, scale: f32) -> Tensor<B, 2> {
     tensor(shape, seed) * scale
 }
 
@@ -89,7 +89,7 @@ fn run(fp8: &Fp8Linear, x: Tensor<B, 2>, w: Tensor<B, 2>, g: Tensor<B, 2>) -> Ru
 }
 
 /// `q` of `[rows, cols]` on `format`'s grid after scaling by `scale`.
-fn cast(values: &[f32], scale: f32, format: Fp8Format) -> Vec<f32> {
+pub(super) fn cast(values: &[f32], scale: f32, format: Fp8Format) -> Vec<f32> {
     values
         .iter()
         .map(|v| round_to_fp8(v * scale, format))
@@ -97,7 +97,7 @@ fn cast(values: &[f32], scale: f32, format: Fp8Format) -> Vec<f32> {
 }
 
 /// `a [m, k] · b [k, n]` on the host in f64.
-fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+pub(super) fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     (0..m * n)
         .map(|i| {
             let (r, c) = (i / n, i % n);
@@ -108,13 +108,13 @@ fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(super) fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..rows * cols)
         .map(|i| a[(i % rows) * cols + i / rows])
         .collect()
 }
 
-fn close(actual: &[f32], expected: &[f32], what: &str) {
+pub(super) fn close(actual: &[f32], expected: &[f32], what: &str) {
     assert_eq!(actual.len(), expected.len(), "{what}");
     for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
         assert!(

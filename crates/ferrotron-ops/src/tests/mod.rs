@@ -8,6 +8,7 @@ mod cpu;
 mod cpu_layers;
 mod dropout;
 mod fp8;
+mod fp8_experts;
 mod fp8_mlp;
 mod gather;
 mod grouped;

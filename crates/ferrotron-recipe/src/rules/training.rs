@@ -316,6 +316,7 @@ fn check_precision(recipe: &Recipe, out: &mut Vec<Finding>) {
         );
     }
     check_fp8_scaling(recipe, out);
+    check_fp8_experts(recipe, out);
     if p.loss_scale.is_some() && p.dtype != Dtype::Fp16 {
         out.push(
             Finding::warning(
@@ -382,6 +383,49 @@ fn check_fp8_scaling(recipe: &Recipe, out: &mut Vec<Finding>) {
                 );
             }
         }
+    }
+}
+
+/// `fp8_experts` says something only with fp8 on, an MoE model, and experts whole on one rank
+/// (a layout that cuts them keeps them in the model's dtype).
+fn check_fp8_experts(recipe: &Recipe, out: &mut Vec<Finding>) {
+    if !recipe.precision.fp8_experts {
+        return;
+    }
+    let parallel = &recipe.parallel;
+    let cut = [
+        Some(parallel.tensor),
+        Some(parallel.expert),
+        parallel.expert_tensor,
+    ]
+    .into_iter()
+    .flatten()
+    .any(|degree| degree.fixed().is_some_and(|d| d > 1));
+    let why = if recipe.precision.fp8 == Fp8::None {
+        Some(("precision.fp8 is none", "set precision.fp8: hybrid"))
+    } else if recipe.model.moe.is_none() {
+        Some((
+            "the model has no MoE layers",
+            "remove precision.fp8_experts",
+        ))
+    } else if cut {
+        Some((
+            "a parallel layout cuts the experts, which then stay in the model's dtype",
+            "run the experts whole on one rank (tensor, expert and expert_tensor 1), or remove \
+             precision.fp8_experts",
+        ))
+    } else {
+        None
+    };
+    if let Some((why, help)) = why {
+        out.push(
+            Finding::warning(
+                "precision::fp8-experts-unused",
+                "precision.fp8_experts",
+                format!("fp8_experts is ignored: {why}"),
+            )
+            .with_help(help),
+        );
     }
 }
 
@@ -537,6 +581,24 @@ mod tests {
         r.precision.fp8 = Fp8::None;
         r.precision.first_last_layers_bf16 = true;
         assert!(run(&r).is_empty() && !r.precision.fp8_layer(1, 3));
+    }
+
+    #[test]
+    fn fp8_experts_needs_fp8_an_moe_model_and_whole_experts() {
+        let mut r = recipe();
+        r.precision.fp8_experts = true;
+        let findings = run(&r);
+        assert_eq!(codes(&findings), ["precision::fp8-experts-unused"]);
+        assert!(findings[0].message.contains("precision.fp8 is none"));
+        r.precision.fp8 = Fp8::Hybrid;
+        assert!(run(&r)[0].message.contains("no MoE layers"));
+        r.model.moe =
+            Some(serde_json::from_value(serde_json::json!({"num_experts": 4})).expect("moe"));
+        assert!(run(&r).is_empty(), "{:?}", run(&r));
+        r.parallel.expert = Degree::Fixed(2);
+        assert!(run(&r)[0].message.contains("cuts the experts"));
+        r.precision.fp8_experts = false;
+        assert!(run(&r).is_empty());
     }
 
     #[test]

@@ -77,7 +77,11 @@ pub(crate) fn with_fp8<B: FusedOps>(
         .into_iter()
         .map(|chunk| {
             let layers = chunk.config().num_layers as u32;
-            chunk.with_fp8(settings, |layer| precision.fp8_layer(layer as u32, layers))
+            chunk.with_fp8(
+                settings,
+                |layer| precision.fp8_layer(layer as u32, layers),
+                precision.fp8_experts,
+            )
         })
         .collect())
 }

@@ -26,6 +26,7 @@
 //! 9.0.
 
 mod fp8;
+mod fp8_experts;
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_ops::fp8::scaling::{Fp8Role, Fp8Settings};
@@ -189,6 +190,25 @@ impl FusedOps for Cuda {
         fast_accumulation: bool,
     ) -> FloatTensor<Self> {
         fp8::fp8_matmul_op(a, b, bias, dtype, fast_accumulation)
+    }
+
+    fn fp8_grouped_rows(
+        a: Fp8Operand<Self>,
+        b: &[Fp8Operand<Self>],
+        group_rows: &GroupRows<Self>,
+        dtype: burn::tensor::DType,
+        fast_accumulation: bool,
+    ) -> FloatTensor<Self> {
+        fp8_experts::fp8_grouped_rows_op(a, b, group_rows, dtype, fast_accumulation)
+    }
+
+    fn fp8_grouped_inner(
+        a_t: Fp8Operand<Self>,
+        b_t: Fp8Operand<Self>,
+        group_rows: &GroupRows<Self>,
+        dtype: burn::tensor::DType,
+    ) -> FloatTensor<Self> {
+        fp8_experts::fp8_grouped_inner_op(a_t, b_t, group_rows, dtype)
     }
 
     fn fp8_quantize_norm(
