@@ -2,20 +2,25 @@
 //! sums of the same fp8 grid values: uneven groups (one empty, one of a single row, counts not
 //! multiples of 16 or 128), per-group and shared weight scales, the inner product over a
 //! strided view (rows padded to 16 bytes), the TMA kernel and its clusters of two (512 columns:
-//! tiles in pairs; 384: the single-block fallback).
+//! tiles in pairs; 384: the single-block fallback). Then the whole fp8 experts node
+//! (`FusedOps::fp8_experts`, `precision.fp8_experts`) over two steps on the GPU against the
+//! same node on burn-flex's reference primitives: outputs, gradients and scaling state.
 
 use std::sync::Arc;
 
-use burn::tensor::{DType, TensorData};
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use ferrotron_cuda::fp8::Operand;
 use ferrotron_cuda::kernels::fused::grouped_gemm::{self, Kernel};
 use ferrotron_cuda::{CudaDevice, CudaTensor, DType as EDType, GpuDevice, SliceArg};
 use ferrotron_ops::fp8::scaling::Fp8Format;
+use ferrotron_ops::{Fp8Experts, Fp8Linear, Fp8State, FusedOps, GroupRows};
+use ferrotron_parallel::{end_fp8_step, solo};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::compare::{self, Errors};
-use crate::fp8::{f32s, operand, upload_f32};
+use crate::fp8::{bf16_values, f32s, hybrid_delayed, operand, upload_f32};
 use crate::fused::round;
 use crate::{Row, failed, first_line, guarded};
 
@@ -194,6 +199,123 @@ fn kernel_name(kernel: Kernel) -> &'static str {
     }
 }
 
+/// Output, dx and every expert's dW of `Σ g ∘ fp8_experts(x)` over two steps, each step's
+/// scaling state after it.
+fn experts_steps<B>(
+    x: &TensorData,
+    parts: &[TensorData],
+    g: &TensorData,
+    counts: &[usize],
+    device: &B::Device,
+) -> TensorData
+where
+    B::InnerBackend: FusedOps + ferrotron_parallel::ParallelOps,
+    B: burn::tensor::backend::AutodiffBackend + FusedOps,
+{
+    let names = std::iter::once("experts.fc1".to_owned())
+        .chain((0..parts.len()).map(|e| format!("experts.{e}.fc1")))
+        .collect();
+    let state = Fp8State::new(hybrid_delayed(), names);
+    let experts = Fp8Experts {
+        rows: Fp8Linear::new(&state, 0),
+        weights: (1..=parts.len())
+            .map(|s| Fp8Linear::new(&state, s))
+            .collect(),
+    };
+    let mut pieces = Vec::new();
+    for _ in 0..2 {
+        let leaf = |d: &TensorData| {
+            Tensor::<B, 2>::from_data(d.clone(), (device, DType::BF16)).require_grad()
+        };
+        let x = leaf(x);
+        let weights: Vec<Tensor<B, 2>> = parts.iter().map(leaf).collect();
+        let y = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::fp8_experts(
+            x.clone().into_primitive().tensor(),
+            weights
+                .iter()
+                .map(|w| w.clone().into_primitive().tensor())
+                .collect(),
+            &GroupRows::on_host(counts.to_vec()),
+            &experts,
+        )));
+        let g = Tensor::<B, 2>::from_data(g.clone(), (device, DType::F32));
+        let grads = (y.clone().cast(DType::F32) * g).sum().backward();
+        let flat = |t: Tensor<B::InnerBackend, 2>| t.cast(DType::F32).reshape([-1]);
+        pieces.push(flat(y.inner()));
+        pieces.push(flat(x.grad(&grads).expect("dx")));
+        for w in &weights {
+            pieces.push(flat(w.grad(&grads).expect("dW")));
+        }
+        end_fp8_step::<B::InnerBackend>(&state, &[&solo()]);
+        let rows: Vec<f32> = state
+            .rows::<B::InnerBackend>()
+            .into_iter()
+            .flat_map(|(_, row)| row)
+            .collect();
+        let n = rows.len();
+        pieces.push(Tensor::from_data(
+            TensorData::new(rows, [n]),
+            &pieces[0].device(),
+        ));
+    }
+    Tensor::cat(pieces, 0).into_data()
+}
+
+/// The node on the GPU against the reference on burn-flex, from the same bf16 values.
+fn experts_row(device: &GpuDevice, [k, n]: [usize; 2]) -> Row {
+    // routed rows a multiple of 16, as tokens × top-k are
+    let counts = [300, 129, 512, 0, 77, 256, 1, 213];
+    let rows: usize = counts.iter().sum();
+    let mut rng = StdRng::seed_from_u64(50);
+    let mut data = |shape: [usize; 2], scale: f32| {
+        TensorData::new(
+            bf16_values(&mut rng, shape[0] * shape[1], scale),
+            shape.to_vec(),
+        )
+    };
+    let x = data([rows, k], 2.0);
+    let parts: Vec<TensorData> = (0..counts.len())
+        .map(|e| data([k, n], 0.05 * (1 + e % 3) as f32))
+        .collect();
+    let g = data([rows, n], 1.0);
+    let got = guarded(|| {
+        Ok(experts_steps::<Autodiff<ferrotron_cuda::Cuda>>(
+            &x, &parts, &g, &counts, device,
+        ))
+    });
+    let want = guarded(|| {
+        Ok(experts_steps::<Autodiff<Flex>>(
+            &x,
+            &parts,
+            &g,
+            &counts,
+            &Default::default(),
+        ))
+    });
+    let (op, shape) = (
+        "fp8_experts vs reference",
+        format!("[{rows}, {k}] x {}·[{k}, {n}]", counts.len()),
+    );
+    let note = "2 steps: out, dx, each dW, state; kernels vs host reference";
+    match (got, want) {
+        (Ok(got), Ok(want)) => Row {
+            op: op.into(),
+            dtype: "fp8",
+            shape,
+            // both round the same fp8 products to bf16: only accumulation order differs
+            errors: compare::compare(&round(got, DType::BF16), &round(want, DType::BF16), 1.0),
+            note: note.into(),
+        },
+        (Err(e), _) | (_, Err(e)) => Row {
+            op: op.into(),
+            dtype: "fp8",
+            shape,
+            errors: failed(),
+            note: format!("{note}: {}", first_line(&e)),
+        },
+    }
+}
+
 pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let engine = match CudaDevice::get(device.ordinal) {
         Ok(engine) => engine,
@@ -210,6 +332,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     if engine.arch() != "sm_90" {
         return Vec::new();
     }
+    let node = experts_row(device, [256, 512]);
     let device = &engine;
     let (e4m3, e5m2) = (Fp8Format::E4m3, Fp8Format::E5m2);
     let mut out = Vec::new();
@@ -253,5 +376,6 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             result,
         ));
     }
+    out.push(node);
     out
 }
