@@ -175,6 +175,7 @@ benches=(
     # Accumulated over 8 micro batches, as a real run's global batch is: one row's 3 B
     # parameters' AdamW (31 ms) and gradient gather are a quarter of a one-micro-batch step.
     "qwen3-30b-a3b-4l-gb16|recipes/qwen3-30b-a3b.yaml|2|qwen3_moe_4l|16"
+    "qwen3-30b-a3b-4l-gb16-fp8|recipes/qwen3-30b-a3b.yaml|2|qwen3_moe_4l_fp8|16"
     "deepseek-v3-3l|recipes/deepseek-v3.yaml|1|deepseek_3l"
     "deepseek-v3-3l-mb2|recipes/deepseek-v3.yaml|2|deepseek_3l"
     "qwen3-235b-a22b-2l|recipes/qwen3-235b-a22b.yaml|2|qwen3_235b_2l"
@@ -204,6 +205,9 @@ benches=(
 # NAME-fp8 is also reported against row NAME of the same call in the speed-up table.
 fp8=(--set precision.fp8=hybrid)
 llama_1b_fp8=("${llama_1b[@]}" "${fp8[@]}")
+# Issue 47's fp8 experts: the Qwen3-30B-A3B shape with the attention projections and the routed
+# experts (precision.fp8_experts: the device-count fp8 grouped GEMMs) in fp8.
+qwen3_moe_4l_fp8=("${qwen3_moe_4l[@]}" "${fp8[@]}" --set precision.fp8_experts=true)
 nodrop=(--set model.attention_dropout=0.0 --set model.hidden_dropout=0.0)
 # Full recomputation, every layer its own range (Megatron's uniform, num_layers 1).
 full=(--set recompute.granularity=full --set recompute.method=uniform --set recompute.num_layers=1)

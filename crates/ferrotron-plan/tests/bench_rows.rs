@@ -469,6 +469,9 @@ const MEASURED_H100_STEP: &[(&str, Measured)] = &[
 /// The script's `mixtral_2l` beyond `dense_4l` and `moe_1gpu`: Mixtral's layer, two of them.
 const MIXTRAL_2L: &[&str] = &["model.num_layers=2", "model.vocab_size=50257"];
 
+/// The script's `qwen3_moe_4l_fp8`: the routed experts in fp8 too.
+const FP8_EXPERTS: &[&str] = &["precision.fp8_experts=true"];
+
 /// The script's `qwen3-30b-a3b-4l-gb16`: a global batch of 16, eight microbatches of 2.
 const EIGHT_MICROBATCHES_OF_2: &[&str] = &["training.global_batch_size=16"];
 
@@ -491,6 +494,18 @@ const H100_MOE_BENCHES: &[Bench] = &[
         preset: "qwen3-30b-a3b",
         micro_batch: 2,
         extra: &[DENSE_4L, MOE_1GPU, EIGHT_MICROBATCHES_OF_2],
+    },
+    Bench {
+        name: "qwen3-30b-a3b-4l-gb16-fp8",
+        preset: "qwen3-30b-a3b",
+        micro_batch: 2,
+        extra: &[
+            DENSE_4L,
+            MOE_1GPU,
+            EIGHT_MICROBATCHES_OF_2,
+            FP8,
+            FP8_EXPERTS,
+        ],
     },
     Bench {
         name: "deepseek-v3-3l",
@@ -602,6 +617,31 @@ fn every_measured_bench_row_is_within_ten_percent_of_its_device_peak() {
         );
     }
     assert!(misses.is_empty(), "{misses:#?}");
+}
+
+/// Before its GPU run: the fp8-experts row fits an H100 with every expert's fp8 weight copies,
+/// and its routed GEMMs at the fp8 rate shorten the bf16 row's step.
+#[test]
+fn the_fp8_experts_row_fits_an_h100_and_plans_a_shorter_step() {
+    let row = |name: &str| {
+        let bench = H100_MOE_BENCHES
+            .iter()
+            .find(|b| b.name == name)
+            .unwrap_or_else(|| panic!("{name} is not a bench row"));
+        bench_plan_on(bench, GpuKind::H100)
+    };
+    let (bf16, fp8) = (
+        row("qwen3-30b-a3b-4l-gb16"),
+        row("qwen3-30b-a3b-4l-gb16-fp8"),
+    );
+    let memory = gib(fp8.memory.per_gpu_bytes.total);
+    assert!(memory < 79.0, "{memory:.1} GiB");
+    assert!(
+        memory > gib(bf16.memory.per_gpu_bytes.total),
+        "the experts' fp8 copies"
+    );
+    let (a, b) = (bf16.predicted.step_seconds, fp8.predicted.step_seconds);
+    assert!(b < 0.9 * a, "bf16 {a:.3} s, fp8 experts {b:.3} s");
 }
 
 #[test]
