@@ -43,6 +43,20 @@ pub struct Paths {
     /// pass (`kernels/fused/bias_gelu.rs`; off: the linear's bias and a second read of the
     /// gradient). Off by default until measured on a GPU.
     pub bias_gelu_fusion: bool,
+    /// Which device-count grouped GEMM Hopper runs (`grouped_gemm::Kernel::chosen`).
+    pub grouped_gemm_kernel: GroupedKernel,
+}
+
+/// The recipe's `runtime.grouped_gemm_kernel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupedKernel {
+    /// The measured best.
+    #[default]
+    Auto,
+    /// The warp-specialised persistent kernel fed by the TMA.
+    Tma,
+    /// The same in two-block clusters sharing the row tile.
+    TmaCluster,
 }
 
 impl Default for Paths {
@@ -59,6 +73,7 @@ impl Default for Paths {
             norm_one_pass: true,
             pinned_uploads: true,
             bias_gelu_fusion: false,
+            grouped_gemm_kernel: GroupedKernel::Auto,
         }
     }
 }

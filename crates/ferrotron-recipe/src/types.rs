@@ -641,6 +641,22 @@ pub struct Precision {
     pub loss_scale: Option<f64>,
 }
 
+/// `runtime.grouped_gemm_kernel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupedGemmKernel {
+    #[default]
+    Auto,
+    Tma,
+    TmaCluster,
+}
+
+impl GroupedGemmKernel {
+    fn is_auto(&self) -> bool {
+        *self == GroupedGemmKernel::Auto
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
@@ -1278,6 +1294,13 @@ pub struct Runtime {
     /// until measured on a GPU; the CPU always runs the linear's bias.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub bias_gelu_fusion: bool,
+    /// Which device-count grouped GEMM a Hopper GPU runs: `auto` the measured best (the
+    /// warpgroup kernel fed by cp.async); `tma` the warp-specialised persistent kernel fed by the
+    /// Tensor Memory Accelerator; `tma_cluster` the same in two-block clusters sharing the row
+    /// tile by multicast. The TMA kernels are unmeasured: this lets one GPU call time the MoE
+    /// rows with each. Other GPUs, and more than 252 experts on a rank, take `auto`.
+    #[serde(default, skip_serializing_if = "GroupedGemmKernel::is_auto")]
+    pub grouped_gemm_kernel: GroupedGemmKernel,
     /// Megatron's `use_cpu_initialization`, on by default here: the initial weights are drawn
     /// on the CPU (burn-flex's generator) and copied to the device, so every backend and
     /// layout starts from the CPU run's weights. Off: the device draws them with its own
@@ -1335,6 +1358,7 @@ impl Default for Runtime {
             norm_one_pass: true,
             pinned_uploads: true,
             bias_gelu_fusion: false,
+            grouped_gemm_kernel: GroupedGemmKernel::Auto,
             use_cpu_initialization: true,
             cross_entropy_fusion_impl: CrossEntropyFusionImpl::Native,
         }
@@ -1590,6 +1614,32 @@ mod tests {
         half.parallel.distributed_timeout_minutes = Some(0.5);
         assert_eq!(half.parallel.distributed_timeout(), Duration::from_secs(30));
         assert_ne!(half.content_hash(), recipe.content_hash());
+    }
+
+    /// `precision.fp8_experts` and `runtime.grouped_gemm_kernel` are written only when set, so
+    /// recipes without them hash as before; set, they parse and change the hash.
+    #[test]
+    fn the_fp8_experts_and_grouped_kernel_keys_keep_old_hashes() {
+        let recipe = crate::rules::fixture::recipe();
+        let json = serde_json::to_value(&recipe).expect("serializes");
+        assert!(json["precision"].get("fp8_experts").is_none(), "{json}");
+        assert!(
+            json["runtime"].get("grouped_gemm_kernel").is_none(),
+            "{json}"
+        );
+        let mut set = json.clone();
+        set["precision"]["fp8_experts"] = serde_json::json!(true);
+        set["runtime"]["grouped_gemm_kernel"] = serde_json::json!("tma_cluster");
+        let set: Recipe = serde_json::from_value(set).expect("parses");
+        assert!(set.precision.fp8_experts);
+        assert_eq!(
+            set.runtime.grouped_gemm_kernel,
+            GroupedGemmKernel::TmaCluster
+        );
+        assert_ne!(set.content_hash(), recipe.content_hash());
+        let mut unknown = json;
+        unknown["runtime"]["grouped_gemm_kernel"] = serde_json::json!("cutlass");
+        assert!(serde_json::from_value::<Recipe>(unknown).is_err());
     }
 
     /// A recipe's MoE section written before the list form of `layer_freq` and

@@ -390,6 +390,17 @@ fn configure_cuda(runtime: &ferrotron_recipe::Runtime) -> anyhow::Result<()> {
         norm_one_pass: runtime.norm_one_pass,
         pinned_uploads: runtime.pinned_uploads,
         bias_gelu_fusion: runtime.bias_gelu_fusion,
+        grouped_gemm_kernel: match runtime.grouped_gemm_kernel {
+            ferrotron_recipe::GroupedGemmKernel::Auto => {
+                ferrotron_cuda::switches::GroupedKernel::Auto
+            }
+            ferrotron_recipe::GroupedGemmKernel::Tma => {
+                ferrotron_cuda::switches::GroupedKernel::Tma
+            }
+            ferrotron_recipe::GroupedGemmKernel::TmaCluster => {
+                ferrotron_cuda::switches::GroupedKernel::TmaCluster
+            }
+        },
     };
     if let Err(held) = ferrotron_cuda::switches::configure(paths) {
         anyhow::bail!(

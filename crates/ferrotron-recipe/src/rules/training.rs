@@ -426,8 +426,28 @@ fn check_fp8_experts(recipe: &Recipe, out: &mut Vec<Finding>) {
             )
             .with_help(help),
         );
+        return;
+    }
+    let experts = recipe.model.moe.as_ref().map_or(0, |moe| moe.num_experts);
+    if experts > FP8_MAX_EXPERTS {
+        out.push(
+            Finding::error(
+                "precision::fp8-experts-too-many",
+                "precision.fp8_experts",
+                format!(
+                    "fp8 experts run at most {FP8_MAX_EXPERTS} experts on a rank (a tensor map \
+                     each among the grouped GEMM's 32 KiB of parameters), this model has \
+                     {experts}"
+                ),
+            )
+            .with_help("remove precision.fp8_experts: the experts then run in the model's dtype"),
+        );
     }
 }
+
+/// The experts one fp8 grouped GEMM takes (`ferrotron-cuda`'s TMA kernels, `grouped_gemm/tma.rs`
+/// `MAX_GROUPS`, which the CUDA crate checks again at launch).
+const FP8_MAX_EXPERTS: u32 = 252;
 
 /// The multiple of `of` at or above `value` (for a suggestion); saturates instead of wrapping.
 fn nearest_multiple(value: u32, of: u32) -> u32 {
@@ -595,6 +615,10 @@ mod tests {
         r.model.moe =
             Some(serde_json::from_value(serde_json::json!({"num_experts": 4})).expect("moe"));
         assert!(run(&r).is_empty(), "{:?}", run(&r));
+        r.model.moe.as_mut().expect("moe").num_experts = 256;
+        let too_many = run(&r);
+        assert_eq!(codes(&too_many), ["precision::fp8-experts-too-many"]);
+        assert!(too_many[0].is_error());
         r.parallel.expert = Degree::Fixed(2);
         assert!(run(&r)[0].message.contains("cuts the experts"));
         r.precision.fp8_experts = false;

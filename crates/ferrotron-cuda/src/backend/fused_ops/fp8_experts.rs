@@ -17,9 +17,14 @@ use crate::kernels::fused::grouped_gemm::{self, Kernel};
 use crate::kernels::prim::elementwise::{copy_into, zeros};
 use crate::kernels::prim::index::cat;
 
-/// The TMA kernel's single-block form until `gpu_check --filter device_grouped` times the
-/// cluster form against it.
-const KERNEL: Kernel = Kernel::HopperTma;
+/// The TMA kernel's two-block form where `runtime.grouped_gemm_kernel` asks for it, else the
+/// single-block one (the fp8 products exist only on the TMA kernels).
+fn kernel() -> Kernel {
+    match crate::switches::paths().grouped_gemm_kernel {
+        crate::switches::GroupedKernel::TmaCluster => Kernel::HopperTmaCluster,
+        _ => Kernel::HopperTma,
+    }
+}
 
 fn operand(o: &Fp8Operand<Cuda>) -> Operand<'_> {
     Operand {
@@ -48,7 +53,7 @@ pub(crate) fn fp8_grouped_rows_op(
     let weights: Vec<CudaTensor> = b.iter().map(|b| b.data.clone()).collect();
     let counts = counts(group_rows, &a.data);
     ok(grouped_gemm::fp8_rows(
-        KERNEL,
+        kernel(),
         operand(&a),
         &weights,
         format,
@@ -71,7 +76,7 @@ pub(crate) fn fp8_grouped_inner_op(
     let counts = counts(group_rows, &a_t.data);
     let (a, b) = (padded(&a_t.data), padded(&b_t.data));
     ok(grouped_gemm::fp8_inner(
-        KERNEL,
+        kernel(),
         Operand {
             data: &a,
             ..operand(&a_t)

@@ -97,7 +97,7 @@ fn grouped_forward(
 ) -> FloatTensor<Cuda> {
     if device_counts_gemm(x, weights) {
         let counts = group_rows.device(&crate::backend::shared::device(x));
-        let kernel = grouped_gemm::Kernel::best(x.device());
+        let kernel = grouped_gemm::Kernel::chosen(x.device(), group_rows.groups());
         return ok(grouped_gemm::forward(kernel, x, weights, &counts));
     }
     ok(grouped_matmul(x, weights, group_rows.host()))
@@ -121,7 +121,7 @@ fn grouped_backward(
     let counts = group_rows.device(&crate::backend::shared::device(x));
     let grad = ok(grad_output.cast(x.dtype()));
     let groups = group_rows.groups();
-    let kernel = grouped_gemm::Kernel::best(x.device());
+    let kernel = grouped_gemm::Kernel::chosen(x.device(), groups);
     (
         ok(grouped_gemm::input_grad(kernel, &grad, weights, &counts)),
         ok(grouped_gemm::weight_grad(kernel, x, &grad, &counts, groups)),

@@ -80,6 +80,21 @@ impl Kernel {
         }
     }
 
+    /// The kernel the recipe's `runtime.grouped_gemm_kernel` asks for, where the device and the
+    /// groups allow it (the TMA kernels are Hopper's and take at most 252 groups); else
+    /// [`Kernel::best`].
+    pub fn chosen(device: &CudaDevice, groups: usize) -> Self {
+        let asked = match crate::switches::paths().grouped_gemm_kernel {
+            crate::switches::GroupedKernel::Auto => None,
+            crate::switches::GroupedKernel::Tma => Some(Kernel::HopperTma),
+            crate::switches::GroupedKernel::TmaCluster => Some(Kernel::HopperTmaCluster),
+        };
+        match asked {
+            Some(kernel) if device.arch() == "sm_90" && groups <= tma::MAX_GROUPS => kernel,
+            _ => Self::best(device),
+        }
+    }
+
     /// Every kernel the device runs, the best first (for the checks that compare them).
     pub fn available(device: &CudaDevice) -> Vec<Self> {
         match Self::best(device) {
