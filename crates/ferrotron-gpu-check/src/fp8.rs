@@ -433,20 +433,24 @@ where
         pieces.push(b.grad(&grads).expect("db").cast(DType::F32).reshape([-1]));
         if let Some(fp8) = fp8 {
             end_fp8_step::<B::InnerBackend>(fp8.state(), &[&solo()]);
-            let rows: Vec<f32> = fp8
-                .state()
-                .rows::<B::InnerBackend>()
-                .into_iter()
-                .flat_map(|(_, row)| row)
-                .collect();
-            let n = rows.len();
-            pieces.push(Tensor::from_data(
-                TensorData::new(rows, [n]),
-                &pieces[0].device(),
-            ));
+            pieces.push(state_rows(fp8.state(), &pieces[0].device()));
         }
     }
     Tensor::cat(pieces, 0).into_data()
+}
+
+/// Every slot's scaling state after a step, flat: one more piece of a run's output to compare.
+pub(crate) fn state_rows<K: burn::tensor::backend::Backend>(
+    state: &Fp8State,
+    device: &K::Device,
+) -> Tensor<K, 1> {
+    let rows: Vec<f32> = state
+        .rows::<K>()
+        .into_iter()
+        .flat_map(|(_, row)| row)
+        .collect();
+    let n = rows.len();
+    Tensor::from_data(TensorData::new(rows, [n]), device)
 }
 
 /// Megatron's hybrid format with delayed scaling over a history of two: the layer rows' recipe.

@@ -20,7 +20,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::compare::{self, Errors};
-use crate::fp8::{bf16_values, f32s, hybrid_delayed, operand, upload_f32};
+use crate::fp8::{bf16_values, f32s, hybrid_delayed, operand, state_rows, upload_f32};
 use crate::fused::round;
 use crate::{Row, failed, first_line, guarded};
 
@@ -247,16 +247,7 @@ where
             pieces.push(flat(w.grad(&grads).expect("dW")));
         }
         end_fp8_step::<B::InnerBackend>(&state, &[&solo()]);
-        let rows: Vec<f32> = state
-            .rows::<B::InnerBackend>()
-            .into_iter()
-            .flat_map(|(_, row)| row)
-            .collect();
-        let n = rows.len();
-        pieces.push(Tensor::from_data(
-            TensorData::new(rows, [n]),
-            &pieces[0].device(),
-        ));
+        pieces.push(state_rows(&state, &pieces[0].device()));
     }
     Tensor::cat(pieces, 0).into_data()
 }

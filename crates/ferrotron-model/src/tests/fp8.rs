@@ -58,39 +58,47 @@ fn a_chunk_names_its_fp8_linears_and_skips_the_bf16_layers() {
     assert_eq!(moe[1 + count], "layers.0.feed_forward.Moe.experts.fc2");
 }
 
+/// Thirty AdamW steps of `model` on the fixed batch, its layers in fp8 (the routed experts too
+/// with `Some(true)`) where `fp8` is given: the losses and the trained model.
+fn train_steps(model: &Model, fp8: Option<bool>) -> (Vec<f32>, GptModel<CpuAutodiff>) {
+    let (inputs, labels) = fixed_batch();
+    let mut gpt = build::<CpuAutodiff>(model, 0);
+    if let Some(experts) = fp8 {
+        gpt = gpt.with_fp8(hybrid(), |_| true, experts);
+    }
+    let mut optimizer = AdamWConfig::new()
+        .with_weight_decay(0.0)
+        .init::<CpuAutodiff, GptModel<CpuAutodiff>>();
+    let mut losses = Vec::new();
+    for _ in 0..30 {
+        let output = gpt.loss(inputs.clone(), labels.clone());
+        losses.push(scalar(output.lm_loss.clone()));
+        let gradients = GradientsParams::from_grads(output.loss.backward(), &gpt);
+        gpt = optimizer.step(1e-2, gpt, gradients);
+        if let Some(state) = gpt.fp8_state() {
+            end_fp8_step::<Cpu>(state, &[&solo()]);
+        }
+    }
+    (losses, gpt)
+}
+
+/// The fp8 run trains and ends within 10 % (+0.05) of the plain run's loss.
+fn assert_follows(fp8: &[f32], plain: &[f32]) {
+    let last = |l: &[f32]| l[l.len() - 5..].iter().sum::<f32>() / 5.0;
+    assert!(last(fp8) < 0.5 * fp8[0], "fp8 trains: {fp8:?}");
+    assert!(
+        (last(fp8) - last(plain)).abs() < 0.1 * last(plain) + 0.05,
+        "fp8 {fp8:?}\nplain {plain:?}"
+    );
+}
+
 /// The routed experts in fp8 (`precision.fp8_experts`) on the reference primitives: the MoE
 /// model trains as the plain one does.
 #[test]
 fn fp8_experts_training_follows_the_plain_loss() {
-    let (inputs, labels) = fixed_batch();
-    let run = |fp8: bool| {
-        let mut gpt = build::<CpuAutodiff>(&moe_model(), 0);
-        if fp8 {
-            gpt = gpt.with_fp8(hybrid(), |_| true, true);
-        }
-        let mut optimizer = AdamWConfig::new()
-            .with_weight_decay(0.0)
-            .init::<CpuAutodiff, GptModel<CpuAutodiff>>();
-        let mut losses = Vec::new();
-        for _ in 0..30 {
-            let output = gpt.loss(inputs.clone(), labels.clone());
-            losses.push(scalar(output.lm_loss.clone()));
-            let gradients = GradientsParams::from_grads(output.loss.backward(), &gpt);
-            gpt = optimizer.step(1e-2, gpt, gradients);
-            if let Some(state) = gpt.fp8_state() {
-                end_fp8_step::<Cpu>(state, &[&solo()]);
-            }
-        }
-        (losses, gpt)
-    };
-    let (plain, _) = run(false);
-    let (fp8, gpt) = run(true);
-    let last = |l: &[f32]| l[l.len() - 5..].iter().sum::<f32>() / 5.0;
-    assert!(last(&fp8) < 0.5 * fp8[0], "fp8 trains: {fp8:?}");
-    assert!(
-        (last(&fp8) - last(&plain)).abs() < 0.1 * last(&plain) + 0.05,
-        "fp8 {fp8:?}\nplain {plain:?}"
-    );
+    let (plain, _) = train_steps(&moe_model(), None);
+    let (fp8, gpt) = train_steps(&moe_model(), Some(true));
+    assert_follows(&fp8, &plain);
     // every expert's weight scale moved off its initial 1, each to its own weight's range
     let rows = gpt.fp8_state().expect("fp8").rows::<Cpu>();
     let width = hybrid().block_width();
@@ -132,35 +140,9 @@ fn an_fp8_forward_stays_close_to_the_plain_one() {
 
 #[test]
 fn fp8_training_follows_the_plain_loss() {
-    let (inputs, labels) = fixed_batch();
-    let run = |fp8: bool| {
-        let mut gpt = build::<CpuAutodiff>(&llama_model(), 0);
-        if fp8 {
-            gpt = gpt.with_fp8(hybrid(), |_| true, false);
-        }
-        let mut optimizer = AdamWConfig::new()
-            .with_weight_decay(0.0)
-            .init::<CpuAutodiff, GptModel<CpuAutodiff>>();
-        let mut losses = Vec::new();
-        for _ in 0..30 {
-            let output = gpt.loss(inputs.clone(), labels.clone());
-            losses.push(scalar(output.lm_loss.clone()));
-            let gradients = GradientsParams::from_grads(output.loss.backward(), &gpt);
-            gpt = optimizer.step(1e-2, gpt, gradients);
-            if let Some(state) = gpt.fp8_state() {
-                end_fp8_step::<Cpu>(state, &[&solo()]);
-            }
-        }
-        (losses, gpt)
-    };
-    let (plain, _) = run(false);
-    let (fp8, gpt) = run(true);
-    let last = |l: &[f32]| l[l.len() - 5..].iter().sum::<f32>() / 5.0;
-    assert!(last(&fp8) < 0.5 * fp8[0], "fp8 trains: {fp8:?}");
-    assert!(
-        (last(&fp8) - last(&plain)).abs() < 0.1 * last(&plain) + 0.05,
-        "fp8 {fp8:?}\nplain {plain:?}"
-    );
+    let (plain, _) = train_steps(&llama_model(), None);
+    let (fp8, gpt) = train_steps(&llama_model(), Some(false));
+    assert_follows(&fp8, &plain);
     // the scales moved off their initial 1 towards the tensors' ranges
     let rows = gpt.fp8_state().expect("fp8").rows::<Cpu>();
     let width = hybrid().block_width();

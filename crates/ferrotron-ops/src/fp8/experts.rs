@@ -27,7 +27,7 @@ use burn::tensor::{DType, Tensor, TensorMetadata};
 
 use crate::fp8::linear::{Fp8Linear, Fp8Operand, Fp8Tensor};
 use crate::fp8::scaling::Fp8Role;
-use crate::op::grouped::parts_are_leaves;
+use crate::op::grouped::{part_ids, parts_are_leaves};
 use crate::primitive::{unwrap, wrap};
 use crate::{FusedOps, GroupRows};
 
@@ -252,18 +252,11 @@ pub fn fp8_experts_node<B: FusedOps, C: CheckpointStrategy>(
         "fp8 experts: every expert's weight must be a leaf of the graph"
     );
     let group_rows = group_rows.of::<B>();
-    let anchor = parts
-        .iter()
-        .find(|part| !part.node.requirement.is_none())
-        .unwrap_or(&parts[0]);
+    let (anchor, ids) = part_ids::<B, C>(&parts);
     let prepared = Fp8ExpertsOp
-        .prepare::<C>([x.node.clone(), anchor.node.clone()])
+        .prepare::<C>([x.node.clone(), parts[anchor].node.clone()])
         .compute_bound()
         .stateful();
-    let ids = parts
-        .iter()
-        .map(|part| (!part.node.requirement.is_none()).then_some(part.node.id))
-        .collect();
     let input_dtype = x.primitive.dtype();
     let weight_dtype = parts[0].primitive.dtype();
     let parts: Vec<FloatTensor<B>> = parts.into_iter().map(|part| part.primitive).collect();

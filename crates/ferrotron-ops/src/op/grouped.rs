@@ -222,6 +222,21 @@ pub fn parts_are_leaves<B: Backend, C: CheckpointStrategy>(
     !parts.is_empty() && parts.iter().all(|part| part.node.parents.is_empty())
 }
 
+/// Which part a node over `parts` hangs on beside `x` (one that takes a gradient, else the
+/// first: the node is then tracked when only the weights take gradients), and each part's graph
+/// id where it takes a gradient, which the node's backward registers itself.
+pub(crate) fn part_ids<B: Backend, C: CheckpointStrategy>(
+    parts: &[FloatTensor<Autodiff<B, C>>],
+) -> (usize, Vec<Option<NodeId>>) {
+    let takes = |part: &FloatTensor<Autodiff<B, C>>| !part.node.requirement.is_none();
+    let anchor = parts.iter().position(takes).unwrap_or(0);
+    let ids = parts
+        .iter()
+        .map(|part| takes(part).then_some(part.node.id))
+        .collect();
+    (anchor, ids)
+}
+
 #[derive(Debug)]
 struct GroupedMatmulPartsOp;
 
@@ -272,18 +287,11 @@ pub fn grouped_matmul_parts_node<B: FusedOps, C: CheckpointStrategy>(
         "grouped matmul over parts: every part must be a leaf of the graph"
     );
     let group_rows = &group_rows.of::<B>();
-    let anchor = parts
-        .iter()
-        .find(|part| !part.node.requirement.is_none())
-        .unwrap_or(&parts[0]);
+    let (anchor, ids) = part_ids::<B, C>(&parts);
     let prepared = GroupedMatmulPartsOp
-        .prepare::<C>([x.node.clone(), anchor.node.clone()])
+        .prepare::<C>([x.node.clone(), parts[anchor].node.clone()])
         .compute_bound()
         .stateful();
-    let ids = parts
-        .iter()
-        .map(|part| (!part.node.requirement.is_none()).then_some(part.node.id))
-        .collect();
     let parts: Vec<FloatTensor<B>> = parts.into_iter().map(|part| part.primitive).collect();
     match prepared {
         OpsKind::Tracked(prep) => {

@@ -257,42 +257,8 @@ impl GroupedGemm {
     /// The warp-specialised kernel: the same operand layouts as [`Self::hopper_source`], loaded
     /// by the TMA.
     fn tma_source(&self) -> String {
-        let (a_mn, b_mn) = self.operand_layouts();
-        template!("grouped_gemm_sm90_tma.cu").fill(&[
-            ("NAME", Hole::Name(self.dtype)),
-            (
-                "MODE",
-                Hole::code(format!(
-                    "{} n{}{} groups {}",
-                    match self.fp8 {
-                        Some(fp8) => format!(
-                            "fp8 {} {} {}{}",
-                            fp8.a.name(),
-                            fp8.b.name(),
-                            if self.product == Product::WeightGrad {
-                                "inner"
-                            } else {
-                                "rows"
-                            },
-                            if fp8.split { " split" } else { "" }
-                        ),
-                        None => self.mode().to_string(),
-                    },
-                    self.tile_cols,
-                    if self.kernel == Kernel::HopperTmaCluster {
-                        " cluster"
-                    } else {
-                        ""
-                    },
-                    self.groups
-                )),
-            ),
-            ("BN", Hole::Int(self.tile_cols as i64)),
-            ("STAGES", Hole::Int(self.stages() as i64)),
-            ("GROUPS", Hole::Int(self.groups as i64)),
-            ("ELEM", Hole::Storage(self.dtype)),
-            ("WGMMA_HELPERS", Hole::code(self.wgmma_helpers(a_mn, b_mn))),
-            ("TILES", Hole::code(self.tiles())),
+        let mut holes = self.sm90_holes();
+        holes.extend([
             ("ROWS", Hole::Flag(self.product != Product::WeightGrad)),
             (
                 "CLUSTER",
@@ -300,9 +266,50 @@ impl GroupedGemm {
             ),
             ("FP8", Hole::Flag(self.fp8.is_some())),
             ("SPLIT", Hole::Flag(self.fp8.is_some_and(|fp8| fp8.split))),
+        ]);
+        template!("grouped_gemm_sm90_tma.cu").fill(&holes)
+    }
+
+    /// The holes both warpgroup kernels' templates have.
+    fn sm90_holes(&self) -> Vec<(&'static str, Hole<'static>)> {
+        let (a_mn, b_mn) = self.operand_layouts();
+        vec![
+            ("NAME", Hole::Name(self.dtype)),
+            ("MODE", Hole::code(self.header())),
+            ("BN", Hole::Int(self.tile_cols as i64)),
+            ("STAGES", Hole::Int(self.stages() as i64)),
+            ("GROUPS", Hole::Int(self.groups as i64)),
+            ("ELEM", Hole::Storage(self.dtype)),
+            ("WGMMA_HELPERS", Hole::code(self.wgmma_helpers(a_mn, b_mn))),
+            ("TILES", Hole::code(self.tiles())),
             ("A_MN", Hole::Flag(a_mn)),
             ("B_MN", Hole::Flag(b_mn)),
-        ])
+        ]
+    }
+
+    /// A warpgroup kernel's header words: the product (fp8's formats and form), the tile width,
+    /// the variant, the groups.
+    fn header(&self) -> String {
+        let what = match self.fp8 {
+            Some(fp8) => format!(
+                "fp8 {} {} {}{}",
+                fp8.a.name(),
+                fp8.b.name(),
+                if self.product == Product::WeightGrad {
+                    "inner"
+                } else {
+                    "rows"
+                },
+                if fp8.split { " split" } else { "" }
+            ),
+            None => self.mode().to_string(),
+        };
+        let variant = match self.kernel {
+            Kernel::HopperPair => " pair",
+            Kernel::HopperTmaCluster => " cluster",
+            _ => "",
+        };
+        format!("{what} n{}{variant} groups {}", self.tile_cols, self.groups)
     }
 
     /// Which operand is stored with the reduction dimension outermost (wgmma's transpose; fp8
@@ -319,33 +326,9 @@ impl GroupedGemm {
     }
 
     fn hopper_source(&self) -> String {
-        let (a_mn, b_mn) = self.operand_layouts();
-        template!("grouped_gemm_sm90.cu").fill(&[
-            ("NAME", Hole::Name(self.dtype)),
-            (
-                "MODE",
-                Hole::code(format!(
-                    "{} n{}{} groups {}",
-                    self.mode(),
-                    self.tile_cols,
-                    if self.kernel == Kernel::HopperPair {
-                        " pair"
-                    } else {
-                        ""
-                    },
-                    self.groups
-                )),
-            ),
-            ("BN", Hole::Int(self.tile_cols as i64)),
-            ("STAGES", Hole::Int(self.stages() as i64)),
-            ("BLOCKS_PER_SM", Hole::Int(self.blocks_per_sm())),
-            ("GROUPS", Hole::Int(self.groups as i64)),
-            ("ELEM", Hole::Storage(self.dtype)),
-            ("WGMMA_HELPERS", Hole::code(self.wgmma_helpers(a_mn, b_mn))),
-            ("TILES", Hole::code(self.tiles())),
-            ("A_MN", Hole::Flag(a_mn)),
-            ("B_MN", Hole::Flag(b_mn)),
-        ])
+        let mut holes = self.sm90_holes();
+        holes.push(("BLOCKS_PER_SM", Hole::Int(self.blocks_per_sm())));
+        template!("grouped_gemm_sm90.cu").fill(&holes)
     }
 }
 
