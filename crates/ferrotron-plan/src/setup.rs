@@ -47,11 +47,12 @@ impl Setup<'_> {
         self.cluster.gpu != GpuKind::Cpu
     }
 
-    /// Whether every MoE expert runs whole on one rank (no tp, ep or etp cutting the layer):
-    /// where the runtime can put the experts in fp8.
+    /// Whether the model runs whole on one rank, one chunk: where the runtime's MoE layers run
+    /// their experts locally and can put them in fp8 (a model cut over ranks routes through the
+    /// token dispatcher, which keeps them in the model's dtype).
     pub(crate) fn whole_experts(&self) -> bool {
         let d = self.layout.degrees;
-        d.tp == 1 && d.ep == 1 && d.etp == 1
+        d.world_size() == 1 && d.vpp == 1
     }
 
     /// Divisor of sequence-sharded activations: tp with sequence parallelism, else 1.

@@ -154,7 +154,8 @@ impl<B: Backend> MoeLayer<B> {
     /// The fp8 slots of the routed experts (relative to the layer), in the order
     /// [`Self::with_fp8`] takes handles: fc1's routed rows, each expert's fc1 weight, then the
     /// same for fc2. Each weight's slot is named by its parameter path (`experts.3.fc1`), the
-    /// rows' by the linear's (`experts.fc1`). None in a parallel layout, whose experts are cut.
+    /// rows' by the linear's (`experts.fc1`). None for a layer cut over ranks, whose tokens reach
+    /// the experts through the token dispatcher.
     pub(crate) fn fp8_linears(&self) -> Vec<String> {
         if self.parallel.is_some() {
             return Vec::new();

@@ -393,14 +393,19 @@ fn check_fp8_experts(recipe: &Recipe, out: &mut Vec<Finding>) {
         return;
     }
     let parallel = &recipe.parallel;
-    let cut = [
+    let degrees = [
         Some(parallel.tensor),
+        Some(parallel.pipeline),
+        Some(parallel.context),
+        Some(parallel.data),
         Some(parallel.expert),
         parallel.expert_tensor,
-    ]
-    .into_iter()
-    .flatten()
-    .any(|degree| degree.fixed().is_some_and(|d| d > 1));
+    ];
+    // Degrees resolved from the cluster (`auto`) are known at launch, which says so then.
+    let cut = degrees
+        .into_iter()
+        .flatten()
+        .any(|degree| degree.fixed().is_some_and(|d| d > 1));
     let why = if recipe.precision.fp8 == Fp8::None {
         Some(("precision.fp8 is none", "set precision.fp8: hybrid"))
     } else if recipe.model.moe.is_none() {
@@ -410,9 +415,9 @@ fn check_fp8_experts(recipe: &Recipe, out: &mut Vec<Finding>) {
         ))
     } else if cut {
         Some((
-            "a parallel layout cuts the experts, which then stay in the model's dtype",
-            "run the experts whole on one rank (tensor, expert and expert_tensor 1), or remove \
-             precision.fp8_experts",
+            "fp8 experts run on one rank only (a model cut over ranks routes through the token \
+             dispatcher, which keeps the experts in the model's dtype)",
+            "run on one GPU (every parallel degree 1), or remove precision.fp8_experts",
         ))
     } else {
         None
@@ -620,7 +625,10 @@ mod tests {
         assert_eq!(codes(&too_many), ["precision::fp8-experts-too-many"]);
         assert!(too_many[0].is_error());
         r.parallel.expert = Degree::Fixed(2);
-        assert!(run(&r)[0].message.contains("cuts the experts"));
+        assert!(run(&r)[0].message.contains("one rank only"));
+        r.parallel.expert = Degree::Fixed(1);
+        r.parallel.pipeline = Degree::Fixed(2);
+        assert!(run(&r)[0].message.contains("one rank only"));
         r.precision.fp8_experts = false;
         assert!(run(&r).is_empty());
     }

@@ -137,6 +137,13 @@ where
             device,
         )?;
         let whole = is_alone(&ctx) && specs.len() == 1;
+        if recipe.precision.fp8_experts && !whole {
+            tracing::warn!(
+                "precision.fp8_experts is ignored: the model is cut over ranks or chunks, and its \
+                 MoE layers' tokens reach the experts through the token dispatcher, which keeps \
+                 them in the model's dtype"
+            );
+        }
         let chunks = if whole {
             vec![full]
         } else {
