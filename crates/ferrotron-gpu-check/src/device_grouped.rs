@@ -177,62 +177,35 @@ fn rows_of(
         .map(|(which, path, over_parts)| {
             let (op, label, against) = match (path, over_parts) {
                 (Path::PerExpert, false) => (
-                    "grouped_gemm_per_expert",
-                    "per-expert cuBLASLt",
+                    "grouped_gemm_per_expert".to_owned(),
+                    "per-expert cuBLASLt".to_owned(),
                     Path::Cublas,
                 ),
                 (Path::PerExpert, true) => (
-                    "grouped_gemm_per_expert_parts",
-                    "per-expert cuBLASLt over parts vs stacked",
+                    "grouped_gemm_per_expert_parts".to_owned(),
+                    "per-expert cuBLASLt over parts vs stacked".to_owned(),
                     Path::PerExpert,
                 ),
                 (Path::Cublas, _) => (
-                    "grouped_gemm_parts",
-                    "cuBLAS grouped over parts vs stacked",
+                    "grouped_gemm_parts".to_owned(),
+                    "cuBLAS grouped over parts vs stacked".to_owned(),
                     Path::Cublas,
                 ),
-                (Path::DeviceCounts(Kernel::Portable), false) => (
-                    "grouped_gemm_device_counts",
-                    "device counts vs cuBLAS grouped",
-                    Path::Cublas,
-                ),
-                (Path::DeviceCounts(Kernel::Hopper), false) => (
-                    "grouped_gemm_device_counts_sm90",
-                    "device counts (wgmma) vs cuBLAS grouped",
-                    Path::Cublas,
-                ),
-                (Path::DeviceCounts(Kernel::HopperNarrow), false) => (
-                    "grouped_gemm_device_counts_sm90_n128",
-                    "device counts (wgmma, 128 x 128 tiles) vs cuBLAS grouped",
-                    Path::Cublas,
-                ),
-                (Path::DeviceCounts(Kernel::HopperPair), false) => (
-                    "grouped_gemm_device_counts_sm90_pair",
-                    "device counts (wgmma, two blocks an SM) vs cuBLAS grouped",
-                    Path::Cublas,
-                ),
-                (Path::DeviceCounts(Kernel::HopperTma), false) => (
-                    "grouped_gemm_device_counts_sm90_tma",
-                    "device counts (wgmma fed by the TMA, warp-specialised) vs cuBLAS grouped",
-                    Path::Cublas,
-                ),
-                (Path::DeviceCounts(Kernel::HopperTmaCluster), false) => (
-                    "grouped_gemm_device_counts_sm90_tma_cluster",
-                    "device counts (TMA, clusters of two sharing the row tile) vs cuBLAS grouped",
-                    Path::Cublas,
-                ),
+                (Path::DeviceCounts(kernel), false) => {
+                    let (suffix, what) = kernel_names(kernel);
+                    let label = match what {
+                        Some(what) => format!("device counts ({what}) vs cuBLAS grouped"),
+                        None => "device counts vs cuBLAS grouped".to_owned(),
+                    };
+                    (
+                        format!("grouped_gemm_device_counts{suffix}"),
+                        label,
+                        Path::Cublas,
+                    )
+                }
                 (Path::DeviceCounts(kernel), true) => (
-                    match kernel {
-                        Kernel::Portable => "grouped_gemm_device_counts_parts",
-                        Kernel::Hopper => "grouped_gemm_device_counts_sm90_parts",
-                        Kernel::HopperNarrow => "grouped_gemm_device_counts_sm90_n128_parts",
-                        Kernel::HopperPair => "grouped_gemm_device_counts_sm90_pair_parts",
-                        Kernel::HopperTma => "grouped_gemm_device_counts_sm90_tma_parts",
-                        Kernel::HopperTmaCluster => {
-                            "grouped_gemm_device_counts_sm90_tma_cluster_parts"
-                        }
-                    },
-                    "device counts over parts vs stacked",
+                    format!("grouped_gemm_device_counts{}_parts", kernel_names(kernel).0),
+                    "device counts over parts vs stacked".to_owned(),
                     Path::DeviceCounts(kernel),
                 ),
             };
@@ -249,7 +222,7 @@ fn rows_of(
                 (_, Err(e)) => (failed(), format!("{which}: reference: {}", first_line(&e))),
             };
             Row {
-                op: op.into(),
+                op,
                 dtype: dtype_label(dtype),
                 shape: format!("[{total}, {k}] x [{}, {k}, {n}]", rows.len()),
                 errors,
@@ -257,6 +230,22 @@ fn rows_of(
             }
         })
         .collect()
+}
+
+/// A device-count kernel's row-name suffix and its words in the notes and the timing table
+/// (`None`: the portable `mma.sync` kernel, named by neither).
+fn kernel_names(kernel: Kernel) -> (&'static str, Option<&'static str>) {
+    match kernel {
+        Kernel::Portable => ("", None),
+        Kernel::Hopper => ("_sm90", Some("wgmma")),
+        Kernel::HopperNarrow => ("_sm90_n128", Some("wgmma, 128 x 128 tiles")),
+        Kernel::HopperPair => ("_sm90_pair", Some("wgmma, two blocks an SM")),
+        Kernel::HopperTma => ("_sm90_tma", Some("wgmma fed by the TMA, warp-specialised")),
+        Kernel::HopperTmaCluster => (
+            "_sm90_tma_cluster",
+            Some("TMA, clusters of two sharing the row tile"),
+        ),
+    }
 }
 
 /// Row counts of `groups` experts summing to `total`, skewed as routing leaves them, expert 1
@@ -391,13 +380,7 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                 let ours = time(kernels[0]);
                 for &other in &kernels[1..] {
                     let ms = time(other);
-                    let what = match other {
-                        Kernel::HopperNarrow => "wgmma, 128 x 128 tiles",
-                        Kernel::HopperPair => "wgmma, two blocks an SM",
-                        Kernel::HopperTma => "wgmma, TMA, warp-specialised",
-                        Kernel::HopperTmaCluster => "wgmma, TMA, clusters of two",
-                        _ => "mma.sync",
-                    };
+                    let what = kernel_names(other).1.unwrap_or("mma.sync");
                     lines.push_str(&format!(
                         "| {name} | {pass}, device counts ({what}) | {ms:.3} | {:.0} | | |\n",
                         rate(ms)
