@@ -273,7 +273,7 @@ pub(crate) fn connect(config: &TcpConfig, listener: Option<TcpListener>) -> Resu
         return Err(TcpError::BadRank { rank, world_size });
     }
     let address = format!("{}:{}", config.master_addr, config.master_port);
-    let streams = form(config, listener)?;
+    let streams = form(config, &address, listener)?;
     let inbox = Arc::new(Inbox::default());
     let now = Instant::now();
     inbox.update(|state| {

@@ -66,9 +66,9 @@ pub enum TcpError {
 /// `listener` is rank 0's when the caller bound it already.
 pub(crate) fn form(
     config: &TcpConfig,
+    address: &str,
     listener: Option<TcpListener>,
 ) -> Result<Vec<Option<TcpStream>>, TcpError> {
-    let address = format!("{}:{}", config.master_addr, config.master_port);
     if config.world_size == 1 {
         Ok(vec![None])
     } else if config.rank == 0 {
@@ -76,9 +76,9 @@ pub(crate) fn form(
             Some(listener) => listener,
             None => bind_master(config.master_port, BIND_GRACE)?,
         };
-        serve(config, &address, &listener)
+        serve(config, address, &listener)
     } else {
-        join(config, &address)
+        join(config, address)
     }
 }
 

@@ -33,7 +33,7 @@ fn upload3(data: &TensorData, dtype: DType, device: &GpuDevice) -> CudaTensor {
         .tensor()
 }
 
-fn counts_on(rows: &[usize], device: &GpuDevice) -> CudaTensor {
+pub(crate) fn counts_on(rows: &[usize], device: &GpuDevice) -> CudaTensor {
     let data = TensorData::new(rows.iter().map(|&r| r as i64).collect(), [rows.len()]);
     Tensor::<Cuda, 1, Int>::from_data(data, device).into_primitive()
 }

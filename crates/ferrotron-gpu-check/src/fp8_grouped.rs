@@ -20,20 +20,13 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::compare::{self, Errors};
+use crate::device_grouped::counts_on;
 use crate::fp8::{bf16_values, f32s, hybrid_delayed, operand, state_rows, upload_f32};
 use crate::fused::round;
 use crate::{Row, failed, first_line, guarded};
 
 const COUNTS: [usize; 8] = [300, 129, 512, 0, 77, 256, 1, 200];
 const TMA_KERNELS: [Kernel; 2] = [Kernel::HopperTma, Kernel::HopperTmaCluster];
-
-fn counts_tensor(device: &Arc<CudaDevice>, counts: &[usize]) -> CudaTensor {
-    let bytes: Vec<u8> = counts
-        .iter()
-        .flat_map(|&c| (c as i64).to_le_bytes())
-        .collect();
-    CudaTensor::from_bytes(device, &bytes, &[counts.len()], EDType::I64).expect("counts")
-}
 
 fn starts(counts: &[usize]) -> Vec<usize> {
     counts
@@ -60,6 +53,7 @@ fn compared(got: &CudaTensor, want: Vec<f32>, shape: [usize; 2]) -> Result<Error
 /// shared.
 fn rows_row(
     device: &Arc<CudaDevice>,
+    counts: &CudaTensor,
     kernel: Kernel,
     [k, n]: [usize; 2],
     formats: (Fp8Format, Fp8Format),
@@ -100,7 +94,7 @@ fn rows_row(
         &b,
         formats.1,
         &b_scale,
-        &counts_tensor(device, &COUNTS),
+        counts,
         EDType::BF16,
         // the forward's fast accumulation; the input gradient (e5m2 rows) splits it
         formats.0 == Fp8Format::E4m3,
@@ -125,6 +119,7 @@ fn rows_row(
 /// of buffers whose rows are padded to a multiple of 16 bytes.
 fn inner_row(
     device: &Arc<CudaDevice>,
+    counts: &CudaTensor,
     kernel: Kernel,
     [m, n]: [usize; 2],
     formats: (Fp8Format, Fp8Format),
@@ -152,7 +147,7 @@ fn inner_row(
             format: formats.1,
             scale_inv: &cb.scale_inv,
         },
-        &counts_tensor(device, &COUNTS),
+        counts,
         COUNTS.len(),
         EDType::BF16,
     )
@@ -324,6 +319,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
         return Vec::new();
     }
     let node = experts_row(device, [256, 512]);
+    let counts = &counts_on(&COUNTS, device);
     let device = &engine;
     let (e4m3, e5m2) = (Fp8Format::E4m3, Fp8Format::E5m2);
     let mut out = Vec::new();
@@ -333,7 +329,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             ([256, 384], (e4m3, e4m3), false),
             ([512, 256], (e5m2, e4m3), true),
         ] {
-            let result = guarded(|| rows_row(device, kernel, [k, n], formats, per_group));
+            let result = guarded(|| rows_row(device, counts, kernel, [k, n], formats, per_group));
             out.push(row(
                 "grouped_gemm_fp8_rows",
                 format!(
@@ -353,7 +349,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             ));
         }
         let [m, n] = [256, 512];
-        let result = guarded(|| inner_row(device, kernel, [m, n], (e4m3, e5m2)));
+        let result = guarded(|| inner_row(device, counts, kernel, [m, n], (e4m3, e5m2)));
         out.push(row(
             "grouped_gemm_fp8_inner",
             format!(

@@ -153,7 +153,8 @@ impl<B: Backend> TransformerBlock<B> {
     }
 
     /// The linears that take fp8 GEMMs, by path under the layer: attention's two (multi-latent
-    /// attention's four or five) and a dense MLP's two (MoE experts keep the grouped GEMM).
+    /// attention's four or five), a dense MLP's two, and with `experts` a one-rank MoE layer's
+    /// routed experts (`MoeLayer::fp8_linears`; otherwise they keep the 16-bit grouped GEMM).
     pub(crate) fn fp8_linears(&self, experts: bool) -> Vec<String> {
         let mut names: Vec<String> = match &self.latent_attention {
             Some(mla) => mla

@@ -187,6 +187,7 @@ impl<B: Backend> MoeLayer<B> {
             ..self
         }
     }
+
     /// The current selection bias, if this layer uses one.
     pub fn expert_bias(&self) -> Option<Tensor<B, 1>> {
         self.expert_bias.as_ref().map(Param::val)

@@ -3,8 +3,9 @@
 //! routed rows and their gradient are cast once for all experts (one [`Fp8Linear`]'s Input and
 //! GradOutput roles: one amax over the layer's rows, as the dense linear's). Each expert's weight
 //! is cast with a scale of its own (one [`Fp8Linear`] an expert, its Weight role), as
-//! `GroupedLinear` keeps one fp8 meta per GEMM for its weights: experts drift apart in training,
-//! and one shared weight scale would flush the smaller ones' small values.
+//! `GroupedLinear` keeps one fp8 meta per GEMM for its weights: a shared weight scale is set by
+//! the largest expert, and an expert far smaller than it loses its small values to e4m3's
+//! subnormals.
 //!
 //! Hopper's fp8 MMAs read both operands with the reduction contiguous, so the three products
 //! take the casts' transposes as the dense linear's do:

@@ -226,13 +226,6 @@ pub(crate) fn fp8_matmul_op(
     dtype: BurnDType,
     fast_accumulation: bool,
 ) -> CudaTensor {
-    fn operand(o: &Fp8Operand<Cuda>) -> Operand<'_> {
-        Operand {
-            data: &o.data,
-            format: o.format,
-            scale_inv: &o.scale_inv,
-        }
-    }
     let out = ok(engine_dtype(dtype));
     ok(fp8_matmul(
         operand(&a),
@@ -241,6 +234,15 @@ pub(crate) fn fp8_matmul_op(
         out,
         fast_accumulation,
     ))
+}
+
+/// An fp8 operand as the engine's GEMMs take it.
+pub(super) fn operand(o: &Fp8Operand<Cuda>) -> Operand<'_> {
+    Operand {
+        data: &o.data,
+        format: o.format,
+        scale_inv: &o.scale_inv,
+    }
 }
 
 /// `FusedOps::fp8_update_scaling`: the update kernel on the state, in place.

@@ -7,8 +7,9 @@
 use burn::tensor::DType as BurnDType;
 use ferrotron_ops::{Fp8Operand, GroupRows};
 
+use crate::backend::Cuda;
 use crate::backend::convert::{engine_dtype, ok};
-use crate::backend::{Cuda, GpuDevice};
+use crate::backend::fused_ops::fp8::operand;
 use crate::engine::dtype::DType;
 use crate::engine::fp8_operand::Operand;
 use crate::engine::layout::SliceArg;
@@ -17,25 +18,8 @@ use crate::kernels::fused::grouped_gemm::{self, Kernel};
 use crate::kernels::prim::elementwise::{copy_into, zeros};
 use crate::kernels::prim::index::cat;
 
-/// The TMA kernel's two-block form where `runtime.grouped_gemm_kernel` asks for it, else the
-/// single-block one (the fp8 products exist only on the TMA kernels).
-fn kernel() -> Kernel {
-    match crate::switches::paths().grouped_gemm_kernel {
-        crate::switches::GroupedKernel::TmaCluster => Kernel::HopperTmaCluster,
-        _ => Kernel::HopperTma,
-    }
-}
-
-fn operand(o: &Fp8Operand<Cuda>) -> Operand<'_> {
-    Operand {
-        data: &o.data,
-        format: o.format,
-        scale_inv: &o.scale_inv,
-    }
-}
-
 fn counts(group_rows: &GroupRows<Cuda>, on: &CudaTensor) -> CudaTensor {
-    group_rows.device(&GpuDevice::new(on.device().ordinal()))
+    group_rows.device(&crate::backend::shared::device(on))
 }
 
 /// `FusedOps::fp8_grouped_rows`: each group's weight with its own inverse scale (the scales
@@ -53,7 +37,7 @@ pub(crate) fn fp8_grouped_rows_op(
     let weights: Vec<CudaTensor> = b.iter().map(|b| b.data.clone()).collect();
     let counts = counts(group_rows, &a.data);
     ok(grouped_gemm::fp8_rows(
-        kernel(),
+        Kernel::chosen_fp8(),
         operand(&a),
         &weights,
         format,
@@ -76,7 +60,7 @@ pub(crate) fn fp8_grouped_inner_op(
     let counts = counts(group_rows, &a_t.data);
     let (a, b) = (padded(&a_t.data), padded(&b_t.data));
     ok(grouped_gemm::fp8_inner(
-        kernel(),
+        Kernel::chosen_fp8(),
         Operand {
             data: &a,
             ..operand(&a_t)

@@ -84,14 +84,24 @@ impl Kernel {
     /// groups allow it (the TMA kernels are Hopper's and take at most 252 groups); else
     /// [`Kernel::best`].
     pub fn chosen(device: &CudaDevice, groups: usize) -> Self {
-        let asked = match crate::switches::paths().grouped_gemm_kernel {
+        match Self::asked() {
+            Some(kernel) if device.arch() == "sm_90" && groups <= tma::MAX_GROUPS => kernel,
+            _ => Self::best(device),
+        }
+    }
+
+    /// The TMA kernel fp8 operands run on (they have no other): the form
+    /// `runtime.grouped_gemm_kernel` asks for, else the single-block one.
+    pub fn chosen_fp8() -> Self {
+        Self::asked().unwrap_or(Kernel::HopperTma)
+    }
+
+    /// The TMA form `runtime.grouped_gemm_kernel` names (none for `auto`).
+    fn asked() -> Option<Self> {
+        match crate::switches::paths().grouped_gemm_kernel {
             crate::switches::GroupedKernel::Auto => None,
             crate::switches::GroupedKernel::Tma => Some(Kernel::HopperTma),
             crate::switches::GroupedKernel::TmaCluster => Some(Kernel::HopperTmaCluster),
-        };
-        match asked {
-            Some(kernel) if device.arch() == "sm_90" && groups <= tma::MAX_GROUPS => kernel,
-            _ => Self::best(device),
         }
     }
 

@@ -15,7 +15,7 @@ use std::sync::{LazyLock, Mutex, PoisonError};
 
 use cudarc::driver::sys;
 
-use super::{GroupedGemm, Kernel, Product};
+use super::{GroupedGemm, Kernel, Product, TILE};
 use crate::engine::dtype::DType;
 use crate::engine::launch::{Params, launch};
 use crate::engine::tensor::CudaTensor;
@@ -214,7 +214,7 @@ pub(super) fn rows_product(
     for weight in weights {
         push_map(&mut params, MapKey::of(weight, weight_box).cached(op)?);
     }
-    let upper = (rows.div_ceil(128) + spec.groups) * n_tiles;
+    let upper = (rows.div_ceil(TILE) + spec.groups) * n_tiles;
     launch_persistent(a, spec, upper, &params, op)
 }
 
@@ -250,7 +250,7 @@ pub(super) fn weight_grad(
     };
     push_map(&mut params, MapKey::of(x, a_box).encode(op)?);
     push_map(&mut params, MapKey::of(grad_output, b_box).encode(op)?);
-    let upper = spec.groups * (k / 128) * n_tiles;
+    let upper = spec.groups * (k / TILE) * n_tiles;
     launch_persistent(x, spec, upper, &params, op)
 }
 
