@@ -19,18 +19,18 @@ fn ints<const D: usize>(x: Tensor<Cuda, D, Int>) -> TensorData {
     x.into_data().convert::<i64>()
 }
 
-/// Exact comparison of the kernel's and the reference's integers.
-fn exact_row(
+/// Exact comparison of the kernel's and the reference's integers (`against` names the
+/// reference).
+pub(crate) fn exact_row(
     op: &str,
     dtype: &'static str,
     shape: String,
-    got: Result<TensorData, String>,
-    want: Result<TensorData, String>,
+    (got, want, against): (Result<TensorData, String>, Result<TensorData, String>, &str),
 ) -> Row {
     let (errors, note) = match (got, want) {
         (Ok(got), Ok(want)) => (
             compare::compare(&got, &want, 1.0),
-            "kernel vs host reference, exact".to_string(),
+            format!("kernel vs {against}, exact"),
         ),
         (Err(e), _) => (failed(), format!("kernel: {}", first_line(&e))),
         (_, Err(e)) => (failed(), format!("reference: {}", first_line(&e))),
@@ -80,8 +80,7 @@ fn topk_row(
         "moe_topk",
         dtype_label(dtype),
         format!("[{rows}, {experts}] k {k}{groups}"),
-        got,
-        want,
+        (got, want, "host reference"),
     )
 }
 
@@ -108,8 +107,7 @@ fn permutation_row(device: &GpuDevice, experts: Vec<i64>, num_experts: usize, wh
         "moe_permutation",
         "i64",
         format!("[{n}] of {num_experts} experts, {what}"),
-        got,
-        want,
+        (got, want, "host reference"),
     )
 }
 

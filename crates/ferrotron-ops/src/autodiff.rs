@@ -25,14 +25,16 @@ use crate::op::gather::gather_rows_node;
 use crate::op::grouped::stack_parts;
 use crate::{
     AttentionSpec, CombineIndex, CombineSpec, Fp8InputNorm, Fp8Linear, Fp8Mlp, Fp8Residual,
-    Fp8Rope, Fp8State, FusedOps, GroupLimit, GroupRows, LinearLossSpec, MoePermutation, NormSpec,
-    QkNormParams, attention_node, bias_gelu_node, combine_rows_node, composed_attention,
-    composed_bias_gelu, composed_combine_rows, composed_dropout_add, composed_embedding,
-    composed_gelu, composed_grouped_matmul, composed_qk_norm, composed_qkv_attention,
+    Fp8Rope, Fp8State, FusedOps, GroupLimit, GroupRows, LinearLossSpec, MoePermutation, MoeRouting,
+    NormSpec, QkNormParams, RouterAux, RouterAuxSpec, RouterSpec, attention_node, bias_gelu_node,
+    combine_rows_node, composed_attention, composed_bias_gelu, composed_combine_rows,
+    composed_dropout_add, composed_embedding, composed_gelu, composed_grouped_matmul,
+    composed_moe_router, composed_moe_router_aux, composed_qk_norm, composed_qkv_attention,
     composed_rope_qkv, composed_swiglu, composed_tied_logits, cross_entropy_node, dropout_add_node,
     embedding_node, gelu_node, grouped_matmul_node, grouped_matmul_parts_node,
-    linear_cross_entropy_node, norm_node, parts_are_leaves, qk_norm_node, qkv_attention_node,
-    rope_qkv_node, swiglu_node, tied_cross_entropy_node, tied_logits_node,
+    linear_cross_entropy_node, moe_router_aux_node, moe_router_node, norm_node, parts_are_leaves,
+    qk_norm_node, qkv_attention_node, rope_qkv_node, swiglu_node, tied_cross_entropy_node,
+    tied_logits_node,
 };
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
@@ -142,6 +144,28 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         group_limit: Option<GroupLimit>,
     ) -> IntTensor<Self> {
         B::moe_topk(scores.primitive, k, group_limit)
+    }
+
+    fn fused_moe_router(
+        logits: FloatTensor<Self>,
+        expert_bias: Option<FloatTensor<Self>>,
+        spec: RouterSpec,
+    ) -> MoeRouting<Self> {
+        kernel_or_composed!(
+            B::has_moe_router_kernel(&logits.primitive, &spec),
+            moe_router_node::<B, C>,
+            composed_moe_router::<Self>,
+            (logits, expert_bias, spec)
+        )
+    }
+
+    fn fused_moe_router_aux(logits: FloatTensor<Self>, spec: RouterAuxSpec) -> RouterAux<Self> {
+        kernel_or_composed!(
+            B::has_moe_router_aux_kernel(&logits.primitive, &spec),
+            moe_router_aux_node::<B, C>,
+            composed_moe_router_aux::<Self>,
+            (logits, spec)
+        )
     }
 
     fn moe_permutation(experts: IntTensor<Self>, num_experts: usize) -> MoePermutation<Self> {

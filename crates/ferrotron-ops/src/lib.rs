@@ -22,7 +22,9 @@
 //! the token embedding's lookup (`op/embedding.rs`), rotary embeddings on the packed projection
 //! (`op/rope.rs`) and its per-head QK-norm (`op/qk_norm.rs`), LayerNorm/RMSNorm
 //! (`op/norm.rs`), the MoE experts' grouped matmul (`op/grouped.rs`), its routing decisions
-//! (`op/moe.rs`, no gradient) and row gathers differentiated by gathers (`op/gather.rs`), the
+//! (`op/moe.rs`, no gradient), its router with the combine weights (`op/router.rs`) and the
+//! balancing and z-losses' terms (`op/router_aux.rs`), row gathers differentiated by gathers
+//! (`op/gather.rs`), the
 //! softmax cross-entropy (`op/loss.rs`), alone or with the tied output layer
 //! (`op/tied_loss.rs`), the tied logits (`op/logits.rs`), the AdamW update (`op/adamw.rs`)
 //! with its flat gradient buffers (`op/flat.rs`), the host pass over device buffers
@@ -96,6 +98,14 @@ pub use op::norm::{
 pub use op::qk_norm::{QkNormGrads, QkNormParams, QkNormSaved, composed_qk_norm, qk_norm_node};
 pub use op::qkv::{composed_qkv_attention, qkv_attention_node, split_qkv};
 pub use op::rope::{composed_rope_qkv, rope_qkv_node};
+pub use op::router::{
+    MoeRouting, RouterScore, RouterSpec, composed_moe_router, moe_router, moe_router_node,
+    router_weights,
+};
+pub use op::router_aux::{
+    BalancingSpec, RouterAux, RouterAuxSpec, RouterAuxTerms, balancing_probabilities,
+    composed_moe_router_aux, moe_router_aux, moe_router_aux_node,
+};
 pub use op::swiglu::{composed_swiglu, swiglu_node};
 pub use op::tied_loss::{
     TiedCrossEntropySaved, TiedState, tied_cross_entropy, tied_cross_entropy_node,
@@ -147,6 +157,8 @@ use crate::op::norm::{norm_backward_reference, norm_forward_reference};
 use crate::op::qk_norm::{qk_norm_backward_reference, qk_norm_forward_reference};
 use crate::op::qkv::{qkv_attention_backward_reference, qkv_attention_forward_reference};
 use crate::op::rope::rope_qkv_backward_reference;
+use crate::op::router::moe_router_backward_reference;
+use crate::op::router_aux::{moe_router_aux_backward_reference, moe_router_aux_forward_reference};
 use crate::op::swiglu::swiglu_backward_reference;
 use crate::op::tied_loss::{
     tied_cross_entropy_backward_reference, tied_cross_entropy_forward_reference,
@@ -562,6 +574,77 @@ pub trait FusedOps: Backend {
     /// each position went, and each expert's count. Default: the host reference.
     fn moe_permutation(experts: IntTensor<Self>, num_experts: usize) -> MoePermutation<Self> {
         moe_permutation_reference::<Self>(experts, num_experts)
+    }
+
+    /// MoE routing of `logits [tokens, experts]`: each token's experts (selected on the f32
+    /// scores plus the optional f32 `expert_bias [experts]`, as [`FusedOps::moe_topk`] selects)
+    /// and their combine weights, differentiable in the logits (see `op/router.rs`).
+    /// Default: the composed scores, [`FusedOps::moe_topk`] and [`router_weights`].
+    fn fused_moe_router(
+        logits: FloatTensor<Self>,
+        expert_bias: Option<FloatTensor<Self>>,
+        spec: RouterSpec,
+    ) -> MoeRouting<Self> {
+        composed_moe_router::<Self>(logits, expert_bias, spec)
+    }
+
+    /// Whether [`FusedOps::moe_router_kernel_forward`] is a real kernel for these logits.
+    /// Default: no.
+    fn has_moe_router_kernel(logits: &FloatTensor<Self>, spec: &RouterSpec) -> bool {
+        let _ = (logits, spec);
+        false
+    }
+
+    /// The routing with the kernel. Default: the composed routing.
+    fn moe_router_kernel_forward(
+        logits: FloatTensor<Self>,
+        expert_bias: Option<FloatTensor<Self>>,
+        spec: RouterSpec,
+    ) -> MoeRouting<Self> {
+        composed_moe_router::<Self>(logits, expert_bias, spec)
+    }
+
+    /// The logits' gradient from the weights'. Default: the reference.
+    fn moe_router_kernel_backward(
+        logits: FloatTensor<Self>,
+        chosen: IntTensor<Self>,
+        grad_weights: FloatTensor<Self>,
+        spec: RouterSpec,
+    ) -> FloatTensor<Self> {
+        moe_router_backward_reference::<Self>(logits, chosen, grad_weights, spec)
+    }
+
+    /// What the router's balancing and z-losses need from `logits [tokens, experts]` (at least
+    /// one differentiable term asked for): the probabilities' mass per group of tokens, the
+    /// plain top-k counts, the log-sum-exps (see `op/router_aux.rs`). Default: composed.
+    fn fused_moe_router_aux(logits: FloatTensor<Self>, spec: RouterAuxSpec) -> RouterAux<Self> {
+        composed_moe_router_aux::<Self>(logits, spec)
+    }
+
+    /// Whether [`FusedOps::moe_router_aux_kernel_forward`] is a real kernel for these logits.
+    /// Default: no.
+    fn has_moe_router_aux_kernel(logits: &FloatTensor<Self>, spec: &RouterAuxSpec) -> bool {
+        let _ = (logits, spec);
+        false
+    }
+
+    /// The terms with the kernel. Default: the reference (f32, rounded once).
+    fn moe_router_aux_kernel_forward(
+        logits: FloatTensor<Self>,
+        spec: RouterAuxSpec,
+    ) -> RouterAux<Self> {
+        moe_router_aux_forward_reference::<Self>(logits, spec)
+    }
+
+    /// The logits' gradient from the mass's and the log-sum-exps' (each where the spec asked
+    /// for it). Default: the reference.
+    fn moe_router_aux_kernel_backward(
+        logits: FloatTensor<Self>,
+        spec: RouterAuxSpec,
+        grad_mass: Option<FloatTensor<Self>>,
+        grad_log_sum_exp: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        moe_router_aux_backward_reference::<Self>(logits, spec, grad_mass, grad_log_sum_exp)
     }
 
     /// Rotary embeddings on the query and key slots of the packed projection

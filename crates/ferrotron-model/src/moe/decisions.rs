@@ -1,24 +1,23 @@
 //! A one-rank layer's routing decisions as device tensors: each token's experts, the routed rows
 //! grouped by expert, and the per-expert row counts.
 //!
-//! Dropless routing is decided on the device ([`FusedOps::moe_topk`],
-//! [`FusedOps::moe_permutation`]), and its `[experts]` counts stay there ([`GroupRows`]): a
-//! grouped GEMM that takes device counts runs the layer without the host waiting for the GPU,
-//! one that takes host numbers reads them right before it, and the layer's loads are read when
-//! the trainer sums them after the step's backward. Capacity dropping and Sinkhorn balancing
-//! (while training) compare tokens with each other across the whole microbatch; they stay on
-//! the host (`routing.rs`), and their decisions are uploaded into the same form, so everything
-//! after the decision is one path.
+//! Dropless routing is decided on the device (`FusedOps::fused_moe_router`, which also gives
+//! the combine weights, then `FusedOps::moe_permutation`), and its `[experts]` counts stay
+//! there ([`GroupRows`]): a grouped GEMM that takes device counts runs the layer without the host
+//! waiting for the GPU, one that takes host numbers reads them right before it, and the layer's
+//! loads are read when the trainer sums them after the step's backward. Capacity dropping and
+//! Sinkhorn balancing (while training) compare tokens with each other across the whole
+//! microbatch; they stay on the host (`routing.rs`), and their decisions are uploaded into the
+//! same form, so everything after the decision is one path.
 
-use burn::tensor::activation::{sigmoid, softmax};
-use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData, TensorPrimitive};
-use ferrotron_ops::{CombineSpec, FusedOps, GroupRows, combine_rows};
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+use ferrotron_ops::{CombineSpec, GroupRows, RouterScore, RouterSpec, combine_rows, moe_router};
 use ferrotron_parallel::ParallelOps;
 use ferrotron_recipe::{LoadBalancing, ScoreFunction};
 
 use super::dispatch::{Permutation, index_tensor};
-use super::routing::{Routing, aux_loss_counts};
-use crate::config::{GroupLimit, MoeConfig};
+use super::routing::Routing;
+use crate::config::MoeConfig;
 
 /// Where each token goes.
 #[derive(Debug, Clone)]
@@ -36,14 +35,36 @@ pub(super) struct Decisions<B: ParallelOps> {
     pub(super) dropped: bool,
     /// Rows per expert: the grouped GEMM's group sizes, and the experts' loads.
     pub(super) per_expert: GroupRows<B>,
+    /// `[tokens · topk]`: the combine weights the device router made with the decisions
+    /// (Megatron's `topk_routing_with_score_function`'s); `None` where the host routed.
+    pub(super) router_weights: Option<Tensor<B, 1>>,
     /// The router's logits as the host read them, when the host routed.
-    host_logits: Option<Vec<f32>>,
+    pub(super) host_logits: Option<Vec<f32>>,
 }
 
 /// Whether `config`'s routing is decided on the device: dropless, and not balanced by Sinkhorn
 /// (which balances only while training).
 pub(super) fn on_device(config: &MoeConfig, training: bool) -> bool {
     config.capacity.is_none() && !(config.load_balancing == LoadBalancing::Sinkhorn && training)
+}
+
+/// The recipe's score function as the fused router ops name it.
+pub(super) fn router_score(score_function: ScoreFunction) -> RouterScore {
+    match score_function {
+        ScoreFunction::Softmax => RouterScore::Softmax,
+        ScoreFunction::Sigmoid => RouterScore::Sigmoid,
+    }
+}
+
+/// How `config` routes (the Sinkhorn activation apart, which the layer makes itself).
+pub(super) fn router_spec(config: &MoeConfig) -> RouterSpec {
+    RouterSpec {
+        topk: config.router_topk,
+        score: router_score(config.score_function),
+        pre_softmax: config.pre_softmax,
+        group_limit: config.group_limit,
+        scaling_factor: config.topk_scaling_factor,
+    }
 }
 
 impl<B: ParallelOps> Decisions<B> {
@@ -56,18 +77,7 @@ impl<B: ParallelOps> Decisions<B> {
     ) -> Self {
         let [tokens, _] = logits.dims();
         let topk = config.router_topk;
-        // Scores in f32, as the host router computed them from the read logits: a 16-bit
-        // softmax or sigmoid would tie experts that the logits tell apart.
-        let logits = logits.detach().cast(DType::F32);
-        let mut scores = match config.score_function {
-            ScoreFunction::Softmax if config.pre_softmax => softmax(logits, 1),
-            ScoreFunction::Softmax => logits,
-            ScoreFunction::Sigmoid => sigmoid(logits),
-        };
-        if let Some(bias) = expert_bias {
-            scores = scores + bias.detach().cast(DType::F32).unsqueeze_dim::<2>(0);
-        }
-        let chosen = top_experts(scores, topk, config.group_limit);
+        let (chosen, weights) = moe_router(logits, expert_bias, router_spec(config));
         let permutation = B::moe_permutation(
             chosen.clone().reshape([tokens * topk]).into_primitive(),
             config.num_experts,
@@ -81,6 +91,7 @@ impl<B: ParallelOps> Decisions<B> {
             rows: Tensor::from_primitive(permutation.rows),
             per_expert,
             dropped: false,
+            router_weights: Some(weights),
             host_logits: None,
         }
     }
@@ -106,6 +117,7 @@ impl<B: ParallelOps> Decisions<B> {
             rows: index_tensor::<B>(&rows, device),
             per_expert: GroupRows::on_host(permutation.per_expert),
             dropped: routed < routing.experts.len(),
+            router_weights: None,
             host_logits: Some(host_logits),
         }
     }
@@ -141,34 +153,6 @@ impl<B: ParallelOps> Decisions<B> {
             },
         )
     }
-
-    /// Plain top-k slot counts of `logits` (no bias, groups or capacity: what the balancing
-    /// losses count) per group of `tokens_per_group` consecutive tokens, `[groups · experts]` in
-    /// the logits' dtype: from the host's logits where the host routed, else on the device,
-    /// reusing the decisions where they are plain top-k.
-    pub(super) fn plain_topk_counts(
-        &self,
-        config: &MoeConfig,
-        logits: &Tensor<B, 2>,
-        tokens_per_group: usize,
-    ) -> Tensor<B, 1> {
-        let (experts, topk) = (config.num_experts, config.router_topk);
-        if let Some(host) = &self.host_logits {
-            let counts = aux_loss_counts(host, experts, topk, tokens_per_group);
-            let len = counts.len();
-            return Tensor::from_data(TensorData::new(counts, [len]), &logits.device());
-        }
-        let plain = config.score_function == ScoreFunction::Softmax
-            && !config.pre_softmax
-            && config.group_limit.is_none()
-            && !config.expert_bias;
-        let chosen = if plain {
-            self.chosen.clone()
-        } else {
-            top_experts(logits.clone().detach(), topk, None)
-        };
-        slot_counts(chosen, experts, tokens_per_group).cast(logits.dtype())
-    }
 }
 
 fn gather_rows<B: ParallelOps>(
@@ -185,50 +169,14 @@ fn gather_rows<B: ParallelOps>(
     )))
 }
 
-/// `[tokens, k]`: each row's `k` best experts by `scores`, best first.
-fn top_experts<B: FusedOps>(
-    scores: Tensor<B, 2>,
-    k: usize,
-    group_limit: Option<GroupLimit>,
-) -> Tensor<B, 2, Int> {
-    Tensor::from_primitive(B::moe_topk(
-        scores.into_primitive().tensor(),
-        k,
-        group_limit,
-    ))
-}
-
-/// How many of `chosen`'s slots went to each expert, per group of `tokens_per_group`
-/// consecutive tokens: `[groups · experts]` in f32, group-major (the `f_i` of the balancing
-/// losses). Counted in f32 because a bf16 sum stops at 256.
-fn slot_counts<B: FusedOps>(
-    chosen: Tensor<B, 2, Int>,
-    num_experts: usize,
-    tokens_per_group: usize,
-) -> Tensor<B, 1> {
-    let [tokens, topk] = chosen.dims();
-    let device = chosen.device();
-    let groups = tokens.div_ceil(tokens_per_group.max(1));
-    let group_base = Tensor::<B, 1, Int>::arange(0..tokens as i64, &device)
-        .div_scalar(tokens_per_group.max(1) as i64)
-        .mul_scalar(num_experts as i64)
-        .unsqueeze_dim::<2>(1)
-        .expand([tokens, topk]);
-    let index = (chosen + group_base).reshape([tokens * topk]);
-    Tensor::<B, 1>::zeros([groups * num_experts], (&device, DType::F32)).scatter(
-        0,
-        index,
-        Tensor::ones([tokens * topk], (&device, DType::F32)),
-        IndexingUpdateOp::Add,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use burn::tensor::{Distribution, TensorData};
     use ferrotron_recipe::Moe;
 
     use super::*;
+    use ferrotron_ops::{BalancingSpec, RouterAuxSpec, moe_router_aux};
+
     use crate::moe::routing::{aux_loss_counts, route};
     use crate::tests::{Cpu, config, moe_model, moe_section, values};
 
@@ -327,18 +275,22 @@ mod tests {
     }
 
     #[test]
-    fn slot_counts_are_the_host_aux_counts_per_sequence_and_whole() {
+    fn device_topk_counts_are_the_host_aux_counts_per_sequence_and_whole() {
         let config = moe_config(moe_section());
         let logits = logits(config.num_experts);
         let host: Vec<f32> = values(logits.clone());
-        let chosen = top_experts(logits, config.router_topk, None);
         for tokens_per_group in [TOKENS, 16] {
+            let spec = RouterAuxSpec {
+                balancing: Some(BalancingSpec {
+                    score: RouterScore::Softmax,
+                    tokens_per_group,
+                    count_topk: Some(config.router_topk),
+                }),
+                log_sum_exp: false,
+            };
+            let counts = moe_router_aux(logits.clone(), spec).topk_counts;
             assert_eq!(
-                values(slot_counts(
-                    chosen.clone(),
-                    config.num_experts,
-                    tokens_per_group
-                )),
+                values(counts.expect("asked for").reshape([-1])),
                 aux_loss_counts(
                     &host,
                     config.num_experts,

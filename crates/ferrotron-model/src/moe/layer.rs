@@ -10,17 +10,19 @@ use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
-use ferrotron_ops::{Fp8Experts, Fp8Linear};
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use ferrotron_ops::{
+    BalancingSpec, Fp8Experts, Fp8Linear, RouterAuxSpec, moe_router_aux, router_weights,
+};
 use ferrotron_parallel::ParallelOps;
-use ferrotron_recipe::{LoadBalancing, ScoreFunction};
+use ferrotron_recipe::LoadBalancing;
 
-use super::decisions::{self, Decisions};
+use super::decisions::{self, Decisions, router_score, router_spec};
 use super::expert::Expert;
 use super::grouped::grouped_experts;
-use super::loss::{balancing_probabilities, sequence_aux_loss, switch_aux_loss, z_loss};
+use super::loss::{sequence_aux_loss_share, switch_aux_loss_share, z_loss};
 use super::parallel::MoeParallel;
-use super::routing::{Routing, route};
+use super::routing::{Routing, aux_loss_counts, route};
 use crate::LayerLoads;
 use crate::config::{ModelConfig, MoeConfig};
 use crate::init::{normal_linear, scaled_std};
@@ -90,7 +92,11 @@ impl<B: ParallelOps> MoeLayer<B> {
             let routing = self.route(&host_logits, training);
             Decisions::from_host(&routing, host_logits, config.num_experts, &device)
         };
-        let weights = self.combine_weights(logits.clone(), decisions.chosen.clone());
+        let weights = match &decisions.router_weights {
+            // Sinkhorn's weights are its own activation's, not the router's
+            Some(weights) if config.load_balancing != LoadBalancing::Sinkhorn => weights.clone(),
+            _ => self.combine_weights(logits.clone(), decisions.chosen.clone()),
+        };
 
         let sorted = decisions.dispatch(tokens.clone());
         let expert_out = grouped_experts(
@@ -105,14 +111,78 @@ impl<B: ParallelOps> MoeLayer<B> {
             None => output,
         };
 
-        let counts =
-            |tokens_per_group| decisions.plain_topk_counts(config, &logits, tokens_per_group);
-        let aux_loss = self.balancing_loss(logits.clone(), counts, batch, seq);
+        let host_logits = decisions.host_logits.as_deref();
+        let aux_loss = self.balancing_loss(logits, host_logits, batch, seq);
         let stats = MoeStats {
             aux_loss,
             loads: LayerLoads::of(&decisions.per_expert),
         };
         (output.reshape([batch, seq, hidden]), stats)
+    }
+
+    /// The balancing and z-losses of `logits [batch · seq, experts]`, their terms from
+    /// [`moe_router_aux`]; the balancing losses' plain top-k counts from the logits the host
+    /// read where it routed, else counted with the terms.
+    fn balancing_loss(
+        &self,
+        logits: Tensor<B, 2>,
+        host_logits: Option<&[f32]>,
+        batch: usize,
+        seq: usize,
+    ) -> Tensor<B, 1> {
+        let config = &self.config;
+        let device = logits.device();
+        let mut loss = Tensor::<B, 1>::zeros([1], &device);
+        let per_sequence = config.load_balancing == LoadBalancing::SeqAuxLoss;
+        let tokens_per_group = if per_sequence { seq } else { batch * seq };
+        let balancing = (config.aux_loss_coeff > 0.0
+            && matches!(
+                config.load_balancing,
+                LoadBalancing::AuxLoss | LoadBalancing::SeqAuxLoss
+            ))
+        .then(|| BalancingSpec {
+            score: router_score(config.score_function),
+            tokens_per_group,
+            count_topk: host_logits.is_none().then_some(config.router_topk),
+        });
+        let spec = RouterAuxSpec {
+            balancing,
+            log_sum_exp: config.z_loss_coeff > 0.0,
+        };
+        if balancing.is_none() && !spec.log_sum_exp {
+            return loss;
+        }
+        let terms = moe_router_aux(logits, spec);
+        if let Some(mass) = terms.probability_mass {
+            let (experts, topk) = (config.num_experts, config.router_topk);
+            let counts = match host_logits {
+                Some(host) => {
+                    let counts = aux_loss_counts(host, experts, topk, tokens_per_group);
+                    let len = counts.len();
+                    Tensor::<B, 1>::from_data(TensorData::new(counts, [len]), &device)
+                        .reshape([len / experts, experts])
+                }
+                None => terms
+                    .topk_counts
+                    .expect("the plain top-k counts, asked for"),
+            };
+            loss = loss
+                + if per_sequence {
+                    sequence_aux_loss_share(mass, counts, topk, config.aux_loss_coeff, seq)
+                } else {
+                    switch_aux_loss_share(
+                        mass.reshape([experts]),
+                        counts.reshape([experts]),
+                        topk,
+                        config.aux_loss_coeff,
+                        batch * seq,
+                    )
+                };
+        }
+        if let Some(log_sum_exp) = terms.log_sum_exp {
+            loss = loss + z_loss(log_sum_exp, config.z_loss_coeff);
+        }
+        loss
     }
 }
 
@@ -260,79 +330,14 @@ impl<B: Backend> MoeLayer<B> {
             };
             return weights.gather(1, chosen).reshape([tokens * topk]);
         }
-        let dtype = logits.dtype();
-        let logits = logits.cast(FloatDType::F32);
-        let weights = match self.config.score_function {
-            ScoreFunction::Softmax if self.config.pre_softmax => {
-                softmax(logits, 1).gather(1, chosen)
-            }
-            ScoreFunction::Softmax => softmax(logits.gather(1, chosen), 1),
-            ScoreFunction::Sigmoid => {
-                let picked = sigmoid(logits).gather(1, chosen);
-                if topk > 1 {
-                    let total = picked.clone().sum_dim(1) + 1e-20;
-                    picked / total
-                } else {
-                    picked
-                }
-            }
-        };
-        let weights = weights.reshape([tokens * topk]);
-        let weights = match self.config.topk_scaling_factor {
-            1.0 => weights,
-            factor => weights * factor,
-        };
-        weights.cast(dtype)
-    }
-
-    /// The balancing and z-losses; `counts(tokens_per_group)` gives the plain top-k slot counts
-    /// per group of that many consecutive tokens, `[groups · experts]`.
-    fn balancing_loss(
-        &self,
-        logits: Tensor<B, 2>,
-        counts: impl Fn(usize) -> Tensor<B, 1>,
-        batch: usize,
-        seq: usize,
-    ) -> Tensor<B, 1> {
-        let config = &self.config;
-        let device = logits.device();
-        let mut loss = Tensor::<B, 1>::zeros([1], &device);
-        let needs_counts = config.aux_loss_coeff > 0.0
-            && matches!(
-                config.load_balancing,
-                LoadBalancing::AuxLoss | LoadBalancing::SeqAuxLoss
-            );
-        if needs_counts {
-            let probabilities = balancing_probabilities(logits.clone(), config.score_function);
-            let experts = config.num_experts;
-            loss = loss
-                + if config.load_balancing == LoadBalancing::SeqAuxLoss {
-                    sequence_aux_loss(
-                        probabilities,
-                        counts(seq).reshape([batch, experts]),
-                        config.router_topk,
-                        config.aux_loss_coeff,
-                    )
-                } else {
-                    switch_aux_loss(
-                        probabilities,
-                        counts(batch * seq),
-                        config.router_topk,
-                        config.aux_loss_coeff,
-                    )
-                };
-        }
-        if config.z_loss_coeff > 0.0 {
-            loss = loss + z_loss(logits, config.z_loss_coeff);
-        }
-        loss
+        router_weights(logits, chosen, &router_spec(&self.config))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use burn::tensor::Distribution;
-    use ferrotron_recipe::{Model, Moe, TokenDropPolicy};
+    use ferrotron_recipe::{Model, Moe, ScoreFunction, TokenDropPolicy};
 
     use super::*;
     use crate::tests::{Cpu, config, moe_model, moe_section, scalar, values};

@@ -1,44 +1,16 @@
-//! Router balancing losses, as Megatron-Core computes them. They are differentiable in the
-//! router probabilities only; the token counts `f_i` come from the (discrete) routing.
+//! Router balancing losses, as Megatron-Core computes them, from the terms the router's logits
+//! give (`ferrotron_ops::moe_router_aux`: the probabilities' mass, the counts, the log-sum-exps).
+//! They are differentiable in the router probabilities only; the token counts `f_i` come from
+//! the (discrete) routing.
 
 use burn::tensor::Tensor;
-use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::backend::Backend;
-use ferrotron_recipe::ScoreFunction;
 
-/// Router probabilities over all experts used by the balancing losses: softmax, or sigmoid
-/// scores normalised per token. `[tokens, experts]`.
-pub(crate) fn balancing_probabilities<B: Backend>(
-    logits: Tensor<B, 2>,
-    score_function: ScoreFunction,
-) -> Tensor<B, 2> {
-    match score_function {
-        ScoreFunction::Softmax => softmax(logits, 1),
-        ScoreFunction::Sigmoid => {
-            let scores = sigmoid(logits);
-            let total = scores.clone().sum_dim(1) + 1e-20;
-            scores / total
-        }
-    }
-}
-
-/// Switch/GShard balancing: `coeff · E · Σ_i f_i · P_i` with `f_i = count_i / (k·T)` the share
-/// of routed slots and `P_i = Σ_t p_ti / T` the mean probability of expert i.
-/// `probabilities`: `[T, E]`; `counts`: `[E]`.
-pub(crate) fn switch_aux_loss<B: Backend>(
-    probabilities: Tensor<B, 2>,
-    counts: Tensor<B, 1>,
-    topk: usize,
-    coeff: f64,
-) -> Tensor<B, 1> {
-    let [tokens, experts] = probabilities.dims();
-    let probability_mass = probabilities.sum_dim(0).reshape([experts]);
-    switch_aux_loss_share(probability_mass, counts, topk, coeff, tokens)
-}
-
-/// The part of the Switch loss owed to some of a microbatch's tokens (the loss is linear in the
-/// probabilities): `probability_mass` is `Σ p_ti` over those tokens, `counts` and `total_tokens`
-/// describe the whole microbatch. The shares of all its tokens add up to [`switch_aux_loss`].
+/// Switch/GShard balancing, `coeff · E · Σ_i f_i · P_i` with `f_i = count_i / (k·T)` the share
+/// of routed slots and `P_i = Σ_t p_ti / T` the mean probability of expert i, or the part of it
+/// owed to some of a microbatch's tokens (the loss is linear in the probabilities):
+/// `probability_mass` `[E]` is `Σ p_ti` over those tokens, `counts` `[E]` and `total_tokens`
+/// describe the whole microbatch. The shares of all its tokens add up to the loss.
 pub(crate) fn switch_aux_loss_share<B: Backend>(
     probability_mass: Tensor<B, 1>,
     counts: Tensor<B, 1>,
@@ -52,28 +24,10 @@ pub(crate) fn switch_aux_loss_share<B: Backend>(
     (probability_mass * counts).sum() * scale
 }
 
-/// Sequence-level balancing (DeepSeek-V2/V3): the Switch loss computed within each sequence,
-/// averaged over sequences. `probabilities`: `[S·L, E]` in sequence-major order; `counts`:
-/// `[S, E]` per-sequence slot counts.
-pub(crate) fn sequence_aux_loss<B: Backend>(
-    probabilities: Tensor<B, 2>,
-    counts: Tensor<B, 2>,
-    topk: usize,
-    coeff: f64,
-) -> Tensor<B, 1> {
-    let [sequences, experts] = counts.dims();
-    let [rows, _] = probabilities.dims();
-    let length = rows / sequences;
-    let probability_mass = probabilities
-        .reshape([sequences, length, experts])
-        .sum_dim(1)
-        .reshape([sequences, experts]);
-    sequence_aux_loss_share(probability_mass, counts, topk, coeff, length)
-}
-
-/// The part of the sequence-level loss owed to some tokens: `probability_mass` `[S, E]` is
-/// `Σ p_ti` over those tokens of each sequence; `counts` `[S, E]` and `seq_len` describe whole
-/// sequences.
+/// Sequence-level balancing (DeepSeek-V2/V3), the Switch loss computed within each sequence and
+/// averaged over sequences, or the part of it owed to some tokens: `probability_mass` `[S, E]` is
+/// `Σ p_ti` over those tokens of each sequence; `counts` `[S, E]` (per-sequence slot counts) and
+/// `seq_len` describe whole sequences.
 pub(crate) fn sequence_aux_loss_share<B: Backend>(
     probability_mass: Tensor<B, 2>,
     counts: Tensor<B, 2>,
@@ -87,21 +41,17 @@ pub(crate) fn sequence_aux_loss_share<B: Backend>(
     (load * (probability_mass / length)).sum_dim(1).mean() * coeff
 }
 
-/// ST-MoE router z-loss: `coeff · mean_t (logsumexp_i logits_ti)²`. `logits`: `[T, E]`.
-pub(crate) fn z_loss<B: Backend>(logits: Tensor<B, 2>, coeff: f64) -> Tensor<B, 1> {
-    let max = logits.clone().detach().max_dim(1);
-    let log_sum_exp = (logits - max.clone()).exp().sum_dim(1).log() + max;
+/// ST-MoE router z-loss: `coeff · mean_t (logsumexp_i logits_ti)²` from the log-sum-exps `[T]`.
+pub(crate) fn z_loss<B: Backend>(log_sum_exp: Tensor<B, 1>, coeff: f64) -> Tensor<B, 1> {
     log_sum_exp.square().mean() * coeff
 }
 
-/// The part of [`z_loss`] over `total_tokens` tokens owed to the rows of `logits`.
+/// The part of [`z_loss`] over `total_tokens` tokens owed to the rows of `log_sum_exp`.
 pub(crate) fn z_loss_share<B: Backend>(
-    logits: Tensor<B, 2>,
+    log_sum_exp: Tensor<B, 1>,
     coeff: f64,
     total_tokens: usize,
 ) -> Tensor<B, 1> {
-    let max = logits.clone().detach().max_dim(1);
-    let log_sum_exp = (logits - max.clone()).exp().sum_dim(1).log() + max;
     log_sum_exp.square().sum() * (coeff / total_tokens as f64)
 }
 
@@ -110,6 +60,7 @@ mod tests {
     use super::*;
     use burn::backend::Flex;
     use burn::tensor::TensorData;
+    use ferrotron_ops::{RouterAuxSpec, moe_router_aux};
 
     type B = Flex;
 
@@ -121,6 +72,12 @@ mod tests {
         t.into_data().iter::<f32>().next().unwrap_or(f32::NAN)
     }
 
+    /// `Σ_t p_ti`, `[E]`.
+    fn mass(probs: Tensor<B, 2>) -> Tensor<B, 1> {
+        let experts = probs.dims()[1];
+        probs.sum_dim(0).reshape([experts])
+    }
+
     #[test]
     fn switch_loss_matches_the_hand_computed_value() {
         // 2 tokens, 2 experts, top-1. P = mean probs = [(0.75+0.25)/2, (0.25+0.75)/2] = [0.5, 0.5];
@@ -128,7 +85,7 @@ mod tests {
         // loss = coeff · E · Σ f_i P_i = 0.1 · 2 · (1·0.5) = 0.1.
         let probs = tensor2(&[0.75, 0.25, 0.25, 0.75], [2, 2]);
         let counts = Tensor::<B, 1>::from_data([2.0f32, 0.0], &Default::default());
-        let loss = scalar(switch_aux_loss(probs, counts, 1, 0.1));
+        let loss = scalar(switch_aux_loss_share(mass(probs), counts, 1, 0.1, 2));
         assert!((loss - 0.1).abs() < 1e-6, "{loss}");
     }
 
@@ -137,7 +94,7 @@ mod tests {
         // Uniform probabilities and uniform counts give E · Σ (1/E)(1/E) = 1.
         let probs = tensor2(&[0.25; 16], [4, 4]);
         let counts = Tensor::<B, 1>::from_data([2.0f32, 2.0, 2.0, 2.0], &Default::default());
-        let loss = scalar(switch_aux_loss(probs, counts, 2, 0.01));
+        let loss = scalar(switch_aux_loss_share(mass(probs), counts, 2, 0.01, 4));
         assert!((loss - 0.01).abs() < 1e-7, "{loss}");
     }
 
@@ -146,9 +103,15 @@ mod tests {
         // Sequence 0: both tokens prob [1, 0], counts [2, 0] → E · f·P = 2 · (1·1) = 2.
         // Sequence 1: uniform probs [0.5, 0.5], counts [1, 1] → 2 · (0.5·0.5 + 0.5·0.5) = 1.
         // Mean = 1.5, times coeff 0.1 = 0.15.
-        let probs = tensor2(&[1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5], [4, 2]);
+        let per_sequence_mass = tensor2(&[2.0, 0.0, 1.0, 1.0], [2, 2]);
         let counts = tensor2(&[2.0, 0.0, 1.0, 1.0], [2, 2]);
-        let loss = scalar(sequence_aux_loss(probs, counts, 1, 0.1));
+        let loss = scalar(sequence_aux_loss_share(
+            per_sequence_mass,
+            counts,
+            1,
+            0.1,
+            2,
+        ));
         assert!((loss - 0.15).abs() < 1e-6, "{loss}");
     }
 
@@ -156,20 +119,16 @@ mod tests {
     fn z_loss_is_the_mean_squared_log_sum_exp() {
         // Row [0, 0]: lse = ln 2. Row [ln 3, 0]: lse = ln 4. Mean of squares times coeff.
         let logits = tensor2(&[0.0, 0.0, 3.0f32.ln(), 0.0], [2, 2]);
+        let spec = RouterAuxSpec {
+            balancing: None,
+            log_sum_exp: true,
+        };
+        let lse = moe_router_aux(logits, spec).log_sum_exp.expect("asked for");
         let expected = 0.5 * (2.0f32.ln().powi(2) + 4.0f32.ln().powi(2)) * 0.001;
-        let loss = scalar(z_loss(logits, 0.001));
+        let loss = scalar(z_loss(lse.clone(), 0.001));
         assert!((loss - expected).abs() < 1e-8, "{loss} vs {expected}");
-    }
-
-    #[test]
-    fn sigmoid_balancing_probabilities_sum_to_one_per_token() {
-        let probs = balancing_probabilities(
-            tensor2(&[0.0, 1.0, -1.0, 2.0], [2, 2]),
-            ScoreFunction::Sigmoid,
-        );
-        let sums: Vec<f32> = probs.sum_dim(1).into_data().iter::<f32>().collect();
-        for s in sums {
-            assert!((s - 1.0).abs() < 1e-6);
-        }
+        let halves = scalar(z_loss_share(lse.clone().slice(0..1), 0.001, 2))
+            + scalar(z_loss_share(lse.slice(1..2), 0.001, 2));
+        assert!((halves - expected).abs() < 1e-8, "{halves} vs {expected}");
     }
 }

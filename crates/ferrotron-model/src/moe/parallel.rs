@@ -8,16 +8,16 @@
 use burn::module::Param;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use ferrotron_ops::{RouterAuxSpec, balancing_probabilities, moe_router_aux};
 use ferrotron_parallel::collectives::{all_reduce_detached, gather_from_region, scatter_to_region};
 use ferrotron_parallel::{ParallelContext, ParallelOps, ParamRole, ReduceOp, ShardSpec};
 use ferrotron_recipe::{LoadBalancing, TokenDispatcher};
 
+use super::decisions::router_score;
 use super::dispatch::{self, ExpertGroups, index_tensor};
 use super::expert::Piece;
 use super::layer::{MoeLayer, MoeStats};
-use super::loss::{
-    balancing_probabilities, sequence_aux_loss_share, switch_aux_loss_share, z_loss_share,
-};
+use super::loss::{sequence_aux_loss_share, switch_aux_loss_share, z_loss_share};
 use super::microbatch::{
     TokenPlacement, gather_logits, microbatch_groups, rows_of, splits_rows_over_tp,
 };
@@ -241,7 +241,8 @@ impl<B: ParallelOps> MoeLayer<B> {
                 LoadBalancing::AuxLoss | LoadBalancing::SeqAuxLoss
             );
         if needs_counts {
-            let probabilities = balancing_probabilities(logits.clone(), config.score_function);
+            let score = router_score(config.score_function);
+            let probabilities = balancing_probabilities(logits.clone(), score);
             share = share
                 + if config.load_balancing == LoadBalancing::SeqAuxLoss {
                     let sequences = placement.sequences;
@@ -278,7 +279,13 @@ impl<B: ParallelOps> MoeLayer<B> {
                 };
         }
         if config.z_loss_coeff > 0.0 {
-            share = share + z_loss_share(logits, config.z_loss_coeff, total);
+            let spec = RouterAuxSpec {
+                balancing: None,
+                log_sum_exp: true,
+            };
+            let log_sum_exp = moe_router_aux(logits, spec).log_sum_exp;
+            let log_sum_exp = log_sum_exp.expect("the log-sum-exps, asked for");
+            share = share + z_loss_share(log_sum_exp, config.z_loss_coeff, total);
         }
         let groups = microbatch_groups(ctx);
         if groups.is_empty() {

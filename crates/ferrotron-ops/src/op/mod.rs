@@ -20,5 +20,7 @@ pub(crate) mod norm;
 pub(crate) mod qk_norm;
 pub(crate) mod qkv;
 pub(crate) mod rope;
+pub(crate) mod router;
+pub(crate) mod router_aux;
 pub(crate) mod swiglu;
 pub(crate) mod tied_loss;

@@ -18,6 +18,8 @@ mod norm;
 mod qk_norm;
 mod qkv;
 mod rope;
+mod router;
+mod router_aux;
 mod sliding_window;
 mod swiglu;
 

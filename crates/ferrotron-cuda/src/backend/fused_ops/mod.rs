@@ -19,9 +19,10 @@
 //! (`kernels/fused/rope.rs`) and its per-head QK-norm (`kernels/fused/qk_norm.rs`) run on our own
 //! kernels, for every float dtype; the MoE experts' grouped matmul runs as cuBLAS grouped GEMMs
 //! (`blas/grouped.rs`, also switched off alone by `runtime.grouped_gemm: false`), and their routing
-//! decisions (top-k and the permutation by expert, `kernels/fused/moe.rs`) on ours;
-//! `runtime.fused_kernels: false` switches all nine back to burn's composition and the routing to
-//! the host reference. The fp8 linear's primitives (casts, the fp8 GEMM, the scale update) are
+//! decisions (top-k and the permutation by expert, `kernels/fused/moe.rs`), the router with its
+//! combine weights (`kernels/fused/moe_router.rs`) and its balancing and z-loss terms
+//! (`kernels/fused/moe_router_aux.rs`) on ours; `runtime.fused_kernels: false` switches all of
+//! them back to burn's composition and the routing decisions to the host reference. The fp8 linear's primitives (casts, the fp8 GEMM, the scale update) are
 //! `kernels/fp8`'s and `blas/fp8_gemm.rs`'s, glued in `fp8.rs`, refused below compute capability
 //! 9.0.
 
@@ -35,10 +36,11 @@ use ferrotron_ops::{
     AdamWStep, AdamWTensors, AttentionGrads, AttentionSaved, AttentionSpec, CombineIndex,
     CombineSpec, CrossEntropySaved, DeviceScale, DropoutMask, DropoutSaved, FlatPiece, FlatSegment,
     Fp8InputNorm, Fp8Linear, Fp8Operand, Fp8Source, Fp8State, Fp8Tensor, FusedOps, GroupLimit,
-    GroupRows, GroupedMatmulGrads, GroupedMatmulPartsGrads, HostPass, MoePermutation, NormGrads,
-    NormKind, NormSaved, NormSpec, NormStats, QkNormGrads, QkNormParams, QkNormSaved, ReadLater,
-    composed_adamw, composed_attention, composed_bias_gelu, composed_gather_flat,
-    composed_grouped_matmul, composed_qk_norm, composed_qkv_attention, composed_rope_qkv,
+    GroupRows, GroupedMatmulGrads, GroupedMatmulPartsGrads, HostPass, MoePermutation, MoeRouting,
+    NormGrads, NormKind, NormSaved, NormSpec, NormStats, QkNormGrads, QkNormParams, QkNormSaved,
+    ReadLater, RouterAux, RouterAuxSpec, RouterSpec, composed_adamw, composed_attention,
+    composed_bias_gelu, composed_gather_flat, composed_grouped_matmul, composed_moe_router,
+    composed_moe_router_aux, composed_qk_norm, composed_qkv_attention, composed_rope_qkv,
     composed_segment_sum_of_squares, composed_sum_of_squares, composed_swiglu,
     fp8_quantize_norm_composed, gather_rows_backward_reference, moe_permutation_reference,
     moe_topk_reference,
@@ -56,7 +58,7 @@ use crate::kernels::fused::qk_norm::{self, qk_norm_backward, qk_norm_forward};
 use crate::kernels::fused::rope::{rope_qkv_backward, rope_qkv_forward};
 use crate::kernels::fused::swiglu::{swiglu_backward, swiglu_forward};
 use crate::kernels::fused::{adamw, bias_gelu, norm_backward, norm_forward};
-use crate::kernels::fused::{combine, gather_sum, moe};
+use crate::kernels::fused::{combine, gather_sum, moe, moe_router, moe_router_aux};
 use crate::kernels::fused::{flat, grouped_gemm};
 use crate::kernels::prim::random;
 use crate::kernels::prim::reduce::{ReduceOp, reduce_all};
@@ -405,6 +407,80 @@ impl FusedOps for Cuda {
             return moe_topk_reference::<Self>(scores, k, group_limit);
         }
         ok(moe::topk(&scores, k, groups))
+    }
+
+    fn fused_moe_router(
+        logits: FloatTensor<Self>,
+        expert_bias: Option<FloatTensor<Self>>,
+        spec: RouterSpec,
+    ) -> MoeRouting<Self> {
+        kernel_or_composed!(
+            Self::has_moe_router_kernel(&logits, &spec),
+            Self::moe_router_kernel_forward,
+            composed_moe_router::<Self>,
+            (logits, expert_bias, spec)
+        )
+    }
+
+    fn has_moe_router_kernel(logits: &FloatTensor<Self>, spec: &RouterSpec) -> bool {
+        fused_kernels_enabled() && moe_router::supports(logits, spec)
+    }
+
+    fn moe_router_kernel_forward(
+        logits: FloatTensor<Self>,
+        expert_bias: Option<FloatTensor<Self>>,
+        spec: RouterSpec,
+    ) -> MoeRouting<Self> {
+        let (chosen, weights) = ok(moe_router::forward(&logits, expert_bias.as_ref(), &spec));
+        MoeRouting { chosen, weights }
+    }
+
+    fn moe_router_kernel_backward(
+        logits: FloatTensor<Self>,
+        chosen: IntTensor<Self>,
+        grad_weights: FloatTensor<Self>,
+        spec: RouterSpec,
+    ) -> FloatTensor<Self> {
+        ok(moe_router::backward(&logits, &chosen, &grad_weights, &spec))
+    }
+
+    fn fused_moe_router_aux(logits: FloatTensor<Self>, spec: RouterAuxSpec) -> RouterAux<Self> {
+        kernel_or_composed!(
+            Self::has_moe_router_aux_kernel(&logits, &spec),
+            Self::moe_router_aux_kernel_forward,
+            composed_moe_router_aux::<Self>,
+            (logits, spec)
+        )
+    }
+
+    fn has_moe_router_aux_kernel(logits: &FloatTensor<Self>, spec: &RouterAuxSpec) -> bool {
+        fused_kernels_enabled() && moe_router_aux::supports(logits, spec)
+    }
+
+    fn moe_router_aux_kernel_forward(
+        logits: FloatTensor<Self>,
+        spec: RouterAuxSpec,
+    ) -> RouterAux<Self> {
+        let terms = ok(moe_router_aux::forward(&logits, &spec));
+        RouterAux {
+            probability_mass: terms.mass,
+            topk_counts: terms.counts,
+            log_sum_exp: terms.log_sum_exp,
+        }
+    }
+
+    fn moe_router_aux_kernel_backward(
+        logits: FloatTensor<Self>,
+        spec: RouterAuxSpec,
+        grad_mass: Option<FloatTensor<Self>>,
+        grad_log_sum_exp: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        ok(moe_router_aux::backward(
+            &logits,
+            &spec,
+            grad_mass.as_ref(),
+            grad_log_sum_exp.as_ref(),
+        ))
     }
 
     fn moe_permutation(experts: IntTensor<Self>, num_experts: usize) -> MoePermutation<Self> {

@@ -1,9 +1,10 @@
 //! The hand-written kernels behind `FusedOps`, one module per op: the norms (`norm.rs`, with the
 //! warp-per-row `norm_rows.rs` and the one-pass backward `norm_grad_rows.rs`), the AdamW update,
 //! the softmax cross-entropy (`loss.rs`), QK-norm, RoPE and SwiGLU of the packed projection, GELU
-//! with its linear's bias (`bias_gelu.rs`), MoE
-//! routing, the experts' grouped matmul over counts left on the device (`grouped_gemm.rs`), and
-//! the gathering of gradients into the optimizer's flat buffers (`flat.rs`).
+//! with its linear's bias (`bias_gelu.rs`), MoE routing (its decisions, `moe.rs`; the router with
+//! its weights, `moe_router.rs`, and its losses' terms, `moe_router_aux.rs`), the experts'
+//! grouped matmul over counts left on the device (`grouped_gemm.rs`), and the gathering of
+//! gradients into the optimizer's flat buffers (`flat.rs`).
 //!
 //! Why by hand: each composed version is a chain of generic map and reduce kernels, each a full
 //! pass over memory with its own output buffer; these read their inputs once, accumulate in
@@ -18,6 +19,8 @@ pub mod gather_sum;
 pub mod grouped_gemm;
 pub mod loss;
 pub mod moe;
+pub mod moe_router;
+pub mod moe_router_aux;
 pub mod norm;
 mod norm_grad_rows;
 mod norm_rows;
