@@ -53,6 +53,8 @@ pub enum GroupedKernel {
     /// The measured best.
     #[default]
     Auto,
+    /// The warpgroup kernel fed by cp.async (the best before the TMA kernel was measured).
+    CpAsync,
     /// The warp-specialised persistent kernel fed by the TMA.
     Tma,
     /// The same in two-block clusters sharing the row tile.

@@ -33,6 +33,8 @@ mod fused_norm;
 mod fused_qk_norm;
 mod fused_qkv;
 mod fused_rope;
+mod fused_router;
+mod fused_router_aux;
 mod fused_swiglu;
 mod fused_window;
 mod host_pass;
@@ -384,7 +386,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--device" => args.device_index = value("--device")?.parse().context("--device")?,
             "-h" | "--help" => {
                 println!(
-                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|device_grouped|device_grouped_tma|upload|host_pass|alloc|fp8|nccl|attention_rates] [--seed N] [--device INDEX] [--no-timings]\n\
+                    "gpu_check [--filter SUBSTRING|fused|qk_norm|window|mla|moe|moe_router|device_grouped|device_grouped_tma|fp8_experts|upload|host_pass|alloc|fp8|nccl|attention_rates] [--seed N] [--device INDEX] [--no-timings]\n\
                      Runs every ferrotron-cuda backend op against burn-flex, then the fused ops and\n\
                      linear overrides against their composed versions, the fp8 kernels and linear\n\
                      (Hopper), then the NCCL communicator\n\
@@ -450,10 +452,17 @@ fn main() -> anyhow::Result<()> {
     }
     if args.filter == "device_grouped_tma" {
         rows.extend(device_grouped::rows(&device, device_grouped::Kernels::Tma));
-        rows.extend(fp8_grouped::rows(&device));
+        rows.extend(fp8_grouped::kernel_rows(&device));
+    }
+    if args.filter == "fp8_experts" {
+        rows.extend(fp8_grouped::node_rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "moe" {
         rows.extend(fused_moe::rows(&device));
+    }
+    if args.filter.is_empty() || args.filter == "fused" || args.filter == "moe_router" {
+        rows.extend(fused_router::rows(&device));
+        rows.extend(fused_router_aux::rows(&device));
     }
     if args.filter.is_empty() || args.filter == "fused" || args.filter == "upload" {
         rows.extend(uploads::rows(&device));
@@ -468,7 +477,8 @@ fn main() -> anyhow::Result<()> {
     if args.filter.is_empty() || args.filter == "fp8" {
         rows.extend(fp8::rows(&device));
         rows.extend(fp8_fused_sources::rows(&device));
-        rows.extend(fp8_grouped::rows(&device));
+        rows.extend(fp8_grouped::kernel_rows(&device));
+        rows.extend(fp8_grouped::node_rows(&device));
     }
     let mut nccl_comm = None;
     if args.filter.is_empty() || args.filter == "nccl" {

@@ -647,6 +647,7 @@ pub struct Precision {
 pub enum GroupedGemmKernel {
     #[default]
     Auto,
+    CpAsync,
     Tma,
     TmaCluster,
 }
@@ -1294,11 +1295,12 @@ pub struct Runtime {
     /// until measured on a GPU; the CPU always runs the linear's bias.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub bias_gelu_fusion: bool,
-    /// Which device-count grouped GEMM a Hopper GPU runs: `auto` the measured best (the
-    /// warpgroup kernel fed by cp.async); `tma` the warp-specialised persistent kernel fed by the
-    /// Tensor Memory Accelerator; `tma_cluster` the same in two-block clusters sharing the row
-    /// tile by multicast. The TMA kernels are unmeasured: this lets one GPU call time the MoE
-    /// rows with each. Other GPUs, and more than 252 experts on a rank, take `auto`.
+    /// Which device-count grouped GEMM a Hopper GPU runs: `auto` the measured best, which is
+    /// `tma`, the warp-specialised persistent kernel fed by the Tensor Memory Accelerator (up
+    /// to 252 experts on a rank; past that `cp_async`); `cp_async` the warpgroup kernel fed by
+    /// cp.async, the default before the TMA kernel was measured; `tma_cluster` the TMA kernel
+    /// in two-block clusters sharing the row tile by multicast (slower at large shapes: its
+    /// clusters do not fill the GPU). For timing one against another; other GPUs take `auto`.
     #[serde(default, skip_serializing_if = "GroupedGemmKernel::is_auto")]
     pub grouped_gemm_kernel: GroupedGemmKernel,
     /// Megatron's `use_cpu_initialization`, on by default here: the initial weights are drawn
@@ -1637,6 +1639,13 @@ mod tests {
             GroupedGemmKernel::TmaCluster
         );
         assert_ne!(set.content_hash(), recipe.content_hash());
+        let mut cp_async = json.clone();
+        cp_async["runtime"]["grouped_gemm_kernel"] = serde_json::json!("cp_async");
+        let cp_async: Recipe = serde_json::from_value(cp_async).expect("parses");
+        assert_eq!(
+            cp_async.runtime.grouped_gemm_kernel,
+            GroupedGemmKernel::CpAsync
+        );
         let mut unknown = json;
         unknown["runtime"]["grouped_gemm_kernel"] = serde_json::json!("cutlass");
         assert!(serde_json::from_value::<Recipe>(unknown).is_err());

@@ -394,6 +394,9 @@ fn configure_cuda(runtime: &ferrotron_recipe::Runtime) -> anyhow::Result<()> {
             ferrotron_recipe::GroupedGemmKernel::Auto => {
                 ferrotron_cuda::switches::GroupedKernel::Auto
             }
+            ferrotron_recipe::GroupedGemmKernel::CpAsync => {
+                ferrotron_cuda::switches::GroupedKernel::CpAsync
+            }
             ferrotron_recipe::GroupedGemmKernel::Tma => {
                 ferrotron_cuda::switches::GroupedKernel::Tma
             }

@@ -11,12 +11,16 @@
 //! past the last tile return. The weights are the groups' pointers, passed by value, so a stack
 //! and experts' own tensors both work without a copy.
 //!
-//! Why two kernels: `mma.sync` (the portable one, sm_80 and later) runs on Hopper at about half
-//! its tensor-core rate (208 TFLOP/s at Qwen3-30B-A3B's shape, where PyTorch's CUTLASS grouped
-//! GEMM reaches 483), so on sm_90 the same grid feeds Hopper's warpgroup MMA (`wgmma`) from
-//! swizzled shared memory instead: 1.2–1.4× the portable kernel and 1.1–1.2× cuBLAS's grouped
-//! call at that shape (H100, 2026-12-07), though still 0.6× the per-expert cuBLASLt GEMMs where
-//! an expert fills the GPU, which is why the backend keeps those there (`backend/fused_ops`).
+//! Why several kernels: `mma.sync` (the portable one, sm_80 and later) runs on Hopper at about
+//! half its tensor-core rate (208 TFLOP/s at Qwen3-30B-A3B's shape, where PyTorch's CUTLASS
+//! grouped GEMM reaches 483). On sm_90 the same grid first fed Hopper's warpgroup MMA (`wgmma`)
+//! from swizzled shared memory loaded by cp.async: 1.2–1.4× the portable kernel, but its main
+//! loop was bound by what it read from L2 (0.41 of peak). The kernel Hopper runs now is organised
+//! as CUTLASS's (`tma.rs`): persistent, a producer thread's TMA copies feeding two consumer
+//! warpgroups through mbarriers. On one H100 (2026-12-07 22:47 UTC) it ran the four MoE shapes
+//! timed at 338–686 TFLOP/s, 1.2–1.6× the cp.async kernel, and matched or beat one cuBLASLt
+//! GEMM per expert everywhere but the small MoE's and Mixtral's weight gradient
+//! (`backend/fused_ops` keeps those per expert where an expert fills the GPU).
 
 use ferrotron_ops::fp8::scaling::Fp8Format;
 
@@ -71,35 +75,43 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The fastest kernel the device runs.
-    pub fn best(device: &CudaDevice) -> Self {
-        if device.arch() == "sm_90" {
-            Kernel::Hopper
-        } else {
-            Kernel::Portable
+    /// The fastest kernel the device runs for `groups` groups: on Hopper the one fed by the
+    /// TMA (H100, 2026-12-07 22:47 UTC: 1.2–1.6× the cp.async kernel at every MoE shape timed,
+    /// Qwen3-30B-A3B's forward 0.870 ms against 1.193), which takes at most 252 groups; past
+    /// those, the cp.async kernel.
+    pub fn best(device: &CudaDevice, groups: usize) -> Self {
+        match device.arch() {
+            "sm_90" if groups <= tma::MAX_GROUPS => Kernel::HopperTma,
+            "sm_90" => Kernel::Hopper,
+            _ => Kernel::Portable,
         }
     }
 
     /// The kernel the recipe's `runtime.grouped_gemm_kernel` asks for, where the device and the
-    /// groups allow it (the TMA kernels are Hopper's and take at most 252 groups); else
+    /// groups allow it (all are Hopper's, the TMA ones take at most 252 groups); else
     /// [`Kernel::best`].
     pub fn chosen(device: &CudaDevice, groups: usize) -> Self {
         match Self::asked() {
+            Some(Kernel::Hopper) if device.arch() == "sm_90" => Kernel::Hopper,
             Some(kernel) if device.arch() == "sm_90" && groups <= tma::MAX_GROUPS => kernel,
-            _ => Self::best(device),
+            _ => Self::best(device, groups),
         }
     }
 
-    /// The TMA kernel fp8 operands run on (they have no other): the form
-    /// `runtime.grouped_gemm_kernel` asks for, else the single-block one.
+    /// The TMA kernel fp8 operands run on (they have no other): the cluster form where
+    /// `runtime.grouped_gemm_kernel` asks for it, else the single-block one.
     pub fn chosen_fp8() -> Self {
-        Self::asked().unwrap_or(Kernel::HopperTma)
+        match Self::asked() {
+            Some(Kernel::HopperTmaCluster) => Kernel::HopperTmaCluster,
+            _ => Kernel::HopperTma,
+        }
     }
 
-    /// The TMA form `runtime.grouped_gemm_kernel` names (none for `auto`).
+    /// The kernel `runtime.grouped_gemm_kernel` names (none for `auto`).
     fn asked() -> Option<Self> {
         match crate::switches::paths().grouped_gemm_kernel {
             crate::switches::GroupedKernel::Auto => None,
+            crate::switches::GroupedKernel::CpAsync => Some(Kernel::Hopper),
             crate::switches::GroupedKernel::Tma => Some(Kernel::HopperTma),
             crate::switches::GroupedKernel::TmaCluster => Some(Kernel::HopperTmaCluster),
         }
@@ -107,13 +119,13 @@ impl Kernel {
 
     /// Every kernel the device runs, the best first (for the checks that compare them).
     pub fn available(device: &CudaDevice) -> Vec<Self> {
-        match Self::best(device) {
+        match Self::best(device, 1) {
             Kernel::Portable => vec![Kernel::Portable],
             _ => vec![
+                Kernel::HopperTma,
                 Kernel::Hopper,
                 Kernel::HopperNarrow,
                 Kernel::HopperPair,
-                Kernel::HopperTma,
                 Kernel::HopperTmaCluster,
                 Kernel::Portable,
             ],
