@@ -110,7 +110,9 @@ fn rows_of(
 ) -> [Row; 2] {
     let [tokens, experts] = dims;
     let case = Case {
-        logits: logits(rng, dims, tied),
+        // rounded to the kernel's dtype first: the composed f32 routing must see the values the
+        // kernel sees (bf16 ties experts the unrounded logits tell apart)
+        logits: round(logits(rng, dims, tied), dtype).convert::<f32>(),
         bias: bias.then(|| host(&[experts], rng, DType::F32)),
         w: host(&[tokens * spec.topk], rng, DType::F32),
         spec,
