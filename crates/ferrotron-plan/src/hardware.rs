@@ -36,13 +36,13 @@ const GROUPED_TO_DENSE: f64 = HOPPER_GROUPED_GEMM_EFFICIENCY / HOPPER_GEMM_EFFIC
 const HOPPER_PER_EXPERT_GEMM_EFFICIENCY: f64 = 0.5;
 /// The per-expert GEMMs' rate over the dense GEMMs' on Hopper.
 const PER_EXPERT_TO_DENSE: f64 = HOPPER_PER_EXPERT_GEMM_EFFICIENCY / HOPPER_GEMM_EFFICIENCY;
-/// The experts' GEMMs through Ferrotron's device-count kernel (warpgroup MMA; the counts never
-/// read back) at this fraction of peak, where the runtime takes it (experts too small to fill
-/// the chip alone): fitted to `qwen3-30b-a3b-4l` and its 8-microbatch twin on one H100
-/// (2026-12-07 17:00 and 17:41 UTC: predicted 1.03 and 1.00 of their steps). In isolation it
-/// ran 0.27–0.34 of peak at that shape (`gpu_check --filter device_grouped`), cuBLAS's grouped
-/// call 0.27–0.30.
-const HOPPER_DEVICE_COUNTS_GEMM_EFFICIENCY: f64 = 0.16;
+/// The experts' GEMMs through Ferrotron's device-count kernel (warpgroup MMA fed by the TMA; the
+/// counts never read back) at this fraction of peak, where the runtime takes it (experts too
+/// small to fill the chip alone): fitted to `qwen3-30b-a3b-4l` and its 8-microbatch twin on one
+/// H100 (2026-12-07 22:48 and 23:20 UTC, the TMA kernel: predicted 1.01 and 0.99 of their steps;
+/// 0.16 fitted the cp.async kernel before). In isolation it ran 0.34–0.48 of peak at that shape
+/// (`gpu_check --filter device_grouped`), cuBLAS's grouped call 0.27–0.29.
+const HOPPER_DEVICE_COUNTS_GEMM_EFFICIENCY: f64 = 0.19;
 /// The device-count kernel's rate over the dense GEMMs' on Hopper.
 const DEVICE_COUNTS_TO_DENSE: f64 = HOPPER_DEVICE_COUNTS_GEMM_EFFICIENCY / HOPPER_GEMM_EFFICIENCY;
 /// Hopper's dense fp32 peak, which the dropout cost of other chips is scaled by.
