@@ -59,6 +59,8 @@ pub enum GroupedKernel {
     Tma,
     /// The same in two-block clusters sharing the row tile.
     TmaCluster,
+    /// The TMA kernel on the ping-pong schedule (two consumer warpgroups on alternate tiles).
+    TmaPingpong,
 }
 
 impl Default for Paths {

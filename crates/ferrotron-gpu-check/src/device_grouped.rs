@@ -114,7 +114,9 @@ impl Kernels {
             Kernels::All => true,
             Kernels::Tma => matches!(
                 path,
-                Path::DeviceCounts(Kernel::HopperTma | Kernel::HopperTmaCluster)
+                Path::DeviceCounts(
+                    Kernel::HopperTma | Kernel::HopperTmaCluster | Kernel::HopperTmaPingpong
+                )
             ),
         }
     }
@@ -244,6 +246,10 @@ fn kernel_names(kernel: Kernel) -> (&'static str, Option<&'static str>) {
         Kernel::HopperTmaCluster => (
             "_sm90_tma_cluster",
             Some("TMA, clusters of two sharing the row tile"),
+        ),
+        Kernel::HopperTmaPingpong => (
+            "_sm90_tma_pingpong",
+            Some("TMA, ping-pong warpgroups on 128 x 128 tiles"),
         ),
     }
 }

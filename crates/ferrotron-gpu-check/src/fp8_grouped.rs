@@ -27,6 +27,11 @@ use crate::{Row, failed, first_line, guarded};
 
 // 1,480 rows: the fp8 casts take multiples of 8; the transposed operands' rows still pad to 16
 const COUNTS: [usize; 8] = [300, 129, 512, 0, 77, 256, 1, 205];
+/// The inner product's groups whole 128-row steps (no zeroing, every start 16-byte aligned),
+/// then 16-row multiples (the last step's zeroing, aligned starts): with [`COUNTS`] they tell
+/// which part of the weight gradient faulted on its first GPU run.
+const WHOLE_STEPS: [usize; 8] = [256, 128, 512, 0, 128, 256, 128, 128];
+const SIXTEENS: [usize; 8] = [304, 128, 512, 0, 80, 256, 16, 192];
 const TMA_KERNELS: [Kernel; 2] = [Kernel::HopperTma, Kernel::HopperTmaCluster];
 
 fn starts(counts: &[usize]) -> Vec<usize> {
@@ -120,13 +125,13 @@ fn rows_row(
 /// of buffers whose rows are padded to a multiple of 16 bytes.
 fn inner_row(
     device: &Arc<CudaDevice>,
-    counts: &CudaTensor,
+    (host_counts, counts): (&[usize], &CudaTensor),
     kernel: Kernel,
     [m, n]: [usize; 2],
     formats: (Fp8Format, Fp8Format),
 ) -> Result<Errors, String> {
     let mut rng = StdRng::seed_from_u64(49);
-    let rows: usize = COUNTS.iter().sum();
+    let rows: usize = host_counts.iter().sum();
     let padded = rows.div_ceil(16) * 16;
     let (sa, sb) = (32.0f32, 8.0f32);
     let (a, ca) = operand(device, &mut rng, [m, padded], formats.0, sa)?;
@@ -149,13 +154,13 @@ fn inner_row(
             scale_inv: &cb.scale_inv,
         },
         counts,
-        COUNTS.len(),
+        host_counts.len(),
         EDType::BF16,
     )
     .map_err(|e| e.to_string())?;
     let inv = f64::from(1.0 / sa) * f64::from(1.0 / sb);
-    let mut want = vec![0.0f32; COUNTS.len() * m * n];
-    for (g, (&count, start)) in COUNTS.iter().zip(starts(&COUNTS)).enumerate() {
+    let mut want = vec![0.0f32; host_counts.len() * m * n];
+    for (g, (&count, start)) in host_counts.iter().zip(starts(host_counts)).enumerate() {
         for i in 0..m {
             for j in 0..n {
                 let dot: f64 = (start..start + count)
@@ -165,7 +170,7 @@ fn inner_row(
             }
         }
     }
-    compared(&got, want, [COUNTS.len() * m, n])
+    compared(&got, want, [host_counts.len() * m, n])
 }
 
 fn row(op: &str, shape: String, note: String, result: Result<Errors, String>) -> Row {
@@ -322,6 +327,10 @@ pub(crate) fn kernel_rows(device: &GpuDevice) -> Vec<Row> {
         return Vec::new();
     }
     let counts = &counts_on(&COUNTS, device);
+    let (whole_steps, sixteens) = (
+        &counts_on(&WHOLE_STEPS, device),
+        &counts_on(&SIXTEENS, device),
+    );
     let device = &engine;
     let (e4m3, e5m2) = (Fp8Format::E4m3, Fp8Format::E5m2);
     let mut out = Vec::new();
@@ -354,20 +363,25 @@ pub(crate) fn kernel_rows(device: &GpuDevice) -> Vec<Row> {
     // The inner products last: the first GPU run of the fp8 experts node faulted in one
     // (2026-12-07 23:19 UTC), and a fault fails every row after it.
     for kernel in TMA_KERNELS {
-        let [m, n] = [256, 512];
-        let result = guarded(|| inner_row(device, counts, kernel, [m, n], (e4m3, e5m2)));
-        out.push(row(
-            "grouped_gemm_fp8_inner",
-            format!(
-                "[{m}, {0}]·[{n}, {0}]ᵀ by groups",
-                COUNTS.iter().sum::<usize>()
-            ),
-            format!(
-                "e4m3ᵀ·e5m2 over uneven groups, rows padded to 16 bytes; {}; bf16 out vs f64",
-                kernel_name(kernel)
-            ),
-            result,
-        ));
+        for (host_counts, counts, what) in [
+            (&WHOLE_STEPS[..], whole_steps, "whole 128-row steps"),
+            (&SIXTEENS, sixteens, "16-row multiples"),
+            (&COUNTS, counts, "uneven groups, rows padded to 16 bytes"),
+        ] {
+            let [m, n] = [256, 512];
+            let rows: usize = host_counts.iter().sum();
+            let result =
+                guarded(|| inner_row(device, (host_counts, counts), kernel, [m, n], (e4m3, e5m2)));
+            out.push(row(
+                "grouped_gemm_fp8_inner",
+                format!("[{m}, {rows}]·[{n}, {rows}]ᵀ by groups"),
+                format!(
+                    "e4m3ᵀ·e5m2 over {what}; {}; bf16 out vs f64",
+                    kernel_name(kernel)
+                ),
+                result,
+            ));
+        }
     }
     out
 }

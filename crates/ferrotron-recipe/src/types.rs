@@ -650,6 +650,7 @@ pub enum GroupedGemmKernel {
     CpAsync,
     Tma,
     TmaCluster,
+    TmaPingpong,
 }
 
 impl GroupedGemmKernel {
@@ -1300,7 +1301,9 @@ pub struct Runtime {
     /// to 252 experts on a rank; past that `cp_async`); `cp_async` the warpgroup kernel fed by
     /// cp.async, the default before the TMA kernel was measured; `tma_cluster` the TMA kernel
     /// in two-block clusters sharing the row tile by multicast (slower at large shapes: its
-    /// clusters do not fill the GPU). For timing one against another; other GPUs take `auto`.
+    /// clusters do not fill the GPU); `tma_pingpong` the TMA kernel on CUTLASS's ping-pong
+    /// schedule (128 × 128 tiles, the two consumer warpgroups on alternate tiles; not yet run on
+    /// a GPU). For timing one against another; other GPUs take `auto`.
     #[serde(default, skip_serializing_if = "GroupedGemmKernel::is_auto")]
     pub grouped_gemm_kernel: GroupedGemmKernel,
     /// Megatron's `use_cpu_initialization`, on by default here: the initial weights are drawn

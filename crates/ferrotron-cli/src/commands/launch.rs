@@ -403,6 +403,9 @@ fn configure_cuda(runtime: &ferrotron_recipe::Runtime) -> anyhow::Result<()> {
             ferrotron_recipe::GroupedGemmKernel::TmaCluster => {
                 ferrotron_cuda::switches::GroupedKernel::TmaCluster
             }
+            ferrotron_recipe::GroupedGemmKernel::TmaPingpong => {
+                ferrotron_cuda::switches::GroupedKernel::TmaPingpong
+            }
         },
     };
     if let Err(held) = ferrotron_cuda::switches::configure(paths) {

@@ -72,6 +72,10 @@ pub enum Kernel {
     /// L2 a step at 128 × 256. Where the output's column tiles do not pair up, the single-block
     /// kernel runs.
     HopperTmaCluster,
+    /// [`Kernel::HopperTma`] on CUTLASS's ping-pong schedule: 128 × 128 tiles, each consumer
+    /// warpgroup taking every other tile whole, so one's stores run under the other's MMAs.
+    /// 16-bit operands only.
+    HopperTmaPingpong,
 }
 
 impl Kernel {
@@ -114,6 +118,7 @@ impl Kernel {
             crate::switches::GroupedKernel::CpAsync => Some(Kernel::Hopper),
             crate::switches::GroupedKernel::Tma => Some(Kernel::HopperTma),
             crate::switches::GroupedKernel::TmaCluster => Some(Kernel::HopperTmaCluster),
+            crate::switches::GroupedKernel::TmaPingpong => Some(Kernel::HopperTmaPingpong),
         }
     }
 
@@ -127,6 +132,7 @@ impl Kernel {
                 Kernel::HopperNarrow,
                 Kernel::HopperPair,
                 Kernel::HopperTmaCluster,
+                Kernel::HopperTmaPingpong,
                 Kernel::Portable,
             ],
         }
@@ -141,12 +147,16 @@ impl Kernel {
                 | Kernel::HopperPair
                 | Kernel::HopperTma
                 | Kernel::HopperTmaCluster
+                | Kernel::HopperTmaPingpong
         )
     }
 
-    /// Whether this is the kernel fed by the TMA (either form).
+    /// Whether this is the kernel fed by the TMA (any form).
     fn is_tma(self) -> bool {
-        matches!(self, Kernel::HopperTma | Kernel::HopperTmaCluster)
+        matches!(
+            self,
+            Kernel::HopperTma | Kernel::HopperTmaCluster | Kernel::HopperTmaPingpong
+        )
     }
 
     /// Output tile columns for an output `cols` wide: Hopper's widest instruction where it
@@ -288,6 +298,10 @@ impl GroupedGemm {
             ),
             ("FP8", Hole::Flag(self.fp8.is_some())),
             ("SPLIT", Hole::Flag(self.fp8.is_some_and(|fp8| fp8.split))),
+            (
+                "PINGPONG",
+                Hole::Flag(self.kernel == Kernel::HopperTmaPingpong),
+            ),
         ]);
         template!("grouped_gemm_sm90_tma.cu").fill(&holes)
     }
@@ -329,6 +343,7 @@ impl GroupedGemm {
         let variant = match self.kernel {
             Kernel::HopperPair => " pair",
             Kernel::HopperTmaCluster => " cluster",
+            Kernel::HopperTmaPingpong => " pingpong",
             _ => "",
         };
         format!("{what} n{}{variant} groups {}", self.tile_cols, self.groups)
@@ -412,7 +427,9 @@ fn wgmma_fp8_asm(n: usize, a: Fp8Format, b: Fp8Format) -> String {
 impl KernelSpec for GroupedGemm {
     fn source(&self) -> String {
         match self.kernel {
-            Kernel::HopperTma | Kernel::HopperTmaCluster => self.tma_source(),
+            Kernel::HopperTma | Kernel::HopperTmaCluster | Kernel::HopperTmaPingpong => {
+                self.tma_source()
+            }
             Kernel::Portable => self.portable_source(),
             _ => self.hopper_source(),
         }
@@ -762,6 +779,21 @@ mod tests {
                             fp8: Some(Fp8Mma { a, b, split }),
                         });
                     }
+                }
+            }
+        }
+        // the ping-pong schedule: 16-bit, 128 × 128 tiles
+        for dtype in [DType::BF16, DType::F16] {
+            for product in [Product::Forward, Product::InputGrad, Product::WeightGrad] {
+                for groups in [8, 128, tma::MAX_GROUPS] {
+                    specs.push(GroupedGemm {
+                        dtype,
+                        groups,
+                        product,
+                        kernel: Kernel::HopperTmaPingpong,
+                        tile_cols: TILE,
+                        fp8: None,
+                    });
                 }
             }
         }

@@ -27,6 +27,12 @@
 {{!     the tile is scaled by A's inverse scale and the group's B's before it is stored. }}
 {{!   SPLIT (fp8, 128-wide tiles): each step's MMAs into a zeroed partial sum, added to the f32 }}
 {{!     total once they completed (the gradients' accumulation; the forward's is fast). }}
+{{!   PINGPONG (16-bit, 128 × 128 tiles): CUTLASS's ping-pong schedule. Each consumer warpgroup }}
+{{!     takes every other tile of the block's walk whole (all 128 rows, two m64 MMAs a step), so }}
+{{!     one warpgroup's stores and next tile's start run while the other's MMAs do; the stages of }}
+{{!     the other's tiles pass by, counted. Aimed at the short reductions (an expert's rows in }}
+{{!     the weight gradient, Qwen3-30B-A3B's 768-wide input gradient), where a tile's epilogue is }}
+{{!     a large part of its time. }}
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #define BM 128
@@ -48,13 +54,23 @@
 #define STAGE_BYTES (A_BYTES + BK * BN * ELEM_BYTES)
 // The two consumer warpgroups' named barrier (0 is __syncthreads').
 #define CONSUMERS_BARRIER 1
+{{#if PINGPONG}}
+// Ping-pong: each warpgroup's own barrier for its zeroing (2, 3), and the signals that its
+// mainloop is done, one per warpgroup (4, 5).
+#define ORDER_BARRIER 4
+{{/if}}
 {{#if CLUSTER}}
 #define CLUSTER 2
 {{#else}}
 #define CLUSTER 1
 {{/if}}
 // Arrivals that release a stage: every consumer warp of every block the stage's loads reach.
+{{#if PINGPONG}}
+// Arrivals that release a stage: the consumer warps of the one warpgroup whose tile it holds.
+#define RELEASES 4
+{{#else}}
 #define RELEASES (8 * CLUSTER)
+{{/if}}
 typedef {{ELEM}} elem;
 
 struct __align__(128) TensorMap {
@@ -441,6 +457,122 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
   }
 }
 
+{{#if PINGPONG}}
+// A ping-pong consumer warpgroup (`cw` 0 takes the block's even tiles, 1 its odd ones): the
+// MMAs of every stage of its tiles, two m64 halves of the 128 rows a step, then its stores.
+__device__ __forceinline__ void consume_pingpong(const Params& p, const Groups& groups, unsigned smem,
+                                                 unsigned long long* full_bar, unsigned long long* empty_bar,
+                                                 long long first, long long stride, long long total) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cw = (tid >> 7) - 1, wtid = tid & 127;
+  int stage = 0;
+  unsigned phase = 0;
+  float acc0[BN / 2], acc1[BN / 2];
+  long long turn = 0;
+  for (long long i = first; i < total; i += stride, ++turn) {
+    const Work w = tile_work(p, groups, i, 0);
+    const int k_steps = steps(p, w);
+    if ((int)(turn & 1) != cw) {
+      // The other warpgroup's tile: its stages pass by, each wrap of the ring a new phase.
+      const int next = stage + k_steps;
+      phase ^= (unsigned)((next / STAGES) & 1);
+      stage = next % STAGES;
+      continue;
+    }
+    // The mainloops take turns in the walk's order: this one starts once the other warpgroup
+    // has waited for every stage of the tile before. A parity wait tells phases apart only one
+    // apart, so a warpgroup that ran ahead over the other's stages could take a stage two fills
+    // early for its own.
+    if (turn > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(ORDER_BARRIER + (1 - cw)) : "memory");
+#pragma unroll
+    for (int r = 0; r < BN / 2; ++r) acc0[r] = acc1[r] = 0.f;
+    int held = -1;  // the stage whose MMAs may still be reading it
+    for (int kt = 0; kt < k_steps; ++kt) {
+      bar_wait(smem_addr(&full_bar[stage]), phase);
+      const unsigned a_s = smem + stage * STAGE_BYTES, b_s = a_s + A_BYTES;
+{{#if !ROWS}}
+      const int live = (int)min((long long)BK, w.valid - (long long)kt * BK);
+      if (live < BK) {
+        // The last step's rows past the group's: zeroed in A and B by this warpgroup alone
+        // (its own named barrier), then made visible to the async proxy.
+        const int lines = (BK - live) * (BM / 64 + BN / 64);
+        for (int l = wtid; l < lines * 8; l += 128) {
+          const int line = l >> 3, chunk = l & 7;
+          const int block = line / (BK - live), krow = live + line % (BK - live);
+          const unsigned base = block < BM / 64 ? a_s + block * 8192 : b_s + (block - BM / 64) * 8192;
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + krow * 128 + chunk * 16), "r"(0)
+                       : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        asm volatile("bar.sync %0, 128;\n" ::"r"(CONSUMERS_BARRIER + 1 + cw) : "memory");
+      }
+{{/if}}
+      fence_acc(acc0);
+      fence_acc(acc1);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / MMA_K; ++kk) {
+{{#if A_MN}}
+        const unsigned long long da0 = descriptor(a_s + kk * 2048, 8192, 1024);
+        const unsigned long long da1 = descriptor(a_s + 8192 + kk * 2048, 8192, 1024);
+{{#else}}
+        const unsigned long long da0 = descriptor(a_s + kk * 32, 16, 1024);
+        const unsigned long long da1 = descriptor(a_s + 64 * 128 + kk * 32, 16, 1024);
+{{/if}}
+{{#if B_MN}}
+        const unsigned long long db = descriptor(b_s + kk * 2048, 8192, 1024);
+{{#else}}
+        const unsigned long long db = descriptor(b_s + kk * 32, 16, 1024);
+{{/if}}
+        wgmma(acc0, da0, db);
+        wgmma(acc1, da1, db);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      // The step before this one is done: its stage goes back to the producer.
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      fence_acc(acc0);
+      fence_acc(acc1);
+      if (held >= 0 && lane == 0) release(smem_addr(&empty_bar[held]));
+      held = stage;
+      if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    // Every stage of this tile waited for: the other warpgroup's next tile may start.
+    if (i + stride < total) asm volatile("bar.arrive %0, 256;\n" ::"r"(ORDER_BARRIER + cw) : "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    fence_acc(acc0);
+    fence_acc(acc1);
+    if (held >= 0 && lane == 0) release(smem_addr(&empty_bar[held]));
+
+{{#if ROWS}}
+    elem* __restrict__ C = (elem*)p.c + w.m0 * p.ldc;
+    const long long writable = w.valid;
+{{#else}}
+    elem* __restrict__ C = (elem*)p.c + ((long long)w.group * p.k + w.m0) * p.ldc;
+    const long long writable = BM;
+{{/if}}
+    // Each m64 half as the one-warpgroup kernel stores its rows: warp w of the warpgroup
+    // holds rows 16w..16w+15 of the half, register 4j + {0,1} row lane / 4, + {2,3} 8 below.
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const float* a = m == 0 ? acc0 : acc1;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = m * 64 + (warp & 3) * 16 + (lane >> 2) + half * 8;
+        if (row >= writable) continue;
+        elem* out = C + (long long)row * p.ldc + w.n0 + (lane & 3) * 2;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          *reinterpret_cast<unsigned*>(out + j * 8) = pack(a[4 * j + 2 * half], a[4 * j + 2 * half + 1]);
+        }
+      }
+    }
+  }
+}
+
+{{/if}}
 {{#if CLUSTER}}
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) ferrotron_kernel(const __grid_constant__ Params p) {
 {{#else}}
@@ -494,7 +626,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) ferrotron_kernel(const __gr
     if (tid == 0) produce(p, groups, smem, full_bar, empty_bar, first, stride, total, rank);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+{{#if PINGPONG}}
+    consume_pingpong(p, groups, smem, full_bar, empty_bar, first, stride, total);
+{{#else}}
     consume(p, groups, smem, full_bar, empty_bar, first, stride, total, rank);
+{{/if}}
   }
 {{#if CLUSTER}}
   // Neither block leaves while the other may still copy into it or release its stages.
