@@ -305,12 +305,42 @@ __device__ __forceinline__ void produce(const Params& p, const Groups& groups, u
   }
 }
 
+// The tile's output from its first row, and how many of its rows may be written.
+__device__ __forceinline__ elem* tile_output(const Params& p, const Work& w, long long* writable) {
+{{#if ROWS}}
+  *writable = w.valid;
+  return (elem*)p.c + w.m0 * p.ldc;
+{{#else}}
+  *writable = BM;
+  return (elem*)p.c + ((long long)w.group * p.k + w.m0) * p.ldc;
+{{/if}}
+}
+
+// Rows `first..first + 63` of a tile from a warpgroup's m64nBN accumulator: warp w of the
+// warpgroup holds rows 16w..16w+15; register 4j + {0,1} is row lane / 4, columns 8j + 2 (lane %
+// 4) + {0,1}; 4j + {2,3} the row 8 below. Rows from `writable` on are not stored.
+__device__ __forceinline__ void store_m64(elem* C, long long writable, long long ldc, long long n0, int first,
+                                          const float* acc) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wrow = first + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = wrow + half * 8;
+    if (row >= writable) continue;
+    elem* out = C + (long long)row * ldc + n0 + (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      *reinterpret_cast<unsigned*>(out + j * 8) = pack(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+    }
+  }
+}
+
 // A consumer warpgroup (`cw` 0 takes the tile's rows 0..63, 1 rows 64..127): the MMAs of every
 // stage, tile after tile, then the tile's stores.
 __device__ __forceinline__ void consume(const Params& p, const Groups& groups, unsigned smem,
                                         unsigned long long* full_bar, unsigned long long* empty_bar,
                                         long long first, long long stride, long long total, unsigned rank) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
   const int cw = (tid >> 7) - 1;
   int stage = 0;
   unsigned phase = 0;
@@ -429,31 +459,14 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
     fence_acc(acc);
     if (held >= 0 && lane == 0) release(smem_addr(&empty_bar[held]));
 
-    // The accumulator of m64nBN: warp w of the warpgroup holds rows 16w..16w+15; register
-    // 4j + {0,1} is row lane / 4, columns 8j + 2 (lane % 4) + {0,1}; 4j + {2,3} the row 8 below.
-{{#if ROWS}}
-    elem* __restrict__ C = (elem*)p.c + w.m0 * p.ldc;
-    const long long writable = w.valid;
-{{#else}}
-    elem* __restrict__ C = (elem*)p.c + ((long long)w.group * p.k + w.m0) * p.ldc;
-    const long long writable = BM;
-{{/if}}
-    const int wrow = cw * 64 + (warp & 3) * 16 + (lane >> 2);
+    long long writable;
+    elem* __restrict__ C = tile_output(p, w, &writable);
 {{#if FP8}}
     const float scale = ((const float*)p.a_scale)[0] * ((const float*)p.b_scale)[w.group * p.b_scale_step];
 #pragma unroll
     for (int r = 0; r < BN / 2; ++r) acc[r] *= scale;
 {{/if}}
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = wrow + half * 8;
-      if (row >= writable) continue;
-      elem* out = C + (long long)row * p.ldc + w.n0 + (lane & 3) * 2;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        *reinterpret_cast<unsigned*>(out + j * 8) = pack(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-      }
-    }
+    store_m64(C, writable, p.ldc, w.n0, cw * 64, acc);
   }
 }
 
@@ -463,7 +476,7 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
 __device__ __forceinline__ void consume_pingpong(const Params& p, const Groups& groups, unsigned smem,
                                                  unsigned long long* full_bar, unsigned long long* empty_bar,
                                                  long long first, long long stride, long long total) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
   const int cw = (tid >> 7) - 1, wtid = tid & 127;
   int stage = 0;
   unsigned phase = 0;
@@ -546,29 +559,10 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Groups& 
     fence_acc(acc1);
     if (held >= 0 && lane == 0) release(smem_addr(&empty_bar[held]));
 
-{{#if ROWS}}
-    elem* __restrict__ C = (elem*)p.c + w.m0 * p.ldc;
-    const long long writable = w.valid;
-{{#else}}
-    elem* __restrict__ C = (elem*)p.c + ((long long)w.group * p.k + w.m0) * p.ldc;
-    const long long writable = BM;
-{{/if}}
-    // Each m64 half as the one-warpgroup kernel stores its rows: warp w of the warpgroup
-    // holds rows 16w..16w+15 of the half, register 4j + {0,1} row lane / 4, + {2,3} 8 below.
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      const float* a = m == 0 ? acc0 : acc1;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = m * 64 + (warp & 3) * 16 + (lane >> 2) + half * 8;
-        if (row >= writable) continue;
-        elem* out = C + (long long)row * p.ldc + w.n0 + (lane & 3) * 2;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          *reinterpret_cast<unsigned*>(out + j * 8) = pack(a[4 * j + 2 * half], a[4 * j + 2 * half + 1]);
-        }
-      }
-    }
+    long long writable;
+    elem* __restrict__ C = tile_output(p, w, &writable);
+    store_m64(C, writable, p.ldc, w.n0, 0, acc0);
+    store_m64(C, writable, p.ldc, w.n0, 64, acc1);
   }
 }
 

@@ -74,8 +74,18 @@ fn topk_source(dtype: DType, k: usize, groups: Option<(usize, usize)>) -> String
         ("GROUPS", Hole::Flag(groups.is_some())),
         ("SCORE", Hole::code(dtype.load_expr("s[e]"))),
     ];
+    holes.extend(group_holes(k, groups));
+    template!("moe_topk.cu").fill(&holes)
+}
+
+/// The group limit's holes of a top-k template (`GROUPS_NOTE`, and with a limit `NUM_GROUPS`,
+/// `PER_GROUP`, `GROUP_TOPK`), shared with the fused router's.
+pub(super) fn group_holes(
+    k: usize,
+    groups: Option<(usize, usize)>,
+) -> Vec<(&'static str, Hole<'static>)> {
     match groups {
-        Some((num, group_topk)) => holes.extend([
+        Some((num, group_topk)) => vec![
             (
                 "GROUPS_NOTE",
                 Hole::code(format!(" groups {num} top {group_topk}")),
@@ -83,10 +93,9 @@ fn topk_source(dtype: DType, k: usize, groups: Option<(usize, usize)>) -> String
             ("NUM_GROUPS", Hole::Int(num as i64)),
             ("PER_GROUP", Hole::Int((k / group_topk) as i64)),
             ("GROUP_TOPK", Hole::Int(group_topk as i64)),
-        ]),
-        None => holes.push(("GROUPS_NOTE", Hole::code(""))),
+        ],
+        None => vec![("GROUPS_NOTE", Hole::code(""))],
     }
-    template!("moe_topk.cu").fill(&holes)
 }
 
 /// Whether [`topk`] runs for these scores: a float dtype, `k` and the groups within the

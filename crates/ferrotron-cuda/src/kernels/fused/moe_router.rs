@@ -131,18 +131,7 @@ impl KernelSpec for RouterKernel {
                     ),
                     ("STORE_WEIGHT", Hole::code(dtype.store_expr("w"))),
                 ]);
-                match groups {
-                    Some((num, group_topk)) => holes.extend([
-                        (
-                            "GROUPS_NOTE",
-                            Hole::code(format!(" groups {num} top {group_topk}")),
-                        ),
-                        ("NUM_GROUPS", Hole::Int(num as i64)),
-                        ("PER_GROUP", Hole::Int((k / group_topk) as i64)),
-                        ("GROUP_TOPK", Hole::Int(group_topk as i64)),
-                    ]),
-                    None => holes.push(("GROUPS_NOTE", Hole::code(""))),
-                }
+                holes.extend(super::moe::group_holes(k, groups));
                 template!("moe_router_forward.cu").fill(&holes)
             }
             RouterKernel::Backward { .. } => {

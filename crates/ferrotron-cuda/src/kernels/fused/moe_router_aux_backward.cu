@@ -22,20 +22,9 @@ extern "C" __global__ void ferrotron_kernel(const Params p) {
     d[j] = 0.f;
   }
 {{#if EXPS}}
-  float m = -__int_as_float(0x7f800000);
-#pragma unroll
-  for (int j = 0; j < {{PER_LANE}}; ++j) {
-    if (lane + 32 * j < {{EXPERTS}}) m = fmaxf(m, l[j]);
-  }
-  m = warp_max(m);
+  float m;
   float ex[{{PER_LANE}}];
-  float sum = 0.f;
-#pragma unroll
-  for (int j = 0; j < {{PER_LANE}}; ++j) {
-    ex[j] = lane + 32 * j < {{EXPERTS}} ? expf(l[j] - m) : 0.f;
-    sum += ex[j];
-  }
-  sum = warp_sum(sum);
+  const float sum = row_exps(l, ex, {{EXPERTS}}, m);
 {{/if}}
 {{#if BALANCING}}
   const {{T}}* __restrict__ grad_mass = (const {{T}}*)p.grad_mass + (row / p.rows_per_group) * {{EXPERTS}};
@@ -47,13 +36,7 @@ extern "C" __global__ void ferrotron_kernel(const Params p) {
   }
 {{#if SIGMOID}}
   float s[{{PER_LANE}}];
-  float total = 0.f;
-#pragma unroll
-  for (int j = 0; j < {{PER_LANE}}; ++j) {
-    s[j] = lane + 32 * j < {{EXPERTS}} ? 1.0f / (1.0f + expf(-l[j])) : 0.f;
-    total += s[j];
-  }
-  total = warp_sum(total) + 1e-20f;
+  const float total = row_sigmoids(l, s, {{EXPERTS}});
   float dot = 0.f;
 #pragma unroll
   for (int j = 0; j < {{PER_LANE}}; ++j) dot += s[j] / total * dm[j];

@@ -39,20 +39,13 @@ extern "C" __global__ void ferrotron_kernel(const Params p) {
 {{/if}}
 {{#if PRE_SOFTMAX}}
   float ex[{{PER_LANE}}];
-  float m = -__int_as_float(0x7f800000);
 #pragma unroll
   for (int j = 0; j < {{PER_LANE}}; ++j) {
     const int x_e = lane + 32 * j;
     ex[j] = x_e < {{EXPERTS}} ? {{LOAD_LOGIT}} : 0.f;
-    if (x_e < {{EXPERTS}}) m = fmaxf(m, ex[j]);
   }
-  m = warp_max(m);
-  float sum = 0.f;
-#pragma unroll
-  for (int j = 0; j < {{PER_LANE}}; ++j) {
-    if (lane + 32 * j < {{EXPERTS}}) { ex[j] = expf(ex[j] - m); sum += ex[j]; }
-  }
-  sum = warp_sum(sum);
+  float m;
+  const float sum = row_exps(ex, ex, {{EXPERTS}}, m);
   const float dot = warp_sum(live ? expf(l - m) / sum * g : 0.f);
   const float slot = g;
 {{/if}}

@@ -25,18 +25,8 @@ extern "C" __global__ void ferrotron_kernel(const Params p) {
     basis[j] = e < {{EXPERTS}} ? {{LOAD_LOGIT}} : 0.f;
   }
 {{#if PRE_SOFTMAX}}
-  float m = -__int_as_float(0x7f800000);
-#pragma unroll
-  for (int j = 0; j < {{PER_LANE}}; ++j) {
-    if (lane + 32 * j < {{EXPERTS}}) m = fmaxf(m, basis[j]);
-  }
-  m = warp_max(m);
-  float sum = 0.f;
-#pragma unroll
-  for (int j = 0; j < {{PER_LANE}}; ++j) {
-    if (lane + 32 * j < {{EXPERTS}}) { basis[j] = expf(basis[j] - m); sum += basis[j]; }
-  }
-  sum = warp_sum(sum);
+  float m;
+  const float sum = row_exps(basis, basis, {{EXPERTS}}, m);
 #pragma unroll
   for (int j = 0; j < {{PER_LANE}}; ++j) basis[j] = basis[j] / sum;
 {{/if}}
