@@ -305,6 +305,26 @@ __device__ __forceinline__ void produce(const Params& p, const Groups& groups, u
   }
 }
 
+{{#if !FP8}}
+{{#if !ROWS}}
+// The weight gradient's last step: its reduction rows `live..BK - 1`, past the group's, zeroed
+// in A and B (128-byte lines; the swizzle permutes chunks within a line only) by `threads`
+// threads, this one `t` of them, then made visible to the async proxy. The caller's barrier
+// makes every thread's part done before the MMAs read the stage.
+__device__ __forceinline__ void zero_rows_past(unsigned a_s, unsigned b_s, int live, int t, int threads) {
+  const int lines = (BK - live) * (BM / 64 + BN / 64);
+  for (int l = t; l < lines * 8; l += threads) {
+    const int line = l >> 3, chunk = l & 7;
+    const int block = line / (BK - live), krow = live + line % (BK - live);
+    const unsigned base = block < BM / 64 ? a_s + block * 8192 : b_s + (block - BM / 64) * 8192;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + krow * 128 + chunk * 16), "r"(0)
+                 : "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+{{/if}}
+{{/if}}
 // The tile's output from its first row, and how many of its rows may be written.
 __device__ __forceinline__ elem* tile_output(const Params& p, const Work& w, long long* writable) {
 {{#if ROWS}}
@@ -391,17 +411,7 @@ __device__ __forceinline__ void consume(const Params& p, const Groups& groups, u
       }
 {{#else}}
       if (live < BK) {
-        // The last step's rows past the group's: zero them in A and B (128-byte lines; the
-        // swizzle permutes chunks within a line only), then let the async proxy see it.
-        const int lines = (BK - live) * (BM / 64 + BN / 64);
-        for (int l = tid - 128; l < lines * 8; l += 256) {
-          const int line = l >> 3, chunk = l & 7;
-          const int block = line / (BK - live), krow = live + line % (BK - live);
-          const unsigned base = block < BM / 64 ? a_s + block * 8192 : b_s + (block - BM / 64) * 8192;
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + krow * 128 + chunk * 16), "r"(0)
-                       : "memory");
-        }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        zero_rows_past(a_s, b_s, live, tid - 128, 256);
         asm volatile("bar.sync %0, 256;\n" ::"n"(CONSUMERS_BARRIER) : "memory");
       }
 {{/if}}
@@ -506,17 +516,8 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Groups& 
 {{#if !ROWS}}
       const int live = (int)min((long long)BK, w.valid - (long long)kt * BK);
       if (live < BK) {
-        // The last step's rows past the group's: zeroed in A and B by this warpgroup alone
-        // (its own named barrier), then made visible to the async proxy.
-        const int lines = (BK - live) * (BM / 64 + BN / 64);
-        for (int l = wtid; l < lines * 8; l += 128) {
-          const int line = l >> 3, chunk = l & 7;
-          const int block = line / (BK - live), krow = live + line % (BK - live);
-          const unsigned base = block < BM / 64 ? a_s + block * 8192 : b_s + (block - BM / 64) * 8192;
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + krow * 128 + chunk * 16), "r"(0)
-                       : "memory");
-        }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        // by this warpgroup alone, behind its own named barrier
+        zero_rows_past(a_s, b_s, live, wtid, 128);
         asm volatile("bar.sync %0, 128;\n" ::"r"(CONSUMERS_BARRIER + 1 + cw) : "memory");
       }
 {{/if}}
