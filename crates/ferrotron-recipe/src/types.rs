@@ -1300,8 +1300,8 @@ pub struct Runtime {
     /// `tma`, the warp-specialised persistent kernel fed by the Tensor Memory Accelerator (up
     /// to 252 experts on a rank; past that `cp_async`); `cp_async` the warpgroup kernel fed by
     /// cp.async, the default before the TMA kernel was measured; `tma_cluster` the TMA kernel
-    /// in two-block clusters sharing the row tile by multicast (slower at large shapes: its
-    /// clusters do not fill the GPU); `tma_pingpong` the TMA kernel on CUTLASS's ping-pong
+    /// in two-block clusters sharing the row tile by multicast (1.6–2.2× slower wherever its
+    /// column tiles pair up, cause unknown); `tma_pingpong` the TMA kernel on CUTLASS's ping-pong
     /// schedule (128 × 128 tiles, the two consumer warpgroups on alternate tiles; not yet run on
     /// a GPU). For timing one against another; other GPUs take `auto`.
     #[serde(default, skip_serializing_if = "GroupedGemmKernel::is_auto")]
