@@ -239,9 +239,12 @@ fn rows_of(
 fn kernel_names(kernel: Kernel) -> (&'static str, Option<&'static str>) {
     match kernel {
         Kernel::Portable => ("", None),
-        Kernel::Hopper => ("_sm90", Some("wgmma")),
-        Kernel::HopperNarrow => ("_sm90_n128", Some("wgmma, 128 x 128 tiles")),
-        Kernel::HopperPair => ("_sm90_pair", Some("wgmma, two blocks an SM")),
+        Kernel::Hopper => ("_sm90", Some("wgmma fed by cp.async")),
+        Kernel::HopperNarrow => ("_sm90_n128", Some("wgmma fed by cp.async, 128 x 128 tiles")),
+        Kernel::HopperPair => (
+            "_sm90_pair",
+            Some("wgmma fed by cp.async, two blocks an SM"),
+        ),
         Kernel::HopperTma => ("_sm90_tma", Some("wgmma fed by the TMA, warp-specialised")),
         Kernel::HopperTmaCluster => (
             "_sm90_tma_cluster",
@@ -424,8 +427,9 @@ pub(crate) fn timings(device: &GpuDevice) -> String {
                         rate(per_expert)
                     ));
                 }
+                let best = kernel_names(kernels[0]).1.unwrap_or("mma.sync");
                 lines.push_str(&format!(
-                    "| {name} | {pass} | {ours:.3} | {:.0} | {cublas:.3}{} | {:.0} |\n",
+                    "| {name} | {pass}, the default ({best}) | {ours:.3} | {:.0} | {cublas:.3}{} | {:.0} |\n",
                     rate(ours),
                     if pass == "forward" {
                         ""
