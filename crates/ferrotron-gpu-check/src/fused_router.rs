@@ -143,16 +143,6 @@ fn rows_of(
     ]
 }
 
-fn spec(topk: usize, score: RouterScore, pre_softmax: bool) -> RouterSpec {
-    RouterSpec {
-        topk,
-        score,
-        pre_softmax,
-        group_limit: None,
-        scaling_factor: 1.0,
-    }
-}
-
 /// Every router row.
 pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
     let mut rng = StdRng::seed_from_u64(47);
@@ -161,25 +151,45 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
         group_topk: 4,
     };
     let cases = [
-        ([2048, 128], spec(8, RouterScore::Softmax, false), false),
-        ([2048, 128], spec(1, RouterScore::Softmax, false), false),
-        ([2048, 128], spec(8, RouterScore::Softmax, true), false),
+        (
+            [2048, 128],
+            RouterSpec::plain(8, RouterScore::Softmax, false),
+            false,
+        ),
+        (
+            [2048, 128],
+            RouterSpec::plain(1, RouterScore::Softmax, false),
+            false,
+        ),
+        (
+            [2048, 128],
+            RouterSpec::plain(8, RouterScore::Softmax, true),
+            false,
+        ),
         (
             [2048, 128],
             RouterSpec {
                 scaling_factor: 2.5,
-                ..spec(1, RouterScore::Softmax, true)
+                ..RouterSpec::plain(1, RouterScore::Softmax, true)
             },
             false,
         ),
-        ([2048, 128], spec(8, RouterScore::Sigmoid, false), true),
-        ([2048, 128], spec(1, RouterScore::Sigmoid, false), true),
+        (
+            [2048, 128],
+            RouterSpec::plain(8, RouterScore::Sigmoid, false),
+            true,
+        ),
+        (
+            [2048, 128],
+            RouterSpec::plain(1, RouterScore::Sigmoid, false),
+            true,
+        ),
         (
             [2048, 256],
             RouterSpec {
                 group_limit: Some(deepseek),
                 scaling_factor: 2.5,
-                ..spec(8, RouterScore::Sigmoid, false)
+                ..RouterSpec::plain(8, RouterScore::Sigmoid, false)
             },
             true,
         ),
@@ -190,7 +200,7 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
                     num_groups: 4,
                     group_topk: 3,
                 }),
-                ..spec(6, RouterScore::Softmax, true)
+                ..RouterSpec::plain(6, RouterScore::Softmax, true)
             },
             false,
         ),
@@ -201,11 +211,11 @@ pub(crate) fn rows(device: &GpuDevice) -> Vec<Row> {
             out.extend(rows_of(device, &mut rng, dtype, dims, spec, (bias, false)));
         }
         for spec in [
-            spec(8, RouterScore::Softmax, false),
-            spec(8, RouterScore::Softmax, true),
+            RouterSpec::plain(8, RouterScore::Softmax, false),
+            RouterSpec::plain(8, RouterScore::Softmax, true),
             RouterSpec {
                 group_limit: Some(deepseek),
-                ..spec(8, RouterScore::Softmax, false)
+                ..RouterSpec::plain(8, RouterScore::Softmax, false)
             },
         ] {
             let dims = [512, 128];

@@ -52,6 +52,20 @@ pub struct RouterSpec {
     pub scaling_factor: f64,
 }
 
+impl RouterSpec {
+    /// `topk` experts by `score`, no group limit, the weights unscaled: the plain routings
+    /// Mixtral and Qwen3 use, which the checks start from.
+    pub fn plain(topk: usize, score: RouterScore, pre_softmax: bool) -> Self {
+        RouterSpec {
+            topk,
+            score,
+            pre_softmax,
+            group_limit: None,
+            scaling_factor: 1.0,
+        }
+    }
+}
+
 /// [`FusedOps::fused_moe_router`]'s result.
 #[derive(Debug, Clone)]
 pub struct MoeRouting<B: Backend> {

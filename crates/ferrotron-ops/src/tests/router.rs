@@ -10,16 +10,6 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use super::{B, assert_close, flat, tensor};
 use crate::{FusedOps, GroupLimit, RouterScore, RouterSpec, moe_router, moe_router_node};
 
-fn spec(topk: usize, score: RouterScore, pre_softmax: bool) -> RouterSpec {
-    RouterSpec {
-        topk,
-        score,
-        pre_softmax,
-        group_limit: None,
-        scaling_factor: 1.0,
-    }
-}
-
 fn rows<const N: usize>(rows: &[[f32; N]]) -> Tensor<B, 2> {
     let flat: Vec<f32> = rows.iter().flatten().copied().collect();
     Tensor::from_data(TensorData::new(flat, [rows.len(), N]), &Default::default())
@@ -39,7 +29,11 @@ fn sigmoid(x: f32) -> f32 {
 fn softmax_after_topk_weights_the_chosen_logits_and_ties_go_to_the_lower_expert() {
     let ln2 = 2.0f32.ln();
     let logits = rows(&[[0.0, 2.0, 1.0, ln2 + 1.0], [0.5, 0.5, 0.5, 0.1]]);
-    let (chosen, weights) = route(logits, None, spec(2, RouterScore::Softmax, false));
+    let (chosen, weights) = route(
+        logits,
+        None,
+        RouterSpec::plain(2, RouterScore::Softmax, false),
+    );
     assert_eq!(chosen, [1, 3, 0, 1]);
     // softmax([2, ln2 + 1]): e² / (e² + 2e); the tie splits evenly.
     let e = std::f32::consts::E;
@@ -52,7 +46,7 @@ fn pre_softmax_weights_are_the_probabilities_over_all_experts_scaled() {
     let logits = rows(&[[0.0, 0.0, 3.0f32.ln(), 0.0]]);
     let scaled = RouterSpec {
         scaling_factor: 2.5,
-        ..spec(1, RouterScore::Softmax, true)
+        ..RouterSpec::plain(1, RouterScore::Softmax, true)
     };
     let (chosen, weights) = route(logits, None, scaled);
     assert_eq!(chosen, [2]);
@@ -65,7 +59,7 @@ fn the_bias_steers_sigmoid_selection_but_not_the_normalised_weights() {
     let (chosen, weights) = route(
         logits,
         Some([0.0, 0.0, 5.0, 0.0]),
-        spec(2, RouterScore::Sigmoid, false),
+        RouterSpec::plain(2, RouterScore::Sigmoid, false),
     );
     assert_eq!(chosen, [2, 0]);
     let (s2, s0) = (sigmoid(-1.0), sigmoid(2.0));
@@ -74,7 +68,7 @@ fn the_bias_steers_sigmoid_selection_but_not_the_normalised_weights() {
     let (_, one) = route(
         rows(&[[2.0, 0.0, -1.0, 1.0]]),
         None,
-        spec(1, RouterScore::Sigmoid, false),
+        RouterSpec::plain(1, RouterScore::Sigmoid, false),
     );
     assert_close(&one, &[sigmoid(2.0)], "one expert: not normalised");
 }
@@ -88,7 +82,7 @@ fn a_group_limit_picks_only_inside_the_best_groups() {
             num_groups: 2,
             group_topk: 1,
         }),
-        ..spec(2, RouterScore::Softmax, false)
+        ..RouterSpec::plain(2, RouterScore::Softmax, false)
     };
     let (chosen, _) = route(rows(&[[0.9, 0.0, 0.8, 0.7]]), None, limited);
     assert_eq!(chosen, [2, 3]);
@@ -126,19 +120,19 @@ fn run<const NODE: bool>(spec: RouterSpec, bias: bool) -> (Vec<i64>, Vec<f32>, V
 fn router_node_equals_the_composed_graph_for_every_score_function() {
     assert!(!Flex::has_moe_router_kernel(
         &tensor([6, 8], 0.3).inner().into_primitive().tensor(),
-        &spec(2, RouterScore::Softmax, false),
+        &RouterSpec::plain(2, RouterScore::Softmax, false),
     ));
     let limit = Some(GroupLimit {
         num_groups: 4,
         group_topk: 2,
     });
     let cases = [
-        (spec(3, RouterScore::Softmax, false), false),
-        (spec(1, RouterScore::Softmax, false), false),
-        (spec(2, RouterScore::Softmax, true), true),
-        (spec(1, RouterScore::Softmax, true), false),
-        (spec(4, RouterScore::Sigmoid, false), true),
-        (spec(1, RouterScore::Sigmoid, false), true),
+        (RouterSpec::plain(3, RouterScore::Softmax, false), false),
+        (RouterSpec::plain(1, RouterScore::Softmax, false), false),
+        (RouterSpec::plain(2, RouterScore::Softmax, true), true),
+        (RouterSpec::plain(1, RouterScore::Softmax, true), false),
+        (RouterSpec::plain(4, RouterScore::Sigmoid, false), true),
+        (RouterSpec::plain(1, RouterScore::Sigmoid, false), true),
     ];
     for (base, bias) in cases {
         for (group_limit, scaling_factor) in [(None, 1.0), (limit, 2.5)] {
